@@ -1,0 +1,30 @@
+"""The README's test command is exactly what CI runs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```(?:bash|sh)\n(.*?)```", text, re.S)
+    assert block, "README.md must open with a shell block holding the two commands"
+    return [ln for ln in block.group(1).splitlines() if ln and not ln.startswith("#")]
+
+
+def test_readme_opens_with_two_commands() -> None:
+    cmds = _readme_commands()
+    assert len(cmds) == 2, cmds
+    assert "torch==2.13.0" in cmds[0] and "torch==2.13.0" in cmds[1]
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    test_cmd = _readme_commands()[1]
+    final = test_cmd.split("&&")[-1].strip()
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert final in [ln.strip() for ln in ci], (final, "not in .ci/run")
+    assert "pip install -q torch==2.13.0" in ci
+    assert any("-e '.[test]'" in ln for ln in ci)
