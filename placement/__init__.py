@@ -1,4 +1,67 @@
 """Resources, plans and routing decisions: NVML/psutil discovery, pools, packing, routers.
 
 Pure logic plus discovery. Imports nothing of ours but the error types in ``transport``.
+Modules (each lists its deliberate differences from the reference it reproduces):
+``discovery`` (NodeInfo of this host), ``resources`` (NodeResource, ComponentAllocation),
+``scheduling`` (Scheduling, ComponentScheduling), ``pools`` (ResourcePool,
+ResourcePoolPlanner, YAML), ``packing`` (WorkerSlot, pack), ``routing`` (routers,
+create_router), ``episodes`` (EpisodeTable).
 """
+
+from placement.discovery import GpuInfo, NodeInfo, discover_node, discover_node_async
+from placement.episodes import EpisodeTable
+from placement.packing import Packing, WorkerSlot, check_overcommit, pack, sharing_pairs
+from placement.pools import ResourcePool, ResourcePoolPlanner, cluster_info_from_nodes
+from placement.resources import (
+    ComponentAllocation,
+    InsufficientResourcesError,
+    NodeResource,
+    parse_index_str,
+)
+from placement.routing import (
+    AsyncRouter,
+    NodeAffinityRouter,
+    Policy,
+    SimpleRouter,
+    SyncNodeAffinityRouter,
+    SyncRouter,
+    SyncSimpleRouter,
+    create_router,
+    env_worker_index,
+    probe_idle,
+    probe_loads,
+)
+from placement.scheduling import ComponentScheduling, Scheduling
+
+__all__ = [
+    "AsyncRouter",
+    "ComponentAllocation",
+    "ComponentScheduling",
+    "EpisodeTable",
+    "GpuInfo",
+    "InsufficientResourcesError",
+    "NodeAffinityRouter",
+    "NodeInfo",
+    "NodeResource",
+    "Packing",
+    "Policy",
+    "ResourcePool",
+    "ResourcePoolPlanner",
+    "Scheduling",
+    "SimpleRouter",
+    "SyncNodeAffinityRouter",
+    "SyncRouter",
+    "SyncSimpleRouter",
+    "WorkerSlot",
+    "check_overcommit",
+    "cluster_info_from_nodes",
+    "create_router",
+    "discover_node",
+    "discover_node_async",
+    "env_worker_index",
+    "pack",
+    "parse_index_str",
+    "probe_idle",
+    "probe_loads",
+    "sharing_pairs",
+]
