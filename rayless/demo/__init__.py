@@ -1,0 +1,13 @@
+"""The end-to-end RL demo: vectorised CartPole, PPO, the pipeline config.
+
+The modules here import only torch, tensordict, numpy, yaml and the standard library, so
+that they can be tested (and tuned) without the runtime:
+
+- :mod:`rayless.demo.env`: :class:`~rayless.demo.env.VecCartPole`, many CartPole-v1
+  environments stepped as one batch of tensors, with auto-reset and episode statistics.
+- :mod:`rayless.demo.ppo`: the actor-critic policy, action sampling, GAE and the PPO update;
+  policy weights as a flat, versioned dict of tensors.
+- :mod:`rayless.demo.rollout`: the transition TensorDict that the pipeline pushes through the
+  store, advantages computed from it, and the single-process training loop.
+- :mod:`rayless.demo.config`: the pipeline configuration (dataclasses, YAML, validation).
+"""
