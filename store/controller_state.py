@@ -1,0 +1,648 @@
+"""ControllerState: the controller's bookkeeping, synchronous and free of I/O.
+
+The controller actor wraps one ControllerState. It owns:
+
+- **Units**: registered storage units (handshake data), numbered by shard in registration
+  order. A unit that registers again under its id (a restart) keeps its shard.
+- **Indexes**: global indexes, unique across partitions. Freed indexes are reused, smallest
+  first, so shard columns stay compact over long runs.
+- **Partitions**: per partition the samples in allocation order, the ready set of every field
+  (production status), the consumed set of every task (consumption status), field schemas,
+  per-sample shapes of nested fields and per-sample custom metadata.
+
+Shard rule: a sample's row lives on exactly one unit, chosen when its index is allocated and
+recorded with the sample. By default it is ``alive[index % len(alive)]`` (``alive`` = the shard
+numbers of live units, ascending): with every unit alive that is ``index % n_units``, which
+spreads any allocation pattern evenly and needs no capacity plan. When the caller gives env
+ids, the env-shard table (a ``Mapping[str, int]`` or a callable, e.g. the placement episode
+table) decides instead, so one env's samples stay on the unit near its workers.
+
+Because a sample's fields from one put are written to one unit and announced in one
+notification, a sample never becomes partly visible; a sample is *ready* for fields F when all
+of F are in their ready sets. Every method validates first and raises a typed
+:mod:`store.errors` error with the state unchanged.
+
+Clearing is two-phase so that an index is never reused while a unit still holds its old row:
+:meth:`ControllerState.clear` hides the samples at once and returns a :class:`ClearPlan`; once
+the units deleted the rows, :meth:`ControllerState.release` makes the indexes reusable.
+"""
+
+from __future__ import annotations
+
+import heapq
+import uuid
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from store.errors import (
+    ForeignMetaError,
+    SchemaError,
+    StaleMetaError,
+    StoreError,
+    StoreInputError,
+    UnitLostError,
+    UnknownFieldError,
+    UnknownPartitionError,
+)
+from store.meta import BatchMeta
+from store.samplers import Sampler, make_sampler
+from store.schema import DataUpdate, FieldSchema, check_plain
+
+__all__ = ["ClearPlan", "ControllerState", "EnvShards", "UnitInfo"]
+
+EnvShards = Mapping[str, int] | Callable[[str], int]
+MODES = ("fetch", "peek")
+
+
+@dataclass
+class UnitInfo:
+    """A registered storage unit: its id, shard number, node, device and byte capacity."""
+
+    unit_id: str
+    shard: int
+    node_id: str | None = None
+    device: str = "cpu"
+    capacity_bytes: int | None = None
+    alive: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for the wire."""
+        return dict(vars(self))
+
+
+@dataclass
+class ClearPlan:
+    """Rows the units must delete after a clear: ``{shard: {partition: [indexes]}}``.
+
+    Pass ``indexes`` to :meth:`ControllerState.release` once the units have deleted them.
+    """
+
+    shards: dict[int, dict[str, list[int]]] = field(default_factory=dict)
+    indexes: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for the wire."""
+        return {"shards": {str(k): v for k, v in self.shards.items()}, "indexes": self.indexes}
+
+
+@dataclass
+class _Sample:
+    shard: int
+    generation: int
+    group: Hashable
+    custom: dict[str, Any]
+    lost_on: str | None = None
+
+
+@dataclass
+class _Partition:
+    samples: dict[int, _Sample] = field(default_factory=dict)  # in allocation order
+    ready: dict[str, set[int]] = field(default_factory=dict)
+    schemas: dict[str, FieldSchema] = field(default_factory=dict)
+    shapes: dict[str, dict[int, tuple[int, ...]]] = field(default_factory=dict)
+    consumed: dict[str, set[int]] = field(default_factory=dict)
+
+
+def _check_name(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise StoreInputError(f"{what} must be a non-empty str, got {value!r}")
+    return value
+
+
+def _check_fields(fields: Any) -> list[str]:
+    if isinstance(fields, str) or not isinstance(fields, Iterable):
+        raise StoreInputError(f"fields must be a list of names, got {fields!r}")
+    names = [_check_name(f, "a field name") for f in fields]
+    if not names:
+        raise StoreInputError("fields must name at least one field")
+    return list(dict.fromkeys(names))
+
+
+class ControllerState:
+    """The store controller's state. See the module docstring for the rules it keeps."""
+
+    def __init__(self, store_id: str | None = None, *, env_shards: EnvShards | None = None):
+        self.store_id = store_id or uuid.uuid4().hex
+        self._env_shards = env_shards
+        self._units: list[UnitInfo] = []
+        self._unit_by_id: dict[str, UnitInfo] = {}
+        self._partitions: dict[str, _Partition] = {}
+        self._owner: dict[int, str] = {}  # allocated index -> partition
+        self._free: list[int] = []  # heap of reusable indexes
+        self._pending: set[int] = set()  # cleared, waiting for release
+        self._next_index = 0
+        self._serial = 0
+        self._samplers: dict[tuple[str, str, str], Sampler] = {}
+
+    # -- units ---------------------------------------------------------------------------
+
+    def register_unit(
+        self,
+        unit_id: str,
+        *,
+        node_id: str | None = None,
+        device: str = "cpu",
+        capacity_bytes: int | None = None,
+    ) -> UnitInfo:
+        """Register a storage unit (its handshake) and return its info with its shard number.
+
+        A known id registers again (after a restart): it keeps its shard and comes back alive;
+        samples lost with it stay not ready until rewritten.
+        """
+        _check_name(unit_id, "unit_id")
+        _check_name(device, "device")
+        if capacity_bytes is not None and (
+            not isinstance(capacity_bytes, int) or capacity_bytes < 0
+        ):
+            raise StoreInputError(f"capacity_bytes must be an int >= 0, got {capacity_bytes!r}")
+        info = self._unit_by_id.get(unit_id)
+        if info is None:
+            info = UnitInfo(unit_id, len(self._units), node_id, device, capacity_bytes)
+            self._units.append(info)
+            self._unit_by_id[unit_id] = info
+        else:
+            info.node_id, info.device, info.capacity_bytes = node_id, device, capacity_bytes
+            info.alive = True
+        return info
+
+    def units(self) -> list[UnitInfo]:
+        """Registered units in shard order."""
+        return list(self._units)
+
+    def _unit(self, unit_id: str) -> UnitInfo:
+        info = self._unit_by_id.get(unit_id)
+        if info is None:
+            raise StoreInputError(f"unknown storage unit {unit_id!r}")
+        return info
+
+    def mark_unit_lost(self, unit_id: str, reason: str = "") -> dict[str, list[int]]:
+        """Mark a unit dead; its samples become not ready. Returns them, per partition."""
+        info = self._unit(unit_id)
+        info.alive = False
+        affected: dict[str, list[int]] = {}
+        for name, part in self._partitions.items():
+            lost = [i for i, s in part.samples.items() if s.shard == info.shard]
+            if not lost:
+                continue
+            affected[name] = lost
+            lost_set = set(lost)
+            for i in lost:
+                part.samples[i].lost_on = unit_id
+            for ready in part.ready.values():
+                ready -= lost_set
+            for shapes in part.shapes.values():
+                for i in lost:
+                    shapes.pop(i, None)
+            self._drop_empty_schemas(part)
+        return affected
+
+    # -- allocation ----------------------------------------------------------------------
+
+    def set_env_shards(self, env_shards: EnvShards | None) -> None:
+        """Replace the env id → shard table used when ``allocate`` gets env ids."""
+        self._env_shards = env_shards
+
+    def _env_shard(self, env_id: Any) -> int:
+        table = self._env_shards
+        if table is None:
+            raise StoreInputError("env ids were given but the store has no env-shard table")
+        try:
+            shard = table(env_id) if callable(table) else table[env_id]
+        except KeyError:
+            raise StoreInputError(f"env id {env_id!r} is not in the env-shard table")
+        if not isinstance(shard, int) or not 0 <= shard < len(self._units):
+            raise StoreInputError(f"env id {env_id!r} maps to shard {shard!r}, which is unknown")
+        if not self._units[shard].alive:
+            raise UnitLostError(self._units[shard].unit_id, f"env {env_id!r} is placed on it")
+        return shard
+
+    def check_schemas(self, partition: str, schemas: Mapping[str, FieldSchema]) -> None:
+        """Raise SchemaError if ``schemas`` cannot be written into ``partition``'s fields."""
+        part = self._partitions.get(partition)
+        for name, schema in schemas.items():
+            if not isinstance(schema, FieldSchema):
+                raise SchemaError(f"schema of field {name!r} is not a FieldSchema")
+            if part is not None and name in part.schemas:
+                part.schemas[name].merged(schema, name)
+
+    def allocate(
+        self,
+        partition: str,
+        n: int,
+        *,
+        env_ids: Sequence[str] | None = None,
+        group_ids: Sequence[Hashable] | None = None,
+        custom_meta: Sequence[Mapping[str, Any]] | None = None,
+        schemas: Mapping[str, FieldSchema] | None = None,
+    ) -> BatchMeta:
+        """Allocate ``n`` new samples in ``partition`` (created if new) and return their meta.
+
+        ``env_ids`` place samples by the env-shard table; ``group_ids`` name each sample's group
+        for the grouped sampler (default: consecutive runs of the sampler's ``n`` within this
+        allocation); ``schemas`` (the fields about to be put) are checked against the partition
+        first and returned in the meta. Raises StoreInputError/SchemaError/UnitLostError.
+        """
+        _check_name(partition, "partition")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise StoreInputError(f"n must be an int >= 0, got {n!r}")
+        for name, seq in (("env_ids", env_ids), ("group_ids", group_ids)):
+            if seq is not None and len(seq) != n:
+                raise StoreInputError(f"{name} has {len(seq)} entries for {n} samples")
+        custom = self._check_custom(custom_meta, n)
+        schemas = dict(schemas or {})
+        self.check_schemas(partition, schemas)
+        alive = [u.shard for u in self._units if u.alive]
+        if not alive and n:
+            raise StoreError("no live storage unit is registered")
+        shards_by_env = [self._env_shard(e) for e in env_ids] if env_ids is not None else None
+        if group_ids is not None:
+            for g in group_ids:
+                hash(g)
+        # Validated: from here on nothing raises.
+        part = self._partitions.setdefault(partition, _Partition())
+        self._serial += 1
+        serial = self._serial
+        indexes: list[int] = []
+        shards: list[int] = []
+        for pos in range(n):
+            if self._free:
+                index = heapq.heappop(self._free)
+            else:
+                index = self._next_index
+                self._next_index += 1
+            shard = shards_by_env[pos] if shards_by_env else alive[index % len(alive)]
+            group = group_ids[pos] if group_ids is not None else ("#alloc", serial, pos)
+            part.samples[index] = _Sample(shard, serial, group, custom[pos])
+            self._owner[index] = partition
+            indexes.append(index)
+            shards.append(shard)
+        return BatchMeta(
+            self.store_id,
+            tuple(indexes),
+            (partition,) * n,
+            tuple(shards),
+            (serial,) * n,
+            schemas,
+            tuple(dict(c) for c in custom),
+        )
+
+    @staticmethod
+    def _check_custom(custom: Sequence[Mapping[str, Any]] | None, n: int) -> list[dict[str, Any]]:
+        if custom is None:
+            return [{} for _ in range(n)]
+        if len(custom) != n:
+            raise StoreInputError(f"custom_meta has {len(custom)} entries for {n} samples")
+        out = []
+        for i, item in enumerate(custom):
+            if not isinstance(item, Mapping):
+                raise StoreInputError(f"custom_meta[{i}] is not a dict")
+            check_plain(dict(item), f"custom_meta[{i}]")
+            out.append(dict(item))
+        return out
+
+    # -- metas ---------------------------------------------------------------------------
+
+    def _part(self, partition: str) -> _Partition:
+        part = self._partitions.get(partition)
+        if part is None:
+            raise UnknownPartitionError(f"partition {partition!r} does not exist")
+        return part
+
+    def check_meta(self, meta: BatchMeta) -> None:
+        """Raise ForeignMetaError/StaleMetaError unless every sample of ``meta`` still exists."""
+        if not isinstance(meta, BatchMeta):
+            raise StoreInputError(f"expected a BatchMeta, got {type(meta).__name__}")
+        if meta.store_id != self.store_id:
+            raise ForeignMetaError(f"the meta comes from store {meta.store_id!r}")
+        for part_id, index, gen in zip(
+            meta.partition_ids, meta.global_indexes, meta.generations, strict=True
+        ):
+            part = self._partitions.get(part_id)
+            sample = part.samples.get(index) if part is not None else None
+            if sample is None or sample.generation != gen:
+                raise StaleMetaError(
+                    f"sample {index} of partition {part_id!r} was cleared since the meta was made"
+                )
+
+    def check_put(self, meta: BatchMeta, schemas: Mapping[str, FieldSchema]) -> None:
+        """Raise unless fields ``schemas`` may be written onto ``meta``'s samples.
+
+        ForeignMetaError/StaleMetaError (see :meth:`check_meta`), SchemaError (a field's
+        schema would change), UnitLostError (a sample's unit is lost).
+        """
+        self.check_meta(meta)
+        for part_id in dict.fromkeys(meta.partition_ids):
+            self.check_schemas(part_id, schemas)
+        for shard in dict.fromkeys(meta.shards):
+            if not self._units[shard].alive:
+                raise UnitLostError(self._units[shard].unit_id)
+
+    def check_readable(self, meta: BatchMeta) -> None:
+        """Raise unless every field of ``meta`` can be read for every sample.
+
+        UnitLostError (naming the unit) for samples whose unit died, UnknownFieldError for
+        fields not written for some sample, plus :meth:`check_meta`'s errors.
+        """
+        self.check_meta(meta)
+        for part_id, positions in _positions_by_partition(meta).items():
+            part = self._partitions[part_id]
+            indexes = [meta.global_indexes[p] for p in positions]
+            for i in indexes:
+                sample = part.samples[i]
+                if sample.lost_on is not None:
+                    raise UnitLostError(sample.lost_on, f"it held sample {i} of {part_id!r}")
+                if not self._units[sample.shard].alive:
+                    raise UnitLostError(self._units[sample.shard].unit_id)
+            for name in meta.field_schemas:
+                ready = part.ready.get(name, set())
+                missing = [i for i in indexes if i not in ready]
+                if missing:
+                    raise UnknownFieldError(
+                        f"field {name!r} is not written for samples {missing[:8]} of {part_id!r}"
+                    )
+
+    def meta_of(
+        self, partition: str, indexes: Sequence[int], fields: Sequence[str] | None = None
+    ) -> BatchMeta:
+        """A meta for existing samples with the given fields (default: all their ready fields)."""
+        part = self._part(partition)
+        idx = list(indexes)
+        missing = [i for i in idx if i not in part.samples]
+        if missing:
+            raise StoreInputError(f"samples {missing[:8]} are not in partition {partition!r}")
+        if len(set(idx)) != len(idx):
+            raise StoreInputError("indexes must be distinct")
+        if fields is None:
+            names = [f for f, r in part.ready.items() if all(i in r for i in idx)]
+        else:
+            names = _check_fields(fields)
+            unknown = [f for f in names if f not in part.schemas]
+            if unknown:
+                raise UnknownFieldError(f"fields {unknown} are not in partition {partition!r}")
+        return self._meta(partition, part, idx, names)
+
+    def _meta(
+        self, partition: str, part: _Partition, idx: list[int], names: list[str]
+    ) -> BatchMeta:
+        samples = [part.samples[i] for i in idx]
+        shapes = {
+            f: tuple(part.shapes.get(f, {}).get(i) for i in idx)
+            for f in names
+            if f in part.schemas and part.schemas[f].is_nested
+        }
+        return BatchMeta(
+            self.store_id,
+            tuple(idx),
+            (partition,) * len(idx),
+            tuple(s.shard for s in samples),
+            tuple(s.generation for s in samples),
+            {f: part.schemas[f] for f in names if f in part.schemas},
+            tuple(dict(s.custom) for s in samples),
+            shapes,
+        )
+
+    def set_custom_meta(self, meta: BatchMeta, custom_meta: Sequence[Mapping[str, Any]]) -> None:
+        """Replace the custom metadata of ``meta``'s samples (one plain dict per sample)."""
+        self.check_meta(meta)
+        custom = self._check_custom(custom_meta, meta.size)
+        for part_id, index, item in zip(
+            meta.partition_ids, meta.global_indexes, custom, strict=True
+        ):
+            self._partitions[part_id].samples[index].custom = item
+
+    # -- production ----------------------------------------------------------------------
+
+    def on_data_update(self, unit_id: str, update: DataUpdate) -> None:
+        """Record a unit's notification that it stored ``update``'s fields for its indexes.
+
+        Raises UnitLostError (unit marked lost), StoreInputError (unknown unit, samples not in
+        the partition or not on this unit's shard), UnknownPartitionError, SchemaError.
+        """
+        info = self._unit(unit_id)
+        if not info.alive:
+            raise UnitLostError(unit_id, "it was marked lost; register it again first")
+        if not isinstance(update, DataUpdate):
+            raise StoreInputError(f"expected a DataUpdate, got {type(update).__name__}")
+        part = self._part(update.partition)
+        idx = list(update.indexes)
+        if len(set(idx)) != len(idx):
+            raise StoreInputError("a data update names an index twice")
+        wrong = [i for i in idx if i not in part.samples or part.samples[i].shard != info.shard]
+        if wrong:
+            raise StoreInputError(
+                f"samples {wrong[:8]} of {update.partition!r} are not allocated on unit {unit_id!r}"
+            )
+        merged: dict[str, FieldSchema] = {}
+        for name, schema in update.schemas.items():
+            if not isinstance(schema, FieldSchema):
+                raise SchemaError(f"schema of field {name!r} is not a FieldSchema")
+            old = part.schemas.get(name)
+            merged[name] = schema if old is None else old.merged(schema, name)
+        for name, shapes in update.sample_shapes.items():
+            if name not in merged or len(shapes) != len(idx):
+                raise StoreInputError(f"sample_shapes of field {name!r} do not fit the update")
+        if not idx:
+            return
+        # Validated: apply.
+        part.schemas.update(merged)
+        for name in merged:
+            part.ready.setdefault(name, set()).update(idx)
+        for name, shapes in update.sample_shapes.items():
+            part.shapes.setdefault(name, {}).update(zip(idx, shapes, strict=True))
+        for i in idx:
+            part.samples[i].lost_on = None
+
+    def _drop_empty_schemas(self, part: _Partition) -> None:
+        # A field no sample holds any more forgets its schema (it may come back as anything).
+        for name in [f for f, r in part.ready.items() if not r]:
+            del part.ready[name]
+            part.schemas.pop(name, None)
+            part.shapes.pop(name, None)
+
+    # -- consumption ---------------------------------------------------------------------
+
+    def ready_indexes(
+        self, partition: str, fields: Sequence[str], task: str | None = None
+    ) -> list[int]:
+        """Samples (allocation order) holding all ``fields``; unconsumed by ``task`` if given."""
+        names = _check_fields(fields)
+        part = self._partitions.get(partition)
+        if part is None:
+            return []
+        sets = [part.ready.get(f) for f in names]
+        if any(s is None for s in sets):
+            return []
+        ready_sets = sorted((s for s in sets if s is not None), key=len)
+        consumed = part.consumed.get(task, set()) if task is not None else set()
+        first = ready_sets[0]
+        return [
+            i
+            for i in part.samples
+            if i in first and i not in consumed and all(i in s for s in ready_sets[1:])
+        ]
+
+    def _sampler(self, partition: str, task: str, spec: Any) -> Sampler:
+        if spec is None or isinstance(spec, (str, Mapping)):
+            key = (partition, task, repr(sorted(dict(make_sampler(spec).spec()).items())))
+            if key not in self._samplers:
+                self._samplers[key] = make_sampler(spec)
+            return self._samplers[key]
+        return make_sampler(spec)
+
+    def try_fetch(
+        self,
+        partition: str,
+        fields: Sequence[str],
+        batch_size: int | None,
+        *,
+        task: str = "default",
+        sampler: Any = None,
+        mode: str = "fetch",
+    ) -> BatchMeta | None:
+        """A batch of ready samples unconsumed by ``task``, or None if not enough yet.
+
+        ``mode="fetch"`` marks them consumed by ``task``; ``"peek"`` does not. ``batch_size``
+        None takes every candidate now (possibly none; never returns None). An unknown
+        partition or field only means "not ready yet". ``sampler`` is a Sampler or a spec; a
+        spec's sampler is kept per (partition, task) so seeded random draws advance.
+        Raises StoreInputError for bad arguments.
+        """
+        _check_name(partition, "partition")
+        _check_name(task, "task")
+        names = _check_fields(fields)
+        if mode not in MODES:
+            raise StoreInputError(f"mode must be one of {MODES}, got {mode!r}")
+        if batch_size is not None and (
+            not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0
+        ):
+            raise StoreInputError(f"batch_size must be a positive int or None, got {batch_size!r}")
+        chooser = self._sampler(partition, task, sampler)
+        candidates = self.ready_indexes(partition, names, task)
+        part = self._partitions.get(partition)
+        chosen: list[int] = candidates
+        if batch_size is not None:
+            if part is None or len(candidates) < batch_size:
+                return None
+            group_size = getattr(chooser, "n", 1) or 1
+            samples = part.samples
+
+            def group_of(index: int) -> Hashable:
+                g = samples[index].group
+                if isinstance(g, tuple) and g[:1] == ("#alloc",):
+                    return (g[1], g[2] // group_size)
+                return g
+
+            picked = chooser.select(candidates, batch_size, group_of)
+            if picked is None:
+                return None
+            if len(set(picked)) != len(picked) or not set(picked) <= set(candidates):
+                raise StoreError(f"sampler {chooser!r} picked samples that are not candidates")
+            chosen = picked
+        if part is None:
+            return BatchMeta(self.store_id, (), (), (), (), {})
+        if mode == "fetch":
+            part.consumed.setdefault(task, set()).update(chosen)
+        return self._meta(partition, part, list(chosen), names)
+
+    def reset_consumption(self, task: str, partition: str | None = None) -> None:
+        """Forget what ``task`` consumed, in ``partition`` or in every partition."""
+        _check_name(task, "task")
+        parts = [self._part(partition)] if partition is not None else self._partitions.values()
+        for part in parts:
+            part.consumed.pop(task, None)
+
+    # -- clearing ------------------------------------------------------------------------
+
+    def clear(self, meta: BatchMeta) -> ClearPlan:
+        """Remove ``meta``'s samples (hidden at once); the plan names the rows units delete.
+
+        The indexes become reusable only through :meth:`release`. Raises check_meta's errors.
+        """
+        self.check_meta(meta)
+        plan = ClearPlan()
+        for part_id, positions in _positions_by_partition(meta).items():
+            self._remove(part_id, [meta.global_indexes[p] for p in positions], plan)
+        return plan
+
+    def clear_partition(self, partition: str) -> ClearPlan:
+        """Remove a whole partition; see :meth:`clear`. Raises UnknownPartitionError."""
+        part = self._part(partition)
+        plan = ClearPlan()
+        self._remove(partition, list(part.samples), plan)
+        del self._partitions[partition]
+        for key in [k for k in self._samplers if k[0] == partition]:
+            del self._samplers[key]
+        return plan
+
+    def _remove(self, partition: str, indexes: list[int], plan: ClearPlan) -> None:
+        part = self._partitions[partition]
+        gone = set(indexes)
+        for i in indexes:
+            sample = part.samples.pop(i)
+            plan.shards.setdefault(sample.shard, {}).setdefault(partition, []).append(i)
+            del self._owner[i]
+            self._pending.add(i)
+            plan.indexes.append(i)
+        for sets in (part.ready, part.consumed):
+            for s in sets.values():
+                s -= gone
+        for shapes in part.shapes.values():
+            for i in indexes:
+                shapes.pop(i, None)
+        self._drop_empty_schemas(part)
+
+    def release(self, indexes: Iterable[int]) -> None:
+        """Make cleared indexes reusable (after the units deleted their rows)."""
+        idx = list(indexes)
+        unknown = [i for i in idx if i not in self._pending]
+        if unknown:
+            raise StoreInputError(f"indexes {unknown[:8]} are not waiting for release")
+        for i in idx:
+            self._pending.discard(i)
+            heapq.heappush(self._free, i)
+
+    # -- status --------------------------------------------------------------------------
+
+    def partitions(self) -> list[str]:
+        """Names of existing partitions."""
+        return list(self._partitions)
+
+    def shard_of(self, index: int) -> int:
+        """The shard that holds allocated sample ``index``. Raises StoreInputError."""
+        partition = self._owner.get(index)
+        if partition is None:
+            raise StoreInputError(f"index {index} is not allocated")
+        return self._partitions[partition].samples[index].shard
+
+    def production_status(self, partition: str) -> dict[str, Any]:
+        """``{"samples": n, "fields": {field: ready count}, "schemas": {...}}`` of a partition."""
+        part = self._part(partition)
+        return {
+            "samples": len(part.samples),
+            "fields": {f: len(r) for f, r in part.ready.items()},
+            "schemas": {f: s.to_dict() for f, s in part.schemas.items()},
+        }
+
+    def consumption_status(self, partition: str, task: str) -> dict[str, int]:
+        """``{"samples": n, "consumed": c}`` for ``task`` in ``partition``."""
+        part = self._part(partition)
+        return {"samples": len(part.samples), "consumed": len(part.consumed.get(task, ()))}
+
+    def stats(self) -> dict[str, Any]:
+        """Counts for monitoring: partitions, allocated, free, pending release, units."""
+        return {
+            "partitions": len(self._partitions),
+            "allocated": len(self._owner),
+            "free": len(self._free),
+            "pending_release": len(self._pending),
+            "high_water": self._next_index,
+            "units": [u.to_dict() for u in self._units],
+        }
+
+
+def _positions_by_partition(meta: BatchMeta) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    for pos, part in enumerate(meta.partition_ids):
+        groups.setdefault(part, []).append(pos)
+    return groups

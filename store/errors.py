@@ -1,0 +1,89 @@
+"""The store's errors: refinements of :class:`transport.errors.StoreError`.
+
+Every error here crosses processes intact (the error tree registers subclasses for the wire).
+Errors of bad input also derive from :class:`ValueError`, and every operation that raises one
+leaves the store exactly as it was::
+
+    StoreError
+    ├── StoreInputError (ValueError)   a request the store refuses; nothing changed
+    │   ├── SchemaError                data that does not fit a field's schema or cannot be stored
+    │   ├── UnknownFieldError          fields that a partition, shard or meta does not hold
+    │   ├── UnknownPartitionError      a partition that does not exist
+    │   ├── UnknownKeyError            KV keys that the store does not hold
+    │   ├── StaleMetaError             a BatchMeta naming samples that were cleared since
+    │   └── ForeignMetaError           a BatchMeta made by another store
+    ├── StoreFullError                 a storage unit's byte capacity would be exceeded
+    └── UnitLostError                  a storage unit is gone, and the samples it held with it
+"""
+
+from __future__ import annotations
+
+from transport.errors import StoreError
+
+__all__ = [
+    "ForeignMetaError",
+    "SchemaError",
+    "StaleMetaError",
+    "StoreError",
+    "StoreFullError",
+    "StoreInputError",
+    "UnitLostError",
+    "UnknownFieldError",
+    "UnknownKeyError",
+    "UnknownPartitionError",
+]
+
+
+class StoreInputError(StoreError, ValueError):
+    """A request the store refuses (bad arguments, bad data); the store is left unchanged."""
+
+
+class SchemaError(StoreInputError):
+    """Data that does not fit a field's schema (dtype, kind, shape) or cannot be stored at all."""
+
+
+class UnknownFieldError(StoreInputError):
+    """Fields that the partition, shard or meta in question does not hold."""
+
+
+class UnknownPartitionError(StoreInputError):
+    """A partition that does not exist (never created, or cleared)."""
+
+
+class UnknownKeyError(StoreInputError):
+    """KV keys that the store does not hold."""
+
+
+class StaleMetaError(StoreInputError):
+    """A BatchMeta naming samples that were cleared (and maybe reused) since it was made."""
+
+
+class ForeignMetaError(StoreInputError):
+    """A BatchMeta made by another store (its store id differs)."""
+
+
+class StoreFullError(StoreError):
+    """A write would take a storage unit past its byte capacity; nothing was written.
+
+    Attributes: ``unit`` (its id), ``needed`` (bytes the write needs), ``available`` (bytes free).
+    """
+
+    def __init__(self, unit: str, needed: int, available: int, capacity: int) -> None:
+        self.unit = unit
+        self.needed = needed
+        self.available = available
+        self.capacity = capacity
+        super().__init__(
+            f"storage unit {unit!r} is full: the write needs {needed} bytes, "
+            f"{available} of {capacity} are free"
+        )
+
+
+class UnitLostError(StoreError):
+    """A storage unit is gone; the samples it held are lost. ``unit`` names it."""
+
+    def __init__(self, unit: str, reason: str = "") -> None:
+        self.unit = unit
+        self.reason = reason
+        text = f"storage unit {unit!r} is lost"
+        super().__init__(f"{text}: {reason}" if reason else text)

@@ -1,0 +1,262 @@
+"""BatchMeta: the handle to a batch of samples in the store, without their data.
+
+The controller hands out BatchMeta (on put and on get_meta); clients pass it back to read,
+extend (put new fields onto the same samples) or clear the samples. It holds plain values
+only and travels as a dict (``to_dict``/``from_dict``).
+
+Per sample it holds the global index, the partition, the shard (storage unit number) that
+holds the sample's row, the allocation serial (``generations``: tells a sample apart from a
+later one that reuses its index, so a stale meta is refused) and custom metadata. Per field it
+holds the schema and, for nested (ragged) fields, each sample's shape where known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from store.errors import ForeignMetaError, StoreInputError, UnknownFieldError
+from store.schema import FieldSchema, check_plain
+
+__all__ = ["BatchMeta"]
+
+SampleShape = tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """Metadata of a batch of samples: indexes, partitions, shards, field schemas, custom meta.
+
+    Construct it through the controller; the constructor checks that the per-sample tuples
+    have one entry per sample and raises StoreInputError otherwise.
+    """
+
+    store_id: str
+    global_indexes: tuple[int, ...]
+    partition_ids: tuple[str, ...]
+    shards: tuple[int, ...]
+    generations: tuple[int, ...]
+    field_schemas: Mapping[str, FieldSchema] = field(default_factory=dict)
+    custom_meta: tuple[dict[str, Any], ...] = ()
+    sample_shapes: Mapping[str, tuple[SampleShape, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.global_indexes)
+        if not self.custom_meta and n:
+            object.__setattr__(self, "custom_meta", tuple({} for _ in range(n)))
+        for name in ("partition_ids", "shards", "generations", "custom_meta"):
+            if len(getattr(self, name)) != n:
+                raise StoreInputError(f"BatchMeta.{name} must have one entry per sample ({n})")
+        for fname, shapes in self.sample_shapes.items():
+            if fname not in self.field_schemas or len(shapes) != n:
+                raise StoreInputError(f"BatchMeta.sample_shapes[{fname!r}] does not fit the batch")
+        if len(set(zip(self.partition_ids, self.global_indexes, strict=True))) != n:
+            raise StoreInputError("a BatchMeta names a sample more than once")
+
+    # -- views ---------------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        """Number of samples."""
+        return len(self.global_indexes)
+
+    def __len__(self) -> int:
+        return len(self.global_indexes)
+
+    @property
+    def field_names(self) -> list[str]:
+        """Names of the fields this meta covers (dotted paths for nested TensorDicts)."""
+        return list(self.field_schemas)
+
+    @property
+    def partition_id(self) -> str:
+        """The one partition of all samples. Raises StoreInputError for mixed or empty metas."""
+        parts = set(self.partition_ids)
+        if len(parts) != 1:
+            raise StoreInputError(f"the batch spans {len(parts)} partitions, not exactly one")
+        return next(iter(parts))
+
+    def by_shard(self) -> dict[int, list[int]]:
+        """Positions of the samples grouped by shard, shards in ascending order."""
+        groups: dict[int, list[int]] = {}
+        for pos, shard in enumerate(self.shards):
+            groups.setdefault(shard, []).append(pos)
+        return dict(sorted(groups.items()))
+
+    def by_partition(self) -> dict[str, list[int]]:
+        """Global indexes grouped by partition (first-seen order)."""
+        groups: dict[str, list[int]] = {}
+        for part, index in zip(self.partition_ids, self.global_indexes, strict=True):
+            groups.setdefault(part, []).append(index)
+        return groups
+
+    # -- derived metas -------------------------------------------------------------------
+
+    def select(self, positions: Sequence[int]) -> BatchMeta:
+        """The samples at ``positions`` (in that order). Raises StoreInputError if out of range."""
+        n = self.size
+        pos = list(positions)
+        if any(not isinstance(p, int) or not 0 <= p < n for p in pos):
+            raise StoreInputError(f"positions out of range for a batch of {n}")
+        return BatchMeta(
+            self.store_id,
+            tuple(self.global_indexes[p] for p in pos),
+            tuple(self.partition_ids[p] for p in pos),
+            tuple(self.shards[p] for p in pos),
+            tuple(self.generations[p] for p in pos),
+            dict(self.field_schemas),
+            tuple(dict(self.custom_meta[p]) for p in pos),
+            {k: tuple(v[p] for p in pos) for k, v in self.sample_shapes.items()},
+        )
+
+    def select_fields(self, names: Iterable[str]) -> BatchMeta:
+        """The same samples restricted to fields ``names``. Raises UnknownFieldError."""
+        wanted = list(dict.fromkeys(names))
+        unknown = [n for n in wanted if n not in self.field_schemas]
+        if unknown:
+            raise UnknownFieldError(f"fields {unknown} are not in this meta ({self.field_names})")
+        return BatchMeta(
+            self.store_id,
+            self.global_indexes,
+            self.partition_ids,
+            self.shards,
+            self.generations,
+            {n: self.field_schemas[n] for n in wanted},
+            self.custom_meta,
+            {k: v for k, v in self.sample_shapes.items() if k in wanted},
+        )
+
+    def split(self, chunk_size: int) -> list[BatchMeta]:
+        """Consecutive pieces of ``chunk_size`` samples (the last may be shorter)."""
+        if not isinstance(chunk_size, int) or chunk_size <= 0:
+            raise StoreInputError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        return [
+            self.select(range(i, min(i + chunk_size, self.size)))
+            for i in range(0, self.size, chunk_size)
+        ]
+
+    def chunk(self, n: int) -> list[BatchMeta]:
+        """``n`` consecutive pieces whose sizes differ by at most one (e.g. one per DP rank)."""
+        if not isinstance(n, int) or n <= 0:
+            raise StoreInputError(f"n must be a positive int, got {n!r}")
+        base, extra = divmod(self.size, n)
+        out, start = [], 0
+        for i in range(n):
+            stop = start + base + (1 if i < extra else 0)
+            out.append(self.select(range(start, stop)))
+            start = stop
+        return out
+
+    @classmethod
+    def concat(cls, metas: Sequence[BatchMeta]) -> BatchMeta:
+        """One meta with the samples of all ``metas`` in order.
+
+        All must come from the same store (ForeignMetaError) and cover the same fields
+        (StoreInputError); a sample may appear only once.
+        """
+        if not metas:
+            raise StoreInputError("concat needs at least one BatchMeta")
+        first = metas[0]
+        for m in metas[1:]:
+            if m.store_id != first.store_id:
+                raise ForeignMetaError("cannot concat metas of different stores")
+            if set(m.field_schemas) != set(first.field_schemas):
+                raise StoreInputError("cannot concat metas with different fields")
+        shapes: dict[str, tuple[SampleShape, ...]] = {}
+        for name in first.field_schemas:
+            if any(name in m.sample_shapes for m in metas):
+                shapes[name] = tuple(
+                    s for m in metas for s in m.sample_shapes.get(name, (None,) * m.size)
+                )
+        return cls(
+            first.store_id,
+            tuple(i for m in metas for i in m.global_indexes),
+            tuple(p for m in metas for p in m.partition_ids),
+            tuple(s for m in metas for s in m.shards),
+            tuple(g for m in metas for g in m.generations),
+            dict(first.field_schemas),
+            tuple(dict(c) for m in metas for c in m.custom_meta),
+            shapes,
+        )
+
+    def with_fields(
+        self,
+        schemas: Mapping[str, FieldSchema],
+        sample_shapes: Mapping[str, Sequence[SampleShape]] | None = None,
+    ) -> BatchMeta:
+        """This meta with fields ``schemas`` added (or replaced), e.g. after ``put(td, meta)``."""
+        shapes = dict(self.sample_shapes)
+        for name in schemas:
+            shapes.pop(name, None)
+        for name, per_sample in (sample_shapes or {}).items():
+            shapes[name] = tuple(per_sample)
+        return BatchMeta(
+            self.store_id,
+            self.global_indexes,
+            self.partition_ids,
+            self.shards,
+            self.generations,
+            {**self.field_schemas, **schemas},
+            self.custom_meta,
+            shapes,
+        )
+
+    def with_custom_meta(self, custom_meta: Sequence[Mapping[str, Any]]) -> BatchMeta:
+        """This meta with per-sample custom metadata replaced (plain, msgpack-able values)."""
+        if len(custom_meta) != self.size:
+            raise StoreInputError(f"custom_meta needs one dict per sample ({self.size})")
+        for i, item in enumerate(custom_meta):
+            if not isinstance(item, Mapping):
+                raise StoreInputError(f"custom_meta[{i}] is not a dict")
+            check_plain(dict(item), f"custom_meta[{i}]")
+        return BatchMeta(
+            self.store_id,
+            self.global_indexes,
+            self.partition_ids,
+            self.shards,
+            self.generations,
+            dict(self.field_schemas),
+            tuple(dict(c) for c in custom_meta),
+            dict(self.sample_shapes),
+        )
+
+    # -- wire ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for the wire."""
+        return {
+            "store_id": self.store_id,
+            "global_indexes": list(self.global_indexes),
+            "partition_ids": list(self.partition_ids),
+            "shards": list(self.shards),
+            "generations": list(self.generations),
+            "field_schemas": {k: v.to_dict() for k, v in self.field_schemas.items()},
+            "custom_meta": [dict(c) for c in self.custom_meta],
+            "sample_shapes": {
+                k: [None if s is None else list(s) for s in v]
+                for k, v in self.sample_shapes.items()
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BatchMeta:
+        """Rebuild from :meth:`to_dict`'s output. Raises StoreInputError on malformed input."""
+        try:
+            return cls(
+                str(data["store_id"]),
+                tuple(int(i) for i in data["global_indexes"]),
+                tuple(str(p) for p in data["partition_ids"]),
+                tuple(int(s) for s in data["shards"]),
+                tuple(int(g) for g in data["generations"]),
+                {str(k): FieldSchema.from_dict(v) for k, v in data["field_schemas"].items()},
+                tuple(dict(c) for c in data.get("custom_meta") or ()),
+                {
+                    str(k): tuple(None if s is None else tuple(int(d) for d in s) for s in v)
+                    for k, v in (data.get("sample_shapes") or {}).items()
+                },
+            )
+        except StoreInputError:
+            raise
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise StoreInputError(f"malformed BatchMeta: {exc!r}")

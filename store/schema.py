@@ -1,0 +1,406 @@
+"""Field schemas, and the split of a TensorDict into per-field columns and back.
+
+A *field* is a leaf of a TensorDict, named by its key path joined with ``"."`` (``"obs.image"``
+for ``td["obs", "image"]``). Each field has one of four kinds:
+
+- ``dense``: a plain tensor; every sample has the same shape.
+- ``jagged`` / ``strided``: a nested tensor (``torch.nested``, that layout); samples differ in
+  shape. Its schema's shape holds ``None`` for every dimension that varies.
+- ``non_tensor``: per-sample plain values (``NonTensorStack``/``NonTensorData``); only values
+  msgpack can carry (None, bool, int, float, str, bytes, lists/tuples and str-keyed dicts).
+
+:class:`FieldSchema` travels as a plain dict (``to_dict``/``from_dict``); :class:`DataUpdate` is
+the notification a storage unit sends the controller after a write.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import tensordict
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
+
+from store.errors import SchemaError, StoreInputError
+
+__all__ = [
+    "FIELD_SEP",
+    "KINDS",
+    "Column",
+    "DataUpdate",
+    "FieldSchema",
+    "assemble",
+    "check_plain",
+    "dtype_from_name",
+    "dtype_name",
+    "estimate_plain_bytes",
+    "field_key",
+    "merge_parts",
+    "split_columns",
+    "tensor_bytes",
+]
+
+FIELD_SEP = "."
+KINDS = ("dense", "jagged", "strided", "non_tensor")
+Shape = tuple[int | None, ...]
+_PLAIN_SCALARS = (str, bytes, int, float, bool, type(None))
+_MAX_DEPTH = 32
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The wire name of a torch dtype: ``torch.float32`` → ``"float32"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """The torch dtype named ``name`` (as :func:`dtype_name` writes it). Raises SchemaError."""
+    value = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(value, torch.dtype):
+        raise SchemaError(f"unknown dtype name {name!r}")
+    return value
+
+
+def field_key(name: str) -> tuple[str, ...]:
+    """The TensorDict key path of field ``name`` (``"obs.image"`` → ``("obs", "image")``)."""
+    return tuple(name.split(FIELD_SEP))
+
+
+@dataclass(frozen=True)
+class FieldSchema:
+    """What the store knows of one field: kind, dtype, per-sample shape and original device.
+
+    ``shape`` is the shape of one sample (without the batch dimension); ``None`` entries mark
+    dimensions that vary between samples (nested kinds only). Non-tensor fields have no dtype,
+    shape or device. ``device`` is where the data lived when it was put (``get`` returns it there).
+    """
+
+    kind: str
+    dtype: str | None = None
+    shape: Shape | None = None
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise SchemaError(f"unknown field kind {self.kind!r}; expected one of {KINDS}")
+        if self.kind == "non_tensor":
+            if self.dtype is not None or self.shape is not None:
+                raise SchemaError("a non-tensor field has no dtype or shape")
+            return
+        if self.dtype is None or self.shape is None:
+            raise SchemaError(f"a {self.kind} field needs a dtype and a shape")
+        dtype_from_name(self.dtype)
+        if any(d is not None and (not isinstance(d, int) or d < 0) for d in self.shape):
+            raise SchemaError(f"bad per-sample shape {self.shape!r}")
+        if self.kind == "dense" and None in self.shape:
+            raise SchemaError("a dense field cannot have a varying dimension")
+
+    @property
+    def is_nested(self) -> bool:
+        """True for nested (ragged) tensor fields."""
+        return self.kind in ("jagged", "strided")
+
+    @property
+    def is_non_tensor(self) -> bool:
+        """True for fields of plain, non-tensor values."""
+        return self.kind == "non_tensor"
+
+    @property
+    def torch_dtype(self) -> torch.dtype | None:
+        """The field's torch dtype (None for non-tensor fields)."""
+        return None if self.dtype is None else dtype_from_name(self.dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for the wire."""
+        return {
+            "kind": self.kind,
+            "dtype": self.dtype,
+            "shape": None if self.shape is None else list(self.shape),
+            "device": self.device,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FieldSchema:
+        """Rebuild from :meth:`to_dict`'s output. Raises SchemaError on malformed input."""
+        if not isinstance(data, Mapping) or "kind" not in data:
+            raise SchemaError(f"not a field schema: {data!r}")
+        shape = data.get("shape")
+        if shape is not None and not isinstance(shape, (list, tuple)):
+            raise SchemaError(f"bad shape in field schema: {shape!r}")
+        return cls(
+            kind=data["kind"],
+            dtype=data.get("dtype"),
+            shape=None if shape is None else tuple(shape),
+            device=data.get("device"),
+        )
+
+    def merged(self, new: FieldSchema, name: str) -> FieldSchema:
+        """The schema after ``new`` data is written into a field that has this schema.
+
+        Kind and dtype may never change; a dense field keeps its per-sample shape; a nested
+        field keeps its number of dimensions (dimensions that now differ become ``None``).
+        The device is the newest. Raises SchemaError naming the field otherwise.
+        """
+        if new.kind != self.kind:
+            raise SchemaError(
+                f"field {name!r} holds {self.kind} data; cannot write {new.kind} data"
+            )
+        if new.dtype != self.dtype:
+            raise SchemaError(
+                f"field {name!r} has dtype {self.dtype}; cannot write {new.dtype} "
+                "(a field keeps its dtype while any sample holds it)"
+            )
+        if self.kind == "non_tensor" or new.shape == self.shape:
+            return self if new.device == self.device else replace(self, device=new.device)
+        old_shape, new_shape = self.shape or (), new.shape or ()
+        if self.kind == "dense":
+            raise SchemaError(
+                f"field {name!r} has per-sample shape {tuple(old_shape)}; cannot write "
+                f"{tuple(new_shape)} (use a nested tensor for variable shapes)"
+            )
+        if len(old_shape) != len(new_shape):
+            raise SchemaError(
+                f"field {name!r} has {len(old_shape)}-dim samples; cannot write "
+                f"{len(new_shape)}-dim samples"
+            )
+        shape = tuple(a if a == b else None for a, b in zip(old_shape, new_shape, strict=True))
+        return FieldSchema(self.kind, self.dtype, shape, new.device)
+
+
+@dataclass
+class Column:
+    """One field of a batch: its schema and its data.
+
+    ``dense`` holds a batch tensor (dense kind); ``rows`` holds one tensor per sample (nested
+    kinds) or one plain value per sample (non-tensor); ``sample_shapes`` the per-sample shapes
+    of nested kinds.
+    """
+
+    schema: FieldSchema
+    dense: torch.Tensor | None = None
+    rows: list[Any] | None = None
+    sample_shapes: list[tuple[int, ...]] | None = None
+
+    def __len__(self) -> int:
+        if self.dense is not None:
+            return int(self.dense.shape[0])
+        return len(self.rows or ())
+
+
+def check_plain(value: Any, where: str = "value", _depth: int = 0) -> None:
+    """Raise SchemaError unless ``value`` is made only of values msgpack carries."""
+    if isinstance(value, _PLAIN_SCALARS):
+        return
+    if _depth >= _MAX_DEPTH:
+        raise SchemaError(f"{where} is nested too deeply")
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_plain(item, f"{where}[{i}]", _depth + 1)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise SchemaError(f"{where} has a non-str key {key!r}")
+            check_plain(item, f"{where}[{key!r}]", _depth + 1)
+        return
+    raise SchemaError(f"{where} is a {type(value).__name__}, not a plain (msgpack-able) value")
+
+
+def _nested_column(value: torch.Tensor, name: str) -> Column:
+    layout = "jagged" if value.layout == torch.jagged else "strided"
+    rows = [row.contiguous() for row in value.unbind(0)]
+    shapes = [tuple(int(d) for d in row.shape) for row in rows]
+    shape: Shape
+    if shapes:
+        first = shapes[0]
+        if any(len(s) != len(first) for s in shapes):
+            raise SchemaError(f"field {name!r}: samples of a nested tensor differ in rank")
+        shape = tuple(d if all(s[i] == d for s in shapes) else None for i, d in enumerate(first))
+    else:
+        shape = tuple(None for _ in range(value.dim() - 1))
+    if layout == "jagged" and None in shape[1:]:
+        raise SchemaError(
+            f"field {name!r}: a jagged tensor may vary only in its first sample dimension"
+        )
+    schema = FieldSchema(layout, dtype_name(value.dtype), shape, str(value.device))
+    return Column(schema, rows=rows, sample_shapes=shapes)
+
+
+def split_columns(td: Any, batch_size: int | None = None) -> dict[str, Column]:
+    """Split a TensorDict with batch_size ``[B]`` into its columns, keyed by field name.
+
+    Raises SchemaError for anything the store cannot hold (not a TensorDict, batch dims other
+    than one, a batch size other than ``batch_size``, a key with ``"."``, a leaf of an
+    unsupported type, non-plain non-tensor values).
+    """
+    if not isinstance(td, TensorDictBase):
+        raise SchemaError(f"expected a TensorDict, got {type(td).__name__}")
+    if td.batch_dims != 1:
+        raise SchemaError(f"expected a TensorDict with batch_size [B], got {list(td.batch_size)}")
+    n = int(td.batch_size[0])
+    if batch_size is not None and n != batch_size:
+        raise SchemaError(f"the TensorDict holds {n} samples, expected {batch_size}")
+    columns: dict[str, Column] = {}
+    items = td.items(include_nested=True, leaves_only=True, is_leaf=tensordict.is_leaf_nontensor)
+    for key, value in items:
+        path = (key,) if isinstance(key, str) else tuple(key)
+        if any(FIELD_SEP in part or not part for part in path):
+            raise SchemaError(f"key {path!r}: key parts must be non-empty and contain no '.'")
+        name = FIELD_SEP.join(path)
+        if isinstance(value, (NonTensorData, NonTensorStack)):
+            rows = value.tolist()
+            if not isinstance(rows, list) or len(rows) != n:
+                raise SchemaError(f"field {name!r}: non-tensor data must have one value per sample")
+            for i, row in enumerate(rows):
+                check_plain(row, f"field {name!r} sample {i}")
+            columns[name] = Column(FieldSchema("non_tensor"), rows=rows)
+        elif isinstance(value, torch.Tensor) and value.is_nested:
+            columns[name] = _nested_column(value, name)
+        elif isinstance(value, torch.Tensor) and value.layout == torch.strided:
+            shape = tuple(int(d) for d in value.shape[1:])
+            schema = FieldSchema("dense", dtype_name(value.dtype), shape, str(value.device))
+            columns[name] = Column(schema, dense=value)
+        else:
+            raise SchemaError(f"field {name!r}: cannot store a {type(value).__name__}")
+    return columns
+
+
+def _nested(kind: str, rows: list[torch.Tensor], schema: FieldSchema, device: Any) -> torch.Tensor:
+    layout = torch.jagged if kind == "jagged" else torch.strided
+    if rows:
+        return torch.nested.as_nested_tensor(rows, layout=layout)
+    dtype = schema.torch_dtype or torch.float32
+    rest = [d or 0 for d in (schema.shape or ())[1:]]
+    values = torch.empty([0, *rest], dtype=dtype, device=device)
+    offsets = torch.zeros(1, dtype=torch.int64, device=device)
+    return torch.nested.nested_tensor_from_jagged(values, offsets)
+
+
+def assemble(
+    size: int, columns: Mapping[str, tuple[FieldSchema, Any]], device: Any = None
+) -> TensorDict:
+    """Build a TensorDict with batch_size ``[size]`` from ``{field: (schema, data)}``.
+
+    ``data`` is a batch tensor (dense), a list of per-sample tensors (nested kinds) or a list
+    of plain values (non-tensor). Dotted field names become nested TensorDicts.
+    """
+    out = TensorDict({}, batch_size=[size])
+    for name, (schema, data) in columns.items():
+        if schema.kind == "dense":
+            value: Any = data
+        elif schema.is_nested:
+            value = _nested(schema.kind, list(data), schema, device)
+        else:
+            value = NonTensorStack.from_list(list(data))
+        out.set(field_key(name), value)
+    return out
+
+
+def _rows_of(schema: FieldSchema, value: Any) -> list[Any]:
+    if schema.is_nested:
+        return list(value.unbind(0))
+    if schema.is_non_tensor:
+        return list(value.tolist())
+    return list(value)
+
+
+def merge_parts(
+    size: int,
+    schemas: Mapping[str, FieldSchema],
+    parts: Iterable[tuple[Sequence[int], TensorDictBase]],
+    device: Any = None,
+) -> TensorDict:
+    """Merge per-shard results into one batch, in order.
+
+    ``parts`` holds ``(positions, td)`` pairs: ``td``'s row ``j`` goes to row ``positions[j]``
+    of the result; together the positions must cover ``0..size-1`` once. Dense fields are
+    concatenated and reordered with one ``index_select``; nested and non-tensor fields row by
+    row. Raises StoreInputError if the positions do not cover the batch exactly.
+    """
+    parts = list(parts)
+    for positions, td in parts:
+        if not isinstance(td, TensorDictBase) or td.batch_size[:1] != (len(positions),):
+            raise StoreInputError("each part needs a TensorDict with one row per position")
+    order: list[int] = [p for positions, _ in parts for p in positions]
+    if sorted(order) != list(range(size)):
+        raise StoreInputError("the parts' positions do not cover the batch exactly once")
+    columns: dict[str, tuple[FieldSchema, Any]] = {}
+    for name, schema in schemas.items():
+        values = [td.get(field_key(name)) for _, td in parts]
+        if schema.kind == "dense":
+            if len(values) == 1 and order == list(range(size)):
+                columns[name] = (schema, values[0])
+                continue
+            cat = torch.cat(values, 0)
+            inverse = torch.empty(size, dtype=torch.int64)
+            inverse[torch.tensor(order, dtype=torch.int64)] = torch.arange(size)
+            columns[name] = (schema, cat.index_select(0, inverse.to(cat.device)))
+        else:
+            rows: list[Any] = [None] * size
+            for (positions, _), value in zip(parts, values, strict=True):
+                for p, row in zip(positions, _rows_of(schema, value), strict=True):
+                    rows[p] = row
+            columns[name] = (schema, rows)
+    return assemble(size, columns, device)
+
+
+def estimate_plain_bytes(value: Any, _depth: int = 0) -> int:
+    """A rough size in bytes of a plain value (what a non-tensor row costs a unit)."""
+    if isinstance(value, (str, bytes)):
+        return 16 + len(value)
+    if isinstance(value, (list, tuple)) and _depth < _MAX_DEPTH:
+        return 16 + sum(estimate_plain_bytes(v, _depth + 1) for v in value)
+    if isinstance(value, dict) and _depth < _MAX_DEPTH:
+        return 16 + sum(
+            estimate_plain_bytes(k, _depth + 1) + estimate_plain_bytes(v, _depth + 1)
+            for k, v in value.items()
+        )
+    return 8
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes a (dense) tensor's elements take."""
+    return int(math.prod(t.shape)) * t.element_size()
+
+
+@dataclass
+class DataUpdate:
+    """What a storage unit tells the controller after a write (and waits on the ACK for).
+
+    ``schemas`` holds the written fields; ``sample_shapes`` the per-sample shapes of the nested
+    fields among them, aligned with ``indexes``.
+    """
+
+    partition: str
+    indexes: list[int]
+    schemas: dict[str, FieldSchema]
+    sample_shapes: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for the wire."""
+        return {
+            "partition": self.partition,
+            "indexes": list(self.indexes),
+            "schemas": {k: v.to_dict() for k, v in self.schemas.items()},
+            "sample_shapes": {k: [list(s) for s in v] for k, v in self.sample_shapes.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DataUpdate:
+        """Rebuild from :meth:`to_dict`'s output. Raises StoreInputError on malformed input."""
+        try:
+            return cls(
+                partition=str(data["partition"]),
+                indexes=[int(i) for i in data["indexes"]],
+                schemas={str(k): FieldSchema.from_dict(v) for k, v in data["schemas"].items()},
+                sample_shapes={
+                    str(k): [tuple(int(d) for d in s) for s in v]
+                    for k, v in (data.get("sample_shapes") or {}).items()
+                },
+            )
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            if isinstance(exc, StoreInputError):
+                raise
+            raise StoreInputError(f"malformed data update: {exc!r}")

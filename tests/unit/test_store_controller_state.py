@@ -1,0 +1,514 @@
+"""ControllerState: allocation, production/consumption status, samplers, clears, unit loss."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from store.controller_state import ControllerState
+from store.errors import (
+    ForeignMetaError,
+    SchemaError,
+    StaleMetaError,
+    StoreError,
+    StoreInputError,
+    UnitLostError,
+    UnknownFieldError,
+    UnknownPartitionError,
+)
+from store.meta import BatchMeta
+from store.schema import DataUpdate, FieldSchema
+
+F32 = FieldSchema("dense", "float32", (2,), "cpu")
+I64 = FieldSchema("dense", "int64", (), "cpu")
+RAG = FieldSchema("jagged", "int64", (None,), "cpu")
+TXT = FieldSchema("non_tensor")
+
+
+def snapshot(c: ControllerState) -> dict[str, Any]:
+    state = {k: v for k, v in vars(c).items() if k != "_samplers"}
+    return copy.deepcopy(state)
+
+
+def state_with_units(n: int = 2) -> ControllerState:
+    c = ControllerState("store-1")
+    for i in range(n):
+        c.register_unit(f"u{i}", node_id=f"node{i}", capacity_bytes=1 << 20)
+    return c
+
+
+def write(
+    c: ControllerState,
+    meta: BatchMeta,
+    schemas: dict[str, FieldSchema],
+    shapes: dict[str, list[tuple[int, ...]]] | None = None,
+) -> None:
+    """What the units do after writing ``meta``'s samples: notify per shard."""
+    for shard, positions in meta.by_shard().items():
+        idx = [meta.global_indexes[p] for p in positions]
+        sub_shapes = {f: [s[p] for p in positions] for f, s in (shapes or {}).items()}
+        c.on_data_update(f"u{shard}", DataUpdate(meta.partition_id, idx, schemas, sub_shapes))
+
+
+def put(c: ControllerState, partition: str, n: int, **kw: Any) -> BatchMeta:
+    meta = c.allocate(partition, n, schemas={"x": F32}, **kw)
+    write(c, meta, {"x": F32})
+    return meta
+
+
+def test_units_register_and_reregister() -> None:
+    c = ControllerState()
+    a = c.register_unit("a", node_id="n0", device="cuda:0", capacity_bytes=100)
+    b = c.register_unit("b")
+    assert (a.shard, b.shard) == (0, 1)
+    assert c.register_unit("a", node_id="n9").shard == 0
+    assert [u.unit_id for u in c.units()] == ["a", "b"]
+    assert c.units()[0].node_id == "n9"
+    for bad in ({"unit_id": ""}, {"unit_id": "c", "capacity_bytes": -1}, {"unit_id": 3}):
+        before = snapshot(c)
+        with pytest.raises(StoreInputError):
+            c.register_unit(**bad)  # type: ignore[arg-type]
+        assert snapshot(c) == before
+
+
+def test_allocate_needs_a_live_unit() -> None:
+    with pytest.raises(StoreError, match="no live storage unit"):
+        ControllerState().allocate("p", 1)
+    assert ControllerState().allocate("p", 0).size == 0
+
+
+def test_allocate_assigns_indexes_and_shards_round_robin() -> None:
+    c = state_with_units(3)
+    meta = c.allocate("train", 7, custom_meta=[{"i": i} for i in range(7)])
+    assert meta.global_indexes == tuple(range(7))
+    assert meta.shards == (0, 1, 2, 0, 1, 2, 0)
+    assert meta.partition_id == "train" and meta.store_id == "store-1"
+    assert meta.custom_meta[3] == {"i": 3}
+    assert c.partitions() == ["train"]
+    assert [c.shard_of(i) for i in range(7)] == list(meta.shards)
+    # indexes are global across partitions
+    assert c.allocate("val", 2).global_indexes == (7, 8)
+
+
+def test_allocate_bad_input_leaves_state_unchanged() -> None:
+    c = state_with_units()
+    put(c, "train", 2)
+    before = snapshot(c)
+    bad_calls: list[dict[str, Any]] = [
+        {"partition": "", "n": 1},
+        {"partition": "p", "n": -1},
+        {"partition": "p", "n": 1.5},
+        {"partition": "p", "n": 2, "env_ids": ["a"]},
+        {"partition": "p", "n": 2, "group_ids": ["a"]},
+        {"partition": "p", "n": 1, "custom_meta": [{"a": object()}]},
+        {"partition": "p", "n": 1, "custom_meta": ["x"]},
+        {"partition": "p", "n": 1, "env_ids": ["e"]},  # no env table
+        {"partition": "train", "n": 1, "schemas": {"x": I64}},  # dtype change
+        {"partition": "p", "n": 1, "group_ids": [["unhashable"]]},
+    ]
+    for kw in bad_calls:
+        with pytest.raises((StoreInputError, TypeError)):
+            c.allocate(**kw)
+        assert snapshot(c) == before, kw
+
+
+def test_env_shard_table() -> None:
+    c = ControllerState(env_shards={"env-a": 1, "env-b": 0, "env-z": 7})
+    for i in range(2):
+        c.register_unit(f"u{i}")
+    meta = c.allocate("p", 3, env_ids=["env-a", "env-a", "env-b"])
+    assert meta.shards == (1, 1, 0)
+    before = snapshot(c)
+    with pytest.raises(StoreInputError, match="not in the env-shard table"):
+        c.allocate("p", 1, env_ids=["env-c"])
+    with pytest.raises(StoreInputError, match="unknown"):
+        c.allocate("p", 1, env_ids=["env-z"])
+    assert snapshot(c) == before
+    c.set_env_shards(lambda env: len(env) % 2)
+    assert c.allocate("p", 2, env_ids=["ab", "abc"]).shards == (0, 1)
+    c.mark_unit_lost("u1")
+    with pytest.raises(UnitLostError, match="u1"):
+        c.allocate("p", 1, env_ids=["abc"])
+
+
+def test_freed_indexes_are_reused_only_after_release() -> None:
+    c = state_with_units()
+    m = put(c, "train", 6)
+    plan = c.clear(m.select([1, 4]))
+    assert plan.shards == {1: {"train": [1]}, 0: {"train": [4]}}
+    assert sorted(plan.indexes) == [1, 4]
+    assert c.allocate("train", 1).global_indexes == (6,)  # 1 and 4 wait for release
+    c.release(plan.indexes)
+    assert c.allocate("train", 3).global_indexes == (1, 4, 7)
+    with pytest.raises(StoreInputError):
+        c.release([1])  # allocated again, not waiting
+    assert c.stats()["high_water"] == 8
+
+
+def test_production_status_and_column_wise_readiness() -> None:
+    c = state_with_units()
+    meta = c.allocate("train", 4, schemas={"prompt": RAG})
+    assert c.try_fetch("train", ["prompt"], 1, mode="peek") is None
+    write(c, meta, {"prompt": RAG}, {"prompt": [(3,), (1,), (2,), (5,)]})
+    assert c.ready_indexes("train", ["prompt"]) == [0, 1, 2, 3]
+    assert c.ready_indexes("train", ["prompt", "reward"]) == []
+    # a column-wise stage adds rewards to two samples
+    sub = meta.select([2, 0])
+    c.check_put(sub, {"reward": I64})
+    write(c, sub, {"reward": I64})
+    assert c.ready_indexes("train", ["prompt", "reward"]) == [0, 2]
+    status = c.production_status("train")
+    assert status["samples"] == 4 and status["fields"] == {"prompt": 4, "reward": 2}
+    got = c.try_fetch("train", ["prompt", "reward"], 2, task="train")
+    assert got is not None and got.global_indexes == (0, 2)
+    assert got.field_names == ["prompt", "reward"]
+    assert got.sample_shapes == {"prompt": ((3,), (2,))}
+    assert c.consumption_status("train", "train") == {"samples": 4, "consumed": 2}
+    with pytest.raises(UnknownPartitionError):
+        c.production_status("nope")
+
+
+def test_fetch_consumes_per_task_and_peek_does_not() -> None:
+    c = state_with_units()
+    put(c, "train", 4)
+    peek = c.try_fetch("train", ["x"], 4, task="a", mode="peek")
+    assert peek is not None and peek.size == 4
+    first = c.try_fetch("train", ["x"], 3, task="a")
+    assert first is not None and first.global_indexes == (0, 1, 2)
+    assert c.try_fetch("train", ["x"], 2, task="a") is None  # only 1 left for task a
+    other = c.try_fetch("train", ["x"], 4, task="b")  # task b is independent
+    assert other is not None and other.size == 4
+    rest = c.try_fetch("train", ["x"], None, task="a")
+    assert rest is not None and rest.global_indexes == (3,)
+    empty = c.try_fetch("train", ["x"], None, task="a")
+    assert empty is not None and empty.size == 0
+    c.reset_consumption("a")
+    again = c.try_fetch("train", ["x"], 4, task="a")
+    assert again is not None and again.size == 4
+    c.reset_consumption("b", "train")
+    with pytest.raises(UnknownPartitionError):
+        c.reset_consumption("b", "nope")
+
+
+def test_fetch_of_missing_partition_or_field_waits() -> None:
+    c = state_with_units()
+    assert c.try_fetch("later", ["x"], 1) is None
+    all_now = c.try_fetch("later", ["x"], None)
+    assert all_now is not None and all_now.size == 0
+    put(c, "later", 1)
+    assert c.try_fetch("later", ["y"], 1) is None
+    assert c.try_fetch("later", ["x"], 1) is not None
+
+
+def test_try_fetch_argument_errors_leave_state_unchanged() -> None:
+    c = state_with_units()
+    put(c, "train", 4)
+    before = snapshot(c)
+    for kw in (
+        {"fields": [], "batch_size": 1},
+        {"fields": "x", "batch_size": 1},
+        {"fields": ["x"], "batch_size": 0},
+        {"fields": ["x"], "batch_size": 2, "mode": "steal"},
+        {"fields": ["x"], "batch_size": 2, "task": ""},
+        {"fields": ["x"], "batch_size": 2, "sampler": "nope"},
+        {"fields": ["x"], "batch_size": 3, "sampler": {"name": "grouped", "n": 2}},
+    ):
+        with pytest.raises(StoreInputError):
+            c.try_fetch("train", **kw)  # type: ignore[arg-type]
+        assert snapshot(c) == before, kw
+
+
+def test_grouped_sampler_keeps_groups_together() -> None:
+    c = state_with_units(3)
+    meta = c.allocate("grpo", 8, schemas={"x": F32})  # 2 prompts x 4 responses
+    # only 3 responses of prompt 0 and all of prompt 1 are written
+    write(c, meta.select([0, 1, 2, 4, 5, 6, 7]), {"x": F32})
+    spec = {"name": "grouped", "n": 4}
+    got = c.try_fetch("grpo", ["x"], 4, sampler=spec)
+    assert got is not None and got.global_indexes == (4, 5, 6, 7)
+    assert c.try_fetch("grpo", ["x"], 4, sampler=spec) is None
+    write(c, meta.select([3]), {"x": F32})
+    got = c.try_fetch("grpo", ["x"], 4, sampler=spec)
+    assert got is not None and got.global_indexes == (0, 1, 2, 3)
+
+
+def test_grouped_sampler_with_explicit_group_ids() -> None:
+    c = state_with_units()
+    meta = c.allocate("grpo", 6, group_ids=["a", "b", "a", "c", "b", "c"], schemas={"x": F32})
+    write(c, meta.select([0, 1, 2, 3, 4]), {"x": F32})
+    got = c.try_fetch("grpo", ["x"], 4, sampler={"name": "grouped", "n": 2})
+    assert got is not None and got.global_indexes == (0, 2, 1, 4)
+    assert c.try_fetch("grpo", ["x"], 2, sampler={"name": "grouped", "n": 2}) is None
+
+
+def test_random_sampler_spec_advances_per_task() -> None:
+    c = state_with_units()
+    put(c, "train", 40)
+    spec = {"name": "random", "seed": 0}
+    a = c.try_fetch("train", ["x"], 5, task="t", sampler=spec, mode="peek")
+    b = c.try_fetch("train", ["x"], 5, task="t", sampler=spec, mode="peek")
+    assert a is not None and b is not None and a.global_indexes != b.global_indexes
+    c2 = state_with_units()
+    put(c2, "train", 40)
+    a2 = c2.try_fetch("train", ["x"], 5, task="t", sampler=spec, mode="peek")
+    assert a2 is not None and a2.global_indexes == a.global_indexes
+
+
+def test_on_data_update_validation_leaves_state_unchanged() -> None:
+    c = state_with_units()
+    meta = put(c, "train", 4)
+    c.allocate("other", 1)
+    before = snapshot(c)
+    bad: list[tuple[str, Any, type[Exception]]] = [
+        ("ghost", DataUpdate("train", [0], {"x": F32}), StoreInputError),
+        ("u0", DataUpdate("nope", [0], {"x": F32}), UnknownPartitionError),
+        ("u0", DataUpdate("train", [1], {"x": F32}), StoreInputError),  # 1 lives on u1
+        ("u0", DataUpdate("train", [0, 0], {"x": F32}), StoreInputError),
+        ("u0", DataUpdate("train", [99], {"x": F32}), StoreInputError),
+        ("u0", DataUpdate("train", [4], {"x": F32}), StoreInputError),  # 4 is in "other"
+        ("u0", DataUpdate("train", [0], {"x": I64}), SchemaError),
+        ("u0", DataUpdate("train", [0, 2], {"y": I64, "x": I64}), SchemaError),
+        ("u0", DataUpdate("train", [0], {"r": RAG}, {"r": [(1,), (2,)]}), StoreInputError),
+        ("u0", DataUpdate("train", [0], {"r": RAG}, {"q": [(1,)]}), StoreInputError),
+        ("u0", {"partition": "train"}, StoreInputError),
+    ]
+    for unit, update, exc in bad:
+        with pytest.raises(exc):
+            c.on_data_update(unit, update)
+        assert snapshot(c) == before, update
+    assert meta.size == 4
+
+
+def test_check_meta_foreign_and_stale() -> None:
+    c = state_with_units()
+    meta = put(c, "train", 3)
+    other = ControllerState("store-2")
+    other.register_unit("u0")
+    with pytest.raises(ForeignMetaError):
+        c.check_meta(other.allocate("train", 1))
+    with pytest.raises(StoreInputError):
+        c.check_meta("meta")  # type: ignore[arg-type]
+    plan = c.clear(meta.select([0]))
+    with pytest.raises(StaleMetaError):
+        c.check_meta(meta)
+    c.release(plan.indexes)
+    reused = c.allocate("train", 1)
+    assert reused.global_indexes == (0,)
+    with pytest.raises(StaleMetaError):  # index 0 is a new sample now
+        c.check_meta(meta.select([0]))
+    before = snapshot(c)
+    with pytest.raises(StaleMetaError):
+        c.clear(meta)  # clear validates all before removing any
+    assert snapshot(c) == before
+
+
+def test_check_readable() -> None:
+    c = state_with_units()
+    meta = put(c, "train", 4)
+    full = c.meta_of("train", [0, 1, 2, 3])
+    assert full.field_names == ["x"]
+    c.check_readable(full)
+    with pytest.raises(UnknownFieldError):
+        c.check_readable(full.with_fields({"y": I64}))
+    with pytest.raises(UnknownFieldError):
+        c.meta_of("train", [0], ["y"])
+    with pytest.raises(StoreInputError):
+        c.meta_of("train", [0, 0])
+    with pytest.raises(StoreInputError):
+        c.meta_of("train", [42])
+    assert meta.size == 4
+
+
+def test_check_put_dtype_change_and_foreign() -> None:
+    c = state_with_units()
+    meta = put(c, "train", 2)
+    with pytest.raises(SchemaError, match="dtype"):
+        c.check_put(meta, {"x": I64})
+    c.check_put(meta, {"x": F32, "y": TXT})
+    with pytest.raises(ForeignMetaError):
+        c.check_put(BatchMeta("elsewhere", (0,), ("train",), (0,), (1,)), {"x": F32})
+
+
+def test_unit_loss_marks_samples_not_ready() -> None:
+    c = state_with_units()
+    meta = put(c, "train", 4)
+    affected = c.mark_unit_lost("u1", "killed")
+    assert affected == {"train": [1, 3]}
+    assert c.ready_indexes("train", ["x"]) == [0, 2]
+    with pytest.raises(UnitLostError, match="u1"):
+        c.check_readable(meta)
+    c.check_readable(meta.select([0, 2]))
+    with pytest.raises(UnitLostError):
+        c.check_put(meta, {"x": F32})
+    # writes after the loss go to live units only
+    assert c.allocate("train", 2).shards == (0, 0)
+    with pytest.raises(UnitLostError):
+        c.on_data_update("u1", DataUpdate("train", [1], {"x": F32}))
+    # the unit comes back (restart): its samples stay lost until rewritten
+    c.register_unit("u1")
+    with pytest.raises(UnitLostError, match="u1"):
+        c.check_readable(meta.select([1]))
+    c.on_data_update("u1", DataUpdate("train", [1], {"x": F32}))
+    c.check_readable(meta.select([1]))
+    assert c.ready_indexes("train", ["x"]) == [0, 1, 2]
+
+
+def test_clear_partition_and_schema_forgotten() -> None:
+    c = state_with_units()
+    meta = put(c, "train", 3)
+    c.try_fetch("train", ["x"], 2, task="t", sampler={"name": "random", "seed": 1})
+    with pytest.raises(UnknownPartitionError):
+        c.clear_partition("nope")
+    plan = c.clear_partition("train")
+    assert sorted(plan.indexes) == [0, 1, 2]
+    assert plan.shards == {0: {"train": [0, 2]}, 1: {"train": [1]}}
+    assert c.partitions() == []
+    assert plan.to_dict()["shards"] == {"0": {"train": [0, 2]}, "1": {"train": [1]}}
+    c.release(plan.indexes)
+    # the field's schema went with its last sample: a new dtype is fine now
+    meta2 = c.allocate("train", 1, schemas={"x": I64})
+    write(c, meta2, {"x": I64})
+    assert c.production_status("train")["schemas"]["x"]["dtype"] == "int64"
+    assert meta.size == 3
+
+
+def test_clear_drops_consumption_and_schema_of_cleared_samples() -> None:
+    c = state_with_units()
+    meta = put(c, "train", 2)
+    c.try_fetch("train", ["x"], 2, task="t")
+    c.clear(meta)
+    assert c.consumption_status("train", "t") == {"samples": 0, "consumed": 0}
+    assert c.production_status("train")["schemas"] == {}
+
+
+def test_set_custom_meta() -> None:
+    c = state_with_units()
+    meta = put(c, "train", 2)
+    c.set_custom_meta(meta, [{"score": 1.5}, {"score": None}])
+    got = c.try_fetch("train", ["x"], 2)
+    assert got is not None and got.custom_meta == ({"score": 1.5}, {"score": None})
+    before = snapshot(c)
+    with pytest.raises(StoreInputError):
+        c.set_custom_meta(meta, [{"score": {1, 2}}, {}])
+    assert snapshot(c) == before
+
+
+# -- properties ------------------------------------------------------------------------
+
+
+class ControllerMachine(RuleBasedStateMachine):
+    """Random allocate/update/fetch/clear/release sequences against a simple model."""
+
+    FIELDS = ("a", "b")
+    TASKS = ("t1", "t2")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = ControllerState("prop")
+        for i in range(3):
+            self.c.register_unit(f"u{i}")
+        self.live: dict[int, str] = {}  # index -> partition
+        self.written: dict[int, set[str]] = {}
+        self.consumed: dict[str, set[int]] = {t: set() for t in self.TASKS}
+        self.pending: list[int] = []
+        self.ever: set[int] = set()
+
+    @rule(partition=st.sampled_from(["p", "q"]), n=st.integers(0, 5))
+    def allocate(self, partition: str, n: int) -> None:
+        meta = self.c.allocate(partition, n)
+        for i in meta.global_indexes:
+            assert i not in self.live, "an index was handed out twice"
+            self.live[i] = partition
+            self.written[i] = set()
+            self.ever.add(i)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), field=st.sampled_from(FIELDS))
+    def update(self, data: st.DataObject, field: str) -> None:
+        index = data.draw(st.sampled_from(sorted(self.live)))
+        shard = self.c.shard_of(index)
+        self.c.on_data_update(f"u{shard}", DataUpdate(self.live[index], [index], {field: I64}))
+        self.written[index].add(field)
+
+    @rule(
+        partition=st.sampled_from(["p", "q"]),
+        fields=st.sampled_from([("a",), ("b",), ("a", "b")]),
+        task=st.sampled_from(TASKS),
+        size=st.integers(1, 4),
+        mode=st.sampled_from(["fetch", "peek"]),
+    )
+    def fetch(
+        self, partition: str, fields: tuple[str, ...], task: str, size: int, mode: str
+    ) -> None:
+        expect = [
+            i
+            for i, p in self.live.items()
+            if p == partition and set(fields) <= self.written[i] and i not in self.consumed[task]
+        ]
+        got = self.c.try_fetch(partition, list(fields), size, task=task, mode=mode)
+        if len(expect) < size:
+            assert got is None
+            return
+        assert got is not None and len(got) == size
+        for i in got.global_indexes:
+            assert i in expect, "fetched a sample not ready, or already consumed by the task"
+        if mode == "fetch":
+            self.consumed[task].update(got.global_indexes)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def clear(self, data: st.DataObject) -> None:
+        partition = data.draw(st.sampled_from(sorted(set(self.live.values()))))
+        idx = [i for i, p in self.live.items() if p == partition]
+        chosen = data.draw(st.lists(st.sampled_from(idx), min_size=1, unique=True))
+        plan = self.c.clear(self._meta(partition, chosen))
+        assert sorted(plan.indexes) == sorted(chosen)
+        for i in chosen:
+            del self.live[i]
+            del self.written[i]
+            for s in self.consumed.values():
+                s.discard(i)
+        self.pending.extend(chosen)
+
+    def _meta(self, partition: str, indexes: list[int]) -> BatchMeta:
+        return self.c.meta_of(partition, indexes, fields=None)
+
+    @precondition(lambda self: self.pending)
+    @rule()
+    def release(self) -> None:
+        self.c.release(self.pending)
+        self.pending = []
+
+    @rule(task=st.sampled_from(TASKS))
+    def reset(self, task: str) -> None:
+        self.c.reset_consumption(task)
+        self.consumed[task] = set()
+
+    @invariant()
+    def ready_iff_all_fields_written(self) -> None:
+        for partition in ("p", "q"):
+            for fields in (["a"], ["b"], ["a", "b"]):
+                model = sorted(
+                    i
+                    for i, p in self.live.items()
+                    if p == partition and set(fields) <= self.written[i]
+                )
+                assert sorted(self.c.ready_indexes(partition, fields)) == model
+
+    @invariant()
+    def indexes_stay_compact(self) -> None:
+        stats = self.c.stats()
+        assert stats["allocated"] == len(self.live)
+        assert stats["pending_release"] == len(self.pending)
+        assert stats["high_water"] == len(self.ever)
+
+
+ControllerMachine.TestCase.settings = settings(
+    max_examples=40, stateful_step_count=30, deadline=None
+)
+TestControllerMachine = ControllerMachine.TestCase

@@ -1,0 +1,118 @@
+"""BatchMeta: views, derived metas and the wire format."""
+
+from __future__ import annotations
+
+import pytest
+
+from store.errors import ForeignMetaError, SchemaError, StoreInputError, UnknownFieldError
+from store.meta import BatchMeta
+from store.schema import FieldSchema
+
+DENSE = FieldSchema("dense", "float32", (4,), "cpu")
+RAGGED = FieldSchema("jagged", "int64", (None,), "cuda:0")
+TEXT = FieldSchema("non_tensor")
+
+
+def make(n: int = 6, store: str = "s", partition: str = "train") -> BatchMeta:
+    return BatchMeta(
+        store,
+        tuple(range(10, 10 + n)),
+        (partition,) * n,
+        tuple(i % 3 for i in range(n)),
+        (1,) * n,
+        {"obs": DENSE, "resp": RAGGED, "text": TEXT},
+        tuple({"uid": f"p{i // 2}"} for i in range(n)),
+        {"resp": tuple((i + 1,) for i in range(n))},
+    )
+
+
+def test_views() -> None:
+    m = make()
+    assert m.size == len(m) == 6
+    assert m.field_names == ["obs", "resp", "text"]
+    assert m.partition_id == "train"
+    assert m.by_shard() == {0: [0, 3], 1: [1, 4], 2: [2, 5]}
+    assert m.by_partition() == {"train": list(range(10, 16))}
+
+
+def test_defaults_and_validation() -> None:
+    m = BatchMeta("s", (1, 2), ("p", "p"), (0, 0), (1, 1))
+    assert m.custom_meta == ({}, {}) and m.field_names == []
+    with pytest.raises(StoreInputError, match="shards"):
+        BatchMeta("s", (1, 2), ("p", "p"), (0,), (1, 1))
+    with pytest.raises(StoreInputError, match="more than once"):
+        BatchMeta("s", (1, 1), ("p", "p"), (0, 0), (1, 1))
+    with pytest.raises(StoreInputError, match="sample_shapes"):
+        BatchMeta("s", (1,), ("p",), (0,), (1,), {"r": RAGGED}, ({},), {"r": ((1,), (2,))})
+    # the same index in two partitions is two samples
+    assert len(BatchMeta("s", (1, 1), ("p", "q"), (0, 0), (1, 1))) == 2
+
+
+def test_partition_id_of_mixed_meta_raises() -> None:
+    mixed = BatchMeta.concat([make(2), make(2, partition="val")])
+    assert mixed.by_partition() == {"train": [10, 11], "val": [10, 11]}
+    with pytest.raises(StoreInputError):
+        _ = mixed.partition_id
+
+
+def test_select_split_chunk() -> None:
+    m = make()
+    sub = m.select([4, 1])
+    assert sub.global_indexes == (14, 11)
+    assert sub.shards == (1, 1)
+    assert sub.custom_meta == ({"uid": "p2"}, {"uid": "p0"})
+    assert sub.sample_shapes["resp"] == ((5,), (2,))
+    with pytest.raises(StoreInputError):
+        m.select([6])
+    assert [len(x) for x in m.split(4)] == [4, 2]
+    assert [len(x) for x in m.chunk(4)] == [2, 2, 1, 1]
+    assert BatchMeta.concat(m.chunk(4)) == m
+    with pytest.raises(StoreInputError):
+        m.split(0)
+    with pytest.raises(StoreInputError):
+        m.chunk(-1)
+
+
+def test_select_fields() -> None:
+    m = make().select_fields(["resp"])
+    assert m.field_names == ["resp"] and list(m.sample_shapes) == ["resp"]
+    with pytest.raises(UnknownFieldError):
+        make().select_fields(["nope"])
+
+
+def test_concat_rules() -> None:
+    with pytest.raises(StoreInputError):
+        BatchMeta.concat([])
+    with pytest.raises(ForeignMetaError):
+        BatchMeta.concat([make(2), make(2, store="other")])
+    with pytest.raises(StoreInputError, match="different fields"):
+        BatchMeta.concat([make(2), make(2).select_fields(["obs"])])
+    with pytest.raises(StoreInputError, match="more than once"):
+        BatchMeta.concat([make(2), make(2)])
+
+
+def test_with_fields_and_custom_meta() -> None:
+    m = make(2).select_fields(["obs"])
+    m2 = m.with_fields({"resp": RAGGED}, {"resp": [(3,), (4,)]})
+    assert m2.field_names == ["obs", "resp"]
+    assert m2.sample_shapes == {"resp": ((3,), (4,))}
+    assert m.field_names == ["obs"]  # the original is unchanged
+    m3 = m.with_custom_meta([{"a": 1}, {"b": [1, 2]}])
+    assert m3.custom_meta == ({"a": 1}, {"b": [1, 2]})
+    with pytest.raises(StoreInputError):
+        m.with_custom_meta([{}])
+    with pytest.raises(SchemaError):
+        m.with_custom_meta([{"a": object()}, {}])
+
+
+def test_wire_round_trip() -> None:
+    m = make()
+    assert BatchMeta.from_dict(m.to_dict()) == m
+    empty = BatchMeta("s", (), (), (), ())
+    assert BatchMeta.from_dict(empty.to_dict()) == empty
+    with pytest.raises(StoreInputError):
+        BatchMeta.from_dict({"store_id": "s"})
+    bad = m.to_dict()
+    bad["shards"] = bad["shards"][:-1]
+    with pytest.raises(StoreInputError):
+        BatchMeta.from_dict(bad)

@@ -1,0 +1,265 @@
+"""Field schemas, column split/assembly, data updates and the store's error tree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import NonTensorStack, TensorDict
+
+from store.errors import (
+    ForeignMetaError,
+    SchemaError,
+    StaleMetaError,
+    StoreError,
+    StoreFullError,
+    StoreInputError,
+    UnitLostError,
+    UnknownFieldError,
+    UnknownKeyError,
+    UnknownPartitionError,
+)
+from store.schema import (
+    DataUpdate,
+    FieldSchema,
+    assemble,
+    check_plain,
+    dtype_from_name,
+    dtype_name,
+    merge_parts,
+    split_columns,
+)
+from transport.errors import RaylessError, error_from_state, error_to_state
+
+
+def jagged(lengths: list[int], *rest: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    rows = [torch.arange(n * max(1, *rest, 1), dtype=dtype).reshape(n, *rest) for n in lengths]
+    return torch.nested.nested_tensor(rows, layout=torch.jagged)
+
+
+def batch() -> TensorDict:
+    return TensorDict(
+        {
+            "obs": torch.randn(3, 4),
+            "mask": torch.tensor([True, False, True]),
+            "resp": jagged([2, 5, 1]),
+            "text": NonTensorStack("a", "bb", "ccc"),
+            "sub": TensorDict(
+                {
+                    "x": torch.arange(3, dtype=torch.int64),
+                    "info": NonTensorStack(1, {"k": 2}, None),
+                },
+                batch_size=[3],
+            ),
+        },
+        batch_size=[3],
+    )
+
+
+def test_split_columns_kinds_and_schemas() -> None:
+    cols = split_columns(batch())
+    assert set(cols) == {"obs", "mask", "resp", "text", "sub.x", "sub.info"}
+    assert cols["obs"].schema == FieldSchema("dense", "float32", (4,), "cpu")
+    assert cols["mask"].schema == FieldSchema("dense", "bool", (), "cpu")
+    assert cols["resp"].schema == FieldSchema("jagged", "float32", (None,), "cpu")
+    assert cols["resp"].sample_shapes == [(2,), (5,), (1,)]
+    assert cols["text"].schema == FieldSchema("non_tensor")
+    assert cols["text"].rows == ["a", "bb", "ccc"]
+    assert cols["sub.info"].rows == [1, {"k": 2}, None]
+    assert all(len(c) == 3 for c in cols.values())
+
+
+def test_jagged_with_fixed_trailing_dims_and_uniform_lengths() -> None:
+    td = TensorDict({"r": jagged([2, 4], 3), "u": jagged([2, 2])}, batch_size=[2])
+    cols = split_columns(td)
+    assert cols["r"].schema.shape == (None, 3)
+    assert cols["u"].schema.shape == (2,)  # every sample happens to agree
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+def test_strided_nested_may_vary_anywhere() -> None:
+    nt = torch.nested.nested_tensor([torch.zeros(2, 3), torch.zeros(4, 5)], layout=torch.strided)
+    col = split_columns(TensorDict({"img": nt}, batch_size=[2]))["img"]
+    assert col.schema == FieldSchema("strided", "float32", (None, None), "cpu")
+
+
+def test_non_tensor_data_broadcast_becomes_per_sample() -> None:
+    td = TensorDict({"s": "hello"}, batch_size=[2])
+    assert split_columns(td)["s"].rows == ["hello", "hello"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"x": 1},
+        TensorDict({"x": torch.zeros(2, 3)}, batch_size=[2, 3]),
+        TensorDict({"x": torch.zeros(2)}, batch_size=[]),
+        TensorDict({"a.b": torch.zeros(2)}, batch_size=[2]),
+        TensorDict({"s": NonTensorStack(object(), 1)}, batch_size=[2]),
+        TensorDict({"s": NonTensorStack({1: "int key"}, 1)}, batch_size=[2]),
+    ],
+)
+def test_split_columns_rejects_what_it_cannot_store(bad: object) -> None:
+    with pytest.raises(SchemaError):
+        split_columns(bad)
+
+
+def test_split_columns_checks_batch_size() -> None:
+    with pytest.raises(SchemaError, match="holds 3 samples"):
+        split_columns(batch(), 4)
+
+
+def test_jagged_varying_in_a_later_dim_is_refused() -> None:
+    base = torch.nested.nested_tensor([torch.zeros(2, 3), torch.zeros(4, 3)], layout=torch.jagged)
+    # a jagged tensor transposed so that the ragged dim is not the first sample dim
+    transposed = base.transpose(1, 2)
+    with pytest.raises(SchemaError, match="first sample dimension"):
+        split_columns(TensorDict({"t": transposed}, batch_size=[2]))
+
+
+def test_field_schema_validation_and_wire() -> None:
+    s = FieldSchema("jagged", "bfloat16", (None, 8), "cuda:1")
+    assert FieldSchema.from_dict(s.to_dict()) == s
+    assert s.is_nested and not s.is_non_tensor and s.torch_dtype == torch.bfloat16
+    for bad in (
+        {"kind": "sparse"},
+        {"kind": "dense", "dtype": "float32"},
+        {"kind": "dense", "dtype": "nope", "shape": [1]},
+        {"kind": "dense", "dtype": "float32", "shape": [None]},
+        {"kind": "dense", "dtype": "float32", "shape": [-1]},
+        {"kind": "non_tensor", "dtype": "float32"},
+        {"kind": "dense", "dtype": "float32", "shape": 3},
+        "not a dict",
+    ):
+        with pytest.raises(SchemaError):
+            FieldSchema.from_dict(bad)  # type: ignore[arg-type]
+
+
+def test_dtype_names_round_trip() -> None:
+    for dt in (torch.float32, torch.bfloat16, torch.bool, torch.complex64, torch.uint8):
+        assert dtype_from_name(dtype_name(dt)) is dt
+    with pytest.raises(SchemaError):
+        dtype_from_name("Tensor")
+
+
+def test_merged_rules() -> None:
+    dense = FieldSchema("dense", "float32", (4,), "cpu")
+    assert dense.merged(FieldSchema("dense", "float32", (4,), "cuda:0"), "x").device == "cuda:0"
+    with pytest.raises(SchemaError, match="dtype float32; cannot write float16"):
+        dense.merged(FieldSchema("dense", "float16", (4,), "cpu"), "x")
+    with pytest.raises(SchemaError, match="per-sample shape"):
+        dense.merged(FieldSchema("dense", "float32", (5,), "cpu"), "x")
+    with pytest.raises(SchemaError, match="holds dense data"):
+        dense.merged(FieldSchema("jagged", "float32", (None,), "cpu"), "x")
+    nested = FieldSchema("jagged", "int64", (None, 3), "cpu")
+    assert nested.merged(FieldSchema("jagged", "int64", (7, 3), "cpu"), "r").shape == (None, 3)
+    assert nested.merged(FieldSchema("jagged", "int64", (7, 4), "cpu"), "r").shape == (None, None)
+    with pytest.raises(SchemaError, match="2-dim samples"):
+        nested.merged(FieldSchema("jagged", "int64", (7,), "cpu"), "r")
+    plain = FieldSchema("non_tensor")
+    assert plain.merged(FieldSchema("non_tensor"), "s") is plain
+
+
+def test_check_plain() -> None:
+    check_plain({"a": [1, 2.0, "x", b"y", None, True, (1, 2)]})
+    with pytest.raises(SchemaError):
+        check_plain({"a": torch.zeros(1)})
+    deep: list[object] = []
+    for _ in range(40):
+        deep = [deep]
+    with pytest.raises(SchemaError, match="too deeply"):
+        check_plain(deep)
+
+
+def test_assemble_restores_nesting_and_kinds() -> None:
+    td = batch()
+    cols = split_columns(td)
+    data = {
+        name: (c.schema, c.dense if c.schema.kind == "dense" else c.rows)
+        for name, c in cols.items()
+    }
+    out = assemble(3, data)
+    assert out.batch_size == torch.Size([3])
+    torch.testing.assert_close(out["obs"], td["obs"])
+    assert out["resp"].is_nested and out["resp"].layout == torch.jagged
+    for a, b in zip(out["resp"].unbind(), td["resp"].unbind(), strict=True):
+        torch.testing.assert_close(a, b)
+    assert out.get("text").tolist() == ["a", "bb", "ccc"]
+    assert out.get(("sub", "info")).tolist() == [1, {"k": 2}, None]
+    torch.testing.assert_close(out["sub", "x"], td["sub", "x"])
+
+
+def test_assemble_empty_batch() -> None:
+    out = assemble(
+        0,
+        {
+            "r": (FieldSchema("jagged", "float32", (None, 2), "cpu"), []),
+            "d": (FieldSchema("dense", "int32", (2,), "cpu"), torch.zeros(0, 2, dtype=torch.int32)),
+            "s": (FieldSchema("non_tensor"), []),
+        },
+    )
+    assert out.batch_size == torch.Size([0])
+    assert out["r"].is_nested and out["r"].dtype == torch.float32
+
+
+def test_merge_parts_reorders_rows() -> None:
+    td = batch()
+    schemas = {n: c.schema for n, c in split_columns(td).items()}
+    parts = [([2, 0], td[[2, 0]]), ([1], td[[1]])]
+    out = merge_parts(3, schemas, parts)
+    torch.testing.assert_close(out["obs"], td["obs"])
+    assert [r.shape[0] for r in out["resp"].unbind()] == [2, 5, 1]
+    assert out.get("text").tolist() == ["a", "bb", "ccc"]
+    assert out.get(("sub", "info")).tolist() == [1, {"k": 2}, None]
+    with pytest.raises(StoreInputError):
+        merge_parts(3, schemas, [([0, 1], td[[0, 1]])])
+    with pytest.raises(StoreInputError):
+        merge_parts(3, schemas, [([0, 1, 2], td[[0, 1]])])
+
+
+def test_data_update_wire() -> None:
+    upd = DataUpdate(
+        "train",
+        [4, 7],
+        {"r": FieldSchema("jagged", "float32", (None,), "cpu")},
+        {"r": [(3,), (5,)]},
+    )
+    assert DataUpdate.from_dict(upd.to_dict()) == upd
+    with pytest.raises(StoreInputError):
+        DataUpdate.from_dict({"partition": "p"})
+    with pytest.raises(SchemaError):
+        DataUpdate.from_dict({"partition": "p", "indexes": [], "schemas": {"x": {"kind": "?"}}})
+
+
+def test_error_tree() -> None:
+    for cls in (
+        SchemaError,
+        UnknownFieldError,
+        UnknownPartitionError,
+        UnknownKeyError,
+        StaleMetaError,
+        ForeignMetaError,
+    ):
+        assert issubclass(cls, StoreInputError)
+        assert issubclass(cls, ValueError)
+    assert issubclass(StoreInputError, StoreError) and issubclass(StoreError, RaylessError)
+    assert not issubclass(StoreFullError, ValueError)
+    full = StoreFullError("u1", needed=100, available=10, capacity=50)
+    assert "u1" in str(full) and "100" in str(full)
+    lost = UnitLostError("unit-3", "process died")
+    assert "unit-3" in str(lost)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        SchemaError("field 'x' changed dtype"),
+        StoreFullError("u1", 100, 10, 50),
+        UnitLostError("u2", "gone"),
+        StaleMetaError("stale"),
+    ],
+)
+def test_errors_cross_the_wire(exc: StoreError) -> None:
+    back = error_from_state(error_to_state(exc))
+    assert type(back) is type(exc)
+    assert str(back) == str(exc)
+    assert vars(back) == vars(exc)
