@@ -3,6 +3,7 @@
 Imports nothing of ours; every other layer builds on it. The error root lives here.
 """
 
+from transport.codec import decode, encode, register_extension
 from transport.errors import (
     ActorDiedError,
     AuthError,
@@ -31,4 +32,7 @@ __all__ = [
     "StoreError",
     "Timeout",
     "TransportError",
+    "decode",
+    "encode",
+    "register_extension",
 ]

@@ -1,0 +1,76 @@
+"""Importing the transport must not import torch, numpy or tensordict; decoding a tensor must."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import msgpack
+import torch
+
+from transport.codec import encode
+
+HEAVY = ("torch", "numpy", "tensordict")
+
+
+def _run(code: str) -> str:
+    """Run ``code`` in a fresh interpreter; fail with its stderr when it fails."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_transport_imports_and_plain_values_stay_light() -> None:
+    out = _run(
+        f"""
+        import sys
+        import transport, transport.server, transport.client, transport.codec
+        from transport.codec import decode, encode
+        from transport.errors import ActorDiedError
+
+        value = {{
+            "t": (1, (2, "x"), b"\\x00\\xff"),
+            (1, "k"): [None, 2.5, {{b"b": 3}}],
+            "big": 2**100,
+            "err": ActorDiedError("gone"),
+        }}
+        out = decode(encode(value))
+        assert out["t"] == value["t"] and out[(1, "k")] == value[(1, "k")], out
+        assert out["big"] == 2**100, out
+        assert type(out["err"]) is ActorDiedError and "gone" in str(out["err"]), out
+        print(sorted(m for m in {HEAVY!r} if m in sys.modules))
+        """
+    )
+    assert out.strip() == "[]"
+
+
+def test_decoding_a_tensor_imports_torch_on_demand(tmp_path: Path) -> None:
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    frames = encode({"x": (t, "label")})
+    path = tmp_path / "frames.msgpack"
+    path.write_bytes(msgpack.packb([bytes(f) for f in frames]))
+    out = _run(
+        f"""
+        import sys
+        import msgpack
+        from transport.codec import decode
+
+        assert "torch" not in sys.modules
+        frames = msgpack.unpackb(open({str(path)!r}, "rb").read())
+        value = decode(frames)
+        import torch
+
+        x, label = value["x"]
+        assert label == "label"
+        assert torch.equal(x, torch.arange(12, dtype=torch.float32).reshape(3, 4)), x
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"

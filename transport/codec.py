@@ -1,0 +1,276 @@
+"""The envelope format: one msgpack header plus one out-of-band frame per tensor or array buffer.
+
+``encode(obj)`` returns ``[header, buf1, buf2, ...]``; the buffers share memory with the
+tensors they come from (send them with ``copy=False`` and do not modify those tensors until
+sent). ``decode(frames)`` rebuilds the value; its tensors and arrays are backed by the received
+buffers without a copy (except buffers under 1 KiB, or buffers whose address is not aligned
+for their dtype, which are copied).
+
+Values msgpack has no type for travel as *records*: lists whose first item is a zero-length
+msgpack ext marker naming the kind (tuple, tensor, TensorDict, error...). The packer runs in C
+with ``strict_types=True`` and calls back into Python only for those; decoding rebuilds records
+bottom-up in a ``list_hook``. Round trips are exact for: None, bool, int (any size), float,
+str, bytes (bytearray and memoryview arrive as bytes), list, tuple, dict (any encodable keys),
+OrderedDict, torch tensors of every non-quantized dtype (non-contiguous ones made contiguous,
+``requires_grad`` kept, autograd history dropped, ``Parameter`` arrives as a plain tensor),
+jagged and strided nested tensors, ``torch.dtype``/``device``/``Size``, numpy arrays and
+scalars of bool and numeric dtypes (C order), TensorDict (nesting, batch_size, device, names;
+the lock is not kept), NonTensorData and NonTensorStack, every ``RaylessError`` (through
+``errors.error_to_state``), and types added with :func:`register_extension`. CUDA tensors: see
+``transport._cuda``. Anything else is a ``TypeError`` naming its path, unless ``allow_pickle``.
+
+Decoding never trusts the header: every malformed input raises ``ProtocolError`` (a header
+over ``max_header`` raises its subclass ``LimitError``). Nesting is bounded by msgpack's
+unpacker stack (1023 levels), TensorDict nesting by ``_decoder.MAX_DEPTH`` (128).
+
+Importing the codec imports neither torch, numpy nor tensordict (processes that never see a
+tensor do not pay for them): ``transport._heavy`` holds everything that needs them and is
+imported the first time a value of theirs is encoded or a record of theirs is decoded; it then
+registers its encoders in ``_ENCODERS`` and its builders in ``_decoder._BUILDERS``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pickle
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Union
+
+import msgpack
+
+from transport._decoder import BIGINT, ERROR, EXT, KINDS, ODICT, PICKLE, TUPLE, Decoder
+from transport.errors import LimitError, ProtocolError, RaylessError, error_to_state
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Buffer", "decode", "encode", "register_extension"]
+
+Buffer = Union[bytes, bytearray, memoryview]
+MAX_HEADER = 16 << 20
+_MAX_WALK = 500  # deepest level the path finder descends to
+_MARK = [msgpack.ExtType(code, b"") for code in range(KINDS)]
+_EXT_BY_TYPE: dict[type, tuple[str, Callable[[Any], Any]]] = {}
+_EXT_BY_NAME: dict[str, tuple[type, Callable[[Any], Any]]] = {}
+# Top-level packages whose types ``transport._heavy`` handles.
+_HEAVY_ROOTS = frozenset(("torch", "numpy", "tensordict"))
+_heavy: ModuleType | None = None  # transport._heavy once imported
+
+
+class Unsupported(TypeError):
+    """A value the codec cannot encode; the codec adds the path to the message."""
+
+
+def _is_heavy(cls: type) -> bool:
+    """Whether ``cls`` or one of its bases comes from torch, numpy or tensordict."""
+    return any(
+        getattr(base, "__module__", "").partition(".")[0] in _HEAVY_ROOTS for base in cls.__mro__
+    )
+
+
+def _load_heavy() -> ModuleType:
+    """Import ``transport._heavy`` (once): it registers the torch/numpy/tensordict encoders."""
+    global _heavy
+    if _heavy is None:
+        _heavy = importlib.import_module("transport._heavy")
+    return _heavy
+
+
+def register_extension(
+    cls: type, name: str, to_state: Callable[[Any], Any], from_state: Callable[[Any], Any]
+) -> None:
+    """Make instances of exactly ``cls`` (not its subclasses) encodable under ``name``.
+
+    ``to_state(obj)`` returns any encodable value; decode calls ``from_state(state)``.
+    Registering the same class and name again replaces the functions. Raises ValueError when
+    ``name`` is taken by another class, ``cls`` already has another name, or the codec handles
+    ``cls`` itself.
+    """
+    if not isinstance(cls, type) or not isinstance(name, str) or not name:
+        raise ValueError("register_extension needs a class and a non-empty name")
+    if _heavy is None and _is_heavy(cls):
+        _load_heavy()  # so that the check below sees the tensor types
+    if cls in _ENCODERS or cls in _NATIVE or issubclass(cls, RaylessError):
+        raise ValueError(f"the codec already encodes {cls.__qualname__}")
+    taken = _EXT_BY_NAME.get(name)
+    if taken is not None and taken[0] is not cls:
+        raise ValueError(f"extension name {name!r} is taken by {taken[0].__qualname__}")
+    known = _EXT_BY_TYPE.get(cls)
+    if known is not None and known[0] != name:
+        raise ValueError(f"{cls.__qualname__} is registered as {known[0]!r}")
+    _EXT_BY_TYPE[cls] = (name, to_state)
+    _EXT_BY_NAME[name] = (cls, from_state)
+
+
+class _Encoder:
+    """Per-call state of :func:`encode`: the out-of-band frames and the packer's hook."""
+
+    __slots__ = ("allow_pickle", "cuda_ipc", "frames", "staged")
+
+    def __init__(self, allow_pickle: bool, cuda_ipc: bool) -> None:
+        self.allow_pickle = allow_pickle
+        self.cuda_ipc = cuda_ipc
+        self.frames: list[Buffer] = []
+        self.staged: set[torch.device] = set()
+
+    def frame(self, buf: memoryview) -> int:
+        self.frames.append(buf)
+        return len(self.frames)
+
+    def default(self, obj: Any) -> Any:
+        """msgpack's hook: turn ``obj`` into a record or raise ``Unsupported``."""
+        kind = type(obj)
+        encoder = _ENCODERS.get(kind)
+        if encoder is not None:
+            return encoder(self, obj)
+        ext = _EXT_BY_TYPE.get(kind)
+        if ext is not None:
+            return [_MARK[EXT], ext[0], ext[1](obj)]
+        if isinstance(obj, RaylessError):
+            return [_MARK[ERROR], error_to_state(obj)]
+        heavy = _heavy
+        if heavy is None and _is_heavy(kind):
+            heavy = _load_heavy()
+            encoder = _ENCODERS.get(kind)
+            if encoder is not None:
+                return encoder(self, obj)
+        problem = None
+        if heavy is not None:  # subclasses: jagged nested tensors, numpy scalars...
+            record = heavy.fallback(self, obj)
+            if record is not None:
+                return record
+            problem = heavy.problem(obj)
+        if problem is None and self.allow_pickle:
+            try:
+                return [_MARK[PICKLE], pickle.dumps(obj, protocol=5)]
+            except Exception as exc:
+                problem = f"cannot pickle {type(obj).__qualname__}: {exc}"
+        raise Unsupported(problem or f"cannot encode {type(obj).__qualname__}")
+
+
+_ENCODERS: dict[type, Callable[[_Encoder, Any], Any]] = {
+    tuple: lambda enc, obj: [_MARK[TUPLE], *obj],
+    int: lambda enc, obj: [
+        _MARK[BIGINT],
+        obj.to_bytes(obj.bit_length() // 8 + 1, "little", signed=True),
+    ],
+    OrderedDict: lambda enc, obj: [_MARK[ODICT], dict(obj)],
+}  # transport._heavy adds the torch, numpy and tensordict types
+_NATIVE = (type(None), bool, int, float, str, bytes, bytearray, memoryview, list, dict)
+
+
+def encode(
+    obj: Any, *, allow_pickle: bool = False, cuda_ipc: bool = False, root: str = "obj"
+) -> list[Buffer]:
+    """Encode ``obj`` as ``[msgpack header, *buffers]``, one buffer per tensor or array.
+
+    ``cuda_ipc=True`` sends CUDA tensors as IPC handles (peer on the same host); otherwise they
+    are staged through pinned host memory. Raises TypeError naming the path of the first value
+    that cannot be encoded, e.g. ``args[1]['obs'].foo: cannot encode set`` (``root`` names the
+    top level).
+    """
+    enc = _Encoder(allow_pickle, cuda_ipc)
+    try:
+        header = msgpack.Packer(default=enc.default, strict_types=True).pack(obj)
+    except (TypeError, ValueError, OverflowError) as exc:
+        found = _locate(obj, root, _Encoder(allow_pickle, False), 0)
+        raise TypeError(found or f"{root}: {exc}") from None
+    if enc.staged:
+        _load_heavy().sync(enc.staged)
+    return [header, *enc.frames]
+
+
+def _locate(obj: Any, path: str, enc: _Encoder, depth: int) -> str | None:
+    """Find the first value under ``obj`` that encode rejects: ``"path: reason"`` or None."""
+    kind = type(obj)
+    if kind is str:
+        try:
+            obj.encode()
+        except UnicodeEncodeError:
+            return f"{path}: cannot encode str that is not valid UTF-8"
+        return None
+    if kind in _SCALARS:
+        return None
+    if depth > _MAX_WALK:
+        return f"{path}: nested deeper than {_MAX_WALK} levels"
+    heavy = _heavy if _heavy is not None or not _is_heavy(kind) else _load_heavy()
+    if heavy is not None and heavy.is_tensor(obj):
+        problem = heavy.tensor_problem(obj)
+        return f"{path}: {problem}" if problem else None
+    try:
+        children = _children(obj, heavy)
+        if children is None:
+            enc.default(obj)
+            return None
+    except (TypeError, ValueError, OverflowError) as exc:
+        return f"{path}: {exc}"
+    if kind is dict or kind is OrderedDict:
+        for key in obj:
+            found = _locate(key, f"{path}[{key!r}]", enc, depth + 1)
+            if found:
+                return f"{found} (as a dict key)"
+    for suffix, child in children:
+        found = _locate(child, path + suffix, enc, depth + 1)
+        if found:
+            return found
+    return None
+
+
+_SCALARS = (type(None), bool, int, float, bytes, bytearray, memoryview)
+
+
+def _children(obj: Any, heavy: ModuleType | None) -> list[tuple[str, Any]] | None:
+    """How the path finder descends into ``obj``: (path suffix, child) pairs, or None."""
+    kind = type(obj)
+    if kind is list or kind is tuple:
+        return [(f"[{i}]", v) for i, v in enumerate(obj)]
+    if kind is dict or kind is OrderedDict:
+        return [(f"[{k!r}]", v) for k, v in obj.items()]
+    if heavy is not None:
+        found: list[tuple[str, Any]] | None = heavy.children(obj)
+        if found is not None:
+            return found
+    ext = _EXT_BY_TYPE.get(kind)
+    if ext is not None:
+        return [("", ext[1](obj))]
+    return None
+
+
+def decode(
+    frames: Sequence[Any],
+    *,
+    allow_pickle: bool = False,
+    device: str | int | torch.device | None = None,
+    max_header: int = MAX_HEADER,
+) -> Any:
+    """Rebuild the value that :func:`encode` turned into ``frames``.
+
+    Frames may be bytes, bytearray, memoryview, ``zmq.Frame`` or anything with the buffer
+    protocol; tensors are backed by them (decode takes ownership). ``device``: where tensors
+    that were on CUDA land (see ``transport._cuda``); CPU tensors stay on the CPU. Raises
+    ProtocolError for anything malformed (LimitError for a header over ``max_header`` bytes),
+    including a pickled value when ``allow_pickle`` is false; ValueError for a bad ``device``.
+    """
+    target = None if device is None or device == "keep" else _load_heavy().parse_device(device)
+    if not frames:
+        raise ProtocolError("empty message")
+    header = frames[0]
+    try:
+        size = memoryview(header).nbytes
+    except TypeError:
+        raise ProtocolError("header frame is not a buffer") from None
+    if size > max_header:
+        raise LimitError(f"header of {size} bytes is over the limit of {max_header}")
+    dec = Decoder(frames, allow_pickle, target, _EXT_BY_NAME)
+    try:
+        value = msgpack.unpackb(
+            header, ext_hook=dec.ext_hook, list_hook=dec.list_hook, strict_map_key=False
+        )
+    except ProtocolError:
+        raise
+    except Exception as exc:
+        raise ProtocolError(f"malformed message: {type(exc).__name__}: {exc}") from exc
+    dec.check()
+    return value
