@@ -51,6 +51,11 @@ _REGISTRY: dict[str, type[RaylessError]] = {}
 _PLAIN = (str, int, float, bool, bytes, type(None))
 
 
+def wire_name(cls: type) -> str:
+    """The name under which an error type travels: ``module.QualName``."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 class RaylessError(Exception):
     """Root of every error rayless raises. Subclasses are registered for the wire."""
 
@@ -169,11 +174,6 @@ class PlacementError(RaylessError):
 
 class StoreError(RaylessError):
     """The store cannot serve a request; ``store`` defines finer subclasses."""
-
-
-def wire_name(cls: type) -> str:
-    """The name under which an error type travels: ``module.QualName``."""
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _plain(value: Any) -> Any:

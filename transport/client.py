@@ -1,0 +1,421 @@
+"""The DEALER side: a client that authenticates to one server and makes requests to it.
+
+Many requests may be in flight on one :class:`Client`; replies are matched by request id.
+Each request can have its own timeout; heartbeats detect a server that stopped answering;
+closing the client fails every pending request with ClosedError (as pyzmq's socket close
+cancels pending futures). A broken session (the server restarted or forgot us) fails the
+requests in flight with BrokenError, and the next request performs a fresh handshake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import zmq
+
+from transport import codec
+from transport.errors import (
+    AuthError,
+    BrokenError,
+    ClosedError,
+    LimitError,
+    ProtocolError,
+    RaylessError,
+    Timeout,
+)
+from transport.protocol import (
+    CONTROL_SIZE,
+    Kind,
+    Limits,
+    RejectCode,
+    as_token,
+    client_proof,
+    host_id,
+    new_nonce,
+    pack_control,
+    proofs_match,
+    server_proof,
+    unpack_control,
+)
+from transport.pump import Frames, SocketPump
+
+log = logging.getLogger("rayless.transport")
+
+_NEW, _READY, _BROKEN, _CLOSED = "new", "ready", "broken", "closed"
+
+
+class Client:
+    """A DEALER endpoint with an authenticated session to one server. Use ``async with``.
+
+    Args:
+        address: the server's ``tcp://`` or ``ipc://`` address.
+        token: the cluster token.
+        name: how the server's logs name us.
+        heartbeat_interval: ping the server when nothing was sent for this long.
+        heartbeat_timeout: with nothing heard from the server for this long, the session is
+            broken and pending requests fail with BrokenError.
+        connect_timeout: how long the handshake may take.
+        on_oneway: called with the body of each one-way message the server pushes.
+        device: where decoded CUDA tensors land (see ``codec.decode``).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: bytes | str,
+        name: str = "client",
+        limits: Limits | None = None,
+        heartbeat_interval: float = 1.0,
+        heartbeat_timeout: float = 10.0,
+        connect_timeout: float = 10.0,
+        on_oneway: Callable[[Any], None] | None = None,
+        device: Any = None,
+        allow_pickle: bool = False,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        if heartbeat_timeout <= heartbeat_interval:
+            raise ValueError("heartbeat_timeout must exceed heartbeat_interval")
+        self.address = address
+        self.name = name
+        self.limits = limits or Limits()
+        self._token = as_token(token)
+        self._hb_interval = heartbeat_interval
+        self._hb_timeout = heartbeat_timeout
+        self._connect_timeout = connect_timeout
+        self._on_oneway = on_oneway
+        self._device = device
+        self._allow_pickle = allow_pickle
+        self._ctx = context or zmq.Context.instance()
+        self._state = _NEW
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[asyncio.Future[Any], asyncio.TimerHandle | None]] = {}
+        self._pump: SocketPump | None = None
+        self._handshake: asyncio.Future[tuple[Kind, dict[str, Any]]] | None = None
+        self._connecting: asyncio.Lock | None = None
+        self._heartbeat: asyncio.TimerHandle | None = None
+        self._last_recv = self._last_send = time.monotonic()
+        self.peer_name = ""
+        self.peer_host = ""
+        self.same_host = False
+        self._broken_reason = ""
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Client:
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` was called."""
+        return self._state == _CLOSED
+
+    @property
+    def ready(self) -> bool:
+        """Whether the session is authenticated and unbroken."""
+        return self._state == _READY
+
+    @property
+    def queued(self) -> int:
+        """Messages waiting for room in the socket (the server is not reading fast enough)."""
+        return 0 if self._pump is None else self._pump.queued
+
+    async def wait_room(self, timeout: float | None = None) -> None:
+        """Wait until the send queue is below ``limits.send_queue`` (backpressure).
+
+        ``request`` does this itself; callers pipelining with ``submit`` call it in between.
+
+        Raises:
+            Timeout: the server did not drain the queue within ``timeout`` seconds.
+        """
+        if self._pump is None or self._pump.queued < self.limits.send_queue:
+            return
+        try:
+            await self._pump.wait_room(timeout)
+        except asyncio.TimeoutError:
+            raise Timeout(f"{self.address} did not take messages for {timeout}s") from None
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting for a reply."""
+        return len(self._pending)
+
+    def _open_socket(self) -> None:
+        sock = self._ctx.socket(zmq.DEALER)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, self.limits.hwm)
+            sock.setsockopt(zmq.RCVHWM, self.limits.hwm)
+            sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_message_bytes)
+            sock.connect(self.address)
+        except BaseException:
+            sock.close(linger=0)
+            raise
+        self._pump = SocketPump(sock, self._on_batch, head=1, queue_limit=self.limits.send_queue)
+
+    async def connect(self) -> Client:
+        """Open the socket (once) and perform the handshake if the session is not ready.
+
+        Raises:
+            ClosedError: the client was closed.
+            AuthError: the server rejected our token, or could not prove it knows it.
+            Timeout: no handshake within ``connect_timeout``.
+        """
+        if self._state == _CLOSED:
+            raise ClosedError(f"client {self.name} is closed")
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            if self._state == _READY:
+                return self
+            if self._pump is None:
+                self._open_socket()
+                self._schedule_heartbeat()
+            await self._do_handshake()
+        return self
+
+    async def _do_handshake(self) -> None:
+        loop = asyncio.get_running_loop()
+        nonce_c = new_nonce()
+        hello = {"v": 1, "nonce": nonce_c, "name": self.name, "host": host_id()}
+        deadline = time.monotonic() + self._connect_timeout
+        kind, body = await self._exchange(loop, Kind.HELLO, hello, deadline)
+        if kind is not Kind.CHALLENGE:
+            raise self._rejection(body)
+        nonce_s = body.get("nonce")
+        if not isinstance(nonce_s, bytes):
+            raise ProtocolError(f"server at {self.address} sent a malformed CHALLENGE")
+        server_ok = proofs_match(server_proof(self._token, nonce_c, nonce_s), body.get("proof"))
+        # Answer even when the server's proof failed, so that the server (ours, with another
+        # token) can count and log the failed attempt; our proof reveals nothing of the token.
+        proof = client_proof(self._token, nonce_s, nonce_c)
+        kind, welcome = await self._exchange(loop, Kind.AUTH, {"proof": proof}, deadline)
+        if not server_ok:
+            raise AuthError(f"server at {self.address} could not prove it knows the token")
+        if kind is not Kind.WELCOME:
+            raise self._rejection(welcome)
+        self.peer_name = str(body.get("name", ""))
+        self.peer_host = str(body.get("host", ""))
+        self.same_host = self.peer_host == host_id()
+        self._last_recv = time.monotonic()
+        self._state = _READY
+
+    async def _exchange(
+        self, loop: asyncio.AbstractEventLoop, kind: Kind, body: dict[str, Any], deadline: float
+    ) -> tuple[Kind, dict[str, Any]]:
+        assert self._pump is not None  # internal invariant: connect() opened it
+        self._handshake = loop.create_future()
+        self._pump.send([pack_control(kind), msgpack.packb(body)])
+        try:
+            return await asyncio.wait_for(self._handshake, max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise Timeout(
+                f"no handshake with {self.address} within {self._connect_timeout:.1f}s"
+            ) from None
+        finally:
+            self._handshake = None
+
+    def _rejection(self, body: dict[str, Any]) -> RaylessError:
+        code, reason = body.get("code"), body.get("reason", "rejected")
+        if code == RejectCode.LIMIT:
+            return LimitError(f"{self.address} refused the connection: {reason}")
+        if code == RejectCode.PROTOCOL:
+            return ProtocolError(f"{self.address} refused the handshake: {reason}")
+        return AuthError(f"{self.address} rejected us: {reason} (wrong cluster token?)")
+
+    async def aclose(self) -> None:
+        """Fail pending requests with ClosedError and close the socket. Idempotent."""
+        if self._state == _CLOSED:
+            return
+        was_ready = self._state == _READY
+        self._state = _CLOSED
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        self._fail_all(ClosedError(f"client {self.name} was closed"))
+        if self._handshake is not None and not self._handshake.done():
+            self._handshake.set_exception(ClosedError(f"client {self.name} was closed"))
+        if self._pump is not None:
+            if was_ready:
+                try:
+                    self._pump.sock.send(pack_control(Kind.BYE), zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+            self._pump.close()
+
+    # -- requests --------------------------------------------------------------------------
+
+    async def request(self, body: Any, *, timeout: float | None = None) -> Any:
+        """Send ``body`` and wait for the reply.
+
+        Raises:
+            Timeout: no reply within ``timeout`` seconds.
+            ClosedError / BrokenError: the client closed, or the session broke.
+            TypeError: ``body`` cannot be encoded.
+            RaylessError or RemoteError: whatever the server's handler raised.
+        """
+        if self._state != _READY:
+            await self.connect()
+        else:
+            await self.wait_room(timeout)
+        return await self.submit(body, timeout=timeout)
+
+    def submit(self, body: Any, *, timeout: float | None = None) -> asyncio.Future[Any]:
+        """Send ``body`` now and return a future of the reply (the session must be ready).
+
+        Raises:
+            ClosedError / BrokenError: the client is closed, or its session is not ready.
+            TypeError: ``body`` cannot be encoded.
+        """
+        if self._state != _READY:
+            if self._state == _CLOSED:
+                raise ClosedError(f"client {self.name} is closed")
+            raise BrokenError(f"no session with {self.address}: {self._broken_reason or 'new'}")
+        frames = codec.encode(body, cuda_ipc=self.same_host, allow_pickle=self._allow_pickle)
+        req_id = next(self._ids)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        timer = None
+        if timeout is not None:
+            timer = loop.call_later(timeout, self._expire, req_id, timeout)
+        self._pending[req_id] = (fut, timer)
+        fut.add_done_callback(lambda f: self._forget(req_id) if f.cancelled() else None)
+        assert self._pump is not None  # internal invariant: READY implies an open socket
+        self._pump.send([pack_control(Kind.REQUEST, req_id), *frames])
+        self._last_send = time.monotonic()
+        return fut
+
+    def send_oneway(self, body: Any) -> None:
+        """Send a one-way message (no reply).
+
+        Raises:
+            ClosedError / BrokenError: the client is closed, or its session is not ready.
+            TypeError: ``body`` cannot be encoded.
+        """
+        if self._state != _READY or self._pump is None:
+            raise (ClosedError if self._state == _CLOSED else BrokenError)(
+                f"no session with {self.address}"
+            )
+        frames = codec.encode(body, cuda_ipc=self.same_host, allow_pickle=self._allow_pickle)
+        self._pump.send([pack_control(Kind.ONEWAY), *frames])
+        self._last_send = time.monotonic()
+
+    def _forget(self, req_id: int) -> None:
+        entry = self._pending.pop(req_id, None)
+        if entry is not None and entry[1] is not None:
+            entry[1].cancel()
+
+    def _expire(self, req_id: int, timeout: float) -> None:
+        entry = self._pending.pop(req_id, None)
+        if entry is not None and not entry[0].done():
+            entry[0].set_exception(
+                Timeout(f"no reply from {self.peer_name or self.address} within {timeout:g}s")
+            )
+
+    def fail_pending(self, exc: RaylessError) -> None:
+        """Fail every request waiting for a reply with ``exc`` (a higher layer knows why).
+
+        Used by the actor runtime when the head reports that the peer's process died, which
+        it learns long before a heartbeat could time out.
+        """
+        self._fail_all(exc)
+
+    def _fail_all(self, exc: RaylessError) -> None:
+        pending, self._pending = self._pending, {}
+        for fut, timer in pending.values():
+            if timer is not None:
+                timer.cancel()
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _break(self, reason: str) -> None:
+        if self._state != _READY:
+            return
+        self._state = _BROKEN
+        self._broken_reason = reason
+        self._fail_all(
+            BrokenError(f"session with {self.peer_name or self.address} broke: {reason}")
+        )
+
+    # -- receiving ---------------------------------------------------------------------
+
+    def _on_batch(self, batch: list[Frames]) -> None:
+        self._last_recv = time.monotonic()
+        for msg in batch:
+            try:
+                self._on_message(msg)
+            except Exception as exc:
+                log.warning("%s: dropped a bad message from %s: %s", self.name, self.address, exc)
+
+    def _on_message(self, msg: Frames) -> None:
+        if len(msg[0]) != CONTROL_SIZE:
+            raise ProtocolError("no control frame")
+        kind, _flags, req_id = unpack_control(msg[0])
+        if kind is Kind.REPLY or kind is Kind.ERROR:
+            entry = self._pending.pop(req_id, None)
+            if entry is None:
+                return  # a late reply to a request that timed out or was cancelled
+            fut, timer = entry
+            if timer is not None:
+                timer.cancel()
+            if fut.done():
+                return
+            try:
+                value = codec.decode(msg[1:], device=self._device, allow_pickle=self._allow_pickle)
+            except Exception as exc:
+                fut.set_exception(ProtocolError(f"undecodable reply: {exc}"))
+                return
+            if kind is Kind.ERROR:
+                if not isinstance(value, BaseException):
+                    value = ProtocolError(f"error reply that is not an error: {value!r:.200}")
+                fut.set_exception(value)
+            else:
+                fut.set_result(value)
+        elif kind is Kind.PONG:
+            pass
+        elif kind is Kind.ONEWAY:
+            if self._on_oneway is not None:
+                body = codec.decode(msg[1:], device=self._device, allow_pickle=self._allow_pickle)
+                self._on_oneway(body)
+        elif kind in (Kind.CHALLENGE, Kind.WELCOME) or (kind is Kind.REJECT and req_id == 0):
+            body = msgpack.unpackb(bytes(msg[1]), raw=False) if len(msg) > 1 else {}
+            if kind is Kind.REJECT and self._state == _READY:
+                self._break(str(body.get("reason", "rejected")))
+            elif self._handshake is not None and not self._handshake.done():
+                self._handshake.set_result((kind, body if isinstance(body, dict) else {}))
+        elif kind is Kind.REJECT:  # a request the server no longer has a session for
+            self._break("the server forgot the session (restarted or expired)")
+        else:
+            raise ProtocolError(f"unexpected {kind.name}")
+
+    # -- heartbeats --------------------------------------------------------------------
+
+    def _schedule_heartbeat(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._heartbeat = loop.call_later(self._hb_interval / 2, self._beat)
+
+    def _beat(self) -> None:
+        if self._state == _CLOSED:
+            return
+        now = time.monotonic()
+        if self._state == _READY and self._pump is not None:
+            if now - self._last_recv > self._hb_timeout:
+                self._break(f"no heartbeat for {now - self._last_recv:.1f}s")
+            elif now - self._last_send >= self._hb_interval or self._pending:
+                try:
+                    self._pump.send([pack_control(Kind.PING)])
+                    self._last_send = now
+                except RaylessError:
+                    pass
+        self._schedule_heartbeat()
+
+
+__all__ = ["Client"]

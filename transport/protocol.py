@@ -1,0 +1,168 @@
+"""The wire protocol: control frames, message kinds, the HMAC handshake and configurable limits.
+
+Every message is ``[control, *payload]`` (a ROUTER adds the peer's routing id in front). The
+control frame is 12 bytes, ``<BBHQ``: protocol version, kind, flags, request id. The payload is
+the codec's frames (a msgpack header and out-of-band buffers) or, for handshake messages, one
+msgpack map. See docs/protocol.md for the sequence diagrams.
+
+Handshake (mutual, the token never travels)::
+
+    client → HELLO      {v, nonce_c, name, host}
+    server → CHALLENGE  {nonce_s, name, host,
+                         proof_s = HMAC(token, "rayless-server" | nonce_c | nonce_s)}
+    client → AUTH       {proof_c = HMAC(token, "rayless-client" | nonce_s | nonce_c)}
+    server → WELCOME    {}            or REJECT {reason, code}
+
+The server's nonce is fresh per handshake and consumed by the first AUTH, so a recorded
+handshake cannot be replayed; a client that cannot verify ``proof_s`` aborts with AuthError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+from functools import lru_cache
+
+from transport.errors import ProtocolError
+
+VERSION = 1
+CONTROL = struct.Struct("<BBHQ")
+CONTROL_SIZE = CONTROL.size
+NONCE_BYTES = 32
+
+
+class Kind(IntEnum):
+    """Message kinds carried in the control frame."""
+
+    HELLO = 1
+    CHALLENGE = 2
+    AUTH = 3
+    WELCOME = 4
+    REJECT = 5
+    REQUEST = 6
+    REPLY = 7
+    ERROR = 8
+    ONEWAY = 9
+    PING = 10
+    PONG = 11
+    BYE = 12
+
+
+_KINDS = frozenset(int(k) for k in Kind)
+
+
+class RejectCode(IntEnum):
+    """Why a server refused a peer."""
+
+    AUTH = 1
+    NEED_HANDSHAKE = 2
+    LIMIT = 3
+    PROTOCOL = 4
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds that keep a server alive under hostile or runaway peers.
+
+    max_message_bytes: total size of one message (all frames); bigger inbound messages are
+        dropped (and ZeroMQ disconnects peers whose single frame exceeds it).
+    max_frames: frames in one message.
+    max_header_bytes: size of the msgpack header frame.
+    max_inflight_per_peer: requests a peer may have outstanding at a server; past it the peer
+        gets a LimitError reply, and the handler does not run.
+    max_peers: authenticated peers a server keeps; past it new handshakes are rejected.
+    max_pending_handshakes: half-open handshakes remembered (oldest are forgotten).
+    send_queue: messages a client queues while the socket is full before ``request`` waits.
+    hwm: ZeroMQ send/receive high-water marks (messages).
+    """
+
+    max_message_bytes: int = 4 * 2**30
+    max_frames: int = 4096
+    max_header_bytes: int = 16 * 2**20
+    max_inflight_per_peer: int = 4096
+    max_peers: int = 4096
+    max_pending_handshakes: int = 1024
+    send_queue: int = 4096
+    hwm: int = 10_000
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
+
+
+def pack_control(kind: Kind, req_id: int = 0, flags: int = 0) -> bytes:
+    """The 12-byte control frame of a message."""
+    return CONTROL.pack(VERSION, kind, flags, req_id)
+
+
+def unpack_control(frame: bytes) -> tuple[Kind, int, int]:
+    """Parse a control frame into (kind, flags, request id).
+
+    Raises:
+        ProtocolError: wrong size, wrong version or an unknown kind.
+    """
+    if len(frame) != CONTROL_SIZE:
+        raise ProtocolError(f"control frame of {len(frame)} bytes, expected {CONTROL_SIZE}")
+    version, kind, flags, req_id = CONTROL.unpack(frame)
+    if version != VERSION:
+        raise ProtocolError(f"protocol version {version}, expected {VERSION}")
+    if kind not in _KINDS:
+        raise ProtocolError(f"unknown message kind {kind}")
+    return Kind(kind), flags, req_id
+
+
+def as_token(token: bytes | str) -> bytes:
+    """The cluster token as bytes.
+
+    Raises:
+        ValueError: an empty token, or one shorter than 16 bytes.
+    """
+    raw = token.encode() if isinstance(token, str) else bytes(token)
+    if len(raw) < 16:
+        raise ValueError("a cluster token must have at least 16 bytes (use new_token())")
+    return raw
+
+
+def new_token() -> str:
+    """A fresh random cluster token (64 hex characters)."""
+    return os.urandom(32).hex()
+
+
+def new_nonce() -> bytes:
+    """A fresh handshake nonce."""
+    return os.urandom(NONCE_BYTES)
+
+
+def server_proof(token: bytes, nonce_c: bytes, nonce_s: bytes) -> bytes:
+    """What a server sends to prove it knows the token."""
+    return hmac.new(token, b"rayless-server" + nonce_c + nonce_s, hashlib.sha256).digest()
+
+
+def client_proof(token: bytes, nonce_s: bytes, nonce_c: bytes) -> bytes:
+    """What a client sends to prove it knows the token."""
+    return hmac.new(token, b"rayless-client" + nonce_s + nonce_c, hashlib.sha256).digest()
+
+
+def proofs_match(expected: bytes, given: object) -> bool:
+    """Constant-time comparison of an expected proof with whatever a peer sent."""
+    return isinstance(given, bytes) and hmac.compare_digest(expected, given)
+
+
+@lru_cache(maxsize=1)
+def host_id() -> str:
+    """An identifier of this machine's running kernel: equal for processes on the same host.
+
+    Used to decide whether CUDA IPC handles (and shared memory) can reach a peer.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"

@@ -1,0 +1,212 @@
+"""Drive a ZeroMQ socket from an asyncio loop, without zmq.asyncio's per-message futures.
+
+zmq.asyncio wraps every receive in a future and every wake-up in a poller round, which caps
+a round trip at ~2.5k/s on these machines (PERF_NOTES.md). Here a reader callback on the
+socket's edge-triggered FD drains every ready message with non-blocking receives and hands the
+whole batch to the owner; sends go out inline with NOBLOCK and are queued only when ZeroMQ
+pushes back. After every socket operation ``ZMQ_EVENTS`` is re-checked, because an operation
+can consume the FD's edge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import zmq
+
+from transport.errors import ClosedError
+
+log = logging.getLogger("rayless.transport")
+
+Frames = list[Any]
+COPY_THRESHOLD = 65536
+_BATCH = 256
+
+
+def send_frames(sock: zmq.Socket[Any], frames: Sequence[Any], flags: int = 0) -> None:
+    """Send a multipart message: small frames copied, big ones handed to ZeroMQ without copy.
+
+    Raises:
+        zmq.Again: the first frame could not be queued (HWM reached); nothing was sent.
+    """
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        more = zmq.SNDMORE if i < last else 0
+        if isinstance(frame, bytes) and len(frame) < COPY_THRESHOLD:
+            sock.send(frame, flags | more, copy=True)
+        else:
+            size = frame.nbytes if isinstance(frame, memoryview) else len(frame)
+            sock.send(frame, flags | more, copy=size < COPY_THRESHOLD)
+
+
+class SocketPump:
+    """Reads and writes one ZeroMQ socket on the running loop.
+
+    ``on_batch`` receives every message (a list of frames: the first ``head`` frames as bytes,
+    the rest as ``zmq.Frame``) drained in one wake-up. ``send`` never blocks: messages that
+    ZeroMQ refuses (EAGAIN) wait in a bounded queue, flushed when the socket turns writable.
+    """
+
+    def __init__(
+        self,
+        sock: zmq.Socket[Any],
+        on_batch: Callable[[list[Frames]], None],
+        *,
+        head: int,
+        queue_limit: int,
+        retry_interval: float | None = None,
+    ) -> None:
+        self.sock = sock
+        self._on_batch = on_batch
+        self._head = head
+        self._queue: collections.deque[Sequence[Any]] = collections.deque()
+        self._queue_limit = queue_limit
+        self._room = asyncio.Event()
+        self._room.set()
+        self._loop = asyncio.get_running_loop()
+        self._fd = cast(int, sock.getsockopt(zmq.FD))
+        self._scheduled = False
+        self._closed = False
+        # A ROUTER's POLLOUT says nothing about one peer, so its queue is retried on a timer.
+        self._retry_interval = retry_interval
+        self._retry: asyncio.TimerHandle | None = None
+        self._loop.add_reader(self._fd, self._pump)
+
+    @property
+    def queued(self) -> int:
+        """Messages waiting for room in the socket."""
+        return len(self._queue)
+
+    def _recv_one(self) -> Frames | None:
+        sock = self.sock
+        try:
+            first = sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+        msg: Frames = [first]
+        head = self._head
+        while sock.getsockopt(zmq.RCVMORE):
+            msg.append(sock.recv(copy=len(msg) < head))
+        return msg
+
+    def _pump(self) -> None:
+        """Move data until ZeroMQ has nothing to give and cannot take more."""
+        self._scheduled = False
+        if self._closed:
+            return
+        sock = self.sock
+        try:
+            while True:
+                events = cast(int, sock.getsockopt(zmq.EVENTS))
+                progressed = False
+                if self._queue and events & zmq.POLLOUT:
+                    progressed = self._flush()
+                if events & zmq.POLLIN:
+                    batch: list[Frames] = []
+                    while len(batch) < _BATCH:
+                        msg = self._recv_one()
+                        if msg is None:
+                            break
+                        batch.append(msg)
+                    if batch:
+                        progressed = True
+                        self._on_batch(batch)
+                        if self._closed:
+                            return
+                if not progressed:
+                    break
+        except zmq.ZMQError as exc:
+            if self._closed or exc.errno == zmq.ENOTSOCK:
+                return
+            log.warning("socket error while pumping: %s", exc)
+
+    def _flush(self) -> bool:
+        sent = False
+        while self._queue:
+            try:
+                send_frames(self.sock, self._queue[0], zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise
+                log.debug("dropping a queued message to a vanished peer")
+            self._queue.popleft()
+            sent = True
+        if len(self._queue) < self._queue_limit:
+            self._room.set()
+        if self._queue and self._retry_interval is not None and self._retry is None:
+            self._retry = self._loop.call_later(self._retry_interval, self._retry_flush)
+        return sent
+
+    def _retry_flush(self) -> None:
+        self._retry = None
+        if not self._closed:
+            self._flush()
+            self._kick()
+
+    def _kick(self) -> None:
+        """Schedule a pump if the last operation left something to do (edge consumed)."""
+        if self._scheduled or self._closed:
+            return
+        if cast(int, self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            self._scheduled = True
+            self._loop.call_soon(self._pump)
+
+    def send(self, frames: Sequence[Any]) -> None:
+        """Send now, or queue when ZeroMQ pushes back. Never blocks.
+
+        Raises:
+            ClosedError: the pump was closed.
+            zmq.ZMQError: EHOSTUNREACH for a ROUTER whose peer is gone.
+        """
+        if self._closed:
+            raise ClosedError("socket is closed")
+        if not self._queue:
+            try:
+                send_frames(self.sock, frames, zmq.NOBLOCK)
+            except zmq.Again:
+                self._enqueue(frames)
+            self._kick()
+            return
+        self._enqueue(frames)
+
+    def _enqueue(self, frames: Sequence[Any]) -> None:
+        self._queue.append(frames)
+        if len(self._queue) >= self._queue_limit:
+            self._room.clear()
+        if self._retry_interval is not None and self._retry is None:
+            self._retry = self._loop.call_later(self._retry_interval, self._retry_flush)
+
+    async def wait_room(self, timeout: float | None) -> None:
+        """Wait until the send queue is below its limit (backpressure for callers).
+
+        Raises:
+            TimeoutError: no room within ``timeout`` seconds.
+        """
+        if self._room.is_set():
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._room.is_set():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            await asyncio.wait_for(self._room.wait(), left)
+
+    def close(self) -> None:
+        """Stop reading, drop queued messages and close the socket at once (LINGER=0)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._retry is not None:
+            self._retry.cancel()
+        try:
+            self._loop.remove_reader(self._fd)
+        except (ValueError, OSError, RuntimeError):
+            pass
+        self._queue.clear()
+        self._room.set()
+        self.sock.close(linger=0)

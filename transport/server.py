@@ -1,0 +1,471 @@
+"""The ROUTER side: a server that authenticates peers and answers their requests.
+
+A :class:`Server` binds ``tcp://`` or ``ipc://`` (port 0 picks a free port; ``address`` reports
+it), authenticates each peer with the HMAC handshake of ``transport.protocol``, and hands
+decoded requests to one handler. Sync handlers run inline on the loop (the fast path); a
+handler that returns an awaitable runs as a task the server owns. Nothing unauthenticated
+reaches a handler; frames that do not parse are dropped, counted and logged at a rate limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import zmq
+
+from transport import codec
+from transport.errors import (
+    AuthError,
+    ClosedError,
+    LimitError,
+    ProtocolError,
+    RaylessError,
+    RemoteError,
+)
+from transport.protocol import (
+    CONTROL_SIZE,
+    Kind,
+    Limits,
+    RejectCode,
+    as_token,
+    client_proof,
+    host_id,
+    new_nonce,
+    pack_control,
+    proofs_match,
+    server_proof,
+    unpack_control,
+)
+from transport.pump import Frames, SocketPump
+from transport.ratelog import RateLimitedLog
+
+log = logging.getLogger("rayless.transport")
+
+
+@dataclass
+class Peer:
+    """An authenticated connection as the server sees it."""
+
+    routing_id: bytes
+    name: str
+    host: str
+    same_host: bool
+    last_seen: float
+    inflight: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request handed to a server's handler."""
+
+    peer: Peer
+    body: Any
+    req_id: int
+
+
+Handler = Callable[[Request], Any]
+OnewayHandler = Callable[[Peer, Any], Any]
+
+
+def _error_payload(exc: BaseException) -> list[Any]:
+    """Frames that carry ``exc`` back to a caller."""
+    if not isinstance(exc, RaylessError):
+        exc = RemoteError(
+            f"{type(exc).__module__}.{type(exc).__qualname__}",
+            str(exc),
+            "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        )
+    return codec.encode(exc)
+
+
+class Server:
+    """A ROUTER endpoint answering authenticated requests. Use ``async with``.
+
+    Args:
+        address: ``tcp://HOST:PORT`` (port 0 → a free port) or ``ipc://PATH``.
+        token: the cluster token (bytes or str, at least 16 bytes).
+        handler: called with each :class:`Request`; returns the reply, or an awaitable of it.
+            Exceptions travel back to the caller (non-rayless ones as RemoteError).
+        on_oneway: called with (peer, body) for one-way messages.
+        on_peer_gone: called with a peer when it says BYE or expires.
+        peer_idle_timeout: forget peers silent for this long (clients heartbeat far more often).
+        device: where decoded CUDA tensors land (see ``codec.decode``).
+    """
+
+    def __init__(
+        self,
+        address: str = "tcp://127.0.0.1:0",
+        *,
+        token: bytes | str,
+        handler: Handler,
+        on_oneway: OnewayHandler | None = None,
+        on_peer_gone: Callable[[Peer], None] | None = None,
+        name: str = "server",
+        limits: Limits | None = None,
+        peer_idle_timeout: float = 30.0,
+        device: Any = None,
+        allow_pickle: bool = False,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        self._token = as_token(token)
+        self._requested_address = address
+        self.address = address
+        self.name = name
+        self.limits = limits or Limits()
+        self._handler = handler
+        self._on_oneway = on_oneway
+        self._on_peer_gone = on_peer_gone
+        self._peer_idle_timeout = peer_idle_timeout
+        self._device = device
+        self._allow_pickle = allow_pickle
+        self._ctx = context or zmq.Context.instance()
+        self._peers: dict[bytes, Peer] = {}
+        self._pending: collections.OrderedDict[bytes, tuple[bytes, bytes, dict[str, Any]]] = (
+            collections.OrderedDict()
+        )
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pump: SocketPump | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._closed = False
+        self._host = host_id()
+        self.stats: collections.Counter[str] = collections.Counter()
+        self._ratelog = RateLimitedLog(log, interval=5.0)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> Server:
+        """Bind and start serving.
+
+        Raises:
+            ClosedError: the server was already closed.
+            zmq.ZMQError: the address cannot be bound.
+        """
+        if self._closed:
+            raise ClosedError("server is closed")
+        if self._pump is not None:
+            return self
+        sock = self._ctx.socket(zmq.ROUTER)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            sock.setsockopt(zmq.SNDHWM, self.limits.hwm)
+            sock.setsockopt(zmq.RCVHWM, self.limits.hwm)
+            sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_message_bytes)
+            address = self._requested_address
+            if address.startswith("tcp://") and address.endswith(":0"):
+                address = address[:-2] + ":*"
+            sock.bind(address)
+            self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        except BaseException:
+            sock.close(linger=0)
+            raise
+        self._pump = SocketPump(
+            sock, self._on_batch, head=2, queue_limit=self.limits.send_queue, retry_interval=0.002
+        )
+        self._schedule_sweep()
+        return self
+
+    async def __aenter__(self) -> Server:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop serving: cancel running handlers, close the socket. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+        if self._pump is not None:
+            self._pump.close()
+        self._peers.clear()
+        self._pending.clear()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` was called."""
+        return self._closed
+
+    @property
+    def peers(self) -> list[Peer]:
+        """The authenticated peers."""
+        return list(self._peers.values())
+
+    # -- sending -----------------------------------------------------------------------
+
+    def _send(self, rid: bytes, frames: list[Any]) -> None:
+        if self._pump is None or self._closed:
+            return
+        try:
+            self._pump.send([rid, *frames])
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            self.stats["unreachable"] += 1
+            self._forget(rid)
+
+    def send_oneway(self, peer: Peer | bytes, body: Any) -> None:
+        """Push a one-way message to an authenticated peer (dropped if it is gone).
+
+        Raises:
+            ClosedError: the server is closed.
+            TypeError: ``body`` cannot be encoded.
+        """
+        if self._closed:
+            raise ClosedError(f"server {self.name} is closed")
+        p = peer if isinstance(peer, Peer) else self._peers.get(peer)
+        if p is None:
+            return
+        frames = codec.encode(body, cuda_ipc=p.same_host, allow_pickle=self._allow_pickle)
+        self._send(p.routing_id, [pack_control(Kind.ONEWAY), *frames])
+
+    def _reject(self, rid: bytes, code: RejectCode, reason: str, req_id: int = 0) -> None:
+        payload = msgpack.packb({"code": int(code), "reason": reason})
+        self._send(rid, [pack_control(Kind.REJECT, req_id), payload])
+
+    def _reply(self, peer: Peer, req_id: int, value: Any) -> None:
+        try:
+            frames = codec.encode(value, cuda_ipc=peer.same_host, allow_pickle=self._allow_pickle)
+            kind = Kind.REPLY
+        except Exception as exc:
+            frames, kind = _error_payload(exc), Kind.ERROR
+        self._send(peer.routing_id, [pack_control(kind, req_id), *frames])
+
+    def _reply_error(self, peer: Peer, req_id: int, exc: BaseException) -> None:
+        self._send(peer.routing_id, [pack_control(Kind.ERROR, req_id), *_error_payload(exc)])
+
+    # -- receiving ---------------------------------------------------------------------
+
+    def _drop(self, category: str, detail: str, rid: bytes | None = None) -> None:
+        """Count and log (at a rate limit per fixed category) a message we will not serve."""
+        self.stats["dropped"] += 1
+        self._ratelog.warning(
+            category, "%s: dropped a message from %r (%s): %s", self.name, rid, category, detail
+        )
+
+    def _on_batch(self, batch: list[Frames]) -> None:
+        now = time.monotonic()
+        for msg in batch:
+            try:
+                self._on_message(msg, now)
+            except Exception as exc:  # never let one message stop the server
+                self._drop("internal", f"{type(exc).__name__}: {exc}", msg[0] if msg else None)
+
+    def _on_message(self, msg: Frames, now: float) -> None:
+        if len(msg) < 2 or len(msg[1]) != CONTROL_SIZE:
+            return self._drop("framing", "no control frame", msg[0] if msg else None)
+        rid = msg[0]
+        if len(msg) > self.limits.max_frames + 2:
+            return self._drop("framing", "too many frames", rid)
+        try:
+            kind, _flags, req_id = unpack_control(msg[1])
+        except ProtocolError as exc:
+            return self._drop("control", str(exc), rid)
+        peer = self._peers.get(rid)
+        if peer is None:
+            return self._on_stranger(rid, kind, req_id, msg[2:])
+        peer.last_seen = now
+        if kind is Kind.REQUEST:
+            self._on_request(peer, req_id, msg[2:])
+        elif kind is Kind.PING:
+            self._send(rid, [pack_control(Kind.PONG, req_id)])
+        elif kind is Kind.ONEWAY:
+            self._on_oneway_msg(peer, msg[2:])
+        elif kind is Kind.BYE:
+            self._forget(rid)
+        elif kind is Kind.HELLO:  # a reconnect that reused the routing id: start over
+            self._forget(rid)
+            self._on_stranger(rid, kind, req_id, msg[2:])
+        else:
+            self._drop("kind", f"unexpected {kind.name} in a session", rid)
+
+    def _decode(self, peer: Peer, frames: Frames) -> Any:
+        size = sum(len(f) for f in frames)
+        if size > self.limits.max_message_bytes:
+            raise LimitError(f"message of {size} bytes exceeds {self.limits.max_message_bytes}")
+        if frames and len(frames[0]) > self.limits.max_header_bytes:
+            raise LimitError(f"header exceeds {self.limits.max_header_bytes} bytes")
+        return codec.decode(frames, device=self._device, allow_pickle=self._allow_pickle)
+
+    def _on_request(self, peer: Peer, req_id: int, frames: Frames) -> None:
+        self.stats["requests"] += 1
+        if peer.inflight >= self.limits.max_inflight_per_peer:
+            self.stats["over_limit"] += 1
+            limit = self.limits.max_inflight_per_peer
+            return self._reply_error(
+                peer, req_id, LimitError(f"more than {limit} requests in flight")
+            )
+        try:
+            body = self._decode(peer, frames)
+        except (ProtocolError, TypeError, ValueError) as exc:
+            self._drop("decode", f"undecodable request: {exc}", peer.routing_id)
+            return self._reply_error(peer, req_id, ProtocolError(f"undecodable request: {exc}"))
+        request = Request(peer, body, req_id)
+        try:
+            result = self._handler(request)
+        except Exception as exc:
+            return self._reply_error(peer, req_id, exc)
+        if inspect.isawaitable(result):
+            peer.inflight += 1
+            task = asyncio.ensure_future(self._finish(peer, req_id, result))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        else:
+            self._reply(peer, req_id, result)
+
+    async def _finish(self, peer: Peer, req_id: int, pending: Awaitable[Any]) -> None:
+        try:
+            value = await pending
+        except asyncio.CancelledError:
+            if not self._closed:
+                self._reply_error(peer, req_id, ClosedError("request was cancelled"))
+            raise
+        except Exception as exc:
+            self._reply_error(peer, req_id, exc)
+        else:
+            self._reply(peer, req_id, value)
+        finally:
+            peer.inflight -= 1
+
+    def _on_oneway_msg(self, peer: Peer, frames: Frames) -> None:
+        self.stats["oneway"] += 1
+        if self._on_oneway is None:
+            return self._drop("oneway", "no one-way handler", peer.routing_id)
+        try:
+            body = self._decode(peer, frames)
+        except (ProtocolError, TypeError, ValueError) as exc:
+            return self._drop("decode", f"undecodable one-way message: {exc}", peer.routing_id)
+        try:
+            result = self._on_oneway(peer, body)
+        except Exception:
+            log.exception("%s: one-way handler failed", self.name)
+            return
+        if inspect.isawaitable(result):
+            task = asyncio.ensure_future(self._run_oneway(result))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run_oneway(self, pending: Awaitable[Any]) -> None:
+        try:
+            await pending
+        except Exception:
+            log.exception("%s: one-way handler failed", self.name)
+
+    # -- handshake ---------------------------------------------------------------------
+
+    def _on_stranger(self, rid: bytes, kind: Kind, req_id: int, frames: Frames) -> None:
+        if kind is Kind.HELLO:
+            return self._on_hello(rid, frames)
+        if kind is Kind.AUTH:
+            return self._on_auth(rid, frames)
+        if kind in (Kind.REQUEST, Kind.PING, Kind.ONEWAY):
+            # a peer we forgot (expired, or a reconnect): tell it to start over
+            self.stats["unauthenticated"] += 1
+            self._reject(rid, RejectCode.NEED_HANDSHAKE, "no session; handshake first", req_id)
+            return None
+        self._drop("handshake", f"{kind.name} before the handshake", rid)
+
+    def _handshake_body(self, frames: Frames) -> dict[str, Any]:
+        if len(frames) != 1 or len(frames[0]) > 4096:
+            raise ProtocolError("malformed handshake message")
+        body = msgpack.unpackb(bytes(frames[0]), raw=False)
+        if not isinstance(body, dict):
+            raise ProtocolError("handshake body is not a map")
+        return body
+
+    def _on_hello(self, rid: bytes, frames: Frames) -> None:
+        try:
+            body = self._handshake_body(frames)
+            nonce_c = body.get("nonce")
+            if not isinstance(nonce_c, bytes) or len(nonce_c) != 32:
+                raise ProtocolError("bad client nonce")
+        except Exception as exc:
+            self._drop("handshake", f"bad HELLO: {exc}", rid)
+            return self._reject(rid, RejectCode.PROTOCOL, "malformed HELLO")
+        if len(self._peers) >= self.limits.max_peers:
+            self.stats["rejected_limit"] += 1
+            return self._reject(rid, RejectCode.LIMIT, f"server has {self.limits.max_peers} peers")
+        nonce_s = new_nonce()
+        self._pending[rid] = (nonce_c, nonce_s, body)
+        self._pending.move_to_end(rid)
+        while len(self._pending) > self.limits.max_pending_handshakes:
+            self._pending.popitem(last=False)
+        reply = {
+            "nonce": nonce_s,
+            "proof": server_proof(self._token, nonce_c, nonce_s),
+            "name": self.name,
+            "host": self._host,
+        }
+        self._send(rid, [pack_control(Kind.CHALLENGE), msgpack.packb(reply)])
+
+    def _on_auth(self, rid: bytes, frames: Frames) -> None:
+        pending = self._pending.pop(rid, None)
+        if pending is None:
+            self._drop("handshake", "AUTH without a HELLO", rid)
+            return self._reject(rid, RejectCode.NEED_HANDSHAKE, "AUTH without HELLO")
+        nonce_c, nonce_s, hello = pending
+        try:
+            body = self._handshake_body(frames)
+            ok = proofs_match(client_proof(self._token, nonce_s, nonce_c), body.get("proof"))
+        except Exception:
+            ok = False
+        if not ok:
+            self.stats["auth_failures"] += 1
+            self._ratelog.warning(
+                "auth", "%s: rejected peer %r: wrong cluster token", self.name, hello.get("name")
+            )
+            return self._reject(rid, RejectCode.AUTH, "authentication failed")
+        host = str(hello.get("host", ""))
+        self._peers[rid] = Peer(
+            routing_id=rid,
+            name=str(hello.get("name", "?"))[:200],
+            host=host,
+            same_host=host == self._host,
+            last_seen=time.monotonic(),
+        )
+        self.stats["peers_accepted"] += 1
+        self._send(rid, [pack_control(Kind.WELCOME), msgpack.packb({})])
+
+    # -- peers -------------------------------------------------------------------------
+
+    def _forget(self, rid: bytes) -> None:
+        peer = self._peers.pop(rid, None)
+        if peer is not None and self._on_peer_gone is not None:
+            try:
+                self._on_peer_gone(peer)
+            except Exception:
+                log.exception("%s: on_peer_gone failed", self.name)
+
+    def _schedule_sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._sweeper = loop.call_later(max(0.05, self._peer_idle_timeout / 4), self._sweep)
+
+    def _sweep(self) -> None:
+        if self._closed:
+            return
+        deadline = time.monotonic() - self._peer_idle_timeout
+        for rid, peer in list(self._peers.items()):
+            if peer.last_seen < deadline and peer.inflight == 0:
+                self.stats["expired"] += 1
+                self._forget(rid)
+        self._schedule_sweep()
+
+
+__all__ = ["AuthError", "Peer", "Request", "Server"]
