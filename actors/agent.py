@@ -1,0 +1,412 @@
+"""The node agent: one per node. Starts, supervises and reaps the actor processes of its node.
+
+It registers its node (placement's discovery) with the head and heartbeats to it; starts each
+actor through the host's zygote (a fork) or, without one, as a fresh interpreter; hands each
+actor its spec; restarts actors that die while they have restarts left; reports deaths with
+pid, exit code or signal; tails actors' log files and forwards new lines to the head. When
+the head goes away it kills its actors and exits.
+
+Run as ``python -m actors.agent HEAD_ADDRESS [options]`` with RAYLESS_TOKEN set; prints its
+address once registered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors import context
+from actors.logs import LogTailer
+from actors.process_util import die_with_parent, setup_logging
+from actors.spawner import ProcessSpawner, Spawner, ZygoteSpawner
+from placement import NodeInfo, discover_node_async
+from transport.client import Client
+from transport.errors import ActorDiedError, RaylessError
+from transport.server import Peer, Request, Server
+
+log = logging.getLogger("rayless.agent")
+
+
+@dataclass
+class ActorProc:
+    """One actor process as its agent supervises it."""
+
+    actor_id: str
+    name: str
+    spec: dict[str, Any]
+    env: dict[str, str]
+    log_path: str
+    max_restarts: int
+    restarts: int = 0
+    pid: int | None = None
+    state: str = "starting"  # starting → alive → (restarting →)* stopping/dead
+    address: str = ""
+    ready: asyncio.Future[dict[str, Any]] | None = None
+    stop_reason: str = ""
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Agent:
+    """A node agent. Use ``async with``; ``stopped`` is set when it should exit."""
+
+    def __init__(
+        self,
+        head_address: str,
+        token: str,
+        node: NodeInfo,
+        *,
+        spawner: Spawner,
+        log_dir: str,
+        kill_grace: float = 5.0,
+        head_timeout: float = 5.0,
+    ) -> None:
+        self.head_address = head_address
+        self.token = token
+        self.node = node
+        self.spawner = spawner
+        self.log_dir = log_dir
+        self.kill_grace = kill_grace
+        self.head_timeout = head_timeout
+        self.procs: dict[str, ActorProc] = {}
+        self.by_pid: dict[int, ActorProc] = {}
+        self.stopped = asyncio.Event()
+        self.failed = False
+        self.server = Server(
+            f"tcp://{node.ip}:0",
+            token=token,
+            handler=self._handle,
+            name=f"agent-{node.node_id}",
+            peer_idle_timeout=30.0,
+        )
+        self.head = Client(
+            head_address,
+            token=token,
+            name=f"agent-{node.node_id}",
+            heartbeat_interval=max(0.1, head_timeout / 10),
+            heartbeat_timeout=head_timeout,
+            connect_timeout=head_timeout * 4,
+        )
+        self.tailer = LogTailer(self._send_logs)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    async def __aenter__(self) -> Agent:
+        os.makedirs(self.log_dir, exist_ok=True)
+        await self.server.start()
+        await self.spawner.start(self._on_exit)
+        await self.head.connect()
+        reply = await self.head.request(
+            ("register_node", self.node.to_dict(), self.server.address), timeout=30
+        )
+        self.head_timeout = float(reply.get("node_timeout", self.head_timeout))
+        self._spawn_task(self._heartbeat())
+        self._spawn_task(self.tailer.run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        """Stop every actor (SIGTERM → grace → SIGKILL), then close. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._stop_all("node agent shutting down")
+        for task in list(self._tasks):
+            task.cancel()
+        await self.tailer.flush()
+        await self.spawner.aclose()
+        await self.head.aclose()
+        await self.server.aclose()
+        self.stopped.set()
+
+    async def _stop_all(self, reason: str) -> None:
+        procs = [p for p in self.procs.values() if p.pid is not None and p.state != "dead"]
+        await asyncio.gather(*(self._terminate(p, reason) for p in procs))
+
+    async def _heartbeat(self) -> None:
+        interval = max(0.05, self.head_timeout / 5)
+        lost_since: float | None = None
+        while True:
+            await asyncio.sleep(interval)
+            if self.head.ready:
+                lost_since = None
+                try:
+                    self.head.send_oneway(("node_heartbeat", self.node.node_id))
+                except RaylessError:
+                    pass
+                continue
+            now = time.monotonic()
+            lost_since = lost_since or now
+            if now - lost_since > self.head_timeout:
+                log.warning("head lost: stopping this node's actors and exiting")
+                self.failed = True
+                self._spawn_task(self.aclose())
+                return
+            try:  # the head may be back (a restart): try a fresh session
+                await self.head.connect()
+            except RaylessError:
+                pass
+
+    # -- requests ------------------------------------------------------------------------
+
+    def _handle(self, req: Request) -> Any:
+        body = req.body
+        if not isinstance(body, tuple) or not body or not isinstance(body[0], str):
+            raise RaylessError(f"malformed agent request {body!r:.100}")
+        method = getattr(self, f"op_{body[0]}", None)
+        if method is None:
+            raise RaylessError(f"unknown agent operation {body[0]!r}")
+        return method(req.peer, *body[1:])
+
+    async def op_spawn(self, peer: Peer, actor_id: str, spec: dict[str, Any]) -> dict[str, Any]:
+        """Start an actor and answer once it serves (or failed to start)."""
+        name = str(spec["name"])
+        env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
+        env.update({str(k): str(v) for k, v in (spec.get("env_res") or {}).items()})
+        env.update(
+            {
+                context.ENV_ADDRESS: self.head_address,
+                context.ENV_TOKEN: self.token,
+                context.ENV_ACTOR_ID: actor_id,
+                context.ENV_ACTOR_NAME: name,
+                context.ENV_NODE_ID: self.node.node_id,
+                context.ENV_NODE_IP: self.node.ip,
+                context.ENV_AGENT_ADDRESS: self.server.address,
+            }
+        )
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80]
+        proc = ActorProc(
+            actor_id=actor_id,
+            name=name,
+            spec=spec,
+            env=env,
+            log_path=os.path.join(self.log_dir, f"{safe}-{actor_id}.log"),
+            max_restarts=int(spec.get("max_restarts", 0)),
+        )
+        self.procs[actor_id] = proc
+        module = spec["cls"][0]
+        if module not in ("__main__", "__mp_main__"):
+            await self.spawner.preload(module)
+        return await self._start(proc)
+
+    async def _start(self, proc: ActorProc) -> dict[str, Any]:
+        proc.ready = asyncio.get_running_loop().create_future()
+        proc.exited = asyncio.Event()
+        pid = await self.spawner.spawn(proc.env, proc.log_path, proc.spec.get("cwd"))
+        proc.pid = pid
+        self.by_pid[pid] = proc
+        self.tailer.watch(proc.actor_id, proc.name, pid, self.node.node_id, proc.log_path)
+        return await proc.ready
+
+    def op_bootstrap(self, peer: Peer, actor_id: str) -> dict[str, Any]:
+        """What a starting actor process needs: its class, init args and limits."""
+        proc = self.procs.get(actor_id)
+        if proc is None:
+            raise RaylessError(f"unknown actor {actor_id!r}")
+        spec = proc.spec
+        return {
+            "cls": spec["cls"],
+            "init": spec["init"],
+            "max_concurrency": spec.get("max_concurrency"),
+            "sys_path": spec.get("sys_path") or [],
+        }
+
+    def op_ready(self, peer: Peer, actor_id: str, address: str, pid: int) -> None:
+        """A started actor serves at ``address``."""
+        proc = self.procs.get(actor_id)
+        if proc is None:
+            return
+        proc.address, proc.state = address, "alive"
+        result = {"address": address, "pid": pid}
+        if proc.ready is not None and not proc.ready.done():
+            proc.ready.set_result(result)
+        if proc.restarts > 0:
+            self._event({"ev": "ready", "actor_id": actor_id, **result, "restarts": proc.restarts})
+
+    def op_failed(self, peer: Peer, actor_id: str, error: BaseException) -> None:
+        """A starting actor's constructor or ``setup`` raised ``error``."""
+        proc = self.procs.get(actor_id)
+        if proc is not None and proc.ready is not None and not proc.ready.done():
+            proc.stop_reason = f"failed to start: {error}"
+            proc.ready.set_exception(error)
+
+    async def op_kill(self, peer: Peer, actor_id: str, reason: str = "killed") -> bool:
+        """Stop an actor for good: SIGTERM, a grace period, SIGKILL."""
+        proc = self.procs.get(actor_id)
+        if proc is None or proc.state == "dead":
+            return False
+        await self._terminate(proc, reason)
+        return True
+
+    def op_status(self, peer: Peer) -> dict[str, Any]:
+        """This node's actors and their processes."""
+        return {
+            "node": self.node.to_dict(),
+            "actors": [
+                {
+                    "actor_id": p.actor_id,
+                    "name": p.name,
+                    "pid": p.pid,
+                    "state": p.state,
+                    "restarts": p.restarts,
+                    "log": p.log_path,
+                }
+                for p in self.procs.values()
+            ],
+        }
+
+    def op_shutdown(self, peer: Peer) -> str:
+        """Stop every actor and exit (after replying)."""
+        asyncio.get_running_loop().call_soon(lambda: self._spawn_task(self.aclose()))
+        return "shutting down"
+
+    # -- process lifecycle ---------------------------------------------------------------
+
+    async def _terminate(self, proc: ActorProc, reason: str) -> None:
+        proc.state = "stopping"
+        proc.stop_reason = reason
+        proc.max_restarts = proc.restarts
+        pid = proc.pid
+        if pid is None:
+            return
+        try:
+            os.kill(pid, signal.SIGTERM)
+            await asyncio.wait_for(proc.exited.wait(), self.kill_grace)
+        except ProcessLookupError:
+            return
+        except asyncio.TimeoutError:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+            try:
+                await asyncio.wait_for(proc.exited.wait(), 5.0)
+            except asyncio.TimeoutError:
+                log.error("actor %s (pid %d) did not die after SIGKILL", proc.name, pid)
+
+    def _on_exit(self, pid: int, code: int) -> None:
+        """The spawner reaped ``pid`` with exit ``code`` (negative: a signal)."""
+        proc = self.by_pid.pop(pid, None)
+        if proc is None:
+            return
+        proc.exited.set()
+        self._spawn_task(self._after_exit(proc, pid, code))
+
+    async def _after_exit(self, proc: ActorProc, pid: int, code: int) -> None:
+        await self.tailer.final(proc.actor_id)
+        died = ActorDiedError(
+            proc.name, pid=pid, exitcode=code, node=self.node.node_id, reason=proc.stop_reason
+        )
+        starting = proc.ready is not None and not proc.ready.done()
+        first_start = starting and proc.restarts == 0  # a failed spawn is not restarted
+        can_restart = proc.restarts < proc.max_restarts and not self._closed
+        if proc.state != "stopping" and can_restart and not first_start:
+            proc.restarts += 1
+            proc.state = "restarting"
+            self._event(
+                {
+                    "ev": "restarting",
+                    "actor_id": proc.actor_id,
+                    "pid": pid,
+                    "exitcode": code,
+                    "restarts": proc.restarts,
+                    "reason": f"restarting ({proc.restarts}/{proc.max_restarts})",
+                }
+            )
+            if starting and proc.ready is not None:
+                proc.ready.cancel()  # the previous restart's wait ends here
+            try:
+                await self._start(proc)
+            except BaseException as exc:  # it will exit and come back here
+                log.warning("restart of %s failed: %s", proc.name, exc)
+            return
+        proc.state = "dead"
+        if starting and proc.ready is not None:
+            proc.ready.set_exception(died)
+        self._event(
+            {
+                "ev": "died",
+                "actor_id": proc.actor_id,
+                "pid": pid,
+                "exitcode": code,
+                "reason": proc.stop_reason,
+                "restarts": proc.restarts,
+            }
+        )
+        self.tailer.forget(proc.actor_id)
+        self.procs.pop(proc.actor_id, None)
+
+    def _event(self, ev: dict[str, Any]) -> None:
+        if self.head.ready:
+            try:
+                self.head.send_oneway(("actor_event", ev))
+            except RaylessError:
+                pass
+
+    def _send_logs(self, batch: dict[str, Any]) -> None:
+        if self.head.ready:
+            try:
+                self.head.send_oneway(("logs", batch))
+            except RaylessError:
+                pass
+
+
+async def serve(args: argparse.Namespace, token: str) -> int:
+    """Run an agent until the head shuts the cluster down (0) or goes away (1)."""
+    node = await discover_node_async(fake_gpus=args.fake_gpus, node_id=args.node_id, ip=args.ip)
+    spawner: Spawner = ZygoteSpawner(args.zygote) if args.zygote != "none" else ProcessSpawner()
+    agent = Agent(
+        args.head,
+        token,
+        node,
+        spawner=spawner,
+        log_dir=args.log_dir,
+        head_timeout=args.head_timeout,
+    )
+    async with agent:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(agent.aclose()))
+        print(agent.server.address, flush=True)
+        await agent.stopped.wait()
+    return 1 if agent.failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m actors.agent``."""
+    parser = argparse.ArgumentParser(prog="python -m actors.agent")
+    parser.add_argument("head")
+    parser.add_argument("--node-id", default=None)
+    parser.add_argument("--ip", default=None)
+    parser.add_argument("--fake-gpus", type=int, default=None)
+    parser.add_argument("--zygote", default="auto", help="socket path, 'auto' or 'none'")
+    parser.add_argument("--log-dir", default=os.path.join(os.getcwd(), "rayless-logs"))
+    parser.add_argument("--head-timeout", type=float, default=5.0)
+    args = parser.parse_args(argv)
+    setup_logging(f"agent {args.node_id or ''}".strip())
+    if os.environ.get("RAYLESS_DIE_WITH_PARENT"):
+        die_with_parent()
+    token = os.environ.get(context.ENV_TOKEN, "")
+    if not token and os.environ.get(context.ENV_TOKEN_FILE):
+        token = context.read_token_file(os.environ[context.ENV_TOKEN_FILE])
+    if not token:
+        print("RAYLESS_TOKEN or RAYLESS_TOKEN_FILE must be set", file=sys.stderr)
+        return 2
+    return asyncio.run(serve(args, token))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,413 @@
+"""The head: one per cluster. Registry of nodes, actors and names; placement; failure fan-out.
+
+Calls never pass through the head: it answers spawn/kill/lookup requests, holds a client to
+every node agent, declares nodes dead when their heartbeats stop, and pushes actor events
+(``ready``, ``restarting``, ``died``) to every connected process, which fail their pending
+calls at once. Actors belong to the session (driver or actor) that spawned them and are
+killed when that session ends or vanishes.
+
+Run as ``python -m actors.head ADDRESS`` with the token in RAYLESS_TOKEN; prints its address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.scheduler import Allocation, NodeState, choose, release
+from transport.client import Client
+from transport.errors import ActorDiedError, PlacementError, RaylessError
+from transport.server import Peer, Request, Server
+
+log = logging.getLogger("rayless.head")
+
+
+@dataclass
+class ActorRecord:
+    """An actor as the head knows it."""
+
+    actor_id: str
+    name: str
+    cls: str
+    owner: str
+    alloc: Allocation
+    max_restarts: int
+    methods: dict[str, bool]
+    state: str = "pending"
+    address: str = ""
+    pid: int | None = None
+    restarts: int = 0
+    death: dict[str, Any] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def public(self) -> dict[str, Any]:
+        """Plain values for lookups, handles and status."""
+        return {
+            "actor_id": self.actor_id,
+            "name": self.name,
+            "cls": self.cls,
+            "node_id": self.alloc.node_id,
+            "gpus": self.alloc.cuda_visible_devices,
+            "gpu_shares": [list(g) for g in self.alloc.gpus],
+            "cpus": self.alloc.cpus,
+            "state": self.state,
+            "address": self.address,
+            "pid": self.pid,
+            "restarts": self.restarts,
+            "max_restarts": self.max_restarts,
+            "methods": self.methods,
+            "death": self.death,
+        }
+
+
+class Head:
+    """The head's state and request handlers. Use ``async with``."""
+
+    def __init__(
+        self,
+        token: str,
+        address: str = "tcp://127.0.0.1:0",
+        *,
+        node_timeout: float = 5.0,
+        owner_grace: float | None = None,
+    ) -> None:
+        self.token = token
+        self.node_timeout = node_timeout
+        self.owner_grace = node_timeout if owner_grace is None else owner_grace
+        self.nodes: dict[str, NodeState] = {}
+        self.agents: dict[str, Client] = {}
+        self.actors: dict[str, ActorRecord] = {}
+        self.names: dict[str, str] = {}
+        self.sessions: dict[str, set[bytes]] = {}
+        self._peer_session: dict[bytes, str] = {}
+        self._orphan_timers: dict[str, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.stopped = asyncio.Event()
+        self.server = Server(
+            address,
+            token=token,
+            handler=self._handle,
+            on_oneway=self._oneway,
+            on_peer_gone=self._peer_gone,
+            name="head",
+            peer_idle_timeout=max(2.0, node_timeout),
+        )
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Head:
+        await self.server.start()
+        self._sweeper = asyncio.ensure_future(self._sweep())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @property
+    def address(self) -> str:
+        """Where the head listens."""
+        return self.server.address
+
+    async def aclose(self) -> None:
+        """Tell every agent to shut down, then close. Idempotent."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        agents, self.agents = self.agents, {}
+        await asyncio.gather(
+            *(self._stop_agent(c) for c in agents.values()), return_exceptions=True
+        )
+        for task in list(self._tasks):
+            task.cancel()
+        await self.server.aclose()
+        self.stopped.set()
+
+    async def _stop_agent(self, client: Client) -> None:
+        try:
+            await client.request(("shutdown",), timeout=10)
+        except RaylessError:
+            pass
+        await client.aclose()
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    def _handle(self, req: Request) -> Any:
+        body = req.body
+        if not isinstance(body, tuple) or not body or not isinstance(body[0], str):
+            raise RaylessError(f"malformed head request {body!r:.100}")
+        op = body[0]
+        method = getattr(self, f"op_{op}", None)
+        if method is None:
+            raise RaylessError(f"unknown head operation {op!r}")
+        return method(req.peer, *body[1:])
+
+    def _oneway(self, peer: Peer, body: Any) -> None:
+        if not isinstance(body, tuple) or not body:
+            return
+        if body[0] == "node_heartbeat" and len(body) >= 2:
+            node = self.nodes.get(str(body[1]))
+            if node is not None and node.alive:
+                node.last_heartbeat = time.monotonic()
+        elif body[0] == "actor_event" and len(body) == 2 and isinstance(body[1], dict):
+            self._on_actor_event(body[1])
+        elif body[0] == "logs" and len(body) == 2 and isinstance(body[1], dict):
+            self._forward_logs(body[1])
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def op_hello(self, peer: Peer, session: str) -> dict[str, Any]:
+        """A driver or actor runtime introduces its session (the owner of what it spawns)."""
+        self.sessions.setdefault(session, set()).add(peer.routing_id)
+        self._peer_session[peer.routing_id] = session
+        timer = self._orphan_timers.pop(session, None)
+        if timer is not None:
+            timer.cancel()
+        return {"node_timeout": self.node_timeout}
+
+    def op_end_session(self, peer: Peer, session: str) -> int:
+        """The session is over: kill every actor it owns. Returns how many."""
+        return self._kill_owned(session, "its owner ended the session")
+
+    def _peer_gone(self, peer: Peer) -> None:
+        session = self._peer_session.pop(peer.routing_id, None)
+        if session is None:
+            return
+        peers = self.sessions.get(session)
+        if peers is not None:
+            peers.discard(peer.routing_id)
+            if not peers:
+                del self.sessions[session]
+                loop = asyncio.get_running_loop()
+                self._orphan_timers[session] = loop.call_later(
+                    self.owner_grace, self._kill_owned, session, "its owner disconnected"
+                )
+
+    def _kill_owned(self, session: str, reason: str) -> int:
+        self._orphan_timers.pop(session, None)
+        owned = [a for a in self.actors.values() if a.owner == session and a.state != "dead"]
+        for record in owned:
+            self._spawn_task(self._kill(record, reason))
+        # what those actors owned goes too (their sessions are their actor ids)
+        return len(owned)
+
+    # -- nodes ---------------------------------------------------------------------------
+
+    async def op_register_node(
+        self, peer: Peer, info: dict[str, Any], agent_address: str
+    ) -> dict[str, Any]:
+        """A node agent joins (or re-joins) the cluster."""
+        node = NodeState.create(info, agent_address, time.monotonic())
+        old = self.agents.pop(node.node_id, None)
+        if old is not None:
+            await old.aclose()
+        client = Client(agent_address, token=self.token, name=f"head->{node.node_id}")
+        await client.connect()
+        self.nodes[node.node_id] = node
+        self.agents[node.node_id] = client
+        log.info("node %s joined (%d GPUs)", node.node_id, len(node.gpu_indices))
+        return {"node_timeout": self.node_timeout}
+
+    def op_nodes(self, peer: Peer) -> list[dict[str, Any]]:
+        """Every node with its resources and actors."""
+        out = []
+        for node in self.nodes.values():
+            summary = node.summary()
+            summary["actors"] = [
+                self.actors[a].public() for a in summary["actors"] if a in self.actors
+            ]
+            out.append(summary)
+        return out
+
+    def op_shutdown(self, peer: Peer) -> str:
+        """Shut the whole cluster down (after replying)."""
+        asyncio.get_running_loop().call_soon(lambda: self._spawn_task(self.aclose()))
+        return "shutting down"
+
+    async def _sweep(self) -> None:
+        interval = max(0.05, self.node_timeout / 10)
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for node in list(self.nodes.values()):
+                if node.alive and now - node.last_heartbeat > self.node_timeout:
+                    self._node_died(node, f"no heartbeat for {now - node.last_heartbeat:.1f}s")
+
+    def _node_died(self, node: NodeState, reason: str) -> None:
+        log.warning("node %s declared dead: %s", node.node_id, reason)
+        node.alive = False
+        client = self.agents.pop(node.node_id, None)
+        if client is not None:
+            self._spawn_task(client.aclose())
+        for actor_id in list(node.actors):
+            record = self.actors.get(actor_id)
+            if record is not None and record.state != "dead":
+                self._mark_dead(record, {"reason": f"node {node.node_id} died ({reason})"})
+        self._broadcast({"ev": "node_died", "node_id": node.node_id, "reason": reason})
+
+    # -- actors --------------------------------------------------------------------------
+
+    async def op_spawn(self, peer: Peer, spec: dict[str, Any]) -> dict[str, Any]:
+        """Place an actor, have its node start it, and return its record once it serves."""
+        name = spec.get("name")
+        if name is not None and name in self.names:
+            existing = self.actors.get(self.names[name])
+            if existing is not None and existing.state != "dead":
+                raise RaylessError(f"an actor named {name!r} already exists")
+        gpu_indices = spec.get("gpu_indices")
+        alloc = choose(
+            self.nodes,
+            spec.get("gpus", 0),
+            spec.get("cpus", 1),
+            node=spec.get("node"),
+            gpu_indices=tuple(gpu_indices) if gpu_indices is not None else None,
+        )
+        actor_id = uuid.uuid4().hex[:12]
+        record = ActorRecord(
+            actor_id=actor_id,
+            name=name or f"{spec.get('cls_name', 'actor')}-{actor_id[:6]}",
+            cls=str(spec.get("cls_name", "?")),
+            owner=str(spec.get("owner", "")),
+            alloc=alloc,
+            max_restarts=int(spec.get("max_restarts", 0)),
+            methods=dict(spec.get("methods", {})),
+        )
+        self.actors[actor_id] = record
+        self.names[record.name] = actor_id  # generated names are unique too
+        node = self.nodes[alloc.node_id]
+        node.actors.add(actor_id)
+        agent = self.agents.get(alloc.node_id)
+        try:
+            if agent is None:
+                raise PlacementError(f"node {alloc.node_id} has no agent connection")
+            env = {"CUDA_VISIBLE_DEVICES": alloc.cuda_visible_devices}
+            reply = await agent.request(
+                ("spawn", actor_id, {**spec, "name": record.name, "env_res": env}),
+                timeout=spec.get("timeout", 120),
+            )
+        except BaseException as exc:
+            if isinstance(exc, ActorDiedError):
+                exc.actor = record.name
+            self._mark_dead(record, {"reason": f"failed to start: {exc}"}, broadcast=False)
+            raise
+        if record.state == "dead":  # it died between starting and answering
+            raise ActorDiedError(record.name, node=alloc.node_id, reason="died while starting")
+        record.state, record.address, record.pid = "alive", reply["address"], reply["pid"]
+        return record.public()
+
+    def op_get_actor(self, peer: Peer, name: str) -> dict[str, Any]:
+        """The live actor called ``name``."""
+        actor_id = self.names.get(name)
+        record = self.actors.get(actor_id) if actor_id else None
+        if record is None or record.state == "dead":
+            raise RaylessError(f"no live actor named {name!r}")
+        return record.public()
+
+    def op_actor_info(self, peer: Peer, actor_id: str) -> dict[str, Any]:
+        """The record of an actor (any state)."""
+        record = self.actors.get(actor_id)
+        if record is None:
+            raise RaylessError(f"unknown actor {actor_id!r}")
+        return record.public()
+
+    async def op_kill(self, peer: Peer, actor_id: str) -> bool:
+        """Kill an actor for good (no restart). False if it was already dead."""
+        record = self.actors.get(actor_id)
+        if record is None or record.state == "dead":
+            return False
+        await self._kill(record, "killed by request")
+        return True
+
+    async def _kill(self, record: ActorRecord, reason: str) -> None:
+        agent = self.agents.get(record.alloc.node_id)
+        record.max_restarts = record.restarts  # no more restarts
+        if agent is not None:
+            try:
+                await agent.request(("kill", record.actor_id, reason), timeout=30)
+            except RaylessError as exc:
+                log.warning("kill of %s failed: %s", record.name, exc)
+        if record.state != "dead":
+            self._mark_dead(record, {"reason": reason})
+
+    def _on_actor_event(self, ev: dict[str, Any]) -> None:
+        record = self.actors.get(str(ev.get("actor_id")))
+        if record is None:
+            return
+        kind = ev.get("ev")
+        if kind == "restarting":
+            record.state = "restarting"
+            record.restarts = int(ev.get("restarts", record.restarts + 1))
+            record.death = ev
+            self._broadcast({**ev, "name": record.name})
+        elif kind == "ready":
+            record.state, record.address, record.pid = "alive", ev["address"], ev.get("pid")
+            self._broadcast({**ev, "name": record.name})
+        elif kind == "died":
+            self._mark_dead(record, ev)
+
+    def _mark_dead(
+        self, record: ActorRecord, info: dict[str, Any], *, broadcast: bool = True
+    ) -> None:
+        if record.state == "dead":
+            return
+        record.state = "dead"
+        record.death = {**info, "node": record.alloc.node_id, "name": record.name}
+        release(self.nodes, record.alloc)
+        node = self.nodes.get(record.alloc.node_id)
+        if node is not None:
+            node.actors.discard(record.actor_id)
+        if self.names.get(record.name) == record.actor_id:
+            del self.names[record.name]
+        if broadcast:
+            self._broadcast({"ev": "died", "actor_id": record.actor_id, **record.death})
+        self._kill_owned(record.actor_id, f"its owner actor {record.name} died")
+
+    def _broadcast(self, ev: dict[str, Any]) -> None:
+        for peer in self.server.peers:
+            if peer.routing_id in self._peer_session:
+                self.server.send_oneway(peer, ("event", ev))
+
+    def _forward_logs(self, batch: dict[str, Any]) -> None:
+        record = self.actors.get(str(batch.get("actor_id")))
+        if record is None:
+            return
+        for rid in self.sessions.get(record.owner, ()):
+            self.server.send_oneway(rid, ("logs", batch))
+
+
+async def serve(address: str, token: str, node_timeout: float) -> None:
+    """Run a head until SIGTERM/SIGINT or a shutdown request."""
+    async with Head(token, address, node_timeout=node_timeout) as head:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, head.stopped.set)
+        print(head.address, flush=True)
+        await head.stopped.wait()
+
+
+def main() -> None:
+    """Entry point of ``python -m actors.head ADDRESS [NODE_TIMEOUT]``."""
+    from actors.process_util import die_with_parent, setup_logging
+
+    setup_logging("head")
+    if os.environ.get("RAYLESS_DIE_WITH_PARENT"):
+        die_with_parent()
+    token = os.environ.get("RAYLESS_TOKEN", "")
+    if len(sys.argv) not in (2, 3) or not token:
+        sys.exit("usage: RAYLESS_TOKEN=... python -m actors.head ADDRESS [NODE_TIMEOUT]")
+    timeout = float(sys.argv[2]) if len(sys.argv) == 3 else 5.0
+    asyncio.run(serve(sys.argv[1], token, timeout))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""The actor process: fetch the spec from the node agent, build the actor, serve its calls.
+
+Started by the zygote (a fork) or, without one, as ``python -m actors.process``. It serves
+calls on its own ROUTER socket; async methods run concurrently on its loop (at most
+``max_concurrency`` at once), sync methods one at a time in a worker thread, so the loop keeps
+answering heartbeats. It exits when told to (SIGTERM: ``teardown`` runs), or when its node
+agent goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import signal
+import sys
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from actors import context
+from actors.actor import ClassRef, public_methods
+from actors.process_util import setup_logging
+from transport import codec
+from transport.client import Client
+from transport.errors import RaylessError, RemoteError
+from transport.server import Request, Server
+
+DEFAULT_MAX_CONCURRENCY = 1000
+
+
+def remote_error(exc: BaseException, actor: str) -> RaylessError:
+    """``exc`` as something that crosses the wire: rayless errors as they are, others wrapped."""
+    if isinstance(exc, RaylessError):
+        return exc
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return RemoteError(f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc), tb, actor)
+
+
+class ActorHost:
+    """Holds one actor instance and answers calls to it."""
+
+    def __init__(self, spec: dict[str, Any], name: str, token: str, bind_ip: str) -> None:
+        self.spec = spec
+        self.name = name
+        self.token = token
+        self.bind_ip = bind_ip
+        self.instance: Any = None
+        self.methods: dict[str, bool] = {}
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"actor-{name}")
+        limit = spec.get("max_concurrency") or DEFAULT_MAX_CONCURRENCY
+        self.semaphore = asyncio.Semaphore(int(limit))
+        self.server: Server | None = None
+
+    async def start(self) -> str:
+        """Build the instance, run ``setup``, start serving; returns the address."""
+        loop = asyncio.get_running_loop()
+        for path in reversed(self.spec.get("sys_path") or []):  # the driver's import path
+            if isinstance(path, str) and path not in sys.path and os.path.isdir(path):
+                sys.path.insert(0, path)
+        cls = ClassRef.from_wire(self.spec["cls"]).load()
+        args, kwargs = codec.decode(self.spec["init"])
+        self.methods = public_methods(cls)
+        self.instance = await loop.run_in_executor(
+            self.executor, functools.partial(cls, *args, **kwargs)
+        )
+        await self._lifecycle("setup")
+        self.server = Server(
+            f"tcp://{self.bind_ip}:0", token=self.token, handler=self.dispatch, name=self.name
+        )
+        await self.server.start()
+        return self.server.address
+
+    async def _lifecycle(self, name: str) -> None:
+        method = getattr(self.instance, name, None)
+        if method is None:
+            return
+        if asyncio.iscoroutinefunction(method):
+            await method()
+        else:
+            await asyncio.get_running_loop().run_in_executor(self.executor, method)
+
+    def dispatch(self, req: Request) -> Any:
+        """Route one call to the instance (an awaitable for the server to finish)."""
+        body = req.body
+        if type(body) is not tuple or len(body) != 4 or body[0] != "c":
+            raise RaylessError(f"malformed call {body!r:.100}")
+        _, method, args, kwargs = body
+        is_async = self.methods.get(method) if isinstance(method, str) else None
+        if is_async is None:
+            missing = AttributeError(
+                f"actor {self.name!r} ({type(self.instance).__qualname__}) has no public "
+                f"method {method!r}"
+            )
+            raise remote_error(missing, self.name)
+        fn = getattr(self.instance, method)
+        if is_async:
+            return self._run_async(fn, args, kwargs)
+        return asyncio.get_running_loop().run_in_executor(
+            self.executor, self._run_sync, fn, args, kwargs
+        )
+
+    async def _run_async(self, fn: Any, args: Any, kwargs: Any) -> Any:
+        async with self.semaphore:
+            try:
+                return await fn(*args, **kwargs)
+            except Exception as exc:
+                raise remote_error(exc, self.name) from None
+
+    def _run_sync(self, fn: Any, args: Any, kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raise remote_error(exc, self.name) from None
+
+    async def aclose(self, grace: float = 10.0) -> None:
+        """Run ``teardown`` (bounded by ``grace``), stop serving, stop the worker thread."""
+        if self.instance is not None:
+            try:
+                await asyncio.wait_for(self._lifecycle("teardown"), grace)
+            except Exception:
+                traceback.print_exc()
+        if self.server is not None:
+            await self.server.aclose()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+async def _actor_main() -> int:
+    env = os.environ
+    actor_id = env[context.ENV_ACTOR_ID]
+    name = env.get(context.ENV_ACTOR_NAME, actor_id)
+    token = env[context.ENV_TOKEN]
+    head = env.get(context.ENV_ADDRESS, "")
+    context.set_current(context.ClusterInfo(head, token, session=actor_id, actor_id=actor_id))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    agent = Client(
+        env[context.ENV_AGENT_ADDRESS],
+        token=token,
+        name=f"actor:{name}",
+        heartbeat_interval=0.5,
+        heartbeat_timeout=5.0,
+    )
+    await agent.connect()
+    host: ActorHost | None = None
+    try:
+        spec = await agent.request(("bootstrap", actor_id), timeout=60)
+        host = ActorHost(spec, name, token, env.get(context.ENV_NODE_IP, "127.0.0.1"))
+        try:
+            address = await host.start()
+        except BaseException as exc:
+            traceback.print_exc()
+            await agent.request(("failed", actor_id, remote_error(exc, name)), timeout=10)
+            return 1
+        await agent.request(("ready", actor_id, address, os.getpid()), timeout=10)
+        while not stop.is_set():
+            if not agent.ready:  # the node agent is gone: so are we
+                print(f"actor {name}: node agent lost, exiting", file=sys.stderr)
+                return 1
+            try:
+                await asyncio.wait_for(stop.wait(), 0.5)
+            except asyncio.TimeoutError:
+                pass
+        return 0
+    finally:
+        if host is not None:
+            await host.aclose()
+        await agent.aclose()
+        from actors.runtime import close_runtimes
+
+        await close_runtimes()
+
+
+def child_main() -> int:
+    """Run the actor described by the environment; returns the exit code."""
+    setup_logging(f"actor {os.environ.get(context.ENV_ACTOR_NAME, '?')}")
+    return asyncio.run(_actor_main())
+
+
+if __name__ == "__main__":
+    sys.exit(child_main())

@@ -1,0 +1,382 @@
+"""A process's live connections to its cluster, one :class:`Runtime` per event loop.
+
+Handles are plain data; calling one looks up the runtime of the running loop, which holds a
+client to the head (for lookups and events) and one client per actor it talks to. Calls go
+straight to the actor. The head pushes actor events: ``died`` fails every pending call to that
+actor with ActorDiedError at once, ``restarting`` fails the calls the dead process had and
+holds new ones until ``ready`` names the new address.
+
+Sync code calls through a *home loop*: the actor's own loop in an actor process, the loop
+thread of the sync facade in a driver, or else a background loop thread started on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import concurrent.futures
+import sys
+import threading
+import weakref
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from actors import context
+from actors.logs import print_lines
+from transport.client import Client
+from transport.errors import (
+    ActorDiedError,
+    BrokenError,
+    RaylessError,
+    RemoteError,
+    Timeout,
+    TransportError,
+)
+
+T = TypeVar("T")
+RESTART_WAIT = 120.0
+
+
+@dataclass
+class _ActorConn:
+    actor_id: str
+    name: str
+    address: str
+    node: str | None
+    state: str = "alive"
+    client: Client | None = None
+    death: ActorDiedError | None = None
+    alive: asyncio.Event = field(default_factory=asyncio.Event)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Runtime:
+    """The connections of this process to its cluster, on one event loop."""
+
+    def __init__(self, info: context.ClusterInfo) -> None:
+        self.info = info
+        self.loop = asyncio.get_running_loop()
+        self.head = Client(
+            info.address,
+            token=info.token,
+            name=f"session:{info.session}",
+            on_oneway=self._on_oneway,
+            heartbeat_interval=0.5,
+            heartbeat_timeout=10.0,
+        )
+        self.conns: dict[str, _ActorConn] = {}
+        self.print_logs = True
+        self._closed = False
+
+    async def start(self) -> Runtime:
+        """Connect to the head and register this process's session."""
+        await self.head.connect()
+        await self.head.request(("hello", self.info.session), timeout=30)
+        return self
+
+    async def head_request(self, body: tuple[Any, ...], timeout: float | None = 60.0) -> Any:
+        """A request to the head, re-registering the session after a reconnect."""
+        if not self.head.ready:
+            await self.start()
+        return await self.head.request(body, timeout=timeout)
+
+    async def aclose(self) -> None:
+        """Close every connection. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        _RUNTIMES.pop(self.loop, None)
+        conns = list(self.conns.values())
+        for conn in conns:
+            if conn.client is not None:
+                await conn.client.aclose()
+        await self.head.aclose()
+
+    # -- events ----------------------------------------------------------------------------
+
+    def _on_oneway(self, body: Any) -> None:
+        if not isinstance(body, tuple) or len(body) != 2 or not isinstance(body[1], dict):
+            return
+        if body[0] == "event":
+            self._on_event(body[1])
+        elif body[0] == "logs" and self.print_logs:
+            print_lines(body[1])
+
+    def _on_event(self, ev: dict[str, Any]) -> None:
+        actor_id = str(ev.get("actor_id", ""))
+        kind = ev.get("ev")
+        conn = self.conns.get(actor_id)
+        if conn is None:
+            if kind != "died":
+                return
+            conn = self.conns[actor_id] = _ActorConn(actor_id, str(ev.get("name")), "", None)
+        if kind in ("died", "restarting"):
+            death = ActorDiedError(
+                str(ev.get("name", conn.name)),
+                pid=ev.get("pid"),
+                exitcode=ev.get("exitcode"),
+                node=ev.get("node", conn.node),
+                reason=str(ev.get("reason", "")),
+            )
+            conn.state = "dead" if kind == "died" else "restarting"
+            conn.death = death
+            conn.alive.clear()
+            client, conn.client = conn.client, None
+            if client is not None:
+                client.fail_pending(death)
+                self.loop.create_task(client.aclose())
+        elif kind == "ready":
+            conn.state, conn.address, conn.death = "alive", str(ev.get("address")), None
+            conn.alive.set()
+
+    # -- calls -----------------------------------------------------------------------------
+
+    def _conn_for(self, handle: Any) -> _ActorConn:
+        conn = self.conns.get(handle.actor_id)
+        if conn is None:
+            conn = _ActorConn(handle.actor_id, handle.name, handle.address, handle.node_id)
+            conn.alive.set()
+            self.conns[handle.actor_id] = conn
+        return conn
+
+    async def _ready_client(self, conn: _ActorConn) -> Client:
+        if conn.state == "restarting":
+            try:
+                await asyncio.wait_for(conn.alive.wait(), RESTART_WAIT)
+            except asyncio.TimeoutError:
+                raise conn.death or ActorDiedError(conn.name, reason="restart timed out") from None
+        if conn.state == "dead":
+            raise conn.death or ActorDiedError(conn.name)
+        async with conn.lock:
+            client = conn.client
+            if client is not None and client.ready:
+                return client
+            if client is not None:
+                await client.aclose()
+            client = Client(conn.address, token=self.info.token, name=f"caller->{conn.name}")
+            conn.client = client
+            try:
+                await client.connect()
+            except TransportError:
+                conn.client = None
+                await client.aclose()
+                raise await self._why_unreachable(conn) from None
+            return client
+
+    async def _why_unreachable(self, conn: _ActorConn) -> RaylessError:
+        """Ask the head what became of an actor we cannot reach."""
+        try:
+            info = await self.head_request(("actor_info", conn.actor_id), timeout=10)
+        except RaylessError as exc:
+            return ActorDiedError(conn.name, node=conn.node, reason=f"unreachable ({exc})")
+        death = info.get("death") or {}
+        if info.get("state") == "alive" and info.get("address") != conn.address:
+            conn.address = info["address"]
+            return BrokenError(f"actor {conn.name} moved; retry the call")
+        return ActorDiedError(
+            conn.name,
+            pid=death.get("pid", info.get("pid")),
+            exitcode=death.get("exitcode"),
+            node=info.get("node_id"),
+            reason=str(death.get("reason", "unreachable")),
+        )
+
+    async def call(self, handle: Any, method: str, args: tuple[Any, ...], kwargs: Any) -> Any:
+        """Call ``method`` on the actor and return its result.
+
+        Raises:
+            ActorDiedError: the actor died before or during the call.
+            RemoteError: the method raised (also an instance of the original exception type
+                where that type is loaded here).
+        """
+        conn = self.conns.get(handle.actor_id) or self._conn_for(handle)
+        client = conn.client
+        if client is None or not client.ready or conn.state != "alive":
+            client = await self._ready_client(conn)
+        try:
+            return await client.submit(("c", method, args, kwargs))
+        except RemoteError as exc:
+            raise materialize(exc) from None
+        except (BrokenError, Timeout) as exc:
+            if conn.death is not None:
+                raise conn.death from None
+            if isinstance(exc, BrokenError):
+                raise await self._why_unreachable(conn) from None
+            raise
+
+
+_RUNTIMES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = (
+    weakref.WeakKeyDictionary()
+)
+_STARTING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future[Runtime]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def get_runtime() -> Runtime:
+    """The runtime of the running loop, connecting it on first use.
+
+    Raises:
+        RaylessError: this process belongs to no cluster.
+    """
+    loop = asyncio.get_running_loop()
+    runtime = _RUNTIMES.get(loop)
+    if runtime is not None:
+        return runtime
+    starting = _STARTING.get(loop)
+    if starting is not None:
+        return await asyncio.shield(starting)
+    fut: asyncio.Future[Runtime] = loop.create_future()
+    _STARTING[loop] = fut
+    try:
+        runtime = await Runtime(context.current()).start()
+    except BaseException as exc:
+        fut.set_exception(exc)
+        fut.exception()  # retrieved: waiters re-raise it
+        raise
+    finally:
+        _STARTING.pop(loop, None)
+    _RUNTIMES[loop] = runtime
+    fut.set_result(runtime)
+    return runtime
+
+
+async def close_runtimes() -> None:
+    """Close the runtime of the running loop, if it has one."""
+    runtime = _RUNTIMES.pop(asyncio.get_running_loop(), None)
+    if runtime is not None:
+        await runtime.aclose()
+
+
+# -- remote exceptions ---------------------------------------------------------------------
+
+_MATERIALIZED: dict[str, type[RemoteError] | None] = {}
+
+
+def _resolve(qualified: str) -> type[BaseException] | None:
+    module_name, _, qualname = qualified.rpartition(".")
+    module = builtins if module_name == "builtins" else sys.modules.get(module_name)
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if isinstance(obj, type) and issubclass(obj, BaseException):
+        return obj
+    return None
+
+
+def materialize(exc: RemoteError) -> RemoteError:
+    """``exc`` as an instance of both RemoteError and the original type, where it is loaded.
+
+    Only modules already imported in this process are consulted; a remote peer can never make
+    us import anything.
+    """
+    name = exc.remote_type
+    if name not in _MATERIALIZED:
+        original = _resolve(name)
+        cls: type[RemoteError] | None = None
+        if original is not None and not issubclass(original, RaylessError):
+            try:
+                cls = type(
+                    f"RemoteError[{original.__qualname__}]",
+                    (RemoteError, original),
+                    {"_rayless_wire": False, "__module__": __name__},
+                )
+            except TypeError:  # incompatible layouts (some builtins): keep the plain type
+                cls = None
+        _MATERIALIZED[name] = cls
+    cls = _MATERIALIZED[name]
+    if cls is None or type(exc) is not RemoteError:
+        return exc
+    new = cls.__new__(cls)
+    new.__dict__.update(exc.__dict__)
+    new.args = exc.args
+    return new
+
+
+# -- sync portal ---------------------------------------------------------------------------
+
+_home: asyncio.AbstractEventLoop | None = None
+_home_lock = threading.Lock()
+
+
+def set_home_loop(loop: asyncio.AbstractEventLoop | None) -> None:
+    """The loop that sync calls of this process are run on."""
+    global _home
+    _home = loop
+
+
+class LoopThread:
+    """An event loop running in a daemon thread, for sync code."""
+
+    def __init__(self, name: str = "rayless-loop") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+        self._ready.wait()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._ready.set)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for it (at most ``timeout`` seconds).
+
+        Raises:
+            Timeout: it did not finish within ``timeout`` (it is cancelled).
+        """
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise Timeout(f"no result within {timeout}s") from None
+
+    def stop(self) -> None:
+        """Stop the loop and join the thread (idempotent)."""
+        if self.loop.is_closed():
+            return
+
+        async def _shutdown() -> None:
+            await close_runtimes()
+
+        try:
+            asyncio.run_coroutine_threadsafe(_shutdown(), self.loop).result(10)
+        except Exception:
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+_portal: LoopThread | None = None
+
+
+def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    """Run ``coro`` on the home loop from sync code and wait for the result.
+
+    Raises:
+        RuntimeError: called on the home loop's own thread (use ``await`` there).
+    """
+    global _portal
+    loop = _home
+    if loop is None or loop.is_closed():
+        with _home_lock:
+            if _portal is None:
+                _portal = LoopThread("rayless-portal")
+            loop = _portal.loop
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        coro.close()
+        raise RuntimeError("a sync call on the event loop's own thread would deadlock: await")
+    fut = asyncio.run_coroutine_threadsafe(coro, loop)
+    try:
+        return fut.result(timeout)
+    except concurrent.futures.TimeoutError:
+        fut.cancel()
+        raise Timeout(f"no result within {timeout}s") from None

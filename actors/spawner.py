@@ -1,0 +1,242 @@
+"""How a node agent starts actor processes: forked by the zygote, or as fresh interpreters.
+
+Both report every exit as ``on_exit(pid, code)`` (code < 0: killed by signal -code).
+:class:`ZygoteSpawner` falls back to :class:`ProcessSpawner` if its zygote goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import msgpack
+
+from transport.errors import RaylessError
+
+log = logging.getLogger("rayless.agent")
+OnExit = Callable[[int, int], None]
+_LEN = struct.Struct(">I")
+
+
+class Spawner(Protocol):
+    """Starts actor processes and reports their exits."""
+
+    async def start(self, on_exit: OnExit) -> None:
+        """Get ready; ``on_exit(pid, code)`` will be called for every exit."""
+
+    async def spawn(self, env: dict[str, str], log_path: str, cwd: str | None) -> int:
+        """Start an actor process with ``env`` (added to ours); returns its pid."""
+
+    async def preload(self, module: str) -> None:
+        """Import ``module`` ahead of forks, where that is possible (best effort)."""
+
+    async def aclose(self) -> None:
+        """Stop; processes still running are killed."""
+
+
+class ProcessSpawner:
+    """Starts ``python -m actors.process`` per actor (slower: imports everything anew)."""
+
+    def __init__(self) -> None:
+        self._on_exit: OnExit = lambda pid, code: None
+        self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._waiters: set[asyncio.Task[None]] = set()
+
+    async def start(self, on_exit: OnExit) -> None:
+        self._on_exit = on_exit
+
+    async def spawn(self, env: dict[str, str], log_path: str, cwd: str | None) -> int:
+        with open(log_path, "ab") as out:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "actors.process",
+                env={**os.environ, **env, "RAYLESS_DIE_WITH_PARENT": "1"},
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                cwd=cwd if cwd and os.path.isdir(cwd) else None,
+            )
+        self._procs[proc.pid] = proc
+        task = asyncio.ensure_future(self._wait(proc))
+        self._waiters.add(task)
+        task.add_done_callback(self._waiters.discard)
+        return proc.pid
+
+    async def _wait(self, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        self._procs.pop(proc.pid, None)
+        self._on_exit(proc.pid, code)
+
+    async def preload(self, module: str) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        for proc in list(self._procs.values()):
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
+        if self._waiters:
+            await asyncio.wait(list(self._waiters), timeout=5)
+
+
+class ZygoteSpawner:
+    """Forks actors from a zygote: ``path`` of a running one, or ``"auto"`` to start our own."""
+
+    def __init__(self, path: str = "auto", *, start_timeout: float = 120.0) -> None:
+        self._path = path
+        self._start_timeout = start_timeout
+        self._own: asyncio.subprocess.Process | None = None
+        self._tmpdir: str | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._tags = itertools.count(1)
+        self._preloaded: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._pids: set[int] = set()
+        self._on_exit: OnExit = lambda pid, code: None
+        self._task: asyncio.Task[None] | None = None
+        self._fallback: ProcessSpawner | None = None
+        self._closing = False
+
+    async def start(self, on_exit: OnExit) -> None:
+        self._on_exit = on_exit
+        path = self._path
+        if path == "auto":
+            path = await self._start_own()
+        try:
+            self._reader, self._writer = await asyncio.open_unix_connection(path)
+        except OSError as exc:
+            raise RaylessError(f"cannot reach the zygote at {path}: {exc}") from None
+        self._task = asyncio.ensure_future(self._read())
+
+    async def _start_own(self) -> str:
+        self._tmpdir = tempfile.mkdtemp(prefix="rayless-zygote-")
+        path = os.path.join(self._tmpdir, "zygote.sock")
+        self._own = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "actors.zygote",
+            path,
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "RAYLESS_DIE_WITH_PARENT": "1"},
+        )
+        assert self._own.stdout is not None  # internal invariant: stdout=PIPE
+        try:
+            line = await asyncio.wait_for(self._own.stdout.readline(), self._start_timeout)
+        except asyncio.TimeoutError:
+            line = b""
+        if line.strip() != b"ready":
+            self._own.kill()
+            await self._own.wait()
+            raise RaylessError("the zygote did not start (see the agent's stderr)")
+        return path
+
+    async def _read(self) -> None:
+        assert self._reader is not None  # internal invariant: set by start()
+        try:
+            while True:
+                header = await self._reader.readexactly(4)
+                (size,) = _LEN.unpack(header)
+                msg = msgpack.unpackb(await self._reader.readexactly(size), raw=False)
+                self._dispatch(msg)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._lost()
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        op = msg.get("op")
+        if op in ("forked", "fork_failed"):
+            fut = self._waiting.pop(int(msg.get("tag", -1)), None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        elif op == "exit":
+            pid = int(msg["pid"])
+            self._pids.discard(pid)
+            self._on_exit(pid, int(msg["code"]))
+        elif op == "preloaded":
+            fut = self._preloaded.get(str(msg.get("module")))
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+
+    def _lost(self) -> None:
+        """The zygote is gone: its children died with it; report them, fall back."""
+        if not self._closing:
+            log.warning("zygote connection lost; starting actors as fresh processes from now on")
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(RaylessError("the zygote went away"))
+        for pid in list(self._pids):
+            self._pids.discard(pid)
+            self._on_exit(pid, -signal.SIGKILL)
+        self._writer = None
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        if self._writer is None:
+            raise RaylessError("no zygote")
+        body = msgpack.packb(msg)
+        self._writer.write(_LEN.pack(len(body)) + body)
+
+    async def spawn(self, env: dict[str, str], log_path: str, cwd: str | None) -> int:
+        if self._writer is None:
+            if self._fallback is None:
+                self._fallback = ProcessSpawner()
+                await self._fallback.start(self._on_exit)
+            return await self._fallback.spawn(env, log_path, cwd)
+        tag = next(self._tags)
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[tag] = fut
+        self._send({"op": "fork", "tag": tag, "env": env, "log": log_path, "cwd": cwd})
+        reply = await asyncio.wait_for(fut, 30)
+        if reply.get("op") != "forked":
+            raise RaylessError(f"the zygote could not fork: {reply.get('error')}")
+        pid = int(reply["pid"])
+        self._pids.add(pid)
+        return pid
+
+    async def preload(self, module: str) -> None:
+        if self._writer is None or os.environ.get("RAYLESS_PRELOAD_USER_MODULES") == "0":
+            return
+        fut = self._preloaded.get(module)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            self._preloaded[module] = fut
+            self._send({"op": "preload", "module": module})
+        try:
+            reply = await asyncio.wait_for(asyncio.shield(fut), 60)
+        except asyncio.TimeoutError:
+            return
+        if not reply.get("ok"):
+            log.info("zygote could not preload %s: %s", module, reply.get("error"))
+
+    async def aclose(self) -> None:
+        self._closing = True
+        if self._writer is not None:
+            self._writer.close()  # the zygote kills this connection's children
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, 5)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+        if self._fallback is not None:
+            await self._fallback.aclose()
+        if self._own is not None and self._own.returncode is None:
+            self._own.terminate()
+            try:
+                await asyncio.wait_for(self._own.wait(), 5)
+            except asyncio.TimeoutError:
+                self._own.kill()
+                await self._own.wait()
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)

@@ -1,0 +1,210 @@
+"""The actor API on a real local cluster: spawn, calls, errors, handles, resources, logs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import pytest
+import torch
+
+import actors
+from actors import ActorDiedError, Cluster, PlacementError, RaylessError, RemoteError
+from tests.integration.actor_classes import BadSetup, Concurrency, Counter, Printer, Relay
+
+pytestmark = pytest.mark.integration
+
+
+async def test_spawn_and_call_sync_and_async_methods(local_cluster: Cluster) -> None:
+    counter = await local_cluster.spawn(Counter, 5, step=2)
+    assert await counter.add() == 7
+    assert await counter.add(3) == 10
+    assert await counter.aadd(5) == 15
+    assert await counter.get_setups() == 1
+    assert await counter.pid() != os.getpid()
+
+
+async def test_submit_wait_and_gather(local_cluster: Cluster) -> None:
+    counter = await local_cluster.spawn(Counter)
+    futures = [counter.aadd.submit(1) for _ in range(50)]
+    assert sorted(await actors.gather(*futures)) == list(range(1, 51))
+    slow, fast = counter.sleep.remote(5), counter.sleep.remote(0)
+    done, pending = await actors.wait([slow, fast], num_returns=1, timeout=10)
+    assert done == [fast] and pending == [slow]
+    slow.cancel()
+    with pytest.raises(ValueError, match="num_returns"):
+        await actors.wait([fast], num_returns=2)
+
+
+async def test_tensors_travel_both_ways(local_cluster: Cluster) -> None:
+    counter = await local_cluster.spawn(Counter)
+    big = torch.ones(4 * 2**20)
+    assert await counter.tensor_sum(big) == float(big.numel())
+    out = await counter.make_tensor(1000)
+    assert torch.equal(out, torch.arange(1000, dtype=torch.float32))
+
+
+async def test_remote_exceptions_keep_type_message_traceback_and_actor(
+    local_cluster: Cluster,
+) -> None:
+    counter = await local_cluster.spawn(Counter, name="thrower")
+    with pytest.raises(ValueError, match="bad input") as info:
+        await counter.fail("bad input")
+    err = info.value
+    assert isinstance(err, RemoteError)
+    assert err.remote_type == "builtins.ValueError"
+    assert err.actor == "thrower"
+    assert "raise ValueError(message)" in err.remote_traceback
+    with pytest.raises(KeyError):
+        await counter.fail_key()
+    assert await counter.add(1) == 1  # the actor survived
+
+
+async def test_only_public_methods_are_callable(local_cluster: Cluster) -> None:
+    counter = await local_cluster.spawn(Counter)
+    with pytest.raises(AttributeError, match="no public method '_private'"):
+        await counter._private()
+    with pytest.raises(AttributeError, match="no public method 'nope'"):
+        await counter.nope()
+    with pytest.raises(AttributeError, match="no public method 'setup'"):
+        await counter.setup()
+
+
+async def test_constructor_or_setup_failure_fails_spawn(local_cluster: Cluster) -> None:
+    with pytest.raises(RuntimeError, match="setup exploded"):
+        await local_cluster.spawn(BadSetup)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        await local_cluster.spawn(Counter, bogus=1)
+    nodes = await local_cluster.nodes()
+    assert all(g["free"] == 1.0 for n in nodes for g in n["gpus"])
+
+
+async def test_handles_travel_between_actors(local_cluster: Cluster) -> None:
+    counter = await local_cluster.spawn(Counter)
+    relay = await local_cluster.spawn(Relay, counter)
+    assert await relay.forward(2) == 2
+    assert await relay.forward_sync(3) == 5  # a sync method calling through the home loop
+    other = await local_cluster.spawn(Counter, 100)
+    assert await relay.via(other, 1) == 101
+    returned = await relay.me(other)
+    assert returned == other and await returned.add(1) == 102
+
+
+async def test_names_are_unique_and_looked_up(local_cluster: Cluster) -> None:
+    counter = await local_cluster.spawn(Counter, 7, name="the-counter")
+    again = await local_cluster.get_actor("the-counter")
+    assert again == counter and await again.add(0) == 7
+    with pytest.raises(RaylessError, match="already exists"):
+        await local_cluster.spawn(Counter, name="the-counter")
+    with pytest.raises(RaylessError, match="no live actor"):
+        await local_cluster.get_actor("nobody")
+
+
+async def test_gpus_and_placement(local_cluster: Cluster) -> None:
+    env = ("CUDA_VISIBLE_DEVICES", "RAYLESS_NODE_ID", "RAYLESS_ACTOR_NAME", "MY_VAR")
+    whole = await local_cluster.spawn(Counter, gpus=2, node="node-1", env={"MY_VAR": "x"})
+    seen = await whole.env(*env)
+    assert seen["CUDA_VISIBLE_DEVICES"] == "0,1" and seen["RAYLESS_NODE_ID"] == "node-1"
+    assert seen["MY_VAR"] == "x" and seen["RAYLESS_ACTOR_NAME"] == whole.name
+    halves = [await local_cluster.spawn(Counter, gpus=0.5, node="node-0") for _ in range(2)]
+    devices = [(await h.env("CUDA_VISIBLE_DEVICES"))["CUDA_VISIBLE_DEVICES"] for h in halves]
+    assert devices[0] == devices[1]  # packed onto one GPU
+    with pytest.raises(PlacementError, match="no node can ever hold"):
+        await local_cluster.spawn(Counter, gpus=3)
+    with pytest.raises(PlacementError, match="not enough free GPUs"):
+        await local_cluster.spawn(Counter, gpus=2, node="node-1")
+    with pytest.raises(PlacementError, match="only possible below one GPU"):
+        await local_cluster.spawn(Counter, gpus=1.5)
+    with pytest.raises(ValueError):
+        await local_cluster.spawn(Counter, gpus=-1)
+    nodes = {n["node_id"]: n for n in await local_cluster.nodes()}
+    assert nodes["node-1"]["gpus_free"] == 0
+    assert {a["name"] for a in nodes["node-0"]["actors"]} == {h.name for h in halves}
+    await local_cluster.kill(whole)
+    nodes = {n["node_id"]: n for n in await local_cluster.nodes()}
+    assert nodes["node-1"]["gpus_free"] == 2
+
+
+async def test_sync_methods_run_one_at_a_time_async_ones_concurrently(
+    local_cluster: Cluster,
+) -> None:
+    actor = await local_cluster.spawn(Concurrency)
+    threads = await asyncio.gather(*[actor.sync_work(0.05) for _ in range(4)])
+    assert await actor.get_peak() == 1 and len(set(threads)) == 1
+    await actor.reset()
+    await asyncio.gather(*[actor.async_work(0.2) for _ in range(8)])
+    assert await actor.get_peak() == 8
+    limited = await local_cluster.spawn(Concurrency, max_concurrency=2)
+    await asyncio.gather(*[limited.async_work(0.1) for _ in range(6)])
+    assert await limited.get_peak() == 2
+
+
+async def test_sync_method_does_not_block_the_actor(local_cluster: Cluster) -> None:
+    counter = await local_cluster.spawn(Counter)
+    blocked = counter.block.submit(1.0)
+    await asyncio.sleep(0.1)
+    assert await asyncio.wait_for(counter.sleep(0), 0.8) == "slept"  # the loop still serves
+    assert await blocked == "blocked"
+
+
+async def test_kill_fails_later_calls(local_cluster: Cluster) -> None:
+    counter = await local_cluster.spawn(Counter)
+    pending = counter.sleep.submit(30)
+    await asyncio.sleep(0.1)
+    assert await local_cluster.kill(counter) is True
+    with pytest.raises(ActorDiedError, match="killed by request"):
+        await pending
+    with pytest.raises(ActorDiedError):
+        await counter.add(1)
+    assert await local_cluster.kill(counter) is False
+
+
+async def test_actor_output_reaches_the_driver_and_a_log_file(
+    local_cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    printer = await local_cluster.spawn(Printer, name="talker")
+    await printer.say("hello from the actor")
+    for _ in range(50):
+        await asyncio.sleep(0.1)
+        err = capsys.readouterr().err
+        if "hello from the actor" in err:
+            break
+    assert "(talker pid=" in err and "hello from the actor" in err
+
+
+async def test_unencodable_argument_names_its_path(local_cluster: Cluster) -> None:
+    counter = await local_cluster.spawn(Counter)
+    with pytest.raises(TypeError, match=r"cannot encode set"):
+        await counter.add({1, 2})
+    with pytest.raises(TypeError, match=r"init\[1\]\['x'\]"):
+        await local_cluster.spawn(Counter, x={1})
+
+
+def test_classes_from_a_driver_script_main(tmp_path: object) -> None:
+    """A class defined in the driver's __main__ is spawnable (re-imported as __mp_main__)."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(str(tmp_path)) / "driver.py"
+    script.write_text(
+        "import asyncio, actors\n"
+        "class Greeter(actors.Actor):\n"
+        "    def hello(self, who):\n"
+        "        return f'hello {who} from {__name__}'\n"
+        "async def main():\n"
+        "    async with actors.Cluster.local(nodes=1) as cluster:\n"
+        "        g = await cluster.spawn(Greeter)\n"
+        "        print(await g.hello('driver'))\n"
+        "if __name__ == '__main__':\n"
+        "    asyncio.run(main())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(tmp_path),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "hello driver from __mp_main__" in out.stdout
