@@ -174,9 +174,16 @@ class LocalProcesses:
 class Cluster:
     """A driver's handle on a cluster. Use ``Cluster.local(...)`` or ``actors.connect(...)``."""
 
-    def __init__(self, info: context.ClusterInfo, local: LocalProcesses | None = None) -> None:
+    def __init__(
+        self,
+        info: context.ClusterInfo,
+        local: LocalProcesses | None = None,
+        *,
+        owns_session: bool = True,
+    ) -> None:
         self.info = info
         self._local = local
+        self._owns_session = owns_session
         self._closed = False
 
     @property
@@ -266,6 +273,28 @@ class Cluster:
             raise materialize(exc) from None
         return ActorHandle.from_record(record)
 
+    async def spawn_group(self, cls: type, n: int, *args: Any, **kwargs: Any) -> list[ActorHandle]:
+        """Spawn ``n`` actors of ``cls`` as one group (see ``actors.group.spawn_group``).
+
+        With ``torch_distributed=True`` each member gets MASTER_ADDR, MASTER_PORT, RANK,
+        WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE so it can ``init_process_group``.
+        """
+        from actors.group import spawn_group
+
+        return await spawn_group(self, cls, n, *args, **kwargs)
+
+    async def spawn_component(
+        self, cls: type, plan: Any, component: str, *args: Any, **kwargs: Any
+    ) -> list[ActorHandle]:
+        """Spawn a planned component's workers on exactly their slots, in worker-id order.
+
+        ``plan`` is a ``placement.ResourcePoolPlanner`` (or its packed slots); see
+        ``actors.components``.
+        """
+        from actors.components import spawn_component
+
+        return await spawn_component(self, cls, plan, component, *args, **kwargs)
+
     async def kill(self, handle: ActorHandle) -> bool:
         """Kill the actor for good (no restart); False if it was already dead."""
         runtime = await self._runtime()
@@ -301,14 +330,15 @@ class Cluster:
         try:
             if self._local is not None:
                 await self.shutdown()
-            else:
+            elif self._owns_session:
                 runtime = await get_runtime()
                 await runtime.head_request(("end_session", self.info.session), timeout=30)
         except RaylessError:
             pass
         finally:
             self._closed = True
-            await close_runtimes()
+            if self._owns_session:
+                await close_runtimes()
             if self._local is not None:
                 await asyncio.to_thread(self._local.stop)
             if context._current is self.info:
@@ -348,10 +378,18 @@ class _LocalCluster:
 async def connect(address: str | None = None, *, token: str | None = None) -> Cluster:
     """Join a running cluster (defaults from RAYLESS_ADDRESS / RAYLESS_TOKEN[_FILE]).
 
+    Without arguments inside an actor, or in a process that already joined, it returns a
+    Cluster on this process's own session (closing it then kills nothing).
+
     Raises:
         RaylessError: no address/token given or in the environment.
         AuthError: the token is wrong.
     """
+    if address is None and token is None:
+        try:  # inside an actor (or after an earlier connect): join as this process's session
+            return Cluster(context.current(), owns_session=False)
+        except RaylessError:
+            pass
     env = context.from_env()
     address = address or (env.address if env else None)
     token = token or (env.token if env else None)

@@ -1,33 +1,49 @@
-"""The ``rayless`` console script. Subcommands parse arguments and call the packages."""
+"""The ``rayless`` console script. Subcommands parse arguments and call the packages.
+
+Each subcommand lives in its own module, imported only when used (so ``rayless status`` does
+not import torch): the module has ``add_arguments(parser)`` and ``run(args) -> int``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from rayless import __version__
 
-Command = Callable[[argparse.Namespace], int]
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("rayless.demo.main", "run the end-to-end RL pipeline on an embedded local cluster"),
+    "demo-transport": ("rayless.demo_transport", "exchange tensors between two processes"),
+    "status": ("actors.status", "print a cluster's nodes, GPUs, actors and restarts"),
+    "launch": ("actors.launch", "start rayless on this node, torchrun-style"),
+    "ssh-launch": ("actors.ssh_launch", "start rayless on many hosts over SSH"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``rayless`` with every subcommand."""
-    parser = argparse.ArgumentParser(prog="rayless", description=__doc__)
+def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser, with the chosen subcommand's arguments loaded."""
+    parser = argparse.ArgumentParser(prog="rayless", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"rayless {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        cmd = sub.add_parser(name, help=help_text)
+        if name in argv:  # load only the subcommand in use
+            importlib.import_module(module).add_arguments(cmd)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``rayless`` command line; returns the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    func: Command | None = getattr(args, "func", None)
-    if func is None:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(args_list[:1])
+    args = parser.parse_args(args_list)
+    if args.command is None:
         parser.print_help()
         return 2
-    return func(args)
+    module = importlib.import_module(SUBCOMMANDS[args.command][0])
+    return int(module.run(args))
 
 
 if __name__ == "__main__":

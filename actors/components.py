@@ -1,0 +1,106 @@
+"""Planned placement → live actors: spawn a component's workers on exactly their slots.
+
+``placement`` plans pools and packs workers into slots (node, NVML GPU indices, GPU share,
+CPUs); :func:`spawn_component` starts one actor per slot with ``node=`` and the exact
+``gpu_indices``, so the actor of the slot (node B, GPUs "2,3") runs on node B with
+CUDA_VISIBLE_DEVICES=2,3. :func:`cluster_info` feeds the planner the live cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from placement import WorkerSlot
+from transport.errors import PlacementError
+
+if TYPE_CHECKING:
+    from actors.cluster import Cluster
+    from actors.handle import ActorHandle
+
+
+async def cluster_info(cluster: Cluster) -> dict[str, Any]:
+    """The planner's ``cluster_info`` for the live nodes of ``cluster`` (real GPU indices)."""
+    table: dict[str, Any] = {}
+    for node in await cluster.nodes():
+        if not node.get("alive", True):
+            continue
+        indices = [int(g["index"]) for g in node.get("gpus", [])]
+        table[str(node["node_id"])] = {
+            "ip": node.get("ip", ""),
+            "CPU": node.get("cpus", 0),
+            "GPU": len(indices),
+            "gpu_indices": indices,
+        }
+    return {"n_nodes": len(table), "node_id_to_resources": table}
+
+
+def slots_of(plan: Any, component: str) -> list[WorkerSlot]:
+    """The slots of ``component`` in worker-id order, from a planner, a Packing or slots.
+
+    Raises:
+        PlacementError: the plan has no workers for ``component``.
+        TypeError: ``plan`` is none of those.
+    """
+    if hasattr(plan, "pack") and callable(plan.pack):
+        plan = plan.pack()
+    if hasattr(plan, "for_component"):
+        slots = list(plan.for_component(component))
+    elif isinstance(plan, Iterable):
+        slots = [s for s in plan if isinstance(s, WorkerSlot) and s.component == component]
+    else:
+        raise TypeError(f"expected a planner, a Packing or WorkerSlots, got {type(plan)}")
+    if not slots:
+        raise PlacementError(f"the plan has no workers for component {component!r}")
+    return sorted(slots, key=lambda s: s.worker_id)
+
+
+async def spawn_component(
+    cluster: Cluster,
+    cls: type,
+    plan: Any,
+    component: str,
+    *args: Any,
+    name_prefix: str | None = None,
+    env: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> list[ActorHandle]:
+    """Spawn one ``cls(*args, **kwargs)`` per slot of ``component``; handles by worker id.
+
+    Each actor gets RAYLESS_COMPONENT and RAYLESS_WORKER_ID in its environment. If any spawn
+    fails, the ones that succeeded are killed and the error is raised.
+
+    Raises:
+        PlacementError: a slot's node or GPUs are not available.
+    """
+    slots = slots_of(plan, component)
+    prefix = name_prefix or component
+
+    async def one(slot: WorkerSlot) -> ActorHandle:
+        share = slot.gpu_fraction if slot.gpu_indices else 0.0
+        gpus = share if 0 < share < 1 else float(len(slot.gpu_indices))
+        slot_env = {
+            **(env or {}),
+            "RAYLESS_COMPONENT": component,
+            "RAYLESS_WORKER_ID": str(slot.worker_id),
+        }
+        return await cluster.spawn(
+            cls,
+            *args,
+            name=f"{prefix}-{slot.worker_id}",
+            node=slot.node_id,
+            gpus=gpus,
+            gpu_indices=slot.gpu_indices or None,
+            cpus=slot.cpus,
+            env=slot_env,
+            **kwargs,
+        )
+
+    results = await asyncio.gather(*(one(s) for s in slots), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        spawned = [r for r in results if not isinstance(r, BaseException)]
+        await asyncio.gather(*(cluster.kill(h) for h in spawned), return_exceptions=True)
+        raise errors[0]
+    return list(results)  # type: ignore[arg-type]
