@@ -175,9 +175,14 @@ class Head:
             timer.cancel()
         return {"node_timeout": self.node_timeout}
 
-    def op_end_session(self, peer: Peer, session: str) -> int:
-        """The session is over: kill every actor it owns. Returns how many."""
-        return self._kill_owned(session, "its owner ended the session")
+    async def op_end_session(self, peer: Peer, session: str) -> int:
+        """The session is over: kill every actor it owns; returns how many, once they are dead."""
+        owned = [a for a in self.actors.values() if a.owner == session and a.state != "dead"]
+        await asyncio.gather(
+            *(self._kill(a, "its owner ended the session") for a in owned),
+            return_exceptions=True,
+        )
+        return len(owned)
 
     def _peer_gone(self, peer: Peer) -> None:
         session = self._peer_session.pop(peer.routing_id, None)
