@@ -195,7 +195,7 @@ class Runtime:
         if client is None or not client.ready or conn.state != "alive":
             client = await self._ready_client(conn)
         try:
-            return await client.submit(("c", method, args, kwargs))
+            return await client.request(("c", method, args, kwargs))
         except RemoteError as exc:
             raise materialize(exc) from None
         except (BrokenError, Timeout) as exc:

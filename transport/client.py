@@ -30,18 +30,17 @@ from transport.errors import (
     Timeout,
 )
 from transport.protocol import (
-    CONTROL_SIZE,
     Kind,
     Limits,
     RejectCode,
     as_token,
     client_proof,
+    envelope,
     host_id,
     new_nonce,
-    pack_control,
+    open_envelope,
     proofs_match,
     server_proof,
-    unpack_control,
 )
 from transport.pump import Frames, SocketPump
 
@@ -214,7 +213,7 @@ class Client:
     ) -> tuple[Kind, dict[str, Any]]:
         assert self._pump is not None  # internal invariant: connect() opened it
         self._handshake = loop.create_future()
-        self._pump.send([pack_control(kind), msgpack.packb(body)])
+        self._pump.send(envelope(kind, 0, [msgpack.packb(body)]))
         try:
             return await asyncio.wait_for(self._handshake, max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
@@ -246,7 +245,7 @@ class Client:
         if self._pump is not None:
             if was_ready:
                 try:
-                    self._pump.sock.send(pack_control(Kind.BYE), zmq.NOBLOCK)
+                    self._pump.sock.send(envelope(Kind.BYE, 0)[0], zmq.NOBLOCK)
                 except zmq.ZMQError:
                     pass
             self._pump.close()
@@ -264,9 +263,14 @@ class Client:
         """
         if self._state != _READY:
             await self.connect()
-        else:
+        elif self._pump is not None and self._pump.queued >= self.limits.send_queue:
             await self.wait_room(timeout)
-        return await self.submit(body, timeout=timeout)
+        req_id, fut = self._send_request(body, timeout)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self._forget(req_id)
+            raise
 
     def submit(self, body: Any, *, timeout: float | None = None) -> asyncio.Future[Any]:
         """Send ``body`` now and return a future of the reply (the session must be ready).
@@ -279,6 +283,11 @@ class Client:
             if self._state == _CLOSED:
                 raise ClosedError(f"client {self.name} is closed")
             raise BrokenError(f"no session with {self.address}: {self._broken_reason or 'new'}")
+        req_id, fut = self._send_request(body, timeout)
+        fut.add_done_callback(lambda f: self._forget(req_id) if f.cancelled() else None)
+        return fut
+
+    def _send_request(self, body: Any, timeout: float | None) -> tuple[int, asyncio.Future[Any]]:
         frames = codec.encode(body, cuda_ipc=self.same_host, allow_pickle=self._allow_pickle)
         req_id = next(self._ids)
         loop = asyncio.get_running_loop()
@@ -287,11 +296,10 @@ class Client:
         if timeout is not None:
             timer = loop.call_later(timeout, self._expire, req_id, timeout)
         self._pending[req_id] = (fut, timer)
-        fut.add_done_callback(lambda f: self._forget(req_id) if f.cancelled() else None)
         assert self._pump is not None  # internal invariant: READY implies an open socket
-        self._pump.send([pack_control(Kind.REQUEST, req_id), *frames])
+        self._pump.send(envelope(Kind.REQUEST, req_id, frames))
         self._last_send = time.monotonic()
-        return fut
+        return req_id, fut
 
     def send_oneway(self, body: Any) -> None:
         """Send a one-way message (no reply).
@@ -305,7 +313,7 @@ class Client:
                 f"no session with {self.address}"
             )
         frames = codec.encode(body, cuda_ipc=self.same_host, allow_pickle=self._allow_pickle)
-        self._pump.send([pack_control(Kind.ONEWAY), *frames])
+        self._pump.send(envelope(Kind.ONEWAY, 0, frames))
         self._last_send = time.monotonic()
 
     def _forget(self, req_id: int) -> None:
@@ -356,9 +364,7 @@ class Client:
                 log.warning("%s: dropped a bad message from %s: %s", self.name, self.address, exc)
 
     def _on_message(self, msg: Frames) -> None:
-        if len(msg[0]) != CONTROL_SIZE:
-            raise ProtocolError("no control frame")
-        kind, _flags, req_id = unpack_control(msg[0])
+        kind, req_id, payload = open_envelope(msg, 0)
         if kind is Kind.REPLY or kind is Kind.ERROR:
             entry = self._pending.pop(req_id, None)
             if entry is None:
@@ -369,7 +375,7 @@ class Client:
             if fut.done():
                 return
             try:
-                value = codec.decode(msg[1:], device=self._device, allow_pickle=self._allow_pickle)
+                value = codec.decode(payload, device=self._device, allow_pickle=self._allow_pickle)
             except Exception as exc:
                 fut.set_exception(ProtocolError(f"undecodable reply: {exc}"))
                 return
@@ -383,10 +389,10 @@ class Client:
             pass
         elif kind is Kind.ONEWAY:
             if self._on_oneway is not None:
-                body = codec.decode(msg[1:], device=self._device, allow_pickle=self._allow_pickle)
+                body = codec.decode(payload, device=self._device, allow_pickle=self._allow_pickle)
                 self._on_oneway(body)
         elif kind in (Kind.CHALLENGE, Kind.WELCOME) or (kind is Kind.REJECT and req_id == 0):
-            body = msgpack.unpackb(bytes(msg[1]), raw=False) if len(msg) > 1 else {}
+            body = msgpack.unpackb(bytes(payload[0]), raw=False) if payload else {}
             if kind is Kind.REJECT and self._state == _READY:
                 self._break(str(body.get("reason", "rejected")))
             elif self._handshake is not None and not self._handshake.done():
@@ -411,7 +417,7 @@ class Client:
                 self._break(f"no heartbeat for {now - self._last_recv:.1f}s")
             elif now - self._last_send >= self._hb_interval or self._pending:
                 try:
-                    self._pump.send([pack_control(Kind.PING)])
+                    self._pump.send(envelope(Kind.PING, 0))
                     self._last_send = now
                 except RaylessError:
                     pass

@@ -36,6 +36,11 @@ def _handle(stop: asyncio.Event, server: list[Server]) -> Any:
 
 async def serve(address: str, token: str) -> None:
     """Serve echo requests on ``address`` until a signal or a ``"__stop__"`` request."""
+    try:  # decode tensors without a first-request import stall (the codec imports lazily)
+        import tensordict  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError:
+        pass
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

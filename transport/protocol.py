@@ -1,9 +1,11 @@
 """The wire protocol: control frames, message kinds, the HMAC handshake and configurable limits.
 
 Every message is ``[control, *payload]`` (a ROUTER adds the peer's routing id in front). The
-control frame is 12 bytes, ``<BBHQ``: protocol version, kind, flags, request id. The payload is
+control block is 12 bytes, ``<BBHQ``: protocol version, kind, flags, request id. The payload is
 the codec's frames (a msgpack header and out-of-band buffers) or, for handshake messages, one
-msgpack map. See docs/protocol.md for the sequence diagrams.
+msgpack map. With flag ``INLINE`` the first payload frame (a header under 64 KiB) follows the
+control block in the same ZeroMQ frame, which saves a frame per message on the hot path. See
+docs/protocol.md.
 
 Handshake (mutual, the token never travels)::
 
@@ -24,9 +26,11 @@ import hmac
 import os
 import socket
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import lru_cache
+from typing import Any
 
 from transport.errors import ProtocolError
 
@@ -34,6 +38,8 @@ VERSION = 1
 CONTROL = struct.Struct("<BBHQ")
 CONTROL_SIZE = CONTROL.size
 NONCE_BYTES = 32
+INLINE = 1  # flag: the header follows the control block in frame 0
+INLINE_MAX = 65536
 
 
 class Kind(IntEnum):
@@ -54,6 +60,7 @@ class Kind(IntEnum):
 
 
 _KINDS = frozenset(int(k) for k in Kind)
+_KIND_OF = {int(k): k for k in Kind}  # Kind(value) is slow: it goes through EnumMeta
 
 
 class RejectCode(IntEnum):
@@ -115,6 +122,40 @@ def unpack_control(frame: bytes) -> tuple[Kind, int, int]:
     if kind not in _KINDS:
         raise ProtocolError(f"unknown message kind {kind}")
     return Kind(kind), flags, req_id
+
+
+def envelope(kind: Kind, req_id: int, payload: Sequence[Any] = ()) -> list[Any]:
+    """The frames of a message: control (with a small header inlined) and the payload."""
+    if payload:
+        head = payload[0]
+        if type(head) is bytes and len(head) <= INLINE_MAX:
+            return [CONTROL.pack(VERSION, kind, INLINE, req_id) + head, *payload[1:]]
+    return [CONTROL.pack(VERSION, kind, 0, req_id), *payload]
+
+
+def open_envelope(msg: Sequence[Any], start: int) -> tuple[Kind, int, list[Any]]:
+    """Parse ``msg[start:]`` into (kind, request id, payload frames).
+
+    Raises:
+        ProtocolError: a short control block, wrong version, unknown kind or bad flags.
+    """
+    first = msg[start]
+    size = len(first)
+    if size < CONTROL_SIZE:
+        raise ProtocolError(f"control block of {size} bytes, expected {CONTROL_SIZE}")
+    version, kind, flags, req_id = CONTROL.unpack_from(first)
+    if version != VERSION:
+        raise ProtocolError(f"protocol version {version}, expected {VERSION}")
+    found = _KIND_OF.get(kind)
+    if found is None:
+        raise ProtocolError(f"unknown message kind {kind}")
+    if flags & INLINE:
+        payload = [memoryview(first)[CONTROL_SIZE:], *msg[start + 1 :]]
+    elif size != CONTROL_SIZE or flags:
+        raise ProtocolError("bad control flags")
+    else:
+        payload = list(msg[start + 1 :])
+    return found, req_id, payload
 
 
 def as_token(token: bytes | str) -> bytes:

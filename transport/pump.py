@@ -25,6 +25,9 @@ log = logging.getLogger("rayless.transport")
 
 Frames = list[Any]
 COPY_THRESHOLD = 65536
+# pyzmq's constants are enums: combining them builds enum objects on every call. Plain ints.
+NOBLOCK, SNDMORE, RCVMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.RCVMORE)
+EVENTS, POLLIN, POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
 _BATCH = 256
 
 
@@ -36,12 +39,16 @@ def send_frames(sock: zmq.Socket[Any], frames: Sequence[Any], flags: int = 0) ->
     """
     last = len(frames) - 1
     for i, frame in enumerate(frames):
-        more = zmq.SNDMORE if i < last else 0
+        more = SNDMORE if i < last else 0
         if isinstance(frame, bytes) and len(frame) < COPY_THRESHOLD:
             sock.send(frame, flags | more, copy=True)
         else:
             size = frame.nbytes if isinstance(frame, memoryview) else len(frame)
             sock.send(frame, flags | more, copy=size < COPY_THRESHOLD)
+
+
+def _readable(sock: zmq.Socket[Any]) -> bool:
+    return bool(cast(int, sock.getsockopt(EVENTS)) & POLLIN)
 
 
 class SocketPump:
@@ -82,15 +89,12 @@ class SocketPump:
         """Messages waiting for room in the socket."""
         return len(self._queue)
 
-    def _recv_one(self) -> Frames | None:
+    def _recv_one(self) -> Frames:
+        """One whole message (the caller saw POLLIN, so its first frame is there)."""
         sock = self.sock
-        try:
-            first = sock.recv(zmq.NOBLOCK)
-        except zmq.Again:
-            return None
-        msg: Frames = [first]
+        msg: Frames = [sock.recv(NOBLOCK)]
         head = self._head
-        while sock.getsockopt(zmq.RCVMORE):
+        while sock.getsockopt(RCVMORE):
             msg.append(sock.recv(copy=len(msg) < head))
         return msg
 
@@ -102,22 +106,19 @@ class SocketPump:
         sock = self.sock
         try:
             while True:
-                events = cast(int, sock.getsockopt(zmq.EVENTS))
+                events = cast(int, sock.getsockopt(EVENTS))
                 progressed = False
-                if self._queue and events & zmq.POLLOUT:
+                if self._queue and events & POLLOUT:
                     progressed = self._flush()
-                if events & zmq.POLLIN:
-                    batch: list[Frames] = []
-                    while len(batch) < _BATCH:
-                        msg = self._recv_one()
-                        if msg is None:
-                            break
-                        batch.append(msg)
-                    if batch:
-                        progressed = True
-                        self._on_batch(batch)
-                        if self._closed:
-                            return
+                if events & POLLIN:
+                    # ask ZMQ_EVENTS between messages: cheaper than a zmq.Again exception
+                    batch: list[Frames] = [self._recv_one()]
+                    while len(batch) < _BATCH and _readable(sock):
+                        batch.append(self._recv_one())
+                    progressed = True
+                    self._on_batch(batch)
+                    if self._closed:
+                        return
                 if not progressed:
                     break
         except zmq.ZMQError as exc:
@@ -129,7 +130,7 @@ class SocketPump:
         sent = False
         while self._queue:
             try:
-                send_frames(self.sock, self._queue[0], zmq.NOBLOCK)
+                send_frames(self.sock, self._queue[0], NOBLOCK)
             except zmq.Again:
                 break
             except zmq.ZMQError as exc:
@@ -151,10 +152,12 @@ class SocketPump:
             self._kick()
 
     def _kick(self) -> None:
-        """Schedule a pump if the last operation left something to do (edge consumed)."""
-        if self._scheduled or self._closed:
-            return
-        if cast(int, self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        """Pump once more on the next loop iteration: a send may have consumed the FD's edge.
+
+        One deferred pump covers a whole burst of sends (cheaper than asking ZMQ_EVENTS after
+        each of them).
+        """
+        if not self._scheduled and not self._closed:
             self._scheduled = True
             self._loop.call_soon(self._pump)
 
@@ -169,7 +172,7 @@ class SocketPump:
             raise ClosedError("socket is closed")
         if not self._queue:
             try:
-                send_frames(self.sock, frames, zmq.NOBLOCK)
+                send_frames(self.sock, frames, NOBLOCK)
             except zmq.Again:
                 self._enqueue(frames)
             self._kick()

@@ -32,18 +32,17 @@ from transport.errors import (
     RemoteError,
 )
 from transport.protocol import (
-    CONTROL_SIZE,
     Kind,
     Limits,
     RejectCode,
     as_token,
     client_proof,
+    envelope,
     host_id,
     new_nonce,
-    pack_control,
+    open_envelope,
     proofs_match,
     server_proof,
-    unpack_control,
 )
 from transport.pump import Frames, SocketPump
 from transport.ratelog import RateLimitedLog
@@ -64,13 +63,15 @@ class Peer:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
 class Request:
-    """One request handed to a server's handler."""
+    """One request handed to a server's handler: the peer, the decoded body, its id."""
 
-    peer: Peer
-    body: Any
-    req_id: int
+    __slots__ = ("body", "peer", "req_id")
+
+    def __init__(self, peer: Peer, body: Any, req_id: int) -> None:
+        self.peer = peer
+        self.body = body
+        self.req_id = req_id
 
 
 Handler = Callable[[Request], Any]
@@ -234,11 +235,11 @@ class Server:
         if p is None:
             return
         frames = codec.encode(body, cuda_ipc=p.same_host, allow_pickle=self._allow_pickle)
-        self._send(p.routing_id, [pack_control(Kind.ONEWAY), *frames])
+        self._send(p.routing_id, envelope(Kind.ONEWAY, 0, frames))
 
     def _reject(self, rid: bytes, code: RejectCode, reason: str, req_id: int = 0) -> None:
         payload = msgpack.packb({"code": int(code), "reason": reason})
-        self._send(rid, [pack_control(Kind.REJECT, req_id), payload])
+        self._send(rid, envelope(Kind.REJECT, req_id, [payload]))
 
     def _reply(self, peer: Peer, req_id: int, value: Any) -> None:
         try:
@@ -246,10 +247,10 @@ class Server:
             kind = Kind.REPLY
         except Exception as exc:
             frames, kind = _error_payload(exc), Kind.ERROR
-        self._send(peer.routing_id, [pack_control(kind, req_id), *frames])
+        self._send(peer.routing_id, envelope(kind, req_id, frames))
 
     def _reply_error(self, peer: Peer, req_id: int, exc: BaseException) -> None:
-        self._send(peer.routing_id, [pack_control(Kind.ERROR, req_id), *_error_payload(exc)])
+        self._send(peer.routing_id, envelope(Kind.ERROR, req_id, _error_payload(exc)))
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -269,30 +270,30 @@ class Server:
                 self._drop("internal", f"{type(exc).__name__}: {exc}", msg[0] if msg else None)
 
     def _on_message(self, msg: Frames, now: float) -> None:
-        if len(msg) < 2 or len(msg[1]) != CONTROL_SIZE:
+        if len(msg) < 2:
             return self._drop("framing", "no control frame", msg[0] if msg else None)
         rid = msg[0]
         if len(msg) > self.limits.max_frames + 2:
             return self._drop("framing", "too many frames", rid)
         try:
-            kind, _flags, req_id = unpack_control(msg[1])
+            kind, req_id, payload = open_envelope(msg, 1)
         except ProtocolError as exc:
             return self._drop("control", str(exc), rid)
         peer = self._peers.get(rid)
         if peer is None:
-            return self._on_stranger(rid, kind, req_id, msg[2:])
+            return self._on_stranger(rid, kind, req_id, payload)
         peer.last_seen = now
         if kind is Kind.REQUEST:
-            self._on_request(peer, req_id, msg[2:])
+            self._on_request(peer, req_id, payload)
         elif kind is Kind.PING:
-            self._send(rid, [pack_control(Kind.PONG, req_id)])
+            self._send(rid, envelope(Kind.PONG, req_id))
         elif kind is Kind.ONEWAY:
-            self._on_oneway_msg(peer, msg[2:])
+            self._on_oneway_msg(peer, payload)
         elif kind is Kind.BYE:
             self._forget(rid)
         elif kind is Kind.HELLO:  # a reconnect that reused the routing id: start over
             self._forget(rid)
-            self._on_stranger(rid, kind, req_id, msg[2:])
+            self._on_stranger(rid, kind, req_id, payload)
         else:
             self._drop("kind", f"unexpected {kind.name} in a session", rid)
 
@@ -413,7 +414,7 @@ class Server:
             "name": self.name,
             "host": self._host,
         }
-        self._send(rid, [pack_control(Kind.CHALLENGE), msgpack.packb(reply)])
+        self._send(rid, envelope(Kind.CHALLENGE, 0, [msgpack.packb(reply)]))
 
     def _on_auth(self, rid: bytes, frames: Frames) -> None:
         pending = self._pending.pop(rid, None)
@@ -441,7 +442,7 @@ class Server:
             last_seen=time.monotonic(),
         )
         self.stats["peers_accepted"] += 1
-        self._send(rid, [pack_control(Kind.WELCOME), msgpack.packb({})])
+        self._send(rid, envelope(Kind.WELCOME, 0, [msgpack.packb({})]))
 
     # -- peers -------------------------------------------------------------------------
 

@@ -29,9 +29,7 @@ async def test_spawn_component_puts_each_worker_on_its_slot(local_cluster: Clust
         handles = await local_cluster.spawn_component(Counter, planner, component, 0)
         assert [h.name for h in handles] == [f"{component}-{s.worker_id}" for s in slots]
         for handle, slot in zip(handles, slots, strict=True):
-            env = await handle.env(
-                "CUDA_VISIBLE_DEVICES", "RAYLESS_NODE_ID", "RAYLESS_WORKER_ID"
-            )
+            env = await handle.env("CUDA_VISIBLE_DEVICES", "RAYLESS_NODE_ID", "RAYLESS_WORKER_ID")
             assert env == {
                 "CUDA_VISIBLE_DEVICES": slot.cuda_visible_devices,
                 "RAYLESS_NODE_ID": slot.node_id,
@@ -39,7 +37,7 @@ async def test_spawn_component_puts_each_worker_on_its_slot(local_cluster: Clust
             }
     nodes = await local_cluster.nodes()
     used = {n["node_id"]: 4 - n["gpus_free"] for n in nodes}
-    assert sum(used.values()) == 4 + 2 + 1  # train 2×2, eval 2×1, env 2×0.5 on one GPU
+    assert sum(used.values()) == 4 + 2 + 1  # train 2x2, eval 2x1, env 2x0.5 on one GPU
 
 
 @pytest.mark.local_cluster(nodes=2, gpus_per_node=4)

@@ -30,8 +30,8 @@ from transport.protocol import (
     client_proof,
     new_nonce,
     new_token,
+    open_envelope,
     pack_control,
-    unpack_control,
 )
 from transport.server import Request, Server
 
@@ -148,8 +148,9 @@ def _raw(address: str) -> zmq.Socket[Any]:
     return sock
 
 
-async def _recv(sock: zmq.Socket[Any]) -> list[bytes]:
-    return await asyncio.to_thread(sock.recv_multipart)
+async def _recv(sock: zmq.Socket[Any]) -> tuple[Kind, int, list[Any]]:
+    """One message from a raw socket, parsed: (kind, request id, payload frames)."""
+    return open_envelope(await asyncio.to_thread(sock.recv_multipart), 0)
 
 
 async def test_no_handshake_reaches_no_handler() -> None:
@@ -163,7 +164,7 @@ async def test_no_handshake_reaches_no_handler() -> None:
         sock = _raw(srv.address)
         try:
             sock.send_multipart([pack_control(Kind.REQUEST, 5), msgpack.packb("hi")])
-            kind, _, req_id = unpack_control((await _recv(sock))[0])
+            kind, req_id, _ = await _recv(sock)
             assert (kind, req_id) == (Kind.REJECT, 5)
             assert srv.stats["unauthenticated"] == 1
             assert calls == []
@@ -177,23 +178,23 @@ async def test_replayed_handshake_is_rejected(server: Server) -> None:
     nonce_c = new_nonce()
     hello = [pack_control(Kind.HELLO), msgpack.packb({"v": 1, "nonce": nonce_c, "name": "a"})]
     sock.send_multipart(hello)
-    challenge = msgpack.unpackb((await _recv(sock))[1])
+    challenge = msgpack.unpackb((await _recv(sock))[2][0])
     auth = [
         pack_control(Kind.AUTH),
         msgpack.packb({"proof": client_proof(TOKEN.encode(), challenge["nonce"], nonce_c)}),
     ]
     sock.send_multipart(auth)
-    assert unpack_control((await _recv(sock))[0])[0] is Kind.WELCOME
+    assert (await _recv(sock))[0] is Kind.WELCOME
     sock.close()
     # ... and replayed on a new connection: the server's fresh nonce defeats it.
     replay = _raw(server.address)
     try:
         replay.send_multipart(hello)
-        assert unpack_control((await _recv(replay))[0])[0] is Kind.CHALLENGE
+        assert (await _recv(replay))[0] is Kind.CHALLENGE
         replay.send_multipart(auth)
-        reply = await _recv(replay)
-        assert unpack_control(reply[0])[0] is Kind.REJECT
-        assert msgpack.unpackb(reply[1])["code"] == RejectCode.AUTH
+        kind, _, payload = await _recv(replay)
+        assert kind is Kind.REJECT
+        assert msgpack.unpackb(payload[0])["code"] == RejectCode.AUTH
         assert server.stats["auth_failures"] == 1
     finally:
         replay.close()

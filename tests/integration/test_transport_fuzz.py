@@ -15,7 +15,14 @@ import zmq
 
 from transport import echo
 from transport.client import Client
-from transport.protocol import Kind, client_proof, new_nonce, new_token, pack_control
+from transport.protocol import (
+    Kind,
+    client_proof,
+    new_nonce,
+    new_token,
+    open_envelope,
+    pack_control,
+)
 
 pytestmark = pytest.mark.integration
 TOKEN = new_token()
@@ -58,7 +65,7 @@ def _authenticated_raw(address: str) -> zmq.Socket[Any]:
     sock.connect(address)
     nonce_c = new_nonce()
     sock.send_multipart([pack_control(Kind.HELLO), msgpack.packb({"v": 1, "nonce": nonce_c})])
-    challenge = msgpack.unpackb(sock.recv_multipart()[1])
+    challenge = msgpack.unpackb(open_envelope(sock.recv_multipart(), 0)[2][0])
     proof = client_proof(TOKEN.encode(), challenge["nonce"], nonce_c)
     sock.send_multipart([pack_control(Kind.AUTH), msgpack.packb({"proof": proof})])
     sock.recv_multipart()
