@@ -235,13 +235,16 @@ class ControllerState:
         group_ids: Sequence[Hashable] | None = None,
         custom_meta: Sequence[Mapping[str, Any]] | None = None,
         schemas: Mapping[str, FieldSchema] | None = None,
+        placement: Sequence[int] | None = None,
     ) -> BatchMeta:
         """Allocate ``n`` new samples in ``partition`` (created if new) and return their meta.
 
         ``env_ids`` place samples by the env-shard table; ``group_ids`` name each sample's group
         for the grouped sampler (default: consecutive runs of the sampler's ``n`` within this
         allocation); ``schemas`` (the fields about to be put) are checked against the partition
-        first and returned in the meta. Raises StoreInputError/SchemaError/UnitLostError.
+        first and returned in the meta; ``placement`` (live shard numbers, one per sample) place
+        samples explicitly when no ``env_ids`` are given (the controller actor uses it to give
+        each unit one contiguous block of a put). Raises StoreInputError/SchemaError/UnitLostError.
         """
         _check_name(partition, "partition")
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
@@ -256,6 +259,10 @@ class ControllerState:
         if not alive and n:
             raise StoreError("no live storage unit is registered")
         shards_by_env = [self._env_shard(e) for e in env_ids] if env_ids is not None else None
+        if shards_by_env is None and placement is not None:
+            shards_by_env = list(placement)
+            if len(shards_by_env) != n or any(s not in alive for s in shards_by_env):
+                raise StoreInputError("placement must name one live shard per sample")
         if group_ids is not None:
             for g in group_ids:
                 hash(g)

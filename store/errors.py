@@ -13,6 +13,7 @@ leaves the store exactly as it was::
     │   ├── StaleMetaError             a BatchMeta naming samples that were cleared since
     │   └── ForeignMetaError           a BatchMeta made by another store
     ├── StoreFullError                 a storage unit's byte capacity would be exceeded
+    ├── StoreTimeoutError (TimeoutError) a fetch's batch was not ready within its timeout
     └── UnitLostError                  a storage unit is gone, and the samples it held with it
 """
 
@@ -27,6 +28,7 @@ __all__ = [
     "StoreError",
     "StoreFullError",
     "StoreInputError",
+    "StoreTimeoutError",
     "UnitLostError",
     "UnknownFieldError",
     "UnknownKeyError",
@@ -77,6 +79,10 @@ class StoreFullError(StoreError):
             f"storage unit {unit!r} is full: the write needs {needed} bytes, "
             f"{available} of {capacity} are free"
         )
+
+
+class StoreTimeoutError(StoreError, TimeoutError):
+    """A ``get_meta`` whose batch did not become ready within its timeout; nothing changed."""
 
 
 class UnitLostError(StoreError):

@@ -260,3 +260,15 @@ class BatchMeta:
             raise
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise StoreInputError(f"malformed BatchMeta: {exc!r}")
+
+
+def _register_wire() -> None:
+    # BatchMeta travels between processes as its plain dict (a codec extension).
+    from transport.codec import register_extension
+
+    register_extension(
+        BatchMeta, "rayless.store.batch_meta", BatchMeta.to_dict, BatchMeta.from_dict
+    )
+
+
+_register_wire()

@@ -1,0 +1,291 @@
+"""Benchmark the rayless store against TransferQueue 0.1.11, side by side in one run.
+
+Both with 2 storage units; batches: ``dense`` (x: 1024 x 4096 float32, 16 MiB) and ``mixed``
+(ids: int64 1024 x 8192, ragged responses of 1..1024 int64 tokens, a string per sample).
+Rows: init time, put GB/s, get GB/s (payload bytes / median latency), get_meta latency (a fetch
+of 1024 ready samples), idle put latency and the latency of a put issued while another
+client's fetch waits. TransferQueue runs in a subprocess (its own Ray) after ours.
+
+    python scripts/bench_store.py [--device cpu|cuda] [--quick] [--skip-tq] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tensordict import NonTensorStack, TensorDict
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+N = 1024
+
+
+def make_batches(device: str) -> dict[str, TensorDict]:
+    """The dense and the mixed batch (tensors on ``device``)."""
+    gen = torch.Generator().manual_seed(0)
+    dense = TensorDict({"x": torch.randn(N, 4096, generator=gen)}, [N])
+    lengths = torch.randint(1, 1025, (N,), generator=gen).tolist()
+    responses = [torch.randint(0, 50000, (n,), generator=gen) for n in lengths]
+    mixed = TensorDict(
+        {
+            "ids": torch.randint(0, 50000, (N, 8192), generator=gen),
+            "responses": torch.nested.as_nested_tensor(responses, layout=torch.jagged),
+            "text": NonTensorStack.from_list([f"sample-{i}-" + "x" * (i % 64) for i in range(N)]),
+        },
+        [N],
+    )
+    return {"dense": dense.to(device), "mixed": mixed.to(device)}
+
+
+def payload_bytes(td: TensorDict) -> int:
+    """Bytes of the tensors (nested: their values) plus the strings."""
+    total = 0
+    for key in td.keys(True, True):
+        v = td.get(key)
+        if isinstance(v, torch.Tensor):
+            t = v.values() if v.is_nested else v
+            total += t.numel() * t.element_size()
+        else:
+            total += sum(len(s) for s in v.tolist())
+    return total
+
+
+def median_time(fn: Callable[[], Any], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+# -- ours ---------------------------------------------------------------------------------
+
+
+async def run_ours(device: str, reps: int) -> dict[str, Any]:
+    """Every row for the rayless store."""
+    import actors
+    from store import Store
+
+    res: dict[str, Any] = {}
+    gpus = torch.cuda.device_count() if device == "cuda" else 0
+    shape = {"nodes": 1, "gpus_per_node": gpus} if device == "cuda" else {"nodes": 2}
+    async with actors.Cluster.local(**shape) as cluster:
+        t = time.perf_counter()
+        st = await Store.create(
+            cluster, num_units=2, device=device, gpus_per_unit=1.0 if gpus >= 2 else 0.5
+        )
+        res["init_s"] = time.perf_counter() - t
+        other = await Store.connect(cluster=cluster)
+        batches = make_batches(device)
+        for name, td in batches.items():
+            size = payload_bytes(td)
+            puts, gets = [], []
+            for i in range(reps + 1):  # steady state: put, get, clear in one partition
+                t = time.perf_counter()
+                meta = await st.put(td, partition=name)
+                put_s = time.perf_counter() - t
+                t = time.perf_counter()
+                out = await st.get(meta)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                get_s = time.perf_counter() - t
+                del out
+                await st.clear(meta)
+                if i:  # the first round warms up
+                    puts.append(put_s)
+                    gets.append(get_s)
+            res[f"{name}_put_GBps"] = size / statistics.median(puts) / 1e9
+            res[f"{name}_get_GBps"] = size / statistics.median(gets) / 1e9
+            res[f"{name}_put_ms"] = statistics.median(puts) * 1e3
+        small = TensorDict({"x": torch.ones(N, 4)}, [N])
+        lat = []
+        for i in range(reps):
+            await st.put(small, partition="meta")
+            t = time.perf_counter()
+            await st.get_meta("meta", ["x"], N, task=f"t{i}", timeout=10)
+            lat.append(time.perf_counter() - t)
+            await st.clear_partition("meta")
+        res["get_meta_ms"] = statistics.median(lat) * 1e3
+        dense = batches["dense"]
+        res["idle_put_ms"] = await _put_ms(st, dense, reps)
+        waiting = asyncio.ensure_future(other.get_meta("wait", ["x"], 4, task="w", timeout=120))
+        while (await st.stats())["waiting_fetches"] < 1:  # noqa: ASYNC110 (remote state)
+            await asyncio.sleep(0.01)
+        res["put_during_fetch_ms"] = await _put_ms(st, dense, reps)
+        res["fetch_still_waiting"] = not waiting.done()
+        await st.put(TensorDict({"x": torch.ones(4)}, [4]), partition="wait")
+        await waiting
+    return res
+
+
+async def _put_ms(st: Any, td: TensorDict, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        meta = await st.put(td, partition="lat")
+        times.append(time.perf_counter() - t)
+        await st.clear(meta)
+    return statistics.median(times) * 1e3
+
+
+# -- TransferQueue (subprocess) -----------------------------------------------------------
+
+
+def run_tq(reps: int) -> dict[str, Any]:
+    """Every row for TransferQueue 0.1.11 (SimpleStorage, 2 units) on its own Ray."""
+    import ray
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+    from transfer_queue import TransferQueueClient
+
+    res: dict[str, Any] = {}
+    t = time.perf_counter()
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    t_ray = time.perf_counter()
+    conf = tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 2}}}))
+    res["init_s"] = time.perf_counter() - t
+    res["init_tq_only_s"] = time.perf_counter() - t_ray
+    client = tq.get_client()
+    try:
+        for name, td in make_batches("cpu").items():
+            size = payload_bytes(td)
+            puts, gets = [], []
+            for i in range(reps + 1):
+                try:
+                    t = time.perf_counter()
+                    meta = client.put(td, partition_id=name)
+                    put_s = time.perf_counter() - t
+                    t = time.perf_counter()
+                    client.get_data(meta)
+                    get_s = time.perf_counter() - t
+                    client.clear_samples(meta)
+                except Exception as exc:  # TQ may refuse a field type: report, go on
+                    res[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
+                    break
+                if i:
+                    puts.append(put_s)
+                    gets.append(get_s)
+            if puts:
+                res[f"{name}_put_GBps"] = size / statistics.median(puts) / 1e9
+                res[f"{name}_get_GBps"] = size / statistics.median(gets) / 1e9
+                res[f"{name}_put_ms"] = statistics.median(puts) * 1e3
+        small = TensorDict({"x": torch.ones(N, 4)}, [N])
+        lat = []
+        for i in range(reps):
+            client.put(small, partition_id="meta")
+            t = time.perf_counter()
+            client.get_meta(["x"], N, "meta", mode="fetch", task_name=f"t{i}")
+            lat.append(time.perf_counter() - t)
+            client.clear_partition("meta")
+        res["get_meta_ms"] = statistics.median(lat) * 1e3
+        dense = make_batches("cpu")["dense"]
+
+        def put_once() -> None:
+            client.clear_samples(client.put(dense, partition_id="lat"))
+
+        res["idle_put_ms"] = median_time(put_once, reps) * 1e3
+        other = TransferQueueClient(
+            client_id="bench-waiter", controller_info=conf.controller.zmq_info
+        )
+        other.initialize_storage_manager(
+            manager_type="SimpleStorage", config=conf.backend["SimpleStorage"]
+        )
+        waiter = threading.Thread(
+            target=lambda: other.get_meta(["x"], 4, "wait", mode="fetch", task_name="w"),
+            daemon=True,
+        )
+        waiter.start()
+        time.sleep(1.0)
+        t = time.perf_counter()
+        put_once()
+        res["put_during_fetch_ms"] = (time.perf_counter() - t) * 1e3
+        res["fetch_still_waiting"] = waiter.is_alive()
+        client.put(TensorDict({"x": torch.ones(4)}, [4]), partition_id="wait")
+        waiter.join(60)
+    finally:
+        tq.close()
+        ray.shutdown()
+    return res
+
+
+# -- report -------------------------------------------------------------------------------
+
+ROWS = [
+    ("init_s", "init (s)", "lower"),
+    ("dense_put_GBps", "put 16 MiB dense (GB/s)", "higher"),
+    ("dense_get_GBps", "get 16 MiB dense (GB/s)", "higher"),
+    ("mixed_put_GBps", "put mixed (GB/s)", "higher"),
+    ("mixed_get_GBps", "get mixed (GB/s)", "higher"),
+    ("get_meta_ms", "get_meta fetch 1024 (ms)", "lower"),
+    ("idle_put_ms", "put 16 MiB, idle (ms)", "lower"),
+    ("put_during_fetch_ms", "put 16 MiB while a fetch waits (ms)", "lower"),
+]
+
+
+def table(ours: dict[str, Any], tq: dict[str, Any] | None) -> str:
+    """A markdown table: ours, TransferQueue, ratio (how many times better ours is)."""
+    lines = ["| metric | rayless | TransferQueue | ours vs TQ |", "|---|---|---|---|"]
+    for key, label, better in ROWS:
+        a = ours.get(key)
+        b = (tq or {}).get(key)
+        ratio = ""
+        if isinstance(a, float) and isinstance(b, float) and a and b:
+            ratio = f"{(a / b if better == 'higher' else b / a):.1f}x"
+        fa = f"{a:.3f}" if isinstance(a, float) else "-"
+        fb = f"{b:.3f}" if isinstance(b, float) else "-"
+        lines.append(f"| {label} | {fa} | {fb} | {ratio} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--quick", action="store_true", help="3 repeats, no TransferQueue")
+    parser.add_argument("--skip-tq", action="store_true")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--tq-part", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    reps = 3 if args.quick else args.repeats
+    if args.tq_part:
+        print("RESULT " + json.dumps(run_tq(reps)), flush=True)
+        return
+    ours = asyncio.run(run_ours(args.device, reps))
+    tq: dict[str, Any] | None = None
+    if not (args.quick or args.skip_tq):
+        proc = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--tq-part", "--repeats", str(reps)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        found = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if found:
+            tq = json.loads(found[-1][len("RESULT ") :])
+        else:
+            print("TransferQueue failed:\n" + proc.stderr[-3000:], file=sys.stderr)
+    print(f"device={args.device} repeats={reps} units=2 batch={N}")
+    print(table(ours, tq))
+    print(
+        f"fetch still waiting during the put: ours={ours.get('fetch_still_waiting')}, "
+        f"TQ={(tq or {}).get('fetch_still_waiting')}"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ours": ours, "transferqueue": tq, "device": args.device}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,499 @@
+"""Store: the client of the sharded store, usable from a driver and from inside any actor.
+
+    st = await Store.create(cluster, num_units=2, device="cpu")   # spawns controller + units
+    meta = await st.put(td, partition="train")
+    batch = await st.get_meta(partition="train", fields=["obs"], batch_size=64, task="learner")
+    td = await st.get(batch)
+
+``Store.connect(name)`` finds a running store by its controller's name (inside an actor it uses
+the actor's own cluster session). A put splits the TensorDict per storage unit (one frame per
+tensor per unit) and writes all units in parallel; each unit ACKs only after the controller
+recorded its data. A get reads only the units holding the meta's samples, in parallel, while
+the controller checks the meta, then merges in order and moves the fields to their device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from actors import ActorDiedError, ActorHandle, Cluster, connect
+from store.controller import StoreController
+from store.errors import (
+    ForeignMetaError,
+    StoreError,
+    StoreInputError,
+    UnitLostError,
+)
+from store.meta import BatchMeta
+from store.schema import Column, FieldSchema, assemble, merge_parts, split_columns
+from store.shard import kv_shard_of
+from store.unit import StorageUnit
+
+__all__ = ["DEFAULT_NAME", "Store"]
+
+DEFAULT_NAME = "rayless-store"
+PUT_TIMEOUT = 30.0
+
+
+def _sampler_spec(sampler: Any) -> Any:
+    if sampler is None or isinstance(sampler, (str, Mapping)):
+        return sampler
+    spec = getattr(sampler, "spec", None)
+    if callable(spec):
+        return spec()
+    raise StoreInputError(f"not a sampler or sampler spec: {sampler!r}")
+
+
+def _take(columns: Mapping[str, Column], positions: list[int], total: int) -> TensorDict:
+    """The rows at ``positions`` of ``columns`` as a TensorDict (dense: one contiguous tensor)."""
+    n = len(positions)
+    run = n > 0 and positions == list(range(positions[0], positions[0] + n))
+    data: dict[str, tuple[FieldSchema, Any]] = {}
+    device: Any = None
+    for name, col in columns.items():
+        if col.dense is not None:
+            dense = col.dense
+            device = dense.device
+            if run:
+                part = dense.narrow(0, positions[0], n)
+            else:
+                where = torch.tensor(positions, dtype=torch.int64, device=dense.device)
+                part = dense.index_select(0, where)
+            data[name] = (col.schema, part.contiguous())
+        else:
+            rows = col.rows or []
+            data[name] = (col.schema, [rows[p] for p in positions])
+    return assemble(n, data, device)
+
+
+def _target(device: Any, origin: str | None) -> torch.device:
+    """Where a field read back should live: ``device`` if given, else its put-time device
+    when this process has it (CUDA), else the CPU."""
+    if device is not None:
+        return torch.device(device)
+    if origin and origin.startswith("cuda") and torch.cuda.is_available():
+        dev = torch.device(origin)
+        if dev.index is None or dev.index < torch.cuda.device_count():
+            return dev
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _place(td: TensorDict, schemas: Mapping[str, FieldSchema], device: Any) -> TensorDict:
+    for name, schema in schemas.items():
+        if schema.is_non_tensor:
+            continue
+        key = tuple(name.split("."))
+        value = td.get(key)
+        target = _target(device, schema.device)
+        if value.device != target:
+            td.set(key, value.to(target))
+    return td
+
+
+class Store:
+    """A client of one store (controller + storage units). See the module docstring."""
+
+    def __init__(
+        self,
+        controller: ActorHandle,
+        units: list[dict[str, Any]],
+        store_id: str,
+        cluster: Cluster | None = None,
+        owned: bool = False,
+    ) -> None:
+        self.controller = controller
+        self.units = units
+        self.store_id = store_id
+        self._cluster = cluster
+        self._owned = owned
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    @classmethod
+    async def create(
+        cls,
+        cluster: Cluster,
+        num_units: int = 2,
+        device: str = "cpu",
+        *,
+        name: str = DEFAULT_NAME,
+        nodes: Sequence[str] | None = None,
+        capacity_bytes: int | None = None,
+        env_shards: Mapping[str, int] | None = None,
+        env_nodes: Mapping[str, str] | None = None,
+        gpus_per_unit: float = 1.0,
+        reclaim_after: float = 120.0,
+    ) -> Store:
+        """Spawn a controller (named ``name``) and ``num_units`` units, one per node round-robin
+        (or on ``nodes[i]``); wait for their handshakes.
+
+        ``device`` "cuda" spawns units with ``gpus_per_unit`` GPUs each. ``env_nodes`` maps env
+        ids to nodes (their samples go to that node's unit); ``env_shards`` maps env ids to
+        shard numbers directly. Raises ValueError/StoreInputError for bad arguments,
+        PlacementError/RemoteError when actors cannot start (nothing is left running).
+        """
+        if not isinstance(num_units, int) or num_units < 1:
+            raise StoreInputError(f"num_units must be a positive int, got {num_units!r}")
+        if device not in ("cpu", "cuda"):
+            raise StoreInputError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        if nodes is None:
+            alive = [n["node_id"] for n in await cluster.nodes() if n.get("alive", True)]
+            nodes = [alive[i % len(alive)] for i in range(num_units)]
+        elif len(nodes) != num_units:
+            raise StoreInputError(f"nodes names {len(nodes)} nodes for {num_units} units")
+        controller = await cluster.spawn(
+            StoreController, None, env_shards, reclaim_after, name=name, cpus=0
+        )
+        gpus = gpus_per_unit if device == "cuda" else 0
+        spawned = [
+            cluster.spawn(
+                StorageUnit,
+                f"{name}-unit-{i}",
+                controller,
+                device,
+                capacity_bytes,
+                name=f"{name}-unit-{i}",
+                node=node,
+                gpus=gpus,
+                cpus=0,
+            )
+            for i, node in enumerate(nodes)
+        ]
+        results = await asyncio.gather(*spawned, return_exceptions=True)
+        handles = [r for r in results if isinstance(r, ActorHandle)]
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            for h in [controller, *handles]:
+                await cluster.kill(h)
+            raise failed[0]
+        await controller.set_units({f"{name}-unit-{i}": h for i, h in enumerate(handles)})
+        store = cls(
+            controller, await controller.units(), await controller.store_id(), cluster, True
+        )
+        if env_nodes is not None:
+            await store.set_env_nodes(env_nodes)
+        return store
+
+    @classmethod
+    async def connect(cls, name: str = DEFAULT_NAME, cluster: Cluster | None = None) -> Store:
+        """A client of the running store whose controller is called ``name``.
+
+        Raises RaylessError when no such actor is alive.
+        """
+        cluster = cluster or await connect()
+        controller = await cluster.get_actor(name)
+        units = await controller.units()
+        return cls(controller, units, await controller.store_id(), cluster, False)
+
+    async def shutdown(self) -> None:
+        """Kill the controller and the units (only the store's creator may)."""
+        if not self._owned or self._cluster is None:
+            raise StoreError("only the client that created the store can shut it down")
+        for unit in self.units:
+            if unit.get("handle") is not None:
+                await self._cluster.kill(unit["handle"])
+        await self._cluster.kill(self.controller)
+        self._owned = False
+
+    async def refresh(self) -> None:
+        """Reload the units' info (liveness) from the controller."""
+        self.units = await self.controller.units()
+
+    def unit_for_node(self, node_id: str) -> int:
+        """The shard number of the (first) unit on ``node_id``. Raises StoreInputError."""
+        for unit in self.units:
+            if unit["node_id"] == node_id:
+                return int(unit["shard"])
+        raise StoreInputError(f"no storage unit runs on node {node_id!r}")
+
+    async def set_env_nodes(self, env_nodes: Mapping[str, str]) -> None:
+        """Place env ids on their node's unit (node affinity for ``put(env_ids=...)``)."""
+        await self.set_env_shards({e: self.unit_for_node(n) for e, n in env_nodes.items()})
+
+    async def set_env_shards(self, env_shards: Mapping[str, int] | None) -> None:
+        """Replace the env id → shard table (e.g. ``EpisodeTable.get_env_to_storage()``)."""
+        await self.controller.set_env_shards(None if env_shards is None else dict(env_shards))
+
+    def _check_meta(self, meta: Any) -> BatchMeta:
+        if not isinstance(meta, BatchMeta):
+            raise StoreInputError(f"expected a BatchMeta, got {type(meta).__name__}")
+        if meta.store_id != self.store_id:
+            raise ForeignMetaError(f"the meta comes from store {meta.store_id!r}")
+        return meta
+
+    async def _lost(self, shard: int, exc: BaseException) -> UnitLostError:
+        unit = self.units[shard]
+        try:
+            await self.controller.unit_lost(unit["unit_id"], str(exc))
+        except StoreError:
+            pass
+        return UnitLostError(unit["unit_id"], str(exc))
+
+    async def _gather(self, shards: list[int], calls: list[Any]) -> list[Any]:
+        """Run per-unit calls in parallel; raise the first error (a dead unit as UnitLostError)."""
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        first: BaseException | None = None
+        for shard, res in zip(shards, results, strict=True):
+            if isinstance(res, ActorDiedError):
+                res = await self._lost(shard, res)
+            if isinstance(res, BaseException) and first is None:
+                first = res
+        if first is not None:
+            raise first
+        return list(results)
+
+    # -- data plane ----------------------------------------------------------------------
+
+    async def put(
+        self,
+        td: TensorDictBase,
+        partition: str | None = None,
+        *,
+        meta: BatchMeta | None = None,
+        env_ids: Sequence[str] | None = None,
+        group_ids: Sequence[Any] | None = None,
+        custom_meta: Sequence[Mapping[str, Any]] | None = None,
+        timeout: float = PUT_TIMEOUT,
+    ) -> BatchMeta:
+        """Put ``td`` (batch_size ``[B]``) as new samples of ``partition``, or its fields onto the
+        samples of ``meta`` (column-wise); return the samples' meta with the fields added.
+
+        Waits up to ``timeout`` s for room on full units. Raises SchemaError/StoreInputError/
+        ForeignMetaError/StaleMetaError (bad input; nothing changed), StoreFullError (no room in
+        time; a new put is undone), UnitLostError (a unit is gone; a new put is undone).
+        """
+        columns = split_columns(td)
+        n = int(td.batch_size[0])
+        schemas = {name: col.schema for name, col in columns.items()}
+        wire = {name: s.to_dict() for name, s in schemas.items()}
+        new = meta is None
+        if meta is None:
+            if partition is None:
+                raise StoreInputError("put needs a partition (or the meta of existing samples)")
+            meta = await self.controller.allocate(
+                partition,
+                n,
+                wire,
+                None if env_ids is None else list(env_ids),
+                None if group_ids is None else list(group_ids),
+                None if custom_meta is None else [dict(c) for c in custom_meta],
+            )
+        else:
+            meta = self._check_meta(meta)
+            if meta.size != n:
+                raise StoreInputError(f"the TensorDict holds {n} samples, the meta {meta.size}")
+            if partition is not None and set(meta.partition_ids) != {partition}:
+                raise StoreInputError(f"the meta's samples are not in partition {partition!r}")
+            await self.controller.check_put(meta, wire)
+        shards, calls = [], []
+        for (shard, part), positions in _groups(meta).items():
+            indexes = [meta.global_indexes[p] for p in positions]
+            sub = td if positions == list(range(n)) else _take(columns, positions, n)
+            unit = self.units[shard]["handle"]
+            shards.append(shard)
+            calls.append(unit.write(part, indexes, sub, wire, timeout))
+        try:
+            await self._gather(shards, calls)
+        except BaseException:
+            if new:
+                await self.controller.abort_put(meta)
+            raise
+        shapes = {k: c.sample_shapes or [] for k, c in columns.items() if c.schema.is_nested}
+        return meta.with_fields(schemas, shapes)
+
+    async def get_meta(
+        self,
+        partition: str,
+        fields: Sequence[str],
+        batch_size: int | None = None,
+        *,
+        task: str = "default",
+        mode: str = "fetch",
+        sampler: Any = None,
+        timeout: float | None = None,
+    ) -> BatchMeta:
+        """Ready samples of ``partition`` holding ``fields``, unconsumed by ``task``.
+
+        ``mode="fetch"`` waits up to ``timeout`` (None: forever, 0: not at all) for
+        ``batch_size`` of them and marks them consumed by ``task``; ``"peek"`` does not mark.
+        ``batch_size`` None takes what is there now. ``sampler``: "sequential" (default),
+        "random", ``{"name": "grouped", "n": N}`` or a Sampler. Raises StoreTimeoutError,
+        StoreInputError. Waiting never delays other clients.
+        """
+        return await self.controller.get_meta(
+            partition, list(fields), batch_size, task, mode, _sampler_spec(sampler), timeout
+        )
+
+    async def get(
+        self, meta: BatchMeta, fields: Sequence[str] | None = None, *, device: Any = None
+    ) -> TensorDict:
+        """The data of ``meta``'s samples (``fields``: a subset) as one TensorDict.
+
+        Same keys, dtypes, shapes, nesting as put; each field on its put-time device where this
+        process has it (else the CPU), or on ``device``. Raises ForeignMetaError, StaleMetaError,
+        UnknownFieldError, UnitLostError (naming the unit that held samples).
+        """
+        meta = self._check_meta(meta)
+        if fields is not None:
+            meta = meta.select_fields(fields)
+        names = meta.field_names
+        if meta.size == 0 or not names:
+            await self.controller.check_readable(meta)
+            return TensorDict({}, batch_size=[meta.size])
+        groups = _groups(meta)
+        shards = [-1] + [shard for shard, _ in groups]
+        calls = [self.controller.check_readable(meta)]
+        for (shard, part), positions in groups.items():
+            indexes = [meta.global_indexes[p] for p in positions]
+            calls.append(self.units[shard]["handle"].read(part, indexes, names))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        if isinstance(results[0], BaseException):
+            raise results[0]
+        results = await self._gather(shards[1:], [_done(r) for r in results[1:]])
+        parts = [(pos, td) for pos, td in zip(groups.values(), results, strict=True)]
+        return _place(_merge(meta.size, meta.field_schemas, parts), meta.field_schemas, device)
+
+    async def clear(self, meta: BatchMeta) -> None:
+        """Remove ``meta``'s samples; their indexes are reused. Raises Foreign/StaleMetaError."""
+        await self.controller.clear(self._check_meta(meta))
+
+    async def clear_partition(self, partition: str) -> None:
+        """Remove a whole partition. Raises UnknownPartitionError."""
+        await self.controller.clear_partition(partition)
+
+    async def partitions(self) -> list[str]:
+        """Existing partitions."""
+        result: list[str] = await self.controller.partitions()
+        return result
+
+    async def production_status(self, partition: str) -> dict[str, Any]:
+        """``{"samples": n, "fields": {field: ready}, "schemas": {...}}``."""
+        result: dict[str, Any] = await self.controller.production_status(partition)
+        return result
+
+    async def consumption_status(self, partition: str, task: str = "default") -> dict[str, int]:
+        """``{"samples": n, "consumed": c}`` for ``task``."""
+        result: dict[str, int] = await self.controller.consumption_status(partition, task)
+        return result
+
+    async def reset_consumption(self, task: str = "default", partition: str | None = None) -> None:
+        """Make every sample unconsumed again for ``task`` (in ``partition`` or everywhere)."""
+        await self.controller.reset_consumption(task, partition)
+
+    async def set_custom_meta(self, meta: BatchMeta, custom: Sequence[Mapping[str, Any]]) -> None:
+        """Replace the per-sample custom metadata of ``meta``'s samples."""
+        await self.controller.set_custom_meta(self._check_meta(meta), [dict(c) for c in custom])
+
+    async def stats(self) -> dict[str, Any]:
+        """The controller's counts and each live unit's bytes and rows."""
+        out: dict[str, Any] = await self.controller.stats()
+        calls = [u["handle"].stats() for u in self.units if u.get("alive")]
+        out["unit_stats"] = await asyncio.gather(*calls, return_exceptions=True)
+        return out
+
+    # -- KV face -------------------------------------------------------------------------
+
+    def _by_key(self, keys: Sequence[str]) -> dict[int, list[int]]:
+        if isinstance(keys, str):
+            raise StoreInputError("keys must be a list of str")
+        groups: dict[int, list[int]] = {}
+        for pos, key in enumerate(keys):
+            groups.setdefault(kv_shard_of(key, len(self.units)), []).append(pos)
+        return groups
+
+    async def kv_put(
+        self, keys: Sequence[str], td: TensorDictBase, *, timeout: float = PUT_TIMEOUT
+    ) -> None:
+        """Store ``td``'s rows under string ``keys`` (existing keys are overwritten).
+
+        Raises StoreInputError/SchemaError, StoreFullError, UnitLostError.
+        """
+        keys = list(keys)
+        columns = split_columns(td, len(keys))
+        groups = self._by_key(keys)
+        shards, calls = [], []
+        for shard, positions in groups.items():
+            sub = td if len(groups) == 1 else _take(columns, positions, len(keys))
+            shards.append(shard)
+            calls.append(
+                self.units[shard]["handle"].kv_put([keys[p] for p in positions], sub, timeout)
+            )
+        await self._gather(shards, calls)
+
+    async def kv_get(
+        self, keys: Sequence[str], fields: Sequence[str] | None = None, *, device: Any = None
+    ) -> TensorDict:
+        """The rows under ``keys``, in order. Raises UnknownKeyError, UnknownFieldError."""
+        keys = list(keys)
+        groups = self._by_key(keys)
+        f = None if fields is None else list(fields)
+        calls = [
+            self.units[s]["handle"].kv_get([keys[p] for p in pos], f) for s, pos in groups.items()
+        ]
+        results = await self._gather(list(groups), calls)
+        if not results:
+            return TensorDict({}, batch_size=[0])
+        schemas = {n: c.schema for n, c in split_columns(results[0]).items()}
+        td = merge_parts(len(keys), schemas, list(zip(groups.values(), results, strict=True)))
+        if device is not None:
+            td = _place(td, schemas, device)
+        return td
+
+    async def kv_list(self) -> list[str]:
+        """Every key, unit by unit."""
+        shards = [int(u["shard"]) for u in self.units]
+        lists = await self._gather(shards, [u["handle"].kv_list() for u in self.units])
+        return [k for keys in lists for k in keys]
+
+    async def kv_delete(self, keys: Sequence[str]) -> int:
+        """Delete ``keys`` (absent ones ignored); returns how many were deleted."""
+        keys = list(keys)
+        groups = self._by_key(keys)
+        calls = [
+            self.units[s]["handle"].kv_delete([keys[p] for p in pos]) for s, pos in groups.items()
+        ]
+        return sum(await self._gather(list(groups), calls))
+
+
+def _merge(
+    size: int, schemas: Mapping[str, FieldSchema], parts: list[tuple[list[int], TensorDict]]
+) -> TensorDict:
+    """``merge_parts``, with each dense field copied once into its final tensor."""
+    if len(parts) == 1 and parts[0][0] == list(range(size)):
+        return parts[0][1]
+    dense = [n for n, s in schemas.items() if s.kind == "dense"]
+    rest = {n: s for n, s in schemas.items() if s.kind != "dense"}
+    out = merge_parts(size, rest, parts)
+    for name in dense:
+        key = tuple(name.split("."))
+        first = parts[0][1].get(key)
+        merged = torch.empty((size, *first.shape[1:]), dtype=first.dtype, device=first.device)
+        for positions, td in parts:
+            value = td.get(key)
+            n = len(positions)
+            if positions == list(range(positions[0], positions[0] + n)):
+                merged.narrow(0, positions[0], n).copy_(value)
+            else:
+                where = torch.tensor(positions, dtype=torch.int64, device=merged.device)
+                merged.index_copy_(0, where, value.to(merged.device))
+        out.set(key, merged)
+    return out
+
+
+async def _done(value: Any) -> Any:
+    if isinstance(value, BaseException):
+        raise value
+    return value
+
+
+def _groups(meta: BatchMeta) -> dict[tuple[int, str], list[int]]:
+    groups: dict[tuple[int, str], list[int]] = {}
+    for pos, (shard, part) in enumerate(zip(meta.shards, meta.partition_ids, strict=True)):
+        groups.setdefault((shard, part), []).append(pos)
+    return groups

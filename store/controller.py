@@ -1,0 +1,335 @@
+"""StoreController: the actor around :class:`~store.controller_state.ControllerState`.
+
+Every method is async and runs on the actor's loop, so a ``get_meta`` that waits for data is
+just a coroutine parked on its partition's event: other clients' puts, notifications and
+``get_meta`` calls run meanwhile (TransferQueue's controller blocks all of them instead).
+Each data update (or unit loss, or clear) wakes the waiters of that partition, which re-run
+``try_fetch``.
+
+The controller also applies clear plans on the units before releasing the indexes, watches
+every unit (a pending ``watch`` call that fails when the unit dies marks its samples lost) and
+reclaims allocations that were never written within ``reclaim_after`` seconds (a client
+killed mid-put), so their indexes are reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from actors import Actor, ActorDiedError, ActorHandle
+from store.controller_state import ClearPlan, ControllerState
+from store.errors import StoreError, StoreTimeoutError, UnknownPartitionError
+from store.meta import BatchMeta
+from store.schema import DataUpdate, FieldSchema
+
+__all__ = ["StoreController"]
+
+REAP_INTERVAL = 1.0
+
+
+def _schemas(data: Mapping[str, Any] | None) -> dict[str, FieldSchema]:
+    return {k: FieldSchema.from_dict(v) for k, v in (data or {}).items()}
+
+
+class StoreController(Actor):
+    """The store's controller: partitions, indexes, statuses, schemas, waiting fetches."""
+
+    def __init__(
+        self,
+        store_id: str | None = None,
+        env_shards: Mapping[str, int] | None = None,
+        reclaim_after: float = 120.0,
+    ) -> None:
+        self.state = ControllerState(store_id, env_shards=env_shards)
+        self.reclaim_after = reclaim_after
+        self.handles: dict[str, ActorHandle] = {}
+        self._events: dict[str, asyncio.Event] = {}
+        self._unwritten: dict[int, tuple[str, int, float]] = {}  # index -> (partition, gen, t)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._waiting = 0  # fetches parked on an event
+
+    async def setup(self) -> None:
+        """Start the reclaimer of never-written allocations."""
+        self._spawn(self._reaper())
+
+    async def teardown(self) -> None:
+        """Stop the background tasks."""
+        for task in list(self._tasks):
+            task.cancel()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _wake(self, partition: str) -> None:
+        event = self._events.pop(partition, None)
+        if event is not None:
+            event.set()
+
+    def _wake_all(self) -> None:
+        for partition in list(self._events):
+            self._wake(partition)
+
+    # -- units ---------------------------------------------------------------------------
+
+    async def register_unit(
+        self,
+        unit_id: str,
+        node_id: str | None = None,
+        device: str = "cpu",
+        capacity_bytes: int | None = None,
+    ) -> dict[str, Any]:
+        """A unit's handshake; returns its info (with its shard number)."""
+        return self.state.register_unit(
+            unit_id, node_id=node_id, device=device, capacity_bytes=capacity_bytes
+        ).to_dict()
+
+    async def set_units(self, handles: dict[str, ActorHandle]) -> None:
+        """Record the units' handles (after they registered) and start watching them."""
+        known = {u.unit_id for u in self.state.units()}
+        missing = [u for u in handles if u not in known]
+        if missing:
+            raise StoreError(f"units {missing} never registered with the controller")
+        for unit_id, handle in handles.items():
+            self.handles[unit_id] = handle
+            self._spawn(self._watch(unit_id, handle))
+
+    async def _watch(self, unit_id: str, handle: ActorHandle) -> None:
+        try:
+            await handle.watch()
+        except ActorDiedError as exc:
+            await self.unit_lost(unit_id, str(exc))
+
+    async def units(self) -> list[dict[str, Any]]:
+        """Every unit's info (shard order) with its handle under ``"handle"``."""
+        return [{**u.to_dict(), "handle": self.handles.get(u.unit_id)} for u in self.state.units()]
+
+    async def unit_lost(self, unit_id: str, reason: str = "") -> None:
+        """Mark a unit lost (its samples become not ready); idempotent."""
+        info = {u.unit_id: u for u in self.state.units()}.get(unit_id)
+        if info is not None and info.alive:
+            self.state.mark_unit_lost(unit_id, reason)
+            self._wake_all()
+
+    async def store_id(self) -> str:
+        """This store's id (metas carry it)."""
+        return self.state.store_id
+
+    async def set_env_shards(self, env_shards: Mapping[str, int] | None) -> None:
+        """Replace the env id → shard table."""
+        self.state.set_env_shards(dict(env_shards) if env_shards is not None else None)
+
+    # -- puts ----------------------------------------------------------------------------
+
+    async def allocate(
+        self,
+        partition: str,
+        n: int,
+        schemas: Mapping[str, Any] | None = None,
+        env_ids: Sequence[str] | None = None,
+        group_ids: Sequence[Any] | None = None,
+        custom_meta: Sequence[Mapping[str, Any]] | None = None,
+    ) -> BatchMeta:
+        """Allocate ``n`` samples for a put of fields ``schemas``; see ControllerState.allocate.
+
+        Without ``env_ids`` each live unit gets one contiguous block of the batch.
+        """
+        groups = None if group_ids is None else [_hashable(g) for g in group_ids]
+        shards = None
+        if env_ids is None and isinstance(n, int) and n > 0:
+            alive = [u.shard for u in self.state.units() if u.alive]
+            if alive:  # one contiguous block per unit: each unit's rows go as one frame
+                shards = [alive[pos * len(alive) // n] for pos in range(n)]
+        meta = self.state.allocate(
+            partition,
+            n,
+            env_ids=env_ids,
+            group_ids=groups,
+            custom_meta=custom_meta,
+            schemas=_schemas(schemas),
+            placement=shards,
+        )
+        now = time.monotonic()
+        for index, gen in zip(meta.global_indexes, meta.generations, strict=True):
+            self._unwritten[index] = (partition, gen, now)
+        return meta
+
+    async def check_put(self, meta: BatchMeta, schemas: Mapping[str, Any]) -> None:
+        """Raise unless fields ``schemas`` may be written onto ``meta``'s samples."""
+        self.state.check_put(meta, _schemas(schemas))
+
+    async def on_data_update(self, unit_id: str, update: Mapping[str, Any]) -> None:
+        """A unit stored new data: record it (the ACK is this call's return) and wake fetches."""
+        upd = DataUpdate.from_dict(update)
+        self.state.on_data_update(unit_id, upd)
+        for index in upd.indexes:
+            self._unwritten.pop(index, None)
+        self._wake(upd.partition)
+
+    async def abort_put(self, meta: BatchMeta) -> None:
+        """Undo a failed put of new samples: clear them wherever they were written."""
+        with contextlib.suppress(StoreError):
+            await self.clear(meta)
+
+    # -- gets ----------------------------------------------------------------------------
+
+    async def get_meta(
+        self,
+        partition: str,
+        fields: Sequence[str],
+        batch_size: int | None = None,
+        task: str = "default",
+        mode: str = "fetch",
+        sampler: Any = None,
+        timeout: float | None = None,
+    ) -> BatchMeta:
+        """A batch of ready samples (see ControllerState.try_fetch), waiting up to ``timeout``.
+
+        ``timeout`` None waits as long as it takes, 0 does not wait. Raises StoreTimeoutError
+        when the batch is not ready in time, StoreInputError for bad arguments. Waiting blocks
+        nothing else.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            meta = self.state.try_fetch(
+                partition, fields, batch_size, task=task, sampler=sampler, mode=mode
+            )
+            if meta is not None:
+                return meta
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                raise StoreTimeoutError(
+                    f"{batch_size} ready samples of {list(fields)} in partition {partition!r} "
+                    f"for task {task!r} did not arrive within {timeout or 0}s"
+                )
+            event = self._events.setdefault(partition, asyncio.Event())
+            self._waiting += 1
+            try:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(event.wait(), left)
+            finally:
+                self._waiting -= 1
+
+    async def check_readable(self, meta: BatchMeta) -> None:
+        """Raise unless every field of ``meta`` is readable (UnitLostError names the unit)."""
+        self.state.check_readable(meta)
+
+    async def meta_of(
+        self, partition: str, indexes: Sequence[int], fields: Sequence[str] | None = None
+    ) -> BatchMeta:
+        """A meta for existing samples (default: their ready fields)."""
+        return self.state.meta_of(partition, indexes, fields)
+
+    async def set_custom_meta(self, meta: BatchMeta, custom: Sequence[Mapping[str, Any]]) -> None:
+        """Replace the custom metadata of ``meta``'s samples."""
+        self.state.set_custom_meta(meta, custom)
+
+    # -- clears --------------------------------------------------------------------------
+
+    async def _apply(self, plan: ClearPlan) -> None:
+        units = self.state.units()
+        calls = []
+        for shard, rows in plan.shards.items():
+            info = units[shard]
+            handle = self.handles.get(info.unit_id)
+            if info.alive and handle is not None:
+                calls.append(handle.delete(rows))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        for res in results:
+            if isinstance(res, BaseException) and not isinstance(res, ActorDiedError):
+                raise res
+        self.state.release(plan.indexes)
+
+    async def clear(self, meta: BatchMeta) -> None:
+        """Remove ``meta``'s samples (hidden at once; rows deleted; indexes then reusable)."""
+        plan = self.state.clear(meta)
+        for index in plan.indexes:
+            self._unwritten.pop(index, None)
+        for partition in set(meta.partition_ids):
+            self._wake(partition)
+        await self._apply(plan)
+
+    async def clear_partition(self, partition: str) -> None:
+        """Remove a whole partition. Raises UnknownPartitionError."""
+        plan = self.state.clear_partition(partition)
+        for index in plan.indexes:
+            self._unwritten.pop(index, None)
+        self._wake(partition)
+        await self._apply(plan)
+
+    async def _reaper(self) -> None:
+        while True:
+            await asyncio.sleep(min(REAP_INTERVAL, self.reclaim_after))
+            await self.reclaim()
+
+    async def reclaim(self, older_than: float | None = None) -> int:
+        """Clear samples allocated more than ``older_than`` s ago (default ``reclaim_after``)
+        and never written (a client died mid-put); returns how many."""
+        limit = self.reclaim_after if older_than is None else older_than
+        now = time.monotonic()
+        stale: dict[str, list[tuple[int, int]]] = {}
+        for index, (partition, gen, t) in list(self._unwritten.items()):
+            if now - t >= limit:
+                stale.setdefault(partition, []).append((index, gen))
+        count = 0
+        for partition, items in stale.items():
+            try:
+                meta = self.state.meta_of(partition, [i for i, _ in items])
+            except StoreError:
+                for i, _ in items:
+                    self._unwritten.pop(i, None)
+                continue
+            with contextlib.suppress(StoreError):
+                await self.clear(meta)
+                count += len(items)
+        return count
+
+    # -- status --------------------------------------------------------------------------
+
+    async def partitions(self) -> list[str]:
+        """Existing partitions."""
+        return self.state.partitions()
+
+    async def production_status(self, partition: str) -> dict[str, Any]:
+        """Samples, ready count per field, schemas of ``partition``."""
+        return self.state.production_status(partition)
+
+    async def consumption_status(self, partition: str, task: str) -> dict[str, int]:
+        """Samples and how many ``task`` consumed in ``partition``."""
+        return self.state.consumption_status(partition, task)
+
+    async def reset_consumption(self, task: str, partition: str | None = None) -> None:
+        """Forget what ``task`` consumed (in ``partition`` or everywhere); wakes waiters."""
+        self.state.reset_consumption(task, partition)
+        if partition is None:
+            self._wake_all()
+        else:
+            self._wake(partition)
+
+    async def stats(self) -> dict[str, Any]:
+        """Monitoring counts (partitions, allocated, free, units, waiting partitions)."""
+        return {
+            **self.state.stats(),
+            "unwritten": len(self._unwritten),
+            "waiting_fetches": self._waiting,
+        }
+
+    async def has_partition(self, partition: str) -> bool:
+        """Whether ``partition`` exists."""
+        try:
+            self.state.production_status(partition)
+        except UnknownPartitionError:
+            return False
+        return True
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    return value

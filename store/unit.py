@@ -1,0 +1,199 @@
+"""StorageUnit: the actor that holds one shard (a :class:`~store.shard.ShardStorage`).
+
+At ``setup`` it registers with the controller (the handshake: id, node, device, capacity).
+A ``write`` stores the rows (``index_copy_`` into its columns, never keeping the receive
+buffers), tells the controller which samples now hold which fields and returns only after
+the controller's ACK, so a sample is never ready before its bytes are stored. If the
+controller refuses the notification the rows written for new fields are deleted again.
+A write over capacity waits (up to its timeout) for deletes to free room, then raises
+StoreFullError. On a CUDA unit the columns live on ``cuda:0`` (the GPU the unit was given).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import torch
+
+from actors import Actor, ActorHandle
+from actors.context import ENV_NODE_ID
+from store.errors import StoreFullError
+from store.meta import BatchMeta  # noqa: F401  (registers BatchMeta with the codec)
+from store.schema import DataUpdate, FieldSchema
+from store.shard import ShardStorage
+
+__all__ = ["StorageUnit", "unit_device"]
+
+
+def unit_device(device: str) -> str:
+    """The torch device a unit keeps its columns on: ``"cuda"`` → ``"cuda:0"``."""
+    return "cuda:0" if device == "cuda" else device
+
+
+class StorageUnit(Actor):
+    """One storage unit: a shard of every partition and of the KV face."""
+
+    def __init__(
+        self,
+        unit_id: str,
+        controller: ActorHandle,
+        device: str = "cpu",
+        capacity_bytes: int | None = None,
+    ) -> None:
+        self.unit_id = unit_id
+        self.controller = controller
+        self.device = unit_device(device)
+        self.shard = ShardStorage(unit_id, self.device, capacity_bytes)
+        self._freed = asyncio.Event()
+        self._stop = asyncio.Event()
+
+    async def setup(self) -> None:
+        """Register with the controller (the handshake)."""
+        if self.device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(self.device))
+        await self.controller.register_unit(
+            self.unit_id,
+            node_id=os.environ.get(ENV_NODE_ID),
+            device=self.device,
+            capacity_bytes=self.shard.capacity_bytes,
+        )
+
+    async def teardown(self) -> None:
+        """Ends the controller's ``watch`` call cleanly."""
+        self._stop.set()
+
+    def _sync_device(self) -> None:
+        if self.shard.device.type == "cuda":
+            torch.cuda.synchronize(self.shard.device)
+
+    async def write(
+        self,
+        partition: str,
+        indexes: list[int],
+        td: Any,
+        schemas: dict[str, dict[str, Any]],
+        timeout: float = 0.0,
+    ) -> None:
+        """Store ``td`` as samples ``indexes`` of ``partition``; return after the controller's ACK.
+
+        Raises SchemaError/StoreInputError (bad data), StoreFullError (still no room after
+        ``timeout`` seconds of waiting for deletes), the controller's refusal (rows rolled back).
+        """
+        declared = {k: FieldSchema.from_dict(v) for k, v in schemas.items()}
+        fresh = [n for n in declared if not any(self.shard.has(partition, i, n) for i in indexes)]
+        update = await self._write_when_room(partition, indexes, td, declared, timeout)
+        del td  # the receive buffers are no longer referenced
+        if self.shard.device.type == "cuda":
+            await asyncio.to_thread(self._sync_device)  # IPC sources may be reused after ACK
+        try:
+            await self.controller.on_data_update(self.unit_id, update.to_dict())
+        except BaseException:
+            if fresh:
+                self.shard.delete(partition, indexes, fresh)
+                self._notify_freed()
+            raise
+
+    async def _write_when_room(
+        self,
+        partition: str,
+        indexes: list[int],
+        td: Any,
+        declared: dict[str, FieldSchema],
+        timeout: float,
+    ) -> DataUpdate:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout)
+        while True:
+            freed = self._freed
+            try:
+                return self.shard.write(partition, indexes, td, schemas=declared)
+            except StoreFullError:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise
+                try:
+                    await asyncio.wait_for(freed.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+
+    def _notify_freed(self) -> None:
+        old, self._freed = self._freed, asyncio.Event()
+        old.set()
+
+    async def read(
+        self, partition: str, indexes: list[int], fields: list[str] | None = None
+    ) -> Any:
+        """Samples ``indexes`` of ``partition`` as a TensorDict on this unit's device.
+
+        Raises UnknownPartitionError, UnknownFieldError, StoreInputError.
+        """
+        td = self.shard.read(partition, indexes, fields)
+        if self.shard.device.type == "cuda":
+            await asyncio.to_thread(self._sync_device)
+        return td
+
+    async def delete(self, plan: dict[str, list[int]]) -> int:
+        """Delete rows ``{partition: [indexes]}`` (absent ones ignored); returns bytes freed."""
+        freed = 0
+        for partition, indexes in plan.items():
+            freed += self.shard.delete(partition, indexes)
+        self._notify_freed()
+        return freed
+
+    async def drop_partition(self, partition: str) -> int:
+        """Delete a whole partition; returns bytes freed."""
+        freed = self.shard.drop_partition(partition)
+        self._notify_freed()
+        return freed
+
+    async def kv_put(self, keys: list[str], td: Any, timeout: float = 0.0) -> dict[str, Any]:
+        """Store ``td``'s rows under ``keys``; returns the written fields' schemas (as dicts).
+
+        Waits up to ``timeout`` for room like :meth:`write`; raises like ShardStorage.kv_put.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout)
+        while True:
+            freed = self._freed
+            try:
+                schemas = self.shard.kv_put(keys, td)
+                break
+            except StoreFullError:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise
+                try:
+                    await asyncio.wait_for(freed.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+        del td
+        if self.shard.device.type == "cuda":
+            await asyncio.to_thread(self._sync_device)
+        return {k: v.to_dict() for k, v in schemas.items()}
+
+    async def kv_get(self, keys: list[str], fields: list[str] | None = None) -> Any:
+        """The rows under ``keys``. Raises UnknownKeyError, UnknownFieldError."""
+        td = self.shard.kv_get(keys, fields)
+        if self.shard.device.type == "cuda":
+            await asyncio.to_thread(self._sync_device)
+        return td
+
+    async def kv_list(self) -> list[str]:
+        """Keys held here, in insertion order."""
+        return self.shard.kv_list()
+
+    async def kv_delete(self, keys: list[str]) -> int:
+        """Delete ``keys`` (absent ones ignored); returns how many were deleted."""
+        n = self.shard.kv_delete(keys)
+        self._notify_freed()
+        return n
+
+    async def stats(self) -> dict[str, Any]:
+        """Bytes used, capacity, rows per partition, KV keys."""
+        return self.shard.stats()
+
+    async def watch(self) -> None:
+        """Return only when this unit shuts down: the controller's death watch on it."""
+        await self._stop.wait()

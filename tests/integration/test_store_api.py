@@ -1,0 +1,196 @@
+"""The store on a real 2-node local cluster: round trips, column puts, fetch/peek, samplers,
+clears, the KV face, capacity and the sync facade."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from tensordict import NonTensorStack, TensorDict
+
+from actors import Cluster
+from store import (
+    BatchMeta,
+    Store,
+    StoreFullError,
+    StoreTimeoutError,
+    SyncStore,
+    UnknownKeyError,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.local_cluster(nodes=2, gpus_per_node=2)]
+
+
+def mixed_td(n: int, start: int = 0) -> TensorDict:
+    """Dense (several dtypes), nested TensorDict, jagged responses, a string field."""
+    responses = [torch.arange(start + i % 5 + 1, dtype=torch.int64) for i in range(n)]
+    return TensorDict(
+        {
+            "obs": torch.arange(start, start + n, dtype=torch.float32).unsqueeze(1).repeat(1, 3),
+            "mask": torch.arange(n) % 2 == 0,
+            "half": torch.full((n, 2), 1.5, dtype=torch.bfloat16),
+            "info": {"reward": torch.arange(n, dtype=torch.float64) + start},
+            "responses": torch.nested.as_nested_tensor(responses, layout=torch.jagged),
+            "text": NonTensorStack.from_list([f"s{start + i}" for i in range(n)]),
+        },
+        batch_size=[n],
+    )
+
+
+def assert_same(a: TensorDict, b: TensorDict) -> None:
+    assert set(a.keys(True, True)) == set(b.keys(True, True))
+    for key in a.keys(True, True):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, torch.Tensor) and x.is_nested:
+            assert y.is_nested and y.layout == x.layout
+            for u, v in zip(x.unbind(0), y.unbind(0), strict=True):
+                assert torch.equal(u, v)
+        elif isinstance(x, torch.Tensor):
+            assert x.dtype == y.dtype and x.device == y.device and torch.equal(x, y), key
+        else:
+            assert x.tolist() == y.tolist(), key
+
+
+async def test_round_trip_dense_jagged_nontensor_nested(local_cluster: Cluster) -> None:
+    st = await Store.create(local_cluster, num_units=2)
+    assert {u["node_id"] for u in st.units} == {"node-0", "node-1"}
+    td = mixed_td(6)
+    meta = await st.put(td, partition="train")
+    assert isinstance(meta, BatchMeta) and len(meta) == meta.size == 6
+    assert set(meta.shards) == {0, 1} and meta.partition_ids == ("train",) * 6
+    assert set(meta.field_names) == {"obs", "mask", "half", "info.reward", "responses", "text"}
+    assert meta.field_schemas["responses"].kind == "jagged"
+    out = await st.get(meta)
+    assert_same(td, out)
+    part = await st.get(meta.select([4, 1]), fields=["obs", "text"])
+    assert part["obs"][:, 0].tolist() == [4.0, 1.0] and part["text"].tolist() == ["s4", "s1"]
+    assert await st.partitions() == ["train"]
+    status = await st.production_status("train")
+    assert status["samples"] == 6 and status["fields"]["obs"] == 6
+
+
+async def test_column_wise_put_onto_existing_meta(local_cluster: Cluster) -> None:
+    st = await Store.create(local_cluster, num_units=2)
+    meta = await st.put(TensorDict({"prompt": torch.arange(4)}, [4]), partition="p")
+    with pytest.raises(StoreTimeoutError):
+        await st.get_meta("p", ["prompt", "resp"], 4, task="t", timeout=0)
+    full = await st.put(TensorDict({"resp": torch.arange(4) * 10}, [4]), meta=meta)
+    assert set(full.field_names) == {"prompt", "resp"}
+    got = await st.get_meta("p", ["prompt", "resp"], 4, task="t", timeout=5)
+    out = await st.get(got)
+    assert out["resp"].tolist() == [v * 10 for v in out["prompt"].tolist()]
+
+
+async def test_fetch_and_peek_per_task_and_reset(local_cluster: Cluster) -> None:
+    st = await Store.create(local_cluster, num_units=2)
+    await st.put(TensorDict({"x": torch.arange(6)}, [6]), partition="p")
+    peek = await st.get_meta("p", ["x"], 4, task="a", mode="peek", timeout=0)
+    assert len(peek) == 4
+    first = await st.get_meta("p", ["x"], 4, task="a", timeout=0)
+    assert first.global_indexes == peek.global_indexes
+    with pytest.raises(StoreTimeoutError):
+        await st.get_meta("p", ["x"], 4, task="a", timeout=0)
+    rest = await st.get_meta("p", ["x"], None, task="a")
+    assert len(rest) == 2
+    other = await st.get_meta("p", ["x"], 6, task="b", timeout=0)  # tasks are independent
+    assert len(other) == 6
+    assert await st.consumption_status("p", "a") == {"samples": 6, "consumed": 6}
+    await st.reset_consumption("a", "p")
+    assert len(await st.get_meta("p", ["x"], 6, task="a", timeout=0)) == 6
+    rand = await st.get_meta("p", ["x"], 3, task="r", sampler={"name": "random", "seed": 1})
+    assert len(set(rand.global_indexes)) == 3
+
+
+async def test_waiting_fetch_never_blocks_other_clients(local_cluster: Cluster) -> None:
+    st = await Store.create(local_cluster, num_units=2, name="wait-store")
+    other = await Store.connect("wait-store", local_cluster)
+    fetch = asyncio.ensure_future(st.get_meta("p", ["x"], 4, task="learner", timeout=60))
+    while (await other.stats())["waiting_fetches"] < 1:
+        await asyncio.sleep(0.01)
+    meta = await other.put(TensorDict({"x": torch.arange(2)}, [2]), partition="p")
+    assert not fetch.done()  # the put returned while the fetch still waits
+    peek = await other.get_meta("p", ["x"], 2, task="other", mode="peek", timeout=0)
+    assert peek.global_indexes == meta.global_indexes
+    assert (await other.get(peek))["x"].tolist() == [0, 1]
+    assert not fetch.done()
+    await other.put(TensorDict({"x": torch.arange(2, 4)}, [2]), partition="p")
+    got = await asyncio.wait_for(fetch, 30)
+    assert sorted((await st.get(got))["x"].tolist()) == [0, 1, 2, 3]
+
+
+async def test_grouped_sampler(local_cluster: Cluster) -> None:
+    st = await Store.create(local_cluster, num_units=2)
+    td = TensorDict({"x": torch.arange(7)}, [7])
+    await st.put(td, partition="p", group_ids=[0, 0, 1, 1, 2, 2, 3])
+    grouped = {"name": "grouped", "n": 2}
+    meta = await st.get_meta("p", ["x"], 4, task="t", sampler=grouped, timeout=0)
+    assert (await st.get(meta))["x"].tolist() == [0, 1, 2, 3]
+    with pytest.raises(StoreTimeoutError):  # group 3 is incomplete: never split
+        await st.get_meta("p", ["x"], 4, task="t", sampler=grouped, timeout=0.2)
+    await st.put(TensorDict({"x": torch.tensor([7])}, [1]), partition="p", group_ids=[3])
+    meta = await st.get_meta("p", ["x"], 4, task="t", sampler=grouped, timeout=5)
+    assert (await st.get(meta))["x"].tolist() == [4, 5, 6, 7]
+
+
+async def test_clear_and_reuse(local_cluster: Cluster) -> None:
+    st = await Store.create(local_cluster, num_units=2)
+    meta = await st.put(TensorDict({"x": torch.arange(4)}, [4]), partition="p")
+    await st.clear(meta)
+    assert (await st.production_status("p"))["samples"] == 0
+    again = await st.put(TensorDict({"x": torch.arange(4) + 10}, [4]), partition="p")
+    assert set(again.global_indexes) == set(meta.global_indexes)
+    assert (await st.get(again))["x"].tolist() == [10, 11, 12, 13]
+    await st.put(TensorDict({"y": torch.ones(2, 2)}, [2]), partition="q")
+    await st.clear_partition("p")
+    assert await st.partitions() == ["q"]
+    stats = await st.stats()
+    assert stats["allocated"] == 2 and stats["pending_release"] == 0
+
+
+async def test_kv_face(local_cluster: Cluster) -> None:
+    st = await Store.create(local_cluster, num_units=2)
+    keys = [f"k{i}" for i in range(6)]
+    await st.kv_put(keys, mixed_td(6))
+    assert sorted(await st.kv_list()) == sorted(keys)
+    out = await st.kv_get(["k5", "k0"], fields=["obs", "text"])
+    assert out["obs"][:, 0].tolist() == [5.0, 0.0] and out["text"].tolist() == ["s5", "s0"]
+    await st.kv_put(["k0"], mixed_td(1, start=100))
+    assert (await st.kv_get(["k0"]))["info", "reward"].tolist() == [100.0]
+    assert await st.kv_delete(["k0", "k1", "nope"]) == 2
+    with pytest.raises(UnknownKeyError):
+        await st.kv_get(["k0"])
+    assert len(await st.kv_list()) == 4
+
+
+async def test_capacity_full_then_success_after_clear(local_cluster: Cluster) -> None:
+    row = 1024 * 4  # bytes of one sample
+    st = await Store.create(local_cluster, num_units=2, capacity_bytes=10 * row)
+    first = await st.put(TensorDict({"x": torch.ones(16, 1024)}, [16]), partition="p")
+    before = await st.stats()
+    with pytest.raises(StoreFullError) as info:
+        await st.put(TensorDict({"x": torch.ones(8, 1024)}, [8]), partition="p", timeout=0.3)
+    assert "full" in str(info.value)
+    after = await st.stats()
+    assert after["allocated"] == before["allocated"] == 16  # the failed put was undone
+    assert (await st.production_status("p"))["samples"] == 16
+    waiting = asyncio.ensure_future(
+        st.put(TensorDict({"x": torch.full((8, 1024), 2.0)}, [8]), partition="p", timeout=30)
+    )
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    await st.clear(first)
+    meta = await asyncio.wait_for(waiting, 30)
+    assert bool((await st.get(meta))["x"].eq(2.0).all())
+
+
+def _sync_round_trip(cluster: Cluster) -> list[int]:
+    st = SyncStore.create(cluster, num_units=2, name="sync-store")
+    st.put(TensorDict({"x": torch.arange(3)}, [3]), partition="p")
+    meta = st.get_meta("p", ["x"], 3, task="t", timeout=5)
+    out: list[int] = st.get(meta)["x"].tolist()
+    return out
+
+
+async def test_sync_facade(local_cluster: Cluster) -> None:
+    assert await asyncio.to_thread(_sync_round_trip, local_cluster) == [0, 1, 2]
