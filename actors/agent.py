@@ -17,6 +17,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -66,8 +67,10 @@ class Agent:
         log_dir: str,
         kill_grace: float = 5.0,
         head_timeout: float = 5.0,
+        rank: int | None = None,
     ) -> None:
         self.head_address = head_address
+        self.rank = rank
         self.token = token
         self.node = node
         self.spawner = spawner
@@ -102,9 +105,10 @@ class Agent:
         await self.server.start()
         await self.spawner.start(self._on_exit)
         await self.head.connect()
-        reply = await self.head.request(
-            ("register_node", self.node.to_dict(), self.server.address), timeout=30
-        )
+        info = self.node.to_dict()
+        if self.rank is not None:  # the launch rank, so a rendezvous can name missing ranks
+            info["rank"] = self.rank
+        reply = await self.head.request(("register_node", info, self.server.address), timeout=30)
         self.head_timeout = float(reply.get("node_timeout", self.head_timeout))
         self._spawn_task(self._heartbeat())
         self._spawn_task(self.tailer.run())
@@ -268,6 +272,12 @@ class Agent:
             ],
         }
 
+    def op_free_port(self, peer: Peer) -> int:
+        """A TCP port free on this node's address right now (for torch.distributed groups)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((self.node.ip, 0))
+            return int(sock.getsockname()[1])
+
     def op_shutdown(self, peer: Peer) -> str:
         """Stop every actor and exit (after replying)."""
         asyncio.get_running_loop().call_soon(lambda: self._spawn_task(self.aclose()))
@@ -375,6 +385,7 @@ async def serve(args: argparse.Namespace, token: str) -> int:
         spawner=spawner,
         log_dir=args.log_dir,
         head_timeout=args.head_timeout,
+        rank=args.rank,
     )
     async with agent:
         loop = asyncio.get_running_loop()
@@ -395,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zygote", default="auto", help="socket path, 'auto' or 'none'")
     parser.add_argument("--log-dir", default=os.path.join(os.getcwd(), "rayless-logs"))
     parser.add_argument("--head-timeout", type=float, default=5.0)
+    parser.add_argument("--rank", type=int, default=None, help="launch rank (rendezvous)")
     args = parser.parse_args(argv)
     setup_logging(f"agent {args.node_id or ''}".strip())
     if os.environ.get("RAYLESS_DIE_WITH_PARENT"):

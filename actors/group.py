@@ -1,19 +1,163 @@
 """Groups of actors spawned together, optionally wired for torch.distributed.
 
-Filled in by the bootstrap work (issue 6).
+``await cluster.spawn_group(Worker, 4, torch_distributed=True)`` starts four actors with
+ranks 0..3 and returns their handles in rank order. Placement: contiguous blocks of ranks per
+node, spread evenly over the live nodes in launch-rank order (``[n0, n0, n1, n1]`` for four
+members on two nodes, as torchrun numbers them), or over ``nodes=[...]``, or all on ``node=``,
+or exactly on a placement plan's slots (``plan=planner, component="actor"``: node and GPU
+indices per worker, see ``actors.components``).
+
+Each member's environment has RAYLESS_GROUP_RANK and RAYLESS_GROUP_SIZE; with
+``torch_distributed=True`` also MASTER_ADDR (the address of rank 0's node), MASTER_PORT,
+RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (members on the same node) and GROUP_RANK
+(the node's index in the group), so ``torch.distributed.init_process_group("gloo" or "nccl")``
+with the default ``env://`` works. MASTER_PORT is a port that rank 0's node agent found free
+on that node just before the spawn (the ``free_port`` agent op); it stays free unless another
+process takes it before rank 0's ``init_process_group`` binds it — pass ``master_port=`` to
+choose one yourself.
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
 from typing import TYPE_CHECKING, Any
+
+from actors.components import slots_of
+from transport.errors import PlacementError
 
 if TYPE_CHECKING:
     from actors.cluster import Cluster
     from actors.handle import ActorHandle
 
 
+def block_assignment(n: int, nodes: list[str]) -> list[str]:
+    """Node of each of ``n`` ranks: contiguous, even blocks over ``nodes`` (in order)."""
+    m = min(len(nodes), n)
+    return [nodes[i * m // n] for i in range(n)]
+
+
+def _node_order(records: list[dict[str, Any]], gpus: float) -> list[str]:
+    alive = [r for r in records if r.get("alive", True)]
+    if gpus > 0:
+        alive = [r for r in alive if int(r.get("gpus_total", 0)) >= math.ceil(gpus)]
+    alive.sort(key=lambda r: (r.get("rank") is None, r.get("rank") or 0, str(r["node_id"])))
+    return [str(r["node_id"]) for r in alive]
+
+
+def torch_env(ranks_nodes: list[str], master_addr: str, master_port: int) -> list[dict[str, str]]:
+    """The torch.distributed variables of each rank, given each rank's node."""
+    world = len(ranks_nodes)
+    order = list(dict.fromkeys(ranks_nodes))  # nodes in order of their first rank
+    out = []
+    for rank, node in enumerate(ranks_nodes):
+        local = [r for r, n in enumerate(ranks_nodes) if n == node]
+        out.append(
+            {
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(master_port),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(local.index(rank)),
+                "LOCAL_WORLD_SIZE": str(len(local)),
+                "GROUP_RANK": str(order.index(node)),
+            }
+        )
+    return out
+
+
 async def spawn_group(
-    cluster: Cluster, cls: type, n: int, *args: Any, **kwargs: Any
+    cluster: Cluster,
+    cls: type,
+    n: int,
+    *args: Any,
+    torch_distributed: bool = False,
+    nodes: list[str] | None = None,
+    node: str | None = None,
+    plan: Any = None,
+    component: str | None = None,
+    name_prefix: str | None = None,
+    env: dict[str, str] | None = None,
+    gpus: float = 0,
+    cpus: float = 1,
+    master_port: int | None = None,
+    **kwargs: Any,
 ) -> list[ActorHandle]:
-    """Spawn ``n`` actors of ``cls``; see the module docstring."""
-    raise NotImplementedError("spawn_group arrives with the bootstrap issue")
+    """Spawn ``n`` actors ``cls(*args, **kwargs)`` as ranks 0..n-1; handles in rank order.
+
+    Other keyword arguments (``max_restarts``, ``max_concurrency``, ``timeout`` ...) go to
+    ``cluster.spawn``; names are ``{name_prefix}-{rank}`` when a prefix is given. If any
+    member fails to start, the others are killed and the error is raised.
+
+    Raises:
+        ValueError: ``n < 1``, conflicting ``node``/``nodes``/``plan``, a plan whose worker
+            count is not ``n``, or ``plan`` without ``component``.
+        PlacementError: no live node can hold the members, or a named node is not alive.
+        RemoteError: a member's constructor or ``setup`` raised.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an int >= 1, got {n!r}")
+    if sum(x is not None for x in (nodes, node, plan)) > 1:
+        raise ValueError("give at most one of node=, nodes= and plan=")
+    per_rank: list[dict[str, Any]] = []
+    if plan is not None:
+        if component is None:
+            raise ValueError("plan= needs component=")
+        slots = slots_of(plan, component)
+        if len(slots) != n:
+            raise ValueError(f"the plan has {len(slots)} workers of {component!r}, not n={n}")
+        for slot in slots:
+            share = slot.gpu_fraction if slot.gpu_indices else 0.0
+            per_rank.append(
+                {
+                    "node": slot.node_id,
+                    "gpus": share if 0 < share < 1 else float(len(slot.gpu_indices)),
+                    "gpu_indices": slot.gpu_indices or None,
+                    "cpus": slot.cpus,
+                }
+            )
+    else:
+        records = await cluster.nodes()
+        if node is not None:
+            targets = [node] * n
+        else:
+            order = list(nodes) if nodes is not None else _node_order(records, gpus)
+            if not order:
+                raise PlacementError(f"no live node can hold members with gpus={gpus}")
+            targets = block_assignment(n, order)
+        per_rank = [{"node": t, "gpus": gpus, "cpus": cpus} for t in targets]
+    ranks_nodes = [str(p["node"]) for p in per_rank]
+    envs: list[dict[str, str]] = [{} for _ in range(n)]
+    if torch_distributed:
+        records = await cluster.nodes()
+        ips = {str(r["node_id"]): str(r.get("ip") or "") for r in records if r.get("alive")}
+        if ranks_nodes[0] not in ips:
+            raise PlacementError(f"node {ranks_nodes[0]!r} of rank 0 is not alive")
+        if master_port is None:
+            runtime = await cluster._runtime()
+            master_port = int(await runtime.head_request(("free_port", ranks_nodes[0])))
+        envs = torch_env(ranks_nodes, ips[ranks_nodes[0]], master_port)
+
+    async def one(rank: int) -> ActorHandle:
+        member_env = {
+            **(env or {}),
+            **envs[rank],
+            "RAYLESS_GROUP_RANK": str(rank),
+            "RAYLESS_GROUP_SIZE": str(n),
+        }
+        return await cluster.spawn(
+            cls,
+            *args,
+            name=f"{name_prefix}-{rank}" if name_prefix else None,
+            env=member_env,
+            **per_rank[rank],
+            **kwargs,
+        )
+
+    results = await asyncio.gather(*(one(r) for r in range(n)), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        spawned = [r for r in results if not isinstance(r, BaseException)]
+        await asyncio.gather(*(cluster.kill(h) for h in spawned), return_exceptions=True)
+        raise errors[0]
+    return list(results)  # type: ignore[arg-type]

@@ -234,6 +234,14 @@ class Head:
             out.append(summary)
         return out
 
+    async def op_free_port(self, peer: Peer, node_id: str) -> int:
+        """A TCP port free right now on ``node_id`` (asked of its agent)."""
+        agent = self.agents.get(node_id)
+        node = self.nodes.get(node_id)
+        if agent is None or node is None or not node.alive:
+            raise PlacementError(f"node {node_id!r} is not alive in this cluster")
+        return int(await agent.request(("free_port",), timeout=10))
+
     def op_shutdown(self, peer: Peer) -> str:
         """Shut the whole cluster down (after replying)."""
         asyncio.get_running_loop().call_soon(lambda: self._spawn_task(self.aclose()))

@@ -54,6 +54,7 @@ class NodeState:
             "node_id": self.node_id,
             "hostname": self.info.get("hostname"),
             "ip": self.info.get("ip"),
+            "rank": self.info.get("rank"),
             "alive": self.alive,
             "cpus": self.cpus,
             "cpus_used": round(self.cpus_used, 6),

@@ -1,0 +1,11 @@
+"""Start rayless on many hosts over SSH (see ``actors.ssh_launch``; also ``rayless ssh-launch``).
+
+python scripts/ssh_launch.py --hosts gpu1,gpu2 --workdir /shared/proj -- train.py --lr 1e-4
+"""
+
+import sys
+
+from actors.ssh_launch import main
+
+if __name__ == "__main__":
+    sys.exit(main())
