@@ -1,0 +1,260 @@
+"""``rayless status``: print a running cluster's nodes, GPUs, actors and restarts.
+
+    rayless status --address tcp://10.0.0.1:7000 --token-file ~/.rayless/token
+    RAYLESS_ADDRESS=tcp://... RAYLESS_TOKEN_FILE=... rayless status --json
+
+The address comes from ``--address`` or RAYLESS_ADDRESS; the token from ``--token``,
+``--token-file``, RAYLESS_TOKEN or RAYLESS_TOKEN_FILE (first found wins, in that order). The
+command joins the cluster as a session of its own, asks the head for ``nodes()``, prints them
+and ends its session. Ending a session kills only the actors that session spawned, and this
+one spawns none, so other drivers' actors are never touched.
+
+Exit codes: 0 on success; 1 with a one-line message on stderr when the address or token is
+missing, the head does not answer within ``--timeout`` seconds, or it rejects the token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from actors import context
+from transport.errors import AuthError, RaylessError
+
+DEFAULT_TIMEOUT = 5.0
+
+
+class StatusError(Exception):
+    """A failure ``run`` reports as one line and exit code 1."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``rayless status``'s options to ``parser``."""
+    parser.add_argument(
+        "--address",
+        help=f"the head's address, tcp://HOST:PORT (default: ${context.ENV_ADDRESS})",
+    )
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument(
+        "--token", help=f"the cluster token (default: ${context.ENV_TOKEN}); prefer --token-file"
+    )
+    token.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help=f"a file holding the cluster token (default: ${context.ENV_TOKEN_FILE})",
+    )
+    parser.add_argument("--json", action="store_true", help="print the head's raw node records")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds to wait for the head (default: {DEFAULT_TIMEOUT:g})",
+    )
+
+
+def resolve(args: argparse.Namespace) -> tuple[str, str]:
+    """The address and token from the options, else from the environment.
+
+    Raises:
+        StatusError: no address or no token, or an unreadable token file.
+    """
+    address = getattr(args, "address", None) or os.environ.get(context.ENV_ADDRESS)
+    try:
+        if getattr(args, "token", None):
+            token: str | None = str(args.token).strip()
+        elif getattr(args, "token_file", None):
+            token = context.read_token_file(args.token_file)
+        elif os.environ.get(context.ENV_TOKEN):
+            token = os.environ[context.ENV_TOKEN].strip()
+        elif os.environ.get(context.ENV_TOKEN_FILE):
+            token = context.read_token_file(os.environ[context.ENV_TOKEN_FILE])
+        else:
+            token = None
+    except RaylessError as exc:
+        raise StatusError(str(exc)) from None
+    if not address:
+        raise StatusError(f"no head address: pass --address or set {context.ENV_ADDRESS}")
+    if not token:
+        raise StatusError(
+            f"no cluster token: pass --token-file (or --token), or set {context.ENV_TOKEN_FILE} "
+            f"or {context.ENV_TOKEN}"
+        )
+    return address, token
+
+
+async def fetch(address: str, token: str, timeout: float) -> list[dict[str, Any]]:
+    """Join the cluster, ask the head for every node, end the (actor-less) session.
+
+    Raises:
+        StatusError: the head did not answer within ``timeout``, rejected the token, or the
+            address is malformed.
+    """
+    import zmq
+
+    from actors.cluster import Cluster, connect
+    from actors.runtime import close_runtimes
+
+    cluster: Cluster | None = None
+    try:
+        try:
+            cluster = await asyncio.wait_for(connect(address, token=token), timeout)
+            return await asyncio.wait_for(cluster.nodes(), timeout)
+        except asyncio.TimeoutError:
+            raise StatusError(f"no answer from the head at {address} within {timeout:g}s") from None
+        except AuthError:
+            raise StatusError(f"the head at {address} rejected the token (wrong token?)") from None
+        except zmq.ZMQError as exc:
+            raise StatusError(f"cannot connect to {address!r}: {exc}") from None
+        except RaylessError as exc:
+            raise StatusError(f"{type(exc).__name__} from the head at {address}: {exc}") from None
+    finally:
+        if cluster is not None:
+            # Ends this command's own session: it spawned nothing, so nothing is killed.
+            try:
+                await asyncio.wait_for(cluster.aclose(), timeout)
+            except (asyncio.TimeoutError, RaylessError):
+                pass
+        await close_runtimes()  # a half-started connection, if connect() timed out
+        context.set_current(None)
+
+
+# -- formatting ---------------------------------------------------------------------------
+
+
+def _num(value: Any) -> str:
+    """A resource amount without trailing zeros (1, 0.5, 0.25)."""
+    try:
+        return f"{float(value):g}"
+    except (TypeError, ValueError):
+        return "?"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """An aligned plain-text table: numeric columns right-aligned, the rest left-aligned.
+
+    ``None`` cells print as ``-``. Every row must have as many cells as ``headers``.
+    """
+    cells = [[str(c) for c in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    numeric = [
+        bool(rows) and all(_is_number(r[i]) for r in rows if r[i] is not None)
+        for i in range(len(headers))
+    ]
+    lines = []
+    for r in cells:
+        parts = [
+            c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric, strict=True)
+        ]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def gpu_shares(node: dict[str, Any]) -> str:
+    """Each GPU's used share, e.g. ``0:0.5 1:1 2:0``."""
+    parts = []
+    for gpu in node.get("gpus") or []:
+        used = max(0.0, 1.0 - float(gpu.get("free", 0.0)))
+        parts.append(f"{gpu.get('index', '?')}:{used:g}")
+    return " ".join(parts) or "-"
+
+
+def format_nodes(nodes: list[dict[str, Any]]) -> str:
+    """The nodes table."""
+    rows = []
+    for n in nodes:
+        gpus = n.get("gpus") or []
+        total = int(n.get("gpus_total", len(gpus)))
+        free = int(n.get("gpus_free", 0))
+        rows.append(
+            [
+                n.get("node_id", "?"),
+                n.get("ip") or "?",
+                "yes" if n.get("alive") else "NO",
+                f"{_num(n.get('cpus_used', 0))}/{_num(n.get('cpus', 0))}",
+                f"{free}/{total}" + (" (fake)" if n.get("fake_gpus") and total else ""),
+                total - free,
+                gpu_shares(n),
+                len(n.get("actors") or []),
+            ]
+        )
+    headers = ["NODE", "IP", "ALIVE", "CPUS USED/TOTAL", "GPUS FREE", "GPUS USED", "USED PER GPU"]
+    return table([*headers, "ACTORS"], rows)
+
+
+def _actor_gpus(actor: dict[str, Any]) -> str:
+    shares = actor.get("gpu_shares") or []
+    return (
+        ",".join(
+            f"{i}" if float(s) >= 1.0 else f"{i}({_num(s)})" for i, s in shares if s is not None
+        )
+        or "-"
+    )
+
+
+def format_actors(nodes: list[dict[str, Any]]) -> str:
+    """The actors table (every actor the head lists under a node)."""
+    rows = []
+    for n in nodes:
+        for a in n.get("actors") or []:
+            if not isinstance(a, dict):
+                continue
+            rows.append(
+                [
+                    a.get("name", "?"),
+                    a.get("cls", "?"),
+                    a.get("node_id") or n.get("node_id", "?"),
+                    _actor_gpus(a),
+                    _num(a.get("cpus", 0)),
+                    a.get("state", "?"),
+                    a.get("pid"),
+                    f"{a.get('restarts', 0)}/{a.get('max_restarts', 0)}",
+                ]
+            )
+    headers = ["NAME", "CLASS", "NODE", "GPUS", "CPUS", "STATE", "PID", "RESTARTS"]
+    return table(headers, rows) if rows else "(no actors)"
+
+
+def render(nodes: list[dict[str, Any]], address: str) -> str:
+    """The whole plain-text report."""
+    n_actors = sum(len(n.get("actors") or []) for n in nodes)
+    alive = sum(1 for n in nodes if n.get("alive"))
+    head = f"cluster {address}: {alive}/{len(nodes)} nodes alive, {n_actors} actors"
+    return "\n".join([head, "", "Nodes", format_nodes(nodes), "", "Actors", format_actors(nodes)])
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``rayless status``; returns the exit code."""
+    timeout = float(getattr(args, "timeout", DEFAULT_TIMEOUT))
+    try:
+        if not timeout > 0:
+            raise StatusError("--timeout must be > 0")
+        address, token = resolve(args)
+        nodes = asyncio.run(fetch(address, token, timeout))
+    except StatusError as exc:
+        print(f"rayless status: {exc}", file=sys.stderr)
+        return 1
+    if getattr(args, "json", False):
+        print(json.dumps(nodes, indent=2, sort_keys=True, default=str))
+    else:
+        print(render(nodes, address))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run as ``python -m actors.status``."""
+    parser = argparse.ArgumentParser(prog="rayless status", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,681 @@
+"""Benchmark rayless actors against Ray 2.60 actors, side by side in one run.
+
+Rows (each measured ``--repeats`` times, the median is reported):
+
+* 1:1 sync: one caller, one call in flight (``await handle.m()`` / ``ray.get(a.m.remote())``),
+  calls/s and p50/p99 latency. Ours is measured on an ``async def`` and on a plain ``def``
+  method (sync methods run in the actor's worker thread); Ray's on a normal (``def``) method.
+* 1:1 async: ``--window`` calls in flight to one actor (``asyncio.gather`` of the handle
+  calls / ``ray.get`` of a list of refs), calls/s.
+* n:n async: 4 caller actors, each pipelining ``--window`` calls to its own target actor (8
+  actor processes on both sides; Ray's callers are async actors awaiting refs), calls/s over
+  all callers, timed by the driver.
+* tensor argument: a CPU float32 torch tensor of 1, 64 and 256 MiB passed to an actor method
+  that returns a scalar (its ``numel``); MB/s (10^6 bytes) of argument data. Ray's default
+  path (pickled tensor through the object store) is the reference; its zero-copy numpy path
+  (``t.numpy()`` argument, ``torch.from_numpy`` in the actor) is printed for information.
+* spawn: time to start 8 new actors concurrently on an already started cluster and have each
+  answer one call.
+* idle memory: the sum of RSS (and PSS/USS where the kernel provides them) of every process
+  of an idle cluster, driver excluded. Ours: ``Cluster.local(nodes=2)`` — the head, the zygote
+  and the two node agents (``LocalProcesses.pids``) plus all their descendants (none when
+  idle). Ray: every descendant of the process that called ``ray.init(num_cpus=8,
+  include_dashboard=False)`` (gcs_server, raylet, its idle workers, the agents and monitors),
+  measured once the process set has been stable for 2 s. Ray's is a *one*-node cluster.
+
+Our calls run on ``Cluster.local(nodes=1)``; all our bench actors ask for ``cpus=0`` (the
+node advertises this machine's 2 CPUs). Ray runs in a subprocess of this script (its own
+event loop and signal handling never meet ours) and always ends with ``ray.shutdown()``.
+Goals (ours / Ray): sync ≥ 3x, async ≥ 5x, 64 MiB tensor ≥ 5x, spawn ≤ 1/3, memory ≤ 1/3.
+
+    python scripts/bench_actors.py [--quick] [--skip-ray] [--repeats 3] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+import torch
+
+MiB = 2**20
+N_PAIRS = 4
+N_SPAWN = 8
+RAY_TIMEOUT = 900.0
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Iteration counts of one run."""
+
+    sync_calls: int
+    window: int
+    pipelined_calls: int
+    nn_calls_per_caller: int
+    tensor_mib: tuple[int, ...]
+    tensor_iters: dict[int, int] = field(default_factory=dict)
+    repeats: int = 3
+
+
+def sizes_for(quick: bool, repeats: int | None) -> Sizes:
+    """The iteration counts for ``--quick`` or a full run."""
+    if quick:
+        return Sizes(
+            sync_calls=1000,
+            window=200,
+            pipelined_calls=3000,
+            nn_calls_per_caller=1000,
+            tensor_mib=(1, 64),
+            tensor_iters={1: 30, 64: 5},
+            repeats=repeats or 1,
+        )
+    return Sizes(
+        sync_calls=3000,
+        window=200,
+        pipelined_calls=10000,
+        nn_calls_per_caller=2500,
+        tensor_mib=(1, 64, 256),
+        tensor_iters={1: 100, 64: 10, 256: 4},
+        repeats=repeats or 3,
+    )
+
+
+# -- actor classes of our side (importable by the actor processes as __mp_main__) ------------
+
+
+class Target:
+    """The callee: trivial sync and async methods and a tensor sink."""
+
+    def ping(self) -> int:
+        """A plain method: runs in the actor's worker thread."""
+        return 1
+
+    async def aping(self) -> int:
+        """An async method: runs on the actor's loop."""
+        return 1
+
+    def take(self, t: torch.Tensor) -> int:
+        """Receive a tensor, return a scalar."""
+        return int(t.numel())
+
+    async def atake(self, t: torch.Tensor) -> int:
+        """Receive a tensor on the loop, return a scalar."""
+        return int(t.numel())
+
+
+class Caller:
+    """An actor that pipelines calls to a target actor (for the n:n row)."""
+
+    async def run(self, target: Any, method: str, n: int, window: int) -> float:
+        """Make ``n`` calls with ``window`` in flight; returns the seconds it took."""
+        start = time.perf_counter()
+        await pipelined(lambda: getattr(target, method)(), n, window)
+        return time.perf_counter() - start
+
+
+async def pipelined(call: Callable[[], Awaitable[Any]], n: int, window: int) -> None:
+    """Run ``n`` calls keeping at most ``window`` in flight (windows issued back to back)."""
+    done = 0
+    while done < n:
+        k = min(window, n - done)
+        await asyncio.gather(*[call() for _ in range(k)])
+        done += k
+
+
+# -- measurement helpers --------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-quantile (0..1) of ``values`` by nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of a non-empty sequence."""
+    return float(statistics.median(values))
+
+
+def tree_memory(pids: Sequence[int]) -> dict[str, float]:
+    """RSS/PSS/USS sums (MB) over ``pids`` and all their descendants, with the count."""
+    procs: dict[int, psutil.Process] = {}
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            continue
+        procs[pid] = p
+        try:
+            for child in p.children(recursive=True):
+                procs[child.pid] = child
+        except psutil.NoSuchProcess:
+            pass
+    rss = pss = uss = 0
+    full = True
+    names: list[str] = []
+    for p in procs.values():
+        try:
+            info = p.memory_full_info()
+            rss += info.rss
+            pss += getattr(info, "pss", 0)
+            uss += getattr(info, "uss", 0)
+            full = full and hasattr(info, "pss")
+            names.append(_short_name(p))
+        except psutil.AccessDenied:
+            rss += p.memory_info().rss
+            full = False
+        except psutil.NoSuchProcess:
+            continue
+    out: dict[str, float] = {"count": len(procs), "rss_mb": rss / 1e6}
+    if full:
+        out.update(pss_mb=pss / 1e6, uss_mb=uss / 1e6)
+    out["names"] = ", ".join(sorted(names))  # type: ignore[assignment]
+    return out
+
+
+def _short_name(p: psutil.Process) -> str:
+    try:
+        cmd = p.cmdline()
+    except (psutil.AccessDenied, psutil.NoSuchProcess):
+        return p.name()
+    for i, part in enumerate(cmd):
+        if part == "-m" and i + 1 < len(cmd):
+            return cmd[i + 1].rsplit(".", 1)[-1]
+    exe = os.path.basename(cmd[0]) if cmd else p.name()
+    if exe.startswith("python"):
+        scripts = [c for c in cmd[1:] if not c.startswith("-")]
+        return os.path.basename(scripts[0]) if scripts else exe
+    return exe
+
+
+def wait_stable(pid: int, settle: float = 2.0, limit: float = 30.0) -> None:
+    """Wait until the set of descendants of ``pid`` did not change for ``settle`` seconds."""
+    deadline = time.monotonic() + limit
+    last: set[int] = set()
+    since = time.monotonic()
+    while time.monotonic() < deadline:
+        now = {c.pid for c in psutil.Process(pid).children(recursive=True)}
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= settle:
+            return
+        time.sleep(0.25)
+
+
+# -- our side -------------------------------------------------------------------------------
+
+
+async def ours_memory() -> dict[str, float]:
+    """Idle memory of ``Cluster.local(nodes=2)``: head, zygote, agents and descendants."""
+    from actors import Cluster
+
+    async with Cluster.local(nodes=2) as cluster:
+        local = cluster._local
+        if local is None:
+            raise RuntimeError("Cluster.local() has no LocalProcesses")
+        await asyncio.sleep(2.0)  # let startup allocations settle
+        return tree_memory(local.pids)
+
+
+async def ours_sync(method: Any, n: int) -> dict[str, float]:
+    """One call in flight: calls/s, p50 and p99 latency (µs)."""
+    for _ in range(min(200, n)):
+        await method()
+    lat: list[float] = []
+    start = time.perf_counter()
+    for _ in range(n):
+        t = time.perf_counter()
+        await method()
+        lat.append(time.perf_counter() - t)
+    total = time.perf_counter() - start
+    return {
+        "rate": n / total,
+        "p50_us": percentile(lat, 0.5) * 1e6,
+        "p99_us": percentile(lat, 0.99) * 1e6,
+    }
+
+
+async def ours_pipelined(method: Any, n: int, window: int) -> float:
+    """Calls/s with ``window`` calls in flight to one actor."""
+    await pipelined(method, min(n, 2 * window), window)
+    start = time.perf_counter()
+    await pipelined(method, n, window)
+    return n / (time.perf_counter() - start)
+
+
+async def ours_nn(callers: list[Any], targets: list[Any], method: str, s: Sizes) -> float:
+    """Calls/s of N_PAIRS caller actors each pipelining to its own target."""
+    warm = [c.run(t, method, s.window, s.window) for c, t in zip(callers, targets, strict=True)]
+    await asyncio.gather(*warm)
+    start = time.perf_counter()
+    runs = [
+        c.run(t, method, s.nn_calls_per_caller, s.window)
+        for c, t in zip(callers, targets, strict=True)
+    ]
+    await asyncio.gather(*runs)
+    return len(callers) * s.nn_calls_per_caller / (time.perf_counter() - start)
+
+
+async def ours_tensor(method: Any, mib: int, iters: int) -> float:
+    """MB/s of a ``mib`` MiB float32 tensor argument (the actor returns a scalar)."""
+    t = torch.ones(mib * MiB // 4)
+    if await method(t) != t.numel():
+        raise RuntimeError("the actor saw a different tensor")
+    start = time.perf_counter()
+    for _ in range(iters):
+        await method(t)
+    return iters * t.nbytes / (time.perf_counter() - start) / 1e6
+
+
+async def ours_spawn(cluster: Any) -> float:
+    """Seconds to spawn N_SPAWN actors concurrently and have each answer one call."""
+    start = time.perf_counter()
+    handles = await asyncio.gather(*[cluster.spawn(Target, cpus=0) for _ in range(N_SPAWN)])
+    await asyncio.gather(*[h.ping() for h in handles])
+    elapsed = time.perf_counter() - start
+    for h in handles:
+        await cluster.kill(h)
+    return elapsed
+
+
+async def run_ours(s: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
+    """Every row on our side; values are medians over ``s.repeats`` runs."""
+    from actors import Cluster
+
+    res: dict[str, Any] = {}
+    log("ours: idle memory of Cluster.local(nodes=2)")
+    res["memory"] = await ours_memory()
+    log("ours: starting Cluster.local(nodes=1)")
+    async with Cluster.local(nodes=1) as cluster:
+        target = await cluster.spawn(Target, cpus=0)
+        reps = range(s.repeats)
+        for name, m in (("sync_async_def", target.aping), ("sync_def", target.ping)):
+            log(f"ours: 1:1 sync ({name})")
+            runs = [await ours_sync(m, s.sync_calls) for _ in reps]
+            res[name] = {k: median([r[k] for r in runs]) for k in runs[0]}
+        for name, m in (("pipe_async_def", target.aping), ("pipe_def", target.ping)):
+            log(f"ours: 1:1 pipelined ({name})")
+            res[name] = median([await ours_pipelined(m, s.pipelined_calls, s.window) for _ in reps])
+        log("ours: n:n")
+        callers = await asyncio.gather(*[cluster.spawn(Caller, cpus=0) for _ in range(N_PAIRS)])
+        targets = await asyncio.gather(*[cluster.spawn(Target, cpus=0) for _ in range(N_PAIRS)])
+        for name, meth in (("nn_async_def", "aping"), ("nn_def", "ping")):
+            res[name] = median([await ours_nn(callers, targets, meth, s) for _ in reps])
+        for h in [*callers, *targets]:
+            await cluster.kill(h)
+        for mib in s.tensor_mib:
+            log(f"ours: tensor {mib} MiB")
+            iters = s.tensor_iters[mib]
+            res[f"tensor_{mib}"] = median(
+                [await ours_tensor(target.take, mib, iters) for _ in reps]
+            )
+        log("ours: spawn")
+        res["spawn"] = median([await ours_spawn(cluster) for _ in reps])
+    return res
+
+
+# -- Ray's side (run in a subprocess: ``--ray-part``) ----------------------------------------
+
+
+def run_ray(s: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
+    """Every row on Ray's side; values are medians over ``s.repeats`` runs."""
+    import logging
+
+    import ray
+
+    @ray.remote
+    class RayTarget:
+        def ping(self) -> int:
+            return 1
+
+        def take(self, t: Any) -> int:
+            return int(t.numel())
+
+        def take_np(self, a: Any) -> int:
+            return int(torch.from_numpy(a).numel())
+
+    @ray.remote
+    class RayPing:  # no torch reference: its workers need not import torch
+        def ping(self) -> int:
+            return 1
+
+    @ray.remote
+    class RayCaller:
+        async def run(self, target: Any, n: int, window: int) -> float:
+            start = time.perf_counter()
+            done = 0
+            while done < n:
+                k = min(window, n - done)
+                await asyncio.gather(*[target.ping.remote() for _ in range(k)])
+                done += k
+            return time.perf_counter() - start
+
+    def get(x: Any) -> Any:
+        return ray.get(x, timeout=120)
+
+    res: dict[str, Any] = {}
+    reps = range(s.repeats)
+    log("ray: ray.init(num_cpus=8, include_dashboard=False)")
+    t0 = time.perf_counter()
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    try:
+        res["init_s"] = time.perf_counter() - t0
+        log("ray: waiting for an idle, stable process set")
+        wait_stable(os.getpid())
+        res["memory"] = tree_memory([c.pid for c in psutil.Process().children()])
+
+        target = RayTarget.remote()  # type: ignore[attr-defined]
+        get(target.ping.remote())
+
+        def sync_once() -> dict[str, float]:
+            for _ in range(min(200, s.sync_calls)):
+                get(target.ping.remote())
+            lat: list[float] = []
+            start = time.perf_counter()
+            for _ in range(s.sync_calls):
+                t = time.perf_counter()
+                get(target.ping.remote())
+                lat.append(time.perf_counter() - t)
+            total = time.perf_counter() - start
+            return {
+                "rate": s.sync_calls / total,
+                "p50_us": percentile(lat, 0.5) * 1e6,
+                "p99_us": percentile(lat, 0.99) * 1e6,
+            }
+
+        log("ray: 1:1 sync")
+        runs = [sync_once() for _ in reps]
+        res["sync"] = {k: median([r[k] for r in runs]) for k in runs[0]}
+
+        def pipe_once(n: int) -> float:
+            start = time.perf_counter()
+            done = 0
+            while done < n:
+                k = min(s.window, n - done)
+                get([target.ping.remote() for _ in range(k)])
+                done += k
+            return n / (time.perf_counter() - start)
+
+        log("ray: 1:1 pipelined")
+        pipe_once(2 * s.window)
+        res["pipe"] = median([pipe_once(s.pipelined_calls) for _ in reps])
+
+        log("ray: n:n")
+        callers = [RayCaller.remote() for _ in range(N_PAIRS)]  # type: ignore[attr-defined]
+        targets = [RayPing.remote() for _ in range(N_PAIRS)]  # type: ignore[attr-defined]
+        get([c.run.remote(t, s.window, s.window) for c, t in zip(callers, targets, strict=True)])
+
+        def nn_once() -> float:
+            start = time.perf_counter()
+            n = s.nn_calls_per_caller
+            get([c.run.remote(t, n, s.window) for c, t in zip(callers, targets, strict=True)])
+            return N_PAIRS * n / (time.perf_counter() - start)
+
+        res["nn"] = median([nn_once() for _ in reps])
+        for h in [*callers, *targets]:
+            ray.kill(h)
+
+        for mib in s.tensor_mib:
+            log(f"ray: tensor {mib} MiB")
+            t = torch.ones(mib * MiB // 4)
+            a = t.numpy()
+            iters = s.tensor_iters[mib]
+
+            def tensor_once(method: Any, value: Any, t: torch.Tensor, iters: int) -> float:
+                if get(method.remote(value)) != t.numel():
+                    raise RuntimeError("the actor saw a different tensor")
+                start = time.perf_counter()
+                for _ in range(iters):
+                    get(method.remote(value))
+                return iters * t.nbytes / (time.perf_counter() - start) / 1e6
+
+            res[f"tensor_{mib}"] = median([tensor_once(target.take, t, t, iters) for _ in reps])
+            res[f"tensor_np_{mib}"] = median(
+                [tensor_once(target.take_np, a, t, iters) for _ in reps]
+            )
+            del t, a
+
+        def spawn_once() -> float:
+            start = time.perf_counter()
+            fresh = [RayPing.remote() for _ in range(N_SPAWN)]  # type: ignore[attr-defined]
+            get([h.ping.remote() for h in fresh])
+            elapsed = time.perf_counter() - start
+            for h in fresh:
+                ray.kill(h)
+            return elapsed
+
+        log("ray: spawn")
+        res["spawn"] = median([spawn_once() for _ in reps])
+        ray.kill(target)
+    finally:
+        ray.shutdown()
+    return res
+
+
+def ray_subprocess(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any] | None:
+    """Run Ray's side in a child process; its results, or None (with a message) on failure."""
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--ray-part",
+        "--repeats",
+        str(args.repeats or 0),
+    ]
+    if args.quick:
+        cmd.append("--quick")
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, timeout=RAY_TIMEOUT, text=True)
+    except subprocess.TimeoutExpired:
+        log(f"ray: no result within {RAY_TIMEOUT:.0f}s")
+        return None
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RAY_RESULT "):
+            result: dict[str, Any] = json.loads(line[len("RAY_RESULT ") :])
+            return result
+    log(f"ray: the child exited with {proc.returncode} and no result")
+    return None
+
+
+# -- report ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One line of the table: ours, Ray's, and the goal on ours/Ray (if any)."""
+
+    name: str
+    unit: str
+    ours: float | None
+    ray: float | None
+    goal: str = ""  # ">=3" or "<=0.333"
+
+    def ratio(self) -> float | None:
+        """Ours divided by Ray's."""
+        if self.ours is None or not self.ray:
+            return None
+        return self.ours / self.ray
+
+    def verdict(self) -> str:
+        """PASS/MISS against the goal, or '' without one (or without Ray's figure)."""
+        r = self.ratio()
+        if not self.goal or r is None:
+            return ""
+        op, bound = self.goal[:2], float(self.goal[2:])
+        ok = r >= bound if op == ">=" else r <= bound
+        return "PASS" if ok else "MISS"
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if float(v).is_integer() and abs(v) < 100:
+        return str(int(v))
+    if v >= 100:
+        return f"{v:,.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def build_rows(ours: dict[str, Any], ray: dict[str, Any] | None, s: Sizes) -> list[Row]:
+    """The table's rows from both result dicts."""
+    r = ray or {}
+    rs = r.get("sync", {})
+    rows = [
+        Row(
+            "1:1 sync, async def (calls/s)",
+            "calls/s",
+            ours["sync_async_def"]["rate"],
+            rs.get("rate"),
+            ">=3",
+        ),
+        Row("1:1 sync, def (calls/s)", "calls/s", ours["sync_def"]["rate"], rs.get("rate"), ">=3"),
+        Row(
+            "1:1 sync, async def p50 (µs)", "µs", ours["sync_async_def"]["p50_us"], rs.get("p50_us")
+        ),
+        Row(
+            "1:1 sync, async def p99 (µs)", "µs", ours["sync_async_def"]["p99_us"], rs.get("p99_us")
+        ),
+        Row("1:1 sync, def p50 (µs)", "µs", ours["sync_def"]["p50_us"], rs.get("p50_us")),
+        Row("1:1 sync, def p99 (µs)", "µs", ours["sync_def"]["p99_us"], rs.get("p99_us")),
+        Row(
+            f"1:1 async x{s.window}, async def (calls/s)",
+            "calls/s",
+            ours["pipe_async_def"],
+            r.get("pipe"),
+            ">=5",
+        ),
+        Row(
+            f"1:1 async x{s.window}, def (calls/s)",
+            "calls/s",
+            ours["pipe_def"],
+            r.get("pipe"),
+            ">=5",
+        ),
+        Row(
+            f"{N_PAIRS}:{N_PAIRS} async, async def (calls/s)",
+            "calls/s",
+            ours["nn_async_def"],
+            r.get("nn"),
+            ">=5",
+        ),
+        Row(
+            f"{N_PAIRS}:{N_PAIRS} async, def (calls/s)",
+            "calls/s",
+            ours["nn_def"],
+            r.get("nn"),
+            ">=5",
+        ),
+    ]
+    for mib in s.tensor_mib:
+        goal = ">=5" if mib == 64 else ""
+        rows.append(
+            Row(
+                f"tensor {mib} MiB (MB/s)",
+                "MB/s",
+                ours[f"tensor_{mib}"],
+                r.get(f"tensor_{mib}"),
+                goal,
+            )
+        )
+    for mib in s.tensor_mib:
+        ray_np = r.get(f"tensor_np_{mib}")
+        rows.append(
+            Row(f"  vs Ray zero-copy numpy {mib} MiB", "MB/s", ours[f"tensor_{mib}"], ray_np)
+        )
+    rows.append(
+        Row(f"spawn {N_SPAWN} actors + 1 call (s)", "s", ours["spawn"], r.get("spawn"), "<=0.3334")
+    )
+    om, rm = ours["memory"], r.get("memory", {})
+    rows.append(Row("idle cluster RSS (MB)", "MB", om["rss_mb"], rm.get("rss_mb"), "<=0.3334"))
+    if "pss_mb" in om:
+        rows.append(Row("idle cluster PSS (MB)", "MB", om["pss_mb"], rm.get("pss_mb")))
+        rows.append(Row("idle cluster USS (MB)", "MB", om["uss_mb"], rm.get("uss_mb")))
+    rows.append(Row("idle cluster processes", "n", om["count"], rm.get("count")))
+    return rows
+
+
+def print_table(rows: list[Row]) -> None:
+    """Aligned plain text: row, ours, Ray, ours/Ray, goal, verdict."""
+    header = ("row", "rayless", "ray 2.60", "ours/ray", "goal", "")
+    lines = [header]
+    for row in rows:
+        ratio = row.ratio()
+        goal = row.goal.replace(">=", "≥ ").replace("<=0.3334", "≤ 1/3")
+        if goal.startswith("≥"):
+            goal += "x"
+        lines.append(
+            (
+                row.name,
+                _fmt(row.ours),
+                _fmt(row.ray),
+                "-" if ratio is None else f"{ratio:.2f}x",
+                goal,
+                row.verdict(),
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for j, line in enumerate(lines):
+        cells = [line[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(line[1:5], widths[1:5], strict=True)
+        ]
+        print("  ".join(cells) + "  " + line[5])
+        if j == 0:
+            print("  ".join("-" * w for w in widths[:5]) + "  ----")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments, run both sides, print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer iterations, no 256 MiB row")
+    parser.add_argument("--skip-ray", action="store_true", help="measure only rayless")
+    parser.add_argument(
+        "--repeats", type=int, default=0, help="runs per row (median); default 3, 1 with --quick"
+    )
+    parser.add_argument("--json", metavar="OUT", help="also write the raw results to OUT")
+    parser.add_argument("--ray-part", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.repeats < 0:
+        parser.error("--repeats must be >= 0")
+    s = sizes_for(args.quick, args.repeats or None)
+
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    if args.ray_part:
+        print("RAY_RESULT " + json.dumps(run_ray(s, log)), flush=True)
+        return 0
+    ours = asyncio.run(run_ours(s, log))
+    ray = None if args.skip_ray else ray_subprocess(args, log)
+    rows = build_rows(ours, ray, s)
+    print()
+    print(
+        f"rayless vs Ray 2.60 — {os.cpu_count()} CPUs, repeats={s.repeats} (medians), "
+        f"window={s.window}"
+    )
+    print_table(rows)
+    print()
+    print(f"memory, ours ({ours['memory']['count']:.0f} processes): {ours['memory']['names']}")
+    if ray is not None:
+        print(f"memory, ray ({ray['memory']['count']:.0f} processes): {ray['memory']['names']}")
+        print(f"ray.init() took {ray['init_s']:.2f}s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ours": ours, "ray": ray, "sizes": s.__dict__}, f, indent=1, default=str)
+    misses = [r.name for r in rows if r.verdict() == "MISS"]
+    print(f"\n{len(misses)} goal(s) missed" + (": " + "; ".join(misses) if misses else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""``rayless status`` against a real local cluster: tables, JSON, wrong token, no head."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from actors import Cluster
+from actors.cluster import LocalProcesses
+from tests.integration.actor_classes import Counter
+
+pytestmark = pytest.mark.integration
+
+
+def _status(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run ``rayless status ARGS`` in a fresh interpreter."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    return subprocess.run(
+        [sys.executable, "-m", "rayless.cli", "status", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**clean, **(env or {})},
+    )
+
+
+def _token_file(tmp_path: Path, token: str) -> str:
+    path = tmp_path / "token"
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+async def test_status_lists_nodes_and_actors_and_kills_nothing(
+    local_cluster: Cluster, local_cluster_processes: LocalProcesses, tmp_path: Path
+) -> None:
+    counter = await local_cluster.spawn(Counter, 3, name="status-counter", gpus=0.5, node="node-1")
+    pid = await counter.pid()
+    token_file = _token_file(tmp_path, local_cluster_processes.token)
+    out = _status("--address", local_cluster_processes.address, "--token-file", token_file)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "node-0" in text and "node-1" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("status-counter"))
+    assert "Counter" in line and "node-1" in line and "alive" in line and str(pid) in line
+    assert "0(0.5)" in line  # half of GPU 0
+    node1 = next(ln for ln in text.splitlines() if ln.startswith("node-1"))
+    assert "0:0.5" in node1  # the per-GPU share on the node line
+    # the status session ended without touching our actor
+    assert await counter.add(1) == 4
+
+    env = {"RAYLESS_ADDRESS": local_cluster_processes.address, "RAYLESS_TOKEN_FILE": token_file}
+    raw = _status("--json", env=env)
+    assert raw.returncode == 0, raw.stderr
+    nodes = json.loads(raw.stdout)
+    names = {a["name"] for n in nodes for a in n["actors"]}
+    assert {n["node_id"] for n in nodes} >= {"node-0", "node-1"}
+    assert "status-counter" in names
+    assert await counter.add(1) == 5
+
+
+async def test_wrong_token_exits_1_with_a_message(
+    local_cluster_processes: LocalProcesses, tmp_path: Path
+) -> None:
+    token_file = _token_file(tmp_path, "x" * 32)
+    out = _status("--address", local_cluster_processes.address, "--token-file", token_file)
+    assert out.returncode == 1
+    assert "rejected the token" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_unreachable_head_exits_1_quickly(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    out = _status("--address", f"tcp://127.0.0.1:{port}", "--token", "y" * 32, "--timeout", "1")
+    elapsed = time.monotonic() - start
+    assert out.returncode == 1
+    assert "no answer from the head" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert elapsed < 15  # 1 s of waiting plus an interpreter start on a busy machine
+
+
+def test_missing_token_exits_1() -> None:
+    out = _status("--address", "tcp://127.0.0.1:1")
+    assert out.returncode == 1
+    assert "no cluster token" in out.stderr
