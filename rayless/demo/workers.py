@@ -119,8 +119,10 @@ class EnvWorker(Actor):
         self.index = index
         self.algo = _algo(algo)
         self.env_id = f"env-{index}"
-        self.env = VecCartPole(self.algo.num_envs, device="cpu", seed=seed * 1000 + index)
-        self.obs = self.env.reset()
+        # the env state lives on this worker's GPU when it has one; observations travel to
+        # eval workers as small CPU tensors (CUDA IPC cannot cross CUDA_VISIBLE_DEVICES)
+        self.env = VecCartPole(self.algo.num_envs, device=worker_device(), seed=seed * 1000 + index)
+        self.obs = self.env.reset().cpu()
         self.evals = evals
         self.distribution = distribution
         self.router_type = router_type
@@ -165,13 +167,14 @@ class EnvWorker(Actor):
             if t == t_len:
                 last_value = val
                 break
-            res = self.env.step(action)
+            res = self.env.step(action.to(self.env.device))
             obs_buf[t], act_buf[t], logp[t], value[t] = obs, action, lp, val
-            reward[t], done[t], trunc[t], versions[t] = res.reward, res.done, res.truncated, version
-            has_trunc = bool(res.truncated.any())
-            final_obs = res.final_obs if has_trunc else None
-            prev_trunc = res.truncated if has_trunc else None
-            obs = res.obs
+            reward[t], done[t], trunc[t] = res.reward.cpu(), res.done.cpu(), res.truncated.cpu()
+            versions[t] = version
+            has_trunc = bool(trunc[t].any())
+            final_obs = res.final_obs.cpu() if has_trunc else None
+            prev_trunc = trunc[t] if has_trunc else None
+            obs = res.obs.cpu()
         self.obs = obs
         env_time = time.perf_counter() - started - infer_s
         td = build_transitions(
@@ -193,6 +196,7 @@ class EnvWorker(Actor):
         await self.store.put(td, partition, env_ids=[self.env_id] * td.batch_size[0])
         put_s = time.perf_counter() - t0
         returns, _lengths = self.env.pop_finished_episodes()
+        returns = returns.cpu()
         return {
             "env_steps": t_len * n,
             "returns": returns.tolist(),

@@ -31,9 +31,11 @@ def test_shipped_configs_load() -> None:
     assert cfg.cluster.num_nodes == 2 and cfg.cluster.fake_gpus_per_node > 0
     assert cfg.run.device == "cpu"
     assert [w.worker_num for w in cfg.cluster.env_worker] == [2]
-    for kind in ("eval_worker", "train_worker", "buffer_worker"):
+    for kind in ("eval_worker", "train_worker"):
         assert getattr(cfg.cluster, kind).worker_num == 2
-    assert cfg.buffer.num_storages == 2
+    assert cfg.cluster.buffer_worker.worker_num == "auto"  # one per node holding train workers
+    assert cfg.buffer.num_storages == 1 and cfg.buffer.node_affinity_train
+    assert cfg.policy.router_type == "node_affinity"
     gpu = load_config(CONFIGS / "gpu_8.yaml")
     assert gpu.cluster.num_nodes == 1 and gpu.run.device == "cuda"
     assert gpu.cluster.fake_gpus_per_node == 0
@@ -114,7 +116,6 @@ BAD: list[tuple[str, Any, str]] = [
     ("cluster.train_worker.worker_num", "auto", r"'auto' only for buffer_worker"),
     ("cluster.buffer_worker.num_gpus", 2, r"buffer_worker\.num_gpus: must be <= 1"),
     ("cluster.env_worker", [], r"env_worker: needs at least one group"),
-    ("buffer.num_storages", 1, r"multiple of cluster\.buffer_worker\.worker_num"),
     ("cluster.eval_worker.num_gpus", 3, r"need 8 GPUs .* = 4"),
     ("placement.strategy", "spread", r"placement\.strategy: must be one of"),
     ("placement.env_strategy", "colocate", r"env_strategy: must be one of"),
@@ -141,6 +142,14 @@ def test_validation_errors(key: str, value: Any, message: str) -> None:
     data = copy.deepcopy(_default())
     _set(data, key, value)
     with pytest.raises(ValueError, match=message):
+        config_from_dict(data)
+
+
+def test_storages_must_be_a_multiple_of_buffer_workers() -> None:
+    data = copy.deepcopy(_default())
+    _set(data, "cluster.buffer_worker.worker_num", 2)
+    _set(data, "buffer.num_storages", 1)
+    with pytest.raises(ValueError, match=r"multiple of cluster\.buffer_worker\.worker_num"):
         config_from_dict(data)
 
 
