@@ -63,6 +63,7 @@ class LocalProcesses:
     node_timeout: float = 5.0
     zygote: bool = True
     log_dir: str | None = None
+    zygote_preload: str = "eager"
     token: str = field(default_factory=new_token)
     address: str = ""
     head: subprocess.Popen[bytes] | None = None
@@ -98,7 +99,9 @@ class LocalProcesses:
             zygote_path = "none"
             if self.zygote:
                 zygote_path = os.path.join(self.tmpdir, "zygote.sock")
-                self.zygote_proc = self._popen("-m", "actors.zygote", zygote_path)
+                self.zygote_proc = self._popen(
+                    "-m", "actors.zygote", zygote_path, RAYLESS_ZYGOTE_PRELOAD=self.zygote_preload
+                )
             self.address = _read_line(self.head, "the head", START_TIMEOUT)
             if self.zygote_proc is not None:
                 _read_line(self.zygote_proc, "the zygote", START_TIMEOUT)
@@ -205,9 +208,20 @@ class Cluster:
         node_timeout: float = 5.0,
         zygote: bool = True,
         log_dir: str | None = None,
+        zygote_preload: str = "eager",
     ) -> _LocalCluster:
-        """An embedded cluster of real processes on loopback; use ``async with``."""
-        return _LocalCluster(LocalProcesses(nodes, gpus_per_node, node_timeout, zygote, log_dir))
+        """An embedded cluster of real processes on loopback; use ``async with``.
+
+        ``zygote_preload="lazy"`` keeps the idle cluster small: the fork template imports
+        torch on the first spawn instead of at start (see ``actors.zygote``).
+
+        Raises:
+            ValueError: a bad ``zygote_preload``.
+        """
+        if zygote_preload not in ("eager", "lazy"):
+            raise ValueError(f"zygote_preload must be 'eager' or 'lazy', got {zygote_preload!r}")
+        procs = LocalProcesses(nodes, gpus_per_node, node_timeout, zygote, log_dir, zygote_preload)
+        return _LocalCluster(procs)
 
     @classmethod
     def local_sync(cls, *args: Any, **kwargs: Any) -> Any:
