@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from transport import shm
 from transport.errors import ProtocolError, error_from_state
 
 if TYPE_CHECKING:
@@ -117,7 +118,13 @@ class Decoder:
             raise ProtocolError(f"{len(self.frames) - 1 - len(self.used)} unused buffer frames")
 
     def buffer(self, index: Any) -> memoryview:
-        """The buffer frame ``index`` as bytes; each may be used once."""
+        """The buffer a record refers to, as bytes: frame ``index`` (each may be used once), or
+        the shared memory segment ``[name, size]`` (mapped and unlinked, see ``transport.shm``).
+        """
+        if type(index) is list:
+            if len(index) != 2:
+                raise ProtocolError("bad shared memory reference")
+            return shm.open_segment(index[0], index[1])
         if type(index) is not int or not 0 < index < len(self.frames):
             raise ProtocolError(f"buffer index {index!r} out of range")
         if index in self.used:

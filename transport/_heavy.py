@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
-from transport import _cuda, _decoder, codec
+from transport import _cuda, _decoder, codec, shm
 from transport import _tensors as T
 from transport._decoder import (
     CUDA_IPC,
@@ -98,10 +98,25 @@ def _tensor(enc: _Encoder, t: torch.Tensor) -> list[Any]:
         enc.staged.add(t.device)
         origin: str | None = str(t.device)
         data = _cuda.stage(t)
+        ref: int | list[Any] = enc.frame(T.tensor_frame(data))
     else:
-        origin, data = None, t
-    return [_MARK[TENSOR], name, list(t.shape), enc.frame(T.tensor_frame(data)), origin,
-            t.requires_grad]  # fmt: skip
+        origin, ref = None, _cpu_buffer(enc, T.tensor_frame(t))
+    return [_MARK[TENSOR], name, list(t.shape), ref, origin, t.requires_grad]
+
+
+def _cpu_buffer(enc: _Encoder, view: memoryview) -> int | list[Any]:
+    """Where a CPU buffer travels: a frame index, or ``[segment name, size]`` (shared memory)."""
+    if enc.shm:
+        limit = shm.SHM_MIN_BYTES
+        if 0 < limit <= view.nbytes:
+            segment = shm.write(view)
+            if segment is not None:
+                try:
+                    enc.segments.append(segment)
+                except AttributeError:  # the first one
+                    enc.segments = [segment]
+                return [segment, view.nbytes]
+    return enc.frame(view)
 
 
 def _nested(t: torch.Tensor) -> list[Any]:
@@ -117,7 +132,7 @@ def _ndarray(enc: _Encoder, a: np.ndarray, scalar: bool = False) -> list[Any]:
     problem = T.array_problem(a)
     if problem:
         raise Unsupported(problem)
-    return [_MARK[NDARRAY], a.dtype.str, list(a.shape), enc.frame(T.array_frame(a)), scalar]
+    return [_MARK[NDARRAY], a.dtype.str, list(a.shape), _cpu_buffer(enc, T.array_frame(a)), scalar]
 
 
 def _tensordict(enc: _Encoder, td: TensorDict) -> list[Any]:

@@ -4,7 +4,8 @@ Send side: :func:`tensor_frame` and :func:`array_frame` return a memoryview over
 own memory (a contiguous copy only for views that are not contiguous). Receive side:
 :func:`view_buffer` turns a received buffer into a writable uint8 array without copying and
 without torch's non-writable-buffer warning, keeping the buffer's owner (a ``zmq.Frame``,
-``bytes``...) alive for as long as any tensor or array made from it.
+``bytes``, the mapping of a shared memory segment...) alive for as long as any tensor or array
+made from it.
 """
 
 from __future__ import annotations

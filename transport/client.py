@@ -35,7 +35,10 @@ from transport.protocol import (
     RejectCode,
     as_token,
     client_proof,
+    curve_enabled,
+    curve_server_keys,
     envelope,
+    frames_nbytes,
     host_id,
     new_nonce,
     open_envelope,
@@ -62,6 +65,11 @@ class Client:
         connect_timeout: how long the handshake may take.
         on_oneway: called with the body of each one-way message the server pushes.
         device: where decoded CUDA tensors land (see ``codec.decode``).
+        error_hook: maps each error a server replies with before it is raised (the actor
+            runtime turns RemoteError into an instance of the original type too).
+        limits: our bounds (default: ``Limits.from_env()``); a message past our own or the
+            server's advertised message, frame or header bounds raises LimitError unsent.
+        curve: encrypt with ZeroMQ CURVE (default: ``RAYLESS_CURVE``); the server must too.
     """
 
     def __init__(
@@ -78,17 +86,23 @@ class Client:
         device: Any = None,
         allow_pickle: bool = False,
         context: zmq.Context[Any] | None = None,
+        error_hook: Callable[[BaseException], BaseException] | None = None,
+        curve: bool | None = None,
     ) -> None:
         if heartbeat_timeout <= heartbeat_interval:
             raise ValueError("heartbeat_timeout must exceed heartbeat_interval")
         self.address = address
         self.name = name
-        self.limits = limits or Limits()
+        self.limits = limits or Limits.from_env()
         self._token = as_token(token)
+        self._curve = curve_enabled(curve)
+        # (message bytes, frames, header bytes): ours, lowered to what the server advertises
+        self._bounds = self._merge_bounds({})
         self._hb_interval = heartbeat_interval
         self._hb_timeout = heartbeat_timeout
         self._connect_timeout = connect_timeout
         self._on_oneway = on_oneway
+        self._error_hook = error_hook
         self._device = device
         self._allow_pickle = allow_pickle
         self._ctx = context or zmq.Context.instance()
@@ -155,6 +169,9 @@ class Client:
             sock.setsockopt(zmq.SNDHWM, self.limits.hwm)
             sock.setsockopt(zmq.RCVHWM, self.limits.hwm)
             sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_message_bytes)
+            if self._curve:
+                sock.curve_serverkey = curve_server_keys(self._token)[0]
+                sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
             sock.connect(self.address)
         except BaseException:
             sock.close(linger=0)
@@ -202,11 +219,21 @@ class Client:
             raise AuthError(f"server at {self.address} could not prove it knows the token")
         if kind is not Kind.WELCOME:
             raise self._rejection(welcome)
+        limits = body.get("limits")
+        self._bounds = self._merge_bounds(limits if isinstance(limits, dict) else {})
         self.peer_name = str(body.get("name", ""))
         self.peer_host = str(body.get("host", ""))
         self.same_host = self.peer_host == host_id()
         self._last_recv = time.monotonic()
         self._state = _READY
+
+    def _merge_bounds(self, advertised: dict[str, Any]) -> tuple[int, int, int]:
+        def bound(name: str) -> int:
+            own: int = getattr(self.limits, name)
+            theirs = advertised.get(name)
+            return min(own, theirs) if isinstance(theirs, int) and theirs > 0 else own
+
+        return bound("max_message_bytes"), bound("max_frames"), bound("max_header_bytes")
 
     async def _exchange(
         self, loop: asyncio.AbstractEventLoop, kind: Kind, body: dict[str, Any], deadline: float
@@ -287,8 +314,38 @@ class Client:
         fut.add_done_callback(lambda f: self._forget(req_id) if f.cancelled() else None)
         return fut
 
+    def submit_nowait(self, body: Any) -> asyncio.Future[Any] | None:
+        """The fastest submit: a future of the reply, or None when the session is not ready
+        or the send queue is backed up (then use :meth:`request`). An encoding error comes
+        back inside the future."""
+        if self._state != _READY or (self._pump is not None and self._pump.queued):
+            return None
+        try:
+            return self._send_request(body, None)[1]
+        except Exception as exc:
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            fut.set_exception(exc)
+            return fut
+
+    def _check_size(self, frames: list[Any]) -> None:
+        """Raise LimitError for a message that we or the server would refuse."""
+        max_bytes, max_frames, max_header = self._bounds
+        if len(frames) > max_frames:
+            raise LimitError(f"a message of {len(frames)} frames exceeds {max_frames}")
+        size = frames_nbytes(frames)
+        if size > max_bytes:
+            raise LimitError(
+                f"a message of {size} bytes exceeds the limit of {max_bytes} bytes of "
+                f"{self.peer_name or self.address} (RAYLESS_MAX_MESSAGE_BYTES)"
+            )
+        if frames and frames_nbytes(frames[:1]) > max_header:
+            raise LimitError(f"a message header exceeds {max_header} bytes")
+
     def _send_request(self, body: Any, timeout: float | None) -> tuple[int, asyncio.Future[Any]]:
-        frames = codec.encode(body, cuda_ipc=self.same_host, allow_pickle=self._allow_pickle)
+        frames = codec.encode(
+            body, cuda_ipc=self.same_host, shm=self.same_host, allow_pickle=self._allow_pickle
+        )
+        self._check_size(frames)
         req_id = next(self._ids)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
@@ -312,7 +369,10 @@ class Client:
             raise (ClosedError if self._state == _CLOSED else BrokenError)(
                 f"no session with {self.address}"
             )
-        frames = codec.encode(body, cuda_ipc=self.same_host, allow_pickle=self._allow_pickle)
+        frames = codec.encode(
+            body, cuda_ipc=self.same_host, shm=self.same_host, allow_pickle=self._allow_pickle
+        )
+        self._check_size(frames)
         self._pump.send(envelope(Kind.ONEWAY, 0, frames))
         self._last_send = time.monotonic()
 
@@ -382,6 +442,8 @@ class Client:
             if kind is Kind.ERROR:
                 if not isinstance(value, BaseException):
                     value = ProtocolError(f"error reply that is not an error: {value!r:.200}")
+                elif self._error_hook is not None:
+                    value = self._error_hook(value)
                 fut.set_exception(value)
             else:
                 fut.set_result(value)

@@ -4,7 +4,10 @@
 tensors they come from (send them with ``copy=False`` and do not modify those tensors until
 sent). ``decode(frames)`` rebuilds the value; its tensors and arrays are backed by the received
 buffers without a copy (except buffers under 1 KiB, or buffers whose address is not aligned
-for their dtype, which are copied).
+for their dtype, which are copied). With ``shm=True`` (a peer on the same host), CPU buffers of
+at least ``transport.shm.SHM_MIN_BYTES`` are instead copied once into ``/dev/shm`` segments
+that the receiver maps and unlinks (``transport.shm``); the tensor may then be modified as soon
+as ``encode`` returns.
 
 Values msgpack has no type for travel as *records*: lists whose first item is a zero-length
 msgpack ext marker naming the kind (tuple, tensor, TensorDict, error...). The packer runs in C
@@ -40,13 +43,14 @@ from typing import TYPE_CHECKING, Any, Union
 
 import msgpack
 
+from transport import shm as _shm
 from transport._decoder import BIGINT, ERROR, EXT, KINDS, ODICT, PICKLE, TUPLE, Decoder
 from transport.errors import LimitError, ProtocolError, RaylessError, error_to_state
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Buffer", "decode", "encode", "register_extension"]
+__all__ = ["Buffer", "decode", "encode", "register_extension", "sweep_shm"]
 
 Buffer = Union[bytes, bytearray, memoryview]
 MAX_HEADER = 16 << 20
@@ -57,6 +61,7 @@ _EXT_BY_NAME: dict[str, tuple[type, Callable[[Any], Any]]] = {}
 # Top-level packages whose types ``transport._heavy`` handles.
 _HEAVY_ROOTS = frozenset(("torch", "numpy", "tensordict"))
 _heavy: ModuleType | None = None  # transport._heavy once imported
+_SHM_LIVE = _shm.LIVE  # non-empty: encode may have segments to sweep
 
 
 class Unsupported(TypeError):
@@ -107,11 +112,13 @@ def register_extension(
 class _Encoder:
     """Per-call state of :func:`encode`: the out-of-band frames and the packer's hook."""
 
-    __slots__ = ("allow_pickle", "cuda_ipc", "frames", "staged")
+    __slots__ = ("allow_pickle", "cuda_ipc", "frames", "segments", "shm", "staged")
+    segments: list[str]  # shared memory segments written; set by the first one only
 
-    def __init__(self, allow_pickle: bool, cuda_ipc: bool) -> None:
+    def __init__(self, allow_pickle: bool, cuda_ipc: bool, shm: bool = False) -> None:
         self.allow_pickle = allow_pickle
         self.cuda_ipc = cuda_ipc
+        self.shm = shm
         self.frames: list[Buffer] = []
         self.staged: set[torch.device] = set()
 
@@ -162,24 +169,44 @@ _NATIVE = (type(None), bool, int, float, str, bytes, bytearray, memoryview, list
 
 
 def encode(
-    obj: Any, *, allow_pickle: bool = False, cuda_ipc: bool = False, root: str = "obj"
+    obj: Any,
+    *,
+    allow_pickle: bool = False,
+    cuda_ipc: bool = False,
+    shm: bool = False,
+    root: str = "obj",
 ) -> list[Buffer]:
     """Encode ``obj`` as ``[msgpack header, *buffers]``, one buffer per tensor or array.
 
     ``cuda_ipc=True`` sends CUDA tensors as IPC handles (peer on the same host); otherwise they
-    are staged through pinned host memory. Raises TypeError naming the path of the first value
-    that cannot be encoded, e.g. ``args[1]['obs'].foo: cannot encode set`` (``root`` names the
-    top level).
+    are staged through pinned host memory. ``shm=True`` (peer on the same host) writes CPU
+    tensor and array buffers of at least ``transport.shm.SHM_MIN_BYTES`` into shared memory
+    segments instead of frames (falling back to frames when ``/dev/shm`` is unusable). Raises
+    TypeError naming the path of the first value that cannot be encoded, e.g.
+    ``args[1]['obs'].foo: cannot encode set`` (``root`` names the top level).
     """
-    enc = _Encoder(allow_pickle, cuda_ipc)
+    enc = _Encoder(allow_pickle, cuda_ipc, shm)
     try:
         header = msgpack.Packer(default=enc.default, strict_types=True).pack(obj)
-    except (TypeError, ValueError, OverflowError) as exc:
+    except BaseException as exc:
+        if shm and hasattr(enc, "segments"):
+            _shm.discard(enc.segments)
+        if not isinstance(exc, (TypeError, ValueError, OverflowError)):
+            raise
         found = _locate(obj, root, _Encoder(allow_pickle, False), 0)
         raise TypeError(found or f"{root}: {exc}") from None
     if enc.staged:
         _load_heavy().sync(enc.staged)
+    if shm and _SHM_LIVE:
+        _shm.maybe_sweep()
     return [header, *enc.frames]
+
+
+def sweep_shm(max_age: float | None = None) -> int:
+    """Unlink this process's shared memory segments older than ``max_age`` seconds (default
+    ``transport.shm.SHM_MAX_AGE``) that no receiver consumed; returns how many there were.
+    """
+    return _shm.sweep(max_age)
 
 
 def _locate(obj: Any, path: str, enc: _Encoder, depth: int) -> str | None:

@@ -26,7 +26,7 @@ import hmac
 import os
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import lru_cache
@@ -101,6 +101,72 @@ class Limits:
         for name, value in vars(self).items():
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Limits:
+        """The defaults, overridden by ``RAYLESS_<FIELD>`` variables (``RAYLESS_MAX_PEERS=64``).
+
+        Every server and client that is given no ``limits`` reads them here, so one variable
+        set before a cluster starts configures the head, the agents and every actor.
+
+        Raises:
+            ValueError: a variable that is not a positive int.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, int] = {}
+        for name in cls.__dataclass_fields__:
+            raw = env.get(f"RAYLESS_{name.upper()}")
+            if raw is None or raw == "":
+                continue
+            try:
+                values[name] = int(raw)
+            except ValueError:
+                raise ValueError(f"RAYLESS_{name.upper()} must be an int, got {raw!r}") from None
+        return cls(**values) if values else _DEFAULT_LIMITS
+
+    def advertised(self) -> dict[str, int]:
+        """The bounds a server tells its peers in the handshake (they check before sending)."""
+        return {
+            "max_message_bytes": self.max_message_bytes,
+            "max_frames": self.max_frames,
+            "max_header_bytes": self.max_header_bytes,
+        }
+
+
+_DEFAULT_LIMITS = Limits()
+
+
+def frames_nbytes(frames: Sequence[Any]) -> int:
+    """Total bytes of a message's frames (bytes, memoryviews, zmq frames, buffers)."""
+    total = 0
+    for f in frames:
+        total += f.nbytes if isinstance(f, memoryview) else len(f)
+    return total
+
+
+def curve_server_keys(token: bytes) -> tuple[bytes, bytes]:
+    """The CURVE key pair of every server of the cluster with ``token``: (public, secret).
+
+    Derived from the token, so every process that knows the token can encrypt to any server
+    (the HMAC handshake still authenticates both sides). Z85-encoded, as ZeroMQ wants them.
+
+    Raises:
+        RuntimeError: this libzmq was built without CURVE.
+    """
+    import zmq
+    from zmq.utils import z85
+
+    if not zmq.has("curve"):
+        raise RuntimeError("this libzmq has no CURVE support (built without libsodium)")
+    secret = z85.encode(hashlib.sha256(b"rayless-curve" + token).digest())
+    return zmq.curve_public(secret), secret
+
+
+def curve_enabled(curve: bool | None) -> bool:
+    """``curve`` if given, else whether ``RAYLESS_CURVE`` is set to 1/true/yes."""
+    if curve is not None:
+        return curve
+    return os.environ.get("RAYLESS_CURVE", "").lower() in ("1", "true", "yes")
 
 
 def pack_control(kind: Kind, req_id: int = 0, flags: int = 0) -> bytes:

@@ -37,6 +37,8 @@ from transport.protocol import (
     RejectCode,
     as_token,
     client_proof,
+    curve_enabled,
+    curve_server_keys,
     envelope,
     host_id,
     new_nonce,
@@ -101,6 +103,9 @@ class Server:
         on_peer_gone: called with a peer when it says BYE or expires.
         peer_idle_timeout: forget peers silent for this long (clients heartbeat far more often).
         device: where decoded CUDA tensors land (see ``codec.decode``).
+        limits: bounds on peers and messages (default: ``Limits.from_env()``).
+        curve: encrypt the connection with ZeroMQ CURVE, keys derived from the token (default:
+            the ``RAYLESS_CURVE`` variable); clients must use it too. See docs/security.md.
     """
 
     def __init__(
@@ -117,12 +122,14 @@ class Server:
         device: Any = None,
         allow_pickle: bool = False,
         context: zmq.Context[Any] | None = None,
+        curve: bool | None = None,
     ) -> None:
         self._token = as_token(token)
+        self._curve = curve_enabled(curve)
         self._requested_address = address
         self.address = address
         self.name = name
-        self.limits = limits or Limits()
+        self.limits = limits or Limits.from_env()
         self._handler = handler
         self._on_oneway = on_oneway
         self._on_peer_gone = on_peer_gone
@@ -162,6 +169,11 @@ class Server:
             sock.setsockopt(zmq.SNDHWM, self.limits.hwm)
             sock.setsockopt(zmq.RCVHWM, self.limits.hwm)
             sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_message_bytes)
+            if self._curve:
+                public, secret = curve_server_keys(self._token)
+                sock.curve_server = True
+                sock.curve_publickey = public
+                sock.curve_secretkey = secret
             address = self._requested_address
             if address.startswith("tcp://") and address.endswith(":0"):
                 address = address[:-2] + ":*"
@@ -234,7 +246,9 @@ class Server:
         p = peer if isinstance(peer, Peer) else self._peers.get(peer)
         if p is None:
             return
-        frames = codec.encode(body, cuda_ipc=p.same_host, allow_pickle=self._allow_pickle)
+        frames = codec.encode(
+            body, cuda_ipc=p.same_host, shm=p.same_host, allow_pickle=self._allow_pickle
+        )
         self._send(p.routing_id, envelope(Kind.ONEWAY, 0, frames))
 
     def _reject(self, rid: bytes, code: RejectCode, reason: str, req_id: int = 0) -> None:
@@ -243,7 +257,9 @@ class Server:
 
     def _reply(self, peer: Peer, req_id: int, value: Any) -> None:
         try:
-            frames = codec.encode(value, cuda_ipc=peer.same_host, allow_pickle=self._allow_pickle)
+            frames = codec.encode(
+                value, cuda_ipc=peer.same_host, shm=peer.same_host, allow_pickle=self._allow_pickle
+            )
             kind = Kind.REPLY
         except Exception as exc:
             frames, kind = _error_payload(exc), Kind.ERROR
@@ -273,13 +289,18 @@ class Server:
         if len(msg) < 2:
             return self._drop("framing", "no control frame", msg[0] if msg else None)
         rid = msg[0]
-        if len(msg) > self.limits.max_frames + 2:
-            return self._drop("framing", "too many frames", rid)
         try:
             kind, req_id, payload = open_envelope(msg, 1)
         except ProtocolError as exc:
             return self._drop("control", str(exc), rid)
         peer = self._peers.get(rid)
+        if len(msg) > self.limits.max_frames + 2:
+            self._drop("framing", "too many frames", rid)
+            if peer is not None and kind is Kind.REQUEST:  # tell the caller, do not let it wait
+                self.stats["over_limit"] += 1
+                limit = self.limits.max_frames
+                self._reply_error(peer, req_id, LimitError(f"message of more than {limit} frames"))
+            return None
         if peer is None:
             return self._on_stranger(rid, kind, req_id, payload)
         peer.last_seen = now
@@ -315,6 +336,10 @@ class Server:
             )
         try:
             body = self._decode(peer, frames)
+        except LimitError as exc:
+            self.stats["over_limit"] += 1
+            self._drop("limit", str(exc), peer.routing_id)
+            return self._reply_error(peer, req_id, exc)
         except (ProtocolError, TypeError, ValueError) as exc:
             self._drop("decode", f"undecodable request: {exc}", peer.routing_id)
             return self._reply_error(peer, req_id, ProtocolError(f"undecodable request: {exc}"))
@@ -413,6 +438,7 @@ class Server:
             "proof": server_proof(self._token, nonce_c, nonce_s),
             "name": self.name,
             "host": self._host,
+            "limits": self.limits.advertised(),
         }
         self._send(rid, envelope(Kind.CHALLENGE, 0, [msgpack.packb(reply)]))
 
