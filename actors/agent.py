@@ -31,8 +31,10 @@ from placement import NodeInfo, discover_node_async
 from transport.client import Client
 from transport.errors import ActorDiedError, RaylessError
 from transport.server import Peer, Request, Server
+from transport.shm import cleanup_stale
 
 log = logging.getLogger("rayless.agent")
+SHM_SWEEP_INTERVAL = 30.0
 
 
 @dataclass
@@ -143,8 +145,12 @@ class Agent:
     async def _heartbeat(self) -> None:
         interval = max(0.05, self.head_timeout / 5)
         lost_since: float | None = None
+        next_sweep = time.monotonic() + SHM_SWEEP_INTERVAL
         while True:
             await asyncio.sleep(interval)
+            if time.monotonic() > next_sweep:  # segments of actors that died with SIGKILL
+                next_sweep = time.monotonic() + SHM_SWEEP_INTERVAL
+                await asyncio.to_thread(cleanup_stale)
             if self.head.ready:
                 lost_since = None
                 try:
@@ -159,9 +165,10 @@ class Agent:
                 self.failed = True
                 self._spawn_task(self.aclose())
                 return
-            try:  # the head may be back (a restart): try a fresh session
-                await self.head.connect()
-            except RaylessError:
+            left = self.head_timeout - (now - lost_since)
+            try:  # the head may be back (a restart): try a fresh session, within the deadline
+                await asyncio.wait_for(self.head.connect(), max(0.05, left))
+            except (RaylessError, asyncio.TimeoutError):
                 pass
 
     # -- requests ------------------------------------------------------------------------
@@ -180,6 +187,9 @@ class Agent:
         name = str(spec["name"])
         env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
         env.update({str(k): str(v) for k, v in (spec.get("env_res") or {}).items()})
+        cpus = float(spec.get("cpus", 1) or 0)
+        env["RAYLESS_CPUS"] = f"{cpus:g}"
+        env.setdefault("OMP_NUM_THREADS", str(max(1, int(cpus))))  # as Ray does
         env.update(
             {
                 context.ENV_ADDRESS: self.head_address,

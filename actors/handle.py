@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Iterable
 from typing import Any
 
-from actors.runtime import get_runtime, run_sync
+from actors.runtime import fast_submit, get_runtime, run_sync
 from transport.codec import register_extension
 from transport.errors import Timeout
 
@@ -85,10 +85,14 @@ class ActorMethod:
             RemoteError: the method raised; also an instance of the original type where that
                 type is loaded in this process (``except ValueError`` works).
         """
-        return _call(self.handle, self.method, args, kwargs)
+        fut = fast_submit(self.handle, self.method, args, kwargs)
+        return fut if fut is not None else _call(self.handle, self.method, args, kwargs)
 
     def submit(self, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
         """Start the call now and return a future of its result (needs a running loop)."""
+        fut = fast_submit(self.handle, self.method, args, kwargs)
+        if fut is not None:
+            return fut
         return asyncio.ensure_future(_call(self.handle, self.method, args, kwargs))
 
     remote = submit  # Ray's spelling

@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import queue
 import signal
 import sys
+import threading
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any
 
 from actors import context
@@ -29,12 +31,97 @@ from transport.server import Request, Server
 DEFAULT_MAX_CONCURRENCY = 1000
 
 
+def torch_threads() -> int:
+    """Intra-op threads for this actor: OMP_NUM_THREADS if set, else its CPU share (min 1).
+
+    Like Ray, an actor gets as many compute threads as CPUs it asked for: on shared nodes
+    more threads than cores only spin against each other (a small MLP's forward pass went
+    from 0.14 ms to 15 ms in an actor with the default thread count on 2 busy cores).
+    """
+    for name in ("OMP_NUM_THREADS", "RAYLESS_CPUS"):
+        try:
+            value = float(os.environ.get(name, ""))
+        except ValueError:
+            continue
+        return max(1, int(value))
+    return 1
+
+
+def apply_torch_threads(n: int) -> None:
+    """Set torch's thread count for the calling thread (it is per thread), if torch is loaded."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(n)
+
+
 def remote_error(exc: BaseException, actor: str) -> RaylessError:
     """``exc`` as something that crosses the wire: rayless errors as they are, others wrapped."""
     if isinstance(exc, RaylessError):
         return exc
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return RemoteError(f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc), tb, actor)
+
+
+class SyncWorker:
+    """Runs an actor's sync methods one at a time in one thread, handing results back in batches.
+
+    The loop is woken once per batch of finished calls (not once per call, as with
+    ``run_in_executor``), which keeps many in-flight sync calls cheap on few cores.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, name: str, threads: int = 1) -> None:
+        self._loop = loop
+        self._threads = threads
+        self._queue: queue.SimpleQueue[tuple[asyncio.Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._done: list[tuple[asyncio.Future[Any], bool, Any]] = []
+        self._lock = threading.Lock()
+        self._posted = False
+        self._thread = threading.Thread(target=self._run, name=f"actor-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
+        """Queue ``fn()``; a future of its result on the loop."""
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        self._queue.put((fut, fn))
+        return fut
+
+    def _run(self) -> None:
+        apply_torch_threads(self._threads)
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fut, fn = item
+            try:
+                outcome: tuple[asyncio.Future[Any], bool, Any] = (fut, True, fn())
+            except BaseException as exc:  # delivered to the caller, never lost
+                outcome = (fut, False, exc)
+            with self._lock:
+                self._done.append(outcome)
+                post, self._posted = not self._posted, True
+            if post:
+                try:
+                    self._loop.call_soon_threadsafe(self._deliver)
+                except RuntimeError:  # the loop is closed: we are shutting down
+                    return
+
+    def _deliver(self) -> None:
+        with self._lock:
+            done, self._done = self._done, []
+            self._posted = False
+        for fut, ok, value in done:
+            if fut.cancelled():
+                continue
+            if ok:
+                fut.set_result(value)
+            else:
+                fut.set_exception(value)
+
+    def stop(self) -> None:
+        """Let the thread finish its current call and exit."""
+        self._queue.put(None)
 
 
 class ActorHost:
@@ -47,7 +134,7 @@ class ActorHost:
         self.bind_ip = bind_ip
         self.instance: Any = None
         self.methods: dict[str, bool] = {}
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"actor-{name}")
+        self.worker: SyncWorker | None = None
         limit = spec.get("max_concurrency") or DEFAULT_MAX_CONCURRENCY
         self.semaphore = asyncio.Semaphore(int(limit))
         self.server: Server | None = None
@@ -55,15 +142,14 @@ class ActorHost:
     async def start(self) -> str:
         """Build the instance, run ``setup``, start serving; returns the address."""
         loop = asyncio.get_running_loop()
+        self.worker = SyncWorker(loop, self.name, torch_threads())
         for path in reversed(self.spec.get("sys_path") or []):  # the driver's import path
             if isinstance(path, str) and path not in sys.path and os.path.isdir(path):
                 sys.path.insert(0, path)
         cls = ClassRef.from_wire(self.spec["cls"]).load()
         args, kwargs = codec.decode(self.spec["init"])
         self.methods = public_methods(cls)
-        self.instance = await loop.run_in_executor(
-            self.executor, functools.partial(cls, *args, **kwargs)
-        )
+        self.instance = await self.worker.submit(functools.partial(cls, *args, **kwargs))
         await self._lifecycle("setup")
         self.server = Server(
             f"tcp://{self.bind_ip}:0", token=self.token, handler=self.dispatch, name=self.name
@@ -77,8 +163,8 @@ class ActorHost:
             return
         if asyncio.iscoroutinefunction(method):
             await method()
-        else:
-            await asyncio.get_running_loop().run_in_executor(self.executor, method)
+        elif self.worker is not None:
+            await self.worker.submit(method)
 
     def dispatch(self, req: Request) -> Any:
         """Route one call to the instance (an awaitable for the server to finish)."""
@@ -96,21 +182,20 @@ class ActorHost:
         fn = getattr(self.instance, method)
         if is_async:
             return self._run_async(fn, args, kwargs)
-        return asyncio.get_running_loop().run_in_executor(
-            self.executor, self._run_sync, fn, args, kwargs
-        )
+        assert self.worker is not None  # internal invariant: set by start()
+        return self.worker.submit(functools.partial(self._run_sync, fn, args, kwargs))
 
     async def _run_async(self, fn: Any, args: Any, kwargs: Any) -> Any:
         async with self.semaphore:
             try:
                 return await fn(*args, **kwargs)
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:
                 raise remote_error(exc, self.name) from None
 
     def _run_sync(self, fn: Any, args: Any, kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise remote_error(exc, self.name) from None
 
     async def aclose(self, grace: float = 10.0) -> None:
@@ -122,7 +207,8 @@ class ActorHost:
                 traceback.print_exc()
         if self.server is not None:
             await self.server.aclose()
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.worker is not None:
+            self.worker.stop()
 
 
 async def _actor_main() -> int:
@@ -132,6 +218,7 @@ async def _actor_main() -> int:
     token = env[context.ENV_TOKEN]
     head = env.get(context.ENV_ADDRESS, "")
     context.set_current(context.ClusterInfo(head, token, session=actor_id, actor_id=actor_id))
+    apply_torch_threads(torch_threads())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

@@ -154,7 +154,12 @@ class Runtime:
                 return client
             if client is not None:
                 await client.aclose()
-            client = Client(conn.address, token=self.info.token, name=f"caller->{conn.name}")
+            client = Client(
+                conn.address,
+                token=self.info.token,
+                name=f"caller->{conn.name}",
+                error_hook=_materialize_any,
+            )
             conn.client = client
             try:
                 await client.connect()
@@ -263,6 +268,26 @@ def _resolve(qualified: str) -> type[BaseException] | None:
     if isinstance(obj, type) and issubclass(obj, BaseException):
         return obj
     return None
+
+
+def _materialize_any(exc: BaseException) -> BaseException:
+    return materialize(exc) if isinstance(exc, RemoteError) else exc
+
+
+def fast_submit(handle: Any, method: str, args: tuple[Any, ...], kwargs: Any) -> Any:
+    """A future of the call when this loop's runtime already talks to the live actor, else
+    None (the caller then takes the full path that connects, waits for restarts, etc.)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    runtime = _RUNTIMES.get(loop)
+    if runtime is None:
+        return None
+    conn = runtime.conns.get(handle.actor_id)
+    if conn is None or conn.state != "alive" or conn.client is None:
+        return None
+    return conn.client.submit_nowait(("c", method, args, kwargs))
 
 
 def materialize(exc: RemoteError) -> RemoteError:

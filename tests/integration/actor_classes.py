@@ -128,3 +128,13 @@ class BadSetup(Actor):
 class Printer(Actor):
     def say(self, text: str) -> None:
         print(text, flush=True)
+
+
+class Threads(Actor):
+    """Reports torch's intra-op thread count on the loop thread and on the worker thread."""
+
+    async def on_loop(self) -> int:
+        return torch.get_num_threads()
+
+    def in_worker(self) -> int:
+        return torch.get_num_threads()

@@ -208,3 +208,14 @@ def test_classes_from_a_driver_script_main(tmp_path: object) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "hello driver from __mp_main__" in out.stdout
+
+
+async def test_torch_threads_follow_the_cpu_share(local_cluster: Cluster) -> None:
+    from tests.integration.actor_classes import Threads
+
+    default = await local_cluster.spawn(Threads)  # cpus=1
+    assert (await default.on_loop(), await default.in_worker()) == (1, 1)
+    two = await local_cluster.spawn(Threads, cpus=2)
+    assert (await two.on_loop(), await two.in_worker()) == (2, 2)
+    forced = await local_cluster.spawn(Threads, env={"OMP_NUM_THREADS": "2"})
+    assert (await forced.on_loop(), await forced.in_worker()) == (2, 2)
