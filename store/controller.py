@@ -22,7 +22,7 @@ from typing import Any
 
 from actors import Actor, ActorDiedError, ActorHandle
 from store.controller_state import ClearPlan, ControllerState
-from store.errors import StoreError, StoreTimeoutError, UnknownPartitionError
+from store.errors import StoreError, StoreTimeoutError, UnitLostError, UnknownPartitionError
 from store.meta import BatchMeta
 from store.schema import DataUpdate, FieldSchema
 
@@ -191,8 +191,9 @@ class StoreController(Actor):
         """A batch of ready samples (see ControllerState.try_fetch), waiting up to ``timeout``.
 
         ``timeout`` None waits as long as it takes, 0 does not wait. Raises StoreTimeoutError
-        when the batch is not ready in time, StoreInputError for bad arguments. Waiting blocks
-        nothing else.
+        when the batch is not ready in time, UnitLostError (naming the unit) instead of waiting
+        when samples of ``partition`` died with their unit (they may never come back),
+        StoreInputError for bad arguments. Waiting blocks nothing else.
         """
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
@@ -203,6 +204,12 @@ class StoreController(Actor):
             if meta is not None:
                 return meta
             left = None if deadline is None else deadline - loop.time()
+            lost = self.state.lost_unit(partition)
+            if lost is not None and (left is None or left > 0):
+                # samples of this partition died with their unit: waiting could last forever
+                raise UnitLostError(
+                    lost, f"it held samples of partition {partition!r}; the batch cannot complete"
+                )
             if left is not None and left <= 0:
                 raise StoreTimeoutError(
                     f"{batch_size} ready samples of {list(fields)} in partition {partition!r} "

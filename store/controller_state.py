@@ -197,6 +197,22 @@ class ControllerState:
             self._drop_empty_schemas(part)
         return affected
 
+    def lost_unit(self, partition: str) -> str | None:
+        """The id of a dead unit that took samples of ``partition`` with it, or None.
+
+        A fetch waiting on such a partition may wait for data that never comes (see
+        ``StoreController.get_meta``).
+        """
+        part = self._partitions.get(partition)
+        if part is None:
+            return None
+        for sample in part.samples.values():
+            if sample.lost_on is not None:
+                info = self._unit_by_id.get(sample.lost_on)
+                if info is None or not info.alive:
+                    return sample.lost_on
+        return None
+
     # -- allocation ----------------------------------------------------------------------
 
     def set_env_shards(self, env_shards: EnvShards | None) -> None:
@@ -257,6 +273,9 @@ class ControllerState:
         self.check_schemas(partition, schemas)
         alive = [u.shard for u in self._units if u.alive]
         if not alive and n:
+            if self._units:  # name what was lost, as every other put to a dead unit does
+                lost = ", ".join(u.unit_id for u in self._units)
+                raise UnitLostError(lost, "every storage unit of the store is lost")
             raise StoreError("no live storage unit is registered")
         shards_by_env = [self._env_shard(e) for e in env_ids] if env_ids is not None else None
         if shards_by_env is None and placement is not None:
