@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from actors import ActorHandle, Cluster
+from actors import ActorDiedError, ActorHandle, Cluster
 from actors.components import cluster_info, slots_of
 from placement import ComponentScheduling, EpisodeTable, ResourcePoolPlanner, Scheduling
 from rayless.demo.config import PipelineConfig, WorkerConfig
@@ -100,7 +100,14 @@ def plan(cfg: PipelineConfig, info: dict[str, Any]) -> ResourcePoolPlanner:
 
 
 class Pipeline:
-    """One run of the pipeline on a cluster. ``await setup()``, ``await run()``, ``aclose()``."""
+    """One run of the pipeline on a cluster. ``await setup()``, ``await run()``, ``aclose()``.
+
+    ``max_restarts`` (default 0) is given to the env and eval workers: a worker that dies is
+    restarted that many times, and a rollout or weight broadcast that failed with
+    ``ActorDiedError`` is retried as often (a restarted env worker starts fresh episodes; a
+    restarted eval worker gets the current weights again). Train ranks and the store are not
+    restarted: their loss ends the run with their error (``UnitLostError`` names the unit).
+    """
 
     def __init__(
         self,
@@ -108,8 +115,12 @@ class Pipeline:
         cluster: Cluster,
         *,
         on_iteration: Callable[[IterationStats, PipelineConfig], None] | None = None,
+        max_restarts: int = 0,
     ) -> None:
+        if not isinstance(max_restarts, int) or max_restarts < 0:
+            raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
         self.cfg = cfg
+        self.max_restarts = max_restarts
         self.cluster = cluster
         self.on_iteration = on_iteration
         self.store: Store | None = None
@@ -122,6 +133,7 @@ class Pipeline:
         self.ranks_per_shard: dict[int, int] = {}
         self.setup_s = 0.0
         self.store_name = f"demo-store-{cluster.info.session[:8]}"
+        self._weights: dict[str, Any] | None = None
 
     async def setup(self) -> None:
         """Plan, start the store and every worker, form the process group, sync weights."""
@@ -158,7 +170,9 @@ class Pipeline:
         )
         algo_d = asdict(algo)
         seed = cfg.run.seed
-        self.evals = await self.cluster.spawn_component(EvalWorker, packing, "eval", algo_d, seed)
+        self.evals = await self.cluster.spawn_component(
+            EvalWorker, packing, "eval", algo_d, seed, max_restarts=self.max_restarts
+        )
         self.trains = []
         for r in range(n_train):
             shard = self.rank_shard[r]
@@ -209,12 +223,33 @@ class Pipeline:
                 self.cfg.policy.router_type,
                 self.store_name,
                 f"shard{self.env_shard[i]}",
+                max_restarts=self.max_restarts,
             )
         return envs
 
     async def _broadcast_weights(self, version: int) -> None:
         weights = await self.trains[0].weights(version)
-        await asyncio.gather(*(e.set_weights(weights) for e in self.evals))
+        self._weights = weights
+        await self._retrying(
+            lambda: asyncio.gather(*(e.set_weights(weights) for e in self.evals)), resync=False
+        )
+
+    async def _retrying(self, call: Callable[[], Any], *, resync: bool = True) -> Any:
+        """``await call()``, retried up to ``max_restarts`` times after an ActorDiedError of a
+        restartable worker (the worker comes back behind the same handle)."""
+        for attempt in range(self.max_restarts + 1):
+            try:
+                return await call()
+            except ActorDiedError:
+                if attempt >= self.max_restarts:
+                    raise
+            await asyncio.sleep(0.2)
+            if resync and self._weights is not None:  # a restarted eval worker has old weights
+                weights = self._weights
+                await asyncio.gather(
+                    *(e.set_weights(weights) for e in self.evals), return_exceptions=True
+                )
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     async def run(self) -> RunResult:
         """Train until the target return, the iteration limit or the time limit."""
@@ -311,7 +346,11 @@ class Pipeline:
         )
 
     async def _rollout_into(self, iteration: int) -> list[dict[str, Any]]:
-        return list(await asyncio.gather(*(e.rollout(iteration) for e in self.envs)))
+        async def one(env: ActorHandle) -> dict[str, Any]:
+            result: dict[str, Any] = await self._retrying(lambda: env.rollout(iteration))
+            return result
+
+        return list(await asyncio.gather(*(one(e) for e in self.envs)))
 
     async def aclose(self) -> None:
         """Kill the workers and the store (the cluster stays)."""

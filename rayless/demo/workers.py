@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from actors import Actor, ActorHandle
+from actors.process import apply_torch_threads, torch_threads
 from rayless.demo.config import AlgoConfig
 from rayless.demo.env import VecCartPole
 from rayless.demo.ppo import ActorCritic, act, get_weights, make_optimizer, ppo_update, set_weights
@@ -300,6 +301,7 @@ class TrainWorker(Actor):
         return stats
 
     def _update(self, batch: Any) -> dict[str, Any]:
+        apply_torch_threads(torch_threads())  # torch's thread count is per thread
         return ppo_update(self.model, self.optimizer, batch, self.algo)
 
     async def teardown(self) -> None:

@@ -1,0 +1,61 @@
+"""Chaos on the store: a consumer waiting on data that died with its unit fails fast."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from actors import Cluster
+from store import Store, StoreTimeoutError, UnitLostError
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+
+async def test_fetch_waiting_on_a_lost_units_partition_fails_with_its_name(
+    local_cluster: Cluster,
+) -> None:
+    st = await Store.create(local_cluster, num_units=2, name="chaos-fetch")
+    meta = await st.put(TensorDict({"x": torch.arange(8)}, [8]), partition="p")
+    victim = st.units[1]
+    records = {a["name"]: a for n in await local_cluster.nodes() for a in n["actors"]}
+    # A consumer asks for more than is there: it waits for producers.
+    waiting = asyncio.ensure_future(st.get_meta("p", ["x"], 16, task="t", timeout=60))
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    start = time.monotonic()
+    os.kill(int(records[victim["unit_id"]]["pid"]), signal.SIGKILL)
+    with pytest.raises(UnitLostError) as info:
+        await asyncio.wait_for(waiting, 30)  # before the fix: StoreTimeoutError after 60 s
+    assert info.value.unit == victim["unit_id"] and "'p'" in str(info.value)
+    assert time.monotonic() - start < 20
+    # A fetch the survivors can satisfy still works, and an unaffected partition still waits.
+    alive = [meta.global_indexes[i] for i, s in enumerate(meta.shards) if s == 0]
+    ready = await st.get_meta("p", ["x"], len(alive), task="t2", timeout=5)
+    assert sorted(ready.global_indexes) == sorted(alive)
+    await st.put(TensorDict({"x": torch.arange(2)}, [2]), partition="q")
+    with pytest.raises(StoreTimeoutError):
+        await st.get_meta("q", ["x"], 5, task="t", timeout=0.5)
+
+
+async def test_a_put_after_every_unit_died_names_the_lost_unit(local_cluster: Cluster) -> None:
+    st = await Store.create(local_cluster, num_units=1, name="chaos-all-lost")
+    await st.put(TensorDict({"x": torch.arange(4)}, [4]), partition="p")
+    unit_id = st.units[0]["unit_id"]
+    records = {a["name"]: a for n in await local_cluster.nodes() for a in n["actors"]}
+    os.kill(int(records[unit_id]["pid"]), signal.SIGKILL)
+
+    async def lost() -> bool:
+        return not (await st.controller.units())[0]["alive"]
+
+    deadline = time.monotonic() + 20
+    while not await lost() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    with pytest.raises(UnitLostError) as info:  # before the fix: a bare StoreError
+        await st.put(TensorDict({"x": torch.arange(4)}, [4]), partition="p")
+    assert info.value.unit == unit_id and unit_id in str(info.value)

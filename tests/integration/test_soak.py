@@ -1,0 +1,34 @@
+"""Start/stop cycles of a local cluster leak nothing (scripts/soak.py runs 200 of them)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.chaos.scenarios import Snapshot, descendants, growth, start_stop_cycle, until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+CYCLES = 4
+
+
+async def test_start_stop_cycles_leak_no_process_fd_thread_or_shm_segment() -> None:
+    # clusters shared by other tests of the session may be running: only new ones count
+    baseline = descendants()
+
+    def ours() -> set[int]:
+        return descendants() - baseline
+
+    await start_stop_cycle()  # warm-up: ZeroMQ's context and I/O threads, imports, caches
+    assert await until(lambda: not ours(), 20), ours()
+    first = Snapshot.take()
+    snapshots = [first]
+    for _ in range(CYCLES):
+        await start_stop_cycle()
+        assert await until(lambda: not ours(), 20), f"left behind: {ours()}"
+        snapshots.append(Snapshot.take())
+    grew = growth(first, snapshots[-1])
+    assert grew["children"] == 0, snapshots
+    assert grew["fds"] <= 0, snapshots
+    assert grew["threads"] <= 0, snapshots
+    assert grew["shm_files"] <= 0, snapshots
+    assert grew["rss_mb"] < 64, snapshots  # generous: allocator noise, not a leak
