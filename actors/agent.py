@@ -28,6 +28,7 @@ from actors.logs import LogTailer
 from actors.process_util import die_with_parent, setup_logging
 from actors.spawner import ProcessSpawner, Spawner, ZygoteSpawner
 from placement import NodeInfo, discover_node_async
+from transport import loop
 from transport.client import Client
 from transport.errors import ActorDiedError, RaylessError
 from transport.server import Peer, Request, Server
@@ -427,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     if not token:
         print("RAYLESS_TOKEN or RAYLESS_TOKEN_FILE must be set", file=sys.stderr)
         return 2
-    return asyncio.run(serve(args, token))
+    return loop.run(serve(args, token))
 
 
 if __name__ == "__main__":

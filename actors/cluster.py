@@ -144,12 +144,14 @@ class LocalProcesses:
         return [p.pid for p in procs if p is not None]
 
     def stop(self, grace: float = 10.0) -> None:
-        """Let the processes exit (after a shutdown request), then SIGTERM → grace → SIGKILL.
-
-        The zygote goes last, so agents never see it vanish under them. Idempotent.
+        """Shut the cluster down: SIGTERM to the head (it stops the agents, which stop their
+        actors), wait, then SIGTERM → grace → SIGKILL what is left; the zygote goes last, so
+        agents never see it vanish under them. Idempotent.
         """
         others = [p for p in [self.head, *self.agents] if p is not None]
         zygote = [self.zygote_proc] if self.zygote_proc is not None else []
+        if self.head is not None and self.head.poll() is None:
+            self.head.send_signal(signal.SIGTERM)  # a no-op race if a shutdown is under way
         deadline = time.monotonic() + grace / 2
         for proc in others:
             try:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.scheduler import Allocation, NodeState, choose, release
+from transport import loop
 from transport.client import Client
 from transport.errors import ActorDiedError, PlacementError, RaylessError
 from transport.server import Peer, Request, Server
@@ -419,7 +420,7 @@ def main() -> None:
     if len(sys.argv) not in (2, 3) or not token:
         sys.exit("usage: RAYLESS_TOKEN=... python -m actors.head ADDRESS [NODE_TIMEOUT]")
     timeout = float(sys.argv[2]) if len(sys.argv) == 3 else 5.0
-    asyncio.run(serve(sys.argv[1], token, timeout))
+    loop.run(serve(sys.argv[1], token, timeout))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from typing import Any
 from actors import context
 from actors.actor import ClassRef, public_methods
 from actors.process_util import setup_logging
-from transport import codec
+from transport import codec, loop
 from transport.client import Client
 from transport.errors import RaylessError, RemoteError
 from transport.server import Request, Server
@@ -263,7 +263,7 @@ async def _actor_main() -> int:
 def child_main() -> int:
     """Run the actor described by the environment; returns the exit code."""
     setup_logging(f"actor {os.environ.get(context.ENV_ACTOR_NAME, '?')}")
-    return asyncio.run(_actor_main())
+    return loop.run(_actor_main())
 
 
 if __name__ == "__main__":

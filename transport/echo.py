@@ -15,6 +15,7 @@ import subprocess
 import sys
 from typing import Any
 
+from transport import loop
 from transport.server import Request, Server
 
 
@@ -86,7 +87,7 @@ def main() -> None:
     token = os.environ.get("RAYLESS_TOKEN", "")
     if len(sys.argv) != 2 or not token:
         sys.exit("usage: RAYLESS_TOKEN=... python -m transport.echo tcp://127.0.0.1:0")
-    asyncio.run(serve(sys.argv[1], token))
+    loop.run(serve(sys.argv[1], token))
 
 
 if __name__ == "__main__":

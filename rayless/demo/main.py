@@ -8,7 +8,6 @@ the config (``cluster.num_nodes`` nodes, fake GPUs unless real ones suffice); un
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from actors.context import ENV_ADDRESS
 from rayless.demo.config import DEFAULT_CONFIG, PipelineConfig, load_config
 from rayless.demo.pipeline import Pipeline
 from rayless.demo.report import default_out_dir, print_progress, summary_text, write_report
+from transport import loop
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +79,7 @@ async def _run(cfg: PipelineConfig, cluster: Cluster, out_dir: Path) -> int:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``rayless demo``; Ctrl-C stops the run and the cluster cleanly."""
     try:
-        return asyncio.run(_main(args))
+        return loop.run(_main(args))
     except KeyboardInterrupt:
         print("\ninterrupted: the cluster was shut down", file=sys.stderr)
         return 130

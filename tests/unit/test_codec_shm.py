@@ -27,7 +27,7 @@ from transport.errors import ProtocolError
 from transport.protocol import new_token
 from transport.server import Request, Server
 
-BIG = 2 << 20  # bytes: over the default SHM_MIN_BYTES (1 MiB)
+BIG = 2 << 20  # bytes: over the SHM_MIN_BYTES these tests use (1 MiB)
 DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool, torch.complex64]
 
 
@@ -37,8 +37,9 @@ def ours() -> list[str]:
 
 
 @pytest.fixture(autouse=True)
-def clean() -> Iterator[None]:
-    """Each test starts and ends with no segment of ours around."""
+def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test starts and ends with no segment of ours around; 1 MiB threshold (small data)."""
+    monkeypatch.setattr(shm, "SHM_MIN_BYTES", 1 << 20)
     sweep_shm(0.0)
     yield
     sweep_shm(0.0)
@@ -252,3 +253,7 @@ async def test_endpoints_on_one_host_send_large_tensors_through_shm() -> None:
         assert torch.equal(out["t"], t)
         assert mapped_file(out["t"].data_ptr()) is not None
     assert not ours()
+
+
+def test_default_threshold_keeps_mid_sized_buffers_on_the_socket() -> None:
+    assert shm._DEFAULT_MIN == 8 << 20  # below it the socket copy is as fast (measured)
