@@ -13,7 +13,7 @@ holds the schema and, for nested (ragged) fields, each sample's shape where know
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from store.errors import ForeignMetaError, StoreInputError, UnknownFieldError
@@ -116,15 +116,10 @@ class BatchMeta:
         unknown = [n for n in wanted if n not in self.field_schemas]
         if unknown:
             raise UnknownFieldError(f"fields {unknown} are not in this meta ({self.field_names})")
-        return BatchMeta(
-            self.store_id,
-            self.global_indexes,
-            self.partition_ids,
-            self.shards,
-            self.generations,
-            {n: self.field_schemas[n] for n in wanted},
-            self.custom_meta,
-            {k: v for k, v in self.sample_shapes.items() if k in wanted},
+        return replace(
+            self,
+            field_schemas={n: self.field_schemas[n] for n in wanted},
+            sample_shapes={k: v for k, v in self.sample_shapes.items() if k in wanted},
         )
 
     def split(self, chunk_size: int) -> list[BatchMeta]:
@@ -191,16 +186,7 @@ class BatchMeta:
             shapes.pop(name, None)
         for name, per_sample in (sample_shapes or {}).items():
             shapes[name] = tuple(per_sample)
-        return BatchMeta(
-            self.store_id,
-            self.global_indexes,
-            self.partition_ids,
-            self.shards,
-            self.generations,
-            {**self.field_schemas, **schemas},
-            self.custom_meta,
-            shapes,
-        )
+        return replace(self, field_schemas={**self.field_schemas, **schemas}, sample_shapes=shapes)
 
     def with_custom_meta(self, custom_meta: Sequence[Mapping[str, Any]]) -> BatchMeta:
         """This meta with per-sample custom metadata replaced (plain, msgpack-able values)."""
@@ -210,15 +196,11 @@ class BatchMeta:
             if not isinstance(item, Mapping):
                 raise StoreInputError(f"custom_meta[{i}] is not a dict")
             check_plain(dict(item), f"custom_meta[{i}]")
-        return BatchMeta(
-            self.store_id,
-            self.global_indexes,
-            self.partition_ids,
-            self.shards,
-            self.generations,
-            dict(self.field_schemas),
-            tuple(dict(c) for c in custom_meta),
-            dict(self.sample_shapes),
+        return replace(
+            self,
+            field_schemas=dict(self.field_schemas),
+            custom_meta=tuple(dict(c) for c in custom_meta),
+            sample_shapes=dict(self.sample_shapes),
         )
 
     # -- wire ----------------------------------------------------------------------------
