@@ -3,6 +3,7 @@
 Imports nothing of ours; every other layer builds on it. The error root lives here.
 """
 
+from transport.client import Client
 from transport.codec import decode, encode, register_extension
 from transport.errors import (
     ActorDiedError,
@@ -18,21 +19,29 @@ from transport.errors import (
     Timeout,
     TransportError,
 )
+from transport.protocol import Limits, new_token
+from transport.server import Peer, Request, Server
 
 __all__ = [
     "ActorDiedError",
     "AuthError",
     "BrokenError",
+    "Client",
     "ClosedError",
     "LimitError",
+    "Limits",
+    "Peer",
     "PlacementError",
     "ProtocolError",
     "RaylessError",
     "RemoteError",
+    "Request",
+    "Server",
     "StoreError",
     "Timeout",
     "TransportError",
     "decode",
     "encode",
+    "new_token",
     "register_extension",
 ]
