@@ -12,8 +12,10 @@ StoreFullError. On a CUDA unit the columns live on ``cuda:0`` (the GPU the unit 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -30,6 +32,9 @@ __all__ = ["StorageUnit", "unit_device"]
 def unit_device(device: str) -> str:
     """The torch device a unit keeps its columns on: ``"cuda"`` → ``"cuda:0"``."""
     return "cuda:0" if device == "cuda" else device
+
+
+T = TypeVar("T")
 
 
 class StorageUnit(Actor):
@@ -103,12 +108,19 @@ class StorageUnit(Actor):
         declared: dict[str, FieldSchema],
         timeout: float,
     ) -> DataUpdate:
+        return await self._until_room(
+            lambda: self.shard.write(partition, indexes, td, schemas=declared), timeout
+        )
+
+    async def _until_room(self, attempt: Callable[[], T], timeout: float) -> T:
+        """``attempt()``, retried after every delete while it raises StoreFullError, until
+        ``timeout`` seconds have passed (then the StoreFullError is raised)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout)
         while True:
             freed = self._freed
             try:
-                return self.shard.write(partition, indexes, td, schemas=declared)
+                return attempt()
             except StoreFullError:
                 left = deadline - loop.time()
                 if left <= 0:
@@ -153,21 +165,7 @@ class StorageUnit(Actor):
 
         Waits up to ``timeout`` for room like :meth:`write`; raises like ShardStorage.kv_put.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(0.0, timeout)
-        while True:
-            freed = self._freed
-            try:
-                schemas = self.shard.kv_put(keys, td)
-                break
-            except StoreFullError:
-                left = deadline - loop.time()
-                if left <= 0:
-                    raise
-                try:
-                    await asyncio.wait_for(freed.wait(), left)
-                except asyncio.TimeoutError:
-                    pass
+        schemas = await self._until_room(functools.partial(self.shard.kv_put, keys, td), timeout)
         del td
         if self.shard.device.type == "cuda":
             await asyncio.to_thread(self._sync_device)
