@@ -7,10 +7,12 @@ Imports ``transport`` and ``placement``; never ``store``.
         print(await counter.add(41))
 """
 
-from actors.actor import Actor
-from actors.cluster import Cluster, connect
-from actors.handle import ActorHandle, ActorMethod, gather, wait
-from transport.errors import ActorDiedError, PlacementError, RaylessError, RemoteError
+from rayless.actors.actor import Actor
+from rayless.actors.cluster import Cluster, connect
+from rayless.actors.errors import ActorDiedError
+from rayless.actors.handle import ActorHandle, ActorMethod, gather, wait
+from rayless.placement.errors import PlacementError
+from rayless.transport.errors import RaylessError, RemoteError
 
 __all__ = [
     "Actor",

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from transport.errors import RaylessError
+from rayless.transport.errors import RaylessError
 
 
 class Actor:

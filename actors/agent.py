@@ -23,16 +23,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors import context
-from actors.logs import LogTailer
-from actors.process_util import die_with_parent, setup_logging
-from actors.spawner import ProcessSpawner, Spawner, ZygoteSpawner
-from placement import NodeInfo, discover_node_async
-from transport import loop
-from transport.client import Client
-from transport.errors import ActorDiedError, RaylessError
-from transport.server import Peer, Request, Server
-from transport.shm import cleanup_stale
+from rayless.actors import context
+from rayless.actors.errors import ActorDiedError
+from rayless.actors.logs import LogTailer
+from rayless.actors.process_util import die_with_parent, setup_logging
+from rayless.actors.spawner import ProcessSpawner, Spawner, ZygoteSpawner
+from rayless.placement import NodeInfo, discover_node_async
+from rayless.transport import loop
+from rayless.transport.client import Client
+from rayless.transport.errors import RaylessError
+from rayless.transport.server import Peer, Request, Server
+from rayless.transport.shm import cleanup_stale
 
 log = logging.getLogger("rayless.agent")
 SHM_SWEEP_INTERVAL = 30.0

@@ -21,13 +21,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors import context
-from actors.actor import ClassRef, public_methods
-from actors.handle import ActorHandle
-from actors.runtime import Runtime, close_runtimes, get_runtime, materialize
-from transport import codec
-from transport.errors import RaylessError, RemoteError
-from transport.protocol import new_token
+from rayless.actors import context
+from rayless.actors.actor import ClassRef, public_methods
+from rayless.actors.handle import ActorHandle
+from rayless.actors.runtime import Runtime, close_runtimes, get_runtime, materialize
+from rayless.transport import codec
+from rayless.transport.errors import RaylessError, RemoteError
+from rayless.transport.protocol import new_token
 
 START_TIMEOUT = 120.0
 
@@ -46,7 +46,7 @@ def _read_line(proc: subprocess.Popen[bytes], what: str, timeout: float) -> str:
 
 def _real_gpu_count() -> int:
     try:
-        from placement import discover_node
+        from rayless.placement import discover_node
 
         info = discover_node()
         return 0 if info.fake_gpus else len(info.gpus)
@@ -94,13 +94,16 @@ class LocalProcesses:
         log_dir = self.log_dir or os.path.join(self.tmpdir, "logs")
         try:
             self.head = self._popen(
-                "-m", "actors.head", "tcp://127.0.0.1:0", str(self.node_timeout)
+                "-m", "rayless.actors.head", "tcp://127.0.0.1:0", str(self.node_timeout)
             )
             zygote_path = "none"
             if self.zygote:
                 zygote_path = os.path.join(self.tmpdir, "zygote.sock")
                 self.zygote_proc = self._popen(
-                    "-m", "actors.zygote", zygote_path, RAYLESS_ZYGOTE_PRELOAD=self.zygote_preload
+                    "-m",
+                    "rayless.actors.zygote",
+                    zygote_path,
+                    RAYLESS_ZYGOTE_PRELOAD=self.zygote_preload,
                 )
             self.address = _read_line(self.head, "the head", START_TIMEOUT)
             if self.zygote_proc is not None:
@@ -110,7 +113,7 @@ class LocalProcesses:
             for i in range(self.nodes):
                 args = [
                     "-m",
-                    "actors.agent",
+                    "rayless.actors.agent",
                     self.address,
                     "--node-id",
                     f"node-{i}",
@@ -228,7 +231,7 @@ class Cluster:
     @classmethod
     def local_sync(cls, *args: Any, **kwargs: Any) -> Any:
         """The synchronous facade over :meth:`local` (see ``actors.sync``)."""
-        from actors.sync import SyncCluster
+        from rayless.actors.sync import SyncCluster
 
         return SyncCluster.local(*args, **kwargs)
 
@@ -295,7 +298,7 @@ class Cluster:
         With ``torch_distributed=True`` each member gets MASTER_ADDR, MASTER_PORT, RANK,
         WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE so it can ``init_process_group``.
         """
-        from actors.group import spawn_group
+        from rayless.actors.group import spawn_group
 
         return await spawn_group(self, cls, n, *args, **kwargs)
 
@@ -307,7 +310,7 @@ class Cluster:
         ``plan`` is a ``placement.ResourcePoolPlanner`` (or its packed slots); see
         ``actors.components``.
         """
-        from actors.components import spawn_component
+        from rayless.actors.components import spawn_component
 
         return await spawn_component(self, cls, plan, component, *args, **kwargs)
 

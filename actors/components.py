@@ -12,12 +12,12 @@ import asyncio
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from placement import WorkerSlot
-from transport.errors import PlacementError
+from rayless.placement import WorkerSlot
+from rayless.placement.errors import PlacementError
 
 if TYPE_CHECKING:
-    from actors.cluster import Cluster
-    from actors.handle import ActorHandle
+    from rayless.actors.cluster import Cluster
+    from rayless.actors.handle import ActorHandle
 
 
 async def cluster_info(cluster: Cluster) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import os
 import uuid
 from dataclasses import dataclass, field
 
-from transport.errors import RaylessError
+from rayless.transport.errors import RaylessError
 
 ENV_ADDRESS = "RAYLESS_ADDRESS"
 ENV_TOKEN = "RAYLESS_TOKEN"

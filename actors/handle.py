@@ -12,9 +12,9 @@ import asyncio
 from collections.abc import Awaitable, Iterable
 from typing import Any
 
-from actors.runtime import fast_submit, get_runtime, run_sync
-from transport.codec import register_extension
-from transport.errors import Timeout
+from rayless.actors.runtime import fast_submit, get_runtime, run_sync
+from rayless.transport.codec import register_extension
+from rayless.transport.errors import Timeout
 
 
 class ActorHandle:

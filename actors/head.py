@@ -21,11 +21,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.scheduler import Allocation, NodeState, choose, release
-from transport import loop
-from transport.client import Client
-from transport.errors import ActorDiedError, PlacementError, RaylessError
-from transport.server import Peer, Request, Server
+from rayless.actors.errors import ActorDiedError
+from rayless.actors.scheduler import Allocation, NodeState, choose, release
+from rayless.placement.errors import PlacementError
+from rayless.transport import loop
+from rayless.transport.client import Client
+from rayless.transport.errors import RaylessError
+from rayless.transport.server import Peer, Request, Server
 
 log = logging.getLogger("rayless.head")
 
@@ -411,7 +413,7 @@ async def serve(address: str, token: str, node_timeout: float) -> None:
 
 def main() -> None:
     """Entry point of ``python -m actors.head ADDRESS [NODE_TIMEOUT]``."""
-    from actors.process_util import die_with_parent, setup_logging
+    from rayless.actors.process_util import die_with_parent, setup_logging
 
     setup_logging("head")
     if os.environ.get("RAYLESS_DIE_WITH_PARENT"):

@@ -40,10 +40,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors import context
-from actors.launch_procs import LaunchError, NodeProcesses, StopFlag, read_stdin_line
-from transport.errors import RaylessError
-from transport.protocol import new_token
+from rayless.actors import context
+from rayless.actors.launch_procs import LaunchError, NodeProcesses, StopFlag, read_stdin_line
+from rayless.transport.errors import RaylessError
+from rayless.transport.protocol import new_token
 
 DEFAULT_PORT = 29400
 
@@ -312,7 +312,7 @@ async def rendezvous(
         LaunchError: timeout (naming the missing ranks), a rank given twice or out of range,
             our head or agent exited, or a stop was requested.
     """
-    from transport.client import Client
+    from rayless.transport.client import Client
 
     deadline = time.monotonic() + cfg.rdzv_timeout
     async with Client(cfg.address, token=token, name="launch", connect_timeout=30) as client:
@@ -351,7 +351,7 @@ async def rendezvous(
 
 async def request_shutdown(address: str, token: str) -> None:
     """Ask the head to shut the cluster down (agents stop their actors and exit 0)."""
-    from transport.client import Client
+    from rayless.transport.client import Client
 
     try:
         async with Client(address, token=token, name="launch", connect_timeout=5) as client:

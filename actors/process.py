@@ -20,13 +20,13 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from actors import context
-from actors.actor import ClassRef, public_methods
-from actors.process_util import setup_logging
-from transport import codec, loop
-from transport.client import Client
-from transport.errors import RaylessError, RemoteError
-from transport.server import Request, Server
+from rayless.actors import context
+from rayless.actors.actor import ClassRef, public_methods
+from rayless.actors.process_util import setup_logging
+from rayless.transport import codec, loop
+from rayless.transport.client import Client
+from rayless.transport.errors import RaylessError, RemoteError
+from rayless.transport.server import Request, Server
 
 DEFAULT_MAX_CONCURRENCY = 1000
 
@@ -255,7 +255,7 @@ async def _actor_main() -> int:
         if host is not None:
             await host.aclose()
         await agent.aclose()
-        from actors.runtime import close_runtimes
+        from rayless.actors.runtime import close_runtimes
 
         await close_runtimes()
 

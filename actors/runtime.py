@@ -22,11 +22,11 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from actors import context
-from actors.logs import print_lines
-from transport.client import Client
-from transport.errors import (
-    ActorDiedError,
+from rayless.actors import context
+from rayless.actors.errors import ActorDiedError
+from rayless.actors.logs import print_lines
+from rayless.transport.client import Client
+from rayless.transport.errors import (
     BrokenError,
     RaylessError,
     RemoteError,
@@ -305,7 +305,8 @@ def materialize(exc: RemoteError) -> RemoteError:
                 cls = type(
                     f"RemoteError[{original.__qualname__}]",
                     (RemoteError, original),
-                    {"_rayless_wire": False, "__module__": __name__},
+                    {"__module__": __name__},
+                    wire=None,  # travels as a plain RemoteError
                 )
             except TypeError:  # incompatible layouts (some builtins): keep the plain type
                 cls = None

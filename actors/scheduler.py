@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from transport.errors import PlacementError
+from rayless.placement.errors import PlacementError
 
 _EPS = 1e-9
 

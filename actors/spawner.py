@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import msgpack
 
-from transport.errors import RaylessError
+from rayless.transport.errors import RaylessError
 
 log = logging.getLogger("rayless.agent")
 OnExit = Callable[[int, int], None]
@@ -59,7 +59,7 @@ class ProcessSpawner:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "actors.process",
+                "rayless.actors.process",
                 env={**os.environ, **env, "RAYLESS_DIE_WITH_PARENT": "1"},
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
@@ -126,7 +126,7 @@ class ZygoteSpawner:
         self._own = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "actors.zygote",
+            "rayless.actors.zygote",
             path,
             stdout=asyncio.subprocess.PIPE,
             env={**os.environ, "RAYLESS_DIE_WITH_PARENT": "1"},

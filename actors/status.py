@@ -23,8 +23,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from actors import context
-from transport.errors import AuthError, RaylessError
+from rayless.actors import context
+from rayless.transport.errors import AuthError, RaylessError
 
 DEFAULT_TIMEOUT = 5.0
 
@@ -96,8 +96,8 @@ async def fetch(address: str, token: str, timeout: float) -> list[dict[str, Any]
     """
     import zmq
 
-    from actors.cluster import Cluster, connect
-    from actors.runtime import close_runtimes
+    from rayless.actors.cluster import Cluster, connect
+    from rayless.actors.runtime import close_runtimes
 
     cluster: Cluster | None = None
     try:

@@ -17,10 +17,10 @@ import concurrent.futures
 from collections.abc import Iterable
 from typing import Any
 
-from actors import runtime
-from actors.cluster import Cluster, connect
-from actors.handle import ActorHandle, _call
-from transport.errors import Timeout
+from rayless.actors import runtime
+from rayless.actors.cluster import Cluster, connect
+from rayless.actors.handle import ActorHandle, _call
+from rayless.transport.errors import Timeout
 
 DEFAULT_TIMEOUT = 300.0
 

@@ -8,17 +8,17 @@ ResourcePoolPlanner, YAML), ``packing`` (WorkerSlot, pack), ``routing`` (routers
 create_router), ``episodes`` (EpisodeTable).
 """
 
-from placement.discovery import GpuInfo, NodeInfo, discover_node, discover_node_async
-from placement.episodes import EpisodeTable
-from placement.packing import Packing, WorkerSlot, check_overcommit, pack, sharing_pairs
-from placement.pools import ResourcePool, ResourcePoolPlanner, cluster_info_from_nodes
-from placement.resources import (
+from rayless.placement.discovery import GpuInfo, NodeInfo, discover_node, discover_node_async
+from rayless.placement.episodes import EpisodeTable
+from rayless.placement.packing import Packing, WorkerSlot, check_overcommit, pack, sharing_pairs
+from rayless.placement.pools import ResourcePool, ResourcePoolPlanner, cluster_info_from_nodes
+from rayless.placement.resources import (
     ComponentAllocation,
     InsufficientResourcesError,
     NodeResource,
     parse_index_str,
 )
-from placement.routing import (
+from rayless.placement.routing import (
     AsyncRouter,
     NodeAffinityRouter,
     Policy,
@@ -31,7 +31,7 @@ from placement.routing import (
     probe_idle,
     probe_loads,
 )
-from placement.scheduling import ComponentScheduling, Scheduling
+from rayless.placement.scheduling import ComponentScheduling, Scheduling
 
 __all__ = [
     "AsyncRouter",

@@ -27,8 +27,8 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from placement.routing import env_worker_index
-from transport.errors import PlacementError
+from rayless.placement.errors import PlacementError
+from rayless.placement.routing import env_worker_index
 
 __all__ = ["EpisodeTable"]
 

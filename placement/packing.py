@@ -29,10 +29,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from placement.pools import ResourcePool
-from placement.resources import NodeResource
-from placement.scheduling import ComponentScheduling, Scheduling
-from transport.errors import PlacementError
+from rayless.placement.errors import PlacementError
+from rayless.placement.pools import ResourcePool
+from rayless.placement.resources import NodeResource
+from rayless.placement.scheduling import ComponentScheduling, Scheduling
 
 __all__ = ["Packing", "WorkerSlot", "check_overcommit", "pack", "sharing_pairs"]
 

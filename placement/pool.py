@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from placement.resources import (
+from rayless.placement.errors import PlacementError
+from rayless.placement.resources import (
     COMPONENTS,
     ComponentAllocation,
     InsufficientResourcesError,
@@ -19,7 +20,6 @@ from placement.resources import (
     format_range,
     parse_index_str,
 )
-from transport.errors import PlacementError
 
 __all__ = ["ResourcePool"]
 

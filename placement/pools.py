@@ -39,11 +39,11 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from placement.discovery import NodeInfo, discover_node
-from placement.pool import ResourcePool
-from placement.resources import InsufficientResourcesError, NodeResource
-from placement.scheduling import ComponentScheduling
-from transport.errors import PlacementError
+from rayless.placement.discovery import NodeInfo, discover_node
+from rayless.placement.errors import PlacementError
+from rayless.placement.pool import ResourcePool
+from rayless.placement.resources import InsufficientResourcesError, NodeResource
+from rayless.placement.scheduling import ComponentScheduling
 
 __all__ = [
     "ENV_STRATEGIES",
@@ -320,7 +320,7 @@ class ResourcePoolPlanner:
 
     def pack(self) -> Any:
         """Concrete worker slots for the current pools (``placement.packing.Packing``)."""
-        from placement.packing import pack  # packing builds on pools
+        from rayless.placement.packing import pack  # packing builds on pools
 
         if not self._resource_pools:
             raise PlacementError("no resource pools: call plan_resource_pools() first")

@@ -20,7 +20,7 @@ import logging
 import re
 from typing import Any
 
-from transport.errors import PlacementError
+from rayless.placement.errors import PlacementError
 
 __all__ = [
     "COMPONENTS",

@@ -60,7 +60,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import anyio
 
-from transport.errors import PlacementError, Timeout
+from rayless.placement.errors import PlacementError
+from rayless.transport.errors import Timeout
 
 __all__ = [
     "AsyncRouter",

@@ -10,9 +10,9 @@ import argparse
 import asyncio
 import time
 
-from transport import echo
-from transport.client import Client
-from transport.protocol import new_token
+from rayless.transport import echo
+from rayless.transport.client import Client
+from rayless.transport.protocol import new_token
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -217,7 +217,7 @@ def wait_stable(pid: int, settle: float = 2.0, limit: float = 30.0) -> None:
 
 async def ours_memory() -> dict[str, float]:
     """Idle memory of ``Cluster.local(nodes=2)``: head, zygote, agents and descendants."""
-    from actors import Cluster
+    from rayless.actors import Cluster
 
     async with Cluster.local(nodes=2) as cluster:
         local = cluster._local
@@ -290,7 +290,7 @@ async def ours_spawn(cluster: Any) -> float:
 
 async def run_ours(s: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
     """Every row on our side; values are medians over ``s.repeats`` runs."""
-    from actors import Cluster
+    from rayless.actors import Cluster
 
     res: dict[str, Any] = {}
     log("ours: idle memory of Cluster.local(nodes=2)")

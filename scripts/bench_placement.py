@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from placement import (
+from rayless.placement import (
     ComponentScheduling,
     NodeAffinityRouter,
     ResourcePoolPlanner,

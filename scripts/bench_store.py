@@ -75,8 +75,8 @@ def median_time(fn: Callable[[], Any], reps: int) -> float:
 
 async def run_ours(device: str, reps: int) -> dict[str, Any]:
     """Every row for the rayless store."""
-    import actors
-    from store import Store
+    import rayless.actors as actors
+    from rayless.store import Store
 
     res: dict[str, Any] = {}
     gpus = torch.cuda.device_count() if device == "cuda" else 0

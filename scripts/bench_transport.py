@@ -27,9 +27,9 @@ from typing import Any
 import torch
 import zmq
 
-from transport import echo
-from transport.client import Client
-from transport.protocol import new_token
+from rayless.transport import echo
+from rayless.transport.client import Client
+from rayless.transport.protocol import new_token
 
 SMALL = b"x" * 16
 
@@ -200,7 +200,7 @@ async def main(args: argparse.Namespace) -> int:
 
 async def cpu_per_request() -> int:
     """CPU time per request with client and server in this process (insensitive to load)."""
-    from transport.server import Server
+    from rayless.transport.server import Server
 
     token = new_token()
     async with (

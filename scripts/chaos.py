@@ -27,10 +27,10 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from actors import ActorDiedError, Cluster, context
-from actors.cluster import LocalProcesses
+from rayless.actors import ActorDiedError, Cluster, context
+from rayless.actors.cluster import LocalProcesses
 from rayless.demo.config import load_config
-from store import UnitLostError
+from rayless.store import UnitLostError
 from tests.chaos.scenarios import (
     descendants,
     head_loss,

@@ -27,8 +27,8 @@ from tensordict import TensorDict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from actors import Cluster
-from store import Store
+from rayless.actors import Cluster
+from rayless.store import Store
 from tests.chaos.scenarios import Snapshot, descendants, growth, start_stop_cycle, until
 from tests.integration.actor_classes import Counter
 

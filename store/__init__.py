@@ -3,9 +3,9 @@
 Imports ``actors``, ``transport`` and ``placement``. See docs/store.md.
 """
 
-from store import samplers
-from store.client import DEFAULT_NAME, Store
-from store.errors import (
+from rayless.store import samplers
+from rayless.store.client import DEFAULT_NAME, Store
+from rayless.store.errors import (
     ForeignMetaError,
     SchemaError,
     StaleMetaError,
@@ -18,10 +18,10 @@ from store.errors import (
     UnknownKeyError,
     UnknownPartitionError,
 )
-from store.meta import BatchMeta
-from store.samplers import GroupedSampler, RandomSampler, SequentialSampler, make_sampler
-from store.schema import FieldSchema
-from store.sync import SyncStore
+from rayless.store.meta import BatchMeta
+from rayless.store.samplers import GroupedSampler, RandomSampler, SequentialSampler, make_sampler
+from rayless.store.schema import FieldSchema
+from rayless.store.sync import SyncStore
 
 __all__ = [
     "DEFAULT_NAME",

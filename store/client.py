@@ -21,18 +21,18 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from actors import ActorDiedError, ActorHandle, Cluster, connect
-from store.controller import StoreController
-from store.errors import (
+from rayless.actors import ActorDiedError, ActorHandle, Cluster, connect
+from rayless.store.controller import StoreController
+from rayless.store.errors import (
     ForeignMetaError,
     StoreError,
     StoreInputError,
     UnitLostError,
 )
-from store.meta import BatchMeta
-from store.schema import Column, FieldSchema, assemble, merge_parts, split_columns
-from store.shard import kv_shard_of
-from store.unit import StorageUnit
+from rayless.store.meta import BatchMeta
+from rayless.store.schema import Column, FieldSchema, assemble, merge_parts, split_columns
+from rayless.store.shard import kv_shard_of
+from rayless.store.unit import StorageUnit
 
 __all__ = ["DEFAULT_NAME", "Store"]
 

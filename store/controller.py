@@ -20,11 +20,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from actors import Actor, ActorDiedError, ActorHandle
-from store.controller_state import ClearPlan, ControllerState
-from store.errors import StoreError, StoreTimeoutError, UnitLostError, UnknownPartitionError
-from store.meta import BatchMeta
-from store.schema import DataUpdate, FieldSchema
+from rayless.actors import Actor, ActorDiedError, ActorHandle
+from rayless.store.controller_state import ClearPlan, ControllerState
+from rayless.store.errors import StoreError, StoreTimeoutError, UnitLostError, UnknownPartitionError
+from rayless.store.meta import BatchMeta
+from rayless.store.schema import DataUpdate, FieldSchema
 
 __all__ = ["StoreController"]
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from store.errors import (
+from rayless.store.errors import (
     ForeignMetaError,
     SchemaError,
     StaleMetaError,
@@ -45,9 +45,9 @@ from store.errors import (
     UnknownFieldError,
     UnknownPartitionError,
 )
-from store.meta import BatchMeta
-from store.samplers import Sampler, make_sampler
-from store.schema import DataUpdate, FieldSchema, check_plain
+from rayless.store.meta import BatchMeta
+from rayless.store.samplers import Sampler, make_sampler
+from rayless.store.schema import DataUpdate, FieldSchema, check_plain
 
 __all__ = ["ClearPlan", "ControllerState", "EnvShards", "UnitInfo"]
 

@@ -1,4 +1,4 @@
-"""The store's errors: refinements of :class:`transport.errors.StoreError`.
+"""The store's errors: :class:`StoreError` and its refinements.
 
 Every error here crosses processes intact (the error tree registers subclasses for the wire).
 Errors of bad input also derive from :class:`ValueError`, and every operation that raises one
@@ -19,7 +19,7 @@ leaves the store exactly as it was::
 
 from __future__ import annotations
 
-from transport.errors import StoreError
+from rayless.transport.errors import RaylessError
 
 __all__ = [
     "ForeignMetaError",
@@ -36,35 +36,39 @@ __all__ = [
 ]
 
 
-class StoreInputError(StoreError, ValueError):
+class StoreError(RaylessError, wire="rayless.StoreError"):
+    """The store cannot serve a request; the classes below say why."""
+
+
+class StoreInputError(StoreError, ValueError, wire="rayless.StoreInputError"):
     """A request the store refuses (bad arguments, bad data); the store is left unchanged."""
 
 
-class SchemaError(StoreInputError):
+class SchemaError(StoreInputError, wire="rayless.SchemaError"):
     """Data that does not fit a field's schema (dtype, kind, shape) or cannot be stored at all."""
 
 
-class UnknownFieldError(StoreInputError):
+class UnknownFieldError(StoreInputError, wire="rayless.UnknownFieldError"):
     """Fields that the partition, shard or meta in question does not hold."""
 
 
-class UnknownPartitionError(StoreInputError):
+class UnknownPartitionError(StoreInputError, wire="rayless.UnknownPartitionError"):
     """A partition that does not exist (never created, or cleared)."""
 
 
-class UnknownKeyError(StoreInputError):
+class UnknownKeyError(StoreInputError, wire="rayless.UnknownKeyError"):
     """KV keys that the store does not hold."""
 
 
-class StaleMetaError(StoreInputError):
+class StaleMetaError(StoreInputError, wire="rayless.StaleMetaError"):
     """A BatchMeta naming samples that were cleared (and maybe reused) since it was made."""
 
 
-class ForeignMetaError(StoreInputError):
+class ForeignMetaError(StoreInputError, wire="rayless.ForeignMetaError"):
     """A BatchMeta made by another store (its store id differs)."""
 
 
-class StoreFullError(StoreError):
+class StoreFullError(StoreError, wire="rayless.StoreFullError"):
     """A write would take a storage unit past its byte capacity; nothing was written.
 
     Attributes: ``unit`` (its id), ``needed`` (bytes the write needs), ``available`` (bytes free).
@@ -81,11 +85,11 @@ class StoreFullError(StoreError):
         )
 
 
-class StoreTimeoutError(StoreError, TimeoutError):
+class StoreTimeoutError(StoreError, TimeoutError, wire="rayless.StoreTimeoutError"):
     """A ``get_meta`` whose batch did not become ready within its timeout; nothing changed."""
 
 
-class UnitLostError(StoreError):
+class UnitLostError(StoreError, wire="rayless.UnitLostError"):
     """A storage unit is gone; the samples it held are lost. ``unit`` names it."""
 
     def __init__(self, unit: str, reason: str = "") -> None:

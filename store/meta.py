@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from store.errors import ForeignMetaError, StoreInputError, UnknownFieldError
-from store.schema import FieldSchema, check_plain
+from rayless.store.errors import ForeignMetaError, StoreInputError, UnknownFieldError
+from rayless.store.schema import FieldSchema, check_plain
 
 __all__ = ["BatchMeta"]
 
@@ -246,7 +246,7 @@ class BatchMeta:
 
 def _register_wire() -> None:
     # BatchMeta travels between processes as its plain dict (a codec extension).
-    from transport.codec import register_extension
+    from rayless.transport.codec import register_extension
 
     register_extension(
         BatchMeta, "rayless.store.batch_meta", BatchMeta.to_dict, BatchMeta.from_dict

@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from store.errors import StoreInputError
+from rayless.store.errors import StoreInputError
 
 __all__ = [
     "GroupedSampler",

@@ -24,7 +24,7 @@ import tensordict
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
-from store.errors import SchemaError, StoreInputError
+from rayless.store.errors import SchemaError, StoreInputError
 
 __all__ = [
     "FIELD_SEP",

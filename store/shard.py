@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from store.errors import (
+from rayless.store.errors import (
     SchemaError,
     StoreFullError,
     StoreInputError,
@@ -39,7 +39,7 @@ from store.errors import (
     UnknownKeyError,
     UnknownPartitionError,
 )
-from store.schema import (
+from rayless.store.schema import (
     Column,
     DataUpdate,
     FieldSchema,

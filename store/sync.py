@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.runtime import run_sync
-from store.client import DEFAULT_NAME, Store
+from rayless.actors.runtime import run_sync
+from rayless.store.client import DEFAULT_NAME, Store
 
 __all__ = ["SyncStore"]
 

@@ -19,12 +19,12 @@ from typing import Any, TypeVar
 
 import torch
 
-from actors import Actor, ActorHandle
-from actors.context import ENV_NODE_ID
-from store.errors import StoreFullError
-from store.meta import BatchMeta  # noqa: F401  (registers BatchMeta with the codec)
-from store.schema import DataUpdate, FieldSchema
-from store.shard import ShardStorage
+from rayless.actors import Actor, ActorHandle
+from rayless.actors.context import ENV_NODE_ID
+from rayless.store.errors import StoreFullError
+from rayless.store.meta import BatchMeta  # noqa: F401  (registers BatchMeta with the codec)
+from rayless.store.schema import DataUpdate, FieldSchema
+from rayless.store.shard import ShardStorage
 
 __all__ = ["StorageUnit", "unit_device"]
 

@@ -3,27 +3,23 @@
 Imports nothing of ours; every other layer builds on it. The error root lives here.
 """
 
-from transport.client import Client
-from transport.codec import decode, encode, register_extension
-from transport.errors import (
-    ActorDiedError,
+from rayless.transport.client import Client
+from rayless.transport.codec import decode, encode, register_extension
+from rayless.transport.errors import (
     AuthError,
     BrokenError,
     ClosedError,
     LimitError,
-    PlacementError,
     ProtocolError,
     RaylessError,
     RemoteError,
-    StoreError,
     Timeout,
     TransportError,
 )
-from transport.protocol import Limits, new_token
-from transport.server import Peer, Request, Server
+from rayless.transport.protocol import Limits, new_token
+from rayless.transport.server import Peer, Request, Server
 
 __all__ = [
-    "ActorDiedError",
     "AuthError",
     "BrokenError",
     "Client",
@@ -31,13 +27,11 @@ __all__ = [
     "LimitError",
     "Limits",
     "Peer",
-    "PlacementError",
     "ProtocolError",
     "RaylessError",
     "RemoteError",
     "Request",
     "Server",
-    "StoreError",
     "Timeout",
     "TransportError",
     "decode",

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from transport.errors import ProtocolError
+from rayless.transport.errors import ProtocolError
 
 
 def parse_device(device: str | int | torch.device | None) -> torch.device | None:

@@ -17,8 +17,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from transport import shm
-from transport.errors import ProtocolError, error_from_state
+from rayless.transport import shm
+from rayless.transport.errors import ProtocolError, error_from_state
 
 if TYPE_CHECKING:
     import torch
@@ -166,7 +166,7 @@ def _bad(dec: Decoder, r: list[Any]) -> Any:
 
 def _load_heavy(dec: Decoder, r: list[Any]) -> Any:
     """First record of a torch/numpy/tensordict kind: import their builders, then build."""
-    importlib.import_module("transport._heavy")  # replaces the HEAVY_KINDS entries
+    importlib.import_module("rayless.transport._heavy")  # replaces the HEAVY_KINDS entries
     return _BUILDERS[r[0].code](dec, r)
 
 

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
-from transport import _cuda, _decoder, codec, shm
-from transport import _tensors as T
-from transport._decoder import (
+from rayless.transport import _cuda, _decoder, codec, shm
+from rayless.transport import _tensors as T
+from rayless.transport._decoder import (
     CUDA_IPC,
     DEVICE,
     DTYPE,
@@ -38,8 +38,8 @@ from transport._decoder import (
     expect,
     one,
 )
-from transport.codec import _MARK, Unsupported, _Encoder
-from transport.errors import ProtocolError
+from rayless.transport.codec import _MARK, Unsupported, _Encoder
+from rayless.transport.errors import ProtocolError
 
 parse_device = _cuda.parse_device
 sync = _cuda.sync

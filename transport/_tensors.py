@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from transport._decoder import as_bytes_view as as_bytes_view
-from transport.codec import Unsupported as Unsupported
-from transport.errors import ProtocolError
+from rayless.transport._decoder import as_bytes_view as as_bytes_view
+from rayless.transport.codec import Unsupported as Unsupported
+from rayless.transport.errors import ProtocolError
 
 MAX_DIMS = 64
 MAX_DIM_SIZE = 1 << 62

@@ -19,8 +19,8 @@ from typing import Any
 import msgpack
 import zmq
 
-from transport import codec
-from transport.errors import (
+from rayless.transport import codec
+from rayless.transport.errors import (
     AuthError,
     BrokenError,
     ClosedError,
@@ -29,7 +29,7 @@ from transport.errors import (
     RaylessError,
     Timeout,
 )
-from transport.protocol import (
+from rayless.transport.protocol import (
     Kind,
     Limits,
     RejectCode,
@@ -45,7 +45,7 @@ from transport.protocol import (
     proofs_match,
     server_proof,
 )
-from transport.pump import Frames, SocketPump
+from rayless.transport.pump import Frames, SocketPump
 
 log = logging.getLogger("rayless.transport")
 

@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING, Any, Union
 
 import msgpack
 
-from transport import shm as _shm
-from transport._decoder import BIGINT, ERROR, EXT, KINDS, ODICT, PICKLE, TUPLE, Decoder
-from transport.errors import LimitError, ProtocolError, RaylessError, error_to_state
+from rayless.transport import shm as _shm
+from rayless.transport._decoder import BIGINT, ERROR, EXT, KINDS, ODICT, PICKLE, TUPLE, Decoder
+from rayless.transport.errors import LimitError, ProtocolError, RaylessError, error_to_state
 
 if TYPE_CHECKING:
     import torch
@@ -79,7 +79,7 @@ def _load_heavy() -> ModuleType:
     """Import ``transport._heavy`` (once): it registers the torch/numpy/tensordict encoders."""
     global _heavy
     if _heavy is None:
-        _heavy = importlib.import_module("transport._heavy")
+        _heavy = importlib.import_module("rayless.transport._heavy")
     return _heavy
 
 

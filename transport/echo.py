@@ -15,8 +15,8 @@ import subprocess
 import sys
 from typing import Any
 
-from transport import loop
-from transport.server import Request, Server
+from rayless.transport import loop
+from rayless.transport.server import Request, Server
 
 
 def _handle(stop: asyncio.Event, server: list[Server]) -> Any:
@@ -61,7 +61,7 @@ def spawn(address: str, token: str, *, timeout: float = 30.0) -> tuple[subproces
     """
     env = {**os.environ, "RAYLESS_TOKEN": token}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "transport.echo", address],
+        [sys.executable, "-m", "rayless.transport.echo", address],
         stdout=subprocess.PIPE,
         env=env,
         text=True,

@@ -1,11 +1,19 @@
-"""The error tree of rayless: one root, typed children, all of them able to cross processes.
+"""The root of rayless's error tree and the transport's errors; every error can cross processes.
 
 Every error rayless raises derives from :class:`RaylessError`. It lives here, at the bottom of
-the layering, so every layer can extend it. Subclasses register themselves (by module and
-qualified name) so the codec can send them between processes and rebuild the same type on the
-other side, with their ``args`` and plain attributes intact.
+the layering, so every layer can extend it; each layer defines its own children (actors:
+``rayless.actors.errors``, placement: ``rayless.placement.errors``, store:
+``rayless.store.errors``; ``rayless.errors`` re-exports them all). This module never names
+the layers above it.
 
-The tree (modelled on trio's Closed vs Broken and torch.distributed.elastic's one-root tree)::
+Each error class travels under an explicit, stable wire name given as a class keyword
+(``class LimitError(ProtocolError, wire="rayless.LimitError")``), never its module path, so
+moving a class never changes the protocol. A subclass without one travels under
+``module.QualName`` (user subclasses) or, when marked ``wire=None``, as its nearest
+registered ancestor. A peer cannot make us import anything: unknown names decode as a plain
+:class:`RaylessError` whose message starts with the name.
+
+The transport's part of the tree (modelled on trio's Closed vs Broken)::
 
     RaylessError
     ├── TransportError
@@ -15,135 +23,88 @@ The tree (modelled on trio's Closed vs Broken and torch.distributed.elastic's on
     │   ├── ProtocolError    a message that does not follow the wire protocol
     │   │   └── LimitError   a message or a peer went past a configured limit
     │   └── Timeout          a wait ran past its deadline (also a builtin TimeoutError)
-    ├── ActorDiedError       the actor's process is gone (pid, exit code or signal, node)
-    ├── RemoteError          an exception raised inside an actor, with its remote traceback
-    ├── PlacementError       a request that no node or plan can satisfy
-    └── StoreError           the store cannot serve a request (higher layers refine it)
+    └── RemoteError          an exception raised by the remote handler, with its traceback
 """
 
 from __future__ import annotations
 
-import importlib
-import signal
-from typing import Any, ClassVar
+from typing import Any
 
 __all__ = [
-    "ActorDiedError",
     "AuthError",
     "BrokenError",
     "ClosedError",
     "LimitError",
-    "PlacementError",
     "ProtocolError",
     "RaylessError",
     "RemoteError",
-    "StoreError",
     "Timeout",
     "TransportError",
     "error_from_state",
     "error_to_state",
+    "wire_name",
 ]
 
-# Packages whose modules may be imported to find an error type named by a peer. A peer can
-# never make us import anything outside our own code.
-_OWN_PACKAGES = frozenset({"transport", "placement", "actors", "store", "rayless"})
 _REGISTRY: dict[str, type[RaylessError]] = {}
+_NAMES: dict[type, str] = {}
 _PLAIN = (str, int, float, bool, bytes, type(None))
+_UNSET: Any = object()
 
 
-def wire_name(cls: type) -> str:
-    """The name under which an error type travels: ``module.QualName``."""
-    return f"{cls.__module__}.{cls.__qualname__}"
+def wire_name(cls: type) -> str | None:
+    """The name under which an error type travels, or None when it travels as its parent."""
+    return _NAMES.get(cls)
 
 
 class RaylessError(Exception):
     """Root of every error rayless raises. Subclasses are registered for the wire."""
 
-    _rayless_wire: ClassVar[bool] = True
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, wire: str | None = _UNSET, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.__dict__.get("_rayless_wire", True):
-            _REGISTRY[wire_name(cls)] = cls
+        if wire is _UNSET:
+            wire = f"{cls.__module__}.{cls.__qualname__}"
+        if wire is None:
+            return
+        known = _REGISTRY.get(wire)
+        if known is not None and known.__qualname__ != cls.__qualname__:
+            raise TypeError(f"wire name {wire!r} is taken by {known.__qualname__}")
+        _REGISTRY[wire] = cls
+        _NAMES[cls] = wire
 
 
-_REGISTRY["transport.errors.RaylessError"] = RaylessError
+_REGISTRY["rayless.RaylessError"] = RaylessError
+_NAMES[RaylessError] = "rayless.RaylessError"
 
 
-class TransportError(RaylessError):
+class TransportError(RaylessError, wire="rayless.TransportError"):
     """A failure of the wire: sockets, peers, the protocol, deadlines."""
 
 
-class ClosedError(TransportError):
+class ClosedError(TransportError, wire="rayless.ClosedError"):
     """This endpoint was closed; every pending and later request fails with this."""
 
 
-class BrokenError(TransportError):
+class BrokenError(TransportError, wire="rayless.BrokenError"):
     """The peer vanished (died, stopped answering heartbeats, or reset the session)."""
 
 
-class AuthError(TransportError):
+class AuthError(TransportError, wire="rayless.AuthError"):
     """The handshake failed: the peer does not know the cluster token (or we do not)."""
 
 
-class ProtocolError(TransportError):
+class ProtocolError(TransportError, wire="rayless.ProtocolError"):
     """A message does not follow the wire protocol (bad frames, bad header, bad type)."""
 
 
-class LimitError(ProtocolError):
+class LimitError(ProtocolError, wire="rayless.LimitError"):
     """A message or a peer went past a configured limit (size, frames, in-flight requests)."""
 
 
-class Timeout(TransportError, TimeoutError):
+class Timeout(TransportError, TimeoutError, wire="rayless.Timeout"):
     """A wait ran past its deadline. Also a builtin ``TimeoutError``."""
 
 
-class ActorDiedError(RaylessError):
-    """The actor's process is gone; every pending and later call fails with this.
-
-    Attributes name the actor, its pid and node, and how it ended (exit code or signal).
-    """
-
-    def __init__(
-        self,
-        actor: str,
-        *,
-        pid: int | None = None,
-        exitcode: int | None = None,
-        node: str | None = None,
-        reason: str = "",
-    ) -> None:
-        self.actor = actor
-        self.pid = pid
-        self.exitcode = exitcode
-        self.node = node
-        self.reason = reason
-        super().__init__(self._describe())
-
-    def _describe(self) -> str:
-        parts = [f"actor {self.actor!r} died"]
-        where = []
-        if self.pid is not None:
-            where.append(f"pid {self.pid}")
-        if self.node:
-            where.append(f"node {self.node}")
-        if where:
-            parts.append(f"({', '.join(where)})")
-        if self.exitcode is not None:
-            if self.exitcode < 0:
-                try:
-                    name = signal.Signals(-self.exitcode).name
-                except ValueError:
-                    name = f"signal {-self.exitcode}"
-                parts.append(f"killed by {name}")
-            else:
-                parts.append(f"with exit code {self.exitcode}")
-        if self.reason:
-            parts.append(f": {self.reason}")
-        return " ".join(parts).replace(" :", ":")
-
-
-class RemoteError(RaylessError):
+class RemoteError(RaylessError, wire="rayless.RemoteError"):
     """An exception raised inside an actor, re-raised at the caller.
 
     Carries the remote type's qualified name, its message, the remote traceback text and the
@@ -168,14 +129,6 @@ class RemoteError(RaylessError):
         return text
 
 
-class PlacementError(RaylessError):
-    """A resource request that no node, pool or plan can satisfy."""
-
-
-class StoreError(RaylessError):
-    """The store cannot serve a request; ``store`` defines finer subclasses."""
-
-
 def _plain(value: Any) -> Any:
     if isinstance(value, _PLAIN):
         return value
@@ -189,22 +142,14 @@ def _plain(value: Any) -> Any:
 def error_to_state(exc: RaylessError) -> dict[str, Any]:
     """Describe ``exc`` with plain values only: its wire type name, args and attributes."""
     cls: type = type(exc)
-    while wire_name(cls) not in _REGISTRY:  # dynamic subclasses travel as their parent
+    while cls not in _NAMES:  # subclasses marked wire=None travel as their parent
         cls = cls.__mro__[1]
     attrs = {k: _plain(v) for k, v in vars(exc).items() if not k.startswith("__")}
-    return {"type": wire_name(cls), "args": _plain(list(exc.args)), "attrs": attrs}
+    return {"type": _NAMES[cls], "args": _plain(list(exc.args)), "attrs": attrs}
 
 
 def _lookup(name: str) -> type[RaylessError]:
-    cls = _REGISTRY.get(name)
-    module = name.rpartition(".")[0]
-    if cls is None and module.split(".")[0] in _OWN_PACKAGES:
-        try:  # the type may live in a module of ours this process has not imported yet
-            importlib.import_module(module)
-        except ImportError:
-            pass
-        cls = _REGISTRY.get(name)
-    return cls if cls is not None else RaylessError
+    return _REGISTRY.get(name, RaylessError)
 
 
 def error_from_state(state: dict[str, Any]) -> RaylessError:
@@ -222,6 +167,6 @@ def error_from_state(state: dict[str, Any]) -> RaylessError:
         for key, value in attrs.items():
             if isinstance(key, str) and not key.startswith("__"):
                 setattr(exc, key, value)
-    if cls is RaylessError and name != "transport.errors.RaylessError":
+    if cls is RaylessError and name != "rayless.RaylessError":
         exc.args = (f"{name}: {' '.join(map(str, exc.args))}",)
     return exc

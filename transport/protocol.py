@@ -32,7 +32,7 @@ from enum import IntEnum
 from functools import lru_cache
 from typing import Any
 
-from transport.errors import ProtocolError
+from rayless.transport.errors import ProtocolError
 
 VERSION = 1
 CONTROL = struct.Struct("<BBHQ")

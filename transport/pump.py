@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import zmq
 
-from transport.errors import ClosedError
+from rayless.transport.errors import ClosedError
 
 log = logging.getLogger("rayless.transport")
 

@@ -22,8 +22,8 @@ from typing import Any
 import msgpack
 import zmq
 
-from transport import codec
-from transport.errors import (
+from rayless.transport import codec
+from rayless.transport.errors import (
     AuthError,
     ClosedError,
     LimitError,
@@ -31,7 +31,7 @@ from transport.errors import (
     RaylessError,
     RemoteError,
 )
-from transport.protocol import (
+from rayless.transport.protocol import (
     Kind,
     Limits,
     RejectCode,
@@ -46,8 +46,8 @@ from transport.protocol import (
     proofs_match,
     server_proof,
 )
-from transport.pump import Frames, SocketPump
-from transport.ratelog import RateLimitedLog
+from rayless.transport.pump import Frames, SocketPump
+from rayless.transport.ratelog import RateLimitedLog
 
 log = logging.getLogger("rayless.transport")
 

@@ -28,7 +28,7 @@ import stat
 import time
 from typing import Any
 
-from transport.errors import ProtocolError
+from rayless.transport.errors import ProtocolError
 
 log = logging.getLogger("rayless.transport")
 

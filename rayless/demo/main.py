@@ -12,12 +12,12 @@ import os
 import sys
 from pathlib import Path
 
-from actors import ActorDiedError, Cluster, RaylessError, connect
-from actors.context import ENV_ADDRESS
+from rayless.actors import ActorDiedError, Cluster, RaylessError, connect
+from rayless.actors.context import ENV_ADDRESS
 from rayless.demo.config import DEFAULT_CONFIG, PipelineConfig, load_config
 from rayless.demo.pipeline import Pipeline
 from rayless.demo.report import default_out_dir, print_progress, summary_text, write_report
-from transport import loop
+from rayless.transport import loop
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,20 +18,21 @@ always reads exactly its share of that iteration from its storage shard.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-from actors import ActorDiedError, ActorHandle, Cluster
-from actors.components import cluster_info, slots_of
-from placement import ComponentScheduling, EpisodeTable, ResourcePoolPlanner, Scheduling
+from rayless.actors import ActorDiedError, ActorHandle, Cluster
+from rayless.actors.components import cluster_info, slots_of
 from rayless.demo.config import PipelineConfig, WorkerConfig
 from rayless.demo.rollout import ReturnTracker
 from rayless.demo.workers import EnvWorker, EvalWorker, TrainWorker
-from store import Store
+from rayless.placement import ComponentScheduling, EpisodeTable, ResourcePoolPlanner, Scheduling
+from rayless.store import Store
 
 
 @dataclass
@@ -114,7 +115,8 @@ class Pipeline:
         cfg: PipelineConfig,
         cluster: Cluster,
         *,
-        on_iteration: Callable[[IterationStats, PipelineConfig], None] | None = None,
+        on_iteration: Callable[[IterationStats, PipelineConfig], Awaitable[None] | None]
+        | None = None,
         max_restarts: int = 0,
     ) -> None:
         if not isinstance(max_restarts, int) or max_restarts < 0:
@@ -314,7 +316,9 @@ class Pipeline:
                 )
                 stats.append(row)
                 if self.on_iteration is not None:
-                    self.on_iteration(row, cfg)
+                    waited = self.on_iteration(row, cfg)
+                    if inspect.isawaitable(waited):  # a hook may hold the run (tests do)
+                        await waited
                 if tracker.full and tracker.mean() >= algo.target_return:
                     solved = True
                     break

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from actors import Actor, ActorHandle
-from actors.process import apply_torch_threads, torch_threads
+from rayless.actors import Actor, ActorHandle
+from rayless.actors.process import apply_torch_threads, torch_threads
 from rayless.demo.config import AlgoConfig
 from rayless.demo.env import VecCartPole
 from rayless.demo.ppo import ActorCritic, act, get_weights, make_optimizer, ppo_update, set_weights
@@ -133,8 +133,8 @@ class EnvWorker(Actor):
         self.store: Any = None
 
     async def setup(self) -> None:
-        from placement import create_router
-        from store import Store
+        from rayless.placement import create_router
+        from rayless.store import Store
 
         self.router = create_router(
             "sync", self.router_type, self.evals, component_distribution=self.distribution
@@ -263,7 +263,7 @@ class TrainWorker(Actor):
         return backend
 
     async def setup(self) -> None:
-        from store import Store
+        from rayless.store import Store
 
         self.store = await Store.connect(self.store_name)
 

@@ -22,11 +22,11 @@ import psutil
 import torch
 from tensordict import TensorDict
 
-from actors import ActorDiedError, ActorHandle, Cluster
-from actors.cluster import LocalProcesses
+from rayless.actors import ActorDiedError, ActorHandle, Cluster
+from rayless.actors.cluster import LocalProcesses
 from rayless.demo.config import PipelineConfig
 from rayless.demo.pipeline import Pipeline, RunResult
-from store import Store, StoreError, StoreInputError, UnitLostError
+from rayless.store import Store, StoreError, StoreInputError, UnitLostError
 from tests.integration.actor_classes import Counter
 
 POLL = 0.01
@@ -181,6 +181,20 @@ async def _check_acked(
             report.acked_unreadable.append(f"put {k}: wrong data")
 
 
+async def _first(*waits: Any) -> None:
+    """Wait until the first of ``waits`` (coroutines or futures) is done; cancel the others.
+
+    A future among them (the pipeline's run) is never cancelled, only no longer waited for.
+    """
+    futures = [asyncio.ensure_future(w) for w in waits]
+    owned = [f for f, w in zip(futures, waits, strict=True) if f is not w]
+    try:
+        await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for f in owned:
+            f.cancel()
+
+
 async def pipeline_chaos(
     cluster: Cluster,
     cfg: PipelineConfig,
@@ -203,7 +217,21 @@ async def pipeline_chaos(
     report = PipelineChaosReport()
     say = log or (lambda _msg: None)
     t0 = time.monotonic()
-    pipeline = Pipeline(cfg, cluster, max_restarts=max_restarts)
+    # The run is held at two iterations until the kills meant for it are done, so a fast run
+    # can never end before them (the scenario waits for events, never on a race).
+    if cfg.algo.iterations < 4:
+        raise ValueError("pipeline_chaos needs at least 4 iterations")
+    actors_done, units_done = asyncio.Event(), asyncio.Event()
+    hold = {1: actors_done, cfg.algo.iterations - 2: units_done}
+    started = asyncio.Event()
+
+    async def gate(row: Any, _cfg: Any) -> None:
+        started.set()
+        event = hold.get(row.iteration)
+        if event is not None:
+            await event.wait()
+
+    pipeline = Pipeline(cfg, cluster, max_restarts=max_restarts, on_iteration=gate)
     side: Store | None = None
     seen_pids: set[int] = set()
     try:
@@ -215,7 +243,7 @@ async def pipeline_chaos(
         writer = asyncio.ensure_future(_acked_writer([side, pipeline.store], acked, stop, 0.05))
         run = asyncio.ensure_future(pipeline.run())
         lost_units: set[str] = set()
-        await asyncio.sleep(first_kill_after)
+        await _first(started.wait(), asyncio.sleep(first_kill_after), run)
         for i in range(actor_kills):
             if run.done():
                 break
@@ -232,15 +260,18 @@ async def pipeline_chaos(
                 if kill is not None:
                     report.kills.append(kill)
                     say(f"killed {kill.what} {name} (pid {kill.pid}), noticed {kill.detected_s}s")
+            if i == 0:
+                actors_done.set()  # the first kill is in: let the run go on
             if i < actor_kills - 1:
-                await asyncio.sleep(kill_every)
+                await _first(asyncio.sleep(kill_every), run)
+        actors_done.set()
         side_kill = await _kill_unit(side, cluster, rng.randrange(len(side.units)), 15.0)
         if side_kill is not None:
             report.kills.append(side_kill)
             lost_units.add(side_kill.name)
             say(f"killed side unit {side_kill.name}, noticed {side_kill.detected_s}s")
         if kill_unit and not run.done():
-            await asyncio.sleep(kill_every)
+            await _first(asyncio.sleep(kill_every), run)
             shard = rng.randrange(len(pipeline.store.units))
             unit_kill = await _kill_unit(pipeline.store, cluster, shard, 15.0)
             if unit_kill is not None:
@@ -248,6 +279,7 @@ async def pipeline_chaos(
                 report.killed_unit = unit_kill.name
                 lost_units.add(unit_kill.name)
                 say(f"killed unit {unit_kill.name}, noticed {unit_kill.detected_s}s")
+        units_done.set()
         try:
             report.result = await asyncio.wait_for(run, run_timeout)
         except asyncio.TimeoutError:
@@ -261,6 +293,8 @@ async def pipeline_chaos(
         report.restarts = {n: int(r["restarts"]) for n, r in records.items() if r["restarts"]}
         await _check_acked(acked, lost_units, report)
     finally:
+        actors_done.set()
+        units_done.set()
         await pipeline.aclose()
         if side is not None:
             await side.shutdown()

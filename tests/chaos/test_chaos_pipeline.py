@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from actors import Cluster
+from rayless.actors import Cluster
 from rayless.demo.config import load_config
-from store import UnitLostError
+from rayless.store import UnitLostError
 from tests.chaos.scenarios import descendants, pipeline_chaos, until
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.timeout(300)]

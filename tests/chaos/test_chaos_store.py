@@ -11,8 +11,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from actors import Cluster
-from store import Store, StoreTimeoutError, UnitLostError
+from rayless.actors import Cluster
+from rayless.store import Store, StoreTimeoutError, UnitLostError
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from transport.codec import decode, encode
+from rayless.transport.codec import decode, encode
 
 pytestmark = pytest.mark.cuda
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from placement import discover_node
+from rayless.placement import discover_node
 
 pytestmark = pytest.mark.cuda
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from tensordict import NonTensorStack, TensorDict
 
-from actors import Cluster
-from store import Store
+from rayless.actors import Cluster
+from rayless.store import Store
 
 pytestmark = [pytest.mark.cuda, pytest.mark.integration]
 SHAPE = pytest.mark.local_cluster(nodes=1, gpus_per_node=1, isolated=True)

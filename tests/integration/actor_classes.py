@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from actors import Actor, ActorHandle
+from rayless.actors import Actor, ActorHandle
 
 
 class Counter(Actor):

@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-import actors
-from actors import ActorDiedError, Cluster, PlacementError, RaylessError, RemoteError
+import rayless.actors as actors
+from rayless.actors import ActorDiedError, Cluster, PlacementError, RaylessError, RemoteError
 from tests.integration.actor_classes import BadSetup, Concurrency, Counter, Printer, Relay
 
 pytestmark = pytest.mark.integration
@@ -188,7 +188,8 @@ def test_classes_from_a_driver_script_main(tmp_path: object) -> None:
 
     script = Path(str(tmp_path)) / "driver.py"
     script.write_text(
-        "import asyncio, actors\n"
+        "import asyncio\n"
+        "from rayless import actors\n"
         "class Greeter(actors.Actor):\n"
         "    def hello(self, who):\n"
         "        return f'hello {who} from {__name__}'\n"

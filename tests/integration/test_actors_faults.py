@@ -13,9 +13,9 @@ import time
 import psutil
 import pytest
 
-import actors
-from actors import ActorDiedError, Cluster
-from actors.cluster import LocalProcesses
+import rayless.actors as actors
+from rayless.actors import ActorDiedError, Cluster
+from rayless.actors.cluster import LocalProcesses
 from tests.integration.actor_classes import Counter
 
 pytestmark = pytest.mark.integration
@@ -149,7 +149,8 @@ async def test_local_cluster_exit_leaves_nothing_behind() -> None:
 
 DRIVER = textwrap.dedent(
     """
-    import asyncio, sys, actors
+    import asyncio, sys
+    from rayless import actors
     from tests.integration.actor_classes import Counter
     async def main():
         cluster = await actors.connect(sys.argv[1], token=sys.argv[2])

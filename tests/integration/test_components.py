@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from actors import Cluster, PlacementError
-from actors.components import cluster_info, slots_of
-from placement import ComponentScheduling, ResourcePoolPlanner, Scheduling
+from rayless.actors import Cluster, PlacementError
+from rayless.actors.components import cluster_info, slots_of
+from rayless.placement import ComponentScheduling, ResourcePoolPlanner, Scheduling
 from tests.integration.actor_classes import Counter
 
 pytestmark = pytest.mark.integration

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-import actors
-from actors import Actor, Cluster
-from actors.group import block_assignment, torch_env
+import rayless.actors as actors
+from rayless.actors import Actor, Cluster
+from rayless.actors.group import block_assignment, torch_env
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +86,7 @@ async def test_group_argument_errors(local_cluster: Cluster) -> None:
 
 @pytest.mark.local_cluster(nodes=2, gpus_per_node=2)
 async def test_plan_based_group_follows_the_slots(local_cluster: Cluster) -> None:
-    from placement import WorkerSlot
+    from rayless.placement import WorkerSlot
 
     nodes = sorted(n["node_id"] for n in await local_cluster.nodes())
     slots = [

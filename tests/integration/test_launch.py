@@ -26,8 +26,7 @@ MARK = "RAYLESS_TEST_LAUNCH_MARK"
 
 DRIVER = """
 import asyncio, os, sys, time
-import actors
-
+import rayless.actors as actors
 class Where(actors.Actor):
     def node(self):
         return os.environ["RAYLESS_NODE_ID"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from actors import Cluster
+from rayless.actors import Cluster
 from rayless.demo.config import load_config
 from rayless.demo.pipeline import Pipeline
 from rayless.demo.report import summary_text, write_report

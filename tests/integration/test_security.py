@@ -22,14 +22,12 @@ import torch
 import zmq
 from tensordict import TensorDict
 
-from actors import Cluster
-from actors.cluster import LocalProcesses
-from store import Store
-from tests.integration.actor_classes import Counter
-from tests.integration.test_transport_fuzz import _garbage
-from transport import codec
-from transport.client import Client
-from transport.errors import (
+from rayless.actors import Cluster
+from rayless.actors.cluster import LocalProcesses
+from rayless.store import Store
+from rayless.transport import codec
+from rayless.transport.client import Client
+from rayless.transport.errors import (
     AuthError,
     LimitError,
     ProtocolError,
@@ -37,7 +35,7 @@ from transport.errors import (
     RemoteError,
     Timeout,
 )
-from transport.protocol import (
+from rayless.transport.protocol import (
     Kind,
     Limits,
     RejectCode,
@@ -48,7 +46,9 @@ from transport.protocol import (
     open_envelope,
     pack_control,
 )
-from transport.server import Request, Server
+from rayless.transport.server import Request, Server
+from tests.integration.actor_classes import Counter
+from tests.integration.test_transport_fuzz import _garbage
 
 pytestmark = pytest.mark.integration
 

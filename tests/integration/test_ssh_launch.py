@@ -30,8 +30,7 @@ NHOSTS = 2
 
 DRIVER = """
 import asyncio, os, sys
-import actors
-
+import rayless.actors as actors
 class Where(actors.Actor):
     def ip(self):
         return os.environ["RAYLESS_NODE_IP"]

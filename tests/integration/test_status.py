@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from actors import Cluster
-from actors.cluster import LocalProcesses
+from rayless.actors import Cluster
+from rayless.actors.cluster import LocalProcesses
 from tests.integration.actor_classes import Counter
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,8 @@ import pytest
 import torch
 from tensordict import NonTensorStack, TensorDict
 
-from actors import Cluster
-from store import (
+from rayless.actors import Cluster
+from rayless.store import (
     BatchMeta,
     Store,
     StoreFullError,

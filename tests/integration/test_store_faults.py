@@ -10,9 +10,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-import actors
-from actors import Cluster
-from store import (
+import rayless.actors as actors
+from rayless.actors import Cluster
+from rayless.store import (
     ForeignMetaError,
     SchemaError,
     StaleMetaError,

@@ -13,17 +13,17 @@ import msgpack
 import pytest
 import zmq
 
-from transport.client import Client
-from transport.errors import (
+from rayless.placement.errors import PlacementError
+from rayless.transport.client import Client
+from rayless.transport.errors import (
     AuthError,
     BrokenError,
     ClosedError,
     LimitError,
-    PlacementError,
     RemoteError,
     Timeout,
 )
-from transport.protocol import (
+from rayless.transport.protocol import (
     Kind,
     Limits,
     RejectCode,
@@ -33,7 +33,7 @@ from transport.protocol import (
     open_envelope,
     pack_control,
 )
-from transport.server import Request, Server
+from rayless.transport.server import Request, Server
 
 pytestmark = pytest.mark.integration
 TOKEN = new_token()
@@ -253,7 +253,7 @@ async def test_one_way_messages_in_both_directions() -> None:
 
 
 async def test_vanished_server_breaks_pending_requests() -> None:
-    from transport import echo
+    from rayless.transport import echo
 
     proc, address = echo.spawn("tcp://127.0.0.1:0", TOKEN)
     try:
@@ -299,7 +299,7 @@ async def test_restarted_server_gets_a_fresh_handshake() -> None:
 
 
 async def test_backpressure_on_a_stopped_server() -> None:
-    from transport import echo
+    from rayless.transport import echo
 
     proc, address = echo.spawn("tcp://127.0.0.1:0", TOKEN)
     limits = Limits(hwm=8, send_queue=16)

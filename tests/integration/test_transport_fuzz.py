@@ -13,9 +13,9 @@ import psutil
 import pytest
 import zmq
 
-from transport import echo
-from transport.client import Client
-from transport.protocol import (
+from rayless.transport import echo
+from rayless.transport.client import Client
+from rayless.transport.protocol import (
     Kind,
     client_proof,
     new_nonce,

@@ -14,19 +14,13 @@ import torch
 import zmq
 from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, TensorDict
 
-import transport
+import rayless.transport as transport
+from rayless.actors.errors import ActorDiedError
+from rayless.store.errors import StoreError
+from rayless.transport import _tensors
+from rayless.transport.codec import decode, encode, register_extension
+from rayless.transport.errors import LimitError, ProtocolError, RaylessError, RemoteError, Timeout
 from tests.unit.test_codec_helpers import assert_same
-from transport import _tensors
-from transport.codec import decode, encode, register_extension
-from transport.errors import (
-    ActorDiedError,
-    LimitError,
-    ProtocolError,
-    RaylessError,
-    RemoteError,
-    StoreError,
-    Timeout,
-)
 
 ALL_DTYPES = sorted(_tensors.DTYPES.values(), key=str)
 

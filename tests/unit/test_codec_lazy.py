@@ -10,7 +10,7 @@ from pathlib import Path
 import msgpack
 import torch
 
-from transport.codec import encode
+from rayless.transport.codec import encode
 
 HEAVY = ("torch", "numpy", "tensordict")
 
@@ -31,20 +31,21 @@ def test_transport_imports_and_plain_values_stay_light() -> None:
     out = _run(
         f"""
         import sys
-        import transport, transport.server, transport.client, transport.codec
-        from transport.codec import decode, encode
-        from transport.errors import ActorDiedError
+        import rayless.transport.client
+        import rayless.transport.server
+        from rayless.transport.codec import decode, encode
+        from rayless.transport.errors import BrokenError
 
         value = {{
             "t": (1, (2, "x"), b"\\x00\\xff"),
             (1, "k"): [None, 2.5, {{b"b": 3}}],
             "big": 2**100,
-            "err": ActorDiedError("gone"),
+            "err": BrokenError("gone"),
         }}
         out = decode(encode(value))
         assert out["t"] == value["t"] and out[(1, "k")] == value[(1, "k")], out
         assert out["big"] == 2**100, out
-        assert type(out["err"]) is ActorDiedError and "gone" in str(out["err"]), out
+        assert type(out["err"]) is BrokenError and "gone" in str(out["err"]), out
         print(sorted(m for m in {HEAVY!r} if m in sys.modules))
         """
     )
@@ -60,7 +61,7 @@ def test_decoding_a_tensor_imports_torch_on_demand(tmp_path: Path) -> None:
         f"""
         import sys
         import msgpack
-        from transport.codec import decode
+        from rayless.transport.codec import decode
 
         assert "torch" not in sys.modules
         frames = msgpack.unpackb(open({str(path)!r}, "rb").read())

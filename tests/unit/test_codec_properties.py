@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
+from rayless.transport.codec import decode, encode
+from rayless.transport.errors import ProtocolError
 from tests.unit.test_codec_helpers import assert_same
-from transport.codec import decode, encode
-from transport.errors import ProtocolError
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DTYPES = [

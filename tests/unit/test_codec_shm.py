@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 import torch
 
+from rayless.transport import shm
+from rayless.transport._decoder import TENSOR
+from rayless.transport.client import Client
+from rayless.transport.codec import _MARK, decode, encode, sweep_shm
+from rayless.transport.errors import ProtocolError
+from rayless.transport.protocol import new_token
+from rayless.transport.server import Request, Server
 from tests.unit.test_codec_helpers import assert_same
-from transport import shm
-from transport._decoder import TENSOR
-from transport.client import Client
-from transport.codec import _MARK, decode, encode, sweep_shm
-from transport.errors import ProtocolError
-from transport.protocol import new_token
-from transport.server import Request, Server
 
 BIG = 2 << 20  # bytes: over the SHM_MIN_BYTES these tests use (1 MiB)
 DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool, torch.complex64]
@@ -100,7 +100,7 @@ def test_round_trip_to_another_process(tmp_path: Path) -> None:
             textwrap.dedent(
                 f"""
                 import msgpack
-                from transport.codec import decode
+                from rayless.transport.codec import decode
                 out = decode(msgpack.unpackb(open({str(path)!r}, "rb").read()))
                 out["x"].mul_(2)
                 print(float(out["x"].double().sum()), int(out["a"].sum()))

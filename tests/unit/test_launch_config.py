@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from actors import launch, ssh_launch
-from actors.launch import LaunchError
-from actors.launch_procs import StopFlag
+from rayless.actors import launch, ssh_launch
+from rayless.actors.launch import LaunchError
+from rayless.actors.launch_procs import StopFlag
 
 
 def parse(*argv: str, env: dict[str, str] | None = None) -> launch.LaunchConfig:

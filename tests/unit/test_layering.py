@@ -1,29 +1,30 @@
-"""Imports only go downward: transport, placement -> actors -> store -> rayless/scripts."""
+"""Imports only go downward: transport, placement -> actors -> store -> rayless/scripts.
+
+Everything imports our packages under the one root (``rayless.actors``, ...); a bare
+``import actors`` would load a second copy of a module under another name (or a user's own
+``actors.py``), so it fails this test anywhere in the repository.
+"""
 
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-OURS = {"transport", "placement", "actors", "store", "rayless"}
+LAYERS = ("transport", "placement", "actors", "store")
+# What each directory may import (layer names; "rayless" is the root package, its CLI and demo).
 ALLOWED = {
     "transport": {"transport"},
-    "placement": {"placement", "transport.errors"},
+    "placement": {"placement", "transport"},
     "actors": {"actors", "transport", "placement"},
     "store": {"store", "actors", "transport", "placement"},
-    "rayless": OURS,
+    "rayless": {"rayless", *LAYERS},
 }
-# placement may name transport's error types through the package too.
-TRANSPORT_ERROR_NAMES = {
-    "RaylessError",
-    "PlacementError",
-    "TransportError",
-    "Timeout",
-    "ProtocolError",
-}
+# placement may use only the error root of the transport.
+PLACEMENT_FROM_TRANSPORT = {"rayless.transport.errors"}
 
 
 def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
@@ -38,20 +39,50 @@ def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
     return found
 
 
+def _layers(module: str, names: list[str]) -> set[str]:
+    """The layers an import reaches (``rayless.store.x``: store; ``from rayless import actors``)."""
+    parts = module.split(".")
+    if parts[0] != "rayless":
+        return set()
+    if len(parts) > 1 and parts[1] in LAYERS:
+        return {parts[1]}
+    if len(parts) == 1:
+        hit = {n for n in names if n in LAYERS}
+        return hit or {"rayless"}
+    return {"rayless"}
+
+
 def violations(package: str, root: Path = ROOT) -> list[str]:
-    """Every import in ``package`` that reaches a layer above or beside it."""
+    """Every import in ``package`` that reaches a layer above or beside it, or a bare name."""
     bad = []
     for path in sorted((root / package).rglob("*.py")):
         for lineno, module, names in _imports(path):
-            top = module.split(".")[0]
-            if top not in OURS:
+            where = f"{path.relative_to(root)}:{lineno}"
+            if module.split(".")[0] in LAYERS:
+                bad.append(f"{where}: bare import of {module} (use rayless.{module})")
                 continue
-            allowed = ALLOWED[package]
-            ok = top in allowed or module in allowed
-            if package == "placement" and module == "transport":
-                ok = set(names) <= TRANSPORT_ERROR_NAMES
-            if not ok:
-                bad.append(f"{path.relative_to(root)}:{lineno}: imports {module} {names}")
+            for layer in _layers(module, names):
+                ok = layer in ALLOWED[package]
+                if package == "placement" and layer == "transport":
+                    ok = module in PLACEMENT_FROM_TRANSPORT
+                if not ok:
+                    bad.append(f"{where}: imports {module} {names}")
+    return bad
+
+
+def bare_imports(root: Path = ROOT) -> list[str]:
+    """Bare ``import actors|store|transport|placement`` in any tracked Python file."""
+    files = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.split()
+    bad = []
+    for name in files:
+        path = root / name
+        if not path.exists():
+            continue
+        for lineno, module, _ in _imports(path):
+            if module.split(".")[0] in LAYERS:
+                bad.append(f"{name}:{lineno}: bare import of {module}")
     return bad
 
 
@@ -60,10 +91,27 @@ def test_imports_go_only_downward(package: str) -> None:
     assert violations(package) == []
 
 
+def test_no_bare_imports_of_our_packages_anywhere() -> None:
+    assert bare_imports() == []
+
+
 def test_checker_catches_an_upward_import(tmp_path: Path) -> None:
     (tmp_path / "actors").mkdir()
-    (tmp_path / "actors" / "bad.py").write_text("from store import Store\n")
+    (tmp_path / "actors" / "bad.py").write_text(
+        "from rayless.store import Store\nfrom rayless import store\n"
+    )
     (tmp_path / "placement").mkdir()
-    (tmp_path / "placement" / "bad.py").write_text("from transport import Server\n")
-    assert violations("actors", tmp_path) == ["actors/bad.py:1: imports store ['Store']"]
-    assert violations("placement", tmp_path) == ["placement/bad.py:1: imports transport ['Server']"]
+    (tmp_path / "placement" / "bad.py").write_text("from rayless.transport import Server\n")
+    (tmp_path / "transport").mkdir()
+    (tmp_path / "transport" / "bad.py").write_text("import actors\nfrom rayless.cli import main\n")
+    assert violations("actors", tmp_path) == [
+        "actors/bad.py:1: imports rayless.store ['Store']",
+        "actors/bad.py:2: imports rayless ['store']",
+    ]
+    assert violations("placement", tmp_path) == [
+        "placement/bad.py:1: imports rayless.transport ['Server']"
+    ]
+    assert violations("transport", tmp_path) == [
+        "transport/bad.py:1: bare import of actors (use rayless.actors)",
+        "transport/bad.py:2: imports rayless.cli ['main']",
+    ]

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-import placement
-from placement import GpuInfo, NodeInfo, discover_node, discover_node_async, discovery
+import rayless.placement as placement
+from rayless.placement import GpuInfo, NodeInfo, discover_node, discover_node_async, discovery
 
 # NVML return codes, as in the real pynvml.
 NVML_ERROR_UNINITIALIZED = 1
@@ -208,17 +208,17 @@ def test_no_library_or_driver_means_zero_gpus_and_one_log_line(
     mod = make_fake_pynvml(FOUR, init_error=code)
     assert isinstance(mod.NVMLError(code), mod.NVMLError)  # type: ignore[attr-defined]
     use(monkeypatch, mod)
-    with caplog.at_level(logging.DEBUG, logger="placement.discovery"):
+    with caplog.at_level(logging.DEBUG, logger="rayless.placement.discovery"):
         info = discover_node(node_id="n")
     assert info.gpus == ()
-    assert len([r for r in caplog.records if r.name == "placement.discovery"]) == 1
+    assert len([r for r in caplog.records if r.name == "rayless.placement.discovery"]) == 1
 
 
 def test_missing_pynvml_module(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     use(monkeypatch, None)
-    with caplog.at_level(logging.DEBUG, logger="placement.discovery"):
+    with caplog.at_level(logging.DEBUG, logger="rayless.placement.discovery"):
         assert discover_node(node_id="n").gpus == ()
     assert len(caplog.records) == 1
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from placement import EpisodeTable
-from transport.errors import PlacementError
+from rayless.placement import EpisodeTable
+from rayless.placement.errors import PlacementError
 
 DIST: dict[str, Any] = {
     "a": {"buffer": {"ids": [0]}, "train": {"ids": [0, 1]}, "env": {"ids": [0, 1]}},

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from placement import (
+from rayless.placement import (
     ComponentScheduling,
     GpuInfo,
     NodeInfo,
@@ -19,7 +19,7 @@ from placement import (
     cluster_info_from_nodes,
     sharing_pairs,
 )
-from transport.errors import PlacementError
+from rayless.placement.errors import PlacementError
 
 
 def cluster(*gpus: int, cpus: int = 64) -> dict[str, Any]:

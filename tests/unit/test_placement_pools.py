@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import yaml
 
-from placement import (
+from rayless.placement import (
     ComponentScheduling,
     InsufficientResourcesError,
     NodeResource,
@@ -16,7 +16,7 @@ from placement import (
     Scheduling,
     parse_index_str,
 )
-from transport.errors import PlacementError
+from rayless.placement.errors import PlacementError
 
 
 def cluster(*gpus: int, cpus: int = 64) -> dict[str, Any]:

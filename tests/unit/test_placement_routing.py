@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placement import (
+from rayless.placement import (
     NodeAffinityRouter,
     Policy,
     SimpleRouter,
@@ -20,7 +20,8 @@ from placement import (
     env_worker_index,
     probe_loads,
 )
-from transport.errors import PlacementError, Timeout
+from rayless.placement.errors import PlacementError
+from rayless.transport.errors import Timeout
 
 
 class FakePolicy:

@@ -10,8 +10,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from store.controller_state import ControllerState
-from store.errors import (
+from rayless.store.controller_state import ControllerState
+from rayless.store.errors import (
     ForeignMetaError,
     SchemaError,
     StaleMetaError,
@@ -21,8 +21,8 @@ from store.errors import (
     UnknownFieldError,
     UnknownPartitionError,
 )
-from store.meta import BatchMeta
-from store.schema import DataUpdate, FieldSchema
+from rayless.store.meta import BatchMeta
+from rayless.store.schema import DataUpdate, FieldSchema
 
 F32 = FieldSchema("dense", "float32", (2,), "cpu")
 I64 = FieldSchema("dense", "int64", (), "cpu")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from store.errors import ForeignMetaError, SchemaError, StoreInputError, UnknownFieldError
-from store.meta import BatchMeta
-from store.schema import FieldSchema
+from rayless.store.errors import ForeignMetaError, SchemaError, StoreInputError, UnknownFieldError
+from rayless.store.meta import BatchMeta
+from rayless.store.schema import FieldSchema
 
 DENSE = FieldSchema("dense", "float32", (4,), "cpu")
 RAGGED = FieldSchema("jagged", "int64", (None,), "cuda:0")

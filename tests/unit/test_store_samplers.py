@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store.errors import StoreInputError
-from store.samplers import (
+from rayless.store.errors import StoreInputError
+from rayless.store.samplers import (
     GroupedSampler,
     RandomSampler,
     Sampler,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tensordict import NonTensorStack, TensorDict
 
-from store.errors import (
+from rayless.store.errors import (
     ForeignMetaError,
     SchemaError,
     StaleMetaError,
@@ -18,7 +18,7 @@ from store.errors import (
     UnknownKeyError,
     UnknownPartitionError,
 )
-from store.schema import (
+from rayless.store.schema import (
     DataUpdate,
     FieldSchema,
     assemble,
@@ -28,7 +28,7 @@ from store.schema import (
     merge_parts,
     split_columns,
 )
-from transport.errors import RaylessError, error_from_state, error_to_state
+from rayless.transport.errors import RaylessError, error_from_state, error_to_state
 
 
 def jagged(lengths: list[int], *rest: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import NonTensorStack, TensorDict
 
-from store.errors import (
+from rayless.store.errors import (
     SchemaError,
     StoreFullError,
     StoreInputError,
@@ -18,8 +18,8 @@ from store.errors import (
     UnknownKeyError,
     UnknownPartitionError,
 )
-from store.schema import FieldSchema, split_columns
-from store.shard import ShardStorage, kv_shard_of
+from rayless.store.schema import FieldSchema, split_columns
+from rayless.store.shard import ShardStorage, kv_shard_of
 
 
 def jagged(lengths: list[int], *rest: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -1,0 +1,80 @@
+"""The actors layer's errors: a dead actor, a name that is not there or taken, a failed start.
+
+    RaylessError
+    ├── ActorDiedError       the actor's process is gone (pid, exit code or signal, node)
+    ├── ActorNotFoundError   no live actor has that name or id (also a ValueError, as in Ray)
+    ├── NameTakenError       an actor of that name already exists (also a ValueError, as in Ray)
+    ├── StartError           a process of the runtime (head, agent, fork template) did not start
+    └── ConnectError         no cluster to connect to: no address, an unreadable token file
+
+``rayless.errors`` re-exports these beside the other layers' errors.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from rayless.transport.errors import RaylessError
+
+__all__ = ["ActorDiedError", "ActorNotFoundError", "ConnectError", "NameTakenError", "StartError"]
+
+
+class ActorDiedError(RaylessError, wire="rayless.ActorDiedError"):
+    """The actor's process is gone; every pending and later call fails with this.
+
+    Attributes name the actor, its pid and node, and how it ended (exit code or signal).
+    """
+
+    def __init__(
+        self,
+        actor: str,
+        *,
+        pid: int | None = None,
+        exitcode: int | None = None,
+        node: str | None = None,
+        reason: str = "",
+    ) -> None:
+        self.actor = actor
+        self.pid = pid
+        self.exitcode = exitcode
+        self.node = node
+        self.reason = reason
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        parts = [f"actor {self.actor!r} died"]
+        where = []
+        if self.pid is not None:
+            where.append(f"pid {self.pid}")
+        if self.node:
+            where.append(f"node {self.node}")
+        if where:
+            parts.append(f"({', '.join(where)})")
+        if self.exitcode is not None:
+            if self.exitcode < 0:
+                try:
+                    name = signal.Signals(-self.exitcode).name
+                except ValueError:
+                    name = f"signal {-self.exitcode}"
+                parts.append(f"killed by {name}")
+            else:
+                parts.append(f"with exit code {self.exitcode}")
+        if self.reason:
+            parts.append(f": {self.reason}")
+        return " ".join(parts).replace(" :", ":")
+
+
+class ActorNotFoundError(RaylessError, ValueError, wire="rayless.ActorNotFoundError"):
+    """No live actor has that name (or id). Also a ``ValueError``, as ``ray.get_actor`` raises."""
+
+
+class NameTakenError(RaylessError, ValueError, wire="rayless.NameTakenError"):
+    """An actor with that name already exists. Also a ``ValueError``, as in Ray."""
+
+
+class StartError(RaylessError, wire="rayless.StartError"):
+    """A process of the runtime (head, node agent, fork template) did not start."""
+
+
+class ConnectError(RaylessError, wire="rayless.ConnectError"):
+    """There is no cluster to connect to: no address given or found, or no usable token."""
