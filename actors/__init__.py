@@ -7,10 +7,10 @@ Imports ``transport`` and ``placement``; never ``store``.
         print(await counter.add(41))
 """
 
-from rayless.actors.actor import Actor
-from rayless.actors.cluster import Cluster, connect
+from rayless.actors.api.actor import Actor
+from rayless.actors.api.cluster import Cluster, connect
+from rayless.actors.api.handle import ActorHandle, ActorMethod, gather, wait
 from rayless.actors.errors import ActorDiedError
-from rayless.actors.handle import ActorHandle, ActorMethod, gather, wait
 from rayless.placement.errors import PlacementError
 from rayless.transport.errors import RaylessError, RemoteError
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from rayless.actors import context
-from rayless.actors.cluster import Cluster, LocalProcesses
-from rayless.actors.runtime import get_runtime
+from rayless.actors.api import context
+from rayless.actors.api.cluster import Cluster, LocalProcesses
+from rayless.actors.api.runtime import get_runtime
 
 _SHARED: dict[tuple[int, int, float], LocalProcesses] = {}
 DEFAULTS: dict[str, Any] = {"nodes": 2, "gpus_per_node": 2, "node_timeout": 5.0}

@@ -6,7 +6,7 @@
 
 import sys
 
-from rayless.actors.launch import main
+from rayless.actors.launch.node import main
 
 if __name__ == "__main__":
     sys.exit(main())

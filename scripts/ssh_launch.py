@@ -5,7 +5,7 @@ python scripts/ssh_launch.py --hosts gpu1,gpu2 --workdir /shared/proj -- train.p
 
 import sys
 
-from rayless.actors.ssh_launch import main
+from rayless.actors.launch.ssh import main
 
 if __name__ == "__main__":
     sys.exit(main())

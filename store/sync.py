@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rayless.actors.runtime import run_sync
+from rayless.actors.api.runtime import run_sync
 from rayless.store.client import DEFAULT_NAME, Store
 
 __all__ = ["SyncStore"]

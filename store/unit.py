@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import torch
 
 from rayless.actors import Actor, ActorHandle
-from rayless.actors.context import ENV_NODE_ID
+from rayless.actors.api.context import ENV_NODE_ID
 from rayless.store.errors import StoreFullError
 from rayless.store.meta import BatchMeta  # noqa: F401  (registers BatchMeta with the codec)
 from rayless.store.schema import DataUpdate, FieldSchema

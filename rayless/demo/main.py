@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from rayless.actors import ActorDiedError, Cluster, RaylessError, connect
-from rayless.actors.context import ENV_ADDRESS
+from rayless.actors.api.context import ENV_ADDRESS
 from rayless.demo.config import DEFAULT_CONFIG, PipelineConfig, load_config
 from rayless.demo.pipeline import Pipeline
 from rayless.demo.report import default_out_dir, print_progress, summary_text, write_report

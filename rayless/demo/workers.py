@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from rayless.actors import Actor, ActorHandle
-from rayless.actors.process import apply_torch_threads, torch_threads
+from rayless.actors.control.process import apply_torch_threads, torch_threads
 from rayless.demo.config import AlgoConfig
 from rayless.demo.env import VecCartPole
 from rayless.demo.ppo import ActorCritic, act, get_weights, make_optimizer, ppo_update, set_weights

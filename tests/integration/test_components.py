@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rayless.actors import Cluster, PlacementError
-from rayless.actors.components import cluster_info, slots_of
+from rayless.actors.api.components import cluster_info, slots_of
 from rayless.placement import ComponentScheduling, ResourcePoolPlanner, Scheduling
 from tests.integration.actor_classes import Counter
 

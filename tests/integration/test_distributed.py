@@ -8,7 +8,7 @@ import pytest
 
 import rayless.actors as actors
 from rayless.actors import Actor, Cluster
-from rayless.actors.group import block_assignment, torch_env
+from rayless.actors.api.group import block_assignment, torch_env
 
 pytestmark = pytest.mark.integration
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rayless.actors import launch, ssh_launch
-from rayless.actors.launch import LaunchError
-from rayless.actors.launch_procs import StopFlag
+from rayless.actors.launch import node as launch
+from rayless.actors.launch import ssh as ssh_launch
+from rayless.actors.launch.node import LaunchError
+from rayless.actors.launch.procs import StopFlag
 
 
 def parse(*argv: str, env: dict[str, str] | None = None) -> launch.LaunchConfig:

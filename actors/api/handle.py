@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Iterable
 from typing import Any
 
-from rayless.actors.runtime import fast_submit, get_runtime, run_sync
+from rayless.actors.api.runtime import fast_submit, get_runtime, run_sync
 from rayless.transport.codec import register_extension
 from rayless.transport.errors import Timeout
 

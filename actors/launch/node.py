@@ -40,8 +40,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayless.actors import context
-from rayless.actors.launch_procs import LaunchError, NodeProcesses, StopFlag, read_stdin_line
+from rayless.actors.api import context
+from rayless.actors.launch.procs import LaunchError, NodeProcesses, StopFlag, read_stdin_line
 from rayless.transport.errors import RaylessError
 from rayless.transport.protocol import new_token
 

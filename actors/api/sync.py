@@ -17,9 +17,9 @@ import concurrent.futures
 from collections.abc import Iterable
 from typing import Any
 
-from rayless.actors import runtime
-from rayless.actors.cluster import Cluster, connect
-from rayless.actors.handle import ActorHandle, _call
+from rayless.actors.api import runtime
+from rayless.actors.api.cluster import Cluster, connect
+from rayless.actors.api.handle import ActorHandle, _call
 from rayless.transport.errors import Timeout
 
 DEFAULT_TIMEOUT = 300.0

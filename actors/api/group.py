@@ -23,12 +23,12 @@ import asyncio
 import math
 from typing import TYPE_CHECKING, Any
 
-from rayless.actors.components import slots_of
+from rayless.actors.api.components import slots_of
 from rayless.placement.errors import PlacementError
 
 if TYPE_CHECKING:
-    from rayless.actors.cluster import Cluster
-    from rayless.actors.handle import ActorHandle
+    from rayless.actors.api.cluster import Cluster
+    from rayless.actors.api.handle import ActorHandle
 
 
 def block_assignment(n: int, nodes: list[str]) -> list[str]:

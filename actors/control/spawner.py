@@ -59,7 +59,7 @@ class ProcessSpawner:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "rayless.actors.process",
+                "rayless.actors.control.process",
                 env={**os.environ, **env, "RAYLESS_DIE_WITH_PARENT": "1"},
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
@@ -126,7 +126,7 @@ class ZygoteSpawner:
         self._own = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "rayless.actors.zygote",
+            "rayless.actors.control.zygote",
             path,
             stdout=asyncio.subprocess.PIPE,
             env={**os.environ, "RAYLESS_DIE_WITH_PARENT": "1"},

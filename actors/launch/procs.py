@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from rayless.actors import context
+from rayless.actors.api import context
 from rayless.transport.errors import RaylessError
 
 if TYPE_CHECKING:
-    from rayless.actors.launch import LaunchConfig
+    from rayless.actors.launch.node import LaunchConfig
 
 START_TIMEOUT = 120.0
 
@@ -180,7 +180,9 @@ class NodeProcesses:
         Raises:
             LaunchError: it exited first (a port in use?) or a stop was requested.
         """
-        self.head = self._popen(["-m", "rayless.actors.head", bind, str(self.cfg.node_timeout)], {})
+        self.head = self._popen(
+            ["-m", "rayless.actors.control.head", bind, str(self.cfg.node_timeout)], {}
+        )
         self._first_line(self.head, f"the head (on {bind}; is the port free?)")
 
     def start_agent(self) -> None:
@@ -190,7 +192,7 @@ class NodeProcesses:
             LaunchError: it exited first or a stop was requested.
         """
         cfg = self.cfg
-        args = ["-m", "rayless.actors.agent", cfg.address, "--rank", str(cfg.node_rank)]
+        args = ["-m", "rayless.actors.control.agent", cfg.address, "--rank", str(cfg.node_rank)]
         args += ["--zygote", "auto", "--log-dir", os.path.abspath(cfg.log_dir)]
         args += ["--head-timeout", str(cfg.node_timeout)]
         if cfg.node_ip:

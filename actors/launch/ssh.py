@@ -34,9 +34,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from rayless.actors import context
-from rayless.actors.launch import DEFAULT_PORT
-from rayless.actors.launch_procs import LaunchError, StopFlag, exit_code
+from rayless.actors.api import context
+from rayless.actors.launch.node import DEFAULT_PORT
+from rayless.actors.launch.procs import LaunchError, StopFlag, exit_code
 from rayless.transport.errors import RaylessError
 from rayless.transport.protocol import new_token
 
@@ -99,7 +99,7 @@ def remote_command(args: argparse.Namespace, hosts: list[Host], rank: int) -> st
     """The shell command that runs ``actors.launch`` for ``rank`` on its host."""
     host = hosts[rank]
     master = args.master_addr or hosts[0].addr
-    launch = [args.python, "-m", "rayless.actors.launch", "--nnodes", str(len(hosts))]
+    launch = [args.python, "-m", "rayless.actors.launch.node", "--nnodes", str(len(hosts))]
     launch += ["--node-rank", str(rank), "--master-addr", master]
     launch += ["--master-port", str(args.master_port), "--token-stdin"]
     launch += ["--node-id", node_ids(hosts)[rank]]

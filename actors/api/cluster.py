@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayless.actors import context
-from rayless.actors.actor import ClassRef, public_methods
-from rayless.actors.handle import ActorHandle
-from rayless.actors.runtime import Runtime, close_runtimes, get_runtime, materialize
+from rayless.actors.api import context
+from rayless.actors.api.actor import ClassRef, public_methods
+from rayless.actors.api.handle import ActorHandle
+from rayless.actors.api.runtime import Runtime, close_runtimes, get_runtime, materialize
 from rayless.transport import codec
 from rayless.transport.errors import RaylessError, RemoteError
 from rayless.transport.protocol import new_token
@@ -94,14 +94,14 @@ class LocalProcesses:
         log_dir = self.log_dir or os.path.join(self.tmpdir, "logs")
         try:
             self.head = self._popen(
-                "-m", "rayless.actors.head", "tcp://127.0.0.1:0", str(self.node_timeout)
+                "-m", "rayless.actors.control.head", "tcp://127.0.0.1:0", str(self.node_timeout)
             )
             zygote_path = "none"
             if self.zygote:
                 zygote_path = os.path.join(self.tmpdir, "zygote.sock")
                 self.zygote_proc = self._popen(
                     "-m",
-                    "rayless.actors.zygote",
+                    "rayless.actors.control.zygote",
                     zygote_path,
                     RAYLESS_ZYGOTE_PRELOAD=self.zygote_preload,
                 )
@@ -113,7 +113,7 @@ class LocalProcesses:
             for i in range(self.nodes):
                 args = [
                     "-m",
-                    "rayless.actors.agent",
+                    "rayless.actors.control.agent",
                     self.address,
                     "--node-id",
                     f"node-{i}",
@@ -231,7 +231,7 @@ class Cluster:
     @classmethod
     def local_sync(cls, *args: Any, **kwargs: Any) -> Any:
         """The synchronous facade over :meth:`local` (see ``actors.sync``)."""
-        from rayless.actors.sync import SyncCluster
+        from rayless.actors.api.sync import SyncCluster
 
         return SyncCluster.local(*args, **kwargs)
 
@@ -298,7 +298,7 @@ class Cluster:
         With ``torch_distributed=True`` each member gets MASTER_ADDR, MASTER_PORT, RANK,
         WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE so it can ``init_process_group``.
         """
-        from rayless.actors.group import spawn_group
+        from rayless.actors.api.group import spawn_group
 
         return await spawn_group(self, cls, n, *args, **kwargs)
 
@@ -310,7 +310,7 @@ class Cluster:
         ``plan`` is a ``placement.ResourcePoolPlanner`` (or its packed slots); see
         ``actors.components``.
         """
-        from rayless.actors.components import spawn_component
+        from rayless.actors.api.components import spawn_component
 
         return await spawn_component(self, cls, plan, component, *args, **kwargs)
 

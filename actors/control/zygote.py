@@ -35,9 +35,9 @@ from typing import Any
 
 import msgpack
 
-from rayless.actors.process_util import die_with_parent
+from rayless.actors.control.process_util import die_with_parent
 
-PRELOAD = ("torch", "tensordict", "rayless.transport.codec", "rayless.actors.process")
+PRELOAD = ("torch", "tensordict", "rayless.transport.codec", "rayless.actors.control.process")
 _LEN = struct.Struct(">I")
 MAX_FRAME = 16 * 2**20
 
@@ -187,7 +187,7 @@ class Zygote:
             code = 1
             try:
                 self._become_child(msg)
-                from rayless.actors.process import child_main
+                from rayless.actors.control.process import child_main
 
                 code = child_main()
             except BaseException:

@@ -20,9 +20,9 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from rayless.actors import context
-from rayless.actors.actor import ClassRef, public_methods
-from rayless.actors.process_util import setup_logging
+from rayless.actors.api import context
+from rayless.actors.api.actor import ClassRef, public_methods
+from rayless.actors.control.process_util import setup_logging
 from rayless.transport import codec, loop
 from rayless.transport.client import Client
 from rayless.transport.errors import RaylessError, RemoteError
@@ -255,7 +255,7 @@ async def _actor_main() -> int:
         if host is not None:
             await host.aclose()
         await agent.aclose()
-        from rayless.actors.runtime import close_runtimes
+        from rayless.actors.api.runtime import close_runtimes
 
         await close_runtimes()
 

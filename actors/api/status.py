@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from rayless.actors import context
+from rayless.actors.api import context
 from rayless.transport.errors import AuthError, RaylessError
 
 DEFAULT_TIMEOUT = 5.0
@@ -96,8 +96,8 @@ async def fetch(address: str, token: str, timeout: float) -> list[dict[str, Any]
     """
     import zmq
 
-    from rayless.actors.cluster import Cluster, connect
-    from rayless.actors.runtime import close_runtimes
+    from rayless.actors.api.cluster import Cluster, connect
+    from rayless.actors.api.runtime import close_runtimes
 
     cluster: Cluster | None = None
     try:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayless.actors.errors import ActorDiedError
-from rayless.actors.scheduler import Allocation, NodeState, choose, release
+from rayless.placement.allocation import Allocation, NodeState, choose, release
 from rayless.placement.errors import PlacementError
 from rayless.transport import loop
 from rayless.transport.client import Client
@@ -413,7 +413,7 @@ async def serve(address: str, token: str, node_timeout: float) -> None:
 
 def main() -> None:
     """Entry point of ``python -m actors.head ADDRESS [NODE_TIMEOUT]``."""
-    from rayless.actors.process_util import die_with_parent, setup_logging
+    from rayless.actors.control.process_util import die_with_parent, setup_logging
 
     setup_logging("head")
     if os.environ.get("RAYLESS_DIE_WITH_PARENT"):

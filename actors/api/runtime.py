@@ -22,9 +22,9 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from rayless.actors import context
+from rayless.actors.api import context
+from rayless.actors.control.logs import print_lines
 from rayless.actors.errors import ActorDiedError
-from rayless.actors.logs import print_lines
 from rayless.transport.client import Client
 from rayless.transport.errors import (
     BrokenError,

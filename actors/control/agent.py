@@ -23,11 +23,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayless.actors import context
+from rayless.actors.api import context
+from rayless.actors.control.logs import LogTailer
+from rayless.actors.control.process_util import die_with_parent, setup_logging
+from rayless.actors.control.spawner import ProcessSpawner, Spawner, ZygoteSpawner
 from rayless.actors.errors import ActorDiedError
-from rayless.actors.logs import LogTailer
-from rayless.actors.process_util import die_with_parent, setup_logging
-from rayless.actors.spawner import ProcessSpawner, Spawner, ZygoteSpawner
 from rayless.placement import NodeInfo, discover_node_async
 from rayless.transport import loop
 from rayless.transport.client import Client

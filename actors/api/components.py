@@ -16,8 +16,8 @@ from rayless.placement import WorkerSlot
 from rayless.placement.errors import PlacementError
 
 if TYPE_CHECKING:
-    from rayless.actors.cluster import Cluster
-    from rayless.actors.handle import ActorHandle
+    from rayless.actors.api.cluster import Cluster
+    from rayless.actors.api.handle import ActorHandle
 
 
 async def cluster_info(cluster: Cluster) -> dict[str, Any]:
