@@ -22,6 +22,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# Modules of the demo extra (pyproject's ``demo``): a command that needs them says so.
+DEMO_EXTRA = frozenset({"yaml", "matplotlib"})
+
+
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     """The parser, with the chosen subcommand's arguments loaded."""
     parser = argparse.ArgumentParser(prog="rayless", description=__doc__.split("\n")[0])
@@ -36,6 +40,17 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``rayless`` command line; returns the process exit code."""
+    try:
+        return _main(argv)
+    except ModuleNotFoundError as exc:
+        hint = _missing_extra(exc)
+        if hint is None:
+            raise
+        print(hint, file=sys.stderr)
+        return 2
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(args_list[:1])
     args = parser.parse_args(args_list)
@@ -44,6 +59,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
     return int(module.run(args))
+
+
+def _missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """The hint for a subcommand whose optional dependencies are not installed."""
+    if exc.name in DEMO_EXTRA:
+        return (
+            f"rayless: this command needs {exc.name}, from the demo extra: "
+            "pip install 'rayless[demo]' (or pip install -e '.[demo]' in a checkout)"
+        )
+    return None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,98 @@
+"""The runtime imports without the demo extra; the wheel holds one top-level name."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+BLOCK_DEMO_EXTRA = """
+import importlib.abc, sys
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("yaml", "matplotlib"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, Block())
+"""
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(BLOCK_DEMO_EXTRA) + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+
+
+def test_runtime_packages_import_without_the_demo_extra() -> None:
+    proc = _run(
+        """
+        import rayless.transport, rayless.placement, rayless.actors, rayless.store
+        import rayless.actors.control.agent, rayless.actors.control.head
+        import rayless.actors.launch.node
+        print("ok")
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
+def test_demo_without_its_extra_says_what_to_install() -> None:
+    proc = _run(
+        """
+        from rayless.cli import main
+        raise SystemExit(main(["demo"]))
+        """
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "pip install 'rayless[demo]'" in proc.stderr
+
+
+def test_matplotlib_and_yaml_are_not_base_dependencies() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = " ".join(meta["dependencies"]).lower()
+    assert "matplotlib" not in base and "pyyaml" not in base
+    demo = " ".join(meta["optional-dependencies"]["demo"]).lower()
+    assert "matplotlib" in demo and "pyyaml" in demo
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_only_rayless(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
+        + ["-w", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if proc.returncode != 0 and "No module named" in proc.stderr:
+        pytest.skip(f"cannot build a wheel here: {proc.stderr[-200:]}")
+    assert proc.returncode == 0, proc.stderr
+    (wheel,) = tmp_path.glob("rayless-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"rayless"}, tops
+    for sub in ("transport", "placement", "actors", "store"):
+        assert f"rayless/{sub}/__init__.py" in names
+        assert f"rayless/{sub}/py.typed" in names
+    # Every package of the checkout is in the wheel (a subpackage missing from pyproject's
+    # ``packages`` list would be left out silently).
+    for init in sorted(ROOT.glob("*/**/__init__.py")):
+        rel = init.relative_to(ROOT)
+        if rel.parts[0] in ("transport", "placement", "actors", "store"):
+            assert f"rayless/{rel.as_posix()}" in names, rel
+        elif rel.parts[0] == "rayless":
+            assert rel.as_posix() in names, rel
+    assert "rayless/configs/default.yaml" in names
