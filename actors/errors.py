@@ -5,7 +5,10 @@
     ├── ActorNotFoundError   no live actor has that name or id (also a ValueError, as in Ray)
     ├── NameTakenError       an actor of that name already exists (also a ValueError, as in Ray)
     ├── StartError           a process of the runtime (head, agent, fork template) did not start
-    └── ConnectError         no cluster to connect to: no address, an unreadable token file
+    ├── ConnectError         no cluster to connect to: no address, an unreadable token file
+    └── TransportError
+        └── BrokenError
+            └── ClusterLostError   the cluster's head is gone: every call fails at once
 
 ``rayless.errors`` re-exports these beside the other layers' errors.
 """
@@ -14,9 +17,16 @@ from __future__ import annotations
 
 import signal
 
-from rayless.transport.errors import RaylessError
+from rayless.transport.errors import BrokenError, RaylessError
 
-__all__ = ["ActorDiedError", "ActorNotFoundError", "ConnectError", "NameTakenError", "StartError"]
+__all__ = [
+    "ActorDiedError",
+    "ActorNotFoundError",
+    "ClusterLostError",
+    "ConnectError",
+    "NameTakenError",
+    "StartError",
+]
 
 
 class ActorDiedError(RaylessError, wire="rayless.ActorDiedError"):
@@ -78,3 +88,12 @@ class StartError(RaylessError, wire="rayless.StartError"):
 
 class ConnectError(RaylessError, wire="rayless.ConnectError"):
     """There is no cluster to connect to: no address given or found, or no usable token."""
+
+
+class ClusterLostError(BrokenError, wire="rayless.ClusterLostError"):
+    """The cluster's head is gone (stopped answering, or its process died).
+
+    Raised at once by every pending and later call of this process's runtime: without the
+    head no actor death could be reported, and the head's loss ends the cluster (its agents
+    stop their actors). A ``BrokenError``, so code that catches broken sessions catches it.
+    """

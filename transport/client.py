@@ -70,6 +70,12 @@ class Client:
         limits: our bounds (default: ``Limits.from_env()``); a message past our own or the
             server's advertised message, frame or header bounds raises LimitError unsent.
         curve: encrypt with ZeroMQ CURVE (default: ``RAYLESS_CURVE``); the server must too.
+        on_broken: called once with the reason when the session breaks (not on ``aclose``).
+
+    Heartbeats never count time during which this process's own event loop was blocked (a
+    long synchronous step in the caller): a peer gets a fresh ``heartbeat_timeout`` after
+    the loop comes back. ``heartbeat_timeout=math.inf`` keeps pinging but never breaks (for
+    peers whose liveness is learnt another way, e.g. actors, whose deaths the head reports).
     """
 
     def __init__(
@@ -88,6 +94,7 @@ class Client:
         context: zmq.Context[Any] | None = None,
         error_hook: Callable[[BaseException], BaseException] | None = None,
         curve: bool | None = None,
+        on_broken: Callable[[str], None] | None = None,
     ) -> None:
         if heartbeat_timeout <= heartbeat_interval:
             raise ValueError("heartbeat_timeout must exceed heartbeat_interval")
@@ -102,6 +109,8 @@ class Client:
         self._hb_timeout = heartbeat_timeout
         self._connect_timeout = connect_timeout
         self._on_oneway = on_oneway
+        self._on_broken = on_broken
+        self._beat_due = 0.0
         self._error_hook = error_hook
         self._device = device
         self._allow_pickle = allow_pickle
@@ -412,6 +421,11 @@ class Client:
         self._fail_all(
             BrokenError(f"session with {self.peer_name or self.address} broke: {reason}")
         )
+        if self._on_broken is not None:
+            try:
+                self._on_broken(reason)
+            except Exception:
+                log.exception("%s: on_broken hook failed", self.name)
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -466,14 +480,28 @@ class Client:
 
     # -- heartbeats --------------------------------------------------------------------
 
+    def set_heartbeat(self, interval: float, timeout: float) -> None:
+        """Change the heartbeat interval and timeout (e.g. to what the server announced).
+
+        Raises:
+            ValueError: ``timeout`` does not exceed ``interval``.
+        """
+        if timeout <= interval:
+            raise ValueError("heartbeat_timeout must exceed heartbeat_interval")
+        self._hb_interval, self._hb_timeout = interval, timeout
+
     def _schedule_heartbeat(self) -> None:
         loop = asyncio.get_running_loop()
+        self._beat_due = time.monotonic() + self._hb_interval / 2
         self._heartbeat = loop.call_later(self._hb_interval / 2, self._beat)
 
     def _beat(self) -> None:
         if self._state == _CLOSED:
             return
         now = time.monotonic()
+        late = now - self._beat_due
+        if late > self._hb_interval:  # our own loop was blocked: we could not have heard
+            self._last_recv = max(self._last_recv, now - self._hb_interval)
         if self._state == _READY and self._pump is not None:
             if now - self._last_recv > self._hb_timeout:
                 self._break(f"no heartbeat for {now - self._last_recv:.1f}s")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import concurrent.futures
+import math
 import sys
 import threading
 import weakref
@@ -24,7 +25,7 @@ from typing import Any, TypeVar
 
 from rayless.actors.api import context
 from rayless.actors.control.logs import print_lines
-from rayless.actors.errors import ActorDiedError
+from rayless.actors.errors import ActorDiedError, ClusterLostError
 from rayless.transport.client import Client
 from rayless.transport.errors import (
     BrokenError,
@@ -47,6 +48,7 @@ class _ActorConn:
     state: str = "alive"
     client: Client | None = None
     death: ActorDiedError | None = None
+    # set while the actor serves, and once it is dead for good (waiters then read ``state``)
     alive: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -62,24 +64,51 @@ class Runtime:
             token=info.token,
             name=f"session:{info.session}",
             on_oneway=self._on_oneway,
+            on_broken=self._head_broken,
             heartbeat_interval=0.5,
             heartbeat_timeout=10.0,
         )
         self.conns: dict[str, _ActorConn] = {}
         self.print_logs = True
+        self.lost: ClusterLostError | None = None
         self._closed = False
 
     async def start(self) -> Runtime:
-        """Connect to the head and register this process's session."""
+        """Connect to the head and register this process's session.
+
+        The head's liveness is then checked within its ``node_timeout`` (as the head checks
+        its agents): its loss fails every call of this runtime at once with ClusterLostError.
+        """
         await self.head.connect()
-        await self.head.request(("hello", self.info.session), timeout=30)
+        hello = await self.head.request(("hello", self.info.session), timeout=30)
+        node_timeout = float(hello.get("node_timeout", 10.0)) if isinstance(hello, dict) else 10.0
+        timeout = max(1.0, node_timeout)
+        self.head.set_heartbeat(min(0.5, timeout / 4), timeout)
         return self
 
     async def head_request(self, body: tuple[Any, ...], timeout: float | None = 60.0) -> Any:
-        """A request to the head, re-registering the session after a reconnect."""
-        if not self.head.ready:
-            await self.start()
+        """A request to the head.
+
+        Raises:
+            ClusterLostError: the head is gone.
+        """
+        if self.lost is not None:
+            raise self.lost
         return await self.head.request(body, timeout=timeout)
+
+    def _head_broken(self, reason: str) -> None:
+        """The head stopped answering: the cluster is gone; fail everything at once."""
+        if self._closed:
+            return
+        self.lost = ClusterLostError(
+            f"the cluster's head at {self.info.address} is gone ({reason}); every call of "
+            "this cluster fails. Start or connect to a cluster again."
+        )
+        for conn in self.conns.values():
+            conn.state, conn.death = "dead", None
+            conn.alive.set()  # wake calls waiting for a restart
+            if conn.client is not None:
+                conn.client.fail_pending(self.lost)
 
     async def aclose(self) -> None:
         """Close every connection. Idempotent."""
@@ -121,7 +150,10 @@ class Runtime:
             )
             conn.state = "dead" if kind == "died" else "restarting"
             conn.death = death
-            conn.alive.clear()
+            if kind == "died":
+                conn.alive.set()  # wake calls waiting for a restart: it will never come
+            else:
+                conn.alive.clear()
             client, conn.client = conn.client, None
             if client is not None:
                 client.fail_pending(death)
@@ -141,11 +173,15 @@ class Runtime:
         return conn
 
     async def _ready_client(self, conn: _ActorConn) -> Client:
+        if self.lost is not None:
+            raise self.lost
         if conn.state == "restarting":
             try:
                 await asyncio.wait_for(conn.alive.wait(), RESTART_WAIT)
             except asyncio.TimeoutError:
                 raise conn.death or ActorDiedError(conn.name, reason="restart timed out") from None
+        if self.lost is not None:
+            raise self.lost
         if conn.state == "dead":
             raise conn.death or ActorDiedError(conn.name)
         async with conn.lock:
@@ -159,6 +195,9 @@ class Runtime:
                 token=self.info.token,
                 name=f"caller->{conn.name}",
                 error_hook=_materialize_any,
+                # An actor's loop may be held by user code for minutes; its death is learnt
+                # from the head (the agent reaps it), never from a missed heartbeat.
+                heartbeat_timeout=math.inf,
             )
             conn.client = client
             try:
@@ -204,6 +243,8 @@ class Runtime:
         except RemoteError as exc:
             raise materialize(exc) from None
         except (BrokenError, Timeout) as exc:
+            if self.lost is not None:
+                raise self.lost from None
             if conn.death is not None:
                 raise conn.death from None
             if isinstance(exc, BrokenError):

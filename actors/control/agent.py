@@ -201,6 +201,7 @@ class Agent:
                 context.ENV_NODE_ID: self.node.node_id,
                 context.ENV_NODE_IP: self.node.ip,
                 context.ENV_AGENT_ADDRESS: self.server.address,
+                context.ENV_AGENT_PID: str(os.getpid()),
             }
         )
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80]
@@ -225,6 +226,8 @@ class Agent:
         proc.pid = pid
         self.by_pid[pid] = proc
         self.tailer.watch(proc.actor_id, proc.name, pid, self.node.node_id, proc.log_path)
+        if proc.state == "stopping":  # killed while the spawner was forking it
+            _signal(pid, signal.SIGKILL)
         return await proc.ready
 
     def op_bootstrap(self, peer: Peer, actor_id: str) -> dict[str, Any]:
@@ -260,11 +263,22 @@ class Agent:
             proc.ready.set_exception(error)
 
     async def op_kill(self, peer: Peer, actor_id: str, reason: str = "killed") -> bool:
-        """Stop an actor for good: SIGTERM, a grace period, SIGKILL."""
+        """Stop an actor for good: SIGTERM, a grace period, SIGKILL; answers once it is gone.
+
+        An actor still starting (its spawn timed out at the head) is killed too: its process
+        must be gone before the head frees its resources.
+        """
         proc = self.procs.get(actor_id)
         if proc is None or proc.state == "dead":
             return False
         await self._terminate(proc, reason)
+        if proc.pid is None and proc.ready is not None:  # still forking: wait for the process
+            await asyncio.wait([proc.ready], timeout=self.kill_grace + 5.0)
+        if proc.pid is not None and not proc.exited.is_set():
+            try:
+                await asyncio.wait_for(proc.exited.wait(), self.kill_grace + 5.0)
+            except asyncio.TimeoutError:
+                log.error("actor %s (pid %s) outlived its kill", proc.name, proc.pid)
         return True
 
     def op_status(self, peer: Peer) -> dict[str, Any]:
@@ -408,6 +422,13 @@ async def serve(args: argparse.Namespace, token: str) -> int:
     return 1 if agent.failed else 0
 
 
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m actors.agent``."""
     parser = argparse.ArgumentParser(prog="python -m actors.agent")
@@ -423,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(f"agent {args.node_id or ''}".strip())
     if os.environ.get("RAYLESS_DIE_WITH_PARENT"):
         die_with_parent()
-    token = os.environ.get(context.ENV_TOKEN, "")
+    # Read once and removed: nothing this agent starts (zygote, actors' children) inherits it.
+    token = os.environ.pop(context.ENV_TOKEN, "")
     if not token and os.environ.get(context.ENV_TOKEN_FILE):
         token = context.read_token_file(os.environ[context.ENV_TOKEN_FILE])
     if not token:

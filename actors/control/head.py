@@ -314,6 +314,10 @@ class Head:
         except BaseException as exc:
             if isinstance(exc, ActorDiedError):
                 exc.actor = record.name
+            elif agent is not None:  # timed out or cancelled: the process may still start
+                # Its resources are freed only once it is gone, so that nothing else lands on
+                # its GPU while it finishes __init__ unknown to us.
+                await asyncio.shield(self._stop_starting(agent, record))
             self._mark_dead(record, {"reason": f"failed to start: {exc}"}, broadcast=False)
             raise
         if record.state == "dead":  # it died between starting and answering
@@ -343,6 +347,12 @@ class Head:
             return False
         await self._kill(record, "killed by request")
         return True
+
+    async def _stop_starting(self, agent: Client, record: ActorRecord) -> None:
+        try:
+            await agent.request(("kill", record.actor_id, "its spawn timed out"), timeout=30)
+        except RaylessError as exc:
+            log.warning("could not stop %s after its spawn failed: %s", record.name, exc)
 
     async def _kill(self, record: ActorRecord, reason: str) -> None:
         agent = self.agents.get(record.alloc.node_id)
@@ -418,7 +428,7 @@ def main() -> None:
     setup_logging("head")
     if os.environ.get("RAYLESS_DIE_WITH_PARENT"):
         die_with_parent()
-    token = os.environ.get("RAYLESS_TOKEN", "")
+    token = os.environ.pop("RAYLESS_TOKEN", "")  # read once; no child inherits it
     if len(sys.argv) not in (2, 3) or not token:
         sys.exit("usage: RAYLESS_TOKEN=... python -m actors.head ADDRESS [NODE_TIMEOUT]")
     timeout = float(sys.argv[2]) if len(sys.argv) == 3 else 5.0

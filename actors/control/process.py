@@ -1,10 +1,17 @@
 """The actor process: fetch the spec from the node agent, build the actor, serve its calls.
 
-Started by the zygote (a fork) or, without one, as ``python -m actors.process``. It serves
-calls on its own ROUTER socket; async methods run concurrently on its loop (at most
-``max_concurrency`` at once), sync methods one at a time in a worker thread, so the loop keeps
-answering heartbeats. It exits when told to (SIGTERM: ``teardown`` runs), or when its node
-agent goes away.
+Started by the zygote (a fork) or, without one, as ``python -m rayless.actors.control.process``.
+It serves calls on its own ROUTER socket; async methods run concurrently on its loop (at most
+``max_concurrency`` at once), sync methods one at a time in a worker thread. It exits when told
+to (SIGTERM: ``teardown`` runs), or when its node agent goes away.
+
+Liveness never depends on user code yielding the loop: the agent learns of the actor's death
+by reaping its pid, callers from the head's events, and the actor watches its agent's pid from
+a thread. An ``async def`` method that holds the loop is reported, not punished: a warning
+names the method and the seconds (``RAYLESS_LOOP_WARN_S``, default 2 s; 0 turns it off).
+
+The cluster token is read from the environment once and removed from it, so processes the
+actor starts (reward sandboxes, compilers) never see it.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -124,6 +132,107 @@ class SyncWorker:
         self._queue.put(None)
 
 
+class LoopMonitor:
+    """Reports an event loop held longer than ``threshold`` seconds, from a thread.
+
+    The loop ticks every ``threshold / 4``; the thread warns when a tick is late, naming the
+    async methods running at that moment, then again every 10 s while the loop stays held,
+    and once more with the total when the loop comes back.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, name: str, threshold: float) -> None:
+        self.loop = loop
+        self.name = name
+        self.threshold = threshold
+        self.running: dict[int, tuple[str, float]] = {}  # id(task) -> (method, started)
+        self._tick = time.monotonic()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"loopmon-{name}", daemon=True)
+
+    def start(self) -> None:
+        """Start ticking on the loop and watching from the thread."""
+        self._ticker()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread."""
+        self._stopped.set()
+
+    def _ticker(self) -> None:
+        self._tick = time.monotonic()
+        if not self._stopped.is_set():
+            self.loop.call_later(self.threshold / 4, self._ticker)
+
+    def _methods(self) -> str:
+        now = time.monotonic()
+        names = [f"{m!r} (running {now - t:.1f} s)" for m, t in list(self.running.values())]
+        return ", ".join(names) if names else "no async method (a callback or `setup`)"
+
+    def _watch(self) -> None:
+        blocked_since: float | None = None
+        next_report = 0.0
+        while not self._stopped.wait(self.threshold / 4):
+            now = time.monotonic()
+            held = now - self._tick
+            if held > self.threshold:
+                if blocked_since is None:
+                    blocked_since, next_report = self._tick, now
+                if now >= next_report:
+                    _warn(
+                        f"actor {self.name}: event loop held for {held:.1f} s by "
+                        f"{self._methods()}; the actor stays alive but answers nothing "
+                        "meanwhile (run long work in a `def` method or "
+                        "`await asyncio.to_thread(...)`)"
+                    )
+                    next_report = now + 10.0
+            elif blocked_since is not None:
+                _warn(f"actor {self.name}: event loop free again after {now - blocked_since:.1f} s")
+                blocked_since = None
+
+
+def _warn(text: str) -> None:
+    print(f"rayless: warning: {text}", file=sys.stderr, flush=True)
+
+
+def watch_parent(pid: int, on_gone: Callable[[], None]) -> threading.Thread | None:
+    """Call ``on_gone`` from a thread once process ``pid`` (the node agent) has exited.
+
+    Uses a pidfd where the kernel has them (no polling, no pid reuse), else polls every
+    0.5 s. Returns the thread, or None when ``pid`` is not a valid pid.
+    """
+    if pid <= 0:
+        return None
+
+    def run() -> None:
+        fd = -1
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            fd = -1
+        try:
+            if fd >= 0:
+                import select
+
+                select.select([fd], [], [])
+            else:
+                while True:
+                    try:
+                        os.kill(pid, 0)
+                    except ProcessLookupError:
+                        break
+                    except PermissionError:
+                        pass
+                    time.sleep(0.5)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        on_gone()
+
+    thread = threading.Thread(target=run, name="agent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 class ActorHost:
     """Holds one actor instance and answers calls to it."""
 
@@ -138,11 +247,16 @@ class ActorHost:
         limit = spec.get("max_concurrency") or DEFAULT_MAX_CONCURRENCY
         self.semaphore = asyncio.Semaphore(int(limit))
         self.server: Server | None = None
+        self.monitor: LoopMonitor | None = None
 
     async def start(self) -> str:
         """Build the instance, run ``setup``, start serving; returns the address."""
         loop = asyncio.get_running_loop()
         self.worker = SyncWorker(loop, self.name, torch_threads())
+        threshold = _float_env("RAYLESS_LOOP_WARN_S", 2.0)
+        if threshold > 0:
+            self.monitor = LoopMonitor(loop, self.name, threshold)
+            self.monitor.start()
         for path in reversed(self.spec.get("sys_path") or []):  # the driver's import path
             if isinstance(path, str) and path not in sys.path and os.path.isdir(path):
                 sys.path.insert(0, path)
@@ -187,10 +301,16 @@ class ActorHost:
 
     async def _run_async(self, fn: Any, args: Any, kwargs: Any) -> Any:
         async with self.semaphore:
+            key = id(asyncio.current_task())
+            if self.monitor is not None:
+                self.monitor.running[key] = (fn.__name__, time.monotonic())
             try:
                 return await fn(*args, **kwargs)
             except (Exception, SystemExit) as exc:
                 raise remote_error(exc, self.name) from None
+            finally:
+                if self.monitor is not None:
+                    self.monitor.running.pop(key, None)
 
     def _run_sync(self, fn: Any, args: Any, kwargs: Any) -> Any:
         try:
@@ -209,13 +329,22 @@ class ActorHost:
             await self.server.aclose()
         if self.worker is not None:
             self.worker.stop()
+        if self.monitor is not None:
+            self.monitor.stop()
+
+
+def _float_env(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
 
 
 async def _actor_main() -> int:
     env = os.environ
     actor_id = env[context.ENV_ACTOR_ID]
     name = env.get(context.ENV_ACTOR_NAME, actor_id)
-    token = env[context.ENV_TOKEN]
+    token = env.pop(context.ENV_TOKEN)  # kept in memory only: children never inherit it
     head = env.get(context.ENV_ADDRESS, "")
     context.set_current(context.ClusterInfo(head, token, session=actor_id, actor_id=actor_id))
     apply_torch_threads(torch_threads())
@@ -223,6 +352,17 @@ async def _actor_main() -> int:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
+
+    def agent_gone() -> None:  # from the watcher thread, whatever the loop is doing
+        print(f"actor {name}: node agent lost, exiting", file=sys.stderr, flush=True)
+        try:
+            loop.call_soon_threadsafe(stop.set)
+        except RuntimeError:
+            pass
+        time.sleep(_float_env("RAYLESS_KILL_GRACE", 10.0))  # teardown's time, then go
+        os._exit(1)
+
+    watch_parent(int(env.get(context.ENV_AGENT_PID, "0") or 0), agent_gone)
     agent = Client(
         env[context.ENV_AGENT_ADDRESS],
         token=token,
@@ -242,14 +382,10 @@ async def _actor_main() -> int:
             await agent.request(("failed", actor_id, remote_error(exc, name)), timeout=10)
             return 1
         await agent.request(("ready", actor_id, address, os.getpid()), timeout=10)
-        while not stop.is_set():
-            if not agent.ready:  # the node agent is gone: so are we
-                print(f"actor {name}: node agent lost, exiting", file=sys.stderr)
-                return 1
-            try:
-                await asyncio.wait_for(stop.wait(), 0.5)
-            except asyncio.TimeoutError:
-                pass
+        # From here the agent is watched by pid (watch_parent), never by heartbeats: a method
+        # that holds this loop for minutes must not look like a lost agent.
+        await agent.aclose()
+        await stop.wait()
         return 0
     finally:
         if host is not None:

@@ -28,6 +28,66 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         os._exit(1)
 
 
+def become_subreaper() -> bool:
+    """Make orphaned descendants of this process's children its own children (Linux only).
+
+    An actor's child that outlives it (or escaped its process group with ``setsid``) is then
+    reparented here instead of to init, where :func:`kill_orphans` finds it. False where the
+    kernel call is not available.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process of the process group ``pgid`` (an actor and its children)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` right now (from /proc; empty where it is missing)."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def kill_orphans(keep: set[int]) -> list[int]:
+    """SIGKILL this process's children that are not in ``keep``: orphans reparented to us.
+
+    Returns the pids signalled (their exits are reaped by the caller's reaper).
+    """
+    killed = []
+    for pid in children(os.getpid()):
+        if pid not in keep:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except ProcessLookupError:
+                pass
+    return killed
+
+
 def setup_logging(role: str) -> None:
     """Log warnings and errors of rayless to stderr, prefixed with the process's role."""
     level = os.environ.get("RAYLESS_LOG_LEVEL", "WARNING").upper()

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import msgpack
 
+from rayless.actors.control.process_util import kill_group
 from rayless.transport.errors import RaylessError
 
 log = logging.getLogger("rayless.agent")
@@ -65,6 +66,7 @@ class ProcessSpawner:
                 stdout=out,
                 stderr=asyncio.subprocess.STDOUT,
                 cwd=cwd if cwd and os.path.isdir(cwd) else None,
+                start_new_session=True,  # its own process group: its children die with it
             )
         self._procs[proc.pid] = proc
         task = asyncio.ensure_future(self._wait(proc))
@@ -74,6 +76,7 @@ class ProcessSpawner:
 
     async def _wait(self, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
+        kill_group(proc.pid)
         self._procs.pop(proc.pid, None)
         self._on_exit(proc.pid, code)
 

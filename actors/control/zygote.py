@@ -14,6 +14,11 @@ Protocol: length-prefixed (4 bytes, big endian) msgpack maps.
                     {"op": "preloaded", "module", "ok", "error"}
 A connection that closes takes its children with it (SIGKILL).
 
+An actor's own children die with it: each forked actor leads its own process group (its
+children inherit it), and the zygote is a child subreaper (PR_SET_CHILD_SUBREAPER), so
+descendants that escaped the group (``setsid``) are reparented here. When an actor exits
+(kill -9 included), the zygote SIGKILLs its group and every orphan reparented to it.
+
 Run as ``python -m actors.zygote SOCKET_PATH``; prints "ready" once it listens.
 
 ``RAYLESS_ZYGOTE_PRELOAD=lazy`` defers the heavy imports to the first fork: an idle cluster
@@ -30,12 +35,18 @@ import signal
 import socket
 import struct
 import sys
+import time
 import traceback
 from typing import Any
 
 import msgpack
 
-from rayless.actors.control.process_util import die_with_parent
+from rayless.actors.control.process_util import (
+    become_subreaper,
+    die_with_parent,
+    kill_group,
+    kill_orphans,
+)
 
 PRELOAD = ("torch", "tensordict", "rayless.transport.codec", "rayless.actors.control.process")
 _LEN = struct.Struct(">I")
@@ -106,6 +117,7 @@ class Zygote:
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+        become_subreaper()
 
     def _preload_all(self) -> None:
         for name in PRELOAD:
@@ -134,7 +146,13 @@ class Zygote:
                     self._on_readable(self.conns[key.fd])
             self._reap()
         for pid in list(self.owner):
-            _kill(pid)
+            kill_group(pid)
+        deadline = time.monotonic() + 2.0  # reap them; kill what they leave reparented here
+        while self.owner and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(0.01)
+        self._reap()
+        kill_orphans(set())
         try:
             os.unlink(self.path)
         except OSError:
@@ -164,7 +182,7 @@ class Zygote:
         self.conns.pop(conn.sock.fileno(), None)
         conn.sock.close()
         for pid in conn.children:  # an agent that goes takes its actors along
-            _kill(pid)
+            kill_group(pid)
 
     def _preload(self, conn: _Conn, module: str) -> None:
         try:
@@ -201,6 +219,7 @@ class Zygote:
         conn.send({"op": "forked", "tag": tag, "pid": pid})
 
     def _become_child(self, msg: dict[str, Any]) -> None:
+        os.setpgid(0, 0)  # lead a process group: the actor's children join it
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
@@ -234,16 +253,12 @@ class Zygote:
             if pid == 0:
                 return
             conn = self.owner.pop(pid, None)
+            if conn is not None:  # an actor: what it started goes with it
+                kill_group(pid)
+            kill_orphans(set(self.owner))  # (an orphan's own children are orphans too)
             if conn is not None:
                 conn.children.discard(pid)
                 conn.send({"op": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def main() -> None:
@@ -252,6 +267,7 @@ def main() -> None:
         sys.exit("usage: python -m actors.zygote SOCKET_PATH")
     if os.environ.get("RAYLESS_DIE_WITH_PARENT"):
         die_with_parent()
+    os.environ.pop("RAYLESS_TOKEN", None)  # the fork template never needs the cluster token
     zygote = Zygote(sys.argv[1])
     zygote.start(lazy=os.environ.get("RAYLESS_ZYGOTE_PRELOAD", "eager") == "lazy")
     print("ready", flush=True)

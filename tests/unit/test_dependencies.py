@@ -70,9 +70,9 @@ def test_matplotlib_and_yaml_are_not_base_dependencies() -> None:
 
 @pytest.mark.slow
 def test_the_wheel_holds_only_rayless(tmp_path: Path) -> None:
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
-        + ["-w", str(tmp_path), str(ROOT)],
+        [*pip, "-w", str(tmp_path), str(ROOT)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -1,0 +1,71 @@
+"""Actor classes for tests/integration/test_actors_edges.py (importable by actor processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class Holder:
+    """Holds its own event loop, starts children, reads its own log."""
+
+    async def hold(self, seconds: float) -> str:
+        time.sleep(seconds)  # a long synchronous step inside an async method
+        return "held"
+
+    async def ping(self) -> str:
+        await asyncio.sleep(0)
+        return "pong"
+
+    def own_log(self) -> str:
+        return Path(os.readlink("/proc/self/fd/2")).read_text()
+
+    def start_children(self) -> list[int]:
+        """A child in the actor's process group and a grandchild that escaped it (setsid)."""
+        child = subprocess.Popen(["sleep", "300"])
+        escaped = subprocess.Popen(["sleep", "301"], start_new_session=True)
+        return [child.pid, escaped.pid]
+
+    def token_seen(self) -> dict[str, str | None]:
+        """The cluster token as this process and a child of it see it."""
+        out = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.environ.get('RAYLESS_TOKEN', '<none>'))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return {"actor": os.environ.get("RAYLESS_TOKEN"), "child": out.stdout.strip()}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class FailsOnRestart:
+    """Starts once; every restart fails in ``setup`` after a pause."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = Path(marker)
+
+    def setup(self) -> None:
+        if self.marker.exists():
+            time.sleep(2.0)
+            raise RuntimeError("restart refused")
+        self.marker.write_text("started")
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class SlowInit:
+    """Writes its pid, then takes ``seconds`` to construct."""
+
+    def __init__(self, pid_file: str, seconds: float) -> None:
+        Path(pid_file).write_text(str(os.getpid()))
+        time.sleep(seconds)
+
+    def pid(self) -> int:
+        return os.getpid()

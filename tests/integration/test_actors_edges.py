@@ -1,0 +1,159 @@
+"""Reliability at the edges of the actor runtime (issue: no silent deaths, no orphans).
+
+Each test reproduces a failure seen before the fix: a loop-holding method that killed its
+actor, a caller left waiting for a restart that died, an actor's children outliving it, a
+timed-out spawn left running, a driver slow to learn of head loss, the token in children.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rayless.actors import ActorDiedError, Cluster
+from rayless.actors.api.cluster import LocalProcesses
+from rayless.actors.errors import ClusterLostError
+from rayless.transport.errors import BrokenError, RaylessError
+from tests.integration.edge_classes import FailsOnRestart, Holder, SlowInit
+
+pytestmark = pytest.mark.integration
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def _until(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.05)
+    return predicate()
+
+
+@pytest.mark.timeout(120)
+async def test_an_async_method_holding_the_loop_is_reported_not_punished(
+    local_cluster: Cluster,
+) -> None:
+    holder = await local_cluster.spawn(Holder)
+    # Longer than the actor->agent heartbeat (5 s) and the caller's heartbeat (10 s) were.
+    assert await holder.hold(11.0) == "held"
+    assert await holder.ping() == "pong"  # still alive, still serving
+    log = await holder.own_log()
+    assert "event loop held for" in log and "'hold'" in log, log
+    deadline = time.monotonic() + 20  # the watcher reports the end within a tick or two
+    while "free again after" not in log and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        log = await holder.own_log()
+    assert "free again after" in log, log
+    assert "node agent lost" not in log, log
+
+
+@pytest.mark.timeout(120)
+async def test_a_call_waiting_for_a_restart_that_dies_fails_at_once(
+    local_cluster: Cluster, tmp_path: Path
+) -> None:
+    actor = await local_cluster.spawn(
+        FailsOnRestart, str(tmp_path / "started"), max_restarts=1, name="fails-on-restart"
+    )
+    pid = await actor.pid()
+    os.kill(pid, signal.SIGKILL)
+
+    async def state() -> str | None:
+        for node in await local_cluster.nodes():
+            for a in node["actors"]:
+                if a["name"] == "fails-on-restart":
+                    return str(a["state"])
+        return None
+
+    deadline = time.monotonic() + 30
+    while await state() != "restarting" and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert await state() == "restarting"
+    started = time.monotonic()
+    with pytest.raises(ActorDiedError):
+        # Before the fix this call waited for the restart for 120 s.
+        await asyncio.wait_for(actor.pid(), 60)
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["kill -9", "cluster.kill"])
+async def test_an_actors_children_die_with_it(local_cluster: Cluster, how: str) -> None:
+    holder = await local_cluster.spawn(Holder)
+    kids = await holder.start_children()
+    assert not any(_gone(k) for k in kids)
+    if how == "kill -9":
+        os.kill(await holder.pid(), signal.SIGKILL)
+    else:
+        await local_cluster.kill(holder)
+    assert await _until(lambda: all(_gone(k) for k in kids), 20), [
+        (k, psutil.Process(k).status()) for k in kids if not _gone(k)
+    ]
+
+
+@pytest.mark.timeout(120)
+async def test_cluster_shutdown_takes_actors_children_too() -> None:
+    async with Cluster.local(nodes=1, gpus_per_node=0) as cluster:
+        holder = await cluster.spawn(Holder)
+        kids = await holder.start_children()
+        assert not any(_gone(k) for k in kids)
+    assert await _until(lambda: all(_gone(k) for k in kids), 20)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.local_cluster(nodes=1, gpus_per_node=1, isolated=True)
+async def test_a_timed_out_spawn_kills_its_process_before_freeing_its_gpu(
+    local_cluster: Cluster, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "pid"
+    with pytest.raises(RaylessError):
+        await local_cluster.spawn(SlowInit, str(pid_file), 8.0, gpus=1, timeout=1.0)
+    pid = int(pid_file.read_text())
+    assert _gone(pid)  # gone before the spawn raised: the GPU was freed after it
+    other = await local_cluster.spawn(SlowInit, str(tmp_path / "pid2"), 0.0, gpus=1)
+    assert await other.pid() != pid
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.local_cluster(nodes=1, gpus_per_node=0, node_timeout=1.0, isolated=True)
+async def test_head_loss_fails_every_call_at_once_with_a_typed_error(
+    local_cluster: Cluster, local_cluster_processes: LocalProcesses
+) -> None:
+    holder = await local_cluster.spawn(Holder)
+    assert await holder.ping() == "pong"
+    pending = asyncio.ensure_future(holder.hold(30.0))
+    await asyncio.sleep(0.2)
+    assert local_cluster_processes.head is not None
+    local_cluster_processes.head.kill()
+    started = time.monotonic()
+    with pytest.raises(ClusterLostError) as info:
+        await asyncio.wait_for(pending, 20)
+    assert isinstance(info.value, BrokenError)
+    assert "head" in str(info.value)
+    assert time.monotonic() - started < 10  # within the node timeout, not 12-21 s
+    started = time.monotonic()
+    with pytest.raises(ClusterLostError):
+        await asyncio.wait_for(holder.ping(), 20)
+    with pytest.raises(ClusterLostError):
+        await local_cluster.spawn(Holder)
+    assert time.monotonic() - started < 2  # later calls fail fast, no handshake timeouts
+
+
+async def test_the_token_is_not_in_the_environment_of_actors_or_their_children(
+    local_cluster: Cluster,
+) -> None:
+    holder = await local_cluster.spawn(Holder)
+    seen = await holder.token_seen()
+    assert seen == {"actor": None, "child": "<none>"}
