@@ -9,7 +9,7 @@ Imports ``transport`` and ``placement``; never ``store``.
 
 from rayless.actors.api.actor import Actor
 from rayless.actors.api.cluster import Cluster, connect
-from rayless.actors.api.handle import ActorHandle, ActorMethod, gather, wait
+from rayless.actors.api.handle import ActorHandle, ActorMethod, endpoint, gather, wait
 from rayless.actors.errors import ActorDiedError
 from rayless.placement.errors import PlacementError
 from rayless.transport.errors import RaylessError, RemoteError
@@ -24,6 +24,7 @@ __all__ = [
     "RaylessError",
     "RemoteError",
     "connect",
+    "endpoint",
     "gather",
     "wait",
 ]

@@ -1,15 +1,23 @@
 """Store: the client of the sharded store, usable from a driver and from inside any actor.
 
-    st = await Store.create(cluster, num_units=2, device="cpu")   # spawns controller + units
-    meta = await st.put(td, partition="train")
-    batch = await st.get_meta(partition="train", fields=["obs"], batch_size=64, task="learner")
-    td = await st.get(batch)
+    async with Store.create(cluster, num_units=2, device="cpu") as st:  # controller + units
+        meta = await st.put(td, partition="train")
+        batch = await st.get_meta(partition="train", fields=["obs"], batch_size=64, task="learner")
+        td = await st.get(batch)
 
 ``Store.connect(name)`` finds a running store by its controller's name (inside an actor it uses
-the actor's own cluster session). A put splits the TensorDict per storage unit (one frame per
-tensor per unit) and writes all units in parallel; each unit ACKs only after the controller
-recorded its data. A get reads only the units holding the meta's samples, in parallel, while
-the controller checks the meta, then merges in order and moves the fields to their device.
+the actor's own cluster session). Both openers work awaited or with ``async with``.
+
+Lifecycle: ``aclose()`` (idempotent; also on leaving ``async with``) ends this client, and
+then every call on it raises ClosedError. The client that *created* the store owns it: its
+``aclose()`` also kills the controller and the units (they belong to the creator's session
+anyway, and die with it); a connected client's ``aclose()`` only detaches. ``shutdown()`` is
+the explicit form: kill the store now, raising StoreError for a client that does not own it.
+
+A put splits the TensorDict per storage unit (one frame per tensor per unit) and writes all
+units in parallel; each unit ACKs only after the controller recorded its data. A get reads
+only the units holding the meta's samples, in parallel, while the controller checks the
+meta, then merges in order and moves the fields to their device.
 """
 
 from __future__ import annotations
@@ -18,10 +26,10 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
 from tensordict import TensorDict, TensorDictBase
 
 from rayless.actors import ActorDiedError, ActorHandle, Cluster, connect
+from rayless.actors.api.lifecycle import opener
 from rayless.store.controller import StoreController
 from rayless.store.errors import (
     ForeignMetaError,
@@ -30,9 +38,11 @@ from rayless.store.errors import (
     UnitLostError,
 )
 from rayless.store.meta import BatchMeta
-from rayless.store.schema import Column, FieldSchema, assemble, merge_parts, split_columns
+from rayless.store.rows import merge, place, take
+from rayless.store.schema import merge_parts, split_columns
 from rayless.store.shard import kv_shard_of
 from rayless.store.unit import StorageUnit
+from rayless.transport.errors import ClosedError, RaylessError
 
 __all__ = ["DEFAULT_NAME", "Store"]
 
@@ -49,73 +59,57 @@ def _sampler_spec(sampler: Any) -> Any:
     raise StoreInputError(f"not a sampler or sampler spec: {sampler!r}")
 
 
-def _take(columns: Mapping[str, Column], positions: list[int], total: int) -> TensorDict:
-    """The rows at ``positions`` of ``columns`` as a TensorDict (dense: one contiguous tensor)."""
-    n = len(positions)
-    run = n > 0 and positions == list(range(positions[0], positions[0] + n))
-    data: dict[str, tuple[FieldSchema, Any]] = {}
-    device: Any = None
-    for name, col in columns.items():
-        if col.dense is not None:
-            dense = col.dense
-            device = dense.device
-            if run:
-                part = dense.narrow(0, positions[0], n)
-            else:
-                where = torch.tensor(positions, dtype=torch.int64, device=dense.device)
-                part = dense.index_select(0, where)
-            data[name] = (col.schema, part.contiguous())
-        else:
-            rows = col.rows or []
-            data[name] = (col.schema, [rows[p] for p in positions])
-    return assemble(n, data, device)
-
-
-def _target(device: Any, origin: str | None) -> torch.device:
-    """Where a field read back should live: ``device`` if given, else its put-time device
-    when this process has it (CUDA), else the CPU."""
-    if device is not None:
-        return torch.device(device)
-    if origin and origin.startswith("cuda") and torch.cuda.is_available():
-        dev = torch.device(origin)
-        if dev.index is None or dev.index < torch.cuda.device_count():
-            return dev
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _place(td: TensorDict, schemas: Mapping[str, FieldSchema], device: Any) -> TensorDict:
-    for name, schema in schemas.items():
-        if schema.is_non_tensor:
-            continue
-        key = tuple(name.split("."))
-        value = td.get(key)
-        target = _target(device, schema.device)
-        if value.device != target:
-            td.set(key, value.to(target))
-    return td
-
-
 class Store:
     """A client of one store (controller + storage units). See the module docstring."""
 
     def __init__(
         self,
-        controller: ActorHandle,
+        controller: ActorHandle[Any],
         units: list[dict[str, Any]],
         store_id: str,
         cluster: Cluster | None = None,
         owned: bool = False,
     ) -> None:
-        self.controller = controller
-        self.units = units
+        self._controller = controller
+        self._units = units
         self.store_id = store_id
         self._cluster = cluster
         self._owned = owned
+        self._own_cluster = False  # connect() opened the cluster session itself
+        self._closed = False
+
+    @property
+    def controller(self) -> ActorHandle[Any]:
+        """The controller actor. Raises ClosedError once the client is closed."""
+        if self._closed:
+            raise ClosedError(f"this client of store {self.store_id!r} is closed")
+        return self._controller
+
+    @property
+    def units(self) -> list[dict[str, Any]]:
+        """The storage units' info (handle, shard, node). Raises ClosedError once closed."""
+        if self._closed:
+            raise ClosedError(f"this client of store {self.store_id!r} is closed")
+        return self._units
+
+    @units.setter
+    def units(self, value: list[dict[str, Any]]) -> None:
+        self._units = value
+
+    @property
+    def owned(self) -> bool:
+        """Whether this client created the store (and its ``aclose`` kills it)."""
+        return self._owned
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` ran."""
+        return self._closed
 
     # -- lifecycle -----------------------------------------------------------------------
 
     @classmethod
+    @opener
     async def create(
         cls,
         cluster: Cluster,
@@ -131,7 +125,8 @@ class Store:
         reclaim_after: float = 120.0,
     ) -> Store:
         """Spawn a controller (named ``name``) and ``num_units`` units, one per node round-robin
-        (or on ``nodes[i]``); wait for their handshakes.
+        (or on ``nodes[i]``); wait for their handshakes. Await it, or ``async with`` it (the
+        store is killed on exit).
 
         ``device`` "cuda" spawns units with ``gpus_per_unit`` GPUs each. ``env_nodes`` maps env
         ids to nodes (their samples go to that node's unit); ``env_shards`` maps env ids to
@@ -166,10 +161,10 @@ class Store:
             for i, node in enumerate(nodes)
         ]
         results = await asyncio.gather(*spawned, return_exceptions=True)
-        handles = [r for r in results if isinstance(r, ActorHandle)]
+        handles: list[ActorHandle[Any]] = [r for r in results if isinstance(r, ActorHandle)]
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
-            for h in [controller, *handles]:
+            for h in (controller, *handles):
                 await cluster.kill(h)
             raise failed[0]
         await controller.set_units({f"{name}-unit-{i}": h for i, h in enumerate(handles)})
@@ -181,25 +176,65 @@ class Store:
         return store
 
     @classmethod
+    @opener
     async def connect(cls, name: str = DEFAULT_NAME, cluster: Cluster | None = None) -> Store:
-        """A client of the running store whose controller is called ``name``.
+        """A client of the running store whose controller is called ``name``. Await it, or
+        ``async with`` it (the client detaches on exit).
 
         Raises RaylessError when no such actor is alive.
         """
+        own = cluster is None
         cluster = cluster or await connect()
-        controller = await cluster.get_actor(name)
-        units = await controller.units()
-        return cls(controller, units, await controller.store_id(), cluster, False)
+        try:
+            controller = await cluster.get_actor(name)
+            units = await controller.units()
+            store = cls(controller, units, await controller.store_id(), cluster, False)
+        except BaseException:
+            if own:
+                await cluster.aclose()
+            raise
+        store._own_cluster = own
+        return store
 
     async def shutdown(self) -> None:
-        """Kill the controller and the units (only the store's creator may)."""
+        """Kill the controller and the units now (only the store's creator may).
+
+        Raises:
+            StoreError: this client did not create the store (or already shut it down).
+            ClosedError: this client is closed.
+        """
         if not self._owned or self._cluster is None:
+            if self._closed:
+                raise ClosedError(f"this client of store {self.store_id!r} is closed")
             raise StoreError("only the client that created the store can shut it down")
+        self._owned = False
         for unit in self.units:
             if unit.get("handle") is not None:
                 await self._cluster.kill(unit["handle"])
         await self._cluster.kill(self.controller)
-        self._owned = False
+
+    async def aclose(self) -> None:
+        """End this client (idempotent): the creator's also kills the store; a connected
+        client only detaches. Every later call raises ClosedError. Never raises for a cluster
+        that is already gone."""
+        if self._closed:
+            return
+        try:
+            if self._owned and self._cluster is not None and not self._cluster.closed:
+                await self.shutdown()
+        except RaylessError:  # the cluster or the actors are already gone
+            pass
+        finally:
+            self._owned = False
+            self._closed = True
+            if self._own_cluster and self._cluster is not None:
+                await self._cluster.aclose()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def refresh(self) -> None:
         """Reload the units' info (liveness) from the controller."""
@@ -294,7 +329,7 @@ class Store:
         shards, calls = [], []
         for (shard, part), positions in _groups(meta).items():
             indexes = [meta.global_indexes[p] for p in positions]
-            sub = td if positions == list(range(n)) else _take(columns, positions, n)
+            sub = td if positions == list(range(n)) else take(columns, positions, n)
             unit = self.units[shard]["handle"]
             shards.append(shard)
             calls.append(unit.write(part, indexes, sub, wire, timeout))
@@ -357,7 +392,7 @@ class Store:
             raise results[0]
         results = await self._gather(shards[1:], [_done(r) for r in results[1:]])
         parts = [(pos, td) for pos, td in zip(groups.values(), results, strict=True)]
-        return _place(_merge(meta.size, meta.field_schemas, parts), meta.field_schemas, device)
+        return place(merge(meta.size, meta.field_schemas, parts), meta.field_schemas, device)
 
     async def clear(self, meta: BatchMeta) -> None:
         """Remove ``meta``'s samples; their indexes are reused. Raises Foreign/StaleMetaError."""
@@ -419,7 +454,7 @@ class Store:
         groups = self._by_key(keys)
         shards, calls = [], []
         for shard, positions in groups.items():
-            sub = td if len(groups) == 1 else _take(columns, positions, len(keys))
+            sub = td if len(groups) == 1 else take(columns, positions, len(keys))
             shards.append(shard)
             calls.append(
                 self.units[shard]["handle"].kv_put([keys[p] for p in positions], sub, timeout)
@@ -442,7 +477,7 @@ class Store:
         schemas = {n: c.schema for n, c in split_columns(results[0]).items()}
         td = merge_parts(len(keys), schemas, list(zip(groups.values(), results, strict=True)))
         if device is not None:
-            td = _place(td, schemas, device)
+            td = place(td, schemas, device)
         return td
 
     async def kv_list(self) -> list[str]:
@@ -459,31 +494,6 @@ class Store:
             self.units[s]["handle"].kv_delete([keys[p] for p in pos]) for s, pos in groups.items()
         ]
         return sum(await self._gather(list(groups), calls))
-
-
-def _merge(
-    size: int, schemas: Mapping[str, FieldSchema], parts: list[tuple[list[int], TensorDict]]
-) -> TensorDict:
-    """``merge_parts``, with each dense field copied once into its final tensor."""
-    if len(parts) == 1 and parts[0][0] == list(range(size)):
-        return parts[0][1]
-    dense = [n for n, s in schemas.items() if s.kind == "dense"]
-    rest = {n: s for n, s in schemas.items() if s.kind != "dense"}
-    out = merge_parts(size, rest, parts)
-    for name in dense:
-        key = tuple(name.split("."))
-        first = parts[0][1].get(key)
-        merged = torch.empty((size, *first.shape[1:]), dtype=first.dtype, device=first.device)
-        for positions, td in parts:
-            value = td.get(key)
-            n = len(positions)
-            if positions == list(range(positions[0], positions[0] + n)):
-                merged.narrow(0, positions[0], n).copy_(value)
-            else:
-                where = torch.tensor(positions, dtype=torch.int64, device=merged.device)
-                merged.index_copy_(0, where, value.to(merged.device))
-        out.set(key, merged)
-    return out
 
 
 async def _done(value: Any) -> Any:

@@ -2,9 +2,11 @@
 
 ``async with Cluster.local(nodes=2, gpus_per_node=4) as cluster`` starts a head, one zygote for
 this host and ``nodes`` node agents as real processes on loopback with a fresh random token
-(fake GPUs unless this machine has enough real ones). ``await actors.connect(address, token)``
-joins a running cluster (e.g. one started by ``scripts/launch.py``). Actors spawned by a
-driver belong to it: they are killed when it closes the cluster or disappears.
+(fake GPUs unless this machine has enough real ones). ``actors.connect(address, token)`` joins
+a running cluster (e.g. one started by ``scripts/launch.py``). Both openers work awaited
+(``cluster = await Cluster.local()``, then ``await cluster.aclose()``) or with ``async with``.
+Actors spawned by a driver belong to it: they are killed when it closes the cluster or
+disappears. A closed Cluster raises ClosedError.
 """
 
 from __future__ import annotations
@@ -19,17 +21,19 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from rayless.actors.api import context
 from rayless.actors.api.actor import ClassRef, public_methods
 from rayless.actors.api.handle import ActorHandle
+from rayless.actors.api.lifecycle import Opening
 from rayless.actors.api.runtime import Runtime, close_runtimes, get_runtime, materialize
 from rayless.transport import codec
-from rayless.transport.errors import RaylessError, RemoteError
+from rayless.transport.errors import ClosedError, RaylessError, RemoteError
 from rayless.transport.protocol import new_token
 
 START_TIMEOUT = 120.0
+A = TypeVar("A")
 
 
 def _read_line(proc: subprocess.Popen[bytes], what: str, timeout: float) -> str:
@@ -214,8 +218,9 @@ class Cluster:
         zygote: bool = True,
         log_dir: str | None = None,
         zygote_preload: str = "eager",
-    ) -> _LocalCluster:
-        """An embedded cluster of real processes on loopback; use ``async with``.
+    ) -> Opening[Cluster]:
+        """An embedded cluster of real processes on loopback: ``async with`` it, or await it
+        and ``aclose()`` the Cluster when done.
 
         ``zygote_preload="lazy"`` keeps the idle cluster small: the fork template imports
         torch on the first spawn instead of at start (see ``actors.zygote``).
@@ -226,7 +231,7 @@ class Cluster:
         if zygote_preload not in ("eager", "lazy"):
             raise ValueError(f"zygote_preload must be 'eager' or 'lazy', got {zygote_preload!r}")
         procs = LocalProcesses(nodes, gpus_per_node, node_timeout, zygote, log_dir, zygote_preload)
-        return _LocalCluster(procs)
+        return Opening(lambda: _start_local(procs))
 
     @classmethod
     def local_sync(cls, *args: Any, **kwargs: Any) -> Any:
@@ -237,12 +242,12 @@ class Cluster:
 
     async def _runtime(self) -> Runtime:
         if self._closed:
-            raise RaylessError("this cluster handle is closed")
+            raise ClosedError("this cluster handle is closed")
         return await get_runtime()
 
     async def spawn(
         self,
-        cls: type,
+        cls: type[A],
         *args: Any,
         name: str | None = None,
         node: str | None = None,
@@ -254,10 +259,11 @@ class Cluster:
         gpu_indices: tuple[int, ...] | None = None,
         timeout: float = 120.0,
         **kwargs: Any,
-    ) -> ActorHandle:
+    ) -> ActorHandle[A]:
         """Start an actor of ``cls(*args, **kwargs)`` in its own process; return its handle.
 
         Raises:
+            ClosedError: this cluster handle is closed.
             TypeError: ``cls`` is not an importable class, or an argument cannot be encoded.
             ValueError: malformed resource amounts.
             PlacementError: no node can hold the request (at once, never a hang).
@@ -290,7 +296,7 @@ class Cluster:
             record = await runtime.head_request(("spawn", spec), timeout=timeout + 10)
         except RemoteError as exc:  # the constructor or setup raised
             raise materialize(exc) from None
-        return ActorHandle.from_record(record)
+        return ActorHandle.from_record(record)  # its methods, as the actor process reported
 
     async def spawn_group(self, cls: type, n: int, *args: Any, **kwargs: Any) -> list[ActorHandle]:
         """Spawn ``n`` actors of ``cls`` as one group (see ``actors.group.spawn_group``).
@@ -314,12 +320,12 @@ class Cluster:
 
         return await spawn_component(self, cls, plan, component, *args, **kwargs)
 
-    async def kill(self, handle: ActorHandle) -> bool:
+    async def kill(self, handle: ActorHandle[Any]) -> bool:
         """Kill the actor for good (no restart); False if it was already dead."""
         runtime = await self._runtime()
         return bool(await runtime.head_request(("kill", handle.actor_id)))
 
-    async def get_actor(self, name: str) -> ActorHandle:
+    async def get_actor(self, name: str) -> ActorHandle[Any]:
         """The live actor called ``name``.
 
         Raises:
@@ -342,8 +348,14 @@ class Cluster:
         except RaylessError:
             pass
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` ran (every later verb raises ClosedError)."""
+        return self._closed
+
     async def aclose(self) -> None:
-        """End this driver's session (its actors are killed); stop a local cluster."""
+        """End this driver's session (its actors are killed); stop a local cluster.
+        Idempotent."""
         if self._closed:
             return
         try:
@@ -370,40 +382,35 @@ class Cluster:
         await self.aclose()
 
 
-class _LocalCluster:
-    """``async with Cluster.local(...)``: starts the processes, yields the Cluster."""
-
-    def __init__(self, procs: LocalProcesses) -> None:
-        self.procs = procs
-        self.cluster: Cluster | None = None
-
-    async def __aenter__(self) -> Cluster:
-        await asyncio.to_thread(self.procs.start)
-        info = context.ClusterInfo(self.procs.address, self.procs.token)
-        context.set_current(info)
-        self.cluster = Cluster(info, self.procs)
-        try:
-            await get_runtime()
-        except BaseException:
-            await self.cluster.aclose()
-            raise
-        return self.cluster
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self.cluster is not None:
-            await self.cluster.aclose()
+async def _start_local(procs: LocalProcesses) -> Cluster:
+    """Start the processes of an embedded cluster and return a Cluster that owns them."""
+    await asyncio.to_thread(procs.start)
+    info = context.ClusterInfo(procs.address, procs.token)
+    context.set_current(info)
+    cluster = Cluster(info, procs)
+    try:
+        await get_runtime()
+    except BaseException:
+        await cluster.aclose()
+        raise
+    return cluster
 
 
-async def connect(address: str | None = None, *, token: str | None = None) -> Cluster:
-    """Join a running cluster (defaults from RAYLESS_ADDRESS / RAYLESS_TOKEN[_FILE]).
+def connect(address: str | None = None, *, token: str | None = None) -> Opening[Cluster]:
+    """Join a running cluster (defaults from RAYLESS_ADDRESS / RAYLESS_TOKEN[_FILE]):
+    ``cluster = await actors.connect(...)`` or ``async with actors.connect(...) as cluster``.
 
-    Without arguments inside an actor, or in a process that already joined, it returns a
+    Without arguments inside an actor, or in a process that already joined, it gives a
     Cluster on this process's own session (closing it then kills nothing).
 
     Raises:
         RaylessError: no address/token given or in the environment.
         AuthError: the token is wrong.
     """
+    return Opening(lambda: _connect(address, token))
+
+
+async def _connect(address: str | None, token: str | None) -> Cluster:
     if address is None and token is None:
         try:  # inside an actor (or after an earlier connect): join as this process's session
             return Cluster(context.current(), owns_session=False)

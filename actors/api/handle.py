@@ -1,26 +1,55 @@
 """Actor handles: how callers reach an actor. Plain, encodable data; any process can use one.
 
-``await handle.method(x)`` calls and waits; ``handle.method.submit(x)`` (alias ``remote``)
-returns an asyncio future at once; ``handle.method.call(x)`` is the blocking form for sync
-code. Handles travel as arguments and results of calls (the codec knows them), so actors can
-call each other. ``wait`` and ``gather`` work over the futures, like ``ray.wait``/``ray.get``.
+A handle knows its class's public methods (the actor process reports them when it starts;
+the list travels inside the handle, so a handle passed to another actor is just as strict):
+``handle.typo`` raises AttributeError at once, naming the class and its methods, and
+``dir(handle)`` lists them. Names starting with ``_`` are refused locally.
+
+One call semantics:
+
+* ``handle.method(x)`` (alias ``.submit(x)``) sends the call at once and returns an
+  ``asyncio.Future`` of its result; await it, gather it, or drop it (fire and forget). It
+  needs a running event loop (RuntimeError otherwise, naming ``.call``/``.remote``).
+* ``handle.method.remote(x)`` (Ray's spelling) is the same inside a running loop; from plain
+  threaded code it runs on the process's home loop (``actors.api.portal``) and returns a
+  ``concurrent.futures.Future`` that ``SyncCluster.get``/``wait`` accept.
+* ``handle.method.call(x)`` blocks until the result, from threads without a running loop;
+  inside an event loop (an actor's async method, async code) it raises RuntimeError instead of
+  blocking the loop (an actor calling itself that way would deadlock).
+
+``actors.endpoint(handle, Cls.method)`` gives a typed view of one method (its parameters and
+result type checked by mypy); ``wait`` and ``gather`` work over the futures, like
+``ray.wait``/``ray.get``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable
-from typing import Any
+import concurrent.futures
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
-from rayless.actors.api.runtime import fast_submit, get_runtime, run_sync
+from rayless.actors.api.portal import run_sync, submit_sync
+from rayless.actors.api.runtime import fast_submit, get_runtime
 from rayless.transport.codec import register_extension
 from rayless.transport.errors import Timeout
 
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
 
-class ActorHandle:
-    """A reference to a live actor. Attribute access gives its methods."""
+_FIELDS = ("actor_id", "address", "cls_name", "methods", "name", "node_id")
+_INFLIGHT: set[asyncio.Future[Any]] = set()  # calls started by handle.m(x): owned until done
 
-    __slots__ = ("actor_id", "address", "cls_name", "methods", "name", "node_id")
+
+class ActorHandle(Generic[T]):
+    """A reference to a live actor of class ``T``. Attribute access gives its methods.
+
+    ``methods`` maps each public method name to whether it is async; None (a handle built by
+    hand) means unknown, and then any public name is tried (the actor refuses unknown ones).
+    """
+
+    __slots__ = _FIELDS
 
     def __init__(
         self,
@@ -28,32 +57,55 @@ class ActorHandle:
         name: str,
         address: str,
         cls_name: str = "",
-        methods: dict[str, bool] | None = None,
+        methods: Mapping[str, bool] | None = None,
         node_id: str | None = None,
     ) -> None:
         self.actor_id = actor_id
         self.name = name
         self.address = address
         self.cls_name = cls_name
-        self.methods = methods or {}
+        self.methods: dict[str, bool] | None = None if methods is None else dict(methods)
         self.node_id = node_id
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> ActorHandle:
+    def from_record(cls, record: Mapping[str, Any]) -> ActorHandle[Any]:
         """A handle from the head's record of an actor."""
-        return cls(
+        methods = record.get("methods")
+        return ActorHandle(
             str(record["actor_id"]),
             str(record["name"]),
             str(record.get("address", "")),
             str(record.get("cls", "")),
-            dict(record.get("methods") or {}),
+            None if methods is None else {str(k): bool(v) for k, v in dict(methods).items()},
             record.get("node_id"),
         )
 
-    def __getattr__(self, method: str) -> ActorMethod:
-        if method.startswith("__"):
+    def _describe(self) -> str:
+        return f"actor {self.name!r} ({self.cls_name or '?'})"
+
+    def __getattr__(self, method: str) -> ActorMethod[..., Any]:
+        """The remote method ``method``.
+
+        Raises:
+            AttributeError: a private/dunder name, or not a public method of the class.
+        """
+        if method.startswith("__") or method in _FIELDS:  # also: slots not set yet (copying)
             raise AttributeError(method)
+        if method.startswith("_"):
+            raise AttributeError(
+                f"{self._describe()} has no public method {method!r} (names starting with '_' "
+                "are never callable remotely)"
+            )
+        methods = self.methods
+        if methods is not None and method not in methods:
+            listed = ", ".join(sorted(methods)) or "none"
+            raise AttributeError(
+                f"{self._describe()} has no public method {method!r}; its methods: {listed}"
+            )
         return ActorMethod(self, method)
+
+    def __dir__(self) -> list[str]:
+        return sorted({*_FIELDS, "from_record", *(self.methods or {})})
 
     def __repr__(self) -> str:
         return f"ActorHandle({self.name!r}, {self.cls_name}, node={self.node_id})"
@@ -68,49 +120,91 @@ class ActorHandle:
         return [self.actor_id, self.name, self.address, self.cls_name, self.methods, self.node_id]
 
 
-class ActorMethod:
-    """One method of an actor, bound to its handle."""
+class ActorMethod(Generic[P, R]):
+    """One method of an actor, bound to its handle (parameters ``P``, result ``R``)."""
 
     __slots__ = ("handle", "method")
 
-    def __init__(self, handle: ActorHandle, method: str) -> None:
+    def __init__(self, handle: ActorHandle[Any], method: str) -> None:
         self.handle = handle
         self.method = method
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Awaitable[Any]:
-        """Call the method; await the result.
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
+        """Send the call now; an ``asyncio.Future`` of its result.
 
-        Raises (when awaited):
+        Raises:
+            RuntimeError: no event loop runs in this thread (use ``.call``/``.remote``).
+        Raises (from the future):
             ActorDiedError: the actor died before or during the call.
             RemoteError: the method raised; also an instance of the original type where that
                 type is loaded in this process (``except ValueError`` works).
         """
-        fut = fast_submit(self.handle, self.method, args, kwargs)
-        return fut if fut is not None else _call(self.handle, self.method, args, kwargs)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                f"{self.method}(...) of {self.handle._describe()} needs a running event loop; "
+                f"from sync code use .{self.method}.call(...) (blocks) or "
+                f".{self.method}.remote(...) (a concurrent.futures.Future)"
+            ) from None
+        fut: asyncio.Future[R] | None = fast_submit(self.handle, self.method, args, kwargs)
+        if fut is None:
+            fut = loop.create_task(_call(self.handle, self.method, args, kwargs))
+            _INFLIGHT.add(fut)
+            fut.add_done_callback(_INFLIGHT.discard)
+        return fut
 
-    def submit(self, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
-        """Start the call now and return a future of its result (needs a running loop)."""
-        fut = fast_submit(self.handle, self.method, args, kwargs)
-        if fut is not None:
-            return fut
-        return asyncio.ensure_future(_call(self.handle, self.method, args, kwargs))
+    submit = __call__
 
-    remote = submit  # Ray's spelling
+    def remote(
+        self, *args: P.args, **kwargs: P.kwargs
+    ) -> asyncio.Future[R] | concurrent.futures.Future[R]:
+        """Ray's spelling: ``handle.m(x)`` inside a running loop; from plain threads the call
+        runs on the home loop and this returns a ``concurrent.futures.Future`` (for
+        ``SyncCluster.get``/``wait``)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return submit_sync(_call(self.handle, self.method, args, kwargs))
+        return self(*args, **kwargs)
 
-    def call(self, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+    def call(self, *args: Any, timeout: float | None = None, **kwargs: Any) -> R:
         """Call from sync code and block until the result (at most ``timeout`` seconds).
 
         Raises:
             Timeout: no result within ``timeout``.
-            RuntimeError: called on the event loop's own thread (use ``await`` there).
+            RuntimeError: an event loop runs in this thread (an actor's async method, async
+                code): blocking it would stall it, and an actor calling itself would deadlock;
+                ``await handle.method(x)`` there.
         """
-        return run_sync(_call(self.handle, self.method, args, kwargs), timeout)
+        result: R = run_sync(_call(self.handle, self.method, args, kwargs), timeout)
+        return result
 
     def __repr__(self) -> str:
         return f"<method {self.method} of {self.handle!r}>"
 
 
-async def _call(handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: Any) -> Any:
+@overload
+def endpoint(
+    handle: ActorHandle[T], fn: Callable[Concatenate[T, P], Coroutine[Any, Any, R]]
+) -> ActorMethod[P, R]: ...
+@overload
+def endpoint(handle: ActorHandle[T], fn: Callable[Concatenate[T, P], R]) -> ActorMethod[P, R]: ...
+def endpoint(handle: ActorHandle[Any], fn: Callable[..., Any]) -> ActorMethod[..., Any]:
+    """A typed view of one method: ``endpoint(counter, Counter.add)(1)`` is checked by mypy
+    against ``Counter.add``'s parameters and result (async methods give their awaited result).
+
+    Raises:
+        AttributeError: ``fn`` is not a public method of the handle's class.
+    """
+    name = getattr(fn, "__name__", None)
+    if not isinstance(name, str):
+        raise AttributeError(f"{fn!r} is not a method")
+    method: ActorMethod[..., Any] = getattr(handle, name)
+    return method
+
+
+async def _call(handle: ActorHandle[Any], method: str, args: tuple[Any, ...], kwargs: Any) -> Any:
     runtime = await get_runtime()
     return await runtime.call(handle, method, args, kwargs)
 
@@ -157,6 +251,8 @@ async def gather(*aws: Awaitable[Any], timeout: float | None = None) -> list[Any
         raise Timeout(f"not all {len(aws)} results arrived within {timeout}s") from None
 
 
-register_extension(
-    ActorHandle, "rayless.actor_handle", ActorHandle._state, lambda s: ActorHandle(*s)
-)
+def _from_state(state: list[Any]) -> ActorHandle[Any]:
+    return ActorHandle(*state)
+
+
+register_extension(ActorHandle, "rayless.actor_handle", ActorHandle._state, _from_state)

@@ -6,22 +6,18 @@ straight to the actor. The head pushes actor events: ``died`` fails every pendin
 actor with ActorDiedError at once, ``restarting`` fails the calls the dead process had and
 holds new ones until ``ready`` names the new address.
 
-Sync code calls through a *home loop*: the actor's own loop in an actor process, the loop
-thread of the sync facade in a driver, or else a background loop thread started on demand.
+Sync code reaches a runtime through ``actors.api.portal`` (the home loop of the process).
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
-import concurrent.futures
 import math
 import sys
-import threading
 import weakref
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from rayless.actors.api import context
 from rayless.actors.control.logs import print_lines
@@ -35,7 +31,6 @@ from rayless.transport.errors import (
     TransportError,
 )
 
-T = TypeVar("T")
 RESTART_WAIT = 120.0
 
 
@@ -359,91 +354,3 @@ def materialize(exc: RemoteError) -> RemoteError:
     new.__dict__.update(exc.__dict__)
     new.args = exc.args
     return new
-
-
-# -- sync portal ---------------------------------------------------------------------------
-
-_home: asyncio.AbstractEventLoop | None = None
-_home_lock = threading.Lock()
-
-
-def set_home_loop(loop: asyncio.AbstractEventLoop | None) -> None:
-    """The loop that sync calls of this process are run on."""
-    global _home
-    _home = loop
-
-
-class LoopThread:
-    """An event loop running in a daemon thread, for sync code."""
-
-    def __init__(self, name: str = "rayless-loop") -> None:
-        self.loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-        self._ready.wait()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.call_soon(self._ready.set)
-        self.loop.run_forever()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the loop and wait for it (at most ``timeout`` seconds).
-
-        Raises:
-            Timeout: it did not finish within ``timeout`` (it is cancelled).
-        """
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return fut.result(timeout)
-        except concurrent.futures.TimeoutError:
-            fut.cancel()
-            raise Timeout(f"no result within {timeout}s") from None
-
-    def stop(self) -> None:
-        """Stop the loop and join the thread (idempotent)."""
-        if self.loop.is_closed():
-            return
-
-        async def _shutdown() -> None:
-            await close_runtimes()
-
-        try:
-            asyncio.run_coroutine_threadsafe(_shutdown(), self.loop).result(10)
-        except Exception:
-            pass
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
-
-
-_portal: LoopThread | None = None
-
-
-def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-    """Run ``coro`` on the home loop from sync code and wait for the result.
-
-    Raises:
-        RuntimeError: called on the home loop's own thread (use ``await`` there).
-    """
-    global _portal
-    loop = _home
-    if loop is None or loop.is_closed():
-        with _home_lock:
-            if _portal is None:
-                _portal = LoopThread("rayless-portal")
-            loop = _portal.loop
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:
-        coro.close()
-        raise RuntimeError("a sync call on the event loop's own thread would deadlock: await")
-    fut = asyncio.run_coroutine_threadsafe(coro, loop)
-    try:
-        return fut.result(timeout)
-    except concurrent.futures.TimeoutError:
-        fut.cancel()
-        raise Timeout(f"no result within {timeout}s") from None

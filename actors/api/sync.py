@@ -1,26 +1,31 @@
 """The synchronous facade: the same verbs as :class:`~actors.Cluster` for plain threaded code.
 
-``SyncCluster`` owns an event loop in a daemon thread; every verb runs there and blocks the
-calling thread until done (each with a timeout). That loop becomes this process's *home
-loop*, so ``handle.method.call(x)`` from any thread goes through it too::
+``SyncCluster`` owns a :class:`~rayless.actors.api.portal.Portal` (an event loop in a daemon
+thread); every verb runs there and blocks the calling thread until done (each with a
+timeout). That loop becomes this process's *home loop*, so ``handle.method.call(x)`` and
+``handle.method.remote(x)`` from any thread go through it too, and ``SyncStore`` uses it::
 
     with actors.Cluster.local_sync(nodes=2, gpus_per_node=4) as cluster:
         learner = cluster.spawn(Learner, gpus=1)
         loss = learner.step.call(batch)
-        futures = [cluster.submit(learner, "step", b) for b in batches]
+        futures = [learner.step.remote(b) for b in batches]  # concurrent.futures
         done, pending = cluster.wait(futures, num_returns=1)
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Iterable
-from typing import Any
+import time
+from collections.abc import Awaitable, Coroutine, Iterable
+from typing import Any, TypeVar
 
-from rayless.actors.api import runtime
+from rayless.actors.api import portal as portals
 from rayless.actors.api.cluster import Cluster, connect
 from rayless.actors.api.handle import ActorHandle, _call
-from rayless.transport.errors import Timeout
+from rayless.transport.errors import ClosedError, Timeout
+
+T = TypeVar("T")
+A = TypeVar("A")
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -28,69 +33,81 @@ DEFAULT_TIMEOUT = 300.0
 class SyncCluster:
     """A blocking wrapper around a :class:`Cluster`, driven by its own loop thread."""
 
-    def __init__(self, portal: runtime.LoopThread, cluster: Cluster) -> None:
-        self._portal = portal
+    def __init__(self, portal: portals.Portal, cluster: Cluster) -> None:
+        self.portal = portal
         self.cluster = cluster
         self._closed = False
 
     @classmethod
     def local(cls, *args: Any, **kwargs: Any) -> SyncCluster:
         """Start an embedded local cluster (arguments as ``Cluster.local``)."""
-        portal = runtime.LoopThread("rayless-sync")
-        try:
-            cm = Cluster.local(*args, **kwargs)
-            cluster = portal.run(cm.__aenter__(), timeout=DEFAULT_TIMEOUT)
-        except BaseException:
-            portal.stop()
-            raise
-        runtime.set_home_loop(portal.loop)
-        return cls(portal, cluster)
+        return cls._open(lambda: Cluster.local(*args, **kwargs), DEFAULT_TIMEOUT)
 
     @classmethod
     def connect(cls, address: str | None = None, *, token: str | None = None) -> SyncCluster:
         """Join a running cluster (arguments as ``actors.connect``)."""
-        portal = runtime.LoopThread("rayless-sync")
+        return cls._open(lambda: connect(address, token=token), 60)
+
+    @classmethod
+    def _open(cls, opener: Any, timeout: float) -> SyncCluster:
+        portal = portals.Portal("rayless-sync")
         try:
-            cluster = portal.run(connect(address, token=token), timeout=60)
+            cluster = portal.run(opener(), timeout=timeout)
         except BaseException:
             portal.stop()
             raise
-        runtime.set_home_loop(portal.loop)
+        portals.set_home_loop(portal.loop)
         return cls(portal, cluster)
 
-    def _run(self, coro: Any, timeout: float | None = DEFAULT_TIMEOUT) -> Any:
-        return self._portal.run(coro, timeout)
+    def run(self, aw: Awaitable[T], timeout: float | None = DEFAULT_TIMEOUT) -> T:
+        """Run ``aw`` on this facade's loop and block until its result.
+
+        Raises:
+            ClosedError: the facade is closed.
+            Timeout: no result within ``timeout``.
+            RuntimeError: called from a thread that runs an event loop.
+        """
+        if self._closed:
+            if isinstance(aw, Coroutine):
+                aw.close()
+            raise ClosedError("this sync cluster is closed")
+        return self.portal.run(aw, timeout)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran."""
+        return self._closed
 
     @property
     def address(self) -> str:
         """The head's address."""
         return self.cluster.address
 
-    def spawn(self, cls: type, *args: Any, **kwargs: Any) -> ActorHandle:
+    def spawn(self, cls: type[A], *args: Any, **kwargs: Any) -> ActorHandle[A]:
         """Start an actor and return its handle (arguments as ``Cluster.spawn``)."""
-        return self._run(self.cluster.spawn(cls, *args, **kwargs))
+        return self.run(self.cluster.spawn(cls, *args, **kwargs))
 
-    def kill(self, handle: ActorHandle) -> bool:
+    def kill(self, handle: ActorHandle[Any]) -> bool:
         """Kill the actor for good."""
-        return bool(self._run(self.cluster.kill(handle)))
+        return bool(self.run(self.cluster.kill(handle)))
 
-    def get_actor(self, name: str) -> ActorHandle:
+    def get_actor(self, name: str) -> ActorHandle[Any]:
         """The live actor called ``name``."""
-        return self._run(self.cluster.get_actor(name))
+        return self.run(self.cluster.get_actor(name))
 
     def nodes(self) -> list[dict[str, Any]]:
         """Every node with its resources and actors."""
-        return self._run(self.cluster.nodes())
+        return self.run(self.cluster.nodes())
 
     def submit(
-        self, handle: ActorHandle, method: str, *args: Any, **kwargs: Any
+        self, handle: ActorHandle[Any], method: str, *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[Any]:
-        """Start a call and return a ``concurrent.futures.Future`` of its result."""
-        import asyncio
-
-        return asyncio.run_coroutine_threadsafe(
-            _call(handle, method, args, kwargs), self._portal.loop
-        )
+        """Start a call and return a ``concurrent.futures.Future`` of its result (the same as
+        ``getattr(handle, method).remote(*args)`` from a thread)."""
+        if self._closed:
+            raise ClosedError("this sync cluster is closed")
+        getattr(handle, method)  # AttributeError at once for a method the class lacks
+        return self.portal.submit(_call(handle, method, args, kwargs))
 
     def wait(
         self,
@@ -134,11 +151,11 @@ class SyncCluster:
             return
         self._closed = True
         try:
-            self._run(self.cluster.aclose(), timeout=120)
+            self.portal.run(self.cluster.aclose(), timeout=120)
         finally:
-            if runtime._home is self._portal.loop:
-                runtime.set_home_loop(None)
-            self._portal.stop()
+            if portals._home is self.portal.loop:
+                portals.set_home_loop(None)
+            self.portal.stop()
 
     def __enter__(self) -> SyncCluster:
         return self
@@ -148,6 +165,4 @@ class SyncCluster:
 
 
 def _now() -> float:
-    import time
-
     return time.monotonic()

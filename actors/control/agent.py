@@ -243,13 +243,22 @@ class Agent:
             "sys_path": spec.get("sys_path") or [],
         }
 
-    def op_ready(self, peer: Peer, actor_id: str, address: str, pid: int) -> None:
-        """A started actor serves at ``address``."""
+    def op_ready(
+        self,
+        peer: Peer,
+        actor_id: str,
+        address: str,
+        pid: int,
+        methods: dict[str, bool] | None = None,
+    ) -> None:
+        """A started actor serves at ``address``; ``methods``: its class's public methods."""
         proc = self.procs.get(actor_id)
         if proc is None:
             return
         proc.address, proc.state = address, "alive"
-        result = {"address": address, "pid": pid}
+        result: dict[str, Any] = {"address": address, "pid": pid}
+        if isinstance(methods, dict):
+            result["methods"] = methods
         if proc.ready is not None and not proc.ready.done():
             proc.ready.set_result(result)
         if proc.restarts > 0:

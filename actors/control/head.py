@@ -323,6 +323,8 @@ class Head:
         if record.state == "dead":  # it died between starting and answering
             raise ActorDiedError(record.name, node=alloc.node_id, reason="died while starting")
         record.state, record.address, record.pid = "alive", reply["address"], reply["pid"]
+        if isinstance(reply.get("methods"), dict):  # as the actor process loaded its class
+            record.methods = {str(k): bool(v) for k, v in reply["methods"].items()}
         return record.public()
 
     def op_get_actor(self, peer: Peer, name: str) -> dict[str, Any]:

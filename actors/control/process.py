@@ -30,6 +30,7 @@ from typing import Any
 
 from rayless.actors.api import context
 from rayless.actors.api.actor import ClassRef, public_methods
+from rayless.actors.api.portal import set_home_loop
 from rayless.actors.control.process_util import setup_logging
 from rayless.transport import codec, loop
 from rayless.transport.client import Client
@@ -350,6 +351,7 @@ async def _actor_main() -> int:
     apply_torch_threads(torch_threads())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    set_home_loop(loop)  # `.call()` from the sync methods' worker thread runs here
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
 
@@ -381,7 +383,8 @@ async def _actor_main() -> int:
             traceback.print_exc()
             await agent.request(("failed", actor_id, remote_error(exc, name)), timeout=10)
             return 1
-        await agent.request(("ready", actor_id, address, os.getpid()), timeout=10)
+        # the class's methods as loaded here: the handles everyone gets are strict about them
+        await agent.request(("ready", actor_id, address, os.getpid(), host.methods), timeout=10)
         # From here the agent is watched by pid (watch_parent), never by heartbeats: a method
         # that holds this loop for minutes must not look like a lost agent.
         await agent.aclose()

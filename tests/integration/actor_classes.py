@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -118,6 +119,32 @@ class Relay(Actor):
 
     def me(self, handle: ActorHandle) -> ActorHandle:
         return handle
+
+    async def call_blocking(self, k: int) -> Any:
+        """``.call()`` on the actor's own event loop: refused (it would block the loop)."""
+        assert self.target is not None
+        return self.target.add.call(k, timeout=5)
+
+    def target_methods(self) -> list[str]:
+        """What the travelled handle knows, and how it refuses a typo."""
+        assert self.target is not None
+        try:
+            self.target.typo  # noqa: B018
+        except AttributeError as exc:
+            return [*dir(self.target), str(exc)]
+        return []
+
+
+class Shapeshifter(Actor):
+    """A class whose methods differ where it is loaded: the actor process's view counts."""
+
+    def everywhere(self) -> str:
+        return "here"
+
+    if "pytest" not in sys.modules:  # not in the test driver, but where actors load it
+
+        def only_in_the_actor(self) -> str:
+            return "there"
 
 
 class BadSetup(Actor):

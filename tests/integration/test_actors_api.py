@@ -11,7 +11,16 @@ import torch
 
 import rayless.actors as actors
 from rayless.actors import ActorDiedError, Cluster, PlacementError, RaylessError, RemoteError
-from tests.integration.actor_classes import BadSetup, Concurrency, Counter, Printer, Relay
+from rayless.actors.api.cluster import LocalProcesses
+from rayless.transport.errors import ClosedError
+from tests.integration.actor_classes import (
+    BadSetup,
+    Concurrency,
+    Counter,
+    Printer,
+    Relay,
+    Shapeshifter,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -220,3 +229,90 @@ async def test_torch_threads_follow_the_cpu_share(local_cluster: Cluster) -> Non
     assert (await two.on_loop(), await two.in_worker()) == (2, 2)
     forced = await local_cluster.spawn(Threads, env={"OMP_NUM_THREADS": "2"})
     assert (await forced.on_loop(), await forced.in_worker()) == (2, 2)
+
+
+async def test_handles_are_strict_with_the_methods_the_actor_reported(
+    local_cluster: Cluster,
+) -> None:
+    counter = await local_cluster.spawn(Counter)
+    with pytest.raises(AttributeError, match=r"\(Counter\) has no public method 'typo'.*aadd"):
+        counter.typo  # noqa: B018
+    assert {"add", "aadd", "sleep"} <= set(dir(counter)) and "setup" not in dir(counter)
+    shifty = await local_cluster.spawn(Shapeshifter)  # the actor process's view of the class
+    assert shifty.methods == {"everywhere": False, "only_in_the_actor": False}
+    assert await shifty.only_in_the_actor() == "there"
+    looked_up = await local_cluster.get_actor(shifty.name)
+    assert looked_up.methods == shifty.methods
+    relay = await local_cluster.spawn(Relay, counter)  # the list travels inside the handle
+    seen = await relay.target_methods()
+    assert {"add", "aadd"} <= set(seen) and "no public method 'typo'" in seen[-1]
+
+
+async def test_call_on_an_actors_own_loop_raises_instead_of_deadlocking(
+    local_cluster: Cluster,
+) -> None:
+    counter = await local_cluster.spawn(Counter)
+    relay = await local_cluster.spawn(Relay, counter)
+    with pytest.raises(RuntimeError, match="running event loop"):
+        await relay.call_blocking(1)
+    assert await relay.forward_sync(2) == 2  # from a sync method's thread it works
+
+
+async def test_remote_from_a_plain_thread_returns_a_concurrent_future(
+    local_cluster: Cluster,
+) -> None:
+    counter = await local_cluster.spawn(Counter)
+
+    def threaded() -> list[int]:
+        futures = [counter.aadd.remote(1) for _ in range(3)]
+        return sorted(f.result(30) for f in futures)
+
+    assert await asyncio.to_thread(threaded) == [1, 2, 3]
+
+
+async def test_await_local_and_close_twice() -> None:
+    cluster = await Cluster.local(nodes=1, zygote=False)
+    try:
+        counter = await cluster.spawn(Counter, 1)
+        assert await counter.add(1) == 2
+    finally:
+        await cluster.aclose()
+    await cluster.aclose()  # idempotent
+    with pytest.raises(ClosedError):
+        await cluster.nodes()
+    with pytest.raises(ClosedError):
+        await cluster.spawn(Counter)
+
+
+def test_connect_awaited_and_as_a_context_manager(
+    local_cluster_processes: LocalProcesses, tmp_path: object
+) -> None:
+    import subprocess
+    from pathlib import Path
+
+    script = Path(str(tmp_path)) / "joiner.py"
+    script.write_text(
+        "import asyncio\n"
+        "from rayless import actors\n"
+        "from tests.integration.actor_classes import Counter\n"
+        "async def main():\n"
+        "    async with actors.connect() as cluster:\n"
+        "        c = await cluster.spawn(Counter, 1)\n"
+        "        print(await c.add(1))\n"
+        "    cluster = await actors.connect()\n"
+        "    print(len(await cluster.nodes()))\n"
+        "    await cluster.aclose()\n"
+        "    await cluster.aclose()\n"
+        "asyncio.run(main())\n"
+    )
+    env = {
+        **os.environ,
+        "RAYLESS_ADDRESS": local_cluster_processes.address,
+        "RAYLESS_TOKEN": local_cluster_processes.token,
+        "PYTHONPATH": os.getcwd(),
+    }
+    out = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", str(len(local_cluster_processes.agents))]

@@ -16,6 +16,7 @@ import pytest
 import rayless.actors as actors
 from rayless.actors import ActorDiedError, Cluster
 from rayless.actors.api.cluster import LocalProcesses
+from rayless.transport.errors import ClosedError
 from tests.integration.actor_classes import Counter
 
 pytestmark = pytest.mark.integration
@@ -200,8 +201,13 @@ def test_sync_facade() -> None:
         done, pending = cluster.wait(futures, num_returns=10, timeout=30)
         assert len(done) == 10 and not pending
         assert sorted(cluster.get(futures)) == list(range(4, 14))
+        remote = [counter.aadd.remote(1) for _ in range(3)]  # plain thread: concurrent futures
+        done, _ = cluster.wait(remote, num_returns=3, timeout=30)
+        assert len(done) == 3 and sorted(cluster.get(remote)) == [14, 15, 16]
         assert cluster.get_actor(counter.name) == counter
         assert cluster.nodes()[0]["node_id"] == "node-0"
         assert cluster.kill(counter)
         with pytest.raises(ActorDiedError):
             counter.add.call(1, timeout=30)
+    with pytest.raises(ClosedError):
+        cluster.nodes()

@@ -18,6 +18,7 @@ from rayless.store import (
     SyncStore,
     UnknownKeyError,
 )
+from rayless.transport.errors import ClosedError
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_cluster(nodes=2, gpus_per_node=2)]
 
@@ -194,3 +195,34 @@ def _sync_round_trip(cluster: Cluster) -> list[int]:
 
 async def test_sync_facade(local_cluster: Cluster) -> None:
     assert await asyncio.to_thread(_sync_round_trip, local_cluster) == [0, 1, 2]
+
+
+async def test_store_lifecycle_async_with_and_aclose(local_cluster: Cluster) -> None:
+    async with Store.create(local_cluster, num_units=1, name="ctx-store") as st:
+        await st.put(TensorDict({"x": torch.arange(2)}, [2]), partition="p")
+        async with Store.connect("ctx-store", local_cluster) as other:
+            assert await other.partitions() == ["p"]
+        assert other.closed and await st.partitions() == ["p"]  # detaching kills nothing
+        with pytest.raises(ClosedError):
+            await other.partitions()
+    assert st.closed
+    await st.aclose()  # idempotent
+    with pytest.raises(ClosedError):
+        await st.partitions()
+    again = await Store.create(local_cluster, num_units=1, name="ctx-store")  # the name is free
+    await again.aclose()
+
+
+def _sync_surface(cluster: Cluster) -> tuple[int, list[str], int]:
+    with SyncStore.create(cluster, num_units=2, name="sync-surface") as st:
+        node = st.units[0]["node_id"]
+        shard = st.unit_for_node(node)
+        st.kv_put(["a", "b"], TensorDict({"x": torch.arange(2)}, [2]))
+        keys = sorted(st.kv_list())
+        deleted = st.kv_delete(["a"])
+    assert st.closed
+    return shard, keys, deleted
+
+
+async def test_sync_store_is_a_full_blocking_face(local_cluster: Cluster) -> None:
+    assert await asyncio.to_thread(_sync_surface, local_cluster) == (0, ["a", "b"], 1)
