@@ -40,9 +40,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rayless.placement.discovery import NodeInfo, discover_node
-from rayless.placement.errors import PlacementError
+from rayless.placement.errors import AllocationError, InsufficientResourcesError, PlacementError
+from rayless.placement.packing import Packing, pack
 from rayless.placement.pool import ResourcePool
-from rayless.placement.resources import InsufficientResourcesError, NodeResource
+from rayless.placement.resources import NodeResource
 from rayless.placement.scheduling import ComponentScheduling
 
 __all__ = [
@@ -162,9 +163,16 @@ class ResourcePoolPlanner:
         total_gpus = sum(n.total_gpus for n in nodes.values())
         total_cpus = sum(n.total_cpus for n in nodes.values())
         sched = self.scheduling
-        train_gpus, train_cpus = sched.train_pool_requirements()
-        env_gpus, env_cpus = sched.get_component_requirements("env")
-        eval_gpus, eval_cpus = sched.get_component_requirements("eval")
+        # pools are sized in whole GPUs once packed; CPUs are the reference's sums
+        train_gpus, train_cpus = sched.train_pool_gpus_needed(), sched.train_pool_requirements()[1]
+        env_gpus, env_cpus = (
+            sched.component_gpus_needed("env"),
+            sched.get_component_requirements("env")[1],
+        )
+        eval_gpus, eval_cpus = (
+            sched.component_gpus_needed("eval"),
+            sched.get_component_requirements("eval")[1],
+        )
         if env_strategy == "device-colocate":
             rollout_gpus = max(env_gpus, eval_gpus)
         else:
@@ -207,7 +215,7 @@ class ResourcePoolPlanner:
             "env": s["env_required_gpus"],
         }
         gran = {c: _granule(self.scheduling, c) for c in need}
-        if self.scheduling.get_component_requirements("buffer")[0]:
+        if self.scheduling.component_gpus_needed("buffer"):
             gran["train"] = 1  # buffer GPUs ride in the train range
         share_eval = env_strategy == "device-colocate"
 
@@ -236,7 +244,7 @@ class ResourcePoolPlanner:
             pools = {"global_pool": _pool("global_pool", work, ("train", "eval", "env"))}
         short = {c: n for c, n in need.items() if n > 0}
         if short:
-            raise PlacementError(
+            raise AllocationError(
                 f"cannot place {short} GPUs with {strategy}/{env_strategy}: whole workers "
                 f"(GPUs per worker {gran}) do not fit the nodes' free GPUs"
             )
@@ -314,14 +322,31 @@ class ResourcePoolPlanner:
         """node id → NodeResource (capacities; planning never mutates them)."""
         return self._node_resources
 
-    def to_yaml_config(self, *, pin_nodes: bool = True) -> list[dict[str, Any]]:
-        """The pools as a manual ``resource_pool`` list; re-imports to the same plan."""
-        return [p.to_yaml_dict(pin_nodes=pin_nodes) for p in self._resource_pools.values()]
+    def to_yaml_config(self, *, pin_nodes: bool | None = None) -> list[dict[str, Any]]:
+        """The pools as a manual ``resource_pool`` list, in the reference's shape.
 
-    def pack(self) -> Any:
+        ``pin_nodes=None`` (default): a pool carries ``node_ids`` (and a per-node ``num_gpus``
+        list) only when it was loaded with ``node_ids`` or when its unpinned form would not
+        load back onto the same nodes (a node shared with another pool, nodes out of node-id
+        order, a heterogeneous pool the sizes cannot name) — so the export re-imports to the
+        same plan. ``True`` pins every pool (the form the reference loads on heterogeneous
+        clusters); ``False`` never pins (the reference's own export).
+        """
+        if pin_nodes is not None:
+            return [p.to_yaml_dict(pin_nodes=pin_nodes) for p in self._resource_pools.values()]
+        nodes = self._node_resources
+        used: set[str] = set()
+        out = []
+        for pool in self._resource_pools.values():
+            form = pool.to_yaml_dict()
+            if "node_ids" not in form and not _reloads_same(pool, form, nodes, used):
+                form = pool.to_yaml_dict(pin_nodes=True)
+            used.update(pool.node_ids)
+            out.append(form)
+        return out
+
+    def pack(self) -> Packing:
         """Concrete worker slots for the current pools (``placement.packing.Packing``)."""
-        from rayless.placement.packing import pack  # packing builds on pools
-
         if not self._resource_pools:
             raise PlacementError("no resource pools: call plan_resource_pools() first")
         return pack(
@@ -355,6 +380,21 @@ def _check_strategy(strategy: str, env_strategy: str) -> None:
         raise ValueError(f"Unknown placement strategy: {strategy!r} (expected {STRATEGIES})")
     if env_strategy not in ENV_STRATEGIES:
         raise ValueError(f"Unknown env strategy: {env_strategy!r} (expected {ENV_STRATEGIES})")
+
+
+def _reloads_same(
+    pool: ResourcePool, form: Mapping[str, Any], nodes: Mapping[str, NodeResource], used: set[str]
+) -> bool:
+    """Whether loading ``form`` after the pools using ``used`` rebuilds ``pool`` exactly."""
+    try:
+        again = ResourcePool.from_yaml_dict(form, nodes, used_node_ids=set(used))
+    except (ValueError, PlacementError):
+        return False
+    return _layout(again) == _layout(pool)
+
+
+def _layout(pool: ResourcePool) -> list[Any]:
+    return [(n.node_id, n.total_gpus, n.gpu_ids, n.allocations) for n in pool.nodes]
 
 
 def _pool(name: str, work: list[NodeResource], comps: tuple[str, ...]) -> ResourcePool:
