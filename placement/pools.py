@@ -15,18 +15,24 @@ Deliberate differences from the reference:
   env/eval ranges there were reported under ``train_pool``.
 * Per-node allocations are rounded down to whole workers (a worker never spans nodes), and the
   colocate planner re-reads a node's free GPUs after each allocation (the reference reused a
-  stale count and could raise mid-plan). What cannot be placed raises PlacementError.
+  stale count and could raise mid-plan). What cannot be placed raises AllocationError (a
+  PlacementError that is still the reference's RuntimeError). Requirements are checked with the
+  whole, packing-aware GPU figures (``ComponentScheduling.component_gpus_needed``), which
+  ``resource_summary`` holds; ``get_component_requirements`` keeps the reference's raw sums.
 * Errors: "Insufficient GPUs/CPUs", "Not enough nodes" raise InsufficientResourcesError (a
   PlacementError and a ValueError); bad input raises ValueError — never ``assert``. An unknown
   ``env_strategy`` is rejected instead of being read as ``default``.
-* Manual pools: ranges past the pool's GPUs raise PlacementError (the reference silently wrote
-  out-of-range indices); unknown node ids raise PlacementError; component keys must be known
+* Manual pools: ranges past the pool's GPUs raise ManualPoolError (a ValueError; the reference
+  silently wrote out-of-range indices); unknown node ids raise ManualPoolError (the reference:
+  KeyError); component keys must be known
   components (a typo such as ``trian`` is an error, not a new component); a GPU listed twice for
   one component is an error; with ``node_ids`` a pool node is limited to its ``num_gpus`` entry
   (the reference kept the full node, so export offsets did not match import offsets). Without
-  ``node_ids`` an int ``num_gpus`` is honoured per node.
-* ``to_yaml_config(pin_nodes=True)`` writes ``node_ids`` and a per-node ``num_gpus`` list so the
-  export re-imports to the same plan; ``pin_nodes=False`` gives the reference's unpinned form.
+  ``node_ids`` an int ``num_gpus`` is honoured per node, and on a heterogeneous cluster it names
+  the nodes (see ``placement.pool``) where the reference refused every such pool.
+* YAML export is the reference's shape; ``node_ids`` appear only for pools loaded with them or
+  whose unpinned form would not load back onto the same nodes (``to_yaml_config``), so every
+  export re-imports to the same plan.
 * ``component_types`` is ordered (first appearance; ``buffer`` after ``train``) and never
   cached stale; ``get_component_node_count("buffer")`` counts train nodes.
 * ``cluster_info=None`` describes **this host** via ``discover_node()`` (placement cannot reach
