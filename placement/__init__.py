@@ -10,11 +10,19 @@ create_router), ``episodes`` (EpisodeTable).
 
 from rayless.placement.discovery import GpuInfo, NodeInfo, discover_node, discover_node_async
 from rayless.placement.episodes import EpisodeTable
+from rayless.placement.errors import (
+    AllocationError,
+    EpisodeIndexError,
+    InsufficientResourcesError,
+    ManualPoolError,
+    NodeAffinityError,
+    NodeCapacityError,
+    PlacementError,
+)
 from rayless.placement.packing import Packing, WorkerSlot, check_overcommit, pack, sharing_pairs
 from rayless.placement.pools import ResourcePool, ResourcePoolPlanner, cluster_info_from_nodes
 from rayless.placement.resources import (
     ComponentAllocation,
-    InsufficientResourcesError,
     NodeResource,
     parse_index_str,
 )
@@ -34,16 +42,22 @@ from rayless.placement.routing import (
 from rayless.placement.scheduling import ComponentScheduling, Scheduling
 
 __all__ = [
+    "AllocationError",
     "AsyncRouter",
     "ComponentAllocation",
     "ComponentScheduling",
+    "EpisodeIndexError",
     "EpisodeTable",
     "GpuInfo",
     "InsufficientResourcesError",
+    "ManualPoolError",
+    "NodeAffinityError",
     "NodeAffinityRouter",
+    "NodeCapacityError",
     "NodeInfo",
     "NodeResource",
     "Packing",
+    "PlacementError",
     "Policy",
     "ResourcePool",
     "ResourcePoolPlanner",

@@ -9,16 +9,21 @@ worker and train worker to the storage shard (buffer worker) of its node.
 **Env id rule**: the env worker index is the run of ASCII digits after the last ``-``
 (``"env-3"`` → 3; see ``placement.routing.env_worker_index``). Without node affinity the index
 is not needed. With env node affinity an id without an index suffix, or whose index is not an
-env worker of the distribution, raises PlacementError naming it (the reference silently used
+env worker of the distribution, raises NodeAffinityError naming it (the reference silently used
 the id's position in the list, which could collide with a real index). Envs registered later
 (``get_storage_idx_for_env``) follow the same affinity rule when it is on.
 
-Deliberate differences from the reference: checks raise ValueError (bad arguments) or
-PlacementError (a distribution that cannot support affinity: several storages on one node, a
-node with storage but no workers, unequal worker counts per node, a storage index out of range)
-instead of ``assert``/RuntimeError; with train affinity, ``num_train_workers`` must equal the
-workers in the distribution; ``get_train_workers`` returns ``[]`` (not None) for a shard
-without workers; the getters return copies.
+Errors keep the reference's built-in types: a shard index out of range in the getters raises
+EpisodeIndexError (a PlacementError and an IndexError); a distribution that cannot support
+affinity (several storages on one node, a node with storage but no env/train workers, unequal
+worker counts per node, a storage index out of range) raises NodeAffinityError (a
+PlacementError, a RuntimeError as the reference's count checks, and a ValueError where the
+reference used ``assert``); bad arguments raise ValueError.
+
+Deliberate differences from the reference: no ``assert`` for input checks (above); with train
+affinity, ``num_train_workers`` must equal the workers in the distribution;
+``get_train_workers`` returns ``[]`` (not None) for a shard without workers; the getters return
+copies.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from rayless.placement.errors import PlacementError
+from rayless.placement.errors import EpisodeIndexError, NodeAffinityError
 from rayless.placement.routing import env_worker_index
 
 __all__ = ["EpisodeTable"]
@@ -89,13 +94,13 @@ class EpisodeTable:
         if self._node_affinity_env:
             idx = env_worker_index(env_id)
             if idx is None:
-                raise PlacementError(
+                raise NodeAffinityError(
                     f"env id {env_id!r} has no worker index suffix ('<name>-<index>'), "
                     "which env node affinity needs"
                 )
             storage = self._env_worker_to_storage.get(idx)
             if storage is None:
-                raise PlacementError(
+                raise NodeAffinityError(
                     f"env worker {idx} (env id {env_id!r}) is on no node with a storage"
                 )
         else:
@@ -115,7 +120,7 @@ class EpisodeTable:
         raise AssertionError("unreachable: some shard has the minimum load")
 
     def get_envs_for_storage(self, storage_idx: int) -> list[str]:
-        """Env ids mapped to a shard. PlacementError if the index is out of range."""
+        """Env ids mapped to a shard; EpisodeIndexError (an IndexError) if out of range."""
         self._validate_storage_idx(storage_idx)
         return [e for e, s in self._env_to_storage.items() if s == storage_idx]
 
@@ -151,7 +156,7 @@ class EpisodeTable:
     ) -> None:
         total = sum(len(trains.get(n, [])) for n in storages)
         if total != num_train_workers:
-            raise PlacementError(
+            raise NodeAffinityError(
                 f"num_train_workers={num_train_workers} but the nodes with storage hold "
                 f"{total} train workers"
             )
@@ -160,7 +165,7 @@ class EpisodeTable:
             self._storage_to_train_workers[storage] = list(trains[node])
 
     def get_train_workers(self, storage_idx: int) -> list[int]:
-        """Train workers reading a shard. PlacementError if the index is out of range."""
+        """Train workers reading a shard; EpisodeIndexError (an IndexError) if out of range."""
         self._validate_storage_idx(storage_idx)
         return list(self._storage_to_train_workers.get(storage_idx, []))
 
@@ -172,7 +177,7 @@ class EpisodeTable:
 
     def _validate_storage_idx(self, storage_idx: int) -> None:
         if not 0 <= storage_idx < self.num_storages:
-            raise PlacementError(
+            raise EpisodeIndexError(
                 f"Storage idx {storage_idx} out of range for {self.num_storages} storages"
             )
 
@@ -185,11 +190,14 @@ class EpisodeTable:
         for node, comps in self._component_distribution.items():
             buffers = [int(i) for i in comps.get("buffer", {}).get("ids", [])]
             if len(buffers) > 1:
-                raise PlacementError(
+                raise NodeAffinityError(
                     f"Node {node} has multiple buffer storages {buffers}, expected at most one"
                 )
             if buffers:
-                self._validate_storage_idx(buffers[0])
+                if not 0 <= buffers[0] < self.num_storages:
+                    raise NodeAffinityError(
+                        f"Storage index {buffers[0]} out of range for {self.num_storages} storages"
+                    )
                 storages[node] = buffers[0]
             train = [int(i) for i in comps.get("train", {}).get("ids", [])]
             env = [int(i) for i in comps.get("env", {}).get("ids", [])]
@@ -204,18 +212,20 @@ class EpisodeTable:
         storages: dict[str, int], workers: dict[str, list[int]], component_type: str
     ) -> None:
         if not storages:
-            raise PlacementError("node affinity needs buffer (storage) workers in the distribution")
+            raise NodeAffinityError(
+                "node affinity needs buffer (storage) workers in the distribution"
+            )
         expected: int | None = None
         for node in storages:
             count = len(workers.get(node, []))
             if count == 0:
-                raise PlacementError(
+                raise NodeAffinityError(
                     f"Node {node} has storage but no {component_type} workers (node affinity is on)"
                 )
             if expected is None:
                 expected = count
             elif count != expected:
-                raise PlacementError(
+                raise NodeAffinityError(
                     f"Node {node} has {count} {component_type} workers; expected {expected} "
                     "for node affinity"
                 )

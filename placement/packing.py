@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rayless.placement.errors import PlacementError
-from rayless.placement.pools import ResourcePool
+from rayless.placement.pool import ResourcePool
 from rayless.placement.resources import NodeResource
 from rayless.placement.scheduling import ComponentScheduling, Scheduling
 

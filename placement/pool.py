@@ -2,8 +2,19 @@
 
 The pool-global GPU index space concatenates the pool's nodes in order (node 0 holds
 ``0..g0-1``, node 1 ``g0..g0+g1-1``...). The deliberate differences from the reference
-(strict manual input, honoured per-node ``num_gpus``, pinned export) are listed in
-``placement.pools``.
+(strict manual input, honoured per-node ``num_gpus``) are listed in ``placement.pools``.
+
+**YAML shape** (the reference's): ``name``, ``num_node``, ``num_gpus`` — a scalar when every
+node of the pool has the same count, a per-node list for a heterogeneous pool — and one key per
+component with its pool-global index string. ``node_ids`` (with a per-node ``num_gpus`` list,
+as the reference requires) appears only for a pool loaded with ``node_ids`` (``pinned``) or
+when asked for.
+
+**Which nodes a pool without ``node_ids`` gets**: the first unused nodes in node-id order (the
+reference's rule). On a cluster whose nodes have different GPU counts, only nodes whose count
+equals the pool's ``num_gpus`` entry (scalar: every node; list: in list order) qualify; a pool
+without ``num_gpus``, or whose counts no (unused) node has, cannot name its nodes and raises
+ManualPoolError (the reference refused every such pool with ValueError).
 """
 
 from __future__ import annotations
@@ -11,11 +22,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rayless.placement.errors import PlacementError
+from rayless.placement.errors import InsufficientResourcesError, ManualPoolError
 from rayless.placement.resources import (
     COMPONENTS,
     ComponentAllocation,
-    InsufficientResourcesError,
     NodeResource,
     format_range,
     parse_index_str,
@@ -35,8 +45,12 @@ class ResourcePool:
         nodes: list[NodeResource],
         component_types: list[str] | None = None,
         component_allocations: dict[str, ComponentAllocation] | None = None,
+        *,
+        pinned: bool = False,
     ) -> None:
         self.name = name
+        #: loaded with ``node_ids``: the YAML export keeps them
+        self.pinned = pinned
         self.nodes = nodes
         self._component_types = list(component_types) if component_types is not None else None
         self.component_allocations: dict[str, ComponentAllocation] = dict(
@@ -139,24 +153,27 @@ class ResourcePool:
                 result[comp] = indices
         return result
 
-    def to_yaml_dict(self, *, pin_nodes: bool = True) -> dict[str, Any]:
-        """The manual-pool YAML form; see the module docstring for ``pin_nodes``."""
+    def to_yaml_dict(self, *, pin_nodes: bool | None = None) -> dict[str, Any]:
+        """The manual-pool YAML form, in the reference's shape (see the module docstring).
+
+        ``pin_nodes``: None (default) writes ``node_ids`` only when the pool was loaded with
+        them; True always; False never.
+        """
         per_node = [n.total_gpus for n in self.nodes]
+        pin = self.pinned if pin_nodes is None else pin_nodes
         result: dict[str, Any] = {"name": self.name, "num_node": self.num_nodes}
-        if pin_nodes:
+        if pin:
             result["node_ids"] = self.node_ids
             result["num_gpus"] = per_node
-        else:
+        elif per_node:
             result["num_gpus"] = per_node[0] if len(set(per_node)) == 1 else per_node
+        else:
+            result["num_gpus"] = 0
         for comp in self.component_types:
             indices = self.get_component_indices(comp)
             if indices:
                 result[comp] = indices
         return result
-
-    @staticmethod
-    def _parse_index_str(s: Any) -> list[tuple[int, int]]:
-        return parse_index_str(s)
 
     @staticmethod
     def split_global_range_by_nodes(
@@ -169,7 +186,7 @@ class ResourcePool:
         """
         total = node_offsets[-1]
         if end >= total:
-            raise PlacementError(
+            raise ManualPoolError(
                 f"GPU index {end} is outside the pool's {total} GPUs (0-{total - 1})"
             )
         out: list[tuple[int, int, int]] = []
@@ -195,8 +212,9 @@ class ResourcePool:
         """Build a pool from its YAML dict (``name``, ``num_node``, ``num_gpus``, optional
         ``node_ids``, component keys with index strings).
 
-        Raises ValueError for malformed input and PlacementError (InsufficientResourcesError
-        for "Not enough nodes") when the cluster cannot hold it.
+        Raises ValueError for malformed input, ManualPoolError (a ValueError) when its nodes
+        cannot be named or its indices pass its GPUs, and InsufficientResourcesError (a
+        ValueError) for "Not enough nodes".
         """
         if not isinstance(pool_cfg, Mapping):
             for attr in ("to_dict", "model_dump"):
@@ -226,34 +244,10 @@ class ResourcePool:
                 raise ValueError(f"[{name}] node_ids lists a node twice: {node_ids}")
             unknown = [n for n in node_ids if n not in cluster_nodes]
             if unknown:
-                raise PlacementError(f"[{name}] unknown node ids {unknown}")
+                raise ManualPoolError(f"[{name}] unknown node ids {unknown}")
             per_node = [_gpu_count(name, g) for g in num_gpus]
         else:
-            used = used_node_ids or set()
-            candidates = sorted(
-                (n for n in cluster_nodes.values() if n.node_id not in used),
-                key=lambda n: n.node_id,
-            )
-            if len(candidates) < num_node:
-                raise InsufficientResourcesError(
-                    f"[{name}] Not enough nodes to satisfy manual pool request: "
-                    f"{num_node} wanted, {len(candidates)} unused"
-                )
-            candidates = candidates[:num_node]
-            node_ids = [n.node_id for n in candidates]
-            if num_gpus is None:
-                if len({n.total_gpus for n in cluster_nodes.values()}) > 1:
-                    raise ValueError(
-                        f"[{name}] Manual mode without specified node_ids requires per-node "
-                        "num_gpus to be a single value (the cluster is heterogeneous)"
-                    )
-                per_node = [n.total_gpus for n in candidates]
-            elif isinstance(num_gpus, list):
-                if len(num_gpus) != num_node:
-                    raise ValueError(f"[{name}] num_gpus list must have {num_node} entries")
-                per_node = [_gpu_count(name, g) for g in num_gpus]
-            else:
-                per_node = [_gpu_count(name, num_gpus)] * num_node
+            node_ids, per_node = _pick_nodes(name, num_node, num_gpus, cluster_nodes, used_node_ids)
         nodes = [cluster_nodes[nid].view(g) for nid, g in zip(node_ids, per_node, strict=True)]
         offsets = [0]
         for g in per_node:
@@ -276,9 +270,56 @@ class ResourcePool:
                     node.allocations.setdefault(key, []).append((ls, le))
                     node.max_allocated_gpus = max(node.max_allocated_gpus, le + 1)
                     node.gpu_cursor = max(node.gpu_cursor, le + 1)
-        pool = cls(name=name, nodes=nodes)
+        pool = cls(name=name, nodes=nodes, pinned=pool_cfg.get("node_ids") is not None)
         pool.rebuild_component_allocations()
         return pool
+
+
+def _pick_nodes(
+    name: str,
+    num_node: int,
+    num_gpus: Any,
+    cluster_nodes: Mapping[str, NodeResource],
+    used_node_ids: set[str] | None,
+) -> tuple[list[str], list[int]]:
+    """Nodes and per-node GPU counts of a pool without ``node_ids`` (module docstring)."""
+    used = used_node_ids or set()
+    free = sorted(
+        (n for n in cluster_nodes.values() if n.node_id not in used), key=lambda n: n.node_id
+    )
+    if isinstance(num_gpus, list):
+        if len(num_gpus) != num_node:
+            raise ValueError(f"[{name}] num_gpus list must have {num_node} entries")
+        wanted: list[int] | None = [_gpu_count(name, g) for g in num_gpus]
+    elif num_gpus is None:
+        wanted = None
+    else:
+        wanted = [_gpu_count(name, num_gpus)] * num_node
+    if len({n.total_gpus for n in cluster_nodes.values()}) <= 1:  # the reference's rule
+        if len(free) < num_node:
+            raise InsufficientResourcesError(
+                f"[{name}] Not enough nodes to satisfy manual pool request: "
+                f"{num_node} wanted, {len(free)} unused"
+            )
+        picked = free[:num_node]
+        return [n.node_id for n in picked], wanted or [n.total_gpus for n in picked]
+    if wanted is None:
+        raise ManualPoolError(
+            f"[{name}] Manual mode without specified node_ids requires per-node num_gpus to be "
+            "given: the cluster is heterogeneous (its nodes have different GPU counts)"
+        )
+    ids: list[str] = []
+    for g in wanted:
+        node = next((n for n in free if n.total_gpus == g and n.node_id not in ids), None)
+        if node is None:
+            have = sorted({n.total_gpus for n in free if n.node_id not in ids})
+            raise ManualPoolError(
+                f"[{name}] cannot name the pool's nodes without node_ids: the cluster is "
+                f"heterogeneous and no unused node has {g} GPUs (unused nodes have "
+                f"{have}); give node_ids"
+            )
+        ids.append(node.node_id)
+    return ids, wanted
 
 
 def _gpu_count(name: str, value: Any) -> int:

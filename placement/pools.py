@@ -15,18 +15,24 @@ Deliberate differences from the reference:
   env/eval ranges there were reported under ``train_pool``.
 * Per-node allocations are rounded down to whole workers (a worker never spans nodes), and the
   colocate planner re-reads a node's free GPUs after each allocation (the reference reused a
-  stale count and could raise mid-plan). What cannot be placed raises PlacementError.
+  stale count and could raise mid-plan). What cannot be placed raises AllocationError (a
+  PlacementError that is still the reference's RuntimeError). Requirements are checked with the
+  whole, packing-aware GPU figures (``ComponentScheduling.component_gpus_needed``), which
+  ``resource_summary`` holds; ``get_component_requirements`` keeps the reference's raw sums.
 * Errors: "Insufficient GPUs/CPUs", "Not enough nodes" raise InsufficientResourcesError (a
   PlacementError and a ValueError); bad input raises ValueError — never ``assert``. An unknown
   ``env_strategy`` is rejected instead of being read as ``default``.
-* Manual pools: ranges past the pool's GPUs raise PlacementError (the reference silently wrote
-  out-of-range indices); unknown node ids raise PlacementError; component keys must be known
+* Manual pools: ranges past the pool's GPUs raise ManualPoolError (a ValueError; the reference
+  silently wrote out-of-range indices); unknown node ids raise ManualPoolError (the reference:
+  KeyError); component keys must be known
   components (a typo such as ``trian`` is an error, not a new component); a GPU listed twice for
   one component is an error; with ``node_ids`` a pool node is limited to its ``num_gpus`` entry
   (the reference kept the full node, so export offsets did not match import offsets). Without
-  ``node_ids`` an int ``num_gpus`` is honoured per node.
-* ``to_yaml_config(pin_nodes=True)`` writes ``node_ids`` and a per-node ``num_gpus`` list so the
-  export re-imports to the same plan; ``pin_nodes=False`` gives the reference's unpinned form.
+  ``node_ids`` an int ``num_gpus`` is honoured per node, and on a heterogeneous cluster it names
+  the nodes (see ``placement.pool``) where the reference refused every such pool.
+* YAML export is the reference's shape; ``node_ids`` appear only for pools loaded with them or
+  whose unpinned form would not load back onto the same nodes (``to_yaml_config``), so every
+  export re-imports to the same plan.
 * ``component_types`` is ordered (first appearance; ``buffer`` after ``train``) and never
   cached stale; ``get_component_node_count("buffer")`` counts train nodes.
 * ``cluster_info=None`` describes **this host** via ``discover_node()`` (placement cannot reach
@@ -40,9 +46,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rayless.placement.discovery import NodeInfo, discover_node
-from rayless.placement.errors import PlacementError
+from rayless.placement.errors import AllocationError, InsufficientResourcesError, PlacementError
+from rayless.placement.packing import Packing, pack
 from rayless.placement.pool import ResourcePool
-from rayless.placement.resources import InsufficientResourcesError, NodeResource
+from rayless.placement.resources import NodeResource
 from rayless.placement.scheduling import ComponentScheduling
 
 __all__ = [
@@ -162,9 +169,16 @@ class ResourcePoolPlanner:
         total_gpus = sum(n.total_gpus for n in nodes.values())
         total_cpus = sum(n.total_cpus for n in nodes.values())
         sched = self.scheduling
-        train_gpus, train_cpus = sched.train_pool_requirements()
-        env_gpus, env_cpus = sched.get_component_requirements("env")
-        eval_gpus, eval_cpus = sched.get_component_requirements("eval")
+        # pools are sized in whole GPUs once packed; CPUs are the reference's sums
+        train_gpus, train_cpus = sched.train_pool_gpus_needed(), sched.train_pool_requirements()[1]
+        env_gpus, env_cpus = (
+            sched.component_gpus_needed("env"),
+            sched.get_component_requirements("env")[1],
+        )
+        eval_gpus, eval_cpus = (
+            sched.component_gpus_needed("eval"),
+            sched.get_component_requirements("eval")[1],
+        )
         if env_strategy == "device-colocate":
             rollout_gpus = max(env_gpus, eval_gpus)
         else:
@@ -207,7 +221,7 @@ class ResourcePoolPlanner:
             "env": s["env_required_gpus"],
         }
         gran = {c: _granule(self.scheduling, c) for c in need}
-        if self.scheduling.get_component_requirements("buffer")[0]:
+        if self.scheduling.component_gpus_needed("buffer"):
             gran["train"] = 1  # buffer GPUs ride in the train range
         share_eval = env_strategy == "device-colocate"
 
@@ -236,7 +250,7 @@ class ResourcePoolPlanner:
             pools = {"global_pool": _pool("global_pool", work, ("train", "eval", "env"))}
         short = {c: n for c, n in need.items() if n > 0}
         if short:
-            raise PlacementError(
+            raise AllocationError(
                 f"cannot place {short} GPUs with {strategy}/{env_strategy}: whole workers "
                 f"(GPUs per worker {gran}) do not fit the nodes' free GPUs"
             )
@@ -314,14 +328,31 @@ class ResourcePoolPlanner:
         """node id → NodeResource (capacities; planning never mutates them)."""
         return self._node_resources
 
-    def to_yaml_config(self, *, pin_nodes: bool = True) -> list[dict[str, Any]]:
-        """The pools as a manual ``resource_pool`` list; re-imports to the same plan."""
-        return [p.to_yaml_dict(pin_nodes=pin_nodes) for p in self._resource_pools.values()]
+    def to_yaml_config(self, *, pin_nodes: bool | None = None) -> list[dict[str, Any]]:
+        """The pools as a manual ``resource_pool`` list, in the reference's shape.
 
-    def pack(self) -> Any:
+        ``pin_nodes=None`` (default): a pool carries ``node_ids`` (and a per-node ``num_gpus``
+        list) only when it was loaded with ``node_ids`` or when its unpinned form would not
+        load back onto the same nodes (a node shared with another pool, nodes out of node-id
+        order, a heterogeneous pool the sizes cannot name) — so the export re-imports to the
+        same plan. ``True`` pins every pool (the form the reference loads on heterogeneous
+        clusters); ``False`` never pins (the reference's own export).
+        """
+        if pin_nodes is not None:
+            return [p.to_yaml_dict(pin_nodes=pin_nodes) for p in self._resource_pools.values()]
+        nodes = self._node_resources
+        used: set[str] = set()
+        out = []
+        for pool in self._resource_pools.values():
+            form = pool.to_yaml_dict()
+            if "node_ids" not in form and not _reloads_same(pool, form, nodes, used):
+                form = pool.to_yaml_dict(pin_nodes=True)
+            used.update(pool.node_ids)
+            out.append(form)
+        return out
+
+    def pack(self) -> Packing:
         """Concrete worker slots for the current pools (``placement.packing.Packing``)."""
-        from rayless.placement.packing import pack  # packing builds on pools
-
         if not self._resource_pools:
             raise PlacementError("no resource pools: call plan_resource_pools() first")
         return pack(
@@ -355,6 +386,21 @@ def _check_strategy(strategy: str, env_strategy: str) -> None:
         raise ValueError(f"Unknown placement strategy: {strategy!r} (expected {STRATEGIES})")
     if env_strategy not in ENV_STRATEGIES:
         raise ValueError(f"Unknown env strategy: {env_strategy!r} (expected {ENV_STRATEGIES})")
+
+
+def _reloads_same(
+    pool: ResourcePool, form: Mapping[str, Any], nodes: Mapping[str, NodeResource], used: set[str]
+) -> bool:
+    """Whether loading ``form`` after the pools using ``used`` rebuilds ``pool`` exactly."""
+    try:
+        again = ResourcePool.from_yaml_dict(form, nodes, used_node_ids=set(used))
+    except (ValueError, PlacementError):
+        return False
+    return _layout(again) == _layout(pool)
+
+
+def _layout(pool: ResourcePool) -> list[Any]:
+    return [(n.node_id, n.total_gpus, n.gpu_ids, n.allocations) for n in pool.nodes]
 
 
 def _pool(name: str, work: list[NodeResource], comps: tuple[str, ...]) -> ResourcePool:

@@ -3,9 +3,12 @@ ComponentAllocation), plus the GPU index-string helpers the YAML format uses.
 
 Deliberate differences from the reference:
 
-* Errors: a bad argument raises ValueError; asking for more GPUs than a node has left raises
-  :class:`InsufficientResourcesError` (a PlacementError that is also a ValueError, so code
-  written against the reference's ValueError keeps working) instead of RuntimeError.
+* Errors: ``NodeResource.allocate`` raises :class:`AllocationError` for a bad argument and
+  :class:`NodeCapacityError` when the node has fewer GPUs left than asked; both are
+  PlacementErrors that are also the reference's RuntimeError (and ValueError), so
+  ``except RuntimeError`` in ported code keeps working.
+* ``NodeResource.has_resources``/``is_empty`` and ``ComponentAllocation.get_node_index_string``
+  are gone (nothing used them; ``available_gpus`` and ``node_to_gpu_indices`` say the same).
 * ``NodeResource.gpu_ids`` (new, optional) maps node-local GPU positions ``0..total_gpus-1`` to
   the GPUs' NVML indices (what goes into CUDA_VISIBLE_DEVICES). Default: ``0..total_gpus-1``.
 * Index strings are parsed strictly: garbage, negative numbers and non-integers raise
@@ -20,7 +23,12 @@ import logging
 import re
 from typing import Any
 
-from rayless.placement.errors import PlacementError
+from rayless.placement.errors import (
+    AllocationError,
+    InsufficientResourcesError,
+    NodeCapacityError,
+    PlacementError,
+)
 
 __all__ = [
     "COMPONENTS",
@@ -35,10 +43,6 @@ log = logging.getLogger(__name__)
 
 #: The component types a plan knows, in planning order.
 COMPONENTS: tuple[str, ...] = ("train", "buffer", "eval", "env")
-
-
-class InsufficientResourcesError(PlacementError, ValueError):
-    """The cluster (or a pool) has too few GPUs, CPUs or nodes for the request."""
 
 
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
@@ -133,29 +137,30 @@ class NodeResource:
         """Record GPU ranges for ``component_types`` at the cursor; advance it if ``consume``.
 
         ``gpus`` is one count for every component or a list with one count per component.
-        A total of zero is a no-op. Raises ValueError for a bad argument and
-        InsufficientResourcesError when the node has fewer GPUs left than asked.
+        A total of zero is a no-op. Raises AllocationError for a bad argument and
+        NodeCapacityError when the node has fewer GPUs left than asked (both RuntimeErrors,
+        as in the reference).
         """
         component_types = list(component_types or [])
         if isinstance(gpus, list):
             if component_types and len(gpus) != len(component_types):
-                raise ValueError(
+                raise AllocationError(
                     f"GPU list length {len(gpus)} != component_types length {len(component_types)}"
                 )
             counts = [int(g) for g in gpus]
             if any(c < 0 for c in counts):
-                raise ValueError(f"GPU counts must be >= 0, got {gpus}")
+                raise AllocationError(f"GPU counts must be >= 0, got {gpus}")
             total = sum(counts)
         else:
             total = int(gpus)
             if total < 0:
-                raise ValueError(f"GPU count must be >= 0, got {gpus}")
+                raise AllocationError(f"GPU count must be >= 0, got {gpus}")
             counts = [total] * len(component_types)
         if total == 0:
             log.debug("node %s: allocation of 0 GPUs ignored", self.node_id)
             return
         if total > self.available_gpus:
-            raise InsufficientResourcesError(
+            raise NodeCapacityError(
                 f"node {self.node_id}: asked for {total} GPUs, {self.available_gpus} available"
             )
         cursor = self.gpu_cursor
@@ -168,15 +173,6 @@ class NodeResource:
         self.max_allocated_gpus = max(self.max_allocated_gpus, self.gpu_cursor + total)
         if consume:
             self.gpu_cursor += total
-
-    def has_resources(self, cpus: float = 0, gpus: int = 0) -> bool:
-        """Whether the node has ``cpus`` in total and ``gpus`` still available."""
-        return self.total_cpus >= cpus and self.available_gpus >= gpus
-
-    @property
-    def is_empty(self) -> bool:
-        """No GPU left to allocate."""
-        return self.available_gpus == 0
 
     @property
     def component_types(self) -> list[str]:
@@ -219,10 +215,6 @@ class ComponentAllocation:
     def to_index_string(self) -> str:
         """All ranges, e.g. ``"0-7, 8-15"``."""
         return ", ".join(r for ranges in self.node_to_gpu_indices.values() for r in ranges)
-
-    def get_node_index_string(self, node_id: str) -> str:
-        """The ranges on one node (empty when the component is not there)."""
-        return ", ".join(self.node_to_gpu_indices.get(node_id, []))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values."""

@@ -12,12 +12,20 @@ An object without ``check_idle`` is treated as always idle (a local policy), one
   by level (fast for large n).
 * ``NodeAffinityRouter`` — sends an env's request to the least-loaded policy on the env
   worker's node; falls back to the global least loaded when that node has no policy.
-* ``SyncSimpleRouter`` — sync-rollout mode: hands out idle policies; when none is idle it probes
-  the busy ones' ``check_idle()`` concurrently (each probe bounded by ``probe_timeout``) and
-  waits with exponential back-off instead of spinning; gives up with ``Timeout`` after
-  ``timeout`` seconds (None: wait forever).
-* ``SyncNodeAffinityRouter`` — per-node round-robin among the policies of the env's node
-  (per-node locks), global round-robin fallback.
+* ``SyncSimpleRouter`` — sync-rollout mode: ``select_policy(env_id=None)`` is a plain,
+  thread-safe method (one lock, as in the reference) that hands out idle policies; when none is
+  idle it probes the busy ones' ``check_idle()`` concurrently (each probe bounded by
+  ``probe_timeout``) and waits with exponential back-off instead of spinning, blocking the
+  calling thread; gives up with ``Timeout`` after ``timeout`` seconds (None: wait forever).
+  The probes' coroutines run on a private event loop thread of this module, or through
+  ``probe=`` — a plain callable ``probe(policies) -> list[bool]`` (e.g. one that goes through
+  the sync facade of the runtime, for handles bound to another loop). Inside an event loop use
+  ``await aselect_policy(env_id)`` (the probes then run on that loop); the blocking form called
+  from a loop's thread raises RuntimeError rather than stall the loop.
+* ``SyncNodeAffinityRouter`` — ``select_policy(env_id)``: per-node round-robin among the
+  policies of the env's node (per-node locks), global round-robin fallback for env ids without
+  a node; plain and thread-safe, never blocks on I/O (``aselect_policy`` is the same as a
+  coroutine).
 * ``create_router(rollout_mode, router_type, policies, global_resource_manager=None, *,
   component_distribution=None)``.
 * :func:`probe_loads` — ``num_requests()`` of every policy at once, with a timeout.
@@ -32,35 +40,40 @@ Deliberate differences from the reference:
   reference's ``SimpleRouter.assign`` lacked ``env_ids``); the caller's list is never mutated
   (``NodeAffinityRouter`` mutated it). An empty load list raises ValueError, a negative
   ``num_tasks`` ValueError.
-* Probing is asyncio-native (``select_policy`` is a coroutine) with per-probe timeouts,
-  back-off and an overall timeout, instead of ``ray.wait`` in a busy loop; a probe that fails or
-  times out counts as "still busy" / "unknown load" (ranked last).
+* Probing has per-probe timeouts, back-off and an overall timeout, instead of ``ray.wait`` in a
+  busy loop; a probe that fails or times out counts as "still busy" / "unknown load" (ranked
+  last). ``aselect_policy`` is the asyncio form beside the reference's plain ``select_policy``;
+  ``release(policy)`` marks a policy idle without a probe.
 * Policies are tracked by position, not hashed into sets (handles need not be hashable).
-* ``SyncNodeAffinityRouter`` validates the distribution with PlacementError instead of
-  ``assert`` when ``strict=True``; by default an env node without policies falls back to the
-  global round-robin (logged once). Eval ids that do not index ``eval_policies`` raise
-  PlacementError.
+* ``SyncNodeAffinityRouter`` validates the distribution as the reference's ``assert``s did
+  (env workers without eval workers on a node, or eval without env) but raises
+  NodeAffinityError (a PlacementError, ValueError and RuntimeError); ``strict=False`` instead
+  lets such an env node fall back to the global round-robin (logged). Eval ids that do not
+  index ``eval_policies`` raise NodeAffinityError.
 * ``create_router``: ``"node_affinity"`` in async mode gives a ``NodeAffinityRouter`` (the
-  reference silently returned ``SimpleRouter``); an unknown ``router_type`` raises ValueError;
-  the distribution may be passed directly as ``component_distribution``.
+  reference silently returned ``SimpleRouter``); an unknown ``router_type`` raises ValueError
+  (the reference fell back to simple); the distribution may be passed directly as
+  ``component_distribution``; a missing one raises ValueError instead of ``assert``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import concurrent.futures
 import heapq
+import inspect
 import logging
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import anyio
 
-from rayless.placement.errors import PlacementError
+from rayless.placement.errors import NodeAffinityError
 from rayless.transport.errors import Timeout
 
 __all__ = [
@@ -118,7 +131,10 @@ async def _call(policy: Any, method: str, probe_timeout: float) -> Any:
         return None
     with anyio.move_on_after(probe_timeout):
         try:
-            return await fn()
+            result = fn()
+            if isinstance(result, concurrent.futures.Future):
+                result = asyncio.wrap_future(result)
+            return await result if inspect.isawaitable(result) else result
         except Exception as exc:  # a failed probe means "unknown", never a crashed router
             log.debug("probe %s failed on %r: %s", method, policy, exc)
             return _FAILED
@@ -156,6 +172,42 @@ async def probe_loads(policies: Sequence[Any], probe_timeout: float = 1.0) -> li
 async def probe_idle(policies: Sequence[Any], probe_timeout: float = 1.0) -> list[bool]:
     """Every policy's ``check_idle()``, concurrently; no method → idle, failure → busy."""
     return [r is None or r is True for r in await _gather(policies, "check_idle", probe_timeout)]
+
+
+_T = TypeVar("_T")
+
+
+class _PrivateLoop:
+    """One daemon thread running an asyncio loop, for blocking callers' probes (lazy)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _start(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(
+                    target=loop.run_forever, name="rayless-placement-probes", daemon=True
+                ).start()
+                self._loop = loop
+            return self._loop
+
+    def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``coro`` on the private loop and wait for it in the calling thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self._start()).result()
+
+
+_PROBE_LOOP = _PrivateLoop()
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _min_load_order(loads: Sequence[int], num_tasks: int) -> list[int]:
@@ -297,11 +349,18 @@ class NodeAffinityRouter(AsyncRouter):
 
 
 class SyncRouter(ABC):
-    """Picks one policy per env request (sync rollout mode)."""
+    """Picks one policy per env request (sync rollout mode), from plain threads."""
 
     @abstractmethod
-    async def select_policy(self, env_id: str | None = None) -> Any:
-        """The policy to serve ``env_id``."""
+    def select_policy(self, env_id: str | None = None) -> Any:
+        """The policy to serve ``env_id`` (plain, thread-safe)."""
+
+    async def aselect_policy(self, env_id: str | None = None) -> Any:
+        """:meth:`select_policy` for asyncio code."""
+        return self.select_policy(env_id)
+
+
+IdleProbe = Callable[[Sequence[Any]], Sequence[bool]]
 
 
 class SyncSimpleRouter(SyncRouter):
@@ -311,6 +370,7 @@ class SyncSimpleRouter(SyncRouter):
         self,
         eval_policies: Sequence[Any],
         *,
+        probe: IdleProbe | None = None,
         probe_timeout: float = 0.05,
         poll_interval: float = 0.001,
         max_poll_interval: float = 0.05,
@@ -320,41 +380,118 @@ class SyncSimpleRouter(SyncRouter):
             raise ValueError("SyncSimpleRouter needs at least one policy")
         self._eval_policies = list(eval_policies)
         self._idle: deque[int] = deque(range(len(self._eval_policies)))
-        self._lock = asyncio.Lock()
+        self._state = threading.Lock()  # the idle deque
+        self._turn = threading.Lock()  # blocking callers, one at a time (the reference's lock)
+        self._aturn = asyncio.Lock()  # asyncio callers, one at a time
+        self.probe = probe
         self.probe_timeout = probe_timeout
         self.poll_interval = poll_interval
         self.max_poll_interval = max_poll_interval
         self.timeout = timeout
 
-    async def _flush_idle(self) -> None:
-        idle = set(self._idle)
-        busy = [i for i in range(len(self._eval_policies)) if i not in idle]
+    def _busy(self) -> list[int]:
+        with self._state:
+            idle = set(self._idle)
+        return [i for i in range(len(self._eval_policies)) if i not in idle]
+
+    def _mark_idle(self, busy: Sequence[int], flags: Sequence[bool]) -> None:
+        with self._state:
+            present = set(self._idle)
+            self._idle.extend(
+                i for i, ok in zip(busy, flags, strict=True) if ok and i not in present
+            )
+
+    def _pop(self) -> Any:
+        with self._state:
+            if self._idle:
+                return self._eval_policies[self._idle.popleft()]
+        return _NONE
+
+    def _flush_idle_blocking(self) -> None:
+        busy = self._busy()
         if not busy:
             return
-        flags = await probe_idle([self._eval_policies[i] for i in busy], self.probe_timeout)
-        self._idle.extend(i for i, ok in zip(busy, flags, strict=True) if ok)
+        policies = [self._eval_policies[i] for i in busy]
+        if self.probe is not None:
+            flags = list(self.probe(policies))
+            if len(flags) != len(busy):
+                raise ValueError(f"probe returned {len(flags)} flags for {len(busy)} policies")
+        else:
+            flags = _PROBE_LOOP.run(probe_idle(policies, self.probe_timeout))
+        self._mark_idle(busy, flags)
+
+    async def _flush_idle(self) -> None:
+        busy = self._busy()
+        if not busy:
+            return
+        policies = [self._eval_policies[i] for i in busy]
+        if self.probe is not None:
+            flags = list(await anyio.to_thread.run_sync(self.probe, policies))
+        else:
+            flags = await probe_idle(policies, self.probe_timeout)
+        self._mark_idle(busy, flags)
 
     def release(self, policy: Any) -> None:
         """Mark a policy idle again without waiting for a probe."""
-        for i, p in enumerate(self._eval_policies):
-            if p is policy and i not in self._idle:
-                self._idle.append(i)
-                return
+        with self._state:
+            for i, p in enumerate(self._eval_policies):
+                if p is policy and i not in self._idle:
+                    self._idle.append(i)
+                    return
 
-    async def select_policy(self, env_id: str | None = None) -> Any:
-        """The next idle policy; raises Timeout when none turns idle within ``timeout``."""
-        async with self._lock:
+    def _needs_loop(self) -> bool:
+        return self.probe is None and any(
+            getattr(p, "check_idle", None) is not None for p in self._eval_policies
+        )
+
+    def select_policy(self, env_id: str | None = None) -> Any:
+        """The next idle policy, blocking the calling thread while none is; thread-safe.
+
+        Raises Timeout when none turns idle within ``timeout``, RuntimeError when called from
+        a running event loop's thread with policies that need async probes (use
+        :meth:`aselect_policy` there).
+        """
+        if self._needs_loop() and _in_event_loop():
+            raise RuntimeError(
+                "SyncSimpleRouter.select_policy blocks its thread; inside an event loop use "
+                "'await router.aselect_policy(env_id)'"
+            )
+        with self._turn:
             deadline = None if self.timeout is None else time.monotonic() + self.timeout
             delay = self.poll_interval
-            while not self._idle:
+            while True:
+                got = self._pop()
+                if got is not _NONE:
+                    return got
+                self._flush_idle_blocking()
+                got = self._pop()
+                if got is not _NONE:
+                    return got
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise Timeout(f"no policy became idle within {self.timeout} s")
+                time.sleep(delay)
+                delay = min(delay * 2, self.max_poll_interval)
+
+    async def aselect_policy(self, env_id: str | None = None) -> Any:
+        """:meth:`select_policy` for asyncio code: probes and back-off on the caller's loop."""
+        async with self._aturn:
+            deadline = None if self.timeout is None else time.monotonic() + self.timeout
+            delay = self.poll_interval
+            while True:
+                got = self._pop()
+                if got is not _NONE:
+                    return got
                 await self._flush_idle()
-                if self._idle:
-                    break
+                got = self._pop()
+                if got is not _NONE:
+                    return got
                 if deadline is not None and time.monotonic() >= deadline:
                     raise Timeout(f"no policy became idle within {self.timeout} s")
                 await anyio.sleep(delay)
                 delay = min(delay * 2, self.max_poll_interval)
-            return self._eval_policies[self._idle.popleft()]
+
+
+_NONE = object()
 
 
 class SyncNodeAffinityRouter(SyncRouter):
@@ -365,7 +502,7 @@ class SyncNodeAffinityRouter(SyncRouter):
         eval_policies: Sequence[Any],
         component_distribution: Distribution,
         *,
-        strict: bool = False,
+        strict: bool = True,
     ) -> None:
         if not eval_policies:
             raise ValueError("SyncNodeAffinityRouter needs at least one policy")
@@ -377,7 +514,7 @@ class SyncNodeAffinityRouter(SyncRouter):
             env_ids = list(comps.get("env", {}).get("ids", []))
             eval_ids = list(comps.get("eval", {}).get("ids", []))
             if strict and bool(env_ids) != bool(eval_ids):
-                raise PlacementError(
+                raise NodeAffinityError(
                     f"node {node_id} has {len(env_ids)} env and {len(eval_ids)} eval workers; "
                     "node affinity needs both on the same nodes"
                 )
@@ -389,7 +526,7 @@ class SyncNodeAffinityRouter(SyncRouter):
             if eval_ids:
                 bad = [w for w in eval_ids if not 0 <= int(w) < len(self._eval_policies)]
                 if bad:
-                    raise PlacementError(
+                    raise NodeAffinityError(
                         f"node {node_id}: eval ids {bad} do not index the "
                         f"{len(self._eval_policies)} eval policies"
                     )
@@ -406,8 +543,10 @@ class SyncNodeAffinityRouter(SyncRouter):
         """Nodes with policies."""
         return len(self._node_locks)
 
-    def select_policy_nowait(self, env_id: str | None = None) -> Any:
-        """:meth:`select_policy` for plain (threaded) code; never blocks on I/O."""
+    def select_policy(self, env_id: str | None = None) -> Any:
+        """Round-robin on the env's node; global round-robin when it has no policy.
+
+        Plain and thread-safe (per-node locks); never blocks on I/O."""
         idx = env_worker_index(env_id)
         node = self._env_worker_to_node.get(idx) if idx is not None else None
         if node is not None and node in self._node_to_eval_policies:
@@ -421,10 +560,6 @@ class SyncNodeAffinityRouter(SyncRouter):
             self._global_rr_counter += 1
         return self._eval_policies[i]
 
-    async def select_policy(self, env_id: str | None = None) -> Any:
-        """Round-robin on the env's node; global round-robin when it has no policy."""
-        return self.select_policy_nowait(env_id)
-
 
 def create_router(
     rollout_mode: str,
@@ -433,10 +568,12 @@ def create_router(
     global_resource_manager: Any = None,
     *,
     component_distribution: Distribution | None = None,
+    strict: bool = True,
 ) -> SyncRouter | AsyncRouter:
     """A router for ``rollout_mode`` ``"sync"``/``"async"`` and ``router_type``
     ``"simple"``/``"node_affinity"``. Node affinity needs ``component_distribution`` or a
-    manager with ``get_component_distribution()``. Raises ValueError on bad arguments."""
+    manager with ``get_component_distribution()``; ``strict`` goes to
+    :class:`SyncNodeAffinityRouter`. Raises ValueError on bad arguments."""
     if rollout_mode not in ("sync", "async"):
         raise ValueError(f"Invalid rollout mode: {rollout_mode!r} (expected 'sync' or 'async')")
     if router_type not in ("simple", "node_affinity"):
@@ -453,7 +590,7 @@ def create_router(
                 "(or global_resource_manager)"
             )
         if rollout_mode == "sync":
-            return SyncNodeAffinityRouter(eval_policies, dist)
+            return SyncNodeAffinityRouter(eval_policies, dist, strict=strict)
         return NodeAffinityRouter.from_policies(dist, eval_policies)
     if rollout_mode == "sync":
         return SyncSimpleRouter(eval_policies)

@@ -10,10 +10,12 @@ Rules and deliberate differences from the reference:
   ``num_cpus >= 0``; ``num_gpus`` is in ``[0, 1]`` or a whole number (a worker never holds
   1.5 GPUs). ``"auto"`` is accepted for the buffer only (its count is the number of nodes that
   hold train workers); the reference accepted it anywhere and silently counted 0 resources.
-* GPU requirements are in **whole GPUs, packing-aware**: ``k`` workers of ``f < 1`` GPU need
-  ``ceil(k / floor(1/f))`` GPUs (3 workers of 0.6 need 3, not ``ceil(1.8) = 2``), and each env
-  group is counted on its own GPUs. The reference summed raw fractions (``3 * 0.5 = 1.5``),
-  which the planner then truncated. :meth:`Scheduling.total_gpus` still returns the raw sum.
+* ``get_component_requirements`` / ``train_pool_requirements`` return the reference's figures:
+  GPU fractions summed as given (3 workers of 0.25 GPU → 0.75). The planner sizes pools with
+  the **packing-aware** whole-GPU figures of :meth:`ComponentScheduling.component_gpus_needed`
+  / :meth:`ComponentScheduling.train_pool_gpus_needed`: ``k`` workers of ``f < 1`` GPU need
+  ``ceil(k / floor(1/f))`` GPUs (3 workers of 0.6 need 3, not ``ceil(1.8) = 2``), each env
+  group counted on its own GPUs (the reference truncated the raw sum while planning).
 * ``node_list`` (a comma-separated string or a list of node ids) restricts where the
   component's workers are packed (see ``placement.packing``).
 * ``infer_auto_buffer_worker_num`` / ``adjust_buffer_worker_num`` are kept; the packer does
@@ -168,22 +170,31 @@ class ComponentScheduling:
         """Workers of a component (``"auto"`` buffer counts 0 until resolved)."""
         return sum(s.count for s in self.groups(component_type))
 
-    def get_component_requirements(self, component_type: str) -> tuple[int, float]:
-        """``(whole GPUs, CPUs)`` of one component. ValueError for an unknown component."""
+    def get_component_requirements(self, component_type: str) -> tuple[float, float]:
+        """``(GPUs, CPUs)`` of one component, summed as given (the reference's figures: 3
+        workers of 0.25 GPU → 0.75). ValueError for an unknown component."""
         groups = self.groups(component_type)
-        return sum(s.gpus_needed() for s in groups), sum(s.total_cpus() for s in groups)
+        return sum(s.count * s.num_gpus for s in groups), sum(s.total_cpus() for s in groups)
 
-    def train_pool_requirements(self) -> tuple[int, float]:
-        """``(whole GPUs, CPUs)`` of the train pool: train + buffer."""
+    def train_pool_requirements(self) -> tuple[float, float]:
+        """``(GPUs, CPUs)`` of the train pool: train + buffer, summed as given."""
         tg, tc = self.get_component_requirements("train")
         bg, bc = self.get_component_requirements("buffer")
         return tg + bg, tc + bc
 
-    def rollout_pool_requirements(self) -> tuple[int, float]:
-        """``(whole GPUs, CPUs)`` of the rollout pool: eval + env (no device sharing)."""
+    def rollout_pool_requirements(self) -> tuple[float, float]:
+        """``(GPUs, CPUs)`` of the rollout pool: eval + env (no device sharing), as given."""
         eg, ec = self.get_component_requirements("eval")
         vg, vc = self.get_component_requirements("env")
         return eg + vg, ec + vc
+
+    def component_gpus_needed(self, component_type: str) -> int:
+        """Whole GPUs the component's workers occupy once packed (what pools are sized with)."""
+        return sum(s.gpus_needed() for s in self.groups(component_type))
+
+    def train_pool_gpus_needed(self) -> int:
+        """Whole GPUs of the train pool once packed: train + buffer."""
+        return self.component_gpus_needed("train") + self.component_gpus_needed("buffer")
 
     def infer_auto_buffer_worker_num(self, cluster_info: Mapping[str, Any]) -> None:
         """Estimate an ``"auto"`` buffer count as ceil(train GPUs / GPUs per node) (mutates)."""

@@ -111,6 +111,8 @@ from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from rayless.placement.resources import parse_index_str
+
 COMPONENTS = ("train", "eval", "env", "buffer")
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 
@@ -382,21 +384,14 @@ def _positive(path: str, value: float, *, allow_zero: bool = False) -> None:
         raise ValueError(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
-_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
-
-
 def parse_index_string(path: str, value: str) -> list[tuple[int, int]]:
-    """``"0-3, 8-11"`` (or ``"5"``) as inclusive ``(start, end)`` ranges."""
-    ranges = []
-    for part in value.split(","):
-        m = _RANGE.match(part)
-        if m is None:
-            raise ValueError(f"{path}: bad GPU index range {part.strip()!r} in {value!r}")
-        start, end = int(m.group(1)), int(m.group(2) or m.group(1))
-        if end < start:
-            raise ValueError(f"{path}: range {part.strip()!r} ends before it starts")
-        ranges.append((start, end))
-    return ranges
+    """``"0-3, 8-11"`` (or ``"5"``; ``"7-4"`` is ``4-7``) as inclusive ``(start, end)`` ranges:
+    the planner's own parser (``rayless.placement.parse_index_str``), errors prefixed by
+    ``path``."""
+    try:
+        return parse_index_str(value)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
 
 
 def _validate_pool(i: int, pool: ResourcePoolConfig, cfg: PipelineConfig) -> None:

@@ -158,7 +158,7 @@ class EnvWorker(Actor):
         prev_trunc: torch.Tensor | None = None
         obs = self.obs
         for t in range(t_len + 1):
-            policy = await self.router.select_policy(self.env_id)
+            policy = await self.router.aselect_policy(self.env_id)
             policies.add(policy.name)
             t0 = time.perf_counter()
             action, lp, val, version, final_v = await policy.act(obs, final_obs)

@@ -16,6 +16,7 @@ from rayless.demo.config import (
     load_config,
     parse_index_string,
 )
+from rayless.placement import parse_index_str
 
 CONFIGS = DEFAULT_CONFIG.parent
 
@@ -91,6 +92,14 @@ def test_manual_resource_pool() -> None:
     assert cfg.resource_pool[1].allocations == {"eval": "0, 1", "env": "1"}
     assert config_from_dict(cfg.to_dict()) == cfg
     assert parse_index_string("x", "0-3, 8-11") == [(0, 3), (8, 11)]
+
+
+def test_demo_range_parser_is_the_planners() -> None:
+    """One parser of GPU ranges: the demo config reads "7-4" as the planner does (4-7)."""
+    assert parse_index_string("x", "7-4") == parse_index_str("7-4") == [(4, 7)]
+    assert parse_index_string("x", "5, 0-1") == parse_index_str("5, 0-1")
+    with pytest.raises(ValueError, match=r"^resource_pool\[0\]\.train: bad GPU index range"):
+        parse_index_string("resource_pool[0].train", "0-x")
 
 
 def _set(data: dict[str, Any], dotted: str, value: Any) -> None:

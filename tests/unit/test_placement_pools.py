@@ -38,7 +38,7 @@ def sched(
 # -- scheduling ---------------------------------------------------------------------------------
 
 
-def test_requirements_are_whole_gpus_packing_aware() -> None:
+def test_requirements_are_the_reference_sums_and_packing_is_planner_side() -> None:
     assert Scheduling(3, 2, 0.6).gpus_needed() == 3  # one 0.6 worker per GPU
     assert Scheduling(3, 2, 0.5).gpus_needed() == 2
     assert Scheduling(3, 2, 0.5).total_gpus() == 1.5  # the reference's raw figure
@@ -49,9 +49,14 @@ def test_requirements_are_whole_gpus_packing_aware() -> None:
         train_worker=Scheduling(4, 1, 1),
         buffer_worker=Scheduling(2, 3, 0),
     )
-    assert cs.get_component_requirements("env") == (3, 5)
+    assert cs.get_component_requirements("env") == (1.75, 5)  # 3 x 0.5 + 1 x 0.25, as given
+    assert cs.component_gpus_needed("env") == 3  # 2 GPUs for 3 x 0.5, one for the 0.25
     assert cs.get_component_requirements("eval") == (0, 0)
     assert cs.train_pool_requirements() == (4, 10)
+    assert cs.train_pool_gpus_needed() == 4
+    quarter = ComponentScheduling(eval_worker=Scheduling(3, 1, 0.25))
+    assert quarter.get_component_requirements("eval") == (0.75, 3)  # the example
+    assert quarter.component_gpus_needed("eval") == 1
     with pytest.raises(ValueError, match="Invalid component type"):
         cs.get_component_requirements("critic")
 

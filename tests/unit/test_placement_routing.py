@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import heapq
+import inspect
+import threading
+import time
 from typing import Any
 
 import anyio
@@ -20,7 +23,7 @@ from rayless.placement import (
     env_worker_index,
     probe_loads,
 )
-from rayless.placement.errors import PlacementError
+from rayless.placement.errors import NodeAffinityError, PlacementError
 from rayless.transport.errors import Timeout
 
 
@@ -106,52 +109,136 @@ async def test_route_probes_loads_with_timeout() -> None:
     assert await r.route(pols, 0, ["env-0"], probe_timeout=0.05) == [0]
 
 
-async def test_sync_simple_router_waits_without_spinning() -> None:
+def test_sync_simple_router_is_plain_and_waits_without_spinning() -> None:
     pols = [FakePolicy("a"), FakePolicy("b")]
     r = SyncSimpleRouter(pols, probe_timeout=0.05, timeout=0.3)
-    assert await r.select_policy() is pols[0]
-    assert await r.select_policy() is pols[1]
+    assert r.select_policy() is pols[0]  # a plain call, as the reference's rollout threads do
+    assert r.select_policy() is pols[1]
     pols[0].idle = pols[1].idle = False
     with pytest.raises(Timeout):
-        await r.select_policy()
+        r.select_policy()
     assert 2 <= pols[0].idle_probes <= 40  # back-off, not a busy loop
     pols[1].idle = True
-    with anyio.fail_after(2):
-        assert await r.select_policy() is pols[1]
+    assert r.select_policy() is pols[1]
     r.release(pols[0])
-    assert await r.select_policy() is pols[0]
+    assert r.select_policy() is pols[0]
 
 
-async def test_sync_simple_router_hanging_probe_counts_busy() -> None:
+def test_sync_simple_router_hanging_probe_counts_busy() -> None:
     pols = [FakePolicy("a", hang=True), FakePolicy("b")]
     r = SyncSimpleRouter(pols, probe_timeout=0.02)
-    await r.select_policy()
-    await r.select_policy()
+    r.select_policy()
+    r.select_policy()
     pols[1].idle = True
+    t0 = time.monotonic()
+    assert r.select_policy() is pols[1]
+    assert time.monotonic() - t0 < 2
+
+
+async def test_sync_simple_router_async_form() -> None:
+    pols = [FakePolicy("a"), FakePolicy("b")]
+    r = SyncSimpleRouter(pols, probe_timeout=0.02, timeout=0.2)
+    assert await r.aselect_policy() is pols[0]
+    assert await r.aselect_policy("env-1") is pols[1]
+    pols[0].idle = False
     with anyio.fail_after(2):
-        assert await r.select_policy() is pols[1]
+        assert await r.aselect_policy() is pols[1]
+    with pytest.raises(RuntimeError, match="aselect_policy"):
+        r.select_policy()  # would block this loop's thread
 
 
-async def test_sync_node_affinity_round_robin_and_fallback() -> None:
+def test_sync_simple_router_plain_probe_and_local_policies() -> None:
+    calls: list[int] = []
+
+    def probe(policies: Any) -> list[bool]:
+        calls.append(len(policies))
+        return [True] * len(policies)
+
+    r = SyncSimpleRouter(["x", "y"], probe=probe)
+    assert [r.select_policy() for _ in range(5)] == ["x", "y", "x", "y", "x"]
+    assert calls and all(n == 2 for n in calls)
+    local = SyncSimpleRouter(["p", "q"])  # no check_idle: always idle (the reference's local)
+    assert [local.select_policy() for _ in range(3)] == ["p", "q", "p"]
+
+
+def test_sync_simple_router_from_8_threads() -> None:
+    pols = [FakePolicy(f"n{i}") for i in range(3)]
+    r = SyncSimpleRouter(pols, probe_timeout=0.05, timeout=5)
+    got: list[Any] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(8)
+
+    def worker() -> None:
+        barrier.wait()
+        for _ in range(50):
+            p = r.select_policy()
+            with lock:
+                got.append(p)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(got) == 400 and {id(p) for p in got} == {id(p) for p in pols}
+
+
+def test_sync_node_affinity_round_robin_and_fallback() -> None:
     pols: list[Any] = ["p0", "p1", "p2"]
-    r = SyncNodeAffinityRouter(pols, DIST)
+    with pytest.raises(NodeAffinityError, match="node c"):
+        SyncNodeAffinityRouter(pols, DIST)  # the reference's assert: env node without eval
+    with pytest.raises(ValueError):  # ... which ported code may catch as ValueError
+        SyncNodeAffinityRouter(pols, DIST)
+    r = SyncNodeAffinityRouter(pols, DIST, strict=False)
     assert r.num_nodes == 2 and r.env_worker_num == 5
-    assert [await r.select_policy(e) for e in ["env-0", "env-1", "env-0", "env-3"]] == [
+    assert [r.select_policy(e) for e in ["env-0", "env-1", "env-0", "env-3"]] == [
         "p0",
         "p1",
         "p0",
         "p2",
     ]
-    assert [r.select_policy_nowait(e) for e in ["env-4", "x", "env-4", "env-4"]] == [
+    assert [r.select_policy(e) for e in ["env-4", "x", "env-4", "env-4"]] == [
         "p0",
         "p1",
         "p2",
         "p0",
     ]
-    with pytest.raises(PlacementError, match="node c"):
-        SyncNodeAffinityRouter(pols, DIST, strict=True)
     with pytest.raises(PlacementError, match="do not index"):
-        SyncNodeAffinityRouter(pols[:2], DIST)
+        SyncNodeAffinityRouter(pols[:2], DIST, strict=False)
+
+
+async def test_sync_node_affinity_async_form() -> None:
+    dist = {k: v for k, v in DIST.items() if k != "c"}
+    r = SyncNodeAffinityRouter(["p0", "p1", "p2"], dist)
+    assert [await r.aselect_policy(e) for e in ["env-2", "env-3", "env-0"]] == ["p2", "p2", "p0"]
+
+
+def test_sync_node_affinity_from_8_threads() -> None:
+    """Per node, the picks are a round-robin whatever the threads' interleaving."""
+    dist = {
+        "a": {"env": {"ids": [0, 1, 2, 3]}, "eval": {"ids": [0, 1]}},
+        "b": {"env": {"ids": [4, 5, 6, 7]}, "eval": {"ids": [2, 3, 4]}},
+    }
+    pols = [f"p{i}" for i in range(5)]
+    r = SyncNodeAffinityRouter(pols, dist)
+    got: dict[int, list[str]] = {i: [] for i in range(8)}
+    barrier = threading.Barrier(8)
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        for _ in range(300):
+            got[i].append(r.select_policy(f"env-{i}"))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    on_a = [p for i in range(4) for p in got[i]]
+    on_b = [p for i in range(4, 8) for p in got[i]]
+    assert set(on_a) == {"p0", "p1"} and set(on_b) == {"p2", "p3", "p4"}
+    assert on_a.count("p0") == on_a.count("p1") == 600  # exactly even: no pick lost or doubled
+    assert on_b.count("p2") == on_b.count("p3") == on_b.count("p4") == 400
 
 
 def test_create_router() -> None:
@@ -163,9 +250,12 @@ def test_create_router() -> None:
 
     assert isinstance(create_router("async", "simple", pols), SimpleRouter)
     assert isinstance(create_router("sync", "simple", pols), SyncSimpleRouter)
-    assert isinstance(
-        create_router("sync", "node_affinity", pols, Manager()), SyncNodeAffinityRouter
-    )
+    with pytest.raises(NodeAffinityError):
+        create_router("sync", "node_affinity", pols, Manager())
+    sna = create_router("sync", "node_affinity", pols, Manager(), strict=False)
+    assert isinstance(sna, SyncNodeAffinityRouter)
+    assert not inspect.iscoroutinefunction(sna.select_policy)
+    assert not inspect.iscoroutinefunction(SyncSimpleRouter.select_policy)
     na = create_router("async", "node_affinity", pols, component_distribution=DIST)
     assert isinstance(na, NodeAffinityRouter) and na.target_node("env-3") == "b"
     for args in [("batch", "simple"), ("sync", "fancy")]:
