@@ -150,7 +150,7 @@ def env_defaults(environ: Mapping[str, str]) -> dict[str, Any]:
     if in_step:
         slurm_nnodes: tuple[str, ...] = ("SLURM_STEP_NUM_TASKS",)
         slurm_rank: tuple[str, ...] = ("SLURM_PROCID",)
-        nodelists = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+        nodelists: tuple[str, ...] = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
     else:
         slurm_nnodes = ("SLURM_NNODES", "SLURM_JOB_NUM_NODES")
         slurm_rank = ("SLURM_NODEID",)
