@@ -217,6 +217,12 @@ def _default_node_id(hostname: str) -> str:
     return f"{base}-{agent}" if agent else base
 
 
+def default_node_id() -> str:
+    """This host's default node id (the rule of the module docstring, without
+    ``RAYLESS_NODE_ID``): ``<hostname>-<8 hex digits>[-<RAYLESS_AGENT_ID>]``."""
+    return _default_node_id(socket.gethostname())
+
+
 def _validate_ip(ip: str, source: str) -> str:
     try:
         return str(ipaddress.ip_address(ip.strip()))

@@ -13,9 +13,20 @@ rank stop every process of ours on that node; on rank 0 the driver gets the sign
 the cluster is shut down (exit 128 + signal). Without a driver command, rank 0 keeps the
 cluster up until it is signalled (exit 0).
 
-Defaults come from torchrun's MASTER_ADDR/MASTER_PORT/NODE_RANK/NNODES, else SLURM's
-SLURM_NNODES/SLURM_NODEID/SLURM_JOB_NODELIST (first host = master), so
-``srun python scripts/launch.py -- train.py`` works.
+Defaults come from torchrun's MASTER_ADDR/MASTER_PORT/NODE_RANK/NNODES, else Slurm's (see
+:func:`env_defaults`), so ``srun python scripts/launch.py --token-file F -- train.py`` works:
+inside an ``srun`` step a launch is one task (rank SLURM_PROCID of SLURM_STEP_NUM_TASKS), the
+master is the first host of the step's node list, the node id is the Slurm node name and the
+port is ``20000 + SLURM_JOB_ID % 10000``, so two jobs on the same nodes do not clash.
+
+Node ids: ``--node-id`` (or RAYLESS_NODE_ID), else the Slurm node name, else the host's default
+id (see ``rayless.placement.discovery``). Every launch claims its node id on its host (an
+abstract Unix socket named after the cluster address and the id, gone with the process): a
+second launch of the same cluster on one host with a default id takes ``<id>-r<rank>``, one with
+an explicit id that is taken fails at once and says what to pass.
+
+Agents advertise ``--node-ip``, else RAYLESS_NODE_IP, else the local address that routes to the
+master address (where that is not loopback), else the agent's own default.
 
 Token (never on a command line): ``--token-stdin`` (first line of stdin, used by ssh-launch;
 stdin is then watched and EOF stops the node), else ``--token-file F`` (read; if F does not
@@ -28,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import ipaddress
 import os
 import re
@@ -37,15 +49,21 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rayless.actors.api import context
 from rayless.actors.launch.procs import LaunchError, NodeProcesses, StopFlag, read_stdin_line
+from rayless.placement.discovery import default_node_id
 from rayless.transport.errors import RaylessError
 from rayless.transport.protocol import new_token
 
 DEFAULT_PORT = 29400
+# Under Slurm without --master-port / MASTER_PORT: SLURM_PORT_BASE + SLURM_JOB_ID % SLURM_PORT_SPAN
+# (20000-29999: below Linux's ephemeral range, 32768-60999, so outgoing connections never hold
+# it). Two jobs on the same nodes clash only if their ids are a multiple of 10000 apart.
+SLURM_PORT_BASE = 20000
+SLURM_PORT_SPAN = 10000
 
 
 @dataclass
@@ -58,7 +76,8 @@ class LaunchConfig:
     master_port: int
     command: list[str] = field(default_factory=list)
     node_ip: str | None = None
-    node_id: str | None = None
+    node_id: str | None = None  # explicit (--node-id / RAYLESS_NODE_ID): taken → an error
+    default_node_id: str | None = None  # from Slurm; else the host's default id
     gpus: str | None = None
     fake_gpus: int | None = None
     token_file: str | None = None
@@ -99,9 +118,16 @@ def first_slurm_host(nodelist: str) -> str:
 
 
 def env_defaults(environ: Mapping[str, str]) -> dict[str, Any]:
-    """Defaults for nnodes / node_rank / master_addr / master_port from torchrun or SLURM vars.
+    """Defaults for nnodes / node_rank / master_addr / master_port / node_id from the
+    environment: torchrun's variables win over Slurm's; anything absent is left out.
 
-    torchrun's variables win over SLURM's; anything absent is left out.
+    Slurm, inside an ``srun`` step (SLURM_STEP_NUM_TASKS and SLURM_PROCID set): one launch per
+    task, so nnodes = SLURM_STEP_NUM_TASKS and rank = SLURM_PROCID (not SLURM_NODEID, which
+    repeats when a node runs several tasks); the master is the first host of
+    SLURM_STEP_NODELIST (a step may use part of the job's nodes); the node id is
+    SLURMD_NODENAME, with ``-<SLURM_LOCALID>`` when the step has more tasks than nodes.
+    Outside a step (a batch script, ``salloc``'s shell): SLURM_NNODES, SLURM_NODEID and
+    SLURM_JOB_NODELIST. With SLURM_JOB_ID the port is ``20000 + SLURM_JOB_ID % 10000``.
 
     Raises:
         LaunchError: a variable that is present does not parse.
@@ -117,9 +143,21 @@ def env_defaults(environ: Mapping[str, str]) -> dict[str, Any]:
         except ValueError:
             raise LaunchError(f"{name}={value!r} is not an integer") from None
 
+    def text(name: str) -> str:
+        return environ.get(name, "").strip()
+
+    in_step = integer("SLURM_STEP_NUM_TASKS") is not None and integer("SLURM_PROCID") is not None
+    if in_step:
+        slurm_nnodes: tuple[str, ...] = ("SLURM_STEP_NUM_TASKS",)
+        slurm_rank: tuple[str, ...] = ("SLURM_PROCID",)
+        nodelists: tuple[str, ...] = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+    else:
+        slurm_nnodes = ("SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+        slurm_rank = ("SLURM_NODEID",)
+        nodelists = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
     for key, names in (
-        ("nnodes", ("NNODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")),
-        ("node_rank", ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID")),
+        ("nnodes", ("NNODES", *slurm_nnodes)),
+        ("node_rank", ("NODE_RANK", "GROUP_RANK", *slurm_rank)),
         ("master_port", ("MASTER_PORT",)),
     ):
         for name in names:
@@ -127,10 +165,22 @@ def env_defaults(environ: Mapping[str, str]) -> dict[str, Any]:
             if value is not None:
                 out[key] = value
                 break
-    if environ.get("MASTER_ADDR", "").strip():
-        out["master_addr"] = environ["MASTER_ADDR"].strip()
-    elif environ.get("SLURM_JOB_NODELIST", "").strip():
-        out["master_addr"] = first_slurm_host(environ["SLURM_JOB_NODELIST"])
+    job = integer("SLURM_JOB_ID")
+    if "master_port" not in out and job is not None:
+        out["master_port"] = SLURM_PORT_BASE + job % SLURM_PORT_SPAN
+    if text("MASTER_ADDR"):
+        out["master_addr"] = text("MASTER_ADDR")
+    else:
+        for name in nodelists:
+            if text(name):
+                out["master_addr"] = first_slurm_host(text(name))
+                break
+    if in_step and text("SLURMD_NODENAME"):
+        node_id = text("SLURMD_NODENAME")
+        tasks, nodes = integer("SLURM_STEP_NUM_TASKS"), integer("SLURM_STEP_NUM_NODES")
+        if nodes is not None and tasks is not None and tasks > nodes:
+            node_id += f"-{text('SLURM_LOCALID') or '0'}"
+        out["node_id"] = node_id
     return out
 
 
@@ -144,14 +194,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--master-addr", default=None, help="rank 0's host (MASTER_ADDR, first SLURM host)"
     )
     parser.add_argument(
-        "--master-port", type=int, default=None, help=f"head port (MASTER_PORT; {DEFAULT_PORT})"
+        "--master-port",
+        type=int,
+        default=None,
+        help=f"head port (MASTER_PORT; under Slurm 20000 + SLURM_JOB_ID % 10000; {DEFAULT_PORT})",
     )
     parser.add_argument("--token-file", default=None, help="file holding the cluster token")
     parser.add_argument(
         "--token-stdin", action="store_true", help="read the token from stdin; EOF stops"
     )
     parser.add_argument("--node-ip", default=None, help="address other nodes reach this one at")
-    parser.add_argument("--node-id", default=None, help="node id (default: host-based)")
+    parser.add_argument(
+        "--node-id", default=None, help="node id (RAYLESS_NODE_ID; Slurm node name; host-based)"
+    )
     parser.add_argument("--gpus", default=None, help="GPUs of this node, e.g. 0,1,2,3")
     parser.add_argument("--fake-gpus", type=int, default=None, help="report N fake GPUs")
     parser.add_argument("--rdzv-timeout", type=float, default=300.0, help="seconds to join")
@@ -191,6 +246,7 @@ def config_from_args(
     port = DEFAULT_PORT if port is None else port
     if not 0 < port < 65536:
         raise LaunchError(f"--master-port must be in [1, 65535], got {port}")
+    node_id = args.node_id or env.get(context.ENV_NODE_ID, "").strip() or None
     for name in ("rdzv_timeout", "node_timeout", "grace"):
         if getattr(args, name) <= 0:
             raise LaunchError(f"--{name.replace('_', '-')} must be > 0")
@@ -204,7 +260,8 @@ def config_from_args(
         master_port=port,
         command=command,
         node_ip=args.node_ip or env.get(context.ENV_NODE_IP) or None,
-        node_id=args.node_id,
+        node_id=node_id,
+        default_node_id=defaults.get("node_id"),
         gpus=args.gpus,
         fake_gpus=args.fake_gpus,
         token_file=args.token_file,
@@ -298,6 +355,73 @@ def head_bind_address(master_addr: str, port: int) -> str:
     except OSError:  # not an address of this host
         return f"tcp://0.0.0.0:{port}"
     return f"tcp://{ip}:{port}"
+
+
+# -- this node's id and address ------------------------------------------------------------
+
+
+def _claim(name: str) -> socket.socket | None:
+    """Bind the abstract Unix socket ``name`` (Linux; released when the process dies).
+
+    None when another process holds it. Where abstract sockets do not exist, a dummy that
+    claims nothing (the check is skipped).
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind("\0" + name)
+    except OSError as exc:
+        sock.close()
+        if sys.platform.startswith("linux") and exc.errno == errno.EADDRINUSE:
+            return None
+        return socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    return sock
+
+
+def claim_node_id(cfg: LaunchConfig) -> tuple[str, socket.socket]:
+    """Choose this launch's node id and hold it on this host until the socket is closed.
+
+    An explicit id (``cfg.node_id``) is kept or refused; a default one (Slurm node name or the
+    host's id) that another launch of the same cluster holds on this host becomes
+    ``<id>-r<rank>``.
+
+    Raises:
+        LaunchError: the id is taken on this host, with what to pass instead.
+    """
+    key = f"rayless-launch/{cfg.master_addr}:{cfg.master_port}/"
+    if cfg.node_id is not None:
+        candidates = [cfg.node_id]
+    else:
+        base = cfg.default_node_id or default_node_id()
+        candidates = [base, f"{base}-r{cfg.node_rank}"]
+    for node_id in candidates:
+        sock = _claim(key + node_id)
+        if sock is not None:
+            return node_id, sock
+    raise LaunchError(
+        f"node id {candidates[-1]!r} is already used by another launch of {cfg.address} on "
+        f"this host; give each rank on one host its own --node-id (e.g. --node-id "
+        f"{candidates[0]}-{cfg.node_rank})"
+    )
+
+
+def ip_towards(host: str, port: int) -> str | None:
+    """The local address that routes to ``host`` (a UDP connect: no packet is sent), or None
+    where it cannot be had or is loopback (a host name that maps to 127.0.1.1 on the master
+    must not make rank 0 advertise loopback)."""
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.connect(sockaddr)
+                ip = ipaddress.ip_address(sock.getsockname()[0])
+        except (OSError, ValueError):
+            continue
+        if not ip.is_loopback and not ip.is_unspecified:
+            return str(ip)
+    return None
 
 
 # -- rendezvous ---------------------------------------------------------------------------
@@ -432,7 +556,12 @@ def launch(cfg: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     stop = StopFlag()
     stop.install()
     procs: NodeProcesses | None = None
+    claim: socket.socket | None = None
     try:
+        node_id, claim = claim_node_id(cfg)
+        cfg = replace(cfg, node_id=node_id)
+        if cfg.node_ip is None:
+            cfg = replace(cfg, node_ip=ip_towards(cfg.master_addr, cfg.master_port))
         token = resolve_token(cfg, stop, env)
         if cfg.token_stdin:  # stdin stays open: EOF means the SSH launcher is gone
             threading.Thread(target=stop.watch_stdin, daemon=True).start()
@@ -453,6 +582,8 @@ def launch(cfg: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
                 asyncio.run(request_shutdown(cfg.address, procs.token))
                 natural = cfg.grace
             procs.stop_all(natural)
+        if claim is not None:
+            claim.close()
         stop.uninstall()
 
 

@@ -82,13 +82,22 @@ class Node:
     """One launch process (one rank)."""
 
     def __init__(
-        self, tmp: Path, rank: int, nnodes: int, port: int, *extra: str, env: dict | None = None
+        self,
+        tmp: Path,
+        rank: int,
+        nnodes: int,
+        port: int,
+        *extra: str,
+        env: dict | None = None,
+        node_id: str | None = "",
     ) -> None:
         self.mark = uuid.uuid4().hex
         self.log = tmp / f"rank{rank}.out"
         argv = [sys.executable, str(REPO / "scripts" / "launch.py"), "--nnodes", str(nnodes)]
         argv += ["--node-rank", str(rank), "--master-addr", "127.0.0.1"]
-        argv += ["--master-port", str(port), "--node-ip", "127.0.0.1", "--node-id", f"n{rank}"]
+        argv += ["--master-port", str(port), "--node-ip", "127.0.0.1"]
+        if node_id is not None:  # None: the default node id
+            argv += ["--node-id", node_id or f"n{rank}"]
         argv += ["--node-timeout", "5", "--grace", "5", "--log-dir", str(tmp / "logs"), *extra]
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_TOKEN")}
         full_env.update({MARK: self.mark, **(env or {})})
@@ -233,3 +242,42 @@ def test_a_multi_node_launch_without_a_token_is_refused(tmp_path: Path) -> None:
     node = Node(tmp_path, 0, 2, free_port(), "--", "true")
     assert node.wait() == 1
     assert "a multi-node launch needs a shared token" in node.output()
+
+
+def test_two_ranks_on_one_host_as_the_readme_says(tmp_path: Path, driver: Path) -> None:
+    """Only --node-rank differs: the second launch on the host takes ``<id>-r<rank>``."""
+    port, env = free_port(), {"RAYLESS_TOKEN": "one-host-two-ranks"}
+    rank1 = Node(tmp_path, 1, 2, port, "--", str(driver), "done", env=env, node_id=None)
+    rank0 = Node(tmp_path, 0, 2, port, "--", str(driver), "done", env=env, node_id=None)
+    try:
+        assert rank0.wait() == 0, rank0.output()
+        assert rank1.wait() == 0, rank1.output()
+    finally:
+        for n in (rank0, rank1):
+            if n.proc.poll() is None:
+                n.proc.kill()
+    line = next(x for x in rank0.output().splitlines() if x.startswith("ACTORS"))
+    ids = eval(line.split(" ", 1)[1])  # the driver printed a list of str
+    assert len(set(ids)) == 2, line
+    assert any(i.endswith(("-r0", "-r1")) for i in ids), line
+    assert_none_left(rank0.mark, rank1.mark)
+
+
+def test_a_node_id_taken_on_this_host_fails_at_once(tmp_path: Path, driver: Path) -> None:
+    port, env = free_port(), {"RAYLESS_TOKEN": "one-host-same-id"}
+    rank0 = Node(tmp_path, 0, 2, port, "--", str(driver), "done", env=env, node_id="same")
+    rank1: Node | None = None
+    try:
+        deadline = time.monotonic() + 60
+        while "control.agent" not in " ".join(marked(rank0.mark)) and time.monotonic() < deadline:
+            time.sleep(0.1)  # rank 0 holds its id once its agent runs
+        started = time.monotonic()
+        rank1 = Node(tmp_path, 1, 2, port, "--", str(driver), "done", env=env, node_id="same")
+        assert rank1.wait(30) == 1, rank1.output()
+        assert time.monotonic() - started < 20
+        assert "node id 'same' is already used by another launch" in rank1.output()
+        assert "--node-id same-1" in rank1.output()
+    finally:
+        rank0.proc.send_signal(signal.SIGTERM)
+        rank0.wait()
+    assert_none_left(rank0.mark, *([rank1.mark] if rank1 else []))

@@ -1,10 +1,9 @@
 """ssh-launch across real "hosts": network namespaces with their own addresses and sshd.
 
-Each host is a network namespace joined by a veth pair to a bridge in a private subnet
-(10.231.N.0/24, which exists only inside this sandbox and only on those veths) and runs an
-OpenSSH server with a host key and an authorized key made for the test. The namespaces share
-the filesystem, so the remote side uses this venv and this checkout. Skips (with the reason)
-only where namespaces, a bridge or sshd cannot be had: not root, no iproute2, no sshd.
+Each host is a network namespace on a private bridge (tests/netns.py) and runs an OpenSSH
+server with a host key and an authorized key made for the test. The namespaces share the
+filesystem, so the remote side uses this venv and this checkout. Skips (with the reason) only
+where namespaces, a bridge or sshd cannot be had: not root, no iproute2, no sshd.
 """
 
 from __future__ import annotations
@@ -21,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests.netns import Net, cannot_make_namespaces, ns_pids, sh
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -53,26 +54,21 @@ if __name__ == "__main__":
 """
 
 
-def _sh(*args: str) -> None:
-    subprocess.run(args, check=True, capture_output=True, timeout=30)
-
-
 @dataclass
 class Hosts:
     """The namespaces, their addresses, sshd processes and the client key."""
 
-    tag: str
-    subnet: str
+    net: Net
     key: Path
-    names: list[str] = field(default_factory=list)
-    addrs: list[str] = field(default_factory=list)
     sshd: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def ns_pids(self, ns: str) -> set[int]:
-        out = subprocess.run(
-            ["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10
-        ).stdout
-        return {int(p) for p in out.split()}
+    @property
+    def subnet(self) -> str:
+        return self.net.subnet
+
+    @property
+    def addrs(self) -> list[str]:
+        return self.net.addrs
 
     def leftovers(self, timeout: float = 15.0) -> dict[str, list[str]]:
         """Processes other than sshd still in each namespace (waits up to ``timeout``)."""
@@ -82,8 +78,8 @@ class Hosts:
         deadline = time.monotonic() + timeout
         while True:
             left: dict[str, list[str]] = {}
-            for ns in self.names:
-                for pid in self.ns_pids(ns) - sshd_pids:
+            for ns in self.net.names:
+                for pid in ns_pids(ns) - sshd_pids:
                     try:
                         proc = psutil.Process(pid)
                         if proc.status() == psutil.STATUS_ZOMBIE:
@@ -99,20 +95,10 @@ class Hosts:
             time.sleep(0.3)
 
 
-def _cannot_make_namespaces() -> str | None:
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    if shutil.which("ip") is None:
-        return "iproute2 (ip) is not installed"
-    if not os.path.exists(SSHD) or shutil.which("ssh") is None:
+def _cannot_run() -> str | None:
+    if os.geteuid() == 0 and (not os.path.exists(SSHD) or shutil.which("ssh") is None):
         return "OpenSSH (sshd, ssh) is not installed; .ci/run installs openssh-server"
-    probe = f"rlprobe{os.getpid() % 100000}"
-    try:
-        _sh("ip", "netns", "add", probe)
-    except (subprocess.CalledProcessError, OSError) as exc:
-        return f"cannot create a network namespace: {exc}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=30)
-    return None
+    return cannot_make_namespaces()
 
 
 def _teardown(hosts: Hosts) -> None:
@@ -124,48 +110,27 @@ def _teardown(hosts: Hosts) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    for ns in hosts.names:  # anything still inside goes (a failed test's leftovers)
-        for pid in hosts.ns_pids(ns):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
-    subprocess.run(["ip", "link", "del", f"{hosts.tag}br"], capture_output=True, timeout=30)
+    hosts.net.teardown()  # anything still inside goes (a failed test's leftovers)
 
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
-    reason = _cannot_make_namespaces()
+    reason = _cannot_run()
     if reason is not None:
         pytest.skip(reason)
     tmp = tmp_path_factory.mktemp("ssh")
-    tag = f"rl{os.getpid() % 10000}"
-    subnet = f"10.231.{20 + os.getpid() % 200}"
-    hosts = Hosts(tag=tag, subnet=subnet, key=tmp / "id")
+    hosts = Hosts(net=Net.for_test("rl", 20), key=tmp / "id")
     try:
-        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "id"))
-        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "hostkey"))
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "id"))
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "hostkey"))
         shutil.copy(tmp / "id.pub", tmp / "authorized_keys")
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation
-        bridge = f"{tag}br"
-        _sh("ip", "link", "add", bridge, "type", "bridge")
-        _sh("ip", "addr", "add", f"{subnet}.1/24", "dev", bridge)
-        _sh("ip", "link", "set", bridge, "up")
+        hosts.net.up()
         for k in range(NHOSTS):
-            ns, addr = f"{tag}n{k}", f"{subnet}.{10 + k}"
-            _sh("ip", "netns", "add", ns)
-            hosts.names.append(ns)
-            _sh("ip", "link", "add", f"{tag}v{k}", "type", "veth", "peer", "name", f"{tag}p{k}")
-            _sh("ip", "link", "set", f"{tag}p{k}", "netns", ns)
-            _sh("ip", "link", "set", f"{tag}v{k}", "master", bridge, "up")
-            _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", f"{tag}p{k}")
-            _sh("ip", "-n", ns, "link", "set", f"{tag}p{k}", "up")
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
-            hosts.addrs.append(addr)
+            ns = hosts.net.add()
             config = tmp / f"sshd_config{k}"
             config.write_text(
-                f"ListenAddress {addr}\nHostKey {tmp / 'hostkey'}\n"
+                f"ListenAddress {hosts.addrs[k]}\nHostKey {tmp / 'hostkey'}\n"
                 f"AuthorizedKeysFile {tmp / 'authorized_keys'}\n"
                 "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
                 "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"

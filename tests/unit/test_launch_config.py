@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,64 @@ def test_remote_command_carries_no_token_and_quotes_the_driver() -> None:
     assert launch_args[-3:] == ["--", "t.py", "a b"]
     rank0 = shlex.split(ssh_launch.remote_command(args, hosts, 0))
     assert rank0[rank0.index("--node-ip") + 1] == "10.0.0.1"
+
+
+STEP = {  # what srun sets in a task of `srun -N2 --ntasks-per-node=1` (Slurm 22.05)
+    "SLURM_JOB_ID": "12345",
+    "SLURM_JOB_NODELIST": "gpu[01-04,07]",
+    "SLURM_NNODES": "5",
+    "SLURM_NODEID": "1",
+    "SLURM_PROCID": "1",
+    "SLURM_LOCALID": "0",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_NODELIST": "gpu[03-04]",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURMD_NODENAME": "gpu04",
+}
+
+
+def test_an_srun_step_gives_rank_size_master_node_id_and_a_job_port() -> None:
+    cfg = parse(env=STEP)
+    # the step's tasks, not the job's nodes; the step's first host, not the job's
+    assert (cfg.nnodes, cfg.node_rank, cfg.master_addr) == (2, 1, "gpu03")
+    assert cfg.master_port == 20000 + 12345 % 10000
+    assert (cfg.node_id, cfg.default_node_id) == (None, "gpu04")
+    assert parse("--master-port", "29400", env=STEP).master_port == 29400
+    assert parse(env={**STEP, "MASTER_PORT": "5"}).master_port == 5
+    assert parse("--node-id", "mine", env=STEP).node_id == "mine"
+    assert parse(env={**STEP, "RAYLESS_NODE_ID": "env"}).node_id == "env"
+
+
+def test_several_tasks_per_node_rank_by_procid() -> None:
+    env = {**STEP, "SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "3", "SLURM_LOCALID": "1"}
+    cfg = parse(env=env)
+    assert (cfg.nnodes, cfg.node_rank, cfg.default_node_id) == (4, 3, "gpu04-1")
+
+
+def test_outside_a_step_the_job_variables_count() -> None:
+    batch = {k: v for k, v in STEP.items() if not k.startswith(("SLURM_STEP", "SLURMD"))}
+    cfg = parse(env=batch)
+    assert (cfg.nnodes, cfg.node_rank, cfg.master_addr) == (5, 1, "gpu01")
+    assert cfg.default_node_id is None
+
+
+def test_two_jobs_get_two_ports() -> None:
+    ports = {parse(env={**STEP, "SLURM_JOB_ID": str(j)}).master_port for j in (7, 8)}
+    assert ports == {20007, 20008}
+
+
+def test_node_ids_are_claimed_per_host() -> None:
+    cfg = parse("--node-rank", "0", "--nnodes", "2", "--master-addr", "m", env={})
+    first, held = launch.claim_node_id(cfg)
+    try:
+        second, held2 = launch.claim_node_id(replace(cfg, node_rank=1))
+        held2.close()
+        assert second == f"{first}-r1"
+        with pytest.raises(LaunchError, match="give each rank on one host its own --node-id"):
+            launch.claim_node_id(replace(cfg, node_id=first))
+    finally:
+        held.close()
+    again, held = launch.claim_node_id(cfg)  # released with the socket
+    held.close()
+    assert again == first
