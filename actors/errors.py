@@ -5,7 +5,8 @@
     ├── ActorNotFoundError   no live actor has that name or id (also a ValueError, as in Ray)
     ├── NameTakenError       an actor of that name already exists (also a ValueError, as in Ray)
     ├── StartError           a process of the runtime (head, agent, fork template) did not start
-    └── ConnectError         no cluster to connect to: no address, an unreadable token file
+    ├── ConnectError         no cluster to connect to: no address, an unreadable token file
+    └── LaunchError          ``rayless launch`` could not start, rendezvous or keep its cluster
 
 ``rayless.errors`` re-exports these beside the other layers' errors.
 """
@@ -16,7 +17,14 @@ import signal
 
 from rayless.transport.errors import RaylessError
 
-__all__ = ["ActorDiedError", "ActorNotFoundError", "ConnectError", "NameTakenError", "StartError"]
+__all__ = [
+    "ActorDiedError",
+    "ActorNotFoundError",
+    "ConnectError",
+    "LaunchError",
+    "NameTakenError",
+    "StartError",
+]
 
 
 class ActorDiedError(RaylessError, wire="rayless.ActorDiedError"):
@@ -78,3 +86,8 @@ class StartError(RaylessError, wire="rayless.StartError"):
 
 class ConnectError(RaylessError, wire="rayless.ConnectError"):
     """There is no cluster to connect to: no address given or found, or no usable token."""
+
+
+class LaunchError(RaylessError, wire="rayless.LaunchError"):
+    """A launch (``rayless launch``, the SSH launcher) could not start, rendezvous or keep its
+    cluster; also bad launch settings, with what to pass instead."""

@@ -184,7 +184,7 @@ class Store:
     async def connect(cls, name: str = DEFAULT_NAME, cluster: Cluster | None = None) -> Store:
         """A client of the running store whose controller is called ``name``.
 
-        Raises RaylessError when no such actor is alive.
+        Raises ActorNotFoundError when no such actor is alive.
         """
         cluster = cluster or await connect()
         controller = await cluster.get_actor(name)
