@@ -22,6 +22,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from rayless.actors import ActorDiedError, ActorHandle, Cluster, connect
+from rayless.actors.api.components import spawn_all
 from rayless.store.controller import StoreController
 from rayless.store.errors import (
     ForeignMetaError,
@@ -165,13 +166,7 @@ class Store:
             )
             for i, node in enumerate(nodes)
         ]
-        results = await asyncio.gather(*spawned, return_exceptions=True)
-        handles = [r for r in results if isinstance(r, ActorHandle)]
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            for h in [controller, *handles]:
-                await cluster.kill(h)
-            raise failed[0]
+        handles = await spawn_all(cluster, spawned, kill_on_error=[controller])
         await controller.set_units({f"{name}-unit-{i}": h for i, h in enumerate(handles)})
         store = cls(
             controller, await controller.units(), await controller.store_id(), cluster, True

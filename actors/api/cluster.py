@@ -16,8 +16,11 @@ from typing import Any
 
 from rayless.actors.api import context
 from rayless.actors.api.actor import ClassRef, public_methods
+from rayless.actors.api.components import spawn_component
+from rayless.actors.api.group import spawn_group
 from rayless.actors.api.handle import ActorHandle
 from rayless.actors.api.runtime import Runtime, close_runtimes, get_runtime, materialize
+from rayless.actors.api.sync import DEFAULT_TIMEOUT, SyncCluster
 from rayless.actors.errors import ConnectError
 from rayless.actors.launch.local import LocalProcesses
 from rayless.transport import codec
@@ -76,11 +79,14 @@ class Cluster:
         return _LocalCluster(procs)
 
     @classmethod
-    def local_sync(cls, *args: Any, **kwargs: Any) -> Any:
-        """The synchronous facade over :meth:`local` (see ``actors.sync``)."""
-        from rayless.actors.api.sync import SyncCluster
+    def local_sync(cls, *args: Any, **kwargs: Any) -> SyncCluster:
+        """The synchronous facade over :meth:`local` (see ``actors.api.sync``)."""
+        return SyncCluster.open(lambda: cls.local(*args, **kwargs).__aenter__(), DEFAULT_TIMEOUT)
 
-        return SyncCluster.local(*args, **kwargs)
+    @classmethod
+    def connect_sync(cls, address: str | None = None, *, token: str | None = None) -> SyncCluster:
+        """The synchronous facade over :func:`connect` (same arguments and errors)."""
+        return SyncCluster.open(lambda: connect(address, token=token), 60)
 
     async def _runtime(self) -> Runtime:
         if self._closed:
@@ -145,8 +151,6 @@ class Cluster:
         With ``torch_distributed=True`` each member gets MASTER_ADDR, MASTER_PORT, RANK,
         WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE so it can ``init_process_group``.
         """
-        from rayless.actors.api.group import spawn_group
-
         return await spawn_group(self, cls, n, *args, **kwargs)
 
     async def spawn_component(
@@ -157,8 +161,6 @@ class Cluster:
         ``plan`` is a ``placement.ResourcePoolPlanner`` (or its packed slots); see
         ``actors.components``.
         """
-        from rayless.actors.api.components import spawn_component
-
         return await spawn_component(self, cls, plan, component, *args, **kwargs)
 
     async def kill(self, handle: ActorHandle) -> bool:

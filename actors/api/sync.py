@@ -14,13 +14,15 @@ loop*, so ``handle.method.call(x)`` from any thread goes through it too::
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable
+from typing import TYPE_CHECKING, Any
 
 from rayless.actors.api import runtime
-from rayless.actors.api.cluster import Cluster, connect
 from rayless.actors.api.handle import ActorHandle, _call
 from rayless.transport.errors import Timeout
+
+if TYPE_CHECKING:
+    from rayless.actors.api.cluster import Cluster
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -34,24 +36,17 @@ class SyncCluster:
         self._closed = False
 
     @classmethod
-    def local(cls, *args: Any, **kwargs: Any) -> SyncCluster:
-        """Start an embedded local cluster (arguments as ``Cluster.local``)."""
-        portal = runtime.LoopThread("rayless-sync")
-        try:
-            cm = Cluster.local(*args, **kwargs)
-            cluster = portal.run(cm.__aenter__(), timeout=DEFAULT_TIMEOUT)
-        except BaseException:
-            portal.stop()
-            raise
-        runtime.set_home_loop(portal.loop)
-        return cls(portal, cluster)
+    def open(
+        cls, opener: Callable[[], Coroutine[Any, Any, Cluster]], timeout: float
+    ) -> SyncCluster:
+        """Run ``opener()`` (a Cluster's start or join) on a new loop thread; wrap its result.
 
-    @classmethod
-    def connect(cls, address: str | None = None, *, token: str | None = None) -> SyncCluster:
-        """Join a running cluster (arguments as ``actors.connect``)."""
+        ``Cluster.local_sync`` and ``Cluster.connect_sync`` call this. Raises what
+        ``opener`` raises (the loop thread is stopped then).
+        """
         portal = runtime.LoopThread("rayless-sync")
         try:
-            cluster = portal.run(connect(address, token=token), timeout=60)
+            cluster: Cluster = portal.run(opener(), timeout=timeout)
         except BaseException:
             portal.stop()
             raise
