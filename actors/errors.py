@@ -6,6 +6,7 @@
     ├── NameTakenError       an actor of that name already exists (also a ValueError, as in Ray)
     ├── StartError           a process of the runtime (head, agent, fork template) did not start
     ├── ConnectError         no cluster to connect to: no address, an unreadable token file
+    ├── LaunchError          ``rayless launch`` could not start, rendezvous or keep its cluster
     └── TransportError
         └── BrokenError
             └── ClusterLostError   the cluster's head is gone: every call fails at once
@@ -24,6 +25,7 @@ __all__ = [
     "ActorNotFoundError",
     "ClusterLostError",
     "ConnectError",
+    "LaunchError",
     "NameTakenError",
     "StartError",
 ]
@@ -97,3 +99,8 @@ class ClusterLostError(BrokenError, wire="rayless.ClusterLostError"):
     head no actor death could be reported, and the head's loss ends the cluster (its agents
     stop their actors). A ``BrokenError``, so code that catches broken sessions catches it.
     """
+
+
+class LaunchError(RaylessError, wire="rayless.LaunchError"):
+    """A launch (``rayless launch``, the SSH launcher) could not start, rendezvous or keep its
+    cluster; also bad launch settings, with what to pass instead."""

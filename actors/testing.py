@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 
 from rayless.actors.api import context
-from rayless.actors.api.cluster import Cluster, LocalProcesses
+from rayless.actors.api.cluster import Cluster
 from rayless.actors.api.runtime import get_runtime
+from rayless.actors.launch.local import LocalProcesses
 
 _SHARED: dict[tuple[int, int, float], LocalProcesses] = {}
 DEFAULTS: dict[str, Any] = {"nodes": 2, "gpus_per_node": 2, "node_timeout": 5.0}

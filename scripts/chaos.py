@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rayless.actors import ActorDiedError, Cluster
 from rayless.actors.api import context
-from rayless.actors.api.cluster import LocalProcesses
+from rayless.actors.launch.local import LocalProcesses
 from rayless.demo.config import load_config
 from rayless.store import UnitLostError
 from tests.chaos.scenarios import (

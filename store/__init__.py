@@ -3,8 +3,8 @@
 Imports ``actors``, ``transport`` and ``placement``. See docs/store.md.
 """
 
-from rayless.store import samplers
-from rayless.store.client import DEFAULT_NAME, Store
+from typing import TYPE_CHECKING, Any
+
 from rayless.store.errors import (
     ForeignMetaError,
     SchemaError,
@@ -18,10 +18,47 @@ from rayless.store.errors import (
     UnknownKeyError,
     UnknownPartitionError,
 )
-from rayless.store.meta import BatchMeta
-from rayless.store.samplers import GroupedSampler, RandomSampler, SequentialSampler, make_sampler
-from rayless.store.schema import FieldSchema
-from rayless.store.sync import SyncStore
+
+if TYPE_CHECKING:
+    from rayless.store import samplers
+    from rayless.store.client import DEFAULT_NAME, Store
+    from rayless.store.meta import BatchMeta
+    from rayless.store.samplers import (
+        GroupedSampler,
+        RandomSampler,
+        SequentialSampler,
+        make_sampler,
+    )
+    from rayless.store.schema import FieldSchema
+    from rayless.store.sync import SyncStore
+
+# The rest loads on first use, so that ``rayless.store.errors`` (and ``rayless.errors``) stay
+# light: the store's client imports torch and tensordict.
+_LAZY = {
+    "DEFAULT_NAME": "rayless.store.client",
+    "Store": "rayless.store.client",
+    "BatchMeta": "rayless.store.meta",
+    "GroupedSampler": "rayless.store.samplers",
+    "RandomSampler": "rayless.store.samplers",
+    "SequentialSampler": "rayless.store.samplers",
+    "make_sampler": "rayless.store.samplers",
+    "FieldSchema": "rayless.store.schema",
+    "SyncStore": "rayless.store.sync",
+}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name == "samplers":
+        return importlib.import_module("rayless.store.samplers")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rayless.store' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_NAME",

@@ -29,6 +29,7 @@ from typing import Any
 from tensordict import TensorDict, TensorDictBase
 
 from rayless.actors import ActorDiedError, ActorHandle, Cluster, connect
+from rayless.actors.api.components import spawn_all
 from rayless.actors.api.lifecycle import opener
 from rayless.store.controller import StoreController
 from rayless.store.errors import (
@@ -160,13 +161,7 @@ class Store:
             )
             for i, node in enumerate(nodes)
         ]
-        results = await asyncio.gather(*spawned, return_exceptions=True)
-        handles: list[ActorHandle[Any]] = [r for r in results if isinstance(r, ActorHandle)]
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            for h in (controller, *handles):
-                await cluster.kill(h)
-            raise failed[0]
+        handles = await spawn_all(cluster, spawned, kill_on_error=[controller])
         await controller.set_units({f"{name}-unit-{i}": h for i, h in enumerate(handles)})
         store = cls(
             controller, await controller.units(), await controller.store_id(), cluster, True
@@ -181,7 +176,7 @@ class Store:
         """A client of the running store whose controller is called ``name``. Await it, or
         ``async with`` it (the client detaches on exit).
 
-        Raises RaylessError when no such actor is alive.
+        Raises ActorNotFoundError when no such actor is alive.
         """
         own = cluster is None
         cluster = cluster or await connect()

@@ -22,7 +22,7 @@ from typing import Any
 
 from rayless.actors import Actor, ActorDiedError, ActorHandle
 from rayless.store.controller_state import ClearPlan, ControllerState
-from rayless.store.errors import StoreError, StoreTimeoutError, UnitLostError, UnknownPartitionError
+from rayless.store.errors import StoreError, StoreTimeoutError, UnitLostError
 from rayless.store.meta import BatchMeta
 from rayless.store.schema import DataUpdate, FieldSchema
 
@@ -326,14 +326,6 @@ class StoreController(Actor):
             "unwritten": len(self._unwritten),
             "waiting_fetches": self._waiting,
         }
-
-    async def has_partition(self, partition: str) -> bool:
-        """Whether ``partition`` exists."""
-        try:
-            self.state.production_status(partition)
-        except UnknownPartitionError:
-            return False
-        return True
 
 
 def _hashable(value: Any) -> Any:

@@ -6,7 +6,8 @@ check raises ProtocolError; ``codec.decode`` turns any other failure into one to
 
 This module imports neither torch, numpy nor tensordict: the builders of records that need
 them (tensors, arrays, TensorDicts, dtypes...) live in ``transport._heavy``, which the first
-such record imports (it then replaces their entries in ``_BUILDERS``).
+such record imports (it then replaces their entries in ``_registry.REGISTRY``). Record kinds
+and markers live in ``transport._registry``; they are re-exported here.
 """
 
 from __future__ import annotations
@@ -18,38 +19,46 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rayless.transport import shm
+from rayless.transport._registry import (
+    BIGINT,
+    CUDA_IPC,
+    DEVICE,
+    DTYPE,
+    ERROR,
+    EXT,
+    HEAVY_KINDS,
+    HEAVY_MODULE,
+    JAGGED,
+    KINDS,
+    MAX_DEPTH,
+    NDARRAY,
+    NESTED,
+    NTDATA,
+    NTSTACK,
+    ODICT,
+    PICKLE,
+    REGISTRY,
+    SIZE,
+    TDICT,
+    TENSOR,
+    TUPLE,
+    Mark,
+    expect,
+    one,
+)
 from rayless.transport.errors import ProtocolError, error_from_state
 
 if TYPE_CHECKING:
     import torch
 
-# Record kinds: the ext code of the marker that starts a record. Never renumber.
-(TUPLE, BIGINT, ODICT, DTYPE, DEVICE, SIZE, TENSOR, CUDA_IPC, NDARRAY, JAGGED, NESTED, TDICT,
- NTDATA, NTSTACK, ERROR, EXT, PICKLE) = range(1, 18)  # fmt: skip
-KINDS = 18
-MAX_DEPTH = 128  # TensorDict nesting
-# Kinds whose builders need torch, numpy or tensordict.
-HEAVY_KINDS = (DTYPE, DEVICE, SIZE, TENSOR, CUDA_IPC, NDARRAY, JAGGED, NESTED, TDICT, NTDATA,
-               NTSTACK)  # fmt: skip
-
-
-class Mark:
-    """What a record marker decodes to until its record is rebuilt."""
-
-    __slots__ = ("code",)
-
-    def __init__(self, code: int) -> None:
-        self.code = code
-
+__all__ = [
+    "BIGINT", "CUDA_IPC", "DEVICE", "DTYPE", "ERROR", "EXT", "HEAVY_KINDS", "JAGGED", "KINDS",
+    "MAX_DEPTH", "NDARRAY", "NESTED", "NTDATA", "NTSTACK", "ODICT", "PICKLE", "SIZE", "TDICT",
+    "TENSOR", "TUPLE", "Decoder", "Mark", "as_bytes_view", "expect", "one",
+]  # fmt: skip
 
 _MARKS = [Mark(code) for code in range(KINDS)]
 _Builder = Callable[["Decoder", list[Any]], Any]
-
-
-def expect(record: list[Any], n: int) -> None:
-    """ProtocolError unless ``record`` (marker included) has ``n`` fields."""
-    if len(record) != n:
-        raise ProtocolError(f"bad record of kind {record[0].code} with {len(record)} fields")
 
 
 def as_bytes_view(frame: Any) -> memoryview:
@@ -148,34 +157,21 @@ class Decoder:
         return pickle.loads(r[1])
 
 
-def one(kind: type, build: Callable[[Any], Any]) -> _Builder:
-    """A builder for two-field records whose payload must be exactly of type ``kind``."""
-
-    def builder(dec: Decoder, r: list[Any]) -> Any:
-        expect(r, 2)
-        if type(r[1]) is not kind:
-            raise ProtocolError(f"bad record of kind {r[0].code}")
-        return build(r[1])
-
-    return builder
-
-
-def _bad(dec: Decoder, r: list[Any]) -> Any:
-    raise ProtocolError(f"unknown record kind {r[0].code}")
-
-
 def _load_heavy(dec: Decoder, r: list[Any]) -> Any:
     """First record of a torch/numpy/tensordict kind: import their builders, then build."""
-    importlib.import_module("rayless.transport._heavy")  # replaces the HEAVY_KINDS entries
+    importlib.import_module(HEAVY_MODULE)  # it replaces the HEAVY_KINDS entries
     return _BUILDERS[r[0].code](dec, r)
 
 
-_BUILDERS: list[_Builder] = [_bad] * KINDS
-_BUILDERS[TUPLE] = lambda dec, r: tuple(r[1:])
-_BUILDERS[BIGINT] = one(bytes, lambda b: int.from_bytes(b, "little", signed=True))
-_BUILDERS[ODICT] = one(dict, OrderedDict)
-_BUILDERS[ERROR] = one(dict, error_from_state)
-_BUILDERS[EXT] = Decoder.extension
-_BUILDERS[PICKLE] = Decoder.pickled
-for _kind in HEAVY_KINDS:
-    _BUILDERS[_kind] = _load_heavy
+_BUILDERS = REGISTRY.builders
+REGISTRY.set_builders(
+    {
+        TUPLE: lambda dec, r: tuple(r[1:]),
+        BIGINT: one(bytes, lambda b: int.from_bytes(b, "little", signed=True)),
+        ODICT: one(dict, OrderedDict),
+        ERROR: one(dict, error_from_state),
+        EXT: Decoder.extension,
+        PICKLE: Decoder.pickled,
+        **dict.fromkeys(HEAVY_KINDS, _load_heavy),
+    }
+)

@@ -2,44 +2,51 @@
 
 ``transport.codec`` and ``transport._decoder`` import none of these libraries. The first value
 of one of their types that ``encode`` meets, and the first record of one of their kinds that
-``decode`` meets, imports this module; importing it registers its encoders in
-``codec._ENCODERS`` (keyed by exact type, so later values of those types cost no more than
-before) and its builders in ``_decoder._BUILDERS``. The functions below that are not
-underscored are what the codec calls for subclasses and for its path finder.
+``decode`` meets, imports this module; importing it adds its encoders (keyed by exact type, so
+later values of those types cost no more than before) and builders to the codec's registry,
+``transport._registry.REGISTRY``. It imports neither half of the codec. The functions below
+that are not underscored are what the codec calls for subclasses and for its path finder.
 """
 
 from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
-from rayless.transport import _cuda, _decoder, codec, shm
+from rayless.transport import _cuda, shm
 from rayless.transport import _tensors as T
-from rayless.transport._decoder import (
+from rayless.transport._registry import (
     CUDA_IPC,
     DEVICE,
     DTYPE,
     HEAVY_KINDS,
     JAGGED,
+    MARK,
     MAX_DEPTH,
     NDARRAY,
     NESTED,
     NTDATA,
     NTSTACK,
+    REGISTRY,
     SIZE,
     TDICT,
     TENSOR,
-    Decoder,
+    Unsupported,
     expect,
     one,
 )
-from rayless.transport.codec import _MARK, Unsupported, _Encoder
 from rayless.transport.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from rayless.transport._decoder import Decoder
+    from rayless.transport.codec import _Encoder
+
+_MARK = MARK
 
 parse_device = _cuda.parse_device
 sync = _cuda.sync
@@ -254,7 +261,7 @@ def _build_non_tensor_stack(dec: Decoder, r: list[Any]) -> NonTensorStack:
 
 # -- registration (runs once, at import) ------------------------------------------------------
 
-codec._ENCODERS.update(
+REGISTRY.add_encoders(
     {
         torch.dtype: lambda enc, obj: [_MARK[DTYPE], T.DTYPE_NAMES.get(obj, str(obj))],
         torch.device: lambda enc, obj: [_MARK[DEVICE], str(obj)],
@@ -287,6 +294,5 @@ _BUILT = {
 }
 if set(_BUILT) != set(HEAVY_KINDS):
     raise ImportError("transport._heavy must build exactly _decoder.HEAVY_KINDS")
-for _kind, _build in _BUILT.items():
-    _decoder._BUILDERS[_kind] = _build
-codec._heavy = sys.modules[__name__]
+REGISTRY.set_builders(_BUILT)
+REGISTRY.set_heavy(sys.modules[__name__])

@@ -29,7 +29,7 @@ unpacker stack (1023 levels), TensorDict nesting by ``_decoder.MAX_DEPTH`` (128)
 Importing the codec imports neither torch, numpy nor tensordict (processes that never see a
 tensor do not pay for them): ``transport._heavy`` holds everything that needs them and is
 imported the first time a value of theirs is encoded or a record of theirs is decoded; it then
-registers its encoders in ``_ENCODERS`` and its builders in ``_decoder._BUILDERS``.
+adds its encoders and builders to the explicit registry ``transport._registry.REGISTRY``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,19 @@ from typing import TYPE_CHECKING, Any, Union
 import msgpack
 
 from rayless.transport import shm as _shm
-from rayless.transport._decoder import BIGINT, ERROR, EXT, KINDS, ODICT, PICKLE, TUPLE, Decoder
+from rayless.transport._decoder import Decoder
+from rayless.transport._registry import (
+    BIGINT,
+    ERROR,
+    EXT,
+    HEAVY_MODULE,
+    MARK,
+    ODICT,
+    PICKLE,
+    REGISTRY,
+    TUPLE,
+    Unsupported,
+)
 from rayless.transport.errors import LimitError, ProtocolError, RaylessError, error_to_state
 
 if TYPE_CHECKING:
@@ -55,17 +67,12 @@ __all__ = ["Buffer", "decode", "encode", "register_extension", "sweep_shm"]
 Buffer = Union[bytes, bytearray, memoryview]
 MAX_HEADER = 16 << 20
 _MAX_WALK = 500  # deepest level the path finder descends to
-_MARK = [msgpack.ExtType(code, b"") for code in range(KINDS)]
+_MARK = MARK
 _EXT_BY_TYPE: dict[type, tuple[str, Callable[[Any], Any]]] = {}
 _EXT_BY_NAME: dict[str, tuple[type, Callable[[Any], Any]]] = {}
 # Top-level packages whose types ``transport._heavy`` handles.
 _HEAVY_ROOTS = frozenset(("torch", "numpy", "tensordict"))
-_heavy: ModuleType | None = None  # transport._heavy once imported
 _SHM_LIVE = _shm.LIVE  # non-empty: encode may have segments to sweep
-
-
-class Unsupported(TypeError):
-    """A value the codec cannot encode; the codec adds the path to the message."""
 
 
 def _is_heavy(cls: type) -> bool:
@@ -77,10 +84,10 @@ def _is_heavy(cls: type) -> bool:
 
 def _load_heavy() -> ModuleType:
     """Import ``transport._heavy`` (once): it registers the torch/numpy/tensordict encoders."""
-    global _heavy
-    if _heavy is None:
-        _heavy = importlib.import_module("rayless.transport._heavy")
-    return _heavy
+    if REGISTRY.heavy is None:
+        importlib.import_module(HEAVY_MODULE)  # it records itself in REGISTRY
+    assert REGISTRY.heavy is not None  # internal invariant: _heavy registers at import
+    return REGISTRY.heavy
 
 
 def register_extension(
@@ -95,7 +102,7 @@ def register_extension(
     """
     if not isinstance(cls, type) or not isinstance(name, str) or not name:
         raise ValueError("register_extension needs a class and a non-empty name")
-    if _heavy is None and _is_heavy(cls):
+    if REGISTRY.heavy is None and _is_heavy(cls):
         _load_heavy()  # so that the check below sees the tensor types
     if cls in _ENCODERS or cls in _NATIVE or issubclass(cls, RaylessError):
         raise ValueError(f"the codec already encodes {cls.__qualname__}")
@@ -137,7 +144,7 @@ class _Encoder:
             return [_MARK[EXT], ext[0], ext[1](obj)]
         if isinstance(obj, RaylessError):
             return [_MARK[ERROR], error_to_state(obj)]
-        heavy = _heavy
+        heavy = REGISTRY.heavy
         if heavy is None and _is_heavy(kind):
             heavy = _load_heavy()
             encoder = _ENCODERS.get(kind)
@@ -157,14 +164,17 @@ class _Encoder:
         raise Unsupported(problem or f"cannot encode {type(obj).__qualname__}")
 
 
-_ENCODERS: dict[type, Callable[[_Encoder, Any], Any]] = {
-    tuple: lambda enc, obj: [_MARK[TUPLE], *obj],
-    int: lambda enc, obj: [
-        _MARK[BIGINT],
-        obj.to_bytes(obj.bit_length() // 8 + 1, "little", signed=True),
-    ],
-    OrderedDict: lambda enc, obj: [_MARK[ODICT], dict(obj)],
-}  # transport._heavy adds the torch, numpy and tensordict types
+_ENCODERS = REGISTRY.encoders  # transport._heavy adds the torch, numpy and tensordict types
+REGISTRY.add_encoders(
+    {
+        tuple: lambda enc, obj: [_MARK[TUPLE], *obj],
+        int: lambda enc, obj: [
+            _MARK[BIGINT],
+            obj.to_bytes(obj.bit_length() // 8 + 1, "little", signed=True),
+        ],
+        OrderedDict: lambda enc, obj: [_MARK[ODICT], dict(obj)],
+    }
+)
 _NATIVE = (type(None), bool, int, float, str, bytes, bytearray, memoryview, list, dict)
 
 
@@ -222,7 +232,9 @@ def _locate(obj: Any, path: str, enc: _Encoder, depth: int) -> str | None:
         return None
     if depth > _MAX_WALK:
         return f"{path}: nested deeper than {_MAX_WALK} levels"
-    heavy = _heavy if _heavy is not None or not _is_heavy(kind) else _load_heavy()
+    heavy = REGISTRY.heavy
+    if heavy is None and _is_heavy(kind):
+        heavy = _load_heavy()
     if heavy is not None and heavy.is_tensor(obj):
         problem = heavy.tensor_problem(obj)
         return f"{path}: {problem}" if problem else None

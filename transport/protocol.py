@@ -59,7 +59,6 @@ class Kind(IntEnum):
     BYE = 12
 
 
-_KINDS = frozenset(int(k) for k in Kind)
 _KIND_OF = {int(k): k for k in Kind}  # Kind(value) is slow: it goes through EnumMeta
 
 
@@ -172,22 +171,6 @@ def curve_enabled(curve: bool | None) -> bool:
 def pack_control(kind: Kind, req_id: int = 0, flags: int = 0) -> bytes:
     """The 12-byte control frame of a message."""
     return CONTROL.pack(VERSION, kind, flags, req_id)
-
-
-def unpack_control(frame: bytes) -> tuple[Kind, int, int]:
-    """Parse a control frame into (kind, flags, request id).
-
-    Raises:
-        ProtocolError: wrong size, wrong version or an unknown kind.
-    """
-    if len(frame) != CONTROL_SIZE:
-        raise ProtocolError(f"control frame of {len(frame)} bytes, expected {CONTROL_SIZE}")
-    version, kind, flags, req_id = CONTROL.unpack(frame)
-    if version != VERSION:
-        raise ProtocolError(f"protocol version {version}, expected {VERSION}")
-    if kind not in _KINDS:
-        raise ProtocolError(f"unknown message kind {kind}")
-    return Kind(kind), flags, req_id
 
 
 def envelope(kind: Kind, req_id: int, payload: Sequence[Any] = ()) -> list[Any]:

@@ -189,7 +189,8 @@ def maybe_sweep() -> None:
         sweep()
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (also one of another user); False for a bad pid."""
     if pid <= 0:
         return False
     try:
@@ -218,7 +219,7 @@ def cleanup_stale(max_age: float = SHM_MAX_AGE, directory: str | None = None) ->
             if found is None:
                 continue
             pid = int(found.group(1))
-            if pid == me or _alive(pid):
+            if pid == me or pid_alive(pid):
                 continue
             try:
                 if now - entry.stat(follow_symlinks=False).st_mtime < max_age:

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from rayless.transport.errors import RaylessError
+from rayless.transport.errors import ProtocolError
 
 
 class Actor:
@@ -96,14 +96,14 @@ class ClassRef:
         """Parse :meth:`to_wire` output.
 
         Raises:
-            RaylessError: a malformed reference.
+            ProtocolError: a malformed reference.
         """
         if (
             not isinstance(value, (list, tuple))
             or len(value) != 3
             or not all(isinstance(v, str) for v in value[:2])
         ):
-            raise RaylessError(f"malformed class reference {value!r:.200}")
+            raise ProtocolError(f"malformed class reference {value!r:.200}")
         return cls(value[0], value[1], value[2] if isinstance(value[2], str) else None)
 
     def load(self) -> type:

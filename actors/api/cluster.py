@@ -13,174 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import os
-import selectors
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rayless.actors.api import context
 from rayless.actors.api.actor import ClassRef, public_methods
+from rayless.actors.api.components import spawn_component
+from rayless.actors.api.group import spawn_group
 from rayless.actors.api.handle import ActorHandle
 from rayless.actors.api.lifecycle import Opening
 from rayless.actors.api.runtime import Runtime, close_runtimes, get_runtime, materialize
+from rayless.actors.api.sync import DEFAULT_TIMEOUT, SyncCluster
+from rayless.actors.errors import ConnectError
+from rayless.actors.launch.local import LocalProcesses
 from rayless.transport import codec
 from rayless.transport.errors import ClosedError, RaylessError, RemoteError
-from rayless.transport.protocol import new_token
 
-START_TIMEOUT = 120.0
 A = TypeVar("A")
-
-
-def _read_line(proc: subprocess.Popen[bytes], what: str, timeout: float) -> str:
-    """The first line a starting process prints (its address), or RaylessError."""
-    assert proc.stdout is not None  # internal invariant: stdout=PIPE
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        line = proc.stdout.readline() if sel.select(timeout) else b""
-    text = line.decode().strip()
-    if not text:
-        raise RaylessError(f"{what} did not start (exit code {proc.poll()}); see its stderr")
-    return text
-
-
-def _real_gpu_count() -> int:
-    try:
-        from rayless.placement import discover_node
-
-        info = discover_node()
-        return 0 if info.fake_gpus else len(info.gpus)
-    except Exception:
-        return 0
-
-
-@dataclass
-class LocalProcesses:
-    """The processes of an embedded cluster on this host (blocking; loop-independent)."""
-
-    nodes: int = 1
-    gpus_per_node: int = 0
-    node_timeout: float = 5.0
-    zygote: bool = True
-    log_dir: str | None = None
-    zygote_preload: str = "eager"
-    token: str = field(default_factory=new_token)
-    address: str = ""
-    head: subprocess.Popen[bytes] | None = None
-    zygote_proc: subprocess.Popen[bytes] | None = None
-    agents: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    tmpdir: str = ""
-
-    def _popen(self, *args: str, **extra: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, context.ENV_TOKEN: self.token, "RAYLESS_DIE_WITH_PARENT": "1", **extra}
-        return subprocess.Popen(
-            [sys.executable, *args],
-            stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
-
-    def start(self) -> None:
-        """Start the head, the zygote and the agents; wait until every agent joined.
-
-        Raises:
-            ValueError: bad sizes.
-            RaylessError: a process did not start.
-        """
-        if self.nodes < 1 or self.gpus_per_node < 0:
-            raise ValueError("nodes must be >= 1 and gpus_per_node >= 0")
-        self.tmpdir = tempfile.mkdtemp(prefix="rayless-local-")
-        log_dir = self.log_dir or os.path.join(self.tmpdir, "logs")
-        try:
-            self.head = self._popen(
-                "-m", "rayless.actors.control.head", "tcp://127.0.0.1:0", str(self.node_timeout)
-            )
-            zygote_path = "none"
-            if self.zygote:
-                zygote_path = os.path.join(self.tmpdir, "zygote.sock")
-                self.zygote_proc = self._popen(
-                    "-m",
-                    "rayless.actors.control.zygote",
-                    zygote_path,
-                    RAYLESS_ZYGOTE_PRELOAD=self.zygote_preload,
-                )
-            self.address = _read_line(self.head, "the head", START_TIMEOUT)
-            if self.zygote_proc is not None:
-                _read_line(self.zygote_proc, "the zygote", START_TIMEOUT)
-            real = _real_gpu_count() if self.gpus_per_node else 0
-            use_real = self.gpus_per_node > 0 and real >= self.nodes * self.gpus_per_node
-            for i in range(self.nodes):
-                args = [
-                    "-m",
-                    "rayless.actors.control.agent",
-                    self.address,
-                    "--node-id",
-                    f"node-{i}",
-                    "--ip",
-                    "127.0.0.1",
-                    "--zygote",
-                    zygote_path,
-                    "--log-dir",
-                    log_dir,
-                    "--head-timeout",
-                    str(self.node_timeout),
-                ]
-                extra: dict[str, str] = {}
-                if use_real:
-                    first = i * self.gpus_per_node
-                    visible = range(first, first + self.gpus_per_node)
-                    extra["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, visible))
-                else:
-                    args += ["--fake-gpus", str(self.gpus_per_node)]
-                self.agents.append(self._popen(*args, **extra))
-            for i, agent in enumerate(self.agents):
-                _read_line(agent, f"node agent {i}", START_TIMEOUT)
-        except BaseException:
-            self.stop()
-            raise
-
-    @property
-    def pids(self) -> list[int]:
-        """Pids of the head, the zygote and the agents."""
-        procs = [self.head, self.zygote_proc, *self.agents]
-        return [p.pid for p in procs if p is not None]
-
-    def stop(self, grace: float = 10.0) -> None:
-        """Shut the cluster down: SIGTERM to the head (it stops the agents, which stop their
-        actors), wait, then SIGTERM → grace → SIGKILL what is left; the zygote goes last, so
-        agents never see it vanish under them. Idempotent.
-        """
-        others = [p for p in [self.head, *self.agents] if p is not None]
-        zygote = [self.zygote_proc] if self.zygote_proc is not None else []
-        if self.head is not None and self.head.poll() is None:
-            self.head.send_signal(signal.SIGTERM)  # a no-op race if a shutdown is under way
-        deadline = time.monotonic() + grace / 2
-        for proc in others:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for group in (others, zygote):
-            for proc in group:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            for proc in group:
-                try:
-                    proc.wait(grace)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-                if proc.stdout is not None:
-                    proc.stdout.close()
-        self.head, self.zygote_proc, self.agents = None, None, []
-        if self.tmpdir:
-            shutil.rmtree(self.tmpdir, ignore_errors=True)
-            self.tmpdir = ""
 
 
 class Cluster:
@@ -222,6 +71,8 @@ class Cluster:
         """An embedded cluster of real processes on loopback: ``async with`` it, or await it
         and ``aclose()`` the Cluster when done.
 
+        Entering it raises StartError when a process of the cluster does not start.
+
         ``zygote_preload="lazy"`` keeps the idle cluster small: the fork template imports
         torch on the first spawn instead of at start (see ``actors.zygote``).
 
@@ -234,11 +85,14 @@ class Cluster:
         return Opening(lambda: _start_local(procs))
 
     @classmethod
-    def local_sync(cls, *args: Any, **kwargs: Any) -> Any:
-        """The synchronous facade over :meth:`local` (see ``actors.sync``)."""
-        from rayless.actors.api.sync import SyncCluster
+    def local_sync(cls, *args: Any, **kwargs: Any) -> SyncCluster:
+        """The synchronous facade over :meth:`local` (see ``actors.api.sync``)."""
+        return SyncCluster.open(lambda: cls.local(*args, **kwargs), DEFAULT_TIMEOUT)
 
-        return SyncCluster.local(*args, **kwargs)
+    @classmethod
+    def connect_sync(cls, address: str | None = None, *, token: str | None = None) -> SyncCluster:
+        """The synchronous facade over :func:`connect` (same arguments and errors)."""
+        return SyncCluster.open(lambda: connect(address, token=token), 60)
 
     async def _runtime(self) -> Runtime:
         if self._closed:
@@ -304,8 +158,6 @@ class Cluster:
         With ``torch_distributed=True`` each member gets MASTER_ADDR, MASTER_PORT, RANK,
         WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE so it can ``init_process_group``.
         """
-        from rayless.actors.api.group import spawn_group
-
         return await spawn_group(self, cls, n, *args, **kwargs)
 
     async def spawn_component(
@@ -316,8 +168,6 @@ class Cluster:
         ``plan`` is a ``placement.ResourcePoolPlanner`` (or its packed slots); see
         ``actors.components``.
         """
-        from rayless.actors.api.components import spawn_component
-
         return await spawn_component(self, cls, plan, component, *args, **kwargs)
 
     async def kill(self, handle: ActorHandle[Any]) -> bool:
@@ -329,7 +179,7 @@ class Cluster:
         """The live actor called ``name``.
 
         Raises:
-            RaylessError: no live actor has that name.
+            ActorNotFoundError: no live actor has that name.
         """
         runtime = await self._runtime()
         return ActorHandle.from_record(await runtime.head_request(("get_actor", name)))
@@ -404,7 +254,7 @@ def connect(address: str | None = None, *, token: str | None = None) -> Opening[
     Cluster on this process's own session (closing it then kills nothing).
 
     Raises:
-        RaylessError: no address/token given or in the environment.
+        ConnectError: no address/token given or in the environment.
         AuthError: the token is wrong.
     """
     return Opening(lambda: _connect(address, token))
@@ -414,13 +264,13 @@ async def _connect(address: str | None, token: str | None) -> Cluster:
     if address is None and token is None:
         try:  # inside an actor (or after an earlier connect): join as this process's session
             return Cluster(context.current(), owns_session=False)
-        except RaylessError:
+        except ConnectError:
             pass
     env = context.from_env()
     address = address or (env.address if env else None)
     token = token or (env.token if env else None)
     if not address or not token:
-        raise RaylessError(
+        raise ConnectError(
             f"connect() needs an address and a token (or {context.ENV_ADDRESS} and "
             f"{context.ENV_TOKEN} in the environment)"
         )

@@ -9,7 +9,7 @@ CUDA_VISIBLE_DEVICES=2,3. :func:`cluster_info` feeds the planner the live cluste
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from rayless.placement import WorkerSlot
@@ -18,6 +18,27 @@ from rayless.placement.errors import PlacementError
 if TYPE_CHECKING:
     from rayless.actors.api.cluster import Cluster
     from rayless.actors.api.handle import ActorHandle
+
+
+async def spawn_all(
+    cluster: Cluster,
+    spawns: Iterable[Awaitable[ActorHandle]],
+    *,
+    kill_on_error: Iterable[ActorHandle] = (),
+) -> list[ActorHandle]:
+    """Await ``spawns`` (``cluster.spawn(...)`` calls) together; their handles, in order.
+
+    All or none: if any spawn fails, every actor that did start (and ``kill_on_error``) is
+    killed, and the first error is raised.
+    """
+    results = await asyncio.gather(*spawns, return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    handles = [r for r in results if not isinstance(r, BaseException)]
+    if errors:
+        doomed = [*kill_on_error, *handles]
+        await asyncio.gather(*(cluster.kill(h) for h in doomed), return_exceptions=True)
+        raise errors[0]
+    return handles
 
 
 async def cluster_info(cluster: Cluster) -> dict[str, Any]:
@@ -97,10 +118,4 @@ async def spawn_component(
             **kwargs,
         )
 
-    results = await asyncio.gather(*(one(s) for s in slots), return_exceptions=True)
-    errors = [r for r in results if isinstance(r, BaseException)]
-    if errors:
-        spawned = [r for r in results if not isinstance(r, BaseException)]
-        await asyncio.gather(*(cluster.kill(h) for h in spawned), return_exceptions=True)
-        raise errors[0]
-    return list(results)  # type: ignore[arg-type]
+    return await spawn_all(cluster, [one(s) for s in slots])

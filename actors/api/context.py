@@ -20,7 +20,7 @@ import os
 import uuid
 from dataclasses import dataclass, field
 
-from rayless.transport.errors import RaylessError
+from rayless.actors.errors import ConnectError
 
 ENV_ADDRESS = "RAYLESS_ADDRESS"
 ENV_TOKEN = "RAYLESS_TOKEN"
@@ -50,15 +50,15 @@ def read_token_file(path: str) -> str:
     """The token stored in ``path`` (whitespace stripped).
 
     Raises:
-        RaylessError: the file cannot be read or is empty.
+        ConnectError: the file cannot be read or is empty.
     """
     try:
         with open(path) as f:
             token = f.read().strip()
     except OSError as exc:
-        raise RaylessError(f"cannot read the token file {path}: {exc}") from None
+        raise ConnectError(f"cannot read the token file {path}: {exc}") from None
     if not token:
-        raise RaylessError(f"the token file {path} is empty")
+        raise ConnectError(f"the token file {path} is empty")
     return token
 
 
@@ -77,13 +77,13 @@ def current() -> ClusterInfo:
     """The cluster this process belongs to.
 
     Raises:
-        RaylessError: no cluster was started or joined, and the environment names none.
+        ConnectError: no cluster was started or joined, and the environment names none.
     """
     global _current
     if _current is None:
         _current = from_env()
     if _current is None:
-        raise RaylessError(
+        raise ConnectError(
             "not connected to a rayless cluster: use actors.Cluster.local() or "
             f"actors.connect(address, token=...), or set {ENV_ADDRESS} and {ENV_TOKEN}"
         )

@@ -19,11 +19,11 @@ choose one yourself.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from typing import TYPE_CHECKING, Any
 
-from rayless.actors.api.components import slots_of
+from rayless.actors.api.components import slots_of, spawn_all
+from rayless.actors.api.runtime import get_runtime
 from rayless.placement.errors import PlacementError
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ async def spawn_group(
         if ranks_nodes[0] not in ips:
             raise PlacementError(f"node {ranks_nodes[0]!r} of rank 0 is not alive")
         if master_port is None:
-            runtime = await cluster._runtime()
+            runtime = await get_runtime()
             master_port = int(await runtime.head_request(("free_port", ranks_nodes[0])))
         envs = torch_env(ranks_nodes, ips[ranks_nodes[0]], master_port)
 
@@ -154,10 +154,4 @@ async def spawn_group(
             **kwargs,
         )
 
-    results = await asyncio.gather(*(one(r) for r in range(n)), return_exceptions=True)
-    errors = [r for r in results if isinstance(r, BaseException)]
-    if errors:
-        spawned = [r for r in results if not isinstance(r, BaseException)]
-        await asyncio.gather(*(cluster.kill(h) for h in spawned), return_exceptions=True)
-        raise errors[0]
-    return list(results)  # type: ignore[arg-type]
+    return await spawn_all(cluster, [one(r) for r in range(n)])

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from collections.abc import Awaitable, Coroutine, Iterable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rayless.actors.api import portal as portals
-from rayless.actors.api.cluster import Cluster, connect
 from rayless.actors.api.handle import ActorHandle, _call
 from rayless.transport.errors import ClosedError, Timeout
 
 T = TypeVar("T")
 A = TypeVar("A")
+
+if TYPE_CHECKING:
+    from rayless.actors.api.cluster import Cluster
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -39,20 +41,15 @@ class SyncCluster:
         self._closed = False
 
     @classmethod
-    def local(cls, *args: Any, **kwargs: Any) -> SyncCluster:
-        """Start an embedded local cluster (arguments as ``Cluster.local``)."""
-        return cls._open(lambda: Cluster.local(*args, **kwargs), DEFAULT_TIMEOUT)
+    def open(cls, opener: Callable[[], Awaitable[Cluster]], timeout: float) -> SyncCluster:
+        """Run ``opener()`` (a Cluster's start or join) on a new loop thread; wrap its result.
 
-    @classmethod
-    def connect(cls, address: str | None = None, *, token: str | None = None) -> SyncCluster:
-        """Join a running cluster (arguments as ``actors.connect``)."""
-        return cls._open(lambda: connect(address, token=token), 60)
-
-    @classmethod
-    def _open(cls, opener: Any, timeout: float) -> SyncCluster:
+        ``Cluster.local_sync`` and ``Cluster.connect_sync`` call this. Raises what
+        ``opener`` raises (the loop thread is stopped then).
+        """
         portal = portals.Portal("rayless-sync")
         try:
-            cluster = portal.run(opener(), timeout=timeout)
+            cluster: Cluster = portal.run(opener(), timeout=timeout)
         except BaseException:
             portal.stop()
             raise

@@ -27,11 +27,11 @@ from rayless.actors.api import context
 from rayless.actors.control.logs import LogTailer
 from rayless.actors.control.process_util import die_with_parent, setup_logging
 from rayless.actors.control.spawner import ProcessSpawner, Spawner, ZygoteSpawner
-from rayless.actors.errors import ActorDiedError
+from rayless.actors.errors import ActorDiedError, ActorNotFoundError
 from rayless.placement import NodeInfo, discover_node_async
 from rayless.transport import loop
 from rayless.transport.client import Client
-from rayless.transport.errors import RaylessError
+from rayless.transport.errors import ProtocolError, RaylessError
 from rayless.transport.server import Peer, Request, Server
 from rayless.transport.shm import cleanup_stale
 
@@ -178,10 +178,10 @@ class Agent:
     def _handle(self, req: Request) -> Any:
         body = req.body
         if not isinstance(body, tuple) or not body or not isinstance(body[0], str):
-            raise RaylessError(f"malformed agent request {body!r:.100}")
+            raise ProtocolError(f"malformed agent request {body!r:.100}")
         method = getattr(self, f"op_{body[0]}", None)
         if method is None:
-            raise RaylessError(f"unknown agent operation {body[0]!r}")
+            raise ProtocolError(f"unknown agent operation {body[0]!r}")
         return method(req.peer, *body[1:])
 
     async def op_spawn(self, peer: Peer, actor_id: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -234,7 +234,7 @@ class Agent:
         """What a starting actor process needs: its class, init args and limits."""
         proc = self.procs.get(actor_id)
         if proc is None:
-            raise RaylessError(f"unknown actor {actor_id!r}")
+            raise ActorNotFoundError(f"unknown actor {actor_id!r}")
         spec = proc.spec
         return {
             "cls": spec["cls"],

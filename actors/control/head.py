@@ -21,12 +21,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayless.actors.errors import ActorDiedError
+from rayless.actors.errors import ActorDiedError, ActorNotFoundError, NameTakenError
 from rayless.placement.allocation import Allocation, NodeState, choose, release
 from rayless.placement.errors import PlacementError
 from rayless.transport import loop
 from rayless.transport.client import Client
-from rayless.transport.errors import RaylessError
+from rayless.transport.errors import ProtocolError, RaylessError
 from rayless.transport.server import Peer, Request, Server
 
 log = logging.getLogger("rayless.head")
@@ -148,11 +148,11 @@ class Head:
     def _handle(self, req: Request) -> Any:
         body = req.body
         if not isinstance(body, tuple) or not body or not isinstance(body[0], str):
-            raise RaylessError(f"malformed head request {body!r:.100}")
+            raise ProtocolError(f"malformed head request {body!r:.100}")
         op = body[0]
         method = getattr(self, f"op_{op}", None)
         if method is None:
-            raise RaylessError(f"unknown head operation {op!r}")
+            raise ProtocolError(f"unknown head operation {op!r}")
         return method(req.peer, *body[1:])
 
     def _oneway(self, peer: Peer, body: Any) -> None:
@@ -279,7 +279,7 @@ class Head:
         if name is not None and name in self.names:
             existing = self.actors.get(self.names[name])
             if existing is not None and existing.state != "dead":
-                raise RaylessError(f"an actor named {name!r} already exists")
+                raise NameTakenError(f"an actor named {name!r} already exists")
         gpu_indices = spec.get("gpu_indices")
         alloc = choose(
             self.nodes,
@@ -332,14 +332,14 @@ class Head:
         actor_id = self.names.get(name)
         record = self.actors.get(actor_id) if actor_id else None
         if record is None or record.state == "dead":
-            raise RaylessError(f"no live actor named {name!r}")
+            raise ActorNotFoundError(f"no live actor named {name!r}")
         return record.public()
 
     def op_actor_info(self, peer: Peer, actor_id: str) -> dict[str, Any]:
         """The record of an actor (any state)."""
         record = self.actors.get(actor_id)
         if record is None:
-            raise RaylessError(f"unknown actor {actor_id!r}")
+            raise ActorNotFoundError(f"unknown actor {actor_id!r}")
         return record.public()
 
     async def op_kill(self, peer: Peer, actor_id: str) -> bool:

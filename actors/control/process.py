@@ -34,7 +34,7 @@ from rayless.actors.api.portal import set_home_loop
 from rayless.actors.control.process_util import setup_logging
 from rayless.transport import codec, loop
 from rayless.transport.client import Client
-from rayless.transport.errors import RaylessError, RemoteError
+from rayless.transport.errors import ProtocolError, RaylessError, RemoteError
 from rayless.transport.server import Request, Server
 
 DEFAULT_MAX_CONCURRENCY = 1000
@@ -285,7 +285,7 @@ class ActorHost:
         """Route one call to the instance (an awaitable for the server to finish)."""
         body = req.body
         if type(body) is not tuple or len(body) != 4 or body[0] != "c":
-            raise RaylessError(f"malformed call {body!r:.100}")
+            raise ProtocolError(f"malformed call {body!r:.100}")
         _, method, args, kwargs = body
         is_async = self.methods.get(method) if isinstance(method, str) else None
         if is_async is None:

@@ -9,6 +9,8 @@ import signal
 import sys
 import time
 
+from rayless.transport.shm import pid_alive
+
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -114,7 +116,7 @@ def terminate(pids: list[int], grace: float) -> dict[int, str]:
     alive = [p for p in pids if p not in outcome]
     while alive and time.monotonic() < deadline:
         time.sleep(0.02)
-        alive = [p for p in alive if _exists(p)]
+        alive = [p for p in alive if pid_alive(p)]
     for pid in pids:
         if pid in outcome:
             continue
@@ -127,13 +129,3 @@ def terminate(pids: list[int], grace: float) -> dict[int, str]:
         else:
             outcome[pid] = "terminated"
     return outcome
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

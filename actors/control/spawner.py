@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import msgpack
 
 from rayless.actors.control.process_util import kill_group
-from rayless.transport.errors import RaylessError
+from rayless.actors.errors import StartError
 
 log = logging.getLogger("rayless.agent")
 OnExit = Callable[[int, int], None]
@@ -120,7 +120,7 @@ class ZygoteSpawner:
         try:
             self._reader, self._writer = await asyncio.open_unix_connection(path)
         except OSError as exc:
-            raise RaylessError(f"cannot reach the zygote at {path}: {exc}") from None
+            raise StartError(f"cannot reach the zygote at {path}: {exc}") from None
         self._task = asyncio.ensure_future(self._read())
 
     async def _start_own(self) -> str:
@@ -142,7 +142,7 @@ class ZygoteSpawner:
         if line.strip() != b"ready":
             self._own.kill()
             await self._own.wait()
-            raise RaylessError("the zygote did not start (see the agent's stderr)")
+            raise StartError("the zygote did not start (see the agent's stderr)")
         return path
 
     async def _read(self) -> None:
@@ -179,7 +179,7 @@ class ZygoteSpawner:
             log.warning("zygote connection lost; starting actors as fresh processes from now on")
         for fut in self._waiting.values():
             if not fut.done():
-                fut.set_exception(RaylessError("the zygote went away"))
+                fut.set_exception(StartError("the zygote went away"))
         for pid in list(self._pids):
             self._pids.discard(pid)
             self._on_exit(pid, -signal.SIGKILL)
@@ -187,7 +187,7 @@ class ZygoteSpawner:
 
     def _send(self, msg: dict[str, Any]) -> None:
         if self._writer is None:
-            raise RaylessError("no zygote")
+            raise StartError("no zygote")
         body = msgpack.packb(msg)
         self._writer.write(_LEN.pack(len(body)) + body)
 
@@ -203,7 +203,7 @@ class ZygoteSpawner:
         self._send({"op": "fork", "tag": tag, "env": env, "log": log_path, "cwd": cwd})
         reply = await asyncio.wait_for(fut, 30)
         if reply.get("op") != "forked":
-            raise RaylessError(f"the zygote could not fork: {reply.get('error')}")
+            raise StartError(f"the zygote could not fork: {reply.get('error')}")
         pid = int(reply["pid"])
         self._pids.add(pid)
         return pid

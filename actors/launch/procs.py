@@ -1,9 +1,14 @@
-"""The processes of one node's launch: head (rank 0), node agent, driver (rank 0); signals.
+"""Child processes of the runtime, one mechanism for ``Cluster.local`` and ``rayless launch``.
+
+:func:`start_child` starts a head, node agent or zygote; :func:`first_line` waits for the
+address it prints; :func:`terminate` stops a set of them (SIGTERM → grace → SIGKILL). Built on
+them: :class:`NodeProcesses` (one node's launch: head on rank 0, node agent, driver; signals)
+here, and ``LocalProcesses`` (an embedded cluster on this host) in ``actors.launch.local``.
 
 Every child starts in its own session (a terminal's Ctrl-C reaches only the launch, which
-decides what each child gets) and dies with the launch if it is killed outright: head and agent
-through RAYLESS_DIE_WITH_PARENT, the driver through PR_SET_PDEATHSIG (SIGTERM). The token is
-passed in the children's environment, never on their command lines.
+decides what each child gets) and dies with its parent if that is killed outright: head and
+agent through RAYLESS_DIE_WITH_PARENT, the driver through PR_SET_PDEATHSIG (SIGTERM). The
+token is passed in the children's environment, never on their command lines.
 """
 
 from __future__ import annotations
@@ -16,21 +21,121 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from rayless.actors.api import context
+from rayless.actors.errors import LaunchError, StartError
 from rayless.transport.errors import RaylessError
 
 if TYPE_CHECKING:
     from rayless.actors.launch.node import LaunchConfig
 
+__all__ = [
+    "START_TIMEOUT",
+    "LaunchError",
+    "NodeProcesses",
+    "StopFlag",
+    "exit_code",
+    "first_line",
+    "read_stdin_line",
+    "start_child",
+    "terminate",
+]
+
 START_TIMEOUT = 120.0
+Child = subprocess.Popen[bytes]
 
 
-class LaunchError(RaylessError):
-    """A launch could not start, rendezvous or keep its cluster."""
+def start_child(
+    args: Sequence[str], token: str, environ: Mapping[str, str], extra: Mapping[str, str]
+) -> Child:
+    """``python *args`` in its own session with the token in its environment, stdout piped.
+
+    Raises:
+        OSError: the interpreter cannot be started.
+    """
+    env = {**environ, context.ENV_TOKEN: token, "RAYLESS_DIE_WITH_PARENT": "1", **extra}
+    return subprocess.Popen(
+        [sys.executable, *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
+
+
+def first_line(
+    proc: Child, what: str, *, timeout: float = START_TIMEOUT, stop: StopFlag | None = None
+) -> str:
+    """The first line ``proc`` prints (its address), watching for its death and for ``stop``.
+
+    Raises:
+        StartError: it exited first, printed nothing within ``timeout``, or a stop was requested.
+    """
+    stdout = proc.stdout
+    if stdout is None:  # internal invariant: stdout=PIPE
+        raise StartError(f"{what}: no stdout pipe")
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(stdout, selectors.EVENT_READ)
+        while True:
+            if sel.select(0.2):
+                text = stdout.readline().decode().strip()
+                if text:
+                    return text
+                proc.wait(5)
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise StartError(
+                    f"{what} did not start (exit code {proc.poll()}); see its stderr above"
+                )
+            if stop is not None and stop.is_set():
+                raise StartError(f"stopped while {what} was starting ({stop.reason})")
+
+
+def _wait(proc: Child, timeout: float, hurry: Callable[[], bool]) -> bool:
+    """Whether ``proc`` exits within ``timeout`` (False at once when ``hurry()`` says so)."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        if time.monotonic() > deadline or hurry():
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _never() -> bool:
+    return False
+
+
+def terminate(
+    procs: Iterable[Child],
+    grace: float,
+    *,
+    natural: float = 0.0,
+    hurry: Callable[[], bool] = _never,
+) -> None:
+    """Stop ``procs``: ``natural`` seconds to exit on their own (after a shutdown request),
+    then SIGTERM, ``grace``, and SIGKILL with what each left in its session; closes their
+    stdout pipes. Idempotent.
+    """
+    procs = list(procs)
+    deadline = time.monotonic() + natural
+    for proc in procs:
+        _wait(proc, max(0.0, deadline - time.monotonic()), hurry)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        if not _wait(proc, grace, hurry):
+            proc.kill()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # what it left in its session
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -138,58 +243,21 @@ class NodeProcesses:
         self.agent: subprocess.Popen[bytes] | None = None
         self.driver: subprocess.Popen[bytes] | None = None
 
-    def _popen(self, args: list[str], extra: Mapping[str, str]) -> subprocess.Popen[bytes]:
-        env = {
-            **self.environ,
-            context.ENV_TOKEN: self.token,
-            "RAYLESS_DIE_WITH_PARENT": "1",
-            **extra,
-        }
-        return subprocess.Popen(
-            [sys.executable, *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
-
-    def _first_line(self, proc: subprocess.Popen[bytes], what: str) -> str:
-        """The first line ``proc`` prints (its address), watching for death and stops."""
-        stdout = proc.stdout
-        if stdout is None:  # internal invariant: stdout=PIPE
-            raise RaylessError(f"{what}: no stdout pipe")
-        deadline = time.monotonic() + START_TIMEOUT
-        with selectors.DefaultSelector() as sel:
-            sel.register(stdout, selectors.EVENT_READ)
-            while True:
-                if sel.select(0.2):
-                    text = stdout.readline().decode().strip()
-                    if text:
-                        return text
-                    proc.wait(5)
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise LaunchError(
-                        f"{what} did not start (exit code {proc.poll()}); see its stderr above"
-                    )
-                if self.stop.is_set():
-                    raise LaunchError(f"stopped while {what} was starting ({self.stop.reason})")
-
     def start_head(self, bind: str) -> None:
         """Start the head on ``bind`` and wait until it listens.
 
         Raises:
-            LaunchError: it exited first (a port in use?) or a stop was requested.
+            StartError: it exited first (a port in use?) or a stop was requested.
         """
-        self.head = self._popen(
-            ["-m", "rayless.actors.control.head", bind, str(self.cfg.node_timeout)], {}
-        )
-        self._first_line(self.head, f"the head (on {bind}; is the port free?)")
+        args = ["-m", "rayless.actors.control.head", bind, str(self.cfg.node_timeout)]
+        self.head = start_child(args, self.token, self.environ, {})
+        first_line(self.head, f"the head (on {bind}; is the port free?)", stop=self.stop)
 
     def start_agent(self) -> None:
         """Start this node's agent (with its own zygote) and wait until it registered.
 
         Raises:
-            LaunchError: it exited first or a stop was requested.
+            StartError: it exited first or a stop was requested.
         """
         cfg = self.cfg
         args = ["-m", "rayless.actors.control.agent", cfg.address, "--rank", str(cfg.node_rank)]
@@ -202,8 +270,8 @@ class NodeProcesses:
         if cfg.fake_gpus is not None:
             args += ["--fake-gpus", str(cfg.fake_gpus)]
         extra = {"CUDA_VISIBLE_DEVICES": cfg.gpus} if cfg.gpus is not None else {}
-        self.agent = self._popen(args, extra)
-        self._first_line(self.agent, f"the node agent of rank {cfg.node_rank}")
+        self.agent = start_child(args, self.token, self.environ, extra)
+        first_line(self.agent, f"the node agent of rank {cfg.node_rank}", stop=self.stop)
 
     def head_alive(self) -> bool:
         """Whether our head process runs."""
@@ -256,14 +324,6 @@ class NodeProcesses:
             if self.stop.wait(0.2):
                 return None
 
-    def _wait(self, proc: subprocess.Popen[bytes], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while proc.poll() is None:
-            if time.monotonic() > deadline or self.stop.hurry:
-                return False
-            time.sleep(0.05)
-        return True
-
     def _stop_group(self, proc: subprocess.Popen[bytes], sig: int) -> None:
         """``sig`` to the process group of ``proc`` (its own session), grace, SIGKILL."""
         for s in (sig, signal.SIGKILL):
@@ -273,7 +333,7 @@ class NodeProcesses:
                 os.killpg(proc.pid, s)
             except (ProcessLookupError, PermissionError):
                 pass
-            if s != signal.SIGKILL and self._wait(proc, self.cfg.grace):
+            if s != signal.SIGKILL and _wait(proc, self.cfg.grace, self._hurry):
                 return
         proc.wait()
 
@@ -286,19 +346,7 @@ class NodeProcesses:
         if self.driver is not None:
             self._stop_group(self.driver, signal.SIGTERM)
         procs = [p for p in (self.agent, self.head) if p is not None]
-        deadline = time.monotonic() + natural
-        for proc in procs:
-            self._wait(proc, max(0.0, deadline - time.monotonic()))
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            if not self._wait(proc, self.cfg.grace):
-                proc.kill()
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # what it left in its session
-                except (ProcessLookupError, PermissionError):
-                    pass
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+        terminate(procs, self.cfg.grace, natural=natural, hurry=self._hurry)
+
+    def _hurry(self) -> bool:
+        return self.stop.hurry

@@ -23,7 +23,7 @@ import torch
 from tensordict import TensorDict
 
 from rayless.actors import ActorDiedError, ActorHandle, Cluster
-from rayless.actors.api.cluster import LocalProcesses
+from rayless.actors.launch.local import LocalProcesses
 from rayless.demo.config import PipelineConfig
 from rayless.demo.pipeline import Pipeline, RunResult
 from rayless.store import Store, StoreError, StoreInputError, UnitLostError

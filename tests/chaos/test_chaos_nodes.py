@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rayless.actors import ActorDiedError, Cluster
-from rayless.actors.api.cluster import LocalProcesses
+from rayless.actors.launch.local import LocalProcesses
 from tests.chaos.scenarios import head_loss, node_loss
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]

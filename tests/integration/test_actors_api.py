@@ -10,8 +10,11 @@ import pytest
 import torch
 
 import rayless.actors as actors
-from rayless.actors import ActorDiedError, Cluster, PlacementError, RaylessError, RemoteError
-from rayless.actors.api.cluster import LocalProcesses
+from rayless.actors import ActorDiedError, Cluster, PlacementError, RemoteError
+from rayless.actors.api.runtime import get_runtime
+from rayless.actors.launch.local import LocalProcesses
+from rayless.errors import ActorNotFoundError, ConnectError, NameTakenError, ProtocolError
+from rayless.transport.client import Client
 from rayless.transport.errors import ClosedError
 from tests.integration.actor_classes import (
     BadSetup,
@@ -104,10 +107,37 @@ async def test_names_are_unique_and_looked_up(local_cluster: Cluster) -> None:
     counter = await local_cluster.spawn(Counter, 7, name="the-counter")
     again = await local_cluster.get_actor("the-counter")
     assert again == counter and await again.add(0) == 7
-    with pytest.raises(RaylessError, match="already exists"):
+    with pytest.raises(NameTakenError, match="already exists") as taken:
         await local_cluster.spawn(Counter, name="the-counter")
-    with pytest.raises(RaylessError, match="no live actor"):
+    assert isinstance(taken.value, ValueError)  # as in Ray
+    with pytest.raises(ActorNotFoundError, match="no live actor") as missing:
         await local_cluster.get_actor("nobody")
+    assert type(missing.value) is ActorNotFoundError and isinstance(missing.value, ValueError)
+
+
+async def test_head_and_agent_errors_arrive_typed(local_cluster: Cluster) -> None:
+    runtime = await get_runtime()
+    with pytest.raises(ActorNotFoundError, match="unknown actor"):
+        await runtime.head_request(("actor_info", "no-such-id"))
+    with pytest.raises(ProtocolError, match="unknown head operation"):
+        await runtime.head_request(("no_such_op",))
+    counter = await local_cluster.spawn(Counter)
+    address = (await counter.env("RAYLESS_AGENT_ADDRESS"))["RAYLESS_AGENT_ADDRESS"]
+    assert address
+    async with Client(address, token=local_cluster.token, name="test") as agent:
+        with pytest.raises(ActorNotFoundError, match="unknown actor"):
+            await agent.request(("bootstrap", "no-such-id"), timeout=10)
+        with pytest.raises(ProtocolError, match="malformed agent request"):
+            await agent.request("not a tuple", timeout=10)
+
+
+async def test_connect_without_an_address_is_a_connect_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for var in ("RAYLESS_ADDRESS", "RAYLESS_TOKEN", "RAYLESS_TOKEN_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ConnectError, match="needs an address"):
+        await actors.connect(token="x" * 32)
 
 
 async def test_gpus_and_placement(local_cluster: Cluster) -> None:

@@ -18,8 +18,8 @@ import psutil
 import pytest
 
 from rayless.actors import ActorDiedError, Cluster
-from rayless.actors.api.cluster import LocalProcesses
 from rayless.actors.errors import ClusterLostError
+from rayless.actors.launch.local import LocalProcesses
 from rayless.transport.errors import BrokenError, RaylessError
 from tests.integration.edge_classes import FailsOnRestart, Holder, SlowInit
 

@@ -15,7 +15,7 @@ import pytest
 
 import rayless.actors as actors
 from rayless.actors import ActorDiedError, Cluster
-from rayless.actors.api.cluster import LocalProcesses
+from rayless.actors.launch.local import LocalProcesses
 from rayless.transport.errors import ClosedError
 from tests.integration.actor_classes import Counter
 

@@ -23,7 +23,7 @@ import zmq
 from tensordict import TensorDict
 
 from rayless.actors import Cluster
-from rayless.actors.api.cluster import LocalProcesses
+from rayless.actors.launch.local import LocalProcesses
 from rayless.store import Store
 from rayless.transport import codec
 from rayless.transport.client import Client

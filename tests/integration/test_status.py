@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rayless.actors import Cluster
-from rayless.actors.api.cluster import LocalProcesses
+from rayless.actors.launch.local import LocalProcesses
 from tests.integration.actor_classes import Counter
 
 pytestmark = pytest.mark.integration

@@ -1,0 +1,118 @@
+"""The processes of an embedded cluster on this host: ``Cluster.local`` and the test fixture.
+
+A head, one zygote (the fork template) and N node agents, started with the same mechanism as
+``rayless launch`` (:mod:`rayless.actors.launch.procs`) on loopback with a fresh random token.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+from dataclasses import dataclass, field
+
+from rayless.actors.launch.procs import START_TIMEOUT, Child, first_line, start_child, terminate
+from rayless.transport.protocol import new_token
+
+__all__ = ["LocalProcesses"]
+
+
+def _real_gpu_count() -> int:
+    try:
+        from rayless.placement import discover_node
+
+        info = discover_node()
+        return 0 if info.fake_gpus else len(info.gpus)
+    except Exception:
+        return 0
+
+
+@dataclass
+class LocalProcesses:
+    """The processes of an embedded cluster on this host (blocking; loop-independent)."""
+
+    nodes: int = 1
+    gpus_per_node: int = 0
+    node_timeout: float = 5.0
+    zygote: bool = True
+    log_dir: str | None = None
+    zygote_preload: str = "eager"
+    token: str = field(default_factory=new_token)
+    address: str = ""
+    head: Child | None = None
+    zygote_proc: Child | None = None
+    agents: list[Child] = field(default_factory=list)
+    tmpdir: str = ""
+
+    def _start(self, *args: str, **extra: str) -> Child:
+        return start_child(args, self.token, os.environ, extra)
+
+    def start(self) -> None:
+        """Start the head, the zygote and the agents; wait until every agent joined.
+
+        Raises:
+            ValueError: bad sizes.
+            StartError: a process did not start.
+        """
+        if self.nodes < 1 or self.gpus_per_node < 0:
+            raise ValueError("nodes must be >= 1 and gpus_per_node >= 0")
+        self.tmpdir = tempfile.mkdtemp(prefix="rayless-local-")
+        log_dir = self.log_dir or os.path.join(self.tmpdir, "logs")
+        try:
+            self.head = self._start(
+                "-m", "rayless.actors.control.head", "tcp://127.0.0.1:0", str(self.node_timeout)
+            )
+            zygote_path = "none"
+            if self.zygote:
+                zygote_path = os.path.join(self.tmpdir, "zygote.sock")
+                self.zygote_proc = self._start(
+                    "-m",
+                    "rayless.actors.control.zygote",
+                    zygote_path,
+                    RAYLESS_ZYGOTE_PRELOAD=self.zygote_preload,
+                )
+            self.address = first_line(self.head, "the head", timeout=START_TIMEOUT)
+            if self.zygote_proc is not None:
+                first_line(self.zygote_proc, "the zygote", timeout=START_TIMEOUT)
+            real = _real_gpu_count() if self.gpus_per_node else 0
+            use_real = self.gpus_per_node > 0 and real >= self.nodes * self.gpus_per_node
+            for i in range(self.nodes):
+                args = ["-m", "rayless.actors.control.agent", self.address]
+                args += ["--node-id", f"node-{i}", "--ip", "127.0.0.1", "--zygote", zygote_path]
+                args += ["--log-dir", log_dir, "--head-timeout", str(self.node_timeout)]
+                extra: dict[str, str] = {}
+                if use_real:
+                    first = i * self.gpus_per_node
+                    visible = range(first, first + self.gpus_per_node)
+                    extra["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, visible))
+                else:
+                    args += ["--fake-gpus", str(self.gpus_per_node)]
+                self.agents.append(self._start(*args, **extra))
+            for i, agent in enumerate(self.agents):
+                first_line(agent, f"node agent {i}", timeout=START_TIMEOUT)
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        """Pids of the head, the zygote and the agents."""
+        procs = [self.head, self.zygote_proc, *self.agents]
+        return [p.pid for p in procs if p is not None]
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Shut the cluster down: SIGTERM to the head (it stops the agents, which stop their
+        actors), wait, then SIGTERM → grace → SIGKILL what is left; the zygote goes last, so
+        agents never see it vanish under them. Idempotent.
+        """
+        others = [p for p in [self.head, *self.agents] if p is not None]
+        if self.head is not None and self.head.poll() is None:
+            self.head.send_signal(signal.SIGTERM)  # a no-op race if a shutdown is under way
+        terminate(others, grace, natural=grace / 2)
+        if self.zygote_proc is not None:
+            terminate([self.zygote_proc], grace)
+        self.head, self.zygote_proc, self.agents = None, None, []
+        if self.tmpdir:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self.tmpdir = ""

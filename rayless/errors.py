@@ -1,0 +1,99 @@
+"""Every public error of rayless, from every layer, in one place.
+
+One root, :class:`RaylessError`; each layer defines its own children (transport:
+``rayless.transport.errors``, placement: ``rayless.placement.errors``, actors:
+``rayless.actors.errors``, store: ``rayless.store.errors``). This module only re-exports them
+and stays light: it imports the error modules and nothing heavy (no torch, numpy, tensordict).
+
+    RaylessError
+    ├── TransportError: ClosedError, BrokenError, AuthError, ProtocolError (LimitError), Timeout
+    ├── RemoteError                an exception raised inside an actor, with its traceback
+    ├── PlacementError             a request no node, pool or plan can satisfy
+    │   ├── InsufficientResourcesError (ValueError), ManualPoolError (ValueError)
+    │   ├── EpisodeIndexError (IndexError), NodeAffinityError (RuntimeError, ValueError)
+    │   └── AllocationError (RuntimeError, ValueError) → NodeCapacityError
+    ├── ActorDiedError, ActorNotFoundError, NameTakenError, StartError, ConnectError, LaunchError
+    ├── BrokenError → ClusterLostError  (the head is gone)
+    └── StoreError: StoreInputError (SchemaError, Unknown*Error, StaleMetaError,
+        ForeignMetaError), StoreFullError, StoreTimeoutError, UnitLostError
+"""
+
+from rayless.actors.errors import (
+    ActorDiedError,
+    ActorNotFoundError,
+    ClusterLostError,
+    ConnectError,
+    LaunchError,
+    NameTakenError,
+    StartError,
+)
+from rayless.placement.errors import (
+    AllocationError,
+    EpisodeIndexError,
+    InsufficientResourcesError,
+    ManualPoolError,
+    NodeAffinityError,
+    NodeCapacityError,
+    PlacementError,
+)
+from rayless.store.errors import (
+    ForeignMetaError,
+    SchemaError,
+    StaleMetaError,
+    StoreError,
+    StoreFullError,
+    StoreInputError,
+    StoreTimeoutError,
+    UnitLostError,
+    UnknownFieldError,
+    UnknownKeyError,
+    UnknownPartitionError,
+)
+from rayless.transport.errors import (
+    AuthError,
+    BrokenError,
+    ClosedError,
+    LimitError,
+    ProtocolError,
+    RaylessError,
+    RemoteError,
+    Timeout,
+    TransportError,
+)
+
+__all__ = [
+    "ActorDiedError",
+    "ActorNotFoundError",
+    "AllocationError",
+    "ClusterLostError",
+    "EpisodeIndexError",
+    "ManualPoolError",
+    "NodeAffinityError",
+    "NodeCapacityError",
+    "AuthError",
+    "BrokenError",
+    "ClosedError",
+    "ConnectError",
+    "ForeignMetaError",
+    "InsufficientResourcesError",
+    "LaunchError",
+    "LimitError",
+    "NameTakenError",
+    "PlacementError",
+    "ProtocolError",
+    "RaylessError",
+    "RemoteError",
+    "SchemaError",
+    "StaleMetaError",
+    "StartError",
+    "StoreError",
+    "StoreFullError",
+    "StoreInputError",
+    "StoreTimeoutError",
+    "Timeout",
+    "TransportError",
+    "UnitLostError",
+    "UnknownFieldError",
+    "UnknownKeyError",
+    "UnknownPartitionError",
+]
