@@ -264,7 +264,13 @@ async def get_runtime() -> Runtime:
     loop = asyncio.get_running_loop()
     runtime = _RUNTIMES.get(loop)
     if runtime is not None:
-        return runtime
+        current = context._current
+        if current is not None and current.address == runtime.info.address:
+            return runtime  # (a lost one too: its calls fail fast with ClusterLostError)
+        # A runtime left on a long-lived loop (the sync faces' portal) by a cluster that is
+        # no longer this process's: never reuse it for another cluster, or for none.
+        _RUNTIMES.pop(loop, None)
+        await runtime.aclose()
     starting = _STARTING.get(loop)
     if starting is not None:
         return await asyncio.shield(starting)
