@@ -73,9 +73,9 @@ def bytes_received(sock: socket.socket) -> int | None:
 class Gate:
     """Watches a ROUTER's unauthenticated connections; create it before the socket binds.
 
-    ``on_drop(reason, routing_id)`` is called for every connection the gate drops (reason
+    ``on_drop(reason, routing_id)`` is called for every connection that leaves unauthenticated (reason
     ``"preauth_bytes"``, ``"handshake_timeout"``, ``"pending_handshakes"`` or
-    ``"preauth_message"``; routing id None
+    ``"preauth_message"``, and ``"disconnected"`` for one the peer closed; routing id None
     when the peer never sent a handshake message).
     """
 
@@ -155,8 +155,9 @@ class Gate:
                 self._accepted(fd)
             elif event == _DISCONNECTED:
                 conn = self._conns.pop(fd, None)
-                if conn is not None:
+                if conn is not None:  # gone before it authenticated
                     self._release(conn)
+                    self._on_drop("disconnected", conn.rid)
 
     def _accepted(self, fd: int) -> None:
         old = self._conns.pop(fd, None)

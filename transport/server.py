@@ -535,10 +535,12 @@ class Server:
         return True
 
     def _on_gate_drop(self, reason: str, rid: bytes | None) -> None:
-        """The gate dropped a connection that did not authenticate: forget its handshake."""
-        self.stats[reason] += 1
+        """A connection left without authenticating: forget its half-open handshake."""
         if rid is not None:
             self._pending.pop(rid, None)
+        if reason == "disconnected":  # the peer went away by itself
+            return
+        self.stats[reason] += 1
         self._ratelog.warning(
             reason, "%s: dropped an unauthenticated connection %r (%s)", self.name, rid, reason
         )
