@@ -73,8 +73,8 @@ def bytes_received(sock: socket.socket) -> int | None:
 class Gate:
     """Watches a ROUTER's unauthenticated connections; create it before the socket binds.
 
-    ``on_drop(reason, routing_id)`` is called for every connection that leaves unauthenticated (reason
-    ``"preauth_bytes"``, ``"handshake_timeout"``, ``"pending_handshakes"`` or
+    ``on_drop(reason, routing_id)`` is called for every connection that leaves unauthenticated
+    (reason ``"preauth_bytes"``, ``"handshake_timeout"``, ``"pending_handshakes"`` or
     ``"preauth_message"``, and ``"disconnected"`` for one the peer closed; routing id None
     when the peer never sent a handshake message).
     """

@@ -122,7 +122,7 @@ class Limits:
             ValueError: a variable that is not a positive int.
         """
         env = os.environ if environ is None else environ
-        values: dict[str, int] = {}
+        values: dict[str, Any] = {}
         for name in cls.__dataclass_fields__:
             raw = env.get(f"RAYLESS_{name.upper()}")
             if raw is None or raw == "":
@@ -160,8 +160,9 @@ def peer_bounds(own: Limits, advertised: object) -> tuple[int, int, int]:
     def bound(name: str) -> int:
         mine: int = getattr(own, name)
         value = theirs.get(name)
-        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-        return min(mine, value) if ok else mine
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return min(mine, value)
+        return mine
 
     return bound("max_message_bytes"), bound("max_frames"), bound("max_header_bytes")
 

@@ -399,45 +399,47 @@ async def test_unauthenticated_connections_are_dropped_after_the_handshake_timeo
     token = new_token()
     limits = Limits(handshake_timeout=0.5)
     me = psutil.Process()
-    async with Server(token=token, handler=lambda r: r.body, limits=limits) as srv:
-        async with Client(srv.address, token=token) as client:
-            assert await client.request("before", timeout=5) == "before"
-            fds_before = me.num_fds()
-            host, port = srv.address[len("tcp://") :].rsplit(":", 1)
+    async with (
+        Server(token=token, handler=lambda r: r.body, limits=limits) as srv,
+        Client(srv.address, token=token) as client,
+    ):
+        assert await client.request("before", timeout=5) == "before"
+        fds_before = me.num_fds()
+        host, port = srv.address[len("tcp://") :].rsplit(":", 1)
 
-            def silent() -> bytes:  # connects, says nothing; returns what it read until EOF
-                with socket.create_connection((host, int(port)), timeout=30) as s:
-                    got = b""
-                    while chunk := s.recv(4096):
-                        got += chunk
-                    return got
+        def silent() -> bytes:  # connects, says nothing; returns what it read until EOF
+            with socket.create_connection((host, int(port)), timeout=30) as s:
+                got = b""
+                while chunk := s.recv(4096):
+                    got += chunk
+                return got
 
-            def hello_only(s: zmq.Socket[Any]) -> Kind:
-                s.send_multipart([pack_control(Kind.HELLO), msgpack.packb({"nonce": new_nonce()})])
-                return _reply(s)[0]
+        def hello_only(s: zmq.Socket[Any]) -> Kind:
+            s.send_multipart([pack_control(Kind.HELLO), msgpack.packb({"nonce": new_nonce()})])
+            return _reply(s)[0]
 
-            greeting = await asyncio.to_thread(silent)  # before: never returned (no EOF)
-            assert len(greeting) <= 64  # the server's ZMTP greeting, nothing more
-            half_open = _dealer(srv.address)
-            try:
-                assert await asyncio.to_thread(hello_only, half_open) is Kind.CHALLENGE
-                assert srv._pending
-                for _ in range(100):  # wait (at most ~10 s) for the half-open one to be cut
-                    if srv.stats["handshake_timeout"] >= 2 and not srv._pending:
-                        break
-                    await asyncio.sleep(0.1)
-                assert srv.stats["handshake_timeout"] >= 2, dict(srv.stats)
-                assert not srv._pending  # the HELLO's state went with its connection
-            finally:
-                half_open.close(linger=0)
-            for _ in range(50):
-                if me.num_fds() <= fds_before:
+        greeting = await asyncio.to_thread(silent)  # before: never returned (no EOF)
+        assert len(greeting) <= 64  # the server's ZMTP greeting, nothing more
+        half_open = _dealer(srv.address)
+        try:
+            assert await asyncio.to_thread(hello_only, half_open) is Kind.CHALLENGE
+            assert srv._pending
+            for _ in range(100):  # wait (at most ~10 s) for the half-open one to be cut
+                if srv.stats["handshake_timeout"] >= 2 and not srv._pending:
                     break
                 await asyncio.sleep(0.1)
-            assert me.num_fds() <= fds_before
-            # the authenticated client outlived the timeout several times over
-            assert await client.request("after", timeout=5) == "after"
-            assert srv._gate is not None and srv._gate.waiting == 0
+            assert srv.stats["handshake_timeout"] >= 2, dict(srv.stats)
+            assert not srv._pending  # the HELLO's state went with its connection
+        finally:
+            half_open.close(linger=0)
+        for _ in range(50):
+            if me.num_fds() <= fds_before:
+                break
+            await asyncio.sleep(0.1)
+        assert me.num_fds() <= fds_before
+        # the authenticated client outlived the timeout several times over
+        assert await client.request("after", timeout=5) == "after"
+        assert srv._gate is not None and srv._gate.waiting == 0
 
 
 def test_limits_from_the_environment() -> None:
