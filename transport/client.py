@@ -34,14 +34,15 @@ from rayless.transport.protocol import (
     Limits,
     RejectCode,
     as_token,
+    check_outgoing,
     client_proof,
     curve_enabled,
     curve_server_keys,
     envelope,
-    frames_nbytes,
     host_id,
     new_nonce,
     open_envelope,
+    peer_bounds,
     proofs_match,
     server_proof,
 )
@@ -211,7 +212,13 @@ class Client:
     async def _do_handshake(self) -> None:
         loop = asyncio.get_running_loop()
         nonce_c = new_nonce()
-        hello = {"v": 1, "nonce": nonce_c, "name": self.name, "host": host_id()}
+        hello = {
+            "v": 1,
+            "nonce": nonce_c,
+            "name": self.name,
+            "host": host_id(),
+            "limits": self.limits.advertised(),  # the server checks its replies against them
+        }
         deadline = time.monotonic() + self._connect_timeout
         kind, body = await self._exchange(loop, Kind.HELLO, hello, deadline)
         if kind is not Kind.CHALLENGE:
@@ -237,12 +244,7 @@ class Client:
         self._state = _READY
 
     def _merge_bounds(self, advertised: dict[str, Any]) -> tuple[int, int, int]:
-        def bound(name: str) -> int:
-            own: int = getattr(self.limits, name)
-            theirs = advertised.get(name)
-            return min(own, theirs) if isinstance(theirs, int) and theirs > 0 else own
-
-        return bound("max_message_bytes"), bound("max_frames"), bound("max_header_bytes")
+        return peer_bounds(self.limits, advertised)
 
     async def _exchange(
         self, loop: asyncio.AbstractEventLoop, kind: Kind, body: dict[str, Any], deadline: float
@@ -338,17 +340,7 @@ class Client:
 
     def _check_size(self, frames: list[Any]) -> None:
         """Raise LimitError for a message that we or the server would refuse."""
-        max_bytes, max_frames, max_header = self._bounds
-        if len(frames) > max_frames:
-            raise LimitError(f"a message of {len(frames)} frames exceeds {max_frames}")
-        size = frames_nbytes(frames)
-        if size > max_bytes:
-            raise LimitError(
-                f"a message of {size} bytes exceeds the limit of {max_bytes} bytes of "
-                f"{self.peer_name or self.address} (RAYLESS_MAX_MESSAGE_BYTES)"
-            )
-        if frames and frames_nbytes(frames[:1]) > max_header:
-            raise LimitError(f"a message header exceeds {max_header} bytes")
+        check_outgoing(frames, self._bounds, self.peer_name or self.address)
 
     def _send_request(self, body: Any, timeout: float | None) -> tuple[int, asyncio.Future[Any]]:
         frames = codec.encode(
@@ -449,7 +441,12 @@ class Client:
             if fut.done():
                 return
             try:
-                value = codec.decode(payload, device=self._device, allow_pickle=self._allow_pickle)
+                value = codec.decode(
+                    payload,
+                    device=self._device,
+                    allow_pickle=self._allow_pickle,
+                    max_header=self.limits.max_header_bytes,
+                )
             except Exception as exc:
                 fut.set_exception(ProtocolError(f"undecodable reply: {exc}"))
                 return

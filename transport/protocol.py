@@ -32,7 +32,7 @@ from enum import IntEnum
 from functools import lru_cache
 from typing import Any
 
-from rayless.transport.errors import ProtocolError
+from rayless.transport.errors import LimitError, ProtocolError
 
 VERSION = 1
 CONTROL = struct.Struct("<BBHQ")
@@ -82,7 +82,11 @@ class Limits:
     max_inflight_per_peer: requests a peer may have outstanding at a server; past it the peer
         gets a LimitError reply, and the handler does not run.
     max_peers: authenticated peers a server keeps; past it new handshakes are rejected.
-    max_pending_handshakes: half-open handshakes remembered (oldest are forgotten).
+    max_pending_handshakes: half-open handshakes remembered, and connections that have not
+        authenticated yet (past it the oldest are forgotten / dropped).
+    max_preauth_bytes: bytes a TCP connection may send before it authenticates (ZMTP greeting
+        and handshake included); past it the server drops the connection (``transport.gate``).
+    handshake_timeout: seconds a connection may stay unauthenticated before it is dropped.
     send_queue: messages a client queues while the socket is full before ``request`` waits.
     hwm: ZeroMQ send/receive high-water marks (messages).
     """
@@ -95,11 +99,16 @@ class Limits:
     max_pending_handshakes: int = 1024
     send_queue: int = 4096
     hwm: int = 10_000
+    max_preauth_bytes: int = 64 * 2**10
+    handshake_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
+            real = name in _FLOAT_LIMITS
+            kinds = (int, float) if real else int
+            if not isinstance(value, kinds) or isinstance(value, bool) or not value > 0:
+                what = "number" if real else "int"
+                raise ValueError(f"Limits.{name} must be a positive {what}, got {value!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Limits:
@@ -112,19 +121,24 @@ class Limits:
             ValueError: a variable that is not a positive int.
         """
         env = os.environ if environ is None else environ
-        values: dict[str, int] = {}
+        values: dict[str, Any] = {}
         for name in cls.__dataclass_fields__:
             raw = env.get(f"RAYLESS_{name.upper()}")
             if raw is None or raw == "":
                 continue
+            kind = float if name in _FLOAT_LIMITS else int
             try:
-                values[name] = int(raw)
+                values[name] = kind(raw)
             except ValueError:
-                raise ValueError(f"RAYLESS_{name.upper()} must be an int, got {raw!r}") from None
+                raise ValueError(
+                    f"RAYLESS_{name.upper()} must be a{'' if kind is float else 'n'} "
+                    f"{kind.__name__}, got {raw!r}"
+                ) from None
         return cls(**values) if values else _DEFAULT_LIMITS
 
     def advertised(self) -> dict[str, int]:
-        """The bounds a server tells its peers in the handshake (they check before sending)."""
+        """The bounds an endpoint tells its peer in the handshake (it checks before sending):
+        the server in CHALLENGE, the client in HELLO (the server checks replies)."""
         return {
             "max_message_bytes": self.max_message_bytes,
             "max_frames": self.max_frames,
@@ -132,7 +146,49 @@ class Limits:
         }
 
 
+_FLOAT_LIMITS = frozenset({"handshake_timeout"})
 _DEFAULT_LIMITS = Limits()
+HANDSHAKE_MAX = 4096  # bytes of a HELLO or AUTH body
+
+
+def peer_bounds(own: Limits, advertised: object) -> tuple[int, int, int]:
+    """(message bytes, frames, header bytes) to send to a peer: ``own`` limits, lowered to
+    what the peer advertised (ignored unless a map of positive ints)."""
+    theirs = advertised if isinstance(advertised, dict) else {}
+
+    def bound(name: str) -> int:
+        mine: int = getattr(own, name)
+        value = theirs.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return min(mine, value)
+        return mine
+
+    return bound("max_message_bytes"), bound("max_frames"), bound("max_header_bytes")
+
+
+def check_outgoing(frames: Sequence[Any], bounds: tuple[int, int, int], peer: str) -> None:
+    """Raise LimitError for a message (codec frames) that ``peer`` with ``bounds`` refuses.
+
+    Raises:
+        LimitError: too many frames, too many bytes, or a header too big.
+    """
+    max_bytes, max_frames, max_header = bounds
+    if len(frames) > max_frames:
+        raise LimitError(f"a message of {len(frames)} frames exceeds {max_frames} of {peer}")
+    size = frames_nbytes(frames)
+    if size > max_bytes:
+        raise LimitError(
+            f"a message of {size} bytes exceeds the limit of {max_bytes} bytes of "
+            f"{peer} (RAYLESS_MAX_MESSAGE_BYTES)"
+        )
+    if frames:
+        header = frames_nbytes(frames[:1])
+        if header > max_header:
+            raise LimitError(
+                f"a message header of {header} bytes exceeds the limit of {max_header} bytes "
+                f"of {peer} (RAYLESS_MAX_HEADER_BYTES; big bytes/str values travel in the "
+                "header: send them as tensors or numpy arrays)"
+            )
 
 
 def frames_nbytes(frames: Sequence[Any]) -> int:

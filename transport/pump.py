@@ -55,8 +55,10 @@ class SocketPump:
     """Reads and writes one ZeroMQ socket on the running loop.
 
     ``on_batch`` receives every message (a list of frames: the first ``head`` frames as bytes,
-    the rest as ``zmq.Frame``) drained in one wake-up. ``send`` never blocks: messages that
-    ZeroMQ refuses (EAGAIN) wait in a bounded queue, flushed when the socket turns writable.
+    the rest as ``zmq.Frame``) drained in one wake-up; with ``first_frame`` the first frame is
+    a ``zmq.Frame`` too (a ROUTER's routing id, whose ``ZMQ_SRCFD`` names the connection).
+    ``send`` never blocks: messages that ZeroMQ refuses (EAGAIN) wait in a bounded queue,
+    flushed when the socket turns writable.
     """
 
     def __init__(
@@ -67,8 +69,10 @@ class SocketPump:
         head: int,
         queue_limit: int,
         retry_interval: float | None = None,
+        first_frame: bool = False,
     ) -> None:
         self.sock = sock
+        self._copy_first = not first_frame
         self._on_batch = on_batch
         self._head = head
         self._queue: collections.deque[Sequence[Any]] = collections.deque()
@@ -92,11 +96,15 @@ class SocketPump:
     def _recv_one(self) -> Frames:
         """One whole message (the caller saw POLLIN, so its first frame is there)."""
         sock = self.sock
-        msg: Frames = [sock.recv(NOBLOCK)]
+        msg: Frames = [sock.recv(NOBLOCK, copy=self._copy_first)]
         head = self._head
         while sock.getsockopt(RCVMORE):
             msg.append(sock.recv(copy=len(msg) < head))
         return msg
+
+    def poll(self) -> None:
+        """Move what can be moved now (without waiting for the loop to notice the socket)."""
+        self._pump()
 
     def _pump(self) -> None:
         """Move data until ZeroMQ has nothing to give and cannot take more."""

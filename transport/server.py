@@ -31,18 +31,23 @@ from rayless.transport.errors import (
     RaylessError,
     RemoteError,
 )
+from rayless.transport.gate import Gate
 from rayless.transport.protocol import (
+    HANDSHAKE_MAX,
     Kind,
     Limits,
     RejectCode,
     as_token,
+    check_outgoing,
     client_proof,
     curve_enabled,
     curve_server_keys,
     envelope,
+    frames_nbytes,
     host_id,
     new_nonce,
     open_envelope,
+    peer_bounds,
     proofs_match,
     server_proof,
 )
@@ -63,6 +68,9 @@ class Peer:
     last_seen: float
     inflight: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
+    # (message bytes, frames, header bytes) the peer accepts: what it announced in HELLO,
+    # at most our own limits
+    bounds: tuple[int, int, int] = (2**62, 2**31, 2**62)
 
 
 class Request:
@@ -78,6 +86,14 @@ class Request:
 
 Handler = Callable[[Request], Any]
 OnewayHandler = Callable[[Peer, Any], Any]
+
+
+def _srcfd(frame: Any) -> int:
+    """The descriptor of the connection a received frame came from (-1 when unknown)."""
+    try:
+        return int(frame.get(zmq.SRCFD))
+    except (AttributeError, zmq.ZMQError):
+        return -1
 
 
 def _error_payload(exc: BaseException) -> list[Any]:
@@ -143,6 +159,7 @@ class Server:
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self._pump: SocketPump | None = None
+        self._gate: Gate | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
         self._host = host_id()
@@ -177,13 +194,28 @@ class Server:
             address = self._requested_address
             if address.startswith("tcp://") and address.endswith(":0"):
                 address = address[:-2] + ":*"
+            self._gate = Gate(
+                sock,
+                max_bytes=self.limits.max_preauth_bytes,
+                timeout=self.limits.handshake_timeout,
+                max_conns=self.limits.max_pending_handshakes,
+                on_drop=self._on_gate_drop,
+            )
             sock.bind(address)
             self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         except BaseException:
+            if self._gate is not None:
+                self._gate.close()
+                self._gate = None
             sock.close(linger=0)
             raise
         self._pump = SocketPump(
-            sock, self._on_batch, head=2, queue_limit=self.limits.send_queue, retry_interval=0.002
+            sock,
+            self._on_batch,
+            head=2,
+            queue_limit=self.limits.send_queue,
+            retry_interval=0.002,
+            first_frame=True,
         )
         self._schedule_sweep()
         return self
@@ -206,6 +238,8 @@ class Server:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
+        if self._gate is not None:
+            self._gate.close()
         if self._pump is not None:
             self._pump.close()
         self._peers.clear()
@@ -249,6 +283,7 @@ class Server:
         frames = codec.encode(
             body, cuda_ipc=p.same_host, shm=p.same_host, allow_pickle=self._allow_pickle
         )
+        check_outgoing(frames, p.bounds, p.name)
         self._send(p.routing_id, envelope(Kind.ONEWAY, 0, frames))
 
     def _reject(self, rid: bytes, code: RejectCode, reason: str, req_id: int = 0) -> None:
@@ -260,13 +295,22 @@ class Server:
             frames = codec.encode(
                 value, cuda_ipc=peer.same_host, shm=peer.same_host, allow_pickle=self._allow_pickle
             )
-            kind = Kind.REPLY
         except Exception as exc:
-            frames, kind = _error_payload(exc), Kind.ERROR
-        self._send(peer.routing_id, envelope(kind, req_id, frames))
+            return self._reply_error(peer, req_id, exc)
+        try:  # a reply the caller would refuse: tell it now, do not let it wait for it
+            check_outgoing(frames, peer.bounds, f"caller {peer.name}")
+        except LimitError as exc:
+            self.stats["reply_over_limit"] += 1
+            return self._reply_error(peer, req_id, exc)
+        self._send(peer.routing_id, envelope(Kind.REPLY, req_id, frames))
 
     def _reply_error(self, peer: Peer, req_id: int, exc: BaseException) -> None:
-        self._send(peer.routing_id, envelope(Kind.ERROR, req_id, _error_payload(exc)))
+        frames = _error_payload(exc)
+        try:
+            check_outgoing(frames, peer.bounds, f"caller {peer.name}")
+        except LimitError as too_big:  # e.g. a huge traceback: send the reason, not the error
+            frames = _error_payload(LimitError(f"the error reply was refused: {too_big}"))
+        self._send(peer.routing_id, envelope(Kind.ERROR, req_id, frames))
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -286,14 +330,17 @@ class Server:
                 self._drop("internal", f"{type(exc).__name__}: {exc}", msg[0] if msg else None)
 
     def _on_message(self, msg: Frames, now: float) -> None:
+        first = msg[0]  # the routing id, as a zmq.Frame (its SRCFD names the connection)
+        rid = first if type(first) is bytes else first.bytes
         if len(msg) < 2:
-            return self._drop("framing", "no control frame", msg[0] if msg else None)
-        rid = msg[0]
+            return self._drop("framing", "no control frame", rid)
+        peer = self._peers.get(rid)
+        if peer is None:
+            return self._on_stranger(rid, _srcfd(first), msg)
         try:
             kind, req_id, payload = open_envelope(msg, 1)
         except ProtocolError as exc:
             return self._drop("control", str(exc), rid)
-        peer = self._peers.get(rid)
         if len(msg) > self.limits.max_frames + 2:
             self._drop("framing", "too many frames", rid)
             if peer is not None and kind is Kind.REQUEST:  # tell the caller, do not let it wait
@@ -301,8 +348,6 @@ class Server:
                 limit = self.limits.max_frames
                 self._reply_error(peer, req_id, LimitError(f"message of more than {limit} frames"))
             return None
-        if peer is None:
-            return self._on_stranger(rid, kind, req_id, payload)
         peer.last_seen = now
         if kind is Kind.REQUEST:
             self._on_request(peer, req_id, payload)
@@ -314,7 +359,7 @@ class Server:
             self._forget(rid)
         elif kind is Kind.HELLO:  # a reconnect that reused the routing id: start over
             self._forget(rid)
-            self._on_stranger(rid, kind, req_id, payload)
+            self._on_hello(rid, payload)
         else:
             self._drop("kind", f"unexpected {kind.name} in a session", rid)
 
@@ -396,11 +441,25 @@ class Server:
 
     # -- handshake ---------------------------------------------------------------------
 
-    def _on_stranger(self, rid: bytes, kind: Kind, req_id: int, frames: Frames) -> None:
+    def _on_stranger(self, rid: bytes, fd: int, msg: Frames) -> None:
+        """A message of a peer that has not authenticated (see ``transport.gate``)."""
+        gate = self._gate
+        if gate is not None:
+            gate.sync()  # learn of the connection before looking it up
+        try:
+            kind, req_id, frames = open_envelope(msg, 1)
+        except ProtocolError as exc:
+            return self._drop("control", str(exc), rid)
+        if gate is not None and (len(msg) > 3 or frames_nbytes(msg) > HANDSHAKE_MAX + 512):
+            gate.oversized(fd)  # bigger than a handshake: no more of that
         if kind is Kind.HELLO:
+            if gate is not None:
+                gate.hello(fd, rid)
             return self._on_hello(rid, frames)
         if kind is Kind.AUTH:
-            return self._on_auth(rid, frames)
+            if self._on_auth(rid, frames) and gate is not None:
+                gate.authenticated(fd)
+            return None
         if kind in (Kind.REQUEST, Kind.PING, Kind.ONEWAY):
             # a peer we forgot (expired, or a reconnect): tell it to start over
             self.stats["unauthenticated"] += 1
@@ -409,7 +468,7 @@ class Server:
         self._drop("handshake", f"{kind.name} before the handshake", rid)
 
     def _handshake_body(self, frames: Frames) -> dict[str, Any]:
-        if len(frames) != 1 or len(frames[0]) > 4096:
+        if len(frames) != 1 or len(frames[0]) > HANDSHAKE_MAX:
             raise ProtocolError("malformed handshake message")
         body = msgpack.unpackb(bytes(frames[0]), raw=False)
         if not isinstance(body, dict):
@@ -442,11 +501,13 @@ class Server:
         }
         self._send(rid, envelope(Kind.CHALLENGE, 0, [msgpack.packb(reply)]))
 
-    def _on_auth(self, rid: bytes, frames: Frames) -> None:
+    def _on_auth(self, rid: bytes, frames: Frames) -> bool:
+        """Check an AUTH; whether the peer is now authenticated."""
         pending = self._pending.pop(rid, None)
         if pending is None:
             self._drop("handshake", "AUTH without a HELLO", rid)
-            return self._reject(rid, RejectCode.NEED_HANDSHAKE, "AUTH without HELLO")
+            self._reject(rid, RejectCode.NEED_HANDSHAKE, "AUTH without HELLO")
+            return False
         nonce_c, nonce_s, hello = pending
         try:
             body = self._handshake_body(frames)
@@ -458,7 +519,8 @@ class Server:
             self._ratelog.warning(
                 "auth", "%s: rejected peer %r: wrong cluster token", self.name, hello.get("name")
             )
-            return self._reject(rid, RejectCode.AUTH, "authentication failed")
+            self._reject(rid, RejectCode.AUTH, "authentication failed")
+            return False
         host = str(hello.get("host", ""))
         self._peers[rid] = Peer(
             routing_id=rid,
@@ -466,9 +528,22 @@ class Server:
             host=host,
             same_host=host == self._host,
             last_seen=time.monotonic(),
+            bounds=peer_bounds(self.limits, hello.get("limits")),
         )
         self.stats["peers_accepted"] += 1
         self._send(rid, envelope(Kind.WELCOME, 0, [msgpack.packb({})]))
+        return True
+
+    def _on_gate_drop(self, reason: str, rid: bytes | None) -> None:
+        """A connection left without authenticating: forget its half-open handshake."""
+        if rid is not None:
+            self._pending.pop(rid, None)
+        if reason == "disconnected":  # the peer went away by itself
+            return
+        self.stats[reason] += 1
+        self._ratelog.warning(
+            reason, "%s: dropped an unauthenticated connection %r (%s)", self.name, rid, reason
+        )
 
     # -- peers -------------------------------------------------------------------------
 

@@ -314,6 +314,134 @@ async def test_every_limit_gives_the_peer_an_error_and_the_server_keeps_serving(
             assert await client.request(b"ok", timeout=5) == 2
 
 
+# -- before the handshake -------------------------------------------------------------------
+
+PREAUTH_RSS_BOUND = 32 * 2**20  # measured: +4 MiB peak for 4 x 256 MiB (docs/security.md)
+
+
+def _peak_rss(pid: int) -> int:
+    """The process's peak resident set (VmHWM), in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+async def test_a_stranger_cannot_make_an_endpoint_hold_more_than_the_preauth_bound() -> None:
+    """Four 128 MiB messages from a peer without the token: before the gate the server held
+    each one whole (ZeroMQ reads a message completely before a ROUTER hands it over); now
+    the connection is cut once it has sent ``max_preauth_bytes``, its buffers freed."""
+    import threading
+    import time
+
+    from rayless.transport import echo
+
+    token = new_token()
+    proc, address = echo.spawn("tcp://127.0.0.1:0", token)
+    stranger = _dealer(address)
+    try:
+        server = psutil.Process(proc.pid)
+        async with Client(address, token=token) as client:
+            assert await client.request("warm-up", timeout=10) == "warm-up"
+        await asyncio.sleep(0.2)
+        rss_before, hwm_before = server.memory_info().rss, _peak_rss(proc.pid)
+        peak = [rss_before]
+        done = threading.Event()
+
+        def sample() -> None:  # psutil's RSS every 5 ms while the attack runs
+            while not done.is_set():
+                peak[0] = max(peak[0], server.memory_info().rss)
+                time.sleep(0.005)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        blob = bytearray(128 * 2**20)
+        try:
+            for _ in range(4):  # each reconnect of the DEALER carries the next message
+                stranger.send(blob, copy=False)
+            stats: dict[str, Any] = {}
+            async with Client(address, token=token) as client:
+                for _ in range(200):  # wait (at most ~20 s) until all four were cut off
+                    stats = await client.request("__stats__", timeout=10)
+                    if stats.get("preauth_bytes", 0) >= 4:
+                        break
+                    await asyncio.sleep(0.1)
+                assert await client.request(("still", "serving"), timeout=10) == (
+                    "still",
+                    "serving",
+                )
+        finally:
+            done.set()
+            sampler.join()
+        growth = peak[0] - rss_before
+        hwm_growth = _peak_rss(proc.pid) - hwm_before
+        assert growth < PREAUTH_RSS_BOUND, f"RSS grew by {growth / 2**20:.1f} MiB"
+        assert hwm_growth < PREAUTH_RSS_BOUND, f"peak RSS grew by {hwm_growth / 2**20:.1f} MiB"
+        assert stats.get("preauth_bytes", 0) >= 4, stats
+        assert stats.get("requests", 0) >= 1 and "dropped" not in stats, stats  # none got in
+    finally:
+        stranger.close(linger=0)
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except Exception:
+            proc.kill()
+            proc.wait()
+
+
+async def test_unauthenticated_connections_are_dropped_after_the_handshake_timeout() -> None:
+    """A silent TCP connection and a DEALER that sent HELLO but no AUTH are both cut after
+    ``handshake_timeout``, their descriptors and half-open handshakes released; an
+    authenticated client is not affected."""
+    import socket
+
+    token = new_token()
+    limits = Limits(handshake_timeout=0.5)
+    me = psutil.Process()
+    async with (
+        Server(token=token, handler=lambda r: r.body, limits=limits) as srv,
+        Client(srv.address, token=token) as client,
+    ):
+        assert await client.request("before", timeout=5) == "before"
+        fds_before = me.num_fds()
+        host, port = srv.address[len("tcp://") :].rsplit(":", 1)
+
+        def silent() -> bytes:  # connects, says nothing; returns what it read until EOF
+            with socket.create_connection((host, int(port)), timeout=30) as s:
+                got = b""
+                while chunk := s.recv(4096):
+                    got += chunk
+                return got
+
+        def hello_only(s: zmq.Socket[Any]) -> Kind:
+            s.send_multipart([pack_control(Kind.HELLO), msgpack.packb({"nonce": new_nonce()})])
+            return _reply(s)[0]
+
+        greeting = await asyncio.to_thread(silent)  # before: never returned (no EOF)
+        assert len(greeting) <= 64  # the server's ZMTP greeting, nothing more
+        half_open = _dealer(srv.address)
+        try:
+            assert await asyncio.to_thread(hello_only, half_open) is Kind.CHALLENGE
+            assert srv._pending
+            for _ in range(100):  # wait (at most ~10 s) for the half-open one to be cut
+                if srv.stats["handshake_timeout"] >= 2 and not srv._pending:
+                    break
+                await asyncio.sleep(0.1)
+            assert srv.stats["handshake_timeout"] >= 2, dict(srv.stats)
+            assert not srv._pending  # the HELLO's state went with its connection
+        finally:
+            half_open.close(linger=0)
+        for _ in range(50):
+            if me.num_fds() <= fds_before:
+                break
+            await asyncio.sleep(0.1)
+        assert me.num_fds() <= fds_before
+        # the authenticated client outlived the timeout several times over
+        assert await client.request("after", timeout=5) == "after"
+        assert srv._gate is not None and srv._gate.waiting == 0
+
+
 def test_limits_from_the_environment() -> None:
     env = {"RAYLESS_MAX_MESSAGE_BYTES": "1024", "RAYLESS_MAX_PEERS": "3"}
     limits = Limits.from_env(env)
@@ -324,6 +452,10 @@ def test_limits_from_the_environment() -> None:
         Limits.from_env({"RAYLESS_MAX_FRAMES": "many"})
     with pytest.raises(ValueError, match="max_peers"):
         Limits.from_env({"RAYLESS_MAX_PEERS": "0"})
+    pre = Limits.from_env({"RAYLESS_MAX_PREAUTH_BYTES": "8192", "RAYLESS_HANDSHAKE_TIMEOUT": "2.5"})
+    assert pre.max_preauth_bytes == 8192 and pre.handshake_timeout == 2.5
+    with pytest.raises(ValueError, match="RAYLESS_HANDSHAKE_TIMEOUT"):
+        Limits.from_env({"RAYLESS_HANDSHAKE_TIMEOUT": "soon"})
 
 
 # -- CURVE ---------------------------------------------------------------------------------

@@ -235,6 +235,51 @@ async def test_oversize_message_is_refused_and_server_keeps_serving() -> None:
             assert await other.request("fine") == "fine"
 
 
+def _sized(req: Request) -> Any:
+    kind, n = req.body
+    if kind == "bytes":
+        return bytes(n)
+    import torch
+
+    return torch.zeros(n, dtype=torch.uint8)
+
+
+async def test_a_reply_over_the_callers_limit_is_a_limit_error_at_once() -> None:
+    """The client announces its limits in HELLO; the server checks each reply against them
+    (before: ZeroMQ dropped the connection on the big reply, and the caller waited for the
+    heartbeat to break the session: ``BrokenError: no heartbeat for 10.0s``)."""
+    small = Limits(max_message_bytes=2**20)
+    async with (
+        Server(token=TOKEN, handler=_sized, name="sized") as srv,
+        Client(srv.address, token=TOKEN, limits=small, heartbeat_timeout=30) as client,
+    ):
+        with pytest.raises(LimitError, match="1048576 bytes of caller"):
+            await client.request(("tensor", 2 * 2**20), timeout=20)
+        assert srv.stats["reply_over_limit"] == 1
+        # the session is intact: the next request is answered
+        assert (await client.request(("tensor", 1000), timeout=5)).numel() == 1000
+
+
+async def test_a_big_bytes_value_is_refused_before_it_travels() -> None:
+    """bytes travel in the msgpack header: a reply whose header is over the caller's
+    ``max_header_bytes`` is a LimitError from the server, a request one from the client,
+    both before anything is sent (before: the reply was sent and accepted)."""
+    limits = Limits(max_header_bytes=2**16)
+    async with (
+        Server(token=TOKEN, handler=_sized, name="sized") as srv,
+        Client(srv.address, token=TOKEN, limits=limits) as client,
+    ):
+        with pytest.raises(LimitError, match=r"header of \d+ bytes exceeds the limit of 65536"):
+            await client.request(("bytes", 2**20), timeout=20)
+        with pytest.raises(LimitError, match="header"):
+            await client.request(("bytes", bytes(2**20)), timeout=20)
+        assert await client.request(("bytes", 1000), timeout=5) == bytes(1000)
+        # one-way pushes are checked too: the server's caller gets the error
+        peer = srv.peers[0]
+        with pytest.raises(LimitError, match="header"):
+            srv.send_oneway(peer, bytes(2**20))
+
+
 async def test_one_way_messages_in_both_directions() -> None:
     got: list[Any] = []
     pushed: asyncio.Queue[Any] = asyncio.Queue()
