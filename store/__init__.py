@@ -7,6 +7,7 @@ from rayless.store import samplers
 from rayless.store.client import DEFAULT_NAME, Store
 from rayless.store.errors import (
     ForeignMetaError,
+    PartialResultError,
     SchemaError,
     StaleMetaError,
     StoreError,
@@ -17,6 +18,7 @@ from rayless.store.errors import (
     UnknownFieldError,
     UnknownKeyError,
     UnknownPartitionError,
+    WriteTooLargeError,
 )
 from rayless.store.meta import BatchMeta
 from rayless.store.samplers import GroupedSampler, RandomSampler, SequentialSampler, make_sampler
@@ -29,6 +31,7 @@ __all__ = [
     "FieldSchema",
     "ForeignMetaError",
     "GroupedSampler",
+    "PartialResultError",
     "RandomSampler",
     "SchemaError",
     "SequentialSampler",
@@ -43,6 +46,7 @@ __all__ = [
     "UnknownFieldError",
     "UnknownKeyError",
     "UnknownPartitionError",
+    "WriteTooLargeError",
     "make_sampler",
     "samplers",
 ]
