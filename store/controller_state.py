@@ -19,8 +19,11 @@ table) decides instead, so one env's samples stay on the unit near its workers.
 
 Because a sample's fields from one put are written to one unit and announced in one
 notification, a sample never becomes partly visible; a sample is *ready* for fields F when all
-of F are in their ready sets. Every method validates first and raises a typed
-:mod:`store.errors` error with the state unchanged.
+of F are in their ready sets. An atomic allocation (a new put) goes further: none of its
+samples is ready until all of them were written (a torn put never shows). A unit loss marks
+its samples lost (not ready); only fetches waiting through the loss are told
+(:meth:`ControllerState.lost_since`), later ones wait for new data. Every method validates
+first and raises a typed :mod:`store.errors` error with the state unchanged.
 
 Clearing is two-phase so that an index is never reused while a unit still holds its old row:
 :meth:`ControllerState.clear` hides the samples at once and returns a :class:`ClearPlan`; once
