@@ -71,8 +71,10 @@ def test_matplotlib_and_yaml_are_not_base_dependencies() -> None:
 @pytest.mark.slow
 def test_the_wheel_holds_only_rayless(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
-        + ["-w", str(tmp_path), str(ROOT)],
+        [
+            *(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"),
+            *("-w", str(tmp_path), str(ROOT)),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
