@@ -15,7 +15,8 @@ and stays light: it imports the error modules and nothing heavy (no torch, numpy
     ├── ActorDiedError, ActorNotFoundError, NameTakenError, StartError, ConnectError, LaunchError
     ├── BrokenError → ClusterLostError  (the head is gone)
     └── StoreError: StoreInputError (SchemaError, Unknown*Error, StaleMetaError,
-        ForeignMetaError), StoreFullError, StoreTimeoutError, UnitLostError
+        ForeignMetaError), StoreFullError (WriteTooLargeError), StoreTimeoutError,
+        UnitLostError (PartialResultError)
 """
 
 from rayless.actors.errors import (
@@ -38,6 +39,7 @@ from rayless.placement.errors import (
 )
 from rayless.store.errors import (
     ForeignMetaError,
+    PartialResultError,
     SchemaError,
     StaleMetaError,
     StoreError,
@@ -48,6 +50,7 @@ from rayless.store.errors import (
     UnknownFieldError,
     UnknownKeyError,
     UnknownPartitionError,
+    WriteTooLargeError,
 )
 from rayless.transport.errors import (
     AuthError,
@@ -75,6 +78,7 @@ __all__ = [
     "ClosedError",
     "ConnectError",
     "ForeignMetaError",
+    "PartialResultError",
     "InsufficientResourcesError",
     "LaunchError",
     "LimitError",
@@ -96,4 +100,5 @@ __all__ = [
     "UnknownFieldError",
     "UnknownKeyError",
     "UnknownPartitionError",
+    "WriteTooLargeError",
 ]

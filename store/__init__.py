@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayless.store.errors import (
     ForeignMetaError,
+    PartialResultError,
     SchemaError,
     StaleMetaError,
     StoreError,
@@ -17,6 +18,7 @@ from rayless.store.errors import (
     UnknownFieldError,
     UnknownKeyError,
     UnknownPartitionError,
+    WriteTooLargeError,
 )
 
 if TYPE_CHECKING:
@@ -66,6 +68,7 @@ __all__ = [
     "FieldSchema",
     "ForeignMetaError",
     "GroupedSampler",
+    "PartialResultError",
     "RandomSampler",
     "SchemaError",
     "SequentialSampler",
@@ -80,6 +83,7 @@ __all__ = [
     "UnknownFieldError",
     "UnknownKeyError",
     "UnknownPartitionError",
+    "WriteTooLargeError",
     "make_sampler",
     "samplers",
 ]

@@ -23,7 +23,8 @@ meta, then merges in order and moves the fields to their device.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tensordict import TensorDict, TensorDictBase
@@ -34,6 +35,7 @@ from rayless.actors.api.lifecycle import opener
 from rayless.store.controller import StoreController
 from rayless.store.errors import (
     ForeignMetaError,
+    PartialResultError,
     StoreError,
     StoreInputError,
     UnitLostError,
@@ -255,6 +257,12 @@ class Store:
             raise StoreInputError(f"expected a BatchMeta, got {type(meta).__name__}")
         if meta.store_id != self.store_id:
             raise ForeignMetaError(f"the meta comes from store {meta.store_id!r}")
+        bad = [s for s in meta.shards if not 0 <= s < len(self.units)]
+        if bad:
+            raise StoreInputError(
+                f"the meta names shard {bad[0]}, but the store has {len(self.units)} units "
+                "(a forged or corrupted meta)"
+            )
         return meta
 
     async def _lost(self, shard: int, exc: BaseException) -> UnitLostError:
@@ -295,14 +303,18 @@ class Store:
         samples of ``meta`` (column-wise); return the samples' meta with the fields added.
 
         Waits up to ``timeout`` s for room on full units. Raises SchemaError/StoreInputError/
-        ForeignMetaError/StaleMetaError (bad input; nothing changed), StoreFullError (no room in
-        time; a new put is undone), UnitLostError (a unit is gone; a new put is undone).
+        ForeignMetaError/StaleMetaError (bad input, unstorable dtypes; nothing changed),
+        StoreFullError (no room in time; WriteTooLargeError at once for a write larger than a
+        unit's capacity), UnitLostError (a unit is gone). A failed put is undone: new samples
+        are cleared (and a partition it created is dropped), fields it added to existing
+        samples are deleted again. A new put's samples become ready only once all are written.
         """
         columns = split_columns(td)
         n = int(td.batch_size[0])
         schemas = {name: col.schema for name, col in columns.items()}
         wire = {name: s.to_dict() for name, s in schemas.items()}
         new = meta is None
+        fresh: dict[str, Any] = {}
         if meta is None:
             if partition is None:
                 raise StoreInputError("put needs a partition (or the meta of existing samples)")
@@ -320,7 +332,7 @@ class Store:
                 raise StoreInputError(f"the TensorDict holds {n} samples, the meta {meta.size}")
             if partition is not None and set(meta.partition_ids) != {partition}:
                 raise StoreInputError(f"the meta's samples are not in partition {partition!r}")
-            await self.controller.check_put(meta, wire)
+            fresh = await self.controller.check_put(meta, wire)
         shards, calls = [], []
         for (shard, part), positions in _groups(meta).items():
             indexes = [meta.global_indexes[p] for p in positions]
@@ -333,6 +345,9 @@ class Store:
         except BaseException:
             if new:
                 await self.controller.abort_put(meta)
+            elif fresh:
+                with contextlib.suppress(StoreError):
+                    await self.controller.abort_fields(meta, fresh)
             raise
         shapes = {k: c.sample_shapes or [] for k, c in columns.items() if c.schema.is_nested}
         return meta.with_fields(schemas, shapes)
@@ -367,7 +382,8 @@ class Store:
 
         Same keys, dtypes, shapes, nesting as put; each field on its put-time device where this
         process has it (else the CPU), or on ``device``. Raises ForeignMetaError, StaleMetaError,
-        UnknownFieldError, UnitLostError (naming the unit that held samples).
+        UnknownFieldError, PartialResultError (a UnitLostError naming the unit that held some
+        samples; its ``data``/``meta`` are the samples read from live units, ``lost`` the rest).
         """
         meta = self._check_meta(meta)
         if fields is not None:
@@ -377,17 +393,66 @@ class Store:
             await self.controller.check_readable(meta)
             return TensorDict({}, batch_size=[meta.size])
         groups = _groups(meta)
-        shards = [-1] + [shard for shard, _ in groups]
-        calls = [self.controller.check_readable(meta)]
+        calls = [self.controller.lost_positions(meta)]
         for (shard, part), positions in groups.items():
             indexes = [meta.global_indexes[p] for p in positions]
             calls.append(self.units[shard]["handle"].read(part, indexes, names))
         results = await asyncio.gather(*calls, return_exceptions=True)
         if isinstance(results[0], BaseException):
             raise results[0]
-        results = await self._gather(shards[1:], [_done(r) for r in results[1:]])
+        lost = {int(pos): str(unit) for pos, unit in results[0]}
+        dead = [isinstance(r, (ActorDiedError, UnitLostError)) for r in results[1:]]
+        if lost or any(dead):
+            await self._partial(meta, groups, results[1:], lost, device)
+        results = await self._gather(
+            [shard for shard, _ in groups], [_done(r) for r in results[1:]]
+        )
         parts = [(pos, td) for pos, td in zip(groups.values(), results, strict=True)]
         return place(merge(meta.size, meta.field_schemas, parts), meta.field_schemas, device)
+
+    async def _partial(
+        self,
+        meta: BatchMeta,
+        groups: dict[tuple[int, str], list[int]],
+        results: list[Any],
+        lost: dict[int, str],
+        device: Any,
+    ) -> None:
+        """A get that met lost samples: raise PartialResultError with the live part's data."""
+        parts: list[tuple[list[int], Any]] = []
+        for ((shard, part), positions), res in zip(groups.items(), results, strict=True):
+            if isinstance(res, ActorDiedError):
+                res = await self._lost(shard, res)
+            if isinstance(res, UnitLostError):
+                lost.update({p: res.unit for p in positions})
+                continue
+            live = [p for p in positions if p not in lost]
+            if not live:
+                continue
+            if isinstance(res, BaseException) or len(live) < len(positions):
+                # this unit holds lost rows too (it registered again): read the live ones
+                indexes = [meta.global_indexes[p] for p in live]
+                res = await self.units[shard]["handle"].read(part, indexes, meta.field_names)
+            parts.append((live, res))
+        keep = sorted(p for positions, _ in parts for p in positions)
+        gone = sorted(lost)
+        where = {p: k for k, p in enumerate(keep)}
+        schemas = meta.field_schemas
+        data = (
+            merge(len(keep), schemas, [([where[p] for p in ps], td) for ps, td in parts])
+            if parts
+            else TensorDict({}, batch_size=[0])
+        )
+        units = list(dict.fromkeys(lost[p] for p in gone))
+        raise PartialResultError(
+            units[0],
+            f"it held {len(gone)} of the {meta.size} samples; the other {len(keep)} were read "
+            "(err.data, err.meta)",
+            data=place(data, schemas, device),
+            meta=meta.select(keep),
+            lost=meta.select(gone),
+            units=units,
+        )
 
     async def clear(self, meta: BatchMeta) -> None:
         """Remove ``meta``'s samples; their indexes are reused. Raises Foreign/StaleMetaError."""
@@ -412,9 +477,19 @@ class Store:
         result: dict[str, int] = await self.controller.consumption_status(partition, task)
         return result
 
-    async def reset_consumption(self, task: str = "default", partition: str | None = None) -> None:
-        """Make every sample unconsumed again for ``task`` (in ``partition`` or everywhere)."""
-        await self.controller.reset_consumption(task, partition)
+    async def reset_consumption(
+        self, task: str = "default", partition: str | None = None, *, meta: BatchMeta | None = None
+    ) -> None:
+        """Make every sample unconsumed again for ``task`` (in ``partition`` or everywhere), or
+        only ``meta``'s samples (e.g. ``PartialResultError.meta``, to fetch them again)."""
+        checked = None if meta is None else self._check_meta(meta)
+        await self.controller.reset_consumption(task, partition, checked)
+
+    async def lost_samples(self, partition: str) -> BatchMeta:
+        """The samples of ``partition`` lost with their unit (not ready; a fetch skips them):
+        ``clear`` them, or rewrite their fields once the unit registered again."""
+        result: BatchMeta = await self.controller.lost_meta(partition)
+        return result
 
     async def set_custom_meta(self, meta: BatchMeta, custom: Sequence[Mapping[str, Any]]) -> None:
         """Replace the per-sample custom metadata of ``meta``'s samples."""
@@ -444,7 +519,7 @@ class Store:
 
         Raises StoreInputError/SchemaError, StoreFullError, UnitLostError.
         """
-        keys = list(keys)
+        keys = _kv_keys(keys)
         columns = split_columns(td, len(keys))
         groups = self._by_key(keys)
         shards, calls = [], []
@@ -460,7 +535,7 @@ class Store:
         self, keys: Sequence[str], fields: Sequence[str] | None = None, *, device: Any = None
     ) -> TensorDict:
         """The rows under ``keys``, in order. Raises UnknownKeyError, UnknownFieldError."""
-        keys = list(keys)
+        keys = _kv_keys(keys)
         groups = self._by_key(keys)
         f = None if fields is None else list(fields)
         calls = [
@@ -483,12 +558,22 @@ class Store:
 
     async def kv_delete(self, keys: Sequence[str]) -> int:
         """Delete ``keys`` (absent ones ignored); returns how many were deleted."""
-        keys = list(keys)
+        keys = _kv_keys(keys)
         groups = self._by_key(keys)
         calls = [
             self.units[s]["handle"].kv_delete([keys[p] for p in pos]) for s, pos in groups.items()
         ]
         return sum(await self._gather(list(groups), calls))
+
+
+def _kv_keys(keys: Any) -> list[str]:
+    """``keys`` as a list of str; a bare str (``"abc"``) is refused, not split into letters."""
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+        raise StoreInputError(f"keys must be a list of str, got {keys!r}")
+    out = list(keys)
+    if any(not isinstance(k, str) or not k for k in out):
+        raise StoreInputError("keys must be non-empty str")
+    return out
 
 
 async def _done(value: Any) -> Any:

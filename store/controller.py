@@ -137,7 +137,9 @@ class StoreController(Actor):
     ) -> BatchMeta:
         """Allocate ``n`` samples for a put of fields ``schemas``; see ControllerState.allocate.
 
-        Without ``env_ids`` each live unit gets one contiguous block of the batch.
+        Without ``env_ids`` each live unit gets one contiguous block of the batch. The put is
+        atomic: its samples become ready together once every unit wrote its part (a put torn
+        by a producer's death never shows, and is reclaimed like an unwritten allocation).
         """
         groups = None if group_ids is None else [_hashable(g) for g in group_ids]
         shards = None
@@ -153,28 +155,51 @@ class StoreController(Actor):
             custom_meta=custom_meta,
             schemas=_schemas(schemas),
             placement=shards,
+            atomic=True,
         )
         now = time.monotonic()
         for index, gen in zip(meta.global_indexes, meta.generations, strict=True):
             self._unwritten[index] = (partition, gen, now)
         return meta
 
-    async def check_put(self, meta: BatchMeta, schemas: Mapping[str, Any]) -> None:
-        """Raise unless fields ``schemas`` may be written onto ``meta``'s samples."""
-        self.state.check_put(meta, _schemas(schemas))
+    async def check_put(
+        self, meta: BatchMeta, schemas: Mapping[str, Any]
+    ) -> dict[str, dict[str, list[int]]]:
+        """Raise unless fields ``schemas`` may be written onto ``meta``'s samples; returns the
+        rows the put adds (pass them to :meth:`abort_fields` if the put fails)."""
+        return self.state.check_put(meta, _schemas(schemas))
+
+    async def abort_fields(
+        self, meta: BatchMeta, fresh: Mapping[str, Mapping[str, Sequence[int]]]
+    ) -> None:
+        """Undo a failed column-wise put: the rows it added are no longer ready and are
+        deleted on the units that wrote them (a field no sample holds forgets its schema)."""
+        rows = self.state.drop_fields(meta, fresh)
+        units = self.state.units()
+        calls = []
+        for shard, plan in rows.items():
+            handle = self.handles.get(units[shard].unit_id)
+            if units[shard].alive and handle is not None:
+                calls.append(handle.delete_fields(plan))
+        for res in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(res, BaseException) and not isinstance(res, ActorDiedError):
+                raise res
 
     async def on_data_update(self, unit_id: str, update: Mapping[str, Any]) -> None:
         """A unit stored new data: record it (the ACK is this call's return) and wake fetches."""
         upd = DataUpdate.from_dict(update)
-        self.state.on_data_update(unit_id, upd)
-        for index in upd.indexes:
+        ready = self.state.on_data_update(unit_id, upd)
+        for index in ready:
             self._unwritten.pop(index, None)
-        self._wake(upd.partition)
+        if ready:
+            self._wake(upd.partition)
 
     async def abort_put(self, meta: BatchMeta) -> None:
-        """Undo a failed put of new samples: clear them wherever they were written."""
+        """Undo a failed put of new samples: clear them wherever they were written, and drop
+        the partition if the put created it and it is empty now."""
         with contextlib.suppress(StoreError):
-            await self.clear(meta)
+            plan = self.state.abort(meta)
+            await self._cleared(meta, plan)
 
     # -- gets ----------------------------------------------------------------------------
 
@@ -191,12 +216,14 @@ class StoreController(Actor):
         """A batch of ready samples (see ControllerState.try_fetch), waiting up to ``timeout``.
 
         ``timeout`` None waits as long as it takes, 0 does not wait. Raises StoreTimeoutError
-        when the batch is not ready in time, UnitLostError (naming the unit) instead of waiting
-        when samples of ``partition`` died with their unit (they may never come back),
-        StoreInputError for bad arguments. Waiting blocks nothing else.
+        when the batch is not ready in time, UnitLostError (naming the unit) when a unit that
+        held samples of ``partition`` dies while this fetch waits (they may never come back),
+        StoreInputError for bad arguments. Samples lost before the fetch began are simply not
+        ready: it serves and waits for the other samples. Waiting blocks nothing else.
         """
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        losses = self.state.loss_count(partition) if isinstance(partition, str) else 0
         while True:
             meta = self.state.try_fetch(
                 partition, fields, batch_size, task=task, sampler=sampler, mode=mode
@@ -204,9 +231,10 @@ class StoreController(Actor):
             if meta is not None:
                 return meta
             left = None if deadline is None else deadline - loop.time()
-            lost = self.state.lost_unit(partition)
+            lost = self.state.lost_since(partition, losses)
             if lost is not None and (left is None or left > 0):
-                # samples of this partition died with their unit: waiting could last forever
+                # samples of this partition died with their unit while we waited: the batch
+                # may have needed them, and waiting could last forever
                 raise UnitLostError(
                     lost, f"it held samples of partition {partition!r}; the batch cannot complete"
                 )
@@ -226,6 +254,15 @@ class StoreController(Actor):
     async def check_readable(self, meta: BatchMeta) -> None:
         """Raise unless every field of ``meta`` is readable (UnitLostError names the unit)."""
         self.state.check_readable(meta)
+
+    async def lost_positions(self, meta: BatchMeta) -> list[list[Any]]:
+        """``[[position, unit id], ...]`` of ``meta``'s samples lost with their unit; raises
+        like check_readable for everything else (stale/foreign meta, unwritten fields)."""
+        return [[pos, unit] for pos, unit in self.state.lost_positions(meta).items()]
+
+    async def lost_meta(self, partition: str) -> BatchMeta:
+        """A meta of ``partition``'s samples lost with their unit (see ControllerState)."""
+        return self.state.lost_meta(partition)
 
     async def meta_of(
         self, partition: str, indexes: Sequence[int], fields: Sequence[str] | None = None
@@ -255,7 +292,9 @@ class StoreController(Actor):
 
     async def clear(self, meta: BatchMeta) -> None:
         """Remove ``meta``'s samples (hidden at once; rows deleted; indexes then reusable)."""
-        plan = self.state.clear(meta)
+        await self._cleared(meta, self.state.clear(meta))
+
+    async def _cleared(self, meta: BatchMeta, plan: ClearPlan) -> None:
         for index in plan.indexes:
             self._unwritten.pop(index, None)
         for partition in set(meta.partition_ids):
@@ -311,10 +350,16 @@ class StoreController(Actor):
         """Samples and how many ``task`` consumed in ``partition``."""
         return self.state.consumption_status(partition, task)
 
-    async def reset_consumption(self, task: str, partition: str | None = None) -> None:
-        """Forget what ``task`` consumed (in ``partition`` or everywhere); wakes waiters."""
-        self.state.reset_consumption(task, partition)
-        if partition is None:
+    async def reset_consumption(
+        self, task: str, partition: str | None = None, meta: BatchMeta | None = None
+    ) -> None:
+        """Forget what ``task`` consumed (in ``partition`` or everywhere, or only ``meta``'s
+        samples); wakes waiters."""
+        self.state.reset_consumption(task, partition, meta)
+        if meta is not None:
+            for part in set(meta.partition_ids):
+                self._wake(part)
+        elif partition is None:
             self._wake_all()
         else:
             self._wake(partition)

@@ -19,8 +19,11 @@ table) decides instead, so one env's samples stay on the unit near its workers.
 
 Because a sample's fields from one put are written to one unit and announced in one
 notification, a sample never becomes partly visible; a sample is *ready* for fields F when all
-of F are in their ready sets. Every method validates first and raises a typed
-:mod:`store.errors` error with the state unchanged.
+of F are in their ready sets. An atomic allocation (a new put) goes further: none of its
+samples is ready until all of them were written (a torn put never shows). A unit loss marks
+its samples lost (not ready); only fetches waiting through the loss are told
+(:meth:`ControllerState.lost_since`), later ones wait for new data. Every method validates
+first and raises a typed :mod:`store.errors` error with the state unchanged.
 
 Clearing is two-phase so that an index is never reused while a unit still holds its old row:
 :meth:`ControllerState.clear` hides the samples at once and returns a :class:`ClearPlan`; once
@@ -93,6 +96,7 @@ class _Sample:
     group: Hashable
     custom: dict[str, Any]
     lost_on: str | None = None
+    staged: bool = False  # part of an atomic put that has not committed yet
 
 
 @dataclass
@@ -102,6 +106,19 @@ class _Partition:
     schemas: dict[str, FieldSchema] = field(default_factory=dict)
     shapes: dict[str, dict[int, tuple[int, ...]]] = field(default_factory=dict)
     consumed: dict[str, set[int]] = field(default_factory=dict)
+    created: int = 0  # serial of the allocation that created the partition
+    losses: int = 0  # unit losses that took samples of this partition
+    lost_unit: str | None = None  # the unit of the latest such loss
+
+
+@dataclass
+class _Staging:
+    """An atomic put: its samples become ready together once every one of them is written."""
+
+    partition: str
+    members: set[int]
+    waiting: set[int]
+    updates: list[DataUpdate] = field(default_factory=list)
 
 
 def _check_name(value: Any, what: str) -> str:
@@ -134,6 +151,7 @@ class ControllerState:
         self._next_index = 0
         self._serial = 0
         self._samplers: dict[tuple[str, str, str], Sampler] = {}
+        self._staging: dict[int, _Staging] = {}  # allocation serial -> uncommitted put
 
     # -- units ---------------------------------------------------------------------------
 
@@ -186,6 +204,8 @@ class ControllerState:
             if not lost:
                 continue
             affected[name] = lost
+            part.losses += 1
+            part.lost_unit = unit_id
             lost_set = set(lost)
             for i in lost:
                 part.samples[i].lost_on = unit_id
@@ -197,21 +217,30 @@ class ControllerState:
             self._drop_empty_schemas(part)
         return affected
 
-    def lost_unit(self, partition: str) -> str | None:
-        """The id of a dead unit that took samples of ``partition`` with it, or None.
+    def loss_count(self, partition: str) -> int:
+        """How many unit losses took samples of ``partition`` so far (0 if it does not exist).
 
-        A fetch waiting on such a partition may wait for data that never comes (see
-        ``StoreController.get_meta``).
+        A fetch notes it when it starts waiting; see :meth:`lost_since`.
         """
         part = self._partitions.get(partition)
-        if part is None:
+        return 0 if part is None else part.losses
+
+    def lost_since(self, partition: str, count: int) -> str | None:
+        """The unit of the latest loss of ``partition``'s samples if there were more than
+        ``count`` losses (a fetch waiting since then may wait for data that never comes), else
+        None. Losses before ``count`` do not matter: later fetches wait for new data."""
+        part = self._partitions.get(partition)
+        if part is None or part.losses <= count:
             return None
-        for sample in part.samples.values():
-            if sample.lost_on is not None:
-                info = self._unit_by_id.get(sample.lost_on)
-                if info is None or not info.alive:
-                    return sample.lost_on
-        return None
+        return part.lost_unit
+
+    def lost_meta(self, partition: str) -> BatchMeta:
+        """A meta (no fields) of ``partition``'s samples lost with their unit and not rewritten:
+        clear them, or rewrite them once the unit registered again. Raises UnknownPartitionError.
+        """
+        part = self._part(partition)
+        lost = [i for i, s in part.samples.items() if s.lost_on is not None and not s.staged]
+        return self._meta(partition, part, lost, [])
 
     # -- allocation ----------------------------------------------------------------------
 
@@ -252,8 +281,13 @@ class ControllerState:
         custom_meta: Sequence[Mapping[str, Any]] | None = None,
         schemas: Mapping[str, FieldSchema] | None = None,
         placement: Sequence[int] | None = None,
+        atomic: bool = False,
     ) -> BatchMeta:
         """Allocate ``n`` new samples in ``partition`` (created if new) and return their meta.
+
+        ``atomic`` (with ``schemas``): the samples become ready together, only once every one
+        of them was written (:meth:`on_data_update`), so a put torn by a dead producer never
+        shows; until then they count as staged and are cleared like any other sample.
 
         ``env_ids`` place samples by the env-shard table; ``group_ids`` name each sample's group
         for the grouped sampler (default: consecutive runs of the sampler's ``n`` within this
@@ -286,9 +320,12 @@ class ControllerState:
             for g in group_ids:
                 hash(g)
         # Validated: from here on nothing raises.
-        part = self._partitions.setdefault(partition, _Partition())
         self._serial += 1
         serial = self._serial
+        part = self._partitions.get(partition)
+        if part is None:
+            part = self._partitions[partition] = _Partition(created=serial)
+        staged = atomic and n > 0 and bool(schemas)
         indexes: list[int] = []
         shards: list[int] = []
         for pos in range(n):
@@ -299,10 +336,12 @@ class ControllerState:
                 self._next_index += 1
             shard = shards_by_env[pos] if shards_by_env else alive[index % len(alive)]
             group = group_ids[pos] if group_ids is not None else ("#alloc", serial, pos)
-            part.samples[index] = _Sample(shard, serial, group, custom[pos])
+            part.samples[index] = _Sample(shard, serial, group, custom[pos], staged=staged)
             self._owner[index] = partition
             indexes.append(index)
             shards.append(shard)
+        if staged:
+            self._staging[serial] = _Staging(partition, set(indexes), set(indexes))
         return BatchMeta(
             self.store_id,
             tuple(indexes),
@@ -341,8 +380,8 @@ class ControllerState:
             raise StoreInputError(f"expected a BatchMeta, got {type(meta).__name__}")
         if meta.store_id != self.store_id:
             raise ForeignMetaError(f"the meta comes from store {meta.store_id!r}")
-        for part_id, index, gen in zip(
-            meta.partition_ids, meta.global_indexes, meta.generations, strict=True
+        for part_id, index, gen, shard in zip(
+            meta.partition_ids, meta.global_indexes, meta.generations, meta.shards, strict=True
         ):
             part = self._partitions.get(part_id)
             sample = part.samples.get(index) if part is not None else None
@@ -350,12 +389,21 @@ class ControllerState:
                 raise StaleMetaError(
                     f"sample {index} of partition {part_id!r} was cleared since the meta was made"
                 )
+            if shard != sample.shard:
+                raise StoreInputError(
+                    f"the meta puts sample {index} of {part_id!r} on shard {shard!r}; it lives "
+                    f"on shard {sample.shard} (a forged or corrupted meta)"
+                )
 
-    def check_put(self, meta: BatchMeta, schemas: Mapping[str, FieldSchema]) -> None:
+    def check_put(
+        self, meta: BatchMeta, schemas: Mapping[str, FieldSchema]
+    ) -> dict[str, dict[str, list[int]]]:
         """Raise unless fields ``schemas`` may be written onto ``meta``'s samples.
 
         ForeignMetaError/StaleMetaError (see :meth:`check_meta`), SchemaError (a field's
-        schema would change), UnitLostError (a sample's unit is lost).
+        schema would change), UnitLostError (a sample's unit is lost). Returns the rows the
+        put adds (``{partition: {field: [indexes not holding it yet]}}``): what
+        :meth:`drop_fields` removes again if the put fails.
         """
         self.check_meta(meta)
         for part_id in dict.fromkeys(meta.partition_ids):
@@ -363,6 +411,44 @@ class ControllerState:
         for shard in dict.fromkeys(meta.shards):
             if not self._units[shard].alive:
                 raise UnitLostError(self._units[shard].unit_id)
+        fresh: dict[str, dict[str, list[int]]] = {}
+        for part_id, positions in _positions_by_partition(meta).items():
+            part = self._partitions[part_id]
+            for name in schemas:
+                ready = part.ready.get(name, set())
+                new = [meta.global_indexes[p] for p in positions]
+                new = [i for i in new if i not in ready]
+                if new:
+                    fresh.setdefault(part_id, {})[name] = new
+        return fresh
+
+    def drop_fields(
+        self, meta: BatchMeta, fresh: Mapping[str, Mapping[str, Sequence[int]]]
+    ) -> dict[int, dict[str, dict[str, list[int]]]]:
+        """Undo a failed column-wise put: ``fresh`` (from :meth:`check_put`) is no longer
+        ready, and a field no sample holds any more forgets its schema. Returns the rows the
+        units delete: ``{shard: {partition: {field: [indexes]}}}``. Raises check_meta's errors.
+        """
+        self.check_meta(meta)
+        in_meta = set(zip(meta.partition_ids, meta.global_indexes, strict=True))
+        for part_id, fields in fresh.items():
+            for name, indexes in fields.items():
+                _check_name(name, "a field name")
+                if any((part_id, i) not in in_meta for i in indexes):
+                    raise StoreInputError("fresh rows must be samples of the meta")
+        rows: dict[int, dict[str, dict[str, list[int]]]] = {}
+        for part_id, fields in fresh.items():
+            part = self._partitions[part_id]
+            for name, indexes in fields.items():
+                idx = list(indexes)
+                part.ready.get(name, set()).difference_update(idx)
+                for i in idx:
+                    part.shapes.get(name, {}).pop(i, None)
+                    shard = part.samples[i].shard
+                    rows.setdefault(shard, {}).setdefault(part_id, {}).setdefault(name, [])
+                    rows[shard][part_id][name].append(i)
+            self._drop_empty_schemas(part)
+        return rows
 
     def check_readable(self, meta: BatchMeta) -> None:
         """Raise unless every field of ``meta`` can be read for every sample.
@@ -370,23 +456,39 @@ class ControllerState:
         UnitLostError (naming the unit) for samples whose unit died, UnknownFieldError for
         fields not written for some sample, plus :meth:`check_meta`'s errors.
         """
+        lost = self.lost_positions(meta)
+        if lost:
+            pos, unit = next(iter(lost.items()))
+            i, part_id = meta.global_indexes[pos], meta.partition_ids[pos]
+            raise UnitLostError(unit, f"it held sample {i} of {part_id!r}")
+
+    def lost_positions(self, meta: BatchMeta) -> dict[int, str]:
+        """The positions of ``meta`` whose samples died with their unit, with its id.
+
+        Raises :meth:`check_meta`'s errors, and UnknownFieldError for fields not written for
+        some sample that is not lost.
+        """
         self.check_meta(meta)
+        lost: dict[int, str] = {}
         for part_id, positions in _positions_by_partition(meta).items():
             part = self._partitions[part_id]
-            indexes = [meta.global_indexes[p] for p in positions]
-            for i in indexes:
-                sample = part.samples[i]
+            live: list[int] = []
+            for pos in positions:
+                sample = part.samples[meta.global_indexes[pos]]
                 if sample.lost_on is not None:
-                    raise UnitLostError(sample.lost_on, f"it held sample {i} of {part_id!r}")
-                if not self._units[sample.shard].alive:
-                    raise UnitLostError(self._units[sample.shard].unit_id)
+                    lost[pos] = sample.lost_on
+                elif not self._units[sample.shard].alive:
+                    lost[pos] = self._units[sample.shard].unit_id
+                else:
+                    live.append(meta.global_indexes[pos])
             for name in meta.field_schemas:
                 ready = part.ready.get(name, set())
-                missing = [i for i in indexes if i not in ready]
+                missing = [i for i in live if i not in ready]
                 if missing:
                     raise UnknownFieldError(
                         f"field {name!r} is not written for samples {missing[:8]} of {part_id!r}"
                     )
+        return dict(sorted(lost.items()))
 
     def meta_of(
         self, partition: str, indexes: Sequence[int], fields: Sequence[str] | None = None
@@ -439,8 +541,10 @@ class ControllerState:
 
     # -- production ----------------------------------------------------------------------
 
-    def on_data_update(self, unit_id: str, update: DataUpdate) -> None:
-        """Record a unit's notification that it stored ``update``'s fields for its indexes.
+    def on_data_update(self, unit_id: str, update: DataUpdate) -> list[int]:
+        """Record a unit's notification that it stored ``update``'s fields for its indexes;
+        return the indexes that became ready (for an atomic put: none until its last write,
+        then all of its samples).
 
         Raises UnitLostError (unit marked lost), StoreInputError (unknown unit, samples not in
         the partition or not on this unit's shard), UnknownPartitionError, SchemaError.
@@ -469,8 +573,49 @@ class ControllerState:
             if name not in merged or len(shapes) != len(idx):
                 raise StoreInputError(f"sample_shapes of field {name!r} do not fit the update")
         if not idx:
-            return
-        # Validated: apply.
+            return []
+        serials = {part.samples[i].generation for i in idx if part.samples[i].staged}
+        if not serials:
+            self._apply_update(part, update, merged)
+            return idx
+        staging = self._staging.get(next(iter(serials)))
+        if (
+            len(serials) != 1
+            or staging is None
+            or staging.partition != update.partition
+            or not set(idx) <= staging.members
+        ):
+            raise StoreInputError("a data update mixes samples of different puts")
+        if staging.waiting - set(idx):  # more writes of this put are to come
+            staging.waiting -= set(idx)
+            staging.updates.append(update)
+            return []
+        # The put's last write: check all its writes together, then make them ready at once.
+        updates = [*staging.updates, update]
+        schemas = dict(part.schemas)
+        for upd in updates:
+            for name, schema in upd.schemas.items():
+                old = schemas.get(name)
+                schemas[name] = schema if old is None else old.merged(schema, name)
+        del self._staging[next(iter(serials))]
+        for upd in updates:
+            keep = [k for k, i in enumerate(upd.indexes) if i in staging.members]
+            sub = DataUpdate(
+                upd.partition,
+                [upd.indexes[k] for k in keep],
+                dict(upd.schemas),
+                {f: [shapes[k] for k in keep] for f, shapes in upd.sample_shapes.items()},
+            )
+            self._apply_update(part, sub, {n: schemas[n] for n in upd.schemas})
+        for i in staging.members:
+            part.samples[i].staged = False
+        return [i for i in part.samples if i in staging.members]
+
+    @staticmethod
+    def _apply_update(
+        part: _Partition, update: DataUpdate, merged: Mapping[str, FieldSchema]
+    ) -> None:
+        idx = list(update.indexes)
         part.schemas.update(merged)
         for name in merged:
             part.ready.setdefault(name, set()).update(idx)
@@ -571,9 +716,21 @@ class ControllerState:
             part.consumed.setdefault(task, set()).update(chosen)
         return self._meta(partition, part, list(chosen), names)
 
-    def reset_consumption(self, task: str, partition: str | None = None) -> None:
-        """Forget what ``task`` consumed, in ``partition`` or in every partition."""
+    def reset_consumption(
+        self, task: str, partition: str | None = None, meta: BatchMeta | None = None
+    ) -> None:
+        """Forget what ``task`` consumed, in ``partition`` or in every partition; with ``meta``
+        only its samples (e.g. the live part of a get that lost a unit) become unconsumed."""
         _check_name(task, "task")
+        if meta is not None:
+            self.check_meta(meta)
+            if partition is not None and set(meta.partition_ids) - {partition}:
+                raise StoreInputError(f"the meta's samples are not all in {partition!r}")
+            for part_id, positions in _positions_by_partition(meta).items():
+                consumed = self._partitions[part_id].consumed.get(task)
+                if consumed is not None:
+                    consumed.difference_update(meta.global_indexes[p] for p in positions)
+            return
         parts = [self._part(partition)] if partition is not None else self._partitions.values()
         for part in parts:
             part.consumed.pop(task, None)
@@ -596,9 +753,23 @@ class ControllerState:
         part = self._part(partition)
         plan = ClearPlan()
         self._remove(partition, list(part.samples), plan)
+        self._drop_partition(partition)
+        return plan
+
+    def _drop_partition(self, partition: str) -> None:
         del self._partitions[partition]
         for key in [k for k in self._samplers if k[0] == partition]:
             del self._samplers[key]
+
+    def abort(self, meta: BatchMeta) -> ClearPlan:
+        """Undo a failed put of new samples: :meth:`clear` them, and drop a partition that
+        this put created and that is empty now (a failed put leaves no partition behind)."""
+        plan = self.clear(meta)
+        serials = set(meta.generations)
+        for part_id in dict.fromkeys(meta.partition_ids):
+            part = self._partitions.get(part_id)
+            if part is not None and not part.samples and part.created in serials:
+                self._drop_partition(part_id)
         return plan
 
     def _remove(self, partition: str, indexes: list[int], plan: ClearPlan) -> None:
@@ -606,6 +777,13 @@ class ControllerState:
         gone = set(indexes)
         for i in indexes:
             sample = part.samples.pop(i)
+            if sample.staged:
+                staging = self._staging.get(sample.generation)
+                if staging is not None:
+                    staging.members.discard(i)
+                    staging.waiting.discard(i)
+                    if not staging.members:
+                        del self._staging[sample.generation]
             plan.shards.setdefault(sample.shard, {}).setdefault(partition, []).append(i)
             del self._owner[i]
             self._pending.add(i)
@@ -642,10 +820,12 @@ class ControllerState:
         return self._partitions[partition].samples[index].shard
 
     def production_status(self, partition: str) -> dict[str, Any]:
-        """``{"samples": n, "fields": {field: ready count}, "schemas": {...}}`` of a partition."""
+        """``{"samples": n, "lost": lost with their unit, "fields": {field: ready count},
+        "schemas": {...}}`` of a partition."""
         part = self._part(partition)
         return {
             "samples": len(part.samples),
+            "lost": sum(1 for s in part.samples.values() if s.lost_on is not None),
             "fields": {f: len(r) for f, r in part.ready.items()},
             "schemas": {f: s.to_dict() for f, s in part.schemas.items()},
         }
@@ -662,6 +842,7 @@ class ControllerState:
             "allocated": len(self._owner),
             "free": len(self._free),
             "pending_release": len(self._pending),
+            "staged": sum(len(st.members) for st in self._staging.values()),
             "high_water": self._next_index,
             "units": [u.to_dict() for u in self._units],
         }

@@ -13,16 +13,22 @@ leaves the store exactly as it was::
     │   ├── StaleMetaError             a BatchMeta naming samples that were cleared since
     │   └── ForeignMetaError           a BatchMeta made by another store
     ├── StoreFullError                 a storage unit's byte capacity would be exceeded
+    │   └── WriteTooLargeError         a write larger than the unit's whole capacity (never fits)
     ├── StoreTimeoutError (TimeoutError) a fetch's batch was not ready within its timeout
     └── UnitLostError                  a storage unit is gone, and the samples it held with it
+        └── PartialResultError         a get lost some samples; it carries the live part
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 from rayless.transport.errors import RaylessError
 
 __all__ = [
     "ForeignMetaError",
+    "PartialResultError",
     "SchemaError",
     "StaleMetaError",
     "StoreError",
@@ -31,6 +37,7 @@ __all__ = [
     "StoreTimeoutError",
     "UnitLostError",
     "UnknownFieldError",
+    "WriteTooLargeError",
     "UnknownKeyError",
     "UnknownPartitionError",
 ]
@@ -85,6 +92,11 @@ class StoreFullError(StoreError, wire="rayless.StoreFullError"):
         )
 
 
+class WriteTooLargeError(StoreFullError, wire="rayless.WriteTooLargeError"):
+    """A write whose rows alone exceed the unit's whole capacity: it can never fit, so it
+    fails at once instead of waiting for room. Same attributes as StoreFullError."""
+
+
 class StoreTimeoutError(StoreError, TimeoutError, wire="rayless.StoreTimeoutError"):
     """A ``get_meta`` whose batch did not become ready within its timeout; nothing changed."""
 
@@ -97,3 +109,30 @@ class UnitLostError(StoreError, wire="rayless.UnitLostError"):
         self.reason = reason
         text = f"storage unit {unit!r} is lost"
         super().__init__(f"{text}: {reason}" if reason else text)
+
+
+class PartialResultError(UnitLostError, wire="rayless.PartialResultError"):
+    """A ``get`` whose meta spans a lost unit: the samples on live units were read anyway.
+
+    ``data`` holds their TensorDict, ``meta`` their BatchMeta (positions in the original meta's
+    order), ``lost`` the BatchMeta of the samples that died with ``unit`` (``units``: every
+    unit lost). The live samples stay consumed by the task that fetched them (their data is
+    here); ``Store.reset_consumption(task, meta=err.meta)`` hands them back instead. Across
+    processes only the plain attributes travel (``data``/``meta`` as text).
+    """
+
+    def __init__(
+        self,
+        unit: str,
+        reason: str = "",
+        *,
+        data: Any = None,
+        meta: Any = None,
+        lost: Any = None,
+        units: Sequence[str] = (),
+    ) -> None:
+        super().__init__(unit, reason)
+        self.data = data
+        self.meta = meta
+        self.lost = lost
+        self.units = list(units) or [unit]

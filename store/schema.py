@@ -31,6 +31,7 @@ __all__ = [
     "KINDS",
     "Column",
     "DataUpdate",
+    "STORABLE_DTYPES",
     "FieldSchema",
     "assemble",
     "check_plain",
@@ -48,6 +49,25 @@ KINDS = ("dense", "jagged", "strided", "non_tensor")
 Shape = tuple[int | None, ...]
 _PLAIN_SCALARS = (str, bytes, int, float, bool, type(None))
 _MAX_DEPTH = 32
+# Dtypes a storage unit can hold: those whose index_copy_/index_select/cat work on every
+# device. Others (uint16/32/64, float8_*, sub-byte and quantized dtypes) are refused with a
+# SchemaError when a TensorDict is split, i.e. at the client before anything is allocated.
+STORABLE_DTYPES = frozenset(
+    {
+        "bool",
+        "uint8",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    }
+)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -92,6 +112,10 @@ class FieldSchema:
         if self.dtype is None or self.shape is None:
             raise SchemaError(f"a {self.kind} field needs a dtype and a shape")
         dtype_from_name(self.dtype)
+        if self.dtype not in STORABLE_DTYPES:
+            raise SchemaError(
+                f"dtype {self.dtype} cannot be stored (supported: {sorted(STORABLE_DTYPES)})"
+            )
         if any(d is not None and (not isinstance(d, int) or d < 0) for d in self.shape):
             raise SchemaError(f"bad per-sample shape {self.shape!r}")
         if self.kind == "dense" and None in self.shape:
@@ -208,7 +232,19 @@ def check_plain(value: Any, where: str = "value", _depth: int = 0) -> None:
     raise SchemaError(f"{where} is a {type(value).__name__}, not a plain (msgpack-able) value")
 
 
+def _storable(dtype: torch.dtype, name: str) -> str:
+    text = dtype_name(dtype)
+    if text not in STORABLE_DTYPES:
+        raise SchemaError(
+            f"field {name!r}: dtype {text} cannot be stored (supported: "
+            f"{sorted(STORABLE_DTYPES)}); convert it first, e.g. uint16 -> int32, "
+            "float8 -> bfloat16"
+        )
+    return text
+
+
 def _nested_column(value: torch.Tensor, name: str) -> Column:
+    dtype = _storable(value.dtype, name)
     layout = "jagged" if value.layout == torch.jagged else "strided"
     rows = [row.contiguous() for row in value.unbind(0)]
     shapes = [tuple(int(d) for d in row.shape) for row in rows]
@@ -224,7 +260,7 @@ def _nested_column(value: torch.Tensor, name: str) -> Column:
         raise SchemaError(
             f"field {name!r}: a jagged tensor may vary only in its first sample dimension"
         )
-    schema = FieldSchema(layout, dtype_name(value.dtype), shape, str(value.device))
+    schema = FieldSchema(layout, dtype, shape, str(value.device))
     return Column(schema, rows=rows, sample_shapes=shapes)
 
 
@@ -260,7 +296,8 @@ def split_columns(td: Any, batch_size: int | None = None) -> dict[str, Column]:
             columns[name] = _nested_column(value, name)
         elif isinstance(value, torch.Tensor) and value.layout == torch.strided:
             shape = tuple(int(d) for d in value.shape[1:])
-            schema = FieldSchema("dense", dtype_name(value.dtype), shape, str(value.device))
+            dtype = _storable(value.dtype, name)
+            schema = FieldSchema("dense", dtype, shape, str(value.device))
             columns[name] = Column(schema, dense=value)
         else:
             raise SchemaError(f"field {name!r}: cannot store a {type(value).__name__}")

@@ -38,6 +38,7 @@ from rayless.store.errors import (
     UnknownFieldError,
     UnknownKeyError,
     UnknownPartitionError,
+    WriteTooLargeError,
 )
 from rayless.store.schema import (
     Column,
@@ -303,6 +304,7 @@ class ShardStorage:
             old = existing.get(name)
             merged[name] = col.schema if old is None else old.schema.merged(col.schema, name)
         # Bytes: check everything before changing anything.
+        self._check_fits_ever(columns)
         budget = self.free_bytes
         limit = budget if budget is not None else 2**62
         growths: dict[str, int] = {}
@@ -356,6 +358,17 @@ class ShardStorage:
             del self._parts[partition]
         shapes = {n: list(c.sample_shapes or []) for n, c in columns.items() if c.schema.is_nested}
         return DataUpdate(partition, idx, reported, shapes)
+
+    def _check_fits_ever(self, columns: Mapping[str, Column]) -> None:
+        """Raise WriteTooLargeError if the written rows alone exceed the whole capacity."""
+        if self.capacity_bytes is None:
+            return
+        own = sum(
+            tensor_bytes(col.dense) if col.dense is not None else sum(_row_sizes(col))
+            for col in columns.values()
+        )
+        if own > self.capacity_bytes:
+            raise WriteTooLargeError(self.unit_id, own, self.free_bytes or 0, self.capacity_bytes)
 
     def _full(self, needed: int) -> None:
         raise StoreFullError(self.unit_id, needed, self.free_bytes or 0, self.capacity_bytes or 0)

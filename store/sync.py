@@ -197,9 +197,15 @@ class SyncStore:
         """``Store.consumption_status``."""
         return self._run(self.store.consumption_status(partition, task))
 
-    def reset_consumption(self, task: str = "default", partition: str | None = None) -> None:
+    def reset_consumption(
+        self, task: str = "default", partition: str | None = None, *, meta: BatchMeta | None = None
+    ) -> None:
         """``Store.reset_consumption``."""
-        self._run(self.store.reset_consumption(task, partition))
+        self._run(self.store.reset_consumption(task, partition, meta=meta))
+
+    def lost_samples(self, partition: str) -> BatchMeta:
+        """``Store.lost_samples``."""
+        return self._run(self.store.lost_samples(partition))
 
     def set_custom_meta(self, meta: BatchMeta, custom: Sequence[Mapping[str, Any]]) -> None:
         """``Store.set_custom_meta``."""

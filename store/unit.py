@@ -6,7 +6,8 @@ buffers), tells the controller which samples now hold which fields and returns o
 the controller's ACK, so a sample is never ready before its bytes are stored. If the
 controller refuses the notification the rows written for new fields are deleted again.
 A write over capacity waits (up to its timeout) for deletes to free room, then raises
-StoreFullError. On a CUDA unit the columns live on ``cuda:0`` (the GPU the unit was given).
+StoreFullError; a write larger than the whole capacity raises WriteTooLargeError at once.
+On a CUDA unit the columns live on ``cuda:0`` (the GPU the unit was given).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from rayless.actors import Actor, ActorHandle
 from rayless.actors.api.context import ENV_NODE_ID
-from rayless.store.errors import StoreFullError
+from rayless.store.errors import StoreFullError, WriteTooLargeError
 from rayless.store.meta import BatchMeta  # noqa: F401  (registers BatchMeta with the codec)
 from rayless.store.schema import DataUpdate, FieldSchema
 from rayless.store.shard import ShardStorage
@@ -121,6 +122,8 @@ class StorageUnit(Actor):
             freed = self._freed
             try:
                 return attempt()
+            except WriteTooLargeError:
+                raise  # can never fit: waiting would only delay the error
             except StoreFullError:
                 left = deadline - loop.time()
                 if left <= 0:
@@ -151,6 +154,16 @@ class StorageUnit(Actor):
         freed = 0
         for partition, indexes in plan.items():
             freed += self.shard.delete(partition, indexes)
+        self._notify_freed()
+        return freed
+
+    async def delete_fields(self, plan: dict[str, dict[str, list[int]]]) -> int:
+        """Delete fields of rows ``{partition: {field: [indexes]}}`` (a failed column-wise
+        put's); absent ones ignored. Returns bytes freed."""
+        freed = 0
+        for partition, fields in plan.items():
+            for name, indexes in fields.items():
+                freed += self.shard.delete(partition, indexes, [name])
         self._notify_freed()
         return freed
 

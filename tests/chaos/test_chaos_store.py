@@ -59,3 +59,26 @@ async def test_a_put_after_every_unit_died_names_the_lost_unit(local_cluster: Cl
     with pytest.raises(UnitLostError) as info:  # before the fix: a bare StoreError
         await st.put(TensorDict({"x": torch.arange(4)}, [4]), partition="p")
     assert info.value.unit == unit_id and unit_id in str(info.value)
+
+
+async def test_a_partition_serves_new_data_after_a_unit_loss(local_cluster: Cluster) -> None:
+    st = await Store.create(local_cluster, num_units=2, name="chaos-after-loss")
+    meta = await st.put(TensorDict({"x": torch.arange(8)}, [8]), partition="p")
+    victim = st.units[1]
+    records = {a["name"]: a for n in await local_cluster.nodes() for a in n["actors"]}
+    os.kill(int(records[victim["unit_id"]]["pid"]), signal.SIGKILL)
+    while (await st.controller.units())[1]["alive"]:
+        await asyncio.sleep(0.01)
+    alive = sorted(meta.global_indexes[i] for i, s in enumerate(meta.shards) if s == 0)
+    first = await st.get_meta("p", ["x"], len(alive), task="t", timeout=5)
+    assert sorted(first.global_indexes) == alive
+    # A fetch that starts after the loss waits for new data (before: UnitLostError at once,
+    # on every fetch, forever) and is served by the next put.
+    waiting = asyncio.ensure_future(st.get_meta("p", ["x"], 4, task="t", timeout=60))
+    while not waiting.done() and (await st.stats())["waiting_fetches"] == 0:
+        await asyncio.sleep(0.01)
+    new = await st.put(TensorDict({"x": torch.arange(100, 104)}, [4]), partition="p")
+    got = await asyncio.wait_for(waiting, 30)
+    assert sorted(got.global_indexes) == sorted(new.global_indexes)
+    assert sorted((await st.get(got))["x"].tolist()) == [100, 101, 102, 103]
+    assert (await st.production_status("p"))["lost"] == 8 - len(alive)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from typing import Any
 
 import pytest
@@ -13,15 +14,19 @@ from tensordict import TensorDict
 import rayless.actors as actors
 from rayless.actors import Cluster
 from rayless.store import (
+    BatchMeta,
     ForeignMetaError,
+    PartialResultError,
     SchemaError,
     StaleMetaError,
     Store,
+    StoreFullError,
     StoreInputError,
     StoreTimeoutError,
     UnitLostError,
     UnknownFieldError,
     UnknownPartitionError,
+    WriteTooLargeError,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_cluster(nodes=2, gpus_per_node=2)]
@@ -100,10 +105,14 @@ async def test_bad_input_leaves_the_store_unchanged(local_cluster: Cluster) -> N
     async def snapshot() -> tuple[Any, ...]:
         stats = await st.stats()
         units = [(u["used_bytes"], u["rows"]) for u in stats["unit_stats"]]
-        return (await st.production_status("p"), stats["allocated"], stats["free"], units)
+        status = await st.production_status("p")
+        kv = sorted(await st.kv_list())
+        return (status, stats["allocated"], stats["free"], units, await st.partitions(), kv)
 
     before = await snapshot()
     foreign = await other.put(TensorDict({"x": torch.arange(4.0)}, [4]), "p")
+    forged = _with_shards(meta, [99] * meta.size)
+    swapped = _with_shards(meta, [1 - s for s in meta.shards])
     bad_calls = [
         (SchemaError, lambda: st.put(TensorDict({"x": torch.arange(4)}, [4]), "p")),  # dtype change
         (
@@ -128,6 +137,28 @@ async def test_bad_input_leaves_the_store_unchanged(local_cluster: Cluster) -> N
             lambda: st.put(TensorDict({"x": torch.ones(2)}, [2]), "p", env_ids=["e"]),
         ),
         (SchemaError, lambda: st.put(TensorDict({"x": torch.ones(2, 2)}, [2, 2]), "p")),
+        # issue 12: unstorable dtypes are refused at the client, before any allocation
+        (SchemaError, lambda: st.put(TensorDict({"u": torch.ones(4).to(torch.uint16)}, [4]), "n")),
+        (SchemaError, lambda: st.put(TensorDict({"u": torch.ones(4).to(torch.uint64)}, [4]), "p")),
+        (
+            SchemaError,
+            lambda: st.put(
+                TensorDict({"f8": torch.ones(4).to(torch.float8_e4m3fn)}, [4]), meta=meta
+            ),
+        ),
+        (
+            SchemaError,
+            lambda: st.kv_put(["k"], TensorDict({"u": torch.ones(1).to(torch.uint32)}, [1])),
+        ),
+        # a bare str is not a list of keys ("abc" would be keys a, b, c)
+        (StoreInputError, lambda: st.kv_put("abc", TensorDict({"x": torch.ones(3)}, [3]))),
+        (StoreInputError, lambda: st.kv_get("abc")),
+        (StoreInputError, lambda: st.kv_delete("abc")),
+        # a forged meta naming a shard the store does not have
+        (StoreInputError, lambda: st.get(forged)),
+        (StoreInputError, lambda: st.put(TensorDict({"z": torch.ones(4)}, [4]), meta=forged)),
+        (StoreInputError, lambda: st.clear(forged)),
+        (StoreInputError, lambda: st.get(swapped)),
     ]
     for error, call in bad_calls:
         with pytest.raises(error):
@@ -155,7 +186,7 @@ async def test_client_killed_mid_put_leaves_nothing_ready(local_cluster: Cluster
     writer = await local_cluster.spawn(EnvWriter, "mid-store", cpus=0)
     # The writer's put waits for room on a full unit; kill the writer while it waits.
     await st.put(TensorDict({"obs": torch.ones(8, 64)}, [8]), partition="rollout")
-    call = writer.put_plain.submit(64, 30.0)
+    call = writer.put_plain.submit(32, 30.0)  # fits the capacity, not the free room
     while (await st.stats())["unwritten"] == 0:
         await asyncio.sleep(0.01)
     await local_cluster.kill(writer)
@@ -163,3 +194,107 @@ async def test_client_killed_mid_put_leaves_nothing_ready(local_cluster: Cluster
         await call
     ready = await st.get_meta("rollout", ["obs"], None, task="t")
     assert len(ready) == 8  # only the first put's samples are ready
+
+
+def _with_shards(meta: BatchMeta, shards: list[int]) -> BatchMeta:
+    data = meta.to_dict()
+    data["shards"] = shards
+    return BatchMeta.from_dict(data)
+
+
+async def _wait_lost(st: Store, shard: int) -> None:
+    while (await st.controller.units())[shard]["alive"]:
+        await asyncio.sleep(0.01)
+
+
+async def test_a_get_spanning_a_lost_unit_returns_the_live_part(local_cluster: Cluster) -> None:
+    st = await Store.create(local_cluster, num_units=2, name="partial")
+    await st.put(TensorDict({"x": torch.arange(8)}, [8]), partition="p")
+    batch = await st.get_meta("p", ["x"], 8, task="t", timeout=5)
+    dead = st.units[1]
+    await local_cluster.kill(dead["handle"])
+    with pytest.raises(PartialResultError) as info:  # before: a bare UnitLostError, data gone
+        await st.get(batch)
+    err = info.value
+    assert isinstance(err, UnitLostError) and err.unit == dead["unit_id"]
+    live = [i for i, s in zip(batch.global_indexes, batch.shards, strict=True) if s == 0]
+    assert list(err.meta.global_indexes) == live and err.data["x"].tolist() == live
+    assert sorted(err.lost.global_indexes) == sorted(set(batch.global_indexes) - set(live))
+    # the live samples stay consumed (their data is in the error) ...
+    with pytest.raises(StoreTimeoutError):
+        await st.get_meta("p", ["x"], 1, task="t", timeout=0)
+    # ... or go back to the queue through the public API, and are fetched again
+    await st.reset_consumption("t", meta=err.meta)
+    again = await st.get_meta("p", ["x"], len(live), task="t", timeout=5)
+    assert sorted(again.global_indexes) == live
+    assert (await st.get(again))["x"].tolist() == list(again.global_indexes)
+    # the lost samples are listed, and can be cleared
+    lost = await st.lost_samples("p")
+    assert sorted(lost.global_indexes) == sorted(err.lost.global_indexes)
+    await st.clear(lost)
+    assert (await st.production_status("p"))["lost"] == 0
+
+
+async def test_a_failed_column_wise_put_leaves_nothing_behind(local_cluster: Cluster) -> None:
+    st = await Store.create(
+        local_cluster, num_units=2, name="colfail", capacity_bytes=4096, env_shards={"a": 0, "b": 1}
+    )
+    meta = await st.put(TensorDict({"x": torch.ones(4)}, [4]), "p", env_ids=["a", "a", "b", "b"])
+    await st.put(TensorDict({"fill": torch.ones(15, 64)}, [15]), "q", env_ids=["b"] * 15)
+
+    async def snapshot() -> tuple[Any, ...]:
+        stats = await st.stats()
+        units = [(u["used_bytes"], u["rows"]) for u in stats["unit_stats"]]
+        return (await st.production_status("p"), units, await st.partitions())
+
+    before = await snapshot()
+    # unit 0 has room for y, unit 1 does not: before the fix y stayed on unit 0 (ready there)
+    with pytest.raises(StoreFullError):
+        await st.put(TensorDict({"y": torch.ones(4, 64)}, [4]), meta=meta, timeout=0)
+    assert await snapshot() == before
+    with pytest.raises(UnknownFieldError):
+        await st.get(meta, fields=["x", "y"])
+
+
+async def test_a_write_that_can_never_fit_fails_at_once_and_leaves_no_partition(
+    local_cluster: Cluster,
+) -> None:
+    st = await Store.create(local_cluster, num_units=2, name="toolarge", capacity_bytes=4096)
+    huge = TensorDict({"x": torch.ones(4, 1024)}, [4])  # 8 KiB per unit, capacity 4 KiB
+    # a put timeout far beyond the test's: before the fix the put waited all of it
+    with pytest.raises(WriteTooLargeError) as info:
+        await asyncio.wait_for(st.put(huge, "fresh", timeout=600), 60)
+    assert info.value.capacity == 4096 and info.value.needed > 4096
+    assert await st.partitions() == []  # the failed put left no (empty) partition
+    stats = await st.stats()
+    assert stats["allocated"] == 0 and [u["used_bytes"] for u in stats["unit_stats"]] == [0, 0]
+    with pytest.raises(WriteTooLargeError):
+        big = TensorDict({"x": torch.ones(1, 2048)}, [1])
+        await asyncio.wait_for(st.kv_put(["k"], big, timeout=600), 60)
+
+
+async def test_a_producer_killed_mid_put_leaves_no_torn_put(local_cluster: Cluster) -> None:
+    st = await Store.create(
+        local_cluster, num_units=2, name="torn-store", capacity_bytes=4096, env_shards={"b": 1}
+    )
+    await st.put(TensorDict({"obs": torch.ones(16, 64)}, [16]), "rollout", env_ids=["b"] * 16)
+    writer = await local_cluster.spawn(EnvWriter, "torn-store", cpus=0)
+    # 8 rows: unit 0 stores its 4 at once, unit 1 (full) waits for room; kill the writer then
+    call = writer.put_plain.submit(8, 30.0)
+
+    async def rows_on_unit0() -> int:
+        stats = await st.stats()
+        return int(stats["unit_stats"][0]["rows"].get("rollout", 0))
+
+    while await rows_on_unit0() < 4:
+        await asyncio.sleep(0.01)
+    pids = {a["actor_id"]: a["pid"] for n in await local_cluster.nodes() for a in n["actors"]}
+    os.kill(int(pids[writer.actor_id]), signal.SIGKILL)  # no chance to undo its put
+    with pytest.raises(actors.ActorDiedError):
+        await call
+    # before the fix the 4 rows on unit 0 were ready (and readable) for good
+    ready = await st.get_meta("rollout", ["obs"], None, task="t")
+    assert len(ready) == 16 and set(ready.shards) == {1}
+    assert (await st.production_status("rollout"))["fields"]["obs"] == 16
+    assert await st.controller.reclaim(0.0) == 8  # the torn put is reclaimed like an unwritten one
+    assert await rows_on_unit0() == 0

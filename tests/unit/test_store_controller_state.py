@@ -398,11 +398,129 @@ def test_set_custom_meta() -> None:
     assert snapshot(c) == before
 
 
+# -- issue 12: reliability at the edges ----------------------------------------------
+
+
+def test_atomic_put_becomes_ready_only_once_every_unit_wrote() -> None:
+    c = state_with_units()
+    meta = c.allocate("p", 4, schemas={"x": F32}, atomic=True)
+    u0 = [meta.global_indexes[p] for p in meta.by_shard()[0]]
+    u1 = [meta.global_indexes[p] for p in meta.by_shard()[1]]
+    assert c.on_data_update("u0", DataUpdate("p", u0, {"x": F32})) == []
+    # one unit's half of the put is stored but not acknowledged: never visible
+    assert c.ready_indexes("p", ["x"]) == [] and c.stats()["staged"] == 4
+    nothing = c.try_fetch("p", ["x"], None)
+    assert nothing is not None and nothing.size == 0
+    assert c.on_data_update("u1", DataUpdate("p", u1, {"x": F32})) == list(meta.global_indexes)
+    assert c.ready_indexes("p", ["x"]) == list(meta.global_indexes)
+    assert c.stats()["staged"] == 0
+
+
+def test_a_torn_atomic_put_is_never_ready_and_clears_away() -> None:
+    c = state_with_units()
+    meta = c.allocate("p", 4, schemas={"x": F32}, atomic=True)
+    u0 = [meta.global_indexes[p] for p in meta.by_shard()[0]]
+    c.on_data_update("u0", DataUpdate("p", u0, {"x": F32}))  # the producer dies here
+    plan = c.clear(meta)  # what the reclaimer does
+    assert sorted(plan.indexes) == sorted(meta.global_indexes)
+    assert c.stats()["staged"] == 0 and c.ready_indexes("p", ["x"]) == []
+    # an atomic put whose last write conflicts with a committed schema is refused whole
+    other = c.allocate("q", 2, schemas={"y": F32}, atomic=True)
+    first = c.allocate("q", 2, schemas={"y": I64}, atomic=True)
+    c.on_data_update("u0", DataUpdate("q", [other.global_indexes[0]], {"y": F32}))
+    write(c, first, {"y": I64})
+    before = snapshot(c)
+    with pytest.raises(SchemaError):
+        c.on_data_update("u1", DataUpdate("q", [other.global_indexes[1]], {"y": F32}))
+    assert snapshot(c) == before
+    with pytest.raises(StoreInputError, match="different puts"):
+        mixed = [other.global_indexes[1], first.global_indexes[1]]
+        c.on_data_update("u1", DataUpdate("q", mixed, {"y": I64}))
+
+
+def test_unit_loss_fails_only_fetches_that_waited_through_it() -> None:
+    c = state_with_units()
+    put(c, "p", 4)
+    start = c.loss_count("p")
+    assert c.lost_since("p", start) is None and c.loss_count("nope") == 0
+    c.mark_unit_lost("u1")
+    assert c.lost_since("p", start) == "u1"  # a fetch waiting through the loss
+    later = c.loss_count("p")
+    assert c.lost_since("p", later) is None  # a later fetch waits for new data instead
+    assert c.production_status("p")["lost"] == 2
+    lost = c.lost_meta("p")
+    assert lost.global_indexes == (1, 3) and lost.field_names == []
+    new = put(c, "p", 3)
+    got = c.try_fetch("p", ["x"], 5, task="t")
+    assert got is not None and set(got.global_indexes) == {0, 2, *new.global_indexes}
+    c.clear(lost)
+    assert c.production_status("p")["lost"] == 0 and c.lost_meta("p").size == 0
+
+
+def test_lost_positions_name_the_lost_part_of_a_meta() -> None:
+    c = state_with_units()
+    meta = put(c, "p", 4)
+    assert c.lost_positions(meta) == {}
+    c.mark_unit_lost("u1")
+    assert c.lost_positions(meta) == {1: "u1", 3: "u1"}
+    with pytest.raises(UnknownFieldError):  # live samples still need their fields
+        c.lost_positions(meta.with_fields({"y": I64}))
+    c.try_fetch("p", ["x"], 2, task="t")
+    c.reset_consumption("t", meta=meta.select([0]))
+    again = c.try_fetch("p", ["x"], None, task="t")
+    assert again is not None and again.global_indexes == (0,)
+    with pytest.raises(StoreInputError):
+        c.reset_consumption("t", "q", meta=meta)
+
+
+def test_a_forged_shard_in_a_meta_is_a_typed_error() -> None:
+    c = state_with_units()
+    meta = put(c, "p", 2)
+    forged = BatchMeta("store-1", meta.global_indexes, meta.partition_ids, (7, 0), (1, 1))
+    before = snapshot(c)
+    for call in (c.check_meta, c.check_readable, c.clear, lambda m: c.check_put(m, {"x": F32})):
+        with pytest.raises(StoreInputError, match="forged"):
+            call(forged)
+    assert snapshot(c) == before
+
+
+def test_a_failed_column_wise_put_is_undone() -> None:
+    c = state_with_units()
+    meta = put(c, "p", 4)
+    write(c, meta.select([0]), {"y": I64})
+    fresh = c.check_put(meta, {"x": F32, "y": I64, "z": RAG})
+    assert fresh == {"p": {"y": [1, 2, 3], "z": [0, 1, 2, 3]}}
+    write(c, meta.select([0, 2]), {"y": I64, "z": RAG}, {"z": [(1,), (2,)]})  # unit 0 wrote
+    rows = c.drop_fields(meta, fresh)  # unit 1 failed
+    assert rows == {0: {"p": {"y": [2], "z": [0, 2]}}, 1: {"p": {"y": [1, 3], "z": [1, 3]}}}
+    status = c.production_status("p")
+    assert status["fields"] == {"x": 4, "y": 1} and "z" not in status["schemas"]
+    with pytest.raises(StoreInputError):
+        c.drop_fields(meta.select([0]), {"p": {"y": [3]}})
+
+
+def test_abort_drops_the_partition_the_put_created() -> None:
+    c = state_with_units()
+    meta = c.allocate("new", 2, schemas={"x": F32}, atomic=True)
+    c.abort(meta)
+    assert c.partitions() == []
+    kept = put(c, "old", 1)
+    failed = c.allocate("old", 2, schemas={"x": F32}, atomic=True)
+    c.abort(failed)
+    assert c.partitions() == ["old"]
+    c.clear(kept)
+    assert c.partitions() == ["old"]  # a user's clear keeps the (empty) partition
+
+
 # -- properties ------------------------------------------------------------------------
 
 
 class ControllerMachine(RuleBasedStateMachine):
-    """Random allocate/update/fetch/clear/release sequences against a simple model."""
+    """Random allocate/update/fetch/clear/release sequences against a simple model.
+
+    Atomic allocations (a put) show no field of any of their samples until every sample was
+    written once; then all the fields written meanwhile show at once.
+    """
 
     FIELDS = ("a", "b")
     TASKS = ("t1", "t2")
@@ -417,6 +535,21 @@ class ControllerMachine(RuleBasedStateMachine):
         self.consumed: dict[str, set[int]] = {t: set() for t in self.TASKS}
         self.pending: list[int] = []
         self.ever: set[int] = set()
+        self.staged: dict[int, int] = {}  # index -> its atomic put's serial
+        self.waiting: dict[int, set[int]] = {}  # serial -> indexes not written yet
+        self.held: dict[int, set[str]] = {}  # staged index -> fields written, not shown yet
+
+    @rule(partition=st.sampled_from(["p", "q"]), n=st.integers(1, 5))
+    def allocate_atomic(self, partition: str, n: int) -> None:
+        meta = self.c.allocate(partition, n, schemas={"a": I64}, atomic=True)
+        for i in meta.global_indexes:
+            assert i not in self.live, "an index was handed out twice"
+            self.live[i] = partition
+            self.written[i] = set()
+            self.ever.add(i)
+            self.staged[i] = meta.generations[0]
+            self.held[i] = set()
+        self.waiting[meta.generations[0]] = set(meta.global_indexes)
 
     @rule(partition=st.sampled_from(["p", "q"]), n=st.integers(0, 5))
     def allocate(self, partition: str, n: int) -> None:
@@ -433,7 +566,17 @@ class ControllerMachine(RuleBasedStateMachine):
         index = data.draw(st.sampled_from(sorted(self.live)))
         shard = self.c.shard_of(index)
         self.c.on_data_update(f"u{shard}", DataUpdate(self.live[index], [index], {field: I64}))
-        self.written[index].add(field)
+        serial = self.staged.get(index)
+        if serial is None:
+            self.written[index].add(field)
+            return
+        self.held[index].add(field)
+        self.waiting[serial].discard(index)
+        if not self.waiting[serial]:  # the put's last write: all of it shows
+            del self.waiting[serial]
+            for i in [i for i, s in self.staged.items() if s == serial]:
+                self.written[i] |= self.held.pop(i)
+                del self.staged[i]
 
     @rule(
         partition=st.sampled_from(["p", "q"]),
@@ -471,6 +614,12 @@ class ControllerMachine(RuleBasedStateMachine):
         for i in chosen:
             del self.live[i]
             del self.written[i]
+            serial = self.staged.pop(i, None)
+            if serial is not None:
+                del self.held[i]
+                self.waiting[serial].discard(i)
+                if not any(s == serial for s in self.staged.values()):
+                    del self.waiting[serial]
             for s in self.consumed.values():
                 s.discard(i)
         self.pending.extend(chosen)
@@ -506,6 +655,7 @@ class ControllerMachine(RuleBasedStateMachine):
         assert stats["allocated"] == len(self.live)
         assert stats["pending_release"] == len(self.pending)
         assert stats["high_water"] == len(self.ever)
+        assert stats["staged"] == len(self.staged)
 
 
 ControllerMachine.TestCase.settings = settings(

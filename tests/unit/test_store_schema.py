@@ -8,6 +8,7 @@ from tensordict import NonTensorStack, TensorDict
 
 from rayless.store.errors import (
     ForeignMetaError,
+    PartialResultError,
     SchemaError,
     StaleMetaError,
     StoreError,
@@ -17,6 +18,7 @@ from rayless.store.errors import (
     UnknownFieldError,
     UnknownKeyError,
     UnknownPartitionError,
+    WriteTooLargeError,
 )
 from rayless.store.schema import (
     DataUpdate,
@@ -256,6 +258,8 @@ def test_error_tree() -> None:
         StoreFullError("u1", 100, 10, 50),
         UnitLostError("u2", "gone"),
         StaleMetaError("stale"),
+        WriteTooLargeError("u1", 100, 10, 50),
+        PartialResultError("u2", "half", units=["u2", "u3"]),
     ],
 )
 def test_errors_cross_the_wire(exc: StoreError) -> None:
@@ -263,3 +267,33 @@ def test_errors_cross_the_wire(exc: StoreError) -> None:
     assert type(back) is type(exc)
     assert str(back) == str(exc)
     assert vars(back) == vars(exc)
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+    ],
+)
+def test_unstorable_dtypes_are_refused_when_split(dtype: torch.dtype) -> None:
+    dense = TensorDict({"obs": {"tok": torch.zeros(2, 3).to(dtype)}}, [2])
+    with pytest.raises(SchemaError, match=r"obs\.tok.*cannot be stored"):
+        split_columns(dense)
+    if dtype.is_floating_point:
+        return
+    rows = [torch.zeros(1, dtype=dtype), torch.zeros(2, dtype=dtype)]
+    ragged = TensorDict({"r": torch.nested.as_nested_tensor(rows, layout=torch.jagged)}, [2])
+    with pytest.raises(SchemaError, match=r"'r'.*cannot be stored"):
+        split_columns(ragged)
+    with pytest.raises(SchemaError):
+        FieldSchema("dense", dtype_name(dtype), (3,))
+
+
+def test_partial_result_error_is_a_unit_lost_error() -> None:
+    err = PartialResultError("u1", "half", data="d", meta="m", lost="l")
+    assert isinstance(err, UnitLostError) and err.unit == "u1" and err.units == ["u1"]
+    assert (err.data, err.meta, err.lost) == ("d", "m", "l") and "u1" in str(err)

@@ -17,8 +17,9 @@ from rayless.store.errors import (
     UnknownFieldError,
     UnknownKeyError,
     UnknownPartitionError,
+    WriteTooLargeError,
 )
-from rayless.store.schema import FieldSchema, split_columns
+from rayless.store.schema import STORABLE_DTYPES, FieldSchema, dtype_from_name, split_columns
 from rayless.store.shard import ShardStorage, kv_shard_of
 
 
@@ -379,3 +380,36 @@ def test_write_read_round_trip_property(ops: list[tuple[list[int], list[int], bo
     assert out["d"].tolist() == [model[i][0] for i in live]
     assert [r.tolist() for r in out["r"].unbind()] == [model[i][1] for i in live]
     assert out.get("t").tolist() == [model[i][2] for i in live]
+
+
+@pytest.mark.parametrize("name", sorted(STORABLE_DTYPES))
+def test_every_storable_dtype_round_trips(name: str) -> None:
+    dtype = dtype_from_name(name)
+    s = ShardStorage("u0")
+    dense = (torch.arange(12) % 2).to(dtype).reshape(4, 3)
+    rows = [(torch.arange(n) % 2).to(dtype) for n in (1, 3, 2, 4)]
+    td = TensorDict(
+        {"d": dense, "r": torch.nested.as_nested_tensor(rows, layout=torch.jagged)}, [4]
+    )
+    s.write("p", [5, 1, 7, 3], td)
+    s.write("p", [1], td[1:2])  # an overwrite: index_copy_ into existing slots
+    back = s.read("p", [3, 5])
+    assert back["d"].dtype == dtype and torch.equal(back["d"], dense[[3, 0]])
+    for got, want in zip(back["r"].unbind(0), [rows[3], rows[0]], strict=True):
+        assert torch.equal(got, want)
+
+
+def test_a_write_larger_than_the_whole_capacity_fails_at_once() -> None:
+    s = ShardStorage("u0", capacity_bytes=64)
+    s.write("p", [0], TensorDict({"x": torch.zeros(1, 4)}, [1]))
+    before = dump(s)
+    with pytest.raises(WriteTooLargeError) as info:  # 80 bytes > 64: it can never fit
+        s.write("p", [1, 2, 3, 4, 5], TensorDict({"x": torch.zeros(5, 4)}, [5]))
+    assert info.value.needed == 80 and info.value.capacity == 64
+    assert isinstance(info.value, StoreFullError)
+    with pytest.raises(StoreFullError) as full:  # 64 bytes: they fit once room is freed
+        s.write("p", [1, 2, 3, 4], TensorDict({"x": torch.zeros(4, 4)}, [4]))
+    assert not isinstance(full.value, WriteTooLargeError)
+    with pytest.raises(WriteTooLargeError):
+        s.kv_put(["k"], TensorDict({"t": NonTensorStack("x" * 100)}, [1]))
+    assert dump(s) == before
