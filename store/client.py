@@ -448,7 +448,7 @@ class Store:
             units[0],
             f"it held {len(gone)} of the {meta.size} samples; the other {len(keep)} were read "
             "(err.data, err.meta)",
-            data=place(data, schemas, device),
+            data=place(data, schemas, device) if parts else data,  # (all lost: empty)
             meta=meta.select(keep),
             lost=meta.select(gone),
             units=units,

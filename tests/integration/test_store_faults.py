@@ -298,3 +298,16 @@ async def test_a_producer_killed_mid_put_leaves_no_torn_put(local_cluster: Clust
     assert (await st.production_status("rollout"))["fields"]["obs"] == 16
     assert await st.controller.reclaim(0.0) == 8  # the torn put is reclaimed like an unwritten one
     assert await rows_on_unit0() == 0
+
+
+async def test_a_get_whose_samples_all_died_with_their_unit_is_a_partial_result_of_none(
+    local_cluster: Cluster,
+) -> None:
+    st = await Store.create(local_cluster, num_units=2, name="all-lost")
+    meta = await st.put(TensorDict({"x": torch.arange(1)}, [1]), partition="p")
+    unit = st.units[meta.shards[0]]
+    await local_cluster.kill(unit["handle"])
+    with pytest.raises(PartialResultError) as info:  # before: AttributeError on empty data
+        await st.get(meta)
+    assert info.value.unit == unit["unit_id"]
+    assert len(info.value.meta) == 0 and len(info.value.lost) == 1
