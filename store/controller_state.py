@@ -713,12 +713,14 @@ class ControllerState(StateExtras):
         part = self._partitions.get(partition)
         chosen: list[int] = candidates
         if batch_size is not None:
-            if part is None or len(candidates) < batch_size:
-                return None
             group_size = getattr(chooser, "n", 1) or 1
             grouped = getattr(chooser, "n", None) is not None
-            if grouped:
+            if grouped and part is not None:
                 self.check_group_n(part, partition, group_size)
+                if part.group_size is None and batch_size % group_size == 0:
+                    part.group_size = group_size  # later group puts must fit it
+            if part is None or len(candidates) < batch_size:
+                return None
             samples = part.samples
 
             def group_of(index: int) -> Hashable:
@@ -728,8 +730,6 @@ class ControllerState(StateExtras):
                 return g
 
             picked = chooser.select(candidates, batch_size, group_of)
-            if grouped and part.group_size is None:
-                part.group_size = group_size  # later group puts must fit it
             if picked is None:
                 return None
             if len(set(picked)) != len(picked) or not set(picked) <= set(candidates):
