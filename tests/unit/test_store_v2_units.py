@@ -95,7 +95,9 @@ def test_balanced_split_evens_token_totals_and_keeps_groups() -> None:
     assert sorted(p for part in parts for p in part) == list(range(8))
     assert all(len(p) == 4 for p in parts) and max(totals) - min(totals) <= 100 - 52 + 4
     grouped = balanced_split([5, 5, 1, 1, 9, 9, 2, 2], 2, group=2)
-    assert all(set(part) in ({0, 1, 2, 3}, {4, 5, 6, 7}, {0, 1, 6, 7}, {2, 3, 4, 5}) for part in grouped)
+    assert all(
+        set(part) in ({0, 1, 2, 3}, {4, 5, 6, 7}, {0, 1, 6, 7}, {2, 3, 4, 5}) for part in grouped
+    )
     s = make_sampler({"name": "seqlen_balanced", "dp_size": 2})
     assert isinstance(s, SeqlenBalancedSampler)
     split = s.split([{"total_lengths": v} for v in lengths])
@@ -121,7 +123,7 @@ def test_rate_meter_and_prometheus_text() -> None:
         "units": [{"unit_id": "u0", "node_id": "n0", "alive": True, "bytes_used": 24, "rows": 3}],
     }
     text = prometheus(m)
-    assert '# TYPE rayless_store_unit_bytes gauge' in text
+    assert "# TYPE rayless_store_unit_bytes gauge" in text
     assert 'rayless_store_unit_bytes{store="abc",unit="u0",node="n0"} 24' in text
     assert 'rayless_store_consumed{store="abc",partition="p",task="t"} 1' in text
     assert "rayless_store_waiting_fetches" in text and "a fetch waits" in render_text(m)
