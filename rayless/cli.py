@@ -16,7 +16,10 @@ from rayless import __version__
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("rayless.demo.main", "run the end-to-end RL pipeline on an embedded local cluster"),
     "demo-transport": ("rayless.demo_transport", "exchange tensors between two processes"),
-    "status": ("rayless.actors.api.status", "print a cluster's nodes, GPUs, actors and restarts"),
+    "status": (
+        "rayless.status",
+        "print a cluster's nodes, GPUs, actors, restarts (and --store NAME)",
+    ),
     "launch": ("rayless.actors.launch.node", "start rayless on this node, torchrun-style"),
     "ssh-launch": ("rayless.actors.launch.ssh", "start rayless on many hosts over SSH"),
 }

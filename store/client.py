@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from tensordict import TensorDict, TensorDictBase
@@ -40,10 +42,11 @@ from rayless.store.errors import (
     StoreInputError,
     UnitLostError,
 )
+from rayless.store.fetches import check_timeout
+from rayless.store.kv import KVFace
 from rayless.store.meta import BatchMeta
 from rayless.store.rows import merge, place, take
-from rayless.store.schema import merge_parts, split_columns
-from rayless.store.shard import kv_shard_of
+from rayless.store.schema import split_columns
 from rayless.store.unit import StorageUnit
 from rayless.transport.errors import ClosedError, RaylessError
 
@@ -62,8 +65,10 @@ def _sampler_spec(sampler: Any) -> Any:
     raise StoreInputError(f"not a sampler or sampler spec: {sampler!r}")
 
 
-class Store:
-    """A client of one store (controller + storage units). See the module docstring."""
+class Store(KVFace):
+    """A client of one store (controller + storage units). See the module docstring.
+
+    The KV methods come from :class:`~rayless.store.kv.KVFace`."""
 
     def __init__(
         self,
@@ -80,6 +85,7 @@ class Store:
         self._owned = owned
         self._own_cluster = False  # connect() opened the cluster session itself
         self._closed = False
+        self._notes: set[asyncio.Future[Any]] = set()  # acks and cancels in flight
 
     @property
     def controller(self) -> ActorHandle[Any]:
@@ -126,6 +132,8 @@ class Store:
         env_nodes: Mapping[str, str] | None = None,
         gpus_per_unit: float = 1.0,
         reclaim_after: float = 120.0,
+        unit_max_restarts: int = 0,
+        lease_after: float = 60.0,
     ) -> Store:
         """Spawn a controller (named ``name``) and ``num_units`` units, one per node round-robin
         (or on ``nodes[i]``); wait for their handshakes. Await it, or ``async with`` it (the
@@ -133,7 +141,10 @@ class Store:
 
         ``device`` "cuda" spawns units with ``gpus_per_unit`` GPUs each. ``env_nodes`` maps env
         ids to nodes (their samples go to that node's unit); ``env_shards`` maps env ids to
-        shard numbers directly. Raises ValueError/StoreInputError for bad arguments,
+        shard numbers directly. ``unit_max_restarts`` restarts a dead unit (empty: its samples
+        stay lost) that registers and is watched again. ``lease_after``: seconds a fetched
+        batch waits for its client's ack before it goes back to its task (the client died).
+        Raises ValueError/StoreInputError for bad arguments,
         PlacementError/RemoteError when actors cannot start (nothing is left running).
         """
         if not isinstance(num_units, int) or num_units < 1:
@@ -146,7 +157,7 @@ class Store:
         elif len(nodes) != num_units:
             raise StoreInputError(f"nodes names {len(nodes)} nodes for {num_units} units")
         controller = await cluster.spawn(
-            StoreController, None, env_shards, reclaim_after, name=name, cpus=0
+            StoreController, None, env_shards, reclaim_after, lease_after, name=name, cpus=0
         )
         gpus = gpus_per_unit if device == "cuda" else 0
         spawned = [
@@ -160,6 +171,7 @@ class Store:
                 node=node,
                 gpus=gpus,
                 cpus=0,
+                max_restarts=unit_max_restarts,
             )
             for i, node in enumerate(nodes)
         ]
@@ -298,9 +310,16 @@ class Store:
         group_ids: Sequence[Any] | None = None,
         custom_meta: Sequence[Mapping[str, Any]] | None = None,
         timeout: float = PUT_TIMEOUT,
+        keys: Sequence[str] | None = None,
+        group_size: int | None = None,
     ) -> BatchMeta:
         """Put ``td`` (batch_size ``[B]``) as new samples of ``partition``, or its fields onto the
         samples of ``meta`` (column-wise); return the samples' meta with the fields added.
+
+        ``group_ids`` name each sample's group; ``group_size`` fixes the partition's group
+        size (else the first grouped fetch does): a put whose groups would outgrow it is
+        refused (StoreInputError) before anything is written. ``keys``: KV keys for the new
+        samples (see ``kv_batch_put``).
 
         Waits up to ``timeout`` s for room on full units. Raises SchemaError/StoreInputError/
         ForeignMetaError/StaleMetaError (bad input, unstorable dtypes; nothing changed),
@@ -325,8 +344,12 @@ class Store:
                 None if env_ids is None else list(env_ids),
                 None if group_ids is None else list(group_ids),
                 None if custom_meta is None else [dict(c) for c in custom_meta],
+                None if keys is None else list(keys),
+                group_size,
             )
         else:
+            if keys is not None or group_size is not None or group_ids is not None:
+                raise StoreInputError("keys/group_ids/group_size apply to new samples only")
             meta = self._check_meta(meta)
             if meta.size != n:
                 raise StoreInputError(f"the TensorDict holds {n} samples, the meta {meta.size}")
@@ -362,18 +385,64 @@ class Store:
         mode: str = "fetch",
         sampler: Any = None,
         timeout: float | None = None,
+        share: tuple[str, int] | None = None,
     ) -> BatchMeta:
         """Ready samples of ``partition`` holding ``fields``, unconsumed by ``task``.
 
         ``mode="fetch"`` waits up to ``timeout`` (None: forever, 0: not at all) for
         ``batch_size`` of them and marks them consumed by ``task``; ``"peek"`` does not mark.
         ``batch_size`` None takes what is there now. ``sampler``: "sequential" (default),
-        "random", ``{"name": "grouped", "n": N}`` or a Sampler. Raises StoreTimeoutError,
-        StoreInputError. Waiting never delays other clients.
+        "random", ``{"name": "grouped", "n": N}``, ``{"name": "seqlen_balanced", ...}`` or a
+        Sampler. ``share=(key, consumers)``: ``consumers`` calls with ``key`` get one batch
+        (the streaming loader's ranks). Raises StoreTimeoutError, StoreInputError (also for
+        a timeout that is not None or a number >= 0). Waiting never delays other clients.
+
+        A fetch cancelled here (``asyncio.wait_for(st.get_meta(...), 1)`` timing out, a
+        cancelled task, a SyncStore call that timed out) consumes nothing: the controller
+        drops it, or hands its batch back if it was already served.
         """
-        return await self.controller.get_meta(
-            partition, list(fields), batch_size, task, mode, _sampler_spec(sampler), timeout
-        )
+        check_timeout(timeout)
+        if share is not None:
+            return await self.controller.get_meta(
+                partition,
+                list(fields),
+                batch_size,
+                task,
+                mode,
+                _sampler_spec(sampler),
+                timeout,
+                None,
+                list(share),
+            )
+        fetch_id = uuid.uuid4().hex
+        try:
+            meta: BatchMeta = await self.controller.get_meta(
+                partition,
+                list(fields),
+                batch_size,
+                task,
+                mode,
+                _sampler_spec(sampler),
+                timeout,
+                fetch_id,
+            )
+        except asyncio.CancelledError:
+            self._note(self._controller.cancel_fetch(fetch_id))
+            raise
+        if mode == "fetch":
+            self._note(self._controller.ack_fetch(fetch_id))
+        return meta
+
+    def _note(self, future: asyncio.Future[Any]) -> None:
+        """Keep a one-way note (ack, cancel) alive until sent; its errors do not matter."""
+        self._notes.add(future)
+
+        def done(f: asyncio.Future[Any]) -> None:
+            self._notes.discard(f)
+            if not f.cancelled():
+                f.exception()
+
+        future.add_done_callback(done)
 
     async def get(
         self, meta: BatchMeta, fields: Sequence[str] | None = None, *, device: Any = None
@@ -495,85 +564,60 @@ class Store:
         """Replace the per-sample custom metadata of ``meta``'s samples."""
         await self.controller.set_custom_meta(self._check_meta(meta), [dict(c) for c in custom])
 
+    async def metrics(self) -> dict[str, Any]:
+        """The controller's and every unit's counters (see :mod:`rayless.store.metrics`:
+        ``render_text``, ``prometheus``)."""
+        ctl: dict[str, Any] = await self.controller.metrics()
+        infos = {u["unit_id"]: u for u in ctl.get("units", [])}
+        live = [u for u in self.units if infos.get(u["unit_id"], u).get("alive")]
+        stats = await asyncio.gather(
+            *[u["handle"].stats() for u in live if u.get("handle") is not None],
+            return_exceptions=True,
+        )
+        by_id = {s["unit_id"]: s for s in stats if isinstance(s, dict)}
+        units = []
+        for unit_id, info in infos.items():
+            s = by_id.get(unit_id, {})
+            units.append(
+                {
+                    "unit_id": unit_id,
+                    "node_id": info.get("node_id"),
+                    "alive": bool(info.get("alive")) and unit_id in by_id,
+                    "device": info.get("device"),
+                    "bytes_used": s.get("used_bytes", 0),
+                    "capacity_bytes": info.get("capacity_bytes"),
+                    "rows": sum((s.get("rows") or {}).values()),
+                    "puts": s.get("puts", {}),
+                    "gets": s.get("gets", {}),
+                }
+            )
+        return {
+            "name": getattr(self._controller, "name", None),
+            "store_id": self.store_id,
+            "controller": ctl,
+            "units": units,
+        }
+
+    async def save_checkpoint(self, directory: str | Path) -> dict[str, Any]:
+        """Save every partition (data, keys, groups, tags, production and consumption
+        status) to ``directory``; returns the manifest. See :mod:`rayless.store.checkpoint`."""
+        from rayless.store.checkpoint import save
+
+        return await save(self, Path(directory))
+
+    async def load_checkpoint(self, directory: str | Path) -> dict[str, list[int]]:
+        """Restore a checkpoint into this store (any unit count); returns the new indexes
+        per partition. Raises StoreInputError (exists, bad format)."""
+        from rayless.store.checkpoint import load
+
+        return await load(self, Path(directory))
+
     async def stats(self) -> dict[str, Any]:
         """The controller's counts and each live unit's bytes and rows."""
         out: dict[str, Any] = await self.controller.stats()
         calls = [u["handle"].stats() for u in self.units if u.get("alive")]
         out["unit_stats"] = await asyncio.gather(*calls, return_exceptions=True)
         return out
-
-    # -- KV face -------------------------------------------------------------------------
-
-    def _by_key(self, keys: Sequence[str]) -> dict[int, list[int]]:
-        if isinstance(keys, str):
-            raise StoreInputError("keys must be a list of str")
-        groups: dict[int, list[int]] = {}
-        for pos, key in enumerate(keys):
-            groups.setdefault(kv_shard_of(key, len(self.units)), []).append(pos)
-        return groups
-
-    async def kv_put(
-        self, keys: Sequence[str], td: TensorDictBase, *, timeout: float = PUT_TIMEOUT
-    ) -> None:
-        """Store ``td``'s rows under string ``keys`` (existing keys are overwritten).
-
-        Raises StoreInputError/SchemaError, StoreFullError, UnitLostError.
-        """
-        keys = _kv_keys(keys)
-        columns = split_columns(td, len(keys))
-        groups = self._by_key(keys)
-        shards, calls = [], []
-        for shard, positions in groups.items():
-            sub = td if len(groups) == 1 else take(columns, positions, len(keys))
-            shards.append(shard)
-            calls.append(
-                self.units[shard]["handle"].kv_put([keys[p] for p in positions], sub, timeout)
-            )
-        await self._gather(shards, calls)
-
-    async def kv_get(
-        self, keys: Sequence[str], fields: Sequence[str] | None = None, *, device: Any = None
-    ) -> TensorDict:
-        """The rows under ``keys``, in order. Raises UnknownKeyError, UnknownFieldError."""
-        keys = _kv_keys(keys)
-        groups = self._by_key(keys)
-        f = None if fields is None else list(fields)
-        calls = [
-            self.units[s]["handle"].kv_get([keys[p] for p in pos], f) for s, pos in groups.items()
-        ]
-        results = await self._gather(list(groups), calls)
-        if not results:
-            return TensorDict({}, batch_size=[0])
-        schemas = {n: c.schema for n, c in split_columns(results[0]).items()}
-        td = merge_parts(len(keys), schemas, list(zip(groups.values(), results, strict=True)))
-        if device is not None:
-            td = place(td, schemas, device)
-        return td
-
-    async def kv_list(self) -> list[str]:
-        """Every key, unit by unit."""
-        shards = [int(u["shard"]) for u in self.units]
-        lists = await self._gather(shards, [u["handle"].kv_list() for u in self.units])
-        return [k for keys in lists for k in keys]
-
-    async def kv_delete(self, keys: Sequence[str]) -> int:
-        """Delete ``keys`` (absent ones ignored); returns how many were deleted."""
-        keys = _kv_keys(keys)
-        groups = self._by_key(keys)
-        calls = [
-            self.units[s]["handle"].kv_delete([keys[p] for p in pos]) for s, pos in groups.items()
-        ]
-        return sum(await self._gather(list(groups), calls))
-
-
-def _kv_keys(keys: Any) -> list[str]:
-    """``keys`` as a list of str; a bare str (``"abc"``) is refused, not split into letters."""
-    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
-        raise StoreInputError(f"keys must be a list of str, got {keys!r}")
-    out = list(keys)
-    if any(not isinstance(k, str) or not k for k in out):
-        raise StoreInputError("keys must be non-empty str")
-    return out
 
 
 async def _done(value: Any) -> Any:

@@ -16,19 +16,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rayless.actors import Actor, ActorDiedError, ActorHandle
 from rayless.store.controller_state import ClearPlan, ControllerState
-from rayless.store.errors import StoreError, StoreTimeoutError, UnitLostError
+from rayless.store.errors import StoreError, StoreInputError, StoreTimeoutError, UnitLostError
+from rayless.store.fetches import Fetches, Waiter, check_timeout
 from rayless.store.meta import BatchMeta
+from rayless.store.metrics import RateMeter
 from rayless.store.schema import DataUpdate, FieldSchema
 
 __all__ = ["StoreController"]
 
 REAP_INTERVAL = 1.0
+log = logging.getLogger("rayless.store")
+
+
+def _wait_log_interval() -> float:
+    try:
+        return float(os.environ.get("RAYLESS_STORE_WAIT_LOG_S", 10.0))
+    except ValueError:
+        return 10.0
 
 
 def _schemas(data: Mapping[str, Any] | None) -> dict[str, FieldSchema]:
@@ -43,9 +55,17 @@ class StoreController(Actor):
         store_id: str | None = None,
         env_shards: Mapping[str, int] | None = None,
         reclaim_after: float = 120.0,
+        lease_after: float = 60.0,
     ) -> None:
         self.state = ControllerState(store_id, env_shards=env_shards)
         self.reclaim_after = reclaim_after
+        self.fetches = Fetches(lease_after)
+        self.wait_log_interval = _wait_log_interval()
+        self._puts = RateMeter()
+        self._served = RateMeter()
+        self._incarnation: dict[str, str | None] = {}
+        self._watching: set[str] = set()
+        self._shared: dict[tuple[str, str, str], list[Any]] = {}
         self.handles: dict[str, ActorHandle] = {}
         self._events: dict[str, asyncio.Event] = {}
         self._unwritten: dict[int, tuple[str, int, float]] = {}  # index -> (partition, gen, t)
@@ -83,11 +103,27 @@ class StoreController(Actor):
         node_id: str | None = None,
         device: str = "cpu",
         capacity_bytes: int | None = None,
+        incarnation: str | None = None,
     ) -> dict[str, Any]:
-        """A unit's handshake; returns its info (with its shard number)."""
-        return self.state.register_unit(
+        """A unit's handshake; returns its info (with its shard number).
+
+        A unit that registers again with a new ``incarnation`` (its process restarted, e.g.
+        by ``max_restarts``) holds nothing: its samples are marked lost first (if its death
+        was not noticed yet), then it is alive again and watched again.
+        """
+        known = {u.unit_id: u for u in self.state.units()}.get(unit_id)
+        old = self._incarnation.get(unit_id)
+        if known is not None and known.alive and old is not None and old != incarnation:
+            self.state.mark_unit_lost(unit_id, "it restarted")
+            self._wake_all()
+        info = self.state.register_unit(
             unit_id, node_id=node_id, device=device, capacity_bytes=capacity_bytes
         ).to_dict()
+        self._incarnation[unit_id] = incarnation
+        handle = self.handles.get(unit_id)
+        if handle is not None and unit_id not in self._watching:
+            self._spawn(self._watch(unit_id, handle))
+        return info
 
     async def set_units(self, handles: dict[str, ActorHandle]) -> None:
         """Record the units' handles (after they registered) and start watching them."""
@@ -97,13 +133,24 @@ class StoreController(Actor):
             raise StoreError(f"units {missing} never registered with the controller")
         for unit_id, handle in handles.items():
             self.handles[unit_id] = handle
-            self._spawn(self._watch(unit_id, handle))
+            if unit_id not in self._watching:
+                self._spawn(self._watch(unit_id, handle))
 
     async def _watch(self, unit_id: str, handle: ActorHandle) -> None:
+        """Watch one incarnation of a unit; a death marks it lost (unless a newer incarnation
+        registered meanwhile: that registration did), and a restarted unit is watched again
+        when it registers."""
+        self._watching.add(unit_id)
+        incarnation = self._incarnation.get(unit_id)
         try:
             await handle.watch()
         except ActorDiedError as exc:
-            await self.unit_lost(unit_id, str(exc))
+            if self._incarnation.get(unit_id) == incarnation:
+                await self.unit_lost(unit_id, str(exc))
+        finally:
+            self._watching.discard(unit_id)
+        if self._incarnation.get(unit_id) != incarnation and unit_id not in self._watching:
+            self._spawn(self._watch(unit_id, handle))  # it registered again while we waited
 
     async def units(self) -> list[dict[str, Any]]:
         """Every unit's info (shard order) with its handle under ``"handle"``."""
@@ -134,6 +181,8 @@ class StoreController(Actor):
         env_ids: Sequence[str] | None = None,
         group_ids: Sequence[Any] | None = None,
         custom_meta: Sequence[Mapping[str, Any]] | None = None,
+        keys: Sequence[str] | None = None,
+        group_size: int | None = None,
     ) -> BatchMeta:
         """Allocate ``n`` samples for a put of fields ``schemas``; see ControllerState.allocate.
 
@@ -156,6 +205,8 @@ class StoreController(Actor):
             schemas=_schemas(schemas),
             placement=shards,
             atomic=True,
+            keys=None if keys is None else list(keys),
+            group_size=group_size,
         )
         now = time.monotonic()
         for index, gen in zip(meta.global_indexes, meta.generations, strict=True):
@@ -192,6 +243,7 @@ class StoreController(Actor):
         for index in ready:
             self._unwritten.pop(index, None)
         if ready:
+            self._puts.add(len(ready))
             self._wake(upd.partition)
 
     async def abort_put(self, meta: BatchMeta) -> None:
@@ -212,6 +264,8 @@ class StoreController(Actor):
         mode: str = "fetch",
         sampler: Any = None,
         timeout: float | None = None,
+        fetch_id: str | None = None,
+        share: Sequence[Any] | None = None,
     ) -> BatchMeta:
         """A batch of ready samples (see ControllerState.try_fetch), waiting up to ``timeout``.
 
@@ -220,11 +274,50 @@ class StoreController(Actor):
         held samples of ``partition`` dies while this fetch waits (they may never come back),
         StoreInputError for bad arguments. Samples lost before the fetch began are simply not
         ready: it serves and waits for the other samples. Waiting blocks nothing else.
+
+        ``fetch_id`` (the client's): :meth:`cancel_fetch` drops the waiting fetch, or hands
+        its batch back if it was served; a served batch is leased until :meth:`ack_fetch`
+        and handed back if no ack comes within ``lease_after`` s (the caller died).
+        ``share`` ``(key, consumers)``: the first call with ``key`` fetches the batch, the
+        next ``consumers - 1`` calls with it get the same batch (the streaming loader's
+        ranks); the batch stays assigned to ``key`` even if a caller leaves.
         """
+        check_timeout(timeout)
+        if share is not None:
+            return await self._shared_fetch(
+                partition, fields, batch_size, task, mode, sampler, timeout, share
+            )
+        waiter = self.fetches.wait(fetch_id, partition, list(fields), batch_size, task)
+        try:
+            meta = await self._fetch(
+                partition, fields, batch_size, task, mode, sampler, timeout, waiter
+            )
+        finally:
+            self.fetches.done(waiter)
+        if mode == "fetch" and meta.size:
+            self._served.add(meta.size)
+            if fetch_id is not None:
+                self.fetches.lease(fetch_id, task, partition, meta.global_indexes)
+        return meta
+
+    async def _fetch(
+        self,
+        partition: str,
+        fields: Sequence[str],
+        batch_size: int | None,
+        task: str,
+        mode: str,
+        sampler: Any,
+        timeout: float | None,
+        waiter: Waiter,
+    ) -> BatchMeta:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         losses = self.state.loss_count(partition) if isinstance(partition, str) else 0
+        next_log = loop.time() + self.wait_log_interval
         while True:
+            if waiter.cancelled:
+                raise StoreTimeoutError(f"the fetch {waiter.fetch_id} was cancelled by its caller")
             meta = self.state.try_fetch(
                 partition, fields, batch_size, task=task, sampler=sampler, mode=mode
             )
@@ -243,13 +336,124 @@ class StoreController(Actor):
                     f"{batch_size} ready samples of {list(fields)} in partition {partition!r} "
                     f"for task {task!r} did not arrive within {timeout or 0}s"
                 )
+            if loop.time() >= next_log:
+                log.warning("store %s: %s", self.state.store_id, self.describe(waiter)["text"])
+                next_log = loop.time() + self.wait_log_interval
             event = self._events.setdefault(partition, asyncio.Event())
+            waiter.event = event
             self._waiting += 1
+            step = max(0.0, next_log - loop.time())
+            wait = step if left is None else min(left, step)
             try:
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(event.wait(), left)
+                    await asyncio.wait_for(event.wait(), wait)
             finally:
                 self._waiting -= 1
+
+    async def _shared_fetch(
+        self,
+        partition: str,
+        fields: Sequence[str],
+        batch_size: int | None,
+        task: str,
+        mode: str,
+        sampler: Any,
+        timeout: float | None,
+        share: Sequence[Any],
+    ) -> BatchMeta:
+        if (
+            len(share) != 2
+            or not isinstance(share[0], str)
+            or not isinstance(share[1], int)
+            or share[1] < 1
+        ):
+            raise StoreInputError(f"share must be (key: str, consumers: int >= 1), got {share!r}")
+        key = (partition, task, share[0])
+        entry = self._shared.get(key)
+        if entry is None:
+            waiter = self.fetches.wait(None, partition, list(fields), batch_size, task)
+
+            async def run() -> BatchMeta:
+                try:
+                    got = await self._fetch(
+                        partition, fields, batch_size, task, mode, sampler, timeout, waiter
+                    )
+                finally:
+                    self.fetches.done(waiter)
+                if mode == "fetch":
+                    self._served.add(got.size)
+                return got
+
+            future = asyncio.ensure_future(run())
+            entry = self._shared[key] = [future, share[1]]
+
+            def dropped(f: asyncio.Future[Any], key: Any = key) -> None:
+                failed = f.cancelled() or f.exception() is not None
+                if failed and self._shared.get(key) is entry:
+                    del self._shared[key]
+
+            future.add_done_callback(dropped)
+        future = entry[0]
+        meta: BatchMeta = await asyncio.shield(future)
+        entry[1] -= 1
+        if entry[1] <= 0 and self._shared.get(key) is entry:
+            del self._shared[key]
+        return meta
+
+    async def cancel_fetch(self, fetch_id: str) -> int:
+        """Drop the fetch ``fetch_id`` (its caller cancelled it or left): a waiting one stops
+        waiting and consumes nothing; a served one hands its samples back to its task.
+        Returns how many samples were handed back. Idempotent."""
+        waiter = self.fetches.cancel(fetch_id)
+        if waiter is not None:
+            if waiter.event is not None:
+                waiter.event.set()
+            return 0
+        lease = self.fetches.unlease(fetch_id)
+        if lease is None:
+            return 0
+        back = self.state.unconsume(lease.task, lease.partition, lease.indexes)
+        self._wake(lease.partition)
+        return len(back)
+
+    async def ack_fetch(self, fetch_id: str) -> None:
+        """The caller received the batch of ``fetch_id``: it stays consumed."""
+        self.fetches.unlease(fetch_id)
+
+    def describe(self, waiter: Waiter) -> dict[str, Any]:
+        """What a waiting fetch waits for: partition, fields (missing ones), ready vs asked."""
+        exists = waiter.partition in self.state.partitions()
+        missing: list[str] = []
+        ready = 0
+        if exists:
+            status = self.state.production_status(waiter.partition)["fields"]
+            missing = [f for f in waiter.fields if f not in status]
+            with contextlib.suppress(StoreError):
+                ready = len(self.state.ready_indexes(waiter.partition, waiter.fields, waiter.task))
+        waited = time.monotonic() - waiter.since
+        asked = "all" if waiter.batch_size is None else waiter.batch_size
+        where = "exists" if exists else "does not exist yet"
+        text = (
+            f"a fetch waits {waited:.0f}s for partition {waiter.partition!r} ({where}), fields "
+            f"{waiter.fields}"
+            + (f" (not written yet: {missing})" if missing else "")
+            + f", task {waiter.task!r}: {ready} ready of {asked} asked"
+        )
+        return {
+            "partition": waiter.partition,
+            "exists": exists,
+            "fields": list(waiter.fields),
+            "missing_fields": missing,
+            "task": waiter.task,
+            "ready": ready,
+            "asked": waiter.batch_size,
+            "waited_s": round(waited, 3),
+            "text": text,
+        }
+
+    async def waiting(self) -> list[dict[str, Any]]:
+        """Every waiting fetch, described (see :meth:`describe`)."""
+        return [self.describe(w) for w in self.fetches.waiters()]
 
     async def check_readable(self, meta: BatchMeta) -> None:
         """Raise unless every field of ``meta`` is readable (UnitLostError names the unit)."""
@@ -304,6 +508,8 @@ class StoreController(Actor):
     async def clear_partition(self, partition: str) -> None:
         """Remove a whole partition. Raises UnknownPartitionError."""
         plan = self.state.clear_partition(partition)
+        for key in [k for k in self._shared if k[0] == partition]:
+            del self._shared[key]
         for index in plan.indexes:
             self._unwritten.pop(index, None)
         self._wake(partition)
@@ -313,6 +519,9 @@ class StoreController(Actor):
         while True:
             await asyncio.sleep(min(REAP_INTERVAL, self.reclaim_after))
             await self.reclaim()
+            for lease in self.fetches.expired():
+                self.state.unconsume(lease.task, lease.partition, lease.indexes)
+                self._wake(lease.partition)
 
     async def reclaim(self, older_than: float | None = None) -> int:
         """Clear samples allocated more than ``older_than`` s ago (default ``reclaim_after``)
@@ -363,6 +572,51 @@ class StoreController(Actor):
             self._wake_all()
         else:
             self._wake(partition)
+
+    async def metrics(self) -> dict[str, Any]:
+        """Counters for monitoring: puts/fetches (total, per second), waiting fetches,
+        partitions with their samples and consumers per task, units."""
+        consumers = self.state.consumers()
+        return {
+            "store_id": self.state.store_id,
+            "puts": self._puts.snapshot(),
+            "fetches": self._served.snapshot(),
+            "waiting": await self.waiting(),
+            "leased": self.fetches.leased(),
+            "partitions": {
+                p: {
+                    "samples": self.state.production_status(p)["samples"],
+                    "consumers": consumers.get(p, {}),
+                }
+                for p in self.state.partitions()
+            },
+            "units": [u.to_dict() for u in self.state.units()],
+        }
+
+    # -- KV (partition keys) and checkpoints ---------------------------------------------
+
+    async def kv_lookup(self, partition: str, keys: Sequence[str]) -> list[Any]:
+        """``[meta of the existing keys, positions of the missing ones]``."""
+        meta, missing = self.state.kv_lookup(partition, list(keys))
+        return [meta, missing]
+
+    async def kv_meta(
+        self, partition: str, keys: Sequence[str], fields: Sequence[str] | None = None
+    ) -> BatchMeta:
+        """The meta of existing ``keys`` (see ControllerState.kv_meta)."""
+        return self.state.kv_meta(partition, list(keys), None if fields is None else list(fields))
+
+    async def kv_list(self, partition: str | None = None) -> dict[str, Any]:
+        """``{partition: {key: tags}}``."""
+        return self.state.kv_list(partition)
+
+    async def export_partition(self, partition: str) -> dict[str, Any]:
+        """A partition's samples and statuses for a checkpoint (no data)."""
+        return self.state.export_partition(partition)
+
+    async def mark_consumed(self, task: str, meta: BatchMeta) -> None:
+        """Mark ``meta``'s samples consumed by ``task`` (checkpoint restore)."""
+        self.state.mark_consumed(task, meta)
 
     async def stats(self) -> dict[str, Any]:
         """Monitoring counts (partitions, allocated, free, units, waiting partitions)."""

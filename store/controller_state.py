@@ -51,6 +51,7 @@ from rayless.store.errors import (
 from rayless.store.meta import BatchMeta
 from rayless.store.samplers import Sampler, make_sampler
 from rayless.store.schema import DataUpdate, FieldSchema, check_plain
+from rayless.store.state_extra import StateExtras, check_group_size
 
 __all__ = ["ClearPlan", "ControllerState", "EnvShards", "UnitInfo"]
 
@@ -97,6 +98,7 @@ class _Sample:
     custom: dict[str, Any]
     lost_on: str | None = None
     staged: bool = False  # part of an atomic put that has not committed yet
+    key: str | None = None  # its KV key (kv_batch_put), unique in the partition
 
 
 @dataclass
@@ -109,6 +111,9 @@ class _Partition:
     created: int = 0  # serial of the allocation that created the partition
     losses: int = 0  # unit losses that took samples of this partition
     lost_unit: str | None = None  # the unit of the latest such loss
+    keys: dict[str, int] = field(default_factory=dict)  # KV key -> index
+    group_size: int | None = None  # fixed by a put's group_size or the first grouped fetch
+    group_count: dict[Hashable, int] = field(default_factory=dict)  # explicit group -> samples
 
 
 @dataclass
@@ -136,7 +141,7 @@ def _check_fields(fields: Any) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-class ControllerState:
+class ControllerState(StateExtras):
     """The store controller's state. See the module docstring for the rules it keeps."""
 
     def __init__(self, store_id: str | None = None, *, env_shards: EnvShards | None = None):
@@ -282,6 +287,8 @@ class ControllerState:
         schemas: Mapping[str, FieldSchema] | None = None,
         placement: Sequence[int] | None = None,
         atomic: bool = False,
+        keys: Sequence[str] | None = None,
+        group_size: int | None = None,
     ) -> BatchMeta:
         """Allocate ``n`` new samples in ``partition`` (created if new) and return their meta.
 
@@ -294,7 +301,10 @@ class ControllerState:
         allocation); ``schemas`` (the fields about to be put) are checked against the partition
         first and returned in the meta; ``placement`` (live shard numbers, one per sample) place
         samples explicitly when no ``env_ids`` are given (the controller actor uses it to give
-        each unit one contiguous block of a put). Raises StoreInputError/SchemaError/UnitLostError.
+        each unit one contiguous block of a put); ``keys`` (KV keys new to the partition) name
+        the samples for ``kv_batch_get``; ``group_size`` fixes the partition's group size
+        (a group put must fit it: see :func:`~store.state_extra.check_group_size`).
+        Raises StoreInputError/SchemaError/UnitLostError.
         """
         _check_name(partition, "partition")
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
@@ -319,6 +329,9 @@ class ControllerState:
         if group_ids is not None:
             for g in group_ids:
                 hash(g)
+        existing = self._partitions.get(partition)
+        fixed = check_group_size(existing, n, group_ids, group_size)
+        self.check_new_keys(existing, keys, n)
         # Validated: from here on nothing raises.
         self._serial += 1
         serial = self._serial
@@ -336,10 +349,17 @@ class ControllerState:
                 self._next_index += 1
             shard = shards_by_env[pos] if shards_by_env else alive[index % len(alive)]
             group = group_ids[pos] if group_ids is not None else ("#alloc", serial, pos)
-            part.samples[index] = _Sample(shard, serial, group, custom[pos], staged=staged)
+            key = keys[pos] if keys is not None else None
+            part.samples[index] = _Sample(shard, serial, group, custom[pos], staged=staged, key=key)
+            if key is not None:
+                part.keys[key] = index
+            if group_ids is not None:
+                part.group_count[group] = part.group_count.get(group, 0) + 1
             self._owner[index] = partition
             indexes.append(index)
             shards.append(shard)
+        if fixed is not None:
+            part.group_size = fixed
         if staged:
             self._staging[serial] = _Staging(partition, set(indexes), set(indexes))
         return BatchMeta(
@@ -693,9 +713,14 @@ class ControllerState:
         part = self._partitions.get(partition)
         chosen: list[int] = candidates
         if batch_size is not None:
+            group_size = getattr(chooser, "n", 1) or 1
+            grouped = getattr(chooser, "n", None) is not None
+            if grouped and part is not None:
+                self.check_group_n(part, partition, group_size)
+                if part.group_size is None and batch_size % group_size == 0:
+                    part.group_size = group_size  # later group puts must fit it
             if part is None or len(candidates) < batch_size:
                 return None
-            group_size = getattr(chooser, "n", 1) or 1
             samples = part.samples
 
             def group_of(index: int) -> Hashable:
@@ -784,6 +809,14 @@ class ControllerState:
                     staging.waiting.discard(i)
                     if not staging.members:
                         del self._staging[sample.generation]
+            if sample.key is not None:
+                part.keys.pop(sample.key, None)
+            count = part.group_count.get(sample.group)
+            if count is not None:
+                if count <= 1:
+                    del part.group_count[sample.group]
+                else:
+                    part.group_count[sample.group] = count - 1
             plan.shards.setdefault(sample.shard, {}).setdefault(partition, []).append(i)
             del self._owner[i]
             self._pending.add(i)

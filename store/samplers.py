@@ -19,7 +19,9 @@ __all__ = [
     "GroupedSampler",
     "RandomSampler",
     "Sampler",
+    "SeqlenBalancedSampler",
     "SequentialSampler",
+    "balanced_split",
     "make_sampler",
 ]
 
@@ -140,6 +142,84 @@ class GroupedSampler:
         return {"name": "grouped", "n": self.n, "shuffle": self.shuffle, "seed": self.seed}
 
 
+def balanced_split(lengths: Sequence[int], parts: int, group: int = 1) -> list[list[int]]:
+    """Positions ``0..len(lengths)-1`` in ``parts`` lists of equal size with totals of
+    ``lengths`` as even as possible (largest first onto the lightest part that has room).
+
+    Consecutive runs of ``group`` positions stay together (GRPO groups). Deterministic: every
+    rank computing it gets the same answer. Raises StoreInputError unless the groups split
+    into ``parts`` equal shares.
+    """
+    if not isinstance(parts, int) or isinstance(parts, bool) or parts <= 0:
+        raise StoreInputError(f"parts must be a positive int, got {parts!r}")
+    if group <= 0 or len(lengths) % group:
+        raise StoreInputError(f"{len(lengths)} samples are not whole groups of {group}")
+    n_groups = len(lengths) // group
+    if n_groups % parts:
+        raise StoreInputError(f"{n_groups} groups do not split into {parts} equal parts")
+    per_part = n_groups // parts
+    weights = [sum(int(x) for x in lengths[g * group : (g + 1) * group]) for g in range(n_groups)]
+    order = sorted(range(n_groups), key=lambda g: (-weights[g], g))
+    totals = [0] * parts
+    chosen: list[list[int]] = [[] for _ in range(parts)]
+    for g in order:
+        room = [r for r in range(parts) if len(chosen[r]) < per_part]
+        r = min(room, key=lambda r: (totals[r], r))
+        chosen[r].append(g)
+        totals[r] += weights[g]
+    return [[g * group + k for g in sorted(gs) for k in range(group)] for gs in chosen]
+
+
+class SeqlenBalancedSampler:
+    """A global batch for ``dp_size`` data-parallel ranks whose per-rank token totals are
+    balanced (sequence-length balancing, as verl and TransferQueue do).
+
+    ``select`` picks the batch like :class:`SequentialSampler` (``n`` 1) or
+    :class:`GroupedSampler` (whole groups of ``n``); :meth:`split` then cuts it into
+    ``dp_size`` equal parts with even totals of each sample's ``custom_meta[length_key]``
+    (1 where missing), groups kept whole. The streaming loader uses it: each rank reads its
+    part of the shared global batch.
+    """
+
+    def __init__(self, dp_size: int = 1, n: int = 1, length_key: str = "total_lengths") -> None:
+        for name, v in (("dp_size", dp_size), ("n", n)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise StoreInputError(f"{name} must be a positive int, got {v!r}")
+        if not isinstance(length_key, str) or not length_key:
+            raise StoreInputError(f"length_key must be a non-empty str, got {length_key!r}")
+        self.dp_size = dp_size
+        self.n = n if n > 1 else None
+        self.length_key = length_key
+        self._inner: Sampler = GroupedSampler(n) if n > 1 else SequentialSampler()
+
+    def select(
+        self, candidates: Sequence[int], batch_size: int, group_of: GroupOf
+    ) -> list[int] | None:
+        """Like the sequential (or grouped) sampler; ``batch_size`` is the global batch."""
+        return self._inner.select(candidates, batch_size, group_of)
+
+    def split(self, custom: Sequence[Mapping[str, Any]]) -> list[list[int]]:
+        """The positions of each rank's part of a batch whose per-sample custom metadata is
+        ``custom``. Raises StoreInputError (not whole groups, not divisible by dp_size)."""
+        lengths = [_length(c.get(self.length_key, 1)) for c in custom]
+        return balanced_split(lengths, self.dp_size, self.n or 1)
+
+    def spec(self) -> dict[str, Any]:
+        """``{"name": "seqlen_balanced", "dp_size": ..., "n": ..., "length_key": ...}``."""
+        return {
+            "name": "seqlen_balanced",
+            "dp_size": self.dp_size,
+            "n": self.n or 1,
+            "length_key": self.length_key,
+        }
+
+
+def _length(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise StoreInputError(f"a sample's length must be a number >= 0, got {value!r}")
+    return int(value)
+
+
 def make_sampler(spec: str | Mapping[str, Any] | Sampler | None = None) -> Sampler:
     """A sampler from a spec: None/``"sequential"``, ``"random"``, ``"grouped"`` (needs ``n``),
     a dict ``{"name": ..., **kwargs}``, or a Sampler (returned as is). Raises StoreInputError.
@@ -161,6 +241,8 @@ def make_sampler(spec: str | Mapping[str, Any] | Sampler | None = None) -> Sampl
             return RandomSampler(**kwargs)
         if name == "grouped":
             return GroupedSampler(**kwargs)
+        if name == "seqlen_balanced":
+            return SeqlenBalancedSampler(**kwargs)
     except TypeError as exc:
         raise StoreInputError(f"bad arguments for sampler {name!r}: {exc}")
     raise StoreInputError(f"unknown sampler spec {dict(spec)!r}")

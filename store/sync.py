@@ -16,6 +16,7 @@ Calling it from a thread that runs an event loop raises RuntimeError (use ``Stor
 from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from tensordict import TensorDict, TensorDictBase
@@ -24,6 +25,8 @@ from rayless.actors import ActorHandle, Cluster
 from rayless.actors.api.portal import run_sync
 from rayless.actors.api.sync import SyncCluster
 from rayless.store.client import DEFAULT_NAME, PUT_TIMEOUT, Store
+from rayless.store.fetches import check_timeout
+from rayless.store.kv import KVBatchMeta
 from rayless.store.meta import BatchMeta
 
 __all__ = ["SyncStore"]
@@ -141,6 +144,8 @@ class SyncStore:
         group_ids: Sequence[Any] | None = None,
         custom_meta: Sequence[Mapping[str, Any]] | None = None,
         timeout: float = PUT_TIMEOUT,
+        keys: Sequence[str] | None = None,
+        group_size: int | None = None,
     ) -> BatchMeta:
         """``Store.put``."""
         aw = self.store.put(
@@ -151,6 +156,8 @@ class SyncStore:
             group_ids=group_ids,
             custom_meta=custom_meta,
             timeout=timeout,
+            keys=keys,
+            group_size=group_size,
         )
         return self._run(aw, timeout + SLACK)
 
@@ -164,10 +171,20 @@ class SyncStore:
         mode: str = "fetch",
         sampler: Any = None,
         timeout: float | None = None,
+        share: tuple[str, int] | None = None,
     ) -> BatchMeta:
-        """``Store.get_meta`` (``timeout`` None waits as long as it takes)."""
+        """``Store.get_meta`` (``timeout`` None waits as long as it takes; same checks and
+        errors: StoreInputError for a bad timeout, StoreTimeoutError when it passes)."""
+        check_timeout(timeout)
         aw = self.store.get_meta(
-            partition, fields, batch_size, task=task, mode=mode, sampler=sampler, timeout=timeout
+            partition,
+            fields,
+            batch_size,
+            task=task,
+            mode=mode,
+            sampler=sampler,
+            timeout=timeout,
+            share=share,
         )
         return self._run(aw, None if timeout is None else timeout + SLACK)
 
@@ -215,6 +232,18 @@ class SyncStore:
         """``Store.stats``."""
         return self._run(self.store.stats())
 
+    def metrics(self) -> dict[str, Any]:
+        """``Store.metrics``."""
+        return self._run(self.store.metrics())
+
+    def save_checkpoint(self, directory: str | Path) -> dict[str, Any]:
+        """``Store.save_checkpoint``."""
+        return self._run(self.store.save_checkpoint(directory), None)
+
+    def load_checkpoint(self, directory: str | Path) -> dict[str, list[int]]:
+        """``Store.load_checkpoint``."""
+        return self._run(self.store.load_checkpoint(directory), None)
+
     # -- KV face -------------------------------------------------------------------------
 
     def kv_put(
@@ -229,9 +258,36 @@ class SyncStore:
         """``Store.kv_get``."""
         return self._run(self.store.kv_get(keys, fields, device=device))
 
-    def kv_list(self) -> list[str]:
+    def kv_keys(self) -> list[str]:
+        """``Store.kv_keys``."""
+        return self._run(self.store.kv_keys())
+
+    def kv_batch_put(
+        self,
+        keys: Sequence[str],
+        partition_id: str,
+        fields: TensorDictBase | None = None,
+        tags: Sequence[Mapping[str, Any]] | None = None,
+    ) -> KVBatchMeta:
+        """``Store.kv_batch_put``."""
+        return self._run(self.store.kv_batch_put(keys, partition_id, fields, tags))
+
+    def kv_batch_get(
+        self,
+        keys: Sequence[str] | str,
+        partition_id: str,
+        select_fields: Sequence[str] | str | None = None,
+    ) -> TensorDict:
+        """``Store.kv_batch_get``."""
+        return self._run(self.store.kv_batch_get(keys, partition_id, select_fields))
+
+    def kv_list(self, partition_id: str | None = None) -> dict[str, dict[str, Any]]:
         """``Store.kv_list``."""
-        return self._run(self.store.kv_list())
+        return self._run(self.store.kv_list(partition_id))
+
+    def kv_clear(self, keys: Sequence[str] | str, partition_id: str) -> None:
+        """``Store.kv_clear``."""
+        self._run(self.store.kv_clear(keys, partition_id))
 
     def kv_delete(self, keys: Sequence[str]) -> int:
         """``Store.kv_delete``."""

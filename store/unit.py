@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -24,6 +25,7 @@ from rayless.actors import Actor, ActorHandle
 from rayless.actors.api.context import ENV_NODE_ID
 from rayless.store.errors import StoreFullError, WriteTooLargeError
 from rayless.store.meta import BatchMeta  # noqa: F401  (registers BatchMeta with the codec)
+from rayless.store.metrics import RateMeter
 from rayless.store.schema import DataUpdate, FieldSchema
 from rayless.store.shard import ShardStorage
 
@@ -54,6 +56,9 @@ class StorageUnit(Actor):
         self.shard = ShardStorage(unit_id, self.device, capacity_bytes)
         self._freed = asyncio.Event()
         self._stop = asyncio.Event()
+        self.incarnation = uuid.uuid4().hex  # this process: a restart registers a new one
+        self._puts = RateMeter()
+        self._gets = RateMeter()
 
     async def setup(self) -> None:
         """Register with the controller (the handshake)."""
@@ -64,6 +69,7 @@ class StorageUnit(Actor):
             node_id=os.environ.get(ENV_NODE_ID),
             device=self.device,
             capacity_bytes=self.shard.capacity_bytes,
+            incarnation=self.incarnation,
         )
 
     async def teardown(self) -> None:
@@ -100,6 +106,7 @@ class StorageUnit(Actor):
                 self.shard.delete(partition, indexes, fresh)
                 self._notify_freed()
             raise
+        self._puts.add(len(indexes))
 
     async def _write_when_room(
         self,
@@ -147,6 +154,7 @@ class StorageUnit(Actor):
         td = self.shard.read(partition, indexes, fields)
         if self.shard.device.type == "cuda":
             await asyncio.to_thread(self._sync_device)
+        self._gets.add(len(indexes))
         return td
 
     async def delete(self, plan: dict[str, list[int]]) -> int:
@@ -202,8 +210,15 @@ class StorageUnit(Actor):
         return n
 
     async def stats(self) -> dict[str, Any]:
-        """Bytes used, capacity, rows per partition, KV keys."""
-        return self.shard.stats()
+        """Bytes used, capacity, rows per partition, KV keys, puts/gets (rows: total and per
+        second over the last 10 s)."""
+        return {
+            **self.shard.stats(),
+            "unit_id": self.unit_id,
+            "incarnation": self.incarnation,
+            "puts": self._puts.snapshot(),
+            "gets": self._gets.snapshot(),
+        }
 
     async def watch(self) -> None:
         """Return only when this unit shuts down: the controller's death watch on it."""

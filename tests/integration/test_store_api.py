@@ -153,7 +153,7 @@ async def test_kv_face(local_cluster: Cluster) -> None:
     st = await Store.create(local_cluster, num_units=2)
     keys = [f"k{i}" for i in range(6)]
     await st.kv_put(keys, mixed_td(6))
-    assert sorted(await st.kv_list()) == sorted(keys)
+    assert sorted(await st.kv_keys()) == sorted(keys)
     out = await st.kv_get(["k5", "k0"], fields=["obs", "text"])
     assert out["obs"][:, 0].tolist() == [5.0, 0.0] and out["text"].tolist() == ["s5", "s0"]
     await st.kv_put(["k0"], mixed_td(1, start=100))
@@ -161,7 +161,7 @@ async def test_kv_face(local_cluster: Cluster) -> None:
     assert await st.kv_delete(["k0", "k1", "nope"]) == 2
     with pytest.raises(UnknownKeyError):
         await st.kv_get(["k0"])
-    assert len(await st.kv_list()) == 4
+    assert len(await st.kv_keys()) == 4
 
 
 async def test_capacity_full_then_success_after_clear(local_cluster: Cluster) -> None:
@@ -218,7 +218,7 @@ def _sync_surface(cluster: Cluster) -> tuple[int, list[str], int]:
         node = st.units[0]["node_id"]
         shard = st.unit_for_node(node)
         st.kv_put(["a", "b"], TensorDict({"x": torch.arange(2)}, [2]))
-        keys = sorted(st.kv_list())
+        keys = sorted(st.kv_keys())
         deleted = st.kv_delete(["a"])
     assert st.closed
     return shard, keys, deleted

@@ -106,7 +106,7 @@ async def test_bad_input_leaves_the_store_unchanged(local_cluster: Cluster) -> N
         stats = await st.stats()
         units = [(u["used_bytes"], u["rows"]) for u in stats["unit_stats"]]
         status = await st.production_status("p")
-        kv = sorted(await st.kv_list())
+        kv = sorted(await st.kv_keys())
         return (status, stats["allocated"], stats["free"], units, await st.partitions(), kv)
 
     before = await snapshot()

@@ -1,0 +1,82 @@
+"""``rayless status``: the cluster report of ``rayless.actors.api.status``, plus, with
+``--store NAME`` (repeatable), each named store's units, partitions, consumers and waiting
+fetches (``--prometheus``: the stores' metrics in the Prometheus text format instead).
+
+It lives here, not in the actors layer, because the store sits above the actors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+from rayless.actors.api import context
+from rayless.actors.api import status as cluster_status
+from rayless.transport.errors import RaylessError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The cluster report's options, ``--store NAME`` and ``--prometheus``."""
+    cluster_status.add_arguments(parser)
+    parser.add_argument(
+        "--store", action="append", metavar="NAME", help="also report this store (repeatable)"
+    )
+    parser.add_argument(
+        "--prometheus", action="store_true", help="print the stores' metrics as Prometheus text"
+    )
+
+
+async def store_metrics(
+    address: str, token: str, names: list[str], timeout: float
+) -> list[dict[str, Any]]:
+    """Each named store's ``Store.metrics()``. Raises StatusError."""
+    from rayless.actors.api.cluster import connect
+    from rayless.actors.api.runtime import close_runtimes
+    from rayless.store.client import Store
+
+    cluster = None
+    try:
+        cluster = await asyncio.wait_for(connect(address, token=token), timeout)
+        out = []
+        for name in names:
+            store = await asyncio.wait_for(Store.connect(name, cluster), timeout)
+            metrics = await asyncio.wait_for(store.metrics(), timeout)
+            metrics["name"] = name
+            out.append(metrics)
+            await store.aclose()
+        return out
+    except asyncio.TimeoutError:
+        raise cluster_status.StatusError(f"no answer within {timeout:g}s") from None
+    except RaylessError as exc:
+        raise cluster_status.StatusError(f"{type(exc).__name__}: {exc}") from None
+    finally:
+        if cluster is not None:
+            try:
+                await asyncio.wait_for(cluster.aclose(), timeout)
+            except (asyncio.TimeoutError, RaylessError):
+                pass
+        await close_runtimes()
+        context.set_current(None)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``rayless status``; returns the exit code."""
+    names = list(getattr(args, "store", None) or [])
+    prom = bool(getattr(args, "prometheus", False))
+    if not prom:
+        code = cluster_status.run(args)
+        if code or not names:
+            return code
+    from rayless.store.metrics import prometheus, render_text
+
+    try:
+        address, token = cluster_status.resolve(args)
+        metrics = asyncio.run(store_metrics(address, token, names, float(args.timeout)))
+    except cluster_status.StatusError as exc:
+        print(f"rayless status: {exc}", file=sys.stderr)
+        return 1
+    for m in metrics:
+        print(prometheus(m) if prom else "\n" + render_text(m))
+    return 0
