@@ -18,6 +18,7 @@ from rayless.placement.errors import (
     NodeAffinityError,
     NodeCapacityError,
     PlacementError,
+    ResourcesBusyError,
 )
 from rayless.placement.packing import Packing, WorkerSlot, check_overcommit, pack, sharing_pairs
 from rayless.placement.pools import ResourcePool, ResourcePoolPlanner, cluster_info_from_nodes
@@ -58,6 +59,7 @@ __all__ = [
     "NodeResource",
     "Packing",
     "PlacementError",
+    "ResourcesBusyError",
     "Policy",
     "ResourcePool",
     "ResourcePoolPlanner",

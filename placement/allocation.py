@@ -5,7 +5,8 @@ nobody else holds; ``0 < gpus < 1`` packs it onto one GPU that still has that fr
 (best fit, so fractional actors share GPUs before whole GPUs are broken into). CPUs are soft,
 as in Ray (where actors hold 0 CPUs while running): a request larger than a node's total CPUs
 is infeasible, otherwise it is counted and placement prefers the node with most CPUs free, but
-CPUs never block a spawn. Anything infeasible, or not free now, raises PlacementError at once.
+CPUs never block a spawn. Anything infeasible raises PlacementError at once; a feasible request
+whose GPUs are taken now raises its subclass ResourcesBusyError (the head may wait and retry).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayless.placement.errors import PlacementError
+from rayless.placement.errors import PlacementError, ResourcesBusyError
 
 _EPS = 1e-9
 
@@ -129,8 +130,8 @@ def choose(
 
     Raises:
         ValueError: a malformed request.
-        PlacementError: the request is infeasible on every node (or on ``node``), or the
-            resources are not free now.
+        PlacementError: the request is infeasible on every node (or on ``node``).
+        ResourcesBusyError: it is feasible, but the GPUs are not free now.
     """
     validate_request(gpus, cpus)
     if gpu_indices is not None and len(gpu_indices) != max(1, math.ceil(gpus)) and gpus > 0:
@@ -160,7 +161,7 @@ def choose(
             fits.append((n, chosen))
     if not fits:
         free = ", ".join(f"{n.node_id}: {sum(n.gpu_free.values()):.2f} GPUs free" for n in feasible)
-        raise PlacementError(f"not enough free GPUs for gpus={gpus} right now ({free})")
+        raise ResourcesBusyError(f"not enough free GPUs for gpus={gpus} right now ({free})")
     best, chosen = min(
         fits, key=lambda nc: (-(nc[0].cpus - nc[0].cpus_used), len(nc[0].actors), nc[0].node_id)
     )

@@ -15,6 +15,8 @@ rLightning that catches ``IndexError``/``ValueError``/``RuntimeError`` keeps wor
   support node affinity (several storages on one node, a node with storage but no env/train
   workers, unequal per-node counts, env nodes without policies).
 * :class:`EpisodeIndexError` (IndexError): a storage shard index out of range.
+* :class:`ResourcesBusyError`: a request some node could hold, but not now (its GPUs are
+  taken); ``spawn(..., wait_for_resources=s)`` waits for them.
 """
 
 from __future__ import annotations
@@ -29,11 +31,17 @@ __all__ = [
     "NodeAffinityError",
     "NodeCapacityError",
     "PlacementError",
+    "ResourcesBusyError",
 ]
 
 
 class PlacementError(RaylessError, wire="rayless.PlacementError"):
     """A resource request that no node, pool or plan can satisfy."""
+
+
+class ResourcesBusyError(PlacementError, wire="rayless.ResourcesBusyError"):
+    """A feasible request whose GPUs are held by others right now (``wait_for_resources``
+    waits for them instead)."""
 
 
 class InsufficientResourcesError(

@@ -11,7 +11,8 @@ and stays light: it imports the error modules and nothing heavy (no torch, numpy
     ├── PlacementError             a request no node, pool or plan can satisfy
     │   ├── InsufficientResourcesError (ValueError), ManualPoolError (ValueError)
     │   ├── EpisodeIndexError (IndexError), NodeAffinityError (RuntimeError, ValueError)
-    │   └── AllocationError (RuntimeError, ValueError) → NodeCapacityError
+    │   ├── AllocationError (RuntimeError, ValueError) → NodeCapacityError
+    │   └── ResourcesBusyError         feasible, but the GPUs are taken right now
     ├── ActorDiedError, ActorNotFoundError, NameTakenError, StartError, ConnectError, LaunchError
     ├── BrokenError → ClusterLostError  (the head is gone)
     └── StoreError: StoreInputError (SchemaError, Unknown*Error, StaleMetaError,
@@ -36,6 +37,7 @@ from rayless.placement.errors import (
     NodeAffinityError,
     NodeCapacityError,
     PlacementError,
+    ResourcesBusyError,
 )
 from rayless.store.errors import (
     ForeignMetaError,
@@ -84,6 +86,7 @@ __all__ = [
     "LimitError",
     "NameTakenError",
     "PlacementError",
+    "ResourcesBusyError",
     "ProtocolError",
     "RaylessError",
     "RemoteError",

@@ -3,8 +3,10 @@
 Many requests may be in flight on one :class:`Client`; replies are matched by request id.
 Each request can have its own timeout; heartbeats detect a server that stopped answering;
 closing the client fails every pending request with ClosedError (as pyzmq's socket close
-cancels pending futures). A broken session (the server restarted or forgot us) fails the
-requests in flight with BrokenError, and the next request performs a fresh handshake.
+cancels pending futures). A request that times out, or whose caller is cancelled, is
+cancelled at the server too (a CANCEL message). A broken session (the server restarted or
+forgot us) fails the requests in flight with BrokenError, and the next request performs a
+fresh handshake.
 """
 
 from __future__ import annotations
@@ -307,7 +309,7 @@ class Client:
         try:
             return await fut
         except asyncio.CancelledError:
-            self._forget(req_id)
+            self._abandon(req_id)
             raise
 
     def submit(self, body: Any, *, timeout: float | None = None) -> asyncio.Future[Any]:
@@ -322,21 +324,23 @@ class Client:
                 raise ClosedError(f"client {self.name} is closed")
             raise BrokenError(f"no session with {self.address}: {self._broken_reason or 'new'}")
         req_id, fut = self._send_request(body, timeout)
-        fut.add_done_callback(lambda f: self._forget(req_id) if f.cancelled() else None)
+        fut.add_done_callback(lambda f: self._abandon(req_id) if f.cancelled() else None)
         return fut
 
-    def submit_nowait(self, body: Any) -> asyncio.Future[Any] | None:
+    def submit_nowait(self, body: Any, timeout: float | None = None) -> asyncio.Future[Any] | None:
         """The fastest submit: a future of the reply, or None when the session is not ready
         or the send queue is backed up (then use :meth:`request`). An encoding error comes
-        back inside the future."""
+        back inside the future. Cancelling the future cancels the request at the server."""
         if self._state != _READY or (self._pump is not None and self._pump.queued):
             return None
         try:
-            return self._send_request(body, None)[1]
+            req_id, fut = self._send_request(body, timeout)
         except Exception as exc:
-            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            fut.set_exception(exc)
-            return fut
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
+        fut.add_done_callback(lambda f: self._abandon(req_id) if f.cancelled() else None)
+        return fut
 
     def _check_size(self, frames: list[Any]) -> None:
         """Raise LimitError for a message that we or the server would refuse."""
@@ -382,12 +386,26 @@ class Client:
         if entry is not None and entry[1] is not None:
             entry[1].cancel()
 
-    def _expire(self, req_id: int, timeout: float) -> None:
+    def _abandon(self, req_id: int) -> None:
+        """Forget a request the caller gave up on and tell the server to cancel it (CANCEL)."""
         entry = self._pending.pop(req_id, None)
+        if entry is None:
+            return  # answered already, or failed with the session
+        if entry[1] is not None:
+            entry[1].cancel()
+        if self._state == _READY and self._pump is not None:
+            try:
+                self._pump.send(envelope(Kind.CANCEL, req_id))
+            except (RaylessError, zmq.ZMQError):  # closing: nothing to cancel any more
+                pass
+
+    def _expire(self, req_id: int, timeout: float) -> None:
+        entry = self._pending.get(req_id)
         if entry is not None and not entry[0].done():
             entry[0].set_exception(
                 Timeout(f"no reply from {self.peer_name or self.address} within {timeout:g}s")
             )
+        self._abandon(req_id)
 
     def fail_pending(self, exc: RaylessError) -> None:
         """Fail every request waiting for a reply with ``exc`` (a higher layer knows why).

@@ -193,7 +193,9 @@ def encode(
     tensor and array buffers of at least ``transport.shm.SHM_MIN_BYTES`` into shared memory
     segments instead of frames (falling back to frames when ``/dev/shm`` is unusable). Raises
     TypeError naming the path of the first value that cannot be encoded, e.g.
-    ``args[1]['obs'].foo: cannot encode set`` (``root`` names the top level).
+    ``args[1]['obs'].foo: cannot encode set`` (``root`` names the top level); the error's
+    ``path`` holds the parts below the root (``("[1]", "['obs']", ".foo")``), its
+    ``reason`` the rest, so that a higher layer can name the value in its own terms.
     """
     enc = _Encoder(allow_pickle, cuda_ipc, shm)
     try:
@@ -203,8 +205,11 @@ def encode(
             _shm.discard(enc.segments)
         if not isinstance(exc, (TypeError, ValueError, OverflowError)):
             raise
-        found = _locate(obj, root, _Encoder(allow_pickle, False), 0)
-        raise TypeError(found or f"{root}: {exc}") from None
+        found = _locate(obj, (), _Encoder(allow_pickle, False), 0)
+        parts, reason = found if found is not None else ((), str(exc))
+        error = TypeError(f"{root}{''.join(parts)}: {reason}")
+        error.path, error.reason = parts, reason  # type: ignore[attr-defined]
+        raise error from None
     if enc.staged:
         _load_heavy().sync(enc.staged)
     if shm and _SHM_LIVE:
@@ -219,39 +224,42 @@ def sweep_shm(max_age: float | None = None) -> int:
     return _shm.sweep(max_age)
 
 
-def _locate(obj: Any, path: str, enc: _Encoder, depth: int) -> str | None:
-    """Find the first value under ``obj`` that encode rejects: ``"path: reason"`` or None."""
+def _locate(
+    obj: Any, path: tuple[str, ...], enc: _Encoder, depth: int
+) -> tuple[tuple[str, ...], str] | None:
+    """Find the first value under ``obj`` that encode rejects: (its path below the root, as
+    ``("[1]", "['obs']", ".foo")``, and the reason), or None."""
     kind = type(obj)
     if kind is str:
         try:
             obj.encode()
         except UnicodeEncodeError:
-            return f"{path}: cannot encode str that is not valid UTF-8"
+            return path, "cannot encode str that is not valid UTF-8"
         return None
     if kind in _SCALARS:
         return None
     if depth > _MAX_WALK:
-        return f"{path}: nested deeper than {_MAX_WALK} levels"
+        return path, f"nested deeper than {_MAX_WALK} levels"
     heavy = REGISTRY.heavy
     if heavy is None and _is_heavy(kind):
         heavy = _load_heavy()
     if heavy is not None and heavy.is_tensor(obj):
         problem = heavy.tensor_problem(obj)
-        return f"{path}: {problem}" if problem else None
+        return (path, problem) if problem else None
     try:
         children = _children(obj, heavy)
         if children is None:
             enc.default(obj)
             return None
     except (TypeError, ValueError, OverflowError) as exc:
-        return f"{path}: {exc}"
+        return path, str(exc)
     if kind is dict or kind is OrderedDict:
         for key in obj:
-            found = _locate(key, f"{path}[{key!r}]", enc, depth + 1)
+            found = _locate(key, (*path, f"[{key!r}]"), enc, depth + 1)
             if found:
-                return f"{found} (as a dict key)"
+                return found[0], f"{found[1]} (as a dict key)"
     for suffix, child in children:
-        found = _locate(child, path + suffix, enc, depth + 1)
+        found = _locate(child, (*path, suffix) if suffix else path, enc, depth + 1)
         if found:
             return found
     return None

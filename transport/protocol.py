@@ -57,6 +57,7 @@ class Kind(IntEnum):
     PING = 10
     PONG = 11
     BYE = 12
+    CANCEL = 13  # client → server: the caller gave up on request ``req_id`` (no reply)
 
 
 _KIND_OF = {int(k): k for k in Kind}  # Kind(value) is slow: it goes through EnumMeta

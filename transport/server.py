@@ -5,12 +5,15 @@ it), authenticates each peer with the HMAC handshake of ``transport.protocol``, 
 decoded requests to one handler. Sync handlers run inline on the loop (the fast path); a
 handler that returns an awaitable runs as a task the server owns. Nothing unauthenticated
 reaches a handler; frames that do not parse are dropped, counted and logged at a rate limit.
+A server made ``cancellable`` cancels a handler's task when its caller sends CANCEL (it timed
+out or was cancelled).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import inspect
 import logging
 import time
@@ -122,6 +125,9 @@ class Server:
         limits: bounds on peers and messages (default: ``Limits.from_env()``).
         curve: encrypt the connection with ZeroMQ CURVE, keys derived from the token (default:
             the ``RAYLESS_CURVE`` variable); clients must use it too. See docs/security.md.
+        cancellable: a CANCEL from the caller (it timed out or was cancelled) cancels the
+            handler's task; handlers must then be safe to cancel at any ``await``. Off by
+            default: CANCELs are counted (``stats["cancel_ignored"]``) and the handler runs on.
     """
 
     def __init__(
@@ -139,6 +145,7 @@ class Server:
         allow_pickle: bool = False,
         context: zmq.Context[Any] | None = None,
         curve: bool | None = None,
+        cancellable: bool = False,
     ) -> None:
         self._token = as_token(token)
         self._curve = curve_enabled(curve)
@@ -158,6 +165,9 @@ class Server:
             collections.OrderedDict()
         )
         self._tasks: set[asyncio.Task[None]] = set()
+        # handler tasks by (peer routing id, request id): what a CANCEL names
+        self._running: dict[tuple[bytes, int], asyncio.Task[None]] = {}
+        self._cancellable = cancellable
         self._pump: SocketPump | None = None
         self._gate: Gate | None = None
         self._sweeper: asyncio.TimerHandle | None = None
@@ -293,7 +303,11 @@ class Server:
     def _reply(self, peer: Peer, req_id: int, value: Any) -> None:
         try:
             frames = codec.encode(
-                value, cuda_ipc=peer.same_host, shm=peer.same_host, allow_pickle=self._allow_pickle
+                value,
+                cuda_ipc=peer.same_host,
+                shm=peer.same_host,
+                allow_pickle=self._allow_pickle,
+                root="result",
             )
         except Exception as exc:
             return self._reply_error(peer, req_id, exc)
@@ -355,6 +369,8 @@ class Server:
             self._send(rid, envelope(Kind.PONG, req_id))
         elif kind is Kind.ONEWAY:
             self._on_oneway_msg(peer, payload)
+        elif kind is Kind.CANCEL:
+            self._on_cancel(peer, req_id)
         elif kind is Kind.BYE:
             self._forget(rid)
         elif kind is Kind.HELLO:  # a reconnect that reused the routing id: start over
@@ -395,9 +411,11 @@ class Server:
             return self._reply_error(peer, req_id, exc)
         if inspect.isawaitable(result):
             peer.inflight += 1
+            key = (peer.routing_id, req_id)
             task = asyncio.ensure_future(self._finish(peer, req_id, result))
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._running[key] = task
+            task.add_done_callback(functools.partial(self._finished, peer, key, result))
         else:
             self._reply(peer, req_id, result)
 
@@ -405,15 +423,38 @@ class Server:
         try:
             value = await pending
         except asyncio.CancelledError:
-            if not self._closed:
+            # cancelled by the caller (CANCEL: it forgot the request) or by our own close
+            if not self._closed and (peer.routing_id, req_id) in self._running:
                 self._reply_error(peer, req_id, ClosedError("request was cancelled"))
             raise
         except Exception as exc:
             self._reply_error(peer, req_id, exc)
         else:
             self._reply(peer, req_id, value)
-        finally:
-            peer.inflight -= 1
+
+    def _finished(
+        self, peer: Peer, key: tuple[bytes, int], pending: Awaitable[Any], task: asyncio.Task[None]
+    ) -> None:
+        """A handler task ended (also one cancelled before it ever ran)."""
+        self._tasks.discard(task)
+        peer.inflight -= 1
+        if self._running.get(key) is task:
+            del self._running[key]
+        if task.cancelled():  # a handler the task never awaited must not linger
+            if isinstance(pending, asyncio.Future):
+                pending.cancel()
+            elif inspect.iscoroutine(pending):
+                pending.close()
+
+    def _on_cancel(self, peer: Peer, req_id: int) -> None:
+        """The caller gave up on a request: cancel its handler task (no reply is sent)."""
+        if not self._cancellable:
+            self.stats["cancel_ignored"] += 1
+            return
+        task = self._running.pop((peer.routing_id, req_id), None)
+        if task is not None:
+            self.stats["cancelled"] += 1
+            task.cancel()
 
     def _on_oneway_msg(self, peer: Peer, frames: Frames) -> None:
         self.stats["oneway"] += 1

@@ -112,6 +112,7 @@ class Cluster:
         env: dict[str, str] | None = None,
         gpu_indices: tuple[int, ...] | None = None,
         timeout: float = 120.0,
+        wait_for_resources: float = 0.0,
         **kwargs: Any,
     ) -> ActorHandle[A]:
         """Start an actor of ``cls(*args, **kwargs)`` in its own process; return its handle.
@@ -121,11 +122,16 @@ class Cluster:
             TypeError: ``cls`` is not an importable class, or an argument cannot be encoded.
             ValueError: malformed resource amounts.
             PlacementError: no node can hold the request (at once, never a hang).
+            ResourcesBusyError: a PlacementError: the GPUs are taken now (at once), or still
+                after ``wait_for_resources`` seconds (Ray's pending actors: the head waits for
+                other actors to free them; infeasible requests still fail at once).
             RemoteError: the constructor or ``setup`` raised.
         """
         ref = ClassRef.of(cls)
         if max_restarts < 0 or (max_concurrency is not None and max_concurrency < 1):
             raise ValueError("max_restarts must be >= 0 and max_concurrency >= 1")
+        if not wait_for_resources >= 0:
+            raise ValueError(f"wait_for_resources must be >= 0 s, got {wait_for_resources!r}")
         init = codec.encode((args, kwargs), root="init")
         spec = {
             "cls": ref.to_wire(),
@@ -144,10 +150,13 @@ class Cluster:
             "cwd": os.getcwd(),
             "sys_path": [p for p in sys.path if p],
             "timeout": timeout,
+            "wait_for_resources": float(wait_for_resources),
         }
         runtime = await self._runtime()
         try:
-            record = await runtime.head_request(("spawn", spec), timeout=timeout + 10)
+            record = await runtime.head_request(
+                ("spawn", spec), timeout=timeout + wait_for_resources + 10
+            )
         except RemoteError as exc:  # the constructor or setup raised
             raise materialize(exc) from None
         return ActorHandle.from_record(record)  # its methods, as the actor process reported

@@ -29,6 +29,7 @@ import concurrent.futures
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
+from rayless.actors.api.calls import has_futures, resolve_futures
 from rayless.actors.api.portal import run_sync, submit_sync
 from rayless.actors.api.runtime import fast_submit, get_runtime
 from rayless.transport.codec import register_extension
@@ -38,7 +39,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 
-_FIELDS = ("actor_id", "address", "cls_name", "methods", "name", "node_id")
+_FIELDS = ("actor_id", "address", "call_timeout", "cls_name", "methods", "name", "node_id")
 _INFLIGHT: set[asyncio.Future[Any]] = set()  # calls started by handle.m(x): owned until done
 
 
@@ -59,7 +60,9 @@ class ActorHandle(Generic[T]):
         cls_name: str = "",
         methods: Mapping[str, bool] | None = None,
         node_id: str | None = None,
+        call_timeout: float | None = None,
     ) -> None:
+        self.call_timeout = _check_timeout(call_timeout)
         self.actor_id = actor_id
         self.name = name
         self.address = address
@@ -78,6 +81,20 @@ class ActorHandle(Generic[T]):
             str(record.get("cls", "")),
             None if methods is None else {str(k): bool(v) for k, v in dict(methods).items()},
             record.get("node_id"),
+        )
+
+    def with_timeout(self, seconds: float | None) -> ActorHandle[T]:
+        """This handle with a default timeout for every call made through it (None: none).
+
+        A call that times out raises Timeout and is cancelled in the actor; a method's own
+        ``.options(timeout=...)`` wins. The timeout travels with the handle.
+
+        Raises:
+            ValueError: ``seconds`` is not a positive number.
+        """
+        h = self
+        return ActorHandle(
+            h.actor_id, h.name, h.address, h.cls_name, h.methods, h.node_id, call_timeout=seconds
         )
 
     def _describe(self) -> str:
@@ -105,7 +122,7 @@ class ActorHandle(Generic[T]):
         return ActorMethod(self, method)
 
     def __dir__(self) -> list[str]:
-        return sorted({*_FIELDS, "from_record", *(self.methods or {})})
+        return sorted({*_FIELDS, "from_record", "with_timeout", *(self.methods or {})})
 
     def __repr__(self) -> str:
         return f"ActorHandle({self.name!r}, {self.cls_name}, node={self.node_id})"
@@ -117,17 +134,44 @@ class ActorHandle(Generic[T]):
         return hash(self.actor_id)
 
     def _state(self) -> list[Any]:
-        return [self.actor_id, self.name, self.address, self.cls_name, self.methods, self.node_id]
+        state = [self.actor_id, self.name, self.address, self.cls_name, self.methods, self.node_id]
+        return state if self.call_timeout is None else [*state, self.call_timeout]
+
+
+def _check_timeout(seconds: float | None) -> float | None:
+    """``seconds`` if None or a positive number.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise ValueError(f"a call timeout must be a positive number of seconds, got {seconds!r}")
+    return float(seconds)
 
 
 class ActorMethod(Generic[P, R]):
     """One method of an actor, bound to its handle (parameters ``P``, result ``R``)."""
 
-    __slots__ = ("handle", "method")
+    __slots__ = ("handle", "method", "timeout")
 
-    def __init__(self, handle: ActorHandle[Any], method: str) -> None:
+    def __init__(self, handle: ActorHandle[Any], method: str, timeout: float | None = None) -> None:
         self.handle = handle
         self.method = method
+        self.timeout = timeout if timeout is not None else handle.call_timeout
+
+    def options(self, *, timeout: float | None = None) -> ActorMethod[P, R]:
+        """This method with per-call options (Ray's ``actor.f.options(...)``).
+
+        ``timeout``: seconds each call may take; past it the call raises Timeout and is
+        cancelled in the actor (an async method's task is cancelled; a queued sync call is
+        dropped, a running one finishes without holding its concurrency slot).
+
+        Raises:
+            ValueError: ``timeout`` is not a positive number.
+        """
+        return ActorMethod(self.handle, self.method, _check_timeout(timeout))
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
         """Send the call now; an ``asyncio.Future`` of its result.
@@ -147,9 +191,11 @@ class ActorMethod(Generic[P, R]):
                 f"from sync code use .{self.method}.call(...) (blocks) or "
                 f".{self.method}.remote(...) (a concurrent.futures.Future)"
             ) from None
-        fut: asyncio.Future[R] | None = fast_submit(self.handle, self.method, args, kwargs)
+        fut: asyncio.Future[R] | None = None
+        if not (args or kwargs) or not has_futures(args, kwargs):
+            fut = fast_submit(self.handle, self.method, args, kwargs, self.timeout)
         if fut is None:
-            fut = loop.create_task(_call(self.handle, self.method, args, kwargs))
+            fut = loop.create_task(_call(self.handle, self.method, args, kwargs, self.timeout))
             _INFLIGHT.add(fut)
             fut.add_done_callback(_INFLIGHT.discard)
         return fut
@@ -165,19 +211,21 @@ class ActorMethod(Generic[P, R]):
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return submit_sync(_call(self.handle, self.method, args, kwargs))
+            return submit_sync(_call(self.handle, self.method, args, kwargs, self.timeout))
         return self(*args, **kwargs)
 
     def call(self, *args: Any, timeout: float | None = None, **kwargs: Any) -> R:
-        """Call from sync code and block until the result (at most ``timeout`` seconds).
+        """Call from sync code and block until the result (at most ``timeout`` seconds,
+        default the method's or handle's timeout).
 
         Raises:
-            Timeout: no result within ``timeout``.
+            Timeout: no result within ``timeout`` (the call is cancelled in the actor).
             RuntimeError: an event loop runs in this thread (an actor's async method, async
                 code): blocking it would stall it, and an actor calling itself would deadlock;
                 ``await handle.method(x)`` there.
         """
-        result: R = run_sync(_call(self.handle, self.method, args, kwargs), timeout)
+        timeout = self.timeout if timeout is None else timeout
+        result: R = run_sync(_call(self.handle, self.method, args, kwargs, timeout), timeout)
         return result
 
     def __repr__(self) -> str:
@@ -204,9 +252,17 @@ def endpoint(handle: ActorHandle[Any], fn: Callable[..., Any]) -> ActorMethod[..
     return method
 
 
-async def _call(handle: ActorHandle[Any], method: str, args: tuple[Any, ...], kwargs: Any) -> Any:
+async def _call(
+    handle: ActorHandle[Any],
+    method: str,
+    args: tuple[Any, ...],
+    kwargs: Any,
+    timeout: float | None = None,
+) -> Any:
+    if (args or kwargs) and has_futures(args, kwargs):  # Ray resolves ObjectRef arguments
+        args, kwargs = await resolve_futures(args, kwargs)
     runtime = await get_runtime()
-    return await runtime.call(handle, method, args, kwargs)
+    return await runtime.call(handle, method, args, kwargs, timeout)
 
 
 async def wait(
@@ -239,16 +295,23 @@ async def wait(
     return [f for f in futs if f in done_set], [f for f in futs if f not in done_set]
 
 
-async def gather(*aws: Awaitable[Any], timeout: float | None = None) -> list[Any]:
+async def gather(
+    *aws: Awaitable[Any] | Iterable[Awaitable[Any]], timeout: float | None = None
+) -> list[Any]:
     """All results in order (``ray.get`` of a list); the first error is raised.
 
+    ``gather(f1, f2)`` and ``gather([f1, f2])`` (Ray's habit) are the same.
+
     Raises:
-        Timeout: not all finished within ``timeout`` seconds (the rest are cancelled).
+        Timeout: not all finished within ``timeout`` seconds (the rest are cancelled, in
+            their actors too).
     """
+    first = aws[0] if len(aws) == 1 else None
+    items: list[Any] = list(first) if isinstance(first, (list, tuple)) else list(aws)
     try:
-        return list(await asyncio.wait_for(asyncio.gather(*aws), timeout))
+        return list(await asyncio.wait_for(asyncio.gather(*items), timeout))
     except asyncio.TimeoutError:
-        raise Timeout(f"not all {len(aws)} results arrived within {timeout}s") from None
+        raise Timeout(f"not all {len(items)} results arrived within {timeout}s") from None
 
 
 def _from_state(state: list[Any]) -> ActorHandle[Any]:

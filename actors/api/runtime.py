@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayless.actors.api import context
+from rayless.actors.api.calls import call_encode_error
 from rayless.actors.control.logs import print_lines
 from rayless.actors.errors import ActorDiedError, ClusterLostError
 from rayless.transport.client import Client
@@ -221,22 +222,33 @@ class Runtime:
             reason=str(death.get("reason", "unreachable")),
         )
 
-    async def call(self, handle: Any, method: str, args: tuple[Any, ...], kwargs: Any) -> Any:
+    async def call(
+        self,
+        handle: Any,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: Any,
+        timeout: float | None = None,
+    ) -> Any:
         """Call ``method`` on the actor and return its result.
 
         Raises:
             ActorDiedError: the actor died before or during the call.
             RemoteError: the method raised (also an instance of the original exception type
                 where that type is loaded here).
+            Timeout: no result within ``timeout`` seconds (the call is cancelled in the actor).
+            TypeError: an argument cannot be encoded (named as ``argument 0 ['a']``).
         """
         conn = self.conns.get(handle.actor_id) or self._conn_for(handle)
         client = conn.client
         if client is None or not client.ready or conn.state != "alive":
             client = await self._ready_client(conn)
         try:
-            return await client.request(("c", method, args, kwargs))
+            return await client.request(("c", method, args, kwargs), timeout=timeout)
         except RemoteError as exc:
             raise materialize(exc) from None
+        except TypeError as exc:
+            raise call_encode_error(exc, method) from None
         except (BrokenError, Timeout) as exc:
             if self.lost is not None:
                 raise self.lost from None
@@ -244,7 +256,10 @@ class Runtime:
                 raise conn.death from None
             if isinstance(exc, BrokenError):
                 raise await self._why_unreachable(conn) from None
-            raise
+            raise Timeout(
+                f"{method}(...) of actor {conn.name!r} gave no result within {timeout}s "
+                "(the call was cancelled in the actor)"
+            ) from None
 
 
 _RUNTIMES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = (
@@ -316,7 +331,9 @@ def _materialize_any(exc: BaseException) -> BaseException:
     return materialize(exc) if isinstance(exc, RemoteError) else exc
 
 
-def fast_submit(handle: Any, method: str, args: tuple[Any, ...], kwargs: Any) -> Any:
+def fast_submit(
+    handle: Any, method: str, args: tuple[Any, ...], kwargs: Any, timeout: float | None = None
+) -> Any:
     """A future of the call when this loop's runtime already talks to the live actor, else
     None (the caller then takes the full path that connects, waits for restarts, etc.)."""
     try:
@@ -329,7 +346,12 @@ def fast_submit(handle: Any, method: str, args: tuple[Any, ...], kwargs: Any) ->
     conn = runtime.conns.get(handle.actor_id)
     if conn is None or conn.state != "alive" or conn.client is None:
         return None
-    return conn.client.submit_nowait(("c", method, args, kwargs))
+    fut = conn.client.submit_nowait(("c", method, args, kwargs), timeout)
+    if fut is not None and fut.done() and isinstance(fut.exception(), TypeError):
+        failed: asyncio.Future[Any] = loop.create_future()  # an argument it cannot encode
+        failed.set_exception(call_encode_error(fut.exception(), method))  # type: ignore[arg-type]
+        return failed
+    return fut
 
 
 def materialize(exc: RemoteError) -> RemoteError:

@@ -130,17 +130,32 @@ class SyncCluster:
         return [f for f in futs if f in done], [f for f in futs if f not in done]
 
     def get(
-        self, futures: list[concurrent.futures.Future[Any]], timeout: float | None = None
-    ) -> list[Any]:
-        """All results in order (the first error is raised).
+        self,
+        futures: Iterable[concurrent.futures.Future[Any]] | concurrent.futures.Future[Any],
+        timeout: float | None = None,
+    ) -> Any:
+        """All results in order, the first error raised (``ray.get``); a single future gives
+        its result. ``timeout`` bounds the whole wait, not each future.
+
+        Like ``ray.get``, a timeout cancels nothing: the calls go on (``future.cancel()``
+        cancels one, in its actor too).
 
         Raises:
-            Timeout: not all results arrived within ``timeout``.
+            Timeout: not all results arrived within ``timeout`` seconds.
         """
+        if isinstance(futures, concurrent.futures.Future):
+            return self.get([futures], timeout)[0]
+        futs = list(futures)
+        deadline = None if timeout is None else _now() + timeout
         try:
-            return [f.result(timeout) for f in futures]
+            return [
+                f.result(None if deadline is None else max(0.0, deadline - _now())) for f in futs
+            ]
         except concurrent.futures.TimeoutError:
-            raise Timeout(f"not all results arrived within {timeout}s") from None
+            left = sum(1 for f in futs if not f.done())
+            raise Timeout(
+                f"{left} of {len(futs)} results did not arrive within {timeout}s"
+            ) from None
 
     def close(self) -> None:
         """End the session (and a local cluster) and stop the loop thread. Idempotent."""

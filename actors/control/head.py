@@ -23,7 +23,7 @@ from typing import Any
 
 from rayless.actors.errors import ActorDiedError, ActorNotFoundError, NameTakenError
 from rayless.placement.allocation import Allocation, NodeState, choose, release
-from rayless.placement.errors import PlacementError
+from rayless.placement.errors import PlacementError, ResourcesBusyError
 from rayless.transport import loop
 from rayless.transport.client import Client
 from rayless.transport.errors import ProtocolError, RaylessError
@@ -93,6 +93,7 @@ class Head:
         self._orphan_timers: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.stopped = asyncio.Event()
+        self._freed = asyncio.Event()  # set, then replaced, whenever resources may have freed
         self.server = Server(
             address,
             token=token,
@@ -223,6 +224,7 @@ class Head:
         await client.connect()
         self.nodes[node.node_id] = node
         self.agents[node.node_id] = client
+        self._resources_changed()
         log.info("node %s joined (%d GPUs)", node.node_id, len(node.gpu_indices))
         return {"node_timeout": self.node_timeout}
 
@@ -280,14 +282,14 @@ class Head:
             existing = self.actors.get(self.names[name])
             if existing is not None and existing.state != "dead":
                 raise NameTakenError(f"an actor named {name!r} already exists")
-        gpu_indices = spec.get("gpu_indices")
-        alloc = choose(
-            self.nodes,
-            spec.get("gpus", 0),
-            spec.get("cpus", 1),
-            node=spec.get("node"),
-            gpu_indices=tuple(gpu_indices) if gpu_indices is not None else None,
-        )
+        alloc = await self._place(spec)
+        gone = spec.get("wait_for_resources") and str(spec.get("owner", "")) not in self.sessions
+        if gone or (name is not None and name in self.names):  # changed while we waited
+            release(self.nodes, alloc)
+            self._resources_changed()
+            if gone:
+                raise PlacementError("the spawning session ended while it waited for resources")
+            raise NameTakenError(f"an actor named {name!r} already exists")
         actor_id = uuid.uuid4().hex[:12]
         record = ActorRecord(
             actor_id=actor_id,
@@ -326,6 +328,48 @@ class Head:
         if isinstance(reply.get("methods"), dict):  # as the actor process loaded its class
             record.methods = {str(k): bool(v) for k, v in reply["methods"].items()}
         return record.public()
+
+    async def _place(self, spec: dict[str, Any]) -> Allocation:
+        """Choose (and reserve) where a spawn runs; with ``wait_for_resources`` seconds, wait
+        for busy GPUs to be freed (woken by each release or node join, never polling).
+
+        Raises:
+            PlacementError: infeasible (at once, waiting or not).
+            ResourcesBusyError: still busy after the wait (naming the request and the wait).
+        """
+        gpu_indices = spec.get("gpu_indices")
+        gpus, cpus = spec.get("gpus", 0), spec.get("cpus", 1)
+        wait = float(spec.get("wait_for_resources") or 0.0)
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                return choose(
+                    self.nodes,
+                    gpus,
+                    cpus,
+                    node=spec.get("node"),
+                    gpu_indices=tuple(gpu_indices) if gpu_indices is not None else None,
+                )
+            except ResourcesBusyError as exc:
+                left = deadline - time.monotonic()
+                if wait <= 0:
+                    raise
+                if left <= 0:
+                    raise ResourcesBusyError(
+                        f"waited {wait:g}s (wait_for_resources) for gpus={gpus}, cpus={cpus}"
+                        f"{'' if spec.get('node') is None else ' on ' + str(spec['node'])} "
+                        f"and they stayed busy: {exc}"
+                    ) from None
+                freed = self._freed
+                try:
+                    await asyncio.wait_for(freed.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+
+    def _resources_changed(self) -> None:
+        """Wake every spawn waiting for resources (they retry their placement)."""
+        self._freed.set()
+        self._freed = asyncio.Event()
 
     def op_get_actor(self, peer: Peer, name: str) -> dict[str, Any]:
         """The live actor called ``name``."""
@@ -391,6 +435,7 @@ class Head:
         record.state = "dead"
         record.death = {**info, "node": record.alloc.node_id, "name": record.name}
         release(self.nodes, record.alloc)
+        self._resources_changed()
         node = self.nodes.get(record.alloc.node_id)
         if node is not None:
             node.actors.discard(record.actor_id)

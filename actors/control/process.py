@@ -2,8 +2,11 @@
 
 Started by the zygote (a fork) or, without one, as ``python -m rayless.actors.control.process``.
 It serves calls on its own ROUTER socket; async methods run concurrently on its loop (at most
-``max_concurrency`` at once), sync methods one at a time in a worker thread. It exits when told
-to (SIGTERM: ``teardown`` runs), or when its node agent goes away.
+``max_concurrency`` at once), sync methods in worker threads: one at a time, or up to
+``max_concurrency`` at once when the actor was spawned with it (``actors.control.workers``).
+A caller that gives up (timeout, cancel) cancels its call here: an async method's task is
+cancelled, a queued sync call is dropped, a running one finishes without its slot. It exits
+when told to (SIGTERM: ``teardown`` runs), or when its node agent goes away.
 
 Liveness never depends on user code yielding the loop: the agent learns of the actor's death
 by reaping its pid, callers from the head's events, and the actor watches its agent's pid from
@@ -19,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import queue
 import signal
 import sys
 import threading
@@ -32,6 +34,7 @@ from rayless.actors.api import context
 from rayless.actors.api.actor import ClassRef, public_methods
 from rayless.actors.api.portal import set_home_loop
 from rayless.actors.control.process_util import setup_logging
+from rayless.actors.control.workers import SyncWorker, apply_torch_threads
 from rayless.transport import codec, loop
 from rayless.transport.client import Client
 from rayless.transport.errors import ProtocolError, RaylessError, RemoteError
@@ -56,81 +59,12 @@ def torch_threads() -> int:
     return 1
 
 
-def apply_torch_threads(n: int) -> None:
-    """Set torch's thread count for the calling thread (it is per thread), if torch is loaded."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(n)
-
-
 def remote_error(exc: BaseException, actor: str) -> RaylessError:
     """``exc`` as something that crosses the wire: rayless errors as they are, others wrapped."""
     if isinstance(exc, RaylessError):
         return exc
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return RemoteError(f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc), tb, actor)
-
-
-class SyncWorker:
-    """Runs an actor's sync methods one at a time in one thread, handing results back in batches.
-
-    The loop is woken once per batch of finished calls (not once per call, as with
-    ``run_in_executor``), which keeps many in-flight sync calls cheap on few cores.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, name: str, threads: int = 1) -> None:
-        self._loop = loop
-        self._threads = threads
-        self._queue: queue.SimpleQueue[tuple[asyncio.Future[Any], Callable[[], Any]] | None] = (
-            queue.SimpleQueue()
-        )
-        self._done: list[tuple[asyncio.Future[Any], bool, Any]] = []
-        self._lock = threading.Lock()
-        self._posted = False
-        self._thread = threading.Thread(target=self._run, name=f"actor-{name}", daemon=True)
-        self._thread.start()
-
-    def submit(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
-        """Queue ``fn()``; a future of its result on the loop."""
-        fut: asyncio.Future[Any] = self._loop.create_future()
-        self._queue.put((fut, fn))
-        return fut
-
-    def _run(self) -> None:
-        apply_torch_threads(self._threads)
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            fut, fn = item
-            try:
-                outcome: tuple[asyncio.Future[Any], bool, Any] = (fut, True, fn())
-            except BaseException as exc:  # delivered to the caller, never lost
-                outcome = (fut, False, exc)
-            with self._lock:
-                self._done.append(outcome)
-                post, self._posted = not self._posted, True
-            if post:
-                try:
-                    self._loop.call_soon_threadsafe(self._deliver)
-                except RuntimeError:  # the loop is closed: we are shutting down
-                    return
-
-    def _deliver(self) -> None:
-        with self._lock:
-            done, self._done = self._done, []
-            self._posted = False
-        for fut, ok, value in done:
-            if fut.cancelled():
-                continue
-            if ok:
-                fut.set_result(value)
-            else:
-                fut.set_exception(value)
-
-    def stop(self) -> None:
-        """Let the thread finish its current call and exit."""
-        self._queue.put(None)
 
 
 class LoopMonitor:
@@ -245,15 +179,17 @@ class ActorHost:
         self.instance: Any = None
         self.methods: dict[str, bool] = {}
         self.worker: SyncWorker | None = None
-        limit = spec.get("max_concurrency") or DEFAULT_MAX_CONCURRENCY
-        self.semaphore = asyncio.Semaphore(int(limit))
+        limit = spec.get("max_concurrency")
+        self.semaphore = asyncio.Semaphore(int(limit or DEFAULT_MAX_CONCURRENCY))
+        # def methods: one at a time unless max_concurrency was given (Ray's threaded actors)
+        self.sync_concurrency = int(limit or 1)
         self.server: Server | None = None
         self.monitor: LoopMonitor | None = None
 
     async def start(self) -> str:
         """Build the instance, run ``setup``, start serving; returns the address."""
         loop = asyncio.get_running_loop()
-        self.worker = SyncWorker(loop, self.name, torch_threads())
+        self.worker = SyncWorker(loop, self.name, torch_threads(), self.sync_concurrency)
         threshold = _float_env("RAYLESS_LOOP_WARN_S", 2.0)
         if threshold > 0:
             self.monitor = LoopMonitor(loop, self.name, threshold)
@@ -267,7 +203,11 @@ class ActorHost:
         self.instance = await self.worker.submit(functools.partial(cls, *args, **kwargs))
         await self._lifecycle("setup")
         self.server = Server(
-            f"tcp://{self.bind_ip}:0", token=self.token, handler=self.dispatch, name=self.name
+            f"tcp://{self.bind_ip}:0",
+            token=self.token,
+            handler=self.dispatch,
+            name=self.name,
+            cancellable=True,  # a caller that gives up cancels its call here
         )
         await self.server.start()
         return self.server.address

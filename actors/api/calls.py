@@ -1,0 +1,79 @@
+"""What a call does with its arguments before it is sent: Ray's habits, in rayless terms.
+
+* A future passed as an argument (the future of another actor call, ``handle.f(x)`` or
+  ``handle.f.remote(x)``, or any asyncio/concurrent future) is awaited first and its result
+  sent in its place, as Ray resolves an ObjectRef argument. Only top-level arguments and
+  keyword arguments are resolved (Ray does the same: refs nested in a list stay refs). The
+  cost: the call leaves only once the future is done, and the value travels through the
+  caller (actor → caller → actor; Ray's object store sends it actor → actor).
+* An argument that cannot be encoded raises TypeError naming it in the caller's terms
+  (``argument 0 ['a'][1]: cannot encode set``, ``keyword argument 'x': ...``), not by the
+  wire message's internal path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Mapping
+from typing import Any
+
+_FUTURES = (asyncio.Future, concurrent.futures.Future)
+
+
+def has_futures(args: tuple[Any, ...], kwargs: Mapping[str, Any] | None) -> bool:
+    """Whether a top-level argument is a future (then :func:`resolve_futures` first)."""
+    for value in args:
+        if isinstance(value, _FUTURES):
+            return True
+    if kwargs:
+        for value in kwargs.values():
+            if isinstance(value, _FUTURES):
+                return True
+    return False
+
+
+async def _result(value: Any) -> Any:
+    if isinstance(value, concurrent.futures.Future):
+        return await asyncio.wrap_future(value)
+    if isinstance(value, asyncio.Future):
+        return await value
+    return value
+
+
+async def resolve_futures(
+    args: tuple[Any, ...], kwargs: Mapping[str, Any] | None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args`` and ``kwargs`` with every top-level future replaced by its result (awaited
+    together).
+
+    Raises:
+        whatever a future raised (the call is then not sent).
+    """
+    named = dict(kwargs or {})
+    values = await asyncio.gather(*map(_result, args), *map(_result, named.values()))
+    return tuple(values[: len(args)]), dict(zip(named, values[len(args) :], strict=True))
+
+
+def call_encode_error(exc: TypeError, method: str, args_at: str = "[2]") -> TypeError:
+    """An encoding error of a call's wire body, naming the argument in the caller's terms.
+
+    ``args_at`` is the path part of the positional arguments in the body (the keyword
+    arguments follow it); errors of other shapes come back unchanged.
+    """
+    path = getattr(exc, "path", None)
+    reason = getattr(exc, "reason", None)
+    if not isinstance(path, tuple) or not isinstance(reason, str) or len(path) < 2:
+        return exc
+    kwargs_at = f"[{int(args_at[1:-1]) + 1}]"
+    rest = "".join(path[2:])
+    where = f" {rest}" if rest else ""
+    if path[0] == args_at:
+        what = f"argument {path[1][1:-1]}{where}"
+    elif path[0] == kwargs_at:
+        what = f"keyword argument {path[1][1:-1]}{where}"
+    else:
+        return exc
+    error = TypeError(f"{what}: {reason} (calling {method})")
+    error.path, error.reason = path, reason  # type: ignore[attr-defined]
+    return error

@@ -1,0 +1,95 @@
+"""CANCEL: a caller that times out or is cancelled cancels its request at a cancellable server."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from rayless.transport.client import Client
+from rayless.transport.errors import Timeout
+from rayless.transport.protocol import new_token
+from rayless.transport.server import Request, Server
+
+pytestmark = pytest.mark.integration
+TOKEN = new_token()
+
+
+class Slow:
+    """A handler whose requests wait until cancelled, counting starts and cancellations."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.cancelled = 0
+        self.changed = asyncio.Condition()
+
+    async def _bump(self, name: str) -> None:
+        setattr(self, name, getattr(self, name) + 1)
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def _run(self, body: Any) -> Any:
+        if body == "quick":
+            return "quick"
+        await self._bump("started")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.shield(self._bump("cancelled"))
+            raise
+
+    def __call__(self, req: Request) -> Any:
+        return self._run(req.body)
+
+    async def until(self, name: str, n: int) -> None:
+        async with self.changed:
+            await asyncio.wait_for(self.changed.wait_for(lambda: getattr(self, name) >= n), 20)
+
+
+async def test_timeout_and_cancel_reach_a_cancellable_server() -> None:
+    slow = Slow()
+    async with (
+        Server(token=TOKEN, handler=slow, cancellable=True) as server,
+        Client(server.address, token=TOKEN) as client,
+    ):
+        with pytest.raises(Timeout):
+            await client.request("wait", timeout=0.2)
+        await slow.until("cancelled", 1)
+        fut = client.submit("wait")
+        await slow.until("started", 2)
+        fut.cancel()
+        await slow.until("cancelled", 2)
+        task = asyncio.ensure_future(client.request("wait"))
+        await slow.until("started", 3)
+        task.cancel()
+        await slow.until("cancelled", 3)
+        assert server.stats["cancelled"] == 3
+        # requests cancelled before their handler ever ran (REQUEST and CANCEL in one batch)
+        for _ in range(50):
+            req_id, _fut = client._send_request("wait", None)
+            client._abandon(req_id)
+        assert await client.request("quick") == "quick"
+        assert await _until(lambda: [p.inflight for p in server.peers] == [0])
+        assert client.pending == 0 and server.stats["cancelled"] == 53
+
+
+async def _until(check: Any, timeout: float = 20.0) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+async def test_a_server_not_cancellable_lets_the_handler_run() -> None:
+    slow = Slow()
+    async with (
+        Server(token=TOKEN, handler=slow) as server,
+        Client(server.address, token=TOKEN) as client,
+    ):
+        with pytest.raises(Timeout):
+            await client.request("wait", timeout=0.2)
+        assert await client.request("quick") == "quick"  # the CANCEL came before it
+        assert server.stats["cancel_ignored"] == 1 and slow.cancelled == 0

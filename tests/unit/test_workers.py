@@ -1,0 +1,74 @@
+"""The sync-method worker of an actor: concurrency slots, dropped and abandoned calls."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from rayless.actors.control.workers import SyncWorker
+
+
+async def test_one_slot_runs_calls_in_order_and_drops_cancelled_queued_ones() -> None:
+    worker = SyncWorker(asyncio.get_running_loop(), "t")
+    gate = threading.Event()
+    ran: list[str] = []
+
+    def job(tag: str) -> str:
+        ran.append(tag)
+        gate.wait(20)
+        return tag
+
+    first = worker.submit(lambda: job("a"))
+    dropped = worker.submit(lambda: job("b"))
+    last = worker.submit(lambda: job("c"))
+    dropped.cancel()
+    gate.set()
+    assert await asyncio.wait_for(asyncio.gather(first, last), 20) == ["a", "c"]
+    assert ran == ["a", "c"] and worker.threads == 1
+    worker.stop()
+
+
+async def test_an_abandoned_running_call_gives_its_slot_back() -> None:
+    worker = SyncWorker(asyncio.get_running_loop(), "t")
+    gate = threading.Event()
+
+    async def start_stuck() -> asyncio.Future[bool]:
+        started = threading.Event()
+        fut = worker.submit(lambda: started.set() or gate.wait(20))
+        assert await asyncio.to_thread(started.wait, 20)
+        return fut
+
+    stuck = await start_stuck()
+    stuck.cancel()
+    assert await asyncio.wait_for(worker.submit(lambda: "next"), 10) == "next"
+    assert worker.threads == 2  # a second thread took the freed slot
+    # at most `concurrency` extra threads: with both stuck, a third call starts no thread
+    (await start_stuck()).cancel()
+    third = worker.submit(lambda: "third")
+    assert worker.threads == 2 and worker.running == 1
+    gate.set()
+    assert await asyncio.wait_for(third, 10) == "third"
+    assert worker.running == 0
+    worker.stop()
+
+
+async def test_concurrency_runs_calls_on_that_many_threads_at_once() -> None:
+    worker = SyncWorker(asyncio.get_running_loop(), "t", concurrency=3)
+    barrier = threading.Barrier(3, timeout=20)
+
+    def meet() -> int:
+        barrier.wait()
+        return threading.get_ident()
+
+    idents = await asyncio.wait_for(asyncio.gather(*(worker.submit(meet) for _ in range(3))), 30)
+    assert len(set(idents)) == 3
+    with pytest.raises(ZeroDivisionError):  # errors reach the caller
+        await worker.submit(lambda: 1 / 0)
+    worker.stop()
+
+
+def test_concurrency_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        SyncWorker(asyncio.new_event_loop(), "t", concurrency=0)
