@@ -17,6 +17,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("rayless.demo.main", "run the end-to-end RL pipeline on an embedded local cluster"),
     "demo-transport": ("rayless.demo_transport", "exchange tensors between two processes"),
     "status": ("rayless.actors.api.status", "print a cluster's nodes, GPUs, actors and restarts"),
+    "debug": ("rayless.actors.api.debugger", "attach this terminal to an actor at breakpoint()"),
+    "stack": ("rayless.actors.api.stack", "print every thread's Python stack of live actors"),
     "launch": ("rayless.actors.launch.node", "start rayless on this node, torchrun-style"),
     "ssh-launch": ("rayless.actors.launch.ssh", "start rayless on many hosts over SSH"),
 }

@@ -31,6 +31,7 @@ from typing import Any
 from rayless.actors.api import context
 from rayless.actors.api.actor import ClassRef, public_methods
 from rayless.actors.api.portal import set_home_loop
+from rayless.actors.control import debug
 from rayless.actors.control.process_util import setup_logging
 from rayless.transport import codec, loop
 from rayless.transport.client import Client
@@ -352,6 +353,7 @@ async def _actor_main() -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     set_home_loop(loop)  # `.call()` from the sync methods' worker thread runs here
+    debug.install(name, actor_id, token, env.get(context.ENV_NODE_IP, "127.0.0.1"), head, loop)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
 
