@@ -2,10 +2,11 @@
 
 ``async with Cluster.local(nodes=2, gpus_per_node=4) as cluster`` starts a head, one zygote for
 this host and ``nodes`` node agents as real processes on loopback with a fresh random token
-(fake GPUs unless this machine has enough real ones) and publishes it in this user's runtime
-directory (``actors.api.published``) until it closes. ``actors.connect(address, token)`` joins
-a running cluster (e.g. one started by ``scripts/launch.py``); without arguments it uses the
-environment ``rayless launch`` gives a driver, else the one published local cluster. Both openers work awaited
+(fake GPUs unless this machine has enough real ones) and publishes it in this user's
+runtime directory (``actors.api.published``) until it closes. ``actors.connect(address,
+token)`` joins a running cluster (e.g. one started by ``scripts/launch.py``); without
+arguments it uses the environment ``rayless launch`` gives a driver, else the one published
+local cluster. Both openers work awaited
 (``cluster = await Cluster.local()``, then ``await cluster.aclose()``) or with ``async with``.
 Actors spawned by a driver belong to it: they are killed when it closes the cluster or
 disappears. A closed Cluster raises ClosedError.

@@ -136,7 +136,8 @@ def paused(records: list[dict[str, Any]], token: str, timeout: float) -> list[di
 
 def _describe(p: dict[str, Any]) -> str:
     since = time.strftime("%H:%M:%S", time.localtime(float(p.get("since", 0))))
-    return f"{p['actor']['name']} ({p['actor']['node_id']}) in {p['function']} at {p['where']} since {since}"
+    actor = f"{p['actor']['name']} ({p['actor']['node_id']})"
+    return f"{actor} in {p['function']} at {p['where']} since {since}"
 
 
 # -- rayless debug -------------------------------------------------------------------------
