@@ -7,7 +7,8 @@ while the actor's event loop is held by a method, or paused at a breakpoint. Eve
 starts with the cluster token's HMAC challenge-response in both directions (the same proofs as
 the transport's handshake, ``transport.protocol``): only a holder of the token gets a stack
 or a pdb prompt, and the client knows it talks to the cluster's actor. The session itself is
-plain text, unencrypted like the rest of the cluster's traffic (see docs/security.md).
+plain text, unencrypted: with RAYLESS_CURVE=1 the listener binds loopback only, so that
+``rayless debug``/``stack`` then work from the actor's own host (see docs/security.md).
 
 The protocol, one line each way, then the command's answer::
 
@@ -400,6 +401,8 @@ def install(
     global _server
     if os.environ.get(ENV_DEBUG, "1") == "0":
         return None
+    if protocol.curve_enabled(None):  # this listener is not encrypted: keep it on the host
+        host = "127.0.0.1"
     server = DebugServer(name, token, host)
     server.loop = loop
     try:
