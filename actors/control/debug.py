@@ -385,6 +385,7 @@ def _hook(*args: Any, **kwargs: Any) -> None:
     """``sys.breakpointhook`` of an actor process."""
     if _server is None:
         return sys.__breakpointhook__(*args, **kwargs)
+    announce()  # a breakpoint in the constructor or setup comes before the actor is ready
     _server.breakpoint(sys._getframe(1))
 
 
@@ -396,9 +397,10 @@ def install(
     head_address: str,
     loop: asyncio.AbstractEventLoop,
 ) -> DebugServer | None:
-    """Start this actor's listener, route ``breakpoint()`` to it, register it with the head
-    (from a thread: the actor's start never waits for it). None when RAYLESS_DEBUG=0."""
-    global _server
+    """Start this actor's listener and route ``breakpoint()`` to it (the constructor and
+    ``setup`` included); :func:`announce` registers it with the head. None when
+    RAYLESS_DEBUG=0."""
+    global _server, _announcement
     if os.environ.get(ENV_DEBUG, "1") == "0":
         return None
     if protocol.curve_enabled(None):  # this listener is not encrypted: keep it on the host
@@ -413,11 +415,20 @@ def install(
     _server = server
     if "PYTHONBREAKPOINT" not in os.environ:
         sys.breakpointhook = _hook
-    info = {"address": address, "pid": os.getpid()}
-    threading.Thread(
-        target=_register, args=(head_address, token, actor_id, info), daemon=True
-    ).start()
+    _announcement = (head_address, token, actor_id, {"address": address, "pid": os.getpid()})
     return server
+
+
+_announcement: tuple[str, str, str, dict[str, Any]] | None = None
+
+
+def announce() -> None:
+    """Register the listener with the head, from a thread (after the actor reported ready,
+    so that its spawn never waits for this; ``rayless stack`` retries meanwhile)."""
+    global _announcement
+    announcement, _announcement = _announcement, None  # once
+    if announcement is not None:
+        threading.Thread(target=_register, args=announcement, daemon=True).start()
 
 
 def _register(head_address: str, token: str, actor_id: str, info: dict[str, Any]) -> None:

@@ -351,13 +351,14 @@ class Head:
         return True
 
     def op_debug_endpoints(self, peer: Peer) -> list[dict[str, Any]]:
-        """The debug listeners of live actors, with each actor's record (dead ones forgotten)."""
+        """The debug listeners of live or starting actors, with each actor's record (dead
+        ones forgotten)."""
         found = []
         for actor_id, info in list(self.debug_endpoints.items()):
             record = self.actors.get(actor_id)
             if record is None or record.state == "dead":
                 del self.debug_endpoints[actor_id]
-            elif record.state == "alive" and record.pid == info["pid"]:
+            elif record.pid in (None, info["pid"]):  # (None: still starting)
                 found.append({**record.public(), "debug_address": info["address"]})
         return found
 

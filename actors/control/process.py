@@ -387,6 +387,7 @@ async def _actor_main() -> int:
             return 1
         # the class's methods as loaded here: the handles everyone gets are strict about them
         await agent.request(("ready", actor_id, address, os.getpid(), host.methods), timeout=10)
+        debug.announce()  # `rayless debug`/`stack` find this actor's listener from now on
         # From here the agent is watched by pid (watch_parent), never by heartbeats: a method
         # that holds this loop for minutes must not look like a lost agent.
         await agent.aclose()

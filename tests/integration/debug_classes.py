@@ -37,3 +37,15 @@ class Debuggee:
 
     def ping(self) -> str:
         return "pong"
+
+
+class PausedAtStart:
+    """Stops at ``breakpoint()`` in its constructor (before the actor is ready)."""
+
+    def __init__(self) -> None:
+        w = 7
+        breakpoint()
+        self.w = w
+
+    def value(self) -> int:
+        return self.w

@@ -15,7 +15,7 @@ import pytest
 
 from rayless.actors import Cluster
 from rayless.actors.launch.local import LocalProcesses
-from tests.integration.debug_classes import Debuggee
+from tests.integration.debug_classes import Debuggee, PausedAtStart
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -72,6 +72,19 @@ async def test_breakpoint_pauses_and_rayless_debug_attaches(
     assert f"in {method} at" in transcript and "debug_classes.py" in transcript
     assert await asyncio.wait_for(call, 60) == {"pause": 11, "apause": 105}[method]
     assert await handle.ping() == "pong"  # the actor goes on serving
+
+
+async def test_a_breakpoint_in_the_constructor_is_reachable_before_the_actor_is_ready(
+    local_cluster: Cluster, local_cluster_processes: LocalProcesses, tmp_path: Path
+) -> None:
+    spawn = asyncio.ensure_future(local_cluster.spawn(PausedAtStart, name="paused-at-start"))
+    try:
+        env = _env(local_cluster_processes, tmp_path)
+        await asyncio.to_thread(_debug_session, env, "paused-at-start", "w", "7")
+        handle = await asyncio.wait_for(spawn, 60)
+    finally:
+        spawn.cancel()
+    assert await handle.value() == 7
 
 
 async def _stack(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
