@@ -20,6 +20,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "rayless.status",
         "print a cluster's nodes, GPUs, actors, restarts (and --store NAME)",
     ),
+    "debug": ("rayless.actors.api.debugger", "attach this terminal to an actor at breakpoint()"),
+    "stack": ("rayless.actors.api.stack", "print every thread's Python stack of live actors"),
     "launch": ("rayless.actors.launch.node", "start rayless on this node, torchrun-style"),
     "ssh-launch": ("rayless.actors.launch.ssh", "start rayless on many hosts over SSH"),
 }

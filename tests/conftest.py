@@ -1,8 +1,16 @@
-"""Shared test configuration: CUDA tests skip without a GPU."""
+"""Shared test configuration: CUDA tests skip without a GPU; embedded clusters publish into a
+runtime directory of this test run (never the user's, where other runs' clusters live)."""
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("RAYLESS_RUNTIME_DIR", tempfile.mkdtemp(prefix="rayless-test-rt-"))
 
 
 def _has_cuda() -> bool:

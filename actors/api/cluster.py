@@ -2,8 +2,11 @@
 
 ``async with Cluster.local(nodes=2, gpus_per_node=4) as cluster`` starts a head, one zygote for
 this host and ``nodes`` node agents as real processes on loopback with a fresh random token
-(fake GPUs unless this machine has enough real ones). ``actors.connect(address, token)`` joins
-a running cluster (e.g. one started by ``scripts/launch.py``). Both openers work awaited
+(fake GPUs unless this machine has enough real ones) and publishes it in this user's
+runtime directory (``actors.api.published``) until it closes. ``actors.connect(address,
+token)`` joins a running cluster (e.g. one started by ``scripts/launch.py``); without
+arguments it uses the environment ``rayless launch`` gives a driver, else the one published
+local cluster. Both openers work awaited
 (``cluster = await Cluster.local()``, then ``await cluster.aclose()``) or with ``async with``.
 Actors spawned by a driver belong to it: they are killed when it closes the cluster or
 disappears. A closed Cluster raises ClosedError.
@@ -16,7 +19,7 @@ import os
 import sys
 from typing import Any, TypeVar
 
-from rayless.actors.api import context
+from rayless.actors.api import context, published
 from rayless.actors.api.actor import ClassRef, public_methods
 from rayless.actors.api.components import spawn_component
 from rayless.actors.api.group import spawn_group
@@ -46,6 +49,7 @@ class Cluster:
         self._local = local
         self._owns_session = owns_session
         self._closed = False
+        self._published: str | None = None  # this embedded cluster's entry in the runtime dir
 
     @property
     def address(self) -> str:
@@ -227,6 +231,9 @@ class Cluster:
             pass
         finally:
             self._closed = True
+            if self._published is not None:
+                published.unpublish(self._published)
+                self._published = None
             if self._owns_session:
                 await close_runtimes()
             if self._local is not None:
@@ -249,6 +256,8 @@ async def _start_local(procs: LocalProcesses) -> Cluster:
     cluster = Cluster(info, procs)
     try:
         await get_runtime()
+        if procs.head is not None:
+            cluster._published = published.publish(procs.address, procs.token, procs.head.pid)
     except BaseException:
         await cluster.aclose()
         raise
@@ -256,14 +265,22 @@ async def _start_local(procs: LocalProcesses) -> Cluster:
 
 
 def connect(address: str | None = None, *, token: str | None = None) -> Opening[Cluster]:
-    """Join a running cluster (defaults from RAYLESS_ADDRESS / RAYLESS_TOKEN[_FILE]):
-    ``cluster = await actors.connect(...)`` or ``async with actors.connect(...) as cluster``.
+    """Join a running cluster: ``cluster = await actors.connect(...)`` or
+    ``async with actors.connect(...) as cluster``.
 
-    Without arguments inside an actor, or in a process that already joined, it gives a
-    Cluster on this process's own session (closing it then kills nothing).
+    ``address`` is ``host:port`` or ``tcp://host:port``; ``"auto"`` (or no arguments and no
+    RAYLESS_ADDRESS) means the one local cluster ``Cluster.local()`` published on this host,
+    token included. Without arguments the environment's RAYLESS_ADDRESS and
+    RAYLESS_TOKEN[_FILE] (what ``rayless launch`` gives a driver) come first. The Cluster
+    owns a session of its own: ``aclose()`` kills the actors it spawned at once, freeing
+    their GPUs. Only inside an actor, or in a process that already called ``connect()`` or
+    ``Cluster.local()``, does it give a Cluster on that existing session (closing it then
+    kills nothing).
 
     Raises:
-        ConnectError: no address/token given or in the environment.
+        ValueError: a malformed address (the message names the accepted forms).
+        ConnectError: no address/token given, in the environment or published (or several
+            local clusters are published and none was named).
         AuthError: the token is wrong.
     """
     return Opening(lambda: _connect(address, token))
@@ -271,11 +288,22 @@ def connect(address: str | None = None, *, token: str | None = None) -> Opening[
 
 async def _connect(address: str | None, token: str | None) -> Cluster:
     if address is None and token is None:
-        try:  # inside an actor (or after an earlier connect): join as this process's session
+        joined = context._current
+        if joined is not None and (joined.actor_id is not None or joined.source != "env"):
+            return Cluster(joined, owns_session=False)  # inside an actor, or joined before
+        if joined is None and os.environ.get(context.ENV_ACTOR_ID):
             return Cluster(context.current(), owns_session=False)
-        except ConnectError:
-            pass
-    env = context.from_env()
+    if address == "auto":
+        address = None
+    elif address is not None:
+        address = context.normalize_address(address)
+    env = context.from_env() if address is None or token is None else None
+    if address is None and token is None and env is None:
+        entry = published.find_one()
+        address, token = entry.address, entry.token()
+    if address is not None and token is None and (env is None or env.address != address):
+        entry_at = published.find_address(address)  # a local cluster's token is found for you
+        token = entry_at.token() if entry_at is not None else None
     address = address or (env.address if env else None)
     token = token or (env.token if env else None)
     if not address or not token:
@@ -283,7 +311,12 @@ async def _connect(address: str | None, token: str | None) -> Cluster:
             f"connect() needs an address and a token (or {context.ENV_ADDRESS} and "
             f"{context.ENV_TOKEN} in the environment)"
         )
-    info = context.ClusterInfo(address, token)
+    joined = context._current
+    if joined is not None and joined.source == "env" and joined.address == address:
+        info = joined  # a runtime this driver already started from the environment
+        info.source = "explicit"
+    else:
+        info = context.ClusterInfo(address, token)
     context.set_current(info)
     await get_runtime()
     return Cluster(info)

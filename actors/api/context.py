@@ -4,7 +4,7 @@ A driver learns them from ``Cluster.local()`` or ``actors.connect()``; an actor 
 driver started by ``scripts/launch.py`` learn them from the environment. The variables:
 
 =====================  ============================================================
-RAYLESS_ADDRESS        the head's address (``tcp://host:port``)
+RAYLESS_ADDRESS        the head's address (``host:port`` or ``tcp://host:port``)
 RAYLESS_TOKEN          the cluster token (or RAYLESS_TOKEN_FILE: a file holding it)
 RAYLESS_ACTOR_ID       set in actor processes: the actor's id
 RAYLESS_ACTOR_NAME     set in actor processes: the actor's name
@@ -17,6 +17,7 @@ RAYLESS_AGENT_ADDRESS  set in actor processes: the node agent's address
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from dataclasses import dataclass, field
 
@@ -41,9 +42,27 @@ class ClusterInfo:
     token: str
     session: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     actor_id: str | None = None
+    # "env" when read from the environment (a driver of ``rayless launch`` or an actor),
+    # "explicit" when Cluster.local()/connect() set it
+    source: str = "explicit"
 
 
 _current: ClusterInfo | None = None
+
+ADDRESS_FORMS = "'host:port', 'tcp://host:port' ('[::1]:port' for IPv6), or 'auto'"
+_ADDRESS = re.compile(r"(?:tcp://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
+
+
+def normalize_address(address: str) -> str:
+    """``address`` as ``tcp://host:port`` (it may omit the ``tcp://``).
+
+    Raises:
+        ValueError: anything else (the message names the accepted forms).
+    """
+    match = _ADDRESS.fullmatch(address.strip()) if isinstance(address, str) else None
+    if match is None or not 0 < int(match.group(2)) < 65536:
+        raise ValueError(f"bad cluster address {address!r}: use {ADDRESS_FORMS}")
+    return f"tcp://{match.group(1)}:{int(match.group(2))}"
 
 
 def read_token_file(path: str) -> str:
@@ -63,14 +82,23 @@ def read_token_file(path: str) -> str:
 
 
 def from_env() -> ClusterInfo | None:
-    """The cluster named by the environment, if any."""
+    """The cluster named by the environment, if any.
+
+    Raises:
+        ValueError: RAYLESS_ADDRESS is malformed (the message names the accepted forms).
+        ConnectError: the token file cannot be read.
+    """
     address = os.environ.get(ENV_ADDRESS)
     token = os.environ.get(ENV_TOKEN)
     if not token and os.environ.get(ENV_TOKEN_FILE):
         token = read_token_file(os.environ[ENV_TOKEN_FILE])
     if not address or not token:
         return None
-    return ClusterInfo(address, token, actor_id=os.environ.get(ENV_ACTOR_ID))
+    try:
+        address = normalize_address(address)
+    except ValueError as exc:
+        raise ValueError(f"{ENV_ADDRESS}: {exc}") from None
+    return ClusterInfo(address, token, actor_id=os.environ.get(ENV_ACTOR_ID), source="env")
 
 
 def current() -> ClusterInfo:

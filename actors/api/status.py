@@ -4,7 +4,9 @@
     RAYLESS_ADDRESS=tcp://... RAYLESS_TOKEN_FILE=... rayless status --json
 
 The address comes from ``--address`` or RAYLESS_ADDRESS; the token from ``--token``,
-``--token-file``, RAYLESS_TOKEN or RAYLESS_TOKEN_FILE (first found wins, in that order). The
+``--token-file``, RAYLESS_TOKEN or RAYLESS_TOKEN_FILE (first found wins, in that order).
+Without any, the one embedded cluster (``Cluster.local()``) published on this host is used;
+an address of a published cluster needs no token (see ``actors.api.published``). The
 command joins the cluster as a session of its own, asks the head for ``nodes()``, prints them
 and ends its session. Ending a session kills only the actors that session spawned, and this
 one spawns none, so other drivers' actors are never touched.
@@ -23,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from rayless.actors.api import context
+from rayless.actors.api import context, published
 from rayless.transport.errors import AuthError, RaylessError
 
 DEFAULT_TIMEOUT = 5.0
@@ -35,9 +37,17 @@ class StatusError(Exception):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``rayless status``'s options to ``parser``."""
+    add_cluster_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the head's raw node records")
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options that name a cluster (``--address``, ``--token[-file]``, ``--timeout``)
+    to ``parser``; :func:`resolve` reads them."""
     parser.add_argument(
         "--address",
-        help=f"the head's address, tcp://HOST:PORT (default: ${context.ENV_ADDRESS})",
+        help=f"the head's address, HOST:PORT or tcp://HOST:PORT (default: ${context.ENV_ADDRESS},"
+        " else the local cluster published on this host)",
     )
     token = parser.add_mutually_exclusive_group()
     token.add_argument(
@@ -48,7 +58,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help=f"a file holding the cluster token (default: ${context.ENV_TOKEN_FILE})",
     )
-    parser.add_argument("--json", action="store_true", help="print the head's raw node records")
     parser.add_argument(
         "--timeout",
         type=float,
@@ -58,12 +67,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve(args: argparse.Namespace) -> tuple[str, str]:
-    """The address and token from the options, else from the environment.
+    """The address and token from the options, else from the environment, else from the
+    local cluster published on this host.
 
     Raises:
-        StatusError: no address or no token, or an unreadable token file.
+        StatusError: no address or no token, a malformed address, an unreadable token file,
+            or several published clusters and no address.
     """
     address = getattr(args, "address", None) or os.environ.get(context.ENV_ADDRESS)
+    try:
+        if address:
+            address = context.normalize_address(address)
+    except ValueError as exc:
+        raise StatusError(str(exc)) from None
     try:
         if getattr(args, "token", None):
             token: str | None = str(args.token).strip()
@@ -75,6 +91,12 @@ def resolve(args: argparse.Namespace) -> tuple[str, str]:
             token = context.read_token_file(os.environ[context.ENV_TOKEN_FILE])
         else:
             token = None
+        if not address and not token:
+            entry: published.LocalCluster | None = published.find_one()
+        else:
+            entry = published.find_address(address) if address and not token else None
+        if entry is not None:
+            address, token = entry.address, entry.token()
     except RaylessError as exc:
         raise StatusError(str(exc)) from None
     if not address:

@@ -91,6 +91,7 @@ class Head:
         self.sessions: dict[str, set[bytes]] = {}
         self._peer_session: dict[bytes, str] = {}
         self._orphan_timers: dict[str, asyncio.TimerHandle] = {}
+        self.debug_endpoints: dict[str, dict[str, Any]] = {}  # actor id -> its debug listener
         self._tasks: set[asyncio.Task[Any]] = set()
         self.stopped = asyncio.Event()
         self._freed = asyncio.Event()  # set, then replaced, whenever resources may have freed
@@ -385,6 +386,25 @@ class Head:
         if record is None:
             raise ActorNotFoundError(f"unknown actor {actor_id!r}")
         return record.public()
+
+    def op_debug_register(self, peer: Peer, actor_id: str, info: dict[str, Any]) -> bool:
+        """An actor process's debug listener (``actors.control.debug``): its address and pid."""
+        if not isinstance(info, dict) or not isinstance(info.get("address"), str):
+            raise ProtocolError("malformed debug registration")
+        self.debug_endpoints[str(actor_id)] = {"address": info["address"], "pid": info.get("pid")}
+        return True
+
+    def op_debug_endpoints(self, peer: Peer) -> list[dict[str, Any]]:
+        """The debug listeners of live or starting actors, with each actor's record (dead
+        ones forgotten)."""
+        found = []
+        for actor_id, info in list(self.debug_endpoints.items()):
+            record = self.actors.get(actor_id)
+            if record is None or record.state == "dead":
+                del self.debug_endpoints[actor_id]
+            elif record.pid in (None, info["pid"]):  # (None: still starting)
+                found.append({**record.public(), "debug_address": info["address"]})
+        return found
 
     async def op_kill(self, peer: Peer, actor_id: str) -> bool:
         """Kill an actor for good (no restart). False if it was already dead."""

@@ -33,6 +33,7 @@ from typing import Any
 from rayless.actors.api import context
 from rayless.actors.api.actor import ClassRef, public_methods
 from rayless.actors.api.portal import set_home_loop
+from rayless.actors.control import debug
 from rayless.actors.control.process_util import setup_logging
 from rayless.actors.control.workers import SyncWorker, apply_torch_threads
 from rayless.transport import codec, loop
@@ -292,6 +293,7 @@ async def _actor_main() -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     set_home_loop(loop)  # `.call()` from the sync methods' worker thread runs here
+    debug.install(name, actor_id, token, env.get(context.ENV_NODE_IP, "127.0.0.1"), head, loop)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
 
@@ -325,6 +327,7 @@ async def _actor_main() -> int:
             return 1
         # the class's methods as loaded here: the handles everyone gets are strict about them
         await agent.request(("ready", actor_id, address, os.getpid(), host.methods), timeout=10)
+        debug.announce()  # `rayless debug`/`stack` find this actor's listener from now on
         # From here the agent is watched by pid (watch_parent), never by heartbeats: a method
         # that holds this loop for minutes must not look like a lost agent.
         await agent.aclose()

@@ -1,0 +1,445 @@
+"""Debugging inside actors: ``breakpoint()`` opens a remote pdb, and every thread's stack on
+demand. The client side is ``rayless debug`` / ``rayless stack`` (``actors.api.debugger``).
+
+Each actor process runs one small TCP listener in a thread of its own, on its node's address
+(loopback in a local cluster), and registers it with the head. Being a thread, it answers
+while the actor's event loop is held by a method, or paused at a breakpoint. Every connection
+starts with the cluster token's HMAC challenge-response in both directions (the same proofs as
+the transport's handshake, ``transport.protocol``): only a holder of the token gets a stack
+or a pdb prompt, and the client knows it talks to the cluster's actor. The session itself is
+plain text, unencrypted: with RAYLESS_CURVE=1 the listener binds loopback only, so that
+``rayless debug``/``stack`` then work from the actor's own host (see docs/security.md).
+
+The protocol, one line each way, then the command's answer::
+
+    S: RAYLESS-DEBUG 1 <server nonce, hex>
+    C: <client nonce, hex> <client proof, hex> <command>
+    S: OK <server proof, hex>      (or "ERR <why>", and the connection closes)
+
+Commands: ``stack`` (the text of every thread's stack and every asyncio task's, then close),
+``list`` (a JSON list of the breakpoints paused in this process, then close) and ``attach
+ID`` (``READY``, then the pdb session of breakpoint ID over the connection).
+
+``breakpoint()`` in a method (sync or async) pauses the calling thread until a client
+attaches; the actor's stderr, forwarded to the driver, says so. ``c`` continues and ends the
+session; a client that disconnects continues too (the actor never stays stopped for
+nobody); ``q`` raises ``bdb.BdbQuit`` in the method, which its caller receives as a
+RemoteError. PYTHONBREAKPOINT set in the actor's environment (``0`` to ignore every
+breakpoint) takes precedence over all this, as in plain Python; ``RAYLESS_DEBUG=0`` turns
+the listener off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import pdb
+import queue
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from rayless.transport import protocol
+from rayless.transport.errors import AuthError, ProtocolError
+
+MAGIC = "RAYLESS-DEBUG 1"
+HANDSHAKE_TIMEOUT = 10.0
+ENV_DEBUG = "RAYLESS_DEBUG"
+
+
+# -- the handshake (both sides) ------------------------------------------------------------
+
+
+class LineSocket:
+    """A socket read line by line (the handshake) and then as raw bytes (the session)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = b""
+
+    def readline(self, limit: int = 4096) -> str:
+        """One line without its newline; '' at end of stream.
+
+        Raises:
+            ProtocolError: the line is longer than ``limit``.
+        """
+        while b"\n" not in self.buffer:
+            if len(self.buffer) > limit:
+                raise ProtocolError("debug line too long")
+            chunk = self.sock.recv(4096)
+            if not chunk:
+                line, self.buffer = self.buffer, b""
+                return line.decode("utf-8", "replace")
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line.decode("utf-8", "replace")
+
+    def send_line(self, text: str) -> None:
+        """Send ``text`` and a newline."""
+        self.sock.sendall(text.encode() + b"\n")
+
+
+def client_handshake(sock: socket.socket, token: str, command: str) -> LineSocket:
+    """Prove the token, check the actor's proof, send ``command``.
+
+    Raises:
+        AuthError: the actor rejected the token, or could not prove it knows it.
+        ProtocolError: the peer does not speak this protocol.
+    """
+    key = protocol.as_token(token)
+    conn = LineSocket(sock)
+    greeting = conn.readline().split()
+    if len(greeting) != 3 or " ".join(greeting[:2]) != MAGIC:
+        raise ProtocolError(f"not a rayless debug endpoint (said {' '.join(greeting)!r:.60})")
+    nonce_s = bytes.fromhex(greeting[2])
+    nonce_c = protocol.new_nonce()
+    proof = protocol.client_proof(key, nonce_s, nonce_c)
+    conn.send_line(f"{nonce_c.hex()} {proof.hex()} {command}")
+    answer = conn.readline().split(maxsplit=1)
+    if not answer or answer[0] != "OK":
+        raise AuthError(f"the actor refused: {' '.join(answer) or 'connection closed'}")
+    try:
+        given = bytes.fromhex(answer[1]) if len(answer) == 2 else b""
+    except ValueError:
+        given = b""
+    if not protocol.proofs_match(protocol.server_proof(key, nonce_c, nonce_s), given):
+        raise AuthError("the debug endpoint could not prove it knows the cluster token")
+    return conn
+
+
+# -- breakpoints ---------------------------------------------------------------------------
+
+
+@dataclass
+class Pause:
+    """A thread stopped at ``breakpoint()``, waiting for a client."""
+
+    id: int
+    where: str
+    function: str
+    thread: str
+    since: float = field(default_factory=time.time)
+    attached: queue.SimpleQueue[LineSocket] = field(default_factory=queue.SimpleQueue)
+
+    def public(self) -> dict[str, Any]:
+        """Plain values for ``list``."""
+        return {"id": self.id, "where": self.where, "function": self.function,
+                "thread": self.thread, "since": self.since}  # fmt: skip
+
+
+class _SocketIO:
+    """pdb's stdin and stdout over a connection; a lost client reads as end of input."""
+
+    def __init__(self, conn: LineSocket) -> None:
+        self.conn = conn
+        self.closed = False
+
+    def readline(self) -> str:
+        if self.closed:
+            return ""
+        try:
+            line = self.conn.readline(limit=1 << 20)
+        except (OSError, ProtocolError):
+            line = ""
+        return line + "\n" if line else ""
+
+    def write(self, text: str) -> int:
+        if not self.closed:
+            try:
+                self.conn.sock.sendall(text.encode("utf-8", "replace"))
+            except OSError:
+                self.closed = True
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self.conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.conn.sock.close()
+
+
+class RemotePdb(pdb.Pdb):
+    """pdb over a connection: ``c`` and a lost client continue; ``q`` quits (BdbQuit)."""
+
+    def __init__(self, io: _SocketIO) -> None:
+        super().__init__(stdin=io, stdout=io, nosigint=True, readrc=False)  # type: ignore[arg-type]
+        self.use_rawinput = False
+        self._io = io
+
+    def do_continue(self, arg: str) -> bool | None:
+        self._io.close()
+        return bool(super().do_continue(arg))
+
+    do_c = do_cont = do_continue
+
+    def do_quit(self, arg: str) -> bool | None:
+        self._io.close()
+        return bool(super().do_quit(arg))
+
+    do_q = do_exit = do_quit
+
+    def do_EOF(self, arg: str) -> bool | None:
+        return self.do_continue(arg)  # the client went away: let the actor go on
+
+
+# -- stacks --------------------------------------------------------------------------------
+
+
+def _coroutine_frames(task: asyncio.Task[Any]) -> Iterator[FrameType]:
+    """A task's frames, outermost first, following what each coroutine awaits."""
+    coro: Any = task.get_coro()
+    for _ in range(200):
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            return
+        yield frame
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+
+
+def _frame_lines(frames: list[FrameType]) -> list[str]:
+    summary = traceback.StackSummary.extract((f, f.f_lineno) for f in frames)
+    return summary.format()
+
+
+def format_stacks(
+    title: str, loop: asyncio.AbstractEventLoop | None, skip: frozenset[int | None] = frozenset()
+) -> str:
+    """Every thread's Python stack (innermost call last) and every asyncio task's; the
+    threads in ``skip`` (the listener's own) and the calling one are left out."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    parts = [title]
+    for ident, frame in sorted(sys._current_frames().items()):
+        if ident == me or ident in skip:
+            continue
+        stack: list[FrameType] = []
+        f: FrameType | None = frame
+        while f is not None:
+            stack.append(f)
+            f = f.f_back
+        label = names.get(ident, "?")
+        parts.append(f"\n--- thread {label} ({ident}) ---\n" + "".join(_frame_lines(stack[::-1])))
+    tasks: list[asyncio.Task[Any]] = []
+    if loop is not None and not loop.is_closed():
+        for _ in range(10):  # the set may change under us: the loop runs on
+            try:
+                tasks = list(asyncio.all_tasks(loop))
+                break
+            except RuntimeError:
+                continue
+    for task in sorted(tasks, key=lambda t: t.get_name()):
+        frames = list(_coroutine_frames(task))
+        body = "".join(_frame_lines(frames)) if frames else "  (not started or done)\n"
+        parts.append(f"\n--- asyncio task {task.get_name()} ---\n{body}")
+    return "".join(parts)
+
+
+# -- the actor's listener ------------------------------------------------------------------
+
+
+class DebugServer:
+    """The listener of one actor process (see the module docstring)."""
+
+    def __init__(self, name: str, token: str, host: str = "127.0.0.1") -> None:
+        self.name = name
+        self.key = protocol.as_token(token)
+        self.host = host
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.pauses: dict[int, Pause] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self.address = ""
+
+    def start(self) -> str:
+        """Listen and serve from a daemon thread; returns ``tcp://host:port``."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.bind((self.host.strip("[]"), 0))
+        sock.listen(16)
+        self._sock = sock
+        port = sock.getsockname()[1]
+        host = f"[{self.host.strip('[]')}]" if family == socket.AF_INET6 else self.host
+        self.address = f"tcp://{host}:{port}"
+        self._thread = threading.Thread(target=self._accept, name="rayless-debug", daemon=True)
+        self._thread.start()
+        return self.address
+
+    def stop(self) -> None:
+        """Stop listening."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
+            except OSError:
+                pass
+            sock.close()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def _accept(self) -> None:
+        while self._sock is not None:
+            try:
+                sock, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        handed_off = False
+        try:
+            sock.settimeout(HANDSHAKE_TIMEOUT)
+            conn = LineSocket(sock)
+            nonce_s = protocol.new_nonce()
+            conn.send_line(f"{MAGIC} {nonce_s.hex()}")
+            parts = conn.readline().split(maxsplit=2)
+            try:
+                nonce_c, proof = bytes.fromhex(parts[0]), bytes.fromhex(parts[1])
+            except (IndexError, ValueError):
+                nonce_c, proof = b"", b""
+            expected = protocol.client_proof(self.key, nonce_s, nonce_c)
+            if len(parts) != 3 or not protocol.proofs_match(expected, proof):
+                conn.send_line("ERR authentication failed")
+                print(f"rayless: actor {self.name}: rejected a debug client", file=sys.stderr)
+                return
+            conn.send_line(f"OK {protocol.server_proof(self.key, nonce_c, nonce_s).hex()}")
+            sock.settimeout(None)
+            handed_off = self._command(conn, parts[2].strip())
+        except (OSError, ProtocolError):
+            pass
+        finally:
+            if not handed_off:
+                sock.close()
+
+    def _command(self, conn: LineSocket, command: str) -> bool:
+        """Answer one command; True when the connection now belongs to a pdb session."""
+        if command == "stack":
+            title = f"actor {self.name} (pid {os.getpid()})"
+            skip = frozenset({self._thread.ident if self._thread is not None else None})
+            text = format_stacks(title, self.loop, skip)
+            conn.sock.sendall(text.encode("utf-8", "replace"))
+        elif command == "list":
+            with self._lock:
+                pauses = [p.public() for p in self.pauses.values()]
+            conn.send_line(json.dumps(pauses))
+        elif command.startswith("attach "):
+            try:
+                wanted = int(command.split()[1])
+            except ValueError:
+                wanted = -1
+            with self._lock:
+                pause = self.pauses.pop(wanted, None)
+            if pause is None:
+                conn.send_line("ERR no such paused breakpoint (someone else attached?)")
+                return False
+            conn.send_line(f"READY {self.name} {pause.where}")
+            pause.attached.put(conn)
+            return True
+        else:
+            conn.send_line(f"ERR unknown command {command!r:.40}")
+        return False
+
+    def breakpoint(self, frame: FrameType) -> None:
+        """Pause the calling thread at ``frame`` until a client attaches, then run pdb."""
+        code = frame.f_code
+        pause = Pause(
+            next(self._ids),
+            f"{code.co_filename}:{frame.f_lineno}",
+            code.co_name,
+            threading.current_thread().name,
+        )
+        with self._lock:
+            self.pauses[pause.id] = pause
+        print(
+            f"rayless: actor {self.name} paused at breakpoint() in {code.co_name} "
+            f"({pause.where}): run `rayless debug` to attach",
+            file=sys.stderr,
+            flush=True,
+        )
+        conn = pause.attached.get()
+        RemotePdb(_SocketIO(conn)).set_trace(frame)
+
+
+_server: DebugServer | None = None
+
+
+def _hook(*args: Any, **kwargs: Any) -> None:
+    """``sys.breakpointhook`` of an actor process."""
+    if _server is None:
+        return sys.__breakpointhook__(*args, **kwargs)
+    announce()  # a breakpoint in the constructor or setup comes before the actor is ready
+    _server.breakpoint(sys._getframe(1))
+
+
+def install(
+    name: str,
+    actor_id: str,
+    token: str,
+    host: str,
+    head_address: str,
+    loop: asyncio.AbstractEventLoop,
+) -> DebugServer | None:
+    """Start this actor's listener and route ``breakpoint()`` to it (the constructor and
+    ``setup`` included); :func:`announce` registers it with the head. None when
+    RAYLESS_DEBUG=0."""
+    global _server, _announcement
+    if os.environ.get(ENV_DEBUG, "1") == "0":
+        return None
+    if protocol.curve_enabled(None):  # this listener is not encrypted: keep it on the host
+        host = "127.0.0.1"
+    server = DebugServer(name, token, host)
+    server.loop = loop
+    try:
+        address = server.start()
+    except OSError as exc:
+        print(f"rayless: actor {name}: no debug listener ({exc})", file=sys.stderr)
+        return None
+    _server = server
+    if "PYTHONBREAKPOINT" not in os.environ:
+        sys.breakpointhook = _hook
+    _announcement = (head_address, token, actor_id, {"address": address, "pid": os.getpid()})
+    return server
+
+
+_announcement: tuple[str, str, str, dict[str, Any]] | None = None
+
+
+def announce() -> None:
+    """Register the listener with the head, from a thread (after the actor reported ready,
+    so that its spawn never waits for this; ``rayless stack`` retries meanwhile)."""
+    global _announcement
+    announcement, _announcement = _announcement, None  # once
+    if announcement is not None:
+        threading.Thread(target=_register, args=announcement, daemon=True).start()
+
+
+def _register(head_address: str, token: str, actor_id: str, info: dict[str, Any]) -> None:
+    from rayless.transport.client import Client
+    from rayless.transport.errors import RaylessError
+
+    async def go() -> None:
+        async with Client(head_address, token=token, name="debug-register") as client:
+            await client.request(("debug_register", actor_id, info), timeout=30)
+
+    try:
+        asyncio.run(go())
+    except (RaylessError, OSError) as exc:
+        print(f"rayless: debug listener not registered with the head: {exc}", file=sys.stderr)

@@ -1,0 +1,51 @@
+"""Actor classes for the debugging tests (importable by actor processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+
+class Debuggee:
+    """Methods that stop at ``breakpoint()`` or run until a file appears."""
+
+    def pause(self, x: int) -> int:
+        y = x * 2
+        breakpoint()
+        return y + 1
+
+    async def apause(self, x: int) -> int:
+        z = x + 100
+        await asyncio.sleep(0)
+        breakpoint()
+        return z
+
+    def spin_until(self, started: str, path: str) -> str:
+        with open(started, "w"):
+            pass
+        while not os.path.exists(path):
+            time.sleep(0.01)
+        return "done"
+
+    async def await_until(self, started: str, path: str) -> str:
+        with open(started, "w"):
+            pass
+        while not os.path.exists(path):
+            await asyncio.sleep(0.01)
+        return "done"
+
+    def ping(self) -> str:
+        return "pong"
+
+
+class PausedAtStart:
+    """Stops at ``breakpoint()`` in its constructor (before the actor is ready)."""
+
+    def __init__(self) -> None:
+        w = 7
+        breakpoint()
+        self.w = w
+
+    def value(self) -> int:
+        return self.w

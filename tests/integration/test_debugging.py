@@ -1,0 +1,140 @@
+"""Debugging inside actors on a real local cluster, driven through a pty (pexpect):
+``breakpoint()`` in a method pauses it, ``rayless debug`` attaches, ``p`` shows a value, ``c``
+continues and the call returns; ``rayless stack NAME`` shows the running method."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from rayless.actors import Cluster
+from rayless.actors.launch.local import LocalProcesses
+from tests.integration.debug_classes import Debuggee, PausedAtStart
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+def _env(procs: LocalProcesses, tmp_path: Path) -> dict[str, str]:
+    token_file = tmp_path / "token"
+    token_file.write_text(procs.token)
+    token_file.chmod(0o600)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    return {**clean, "RAYLESS_ADDRESS": procs.address, "RAYLESS_TOKEN_FILE": str(token_file)}
+
+
+def _debug_session(env: dict[str, str], name: str, variable: str, value: str) -> str:
+    """Attach with ``rayless debug NAME``, print ``variable``, continue; the transcript."""
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "rayless.cli", "debug", name, "--wait", "120"],
+        env=env,  # type: ignore[arg-type]
+        timeout=120,
+        encoding="utf-8",
+    )
+    try:
+        child.expect(r"\(Pdb\) ")
+        transcript = child.before
+        child.sendline(f"p {variable}")
+        child.expect(r"\(Pdb\) ")
+        transcript += child.before
+        assert value in child.before.splitlines()[1:], child.before  # the printed value
+        child.sendline("c")
+        child.expect(pexpect.EOF)
+        transcript += child.before
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, transcript
+    return transcript
+
+
+@pytest.mark.parametrize(
+    ("method", "variable", "value"), [("pause", "y", "10"), ("apause", "z", "105")]
+)
+async def test_breakpoint_pauses_and_rayless_debug_attaches(
+    local_cluster: Cluster,
+    local_cluster_processes: LocalProcesses,
+    tmp_path: Path,
+    method: str,
+    variable: str,
+    value: str,
+) -> None:
+    name = f"debuggee-{method}"
+    handle = await local_cluster.spawn(Debuggee, name=name)
+    call = getattr(handle, method).submit(5)  # stops at breakpoint() (a sync / async method)
+    env = _env(local_cluster_processes, tmp_path)
+    transcript = await asyncio.to_thread(_debug_session, env, name, variable, value)
+    assert f"in {method} at" in transcript and "debug_classes.py" in transcript
+    assert await asyncio.wait_for(call, 60) == {"pause": 11, "apause": 105}[method]
+    assert await handle.ping() == "pong"  # the actor goes on serving
+
+
+async def test_a_breakpoint_in_the_constructor_is_reachable_before_the_actor_is_ready(
+    local_cluster: Cluster, local_cluster_processes: LocalProcesses, tmp_path: Path
+) -> None:
+    spawn = asyncio.ensure_future(local_cluster.spawn(PausedAtStart, name="paused-at-start"))
+    try:
+        env = _env(local_cluster_processes, tmp_path)
+        await asyncio.to_thread(_debug_session, env, "paused-at-start", "w", "7")
+        handle = await asyncio.wait_for(spawn, 60)
+    finally:
+        spawn.cancel()
+    assert await handle.value() == 7
+
+
+async def _stack(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "rayless.cli", "stack", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+async def _wait_for(path: Path) -> None:
+    for _ in range(6000):  # the method says it started by creating the file
+        if path.exists():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{path} never appeared")
+
+
+async def test_rayless_stack_shows_the_running_method(
+    local_cluster: Cluster, local_cluster_processes: LocalProcesses, tmp_path: Path
+) -> None:
+    handle = await local_cluster.spawn(Debuggee, name="stacked")
+    started, go = tmp_path / "started", tmp_path / "go"
+    sync_call = handle.spin_until.submit(str(started), str(go))  # a `def` method, in a thread
+    await _wait_for(started)
+    started.unlink()
+    async_call = handle.await_until.submit(str(started), str(go))  # an async one, on the loop
+    await _wait_for(started)
+    out = await _stack(_env(local_cluster_processes, tmp_path), "stacked")
+    go.touch()
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert text.startswith("actor stacked (pid ")
+    assert "--- thread MainThread" in text
+    thread_part = text.split("--- asyncio task")[0]
+    assert "in spin_until" in thread_part and "time.sleep(0.01)" in thread_part
+    task_parts = text.split("--- asyncio task")[1:]
+    assert any("in await_until" in part for part in task_parts), text
+    assert await sync_call == "done" and await async_call == "done"
+
+
+async def test_rayless_stack_refuses_a_wrong_token_and_an_unknown_name(
+    local_cluster: Cluster, local_cluster_processes: LocalProcesses, tmp_path: Path
+) -> None:
+    await local_cluster.spawn(Debuggee, name="stacked-2")
+    env = _env(local_cluster_processes, tmp_path)
+    missing = await _stack(env, "no-such-actor", "--timeout", "1")
+    assert missing.returncode == 1 and "no live actor named 'no-such-actor'" in missing.stderr
+    wrong = await _stack({**env, "RAYLESS_TOKEN_FILE": "", "RAYLESS_TOKEN": "x" * 32}, "stacked-2")
+    assert wrong.returncode == 1 and "rejected the token" in wrong.stderr
