@@ -110,6 +110,22 @@ def test_a_script_with_the_main_guard(tmp_path: Path) -> None:
     assert _run([str(script)], tmp_path) == EXPECTED
 
 
+def test_an_unguarded_script_with_the_sync_facade(tmp_path: Path) -> None:
+    """Before: every actor re-ran the script and started a second cluster inside itself."""
+    script = tmp_path / "sync_driver.py"
+    script.write_text(
+        BODY
+        + textwrap.dedent(
+            """
+            with actors.Cluster.local_sync(nodes=1) as cluster:
+                greeter = cluster.spawn(Greeter)
+                print(greeter.hello.call("sync"))
+            """
+        )
+    )
+    assert _run([str(script)], tmp_path) == ["hello sync 6 __main__"]
+
+
 def test_a_script_read_from_stdin(tmp_path: Path) -> None:
     assert _run(["-"], tmp_path, stdin=BODY + "\nasyncio.run(main())\n") == EXPECTED
 
