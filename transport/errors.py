@@ -28,6 +28,7 @@ The transport's part of the tree (modelled on trio's Closed vs Broken)::
 
 from __future__ import annotations
 
+import traceback as traceback_module
 from typing import Any
 
 __all__ = [
@@ -105,21 +106,56 @@ class Timeout(TransportError, TimeoutError, wire="rayless.Timeout"):
 
 
 class RemoteError(RaylessError, wire="rayless.RemoteError"):
-    """An exception raised inside an actor, re-raised at the caller.
+    """An exception raised inside an actor (or any request handler), re-raised at the caller.
 
-    Carries the remote type's qualified name, its message, the remote traceback text and the
-    actor's name. Where the original type is importable at the caller, the raised object is
-    also an instance of it (see ``actors``).
+    Carries the remote type's qualified name (``remote_type``), its message, the remote
+    traceback text and the actor's name. ``args`` are the original exception's args (each
+    one plain-encodable, else its ``repr``), ``remote_attrs`` its public plain-encodable
+    attributes, and ``remote_class`` the class pickled by value where the actor layer ships
+    it (classes of a driver's ``__main__``). Where the original type can be found at the
+    caller, the raised object is also an instance of it (see ``actors``).
     """
 
     def __init__(
-        self, remote_type: str, message: str, traceback: str = "", actor: str | None = None
+        self,
+        remote_type: str,
+        message: str,
+        traceback: str = "",
+        actor: str | None = None,
+        *,
+        args: tuple[Any, ...] | None = None,
+        attrs: dict[str, Any] | None = None,
+        remote_class: bytes | None = None,
     ) -> None:
         self.remote_type = remote_type
         self.remote_message = message
         self.remote_traceback = traceback
         self.actor = actor
-        super().__init__(remote_type, message, traceback, actor)
+        self.remote_attrs = dict(attrs or {})
+        self.remote_class = remote_class
+        super().__init__(*(args if args is not None else (message,)))
+
+    @classmethod
+    def from_exception(
+        cls, exc: BaseException, actor: str | None = None, remote_class: bytes | None = None
+    ) -> RemoteError:
+        """``exc`` described with plain values: type name, message, traceback, args, attrs."""
+        kind = type(exc)
+        tb = "".join(traceback_module.format_exception(kind, exc, exc.__traceback__))
+        attrs = {
+            k: v
+            for k, v in vars(exc).items()
+            if isinstance(k, str) and not k.startswith("_") and _is_plain(v)
+        }
+        return cls(
+            f"{kind.__module__}.{kind.__qualname__}",
+            str(exc),
+            tb,
+            actor,
+            args=tuple(v if _is_plain(v) else repr(v) for v in exc.args),
+            attrs=attrs,
+            remote_class=remote_class,
+        )
 
     def __str__(self) -> str:
         where = f" in actor {self.actor!r}" if self.actor else ""
@@ -127,6 +163,19 @@ class RemoteError(RaylessError, wire="rayless.RemoteError"):
         if self.remote_traceback:
             text += "\n\nRemote traceback:\n" + self.remote_traceback.rstrip()
         return text
+
+
+def _is_plain(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is made of msgpack-plain values only (bounded nesting)."""
+    if isinstance(value, _PLAIN):
+        return True
+    if depth > 8:
+        return False
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v, depth + 1) for k, v in value.items())
+    return False
 
 
 def _plain(value: Any) -> Any:

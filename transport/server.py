@@ -17,7 +17,6 @@ import functools
 import inspect
 import logging
 import time
-import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,11 +101,7 @@ def _srcfd(frame: Any) -> int:
 def _error_payload(exc: BaseException) -> list[Any]:
     """Frames that carry ``exc`` back to a caller."""
     if not isinstance(exc, RaylessError):
-        exc = RemoteError(
-            f"{type(exc).__module__}.{type(exc).__qualname__}",
-            str(exc),
-            "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-        )
+        exc = RemoteError.from_exception(exc)
     return codec.encode(exc)
 
 

@@ -1,18 +1,19 @@
 """The ``Actor`` base class, and how an actor class travels to the process that runs it.
 
-A class is named by ``(module, qualname, main_path)``. Classes defined in the driver's
-``__main__`` are found the way multiprocessing's spawn finds them: the child imports the
-driver's script under the name ``__mp_main__`` (so its ``if __name__ == "__main__":`` block
-does not run) and aliases it as ``__main__``.
+An importable class travels by name (``module``, ``qualname``): the actor process imports it.
+A class defined in the driver's ``__main__`` — a script with or without the ``__main__``
+guard, a script read from stdin, ``python -c``, IPython or Jupyter — travels by value: the
+spawn request carries it pickled with cloudpickle (with the functions and globals of
+``__main__`` it references; imported modules still travel by name). The actor process
+unpickles it and never runs the driver's script. Code travels only in the spawn request,
+between peers that passed the token handshake (docs/security.md); arguments, results and
+store data never travel as pickle.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-import os
-import runpy
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,43 +54,44 @@ def public_methods(cls: type) -> dict[str, bool]:
     return methods
 
 
+_MAIN = ("__main__", "__mp_main__")
+
+
+def by_value(klass: type) -> bool:
+    """Whether ``klass`` travels by value: it was defined in a driver's ``__main__``."""
+    return getattr(klass, "__module__", None) in _MAIN
+
+
 @dataclass(frozen=True)
 class ClassRef:
-    """Where an actor class can be imported from in another process."""
+    """An actor class as it travels: by name (importable) or by value (``pickled``)."""
 
     module: str
     qualname: str
-    main_path: str | None = None
+    pickled: bytes | None = None
 
     @classmethod
     def of(cls, klass: type) -> ClassRef:
-        """The reference of ``klass``.
+        """The reference of ``klass``: by value for classes of ``__main__``, else by name.
 
         Raises:
-            TypeError: ``klass`` is not a class, or is defined inside a function.
+            TypeError: ``klass`` is not a class, is defined inside a function of an
+                importable module, or (in ``__main__``) cannot be pickled.
         """
         if not isinstance(klass, type):
             raise TypeError(f"spawn needs a class, got {type(klass).__name__}")
+        if by_value(klass):
+            return cls(klass.__module__, klass.__qualname__, dumps_by_value(klass))
         if "<locals>" in klass.__qualname__:
             raise TypeError(
                 f"{klass.__qualname__} is defined inside a function; actor classes must be "
                 "importable (define it at module level)"
             )
-        main_path = None
-        if klass.__module__ in ("__main__", "__mp_main__"):
-            main = sys.modules.get("__main__")
-            path = getattr(main, "__file__", None)
-            if not path:
-                raise TypeError(
-                    f"{klass.__qualname__} is defined in an interactive __main__; move it to "
-                    "a module or a script file"
-                )
-            main_path = os.path.abspath(path)
-        return cls(klass.__module__, klass.__qualname__, main_path)
+        return cls(klass.__module__, klass.__qualname__)
 
-    def to_wire(self) -> list[str | None]:
+    def to_wire(self) -> list[str | bytes | None]:
         """Plain values for the wire."""
-        return [self.module, self.qualname, self.main_path]
+        return [self.module, self.qualname, self.pickled]
 
     @classmethod
     def from_wire(cls, value: Any) -> ClassRef:
@@ -102,44 +104,53 @@ class ClassRef:
             not isinstance(value, (list, tuple))
             or len(value) != 3
             or not all(isinstance(v, str) for v in value[:2])
+            or not isinstance(value[2], (bytes, type(None)))
         ):
             raise ProtocolError(f"malformed class reference {value!r:.200}")
-        return cls(value[0], value[1], value[2] if isinstance(value[2], str) else None)
+        return cls(value[0], value[1], value[2])
 
     def load(self) -> type:
-        """Import and return the class.
+        """Import (by name) or unpickle (by value) the class.
 
         Raises:
             ImportError / AttributeError: the module or the class cannot be found.
+            TypeError: the reference names something that is not a class.
+            Exception: whatever unpickling a by-value class raises (a module it needs is
+                missing here, say).
         """
-        if self.module in ("__main__", "__mp_main__"):
-            module = _load_main(self.main_path)
+        if self.pickled is not None:
+            obj: Any = loads_by_value(self.pickled)
+        elif self.module in _MAIN:
+            raise ImportError(
+                f"{self.qualname} was defined in a driver's __main__ but arrived without its "
+                "code (a peer of an older version?)"
+            )
         else:
-            module = importlib.import_module(self.module)
-        obj: Any = module
-        for part in self.qualname.split("."):
-            obj = getattr(obj, part)
+            obj = importlib.import_module(self.module)
+            for part in self.qualname.split("."):
+                obj = getattr(obj, part)
         if not isinstance(obj, type):
             raise TypeError(f"{self.module}.{self.qualname} is not a class")
         return obj
 
 
-def _load_main(path: str | None) -> Any:
-    """Import the driver's script as ``__mp_main__`` (once) and alias it as ``__main__``."""
-    existing = sys.modules.get("__mp_main__")
-    if existing is not None and getattr(existing, "__file__", None) == path:
-        return existing
-    if not path or not os.path.exists(path):
-        raise ImportError(f"the driver's script {path!r} is not on this node")
-    import types
+def dumps_by_value(obj: Any) -> bytes:
+    """``obj`` (a class of ``__main__``) pickled by value with cloudpickle.
 
-    module = types.ModuleType("__mp_main__")
-    module.__file__ = path
-    sys.modules["__mp_main__"] = module
-    directory = os.path.dirname(path)
-    if directory not in sys.path:
-        sys.path.insert(0, directory)
-    namespace = runpy.run_path(path, run_name="__mp_main__")
-    module.__dict__.update(namespace)
-    sys.modules["__main__"] = module
-    return module
+    Raises:
+        TypeError: it (or a global it references) cannot be pickled.
+    """
+    import cloudpickle
+
+    try:
+        return bytes(cloudpickle.dumps(obj))
+    except Exception as exc:
+        name = getattr(obj, "__qualname__", type(obj).__qualname__)
+        raise TypeError(f"cannot ship {name} of __main__ by value: {exc}") from exc
+
+
+def loads_by_value(data: bytes) -> Any:
+    """Unpickle what :func:`dumps_by_value` made. Only for bytes from an authenticated peer."""
+    import cloudpickle
+
+    return cloudpickle.loads(data)

@@ -31,10 +31,11 @@ from collections.abc import Callable
 from typing import Any
 
 from rayless.actors.api import context
-from rayless.actors.api.actor import ClassRef, public_methods
+from rayless.actors.api.actor import ClassRef, by_value, dumps_by_value, public_methods
 from rayless.actors.api.portal import set_home_loop
 from rayless.actors.control import debug
 from rayless.actors.control.process_util import setup_logging
+from rayless.actors.control.workers import Exiting as _Exiting
 from rayless.actors.control.workers import SyncWorker, apply_torch_threads
 from rayless.transport import codec, loop
 from rayless.transport.client import Client
@@ -61,11 +62,31 @@ def torch_threads() -> int:
 
 
 def remote_error(exc: BaseException, actor: str) -> RaylessError:
-    """``exc`` as something that crosses the wire: rayless errors as they are, others wrapped."""
+    """``exc`` as something that crosses the wire: rayless errors as they are, others wrapped.
+
+    The wrapper keeps the exception's args and plain public attributes; an exception class
+    of the driver's ``__main__`` (which arrived by value) travels by value with it, so a
+    caller that cannot find it by name still rebuilds it.
+    """
     if isinstance(exc, RaylessError):
         return exc
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return RemoteError(f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc), tb, actor)
+    pickled = None
+    if by_value(type(exc)):
+        try:
+            pickled = dumps_by_value(type(exc))
+        except TypeError:
+            pickled = None  # the caller gets a plain RemoteError
+    return RemoteError.from_exception(exc, actor, pickled)
+
+
+def exit_code(exc: SystemExit) -> int:
+    """The process exit code ``sys.exit(code)`` asks for (as the interpreter computes it)."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr, flush=True)
+    return 1
 
 
 class LoopMonitor:
@@ -172,14 +193,24 @@ def watch_parent(pid: int, on_gone: Callable[[], None]) -> threading.Thread | No
 class ActorHost:
     """Holds one actor instance and answers calls to it."""
 
-    def __init__(self, spec: dict[str, Any], name: str, token: str, bind_ip: str) -> None:
+    def __init__(
+        self,
+        spec: dict[str, Any],
+        name: str,
+        token: str,
+        bind_ip: str,
+        stop: asyncio.Event | None = None,
+    ) -> None:
         self.spec = spec
+        self.stop = stop  # set when a method calls sys.exit; ``exit_code`` is then its code
+        self.exit_code = 0
         self.name = name
         self.token = token
         self.bind_ip = bind_ip
         self.instance: Any = None
         self.methods: dict[str, bool] = {}
         self.worker: SyncWorker | None = None
+        self.worker_loop = asyncio.get_running_loop()  # where sync methods report an exit
         limit = spec.get("max_concurrency")
         self.semaphore = asyncio.Semaphore(int(limit or DEFAULT_MAX_CONCURRENCY))
         # def methods: one at a time unless max_concurrency was given (Ray's threaded actors)
@@ -248,17 +279,37 @@ class ActorHost:
                 self.monitor.running[key] = (fn.__name__, time.monotonic())
             try:
                 return await fn(*args, **kwargs)
-            except (Exception, SystemExit) as exc:
+            except SystemExit as exc:
+                self.exit(fn.__name__, exit_code(exc))
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # KeyboardInterrupt, GeneratorExit...: a reply too
                 raise remote_error(exc, self.name) from None
             finally:
                 if self.monitor is not None:
                     self.monitor.running.pop(key, None)
+        await asyncio.Future()  # no reply: the caller learns of the exit (ActorDiedError)
 
     def _run_sync(self, fn: Any, args: Any, kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (Exception, SystemExit) as exc:
+        except SystemExit as exc:
+            self.worker_loop.call_soon_threadsafe(self.exit, fn.__name__, exit_code(exc))
+            raise _Exiting from None
+        except BaseException as exc:  # KeyboardInterrupt, GeneratorExit...: a reply too
             raise remote_error(exc, self.name) from None
+
+    def exit(self, method: str, code: int) -> None:
+        """A method called ``sys.exit(code)``: end the actor as Ray's ``exit_actor`` does.
+
+        Its callers (this one included) get ActorDiedError with ``code`` once the node agent
+        has reaped the process; ``max_restarts`` apply.
+        """
+        if self.stop is None or self.stop.is_set():
+            return
+        _warn(f"actor {self.name}: method {method!r} called sys.exit({code}); exiting")
+        self.exit_code = code
+        self.stop.set()
 
     async def aclose(self, grace: float = 10.0) -> None:
         """Run ``teardown`` (bounded by ``grace``), stop serving, stop the worker thread."""
@@ -318,7 +369,7 @@ async def _actor_main() -> int:
     host: ActorHost | None = None
     try:
         spec = await agent.request(("bootstrap", actor_id), timeout=60)
-        host = ActorHost(spec, name, token, env.get(context.ENV_NODE_IP, "127.0.0.1"))
+        host = ActorHost(spec, name, token, env.get(context.ENV_NODE_IP, "127.0.0.1"), stop)
         try:
             address = await host.start()
         except BaseException as exc:
@@ -332,7 +383,7 @@ async def _actor_main() -> int:
         # that holds this loop for minutes must not look like a lost agent.
         await agent.aclose()
         await stop.wait()
-        return 0
+        return host.exit_code
     finally:
         if host is not None:
             await host.aclose()

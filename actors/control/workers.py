@@ -155,7 +155,7 @@ class SyncWorker:
                 job.slot = False
                 self._active -= 1
             fut = job.fut
-            if fut.done():
+            if fut.done() or isinstance(value, Exiting):  # Exiting: the actor exits, no reply
                 continue
             if ok:
                 fut.set_result(value)
@@ -170,6 +170,11 @@ class SyncWorker:
         self._stopped = True
         for _ in self._threads:
             self._work.put(None)
+
+
+class Exiting(BaseException):
+    """Raised by a job whose method called ``sys.exit``: its call gets no reply (the actor is
+    exiting; its callers learn of it as ActorDiedError)."""
 
 
 def _noop() -> None:

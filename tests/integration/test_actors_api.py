@@ -221,7 +221,8 @@ async def test_unencodable_argument_names_its_path(local_cluster: Cluster) -> No
 
 
 def test_classes_from_a_driver_script_main(tmp_path: object) -> None:
-    """A class defined in the driver's __main__ is spawnable (re-imported as __mp_main__)."""
+    """A class defined in the driver's __main__ is spawnable: it travels by value, and the
+    actor never re-imports the driver's script (before: it ran it as __mp_main__)."""
     import subprocess
     from pathlib import Path
 
@@ -247,7 +248,7 @@ def test_classes_from_a_driver_script_main(tmp_path: object) -> None:
         cwd=str(tmp_path),
     )
     assert out.returncode == 0, out.stderr
-    assert "hello driver from __mp_main__" in out.stdout
+    assert "hello driver from __main__" in out.stdout
 
 
 async def test_torch_threads_follow_the_cpu_share(local_cluster: Cluster) -> None:

@@ -1,0 +1,77 @@
+"""Remote exceptions on the wire: args, attributes, by-value classes, never a BaseException.
+
+Before (issue 13): ``KeyError('k')`` arrived with ``args[0] == 'builtins.KeyError'``,
+attributes were lost, a class of the driver's ``__main__`` was not rebuilt, and a remote
+``SystemExit`` was rebuilt as a SystemExit (the caller exited silently).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rayless.actors.api.actor import dumps_by_value
+from rayless.actors.api.runtime import materialize
+from rayless.transport.codec import decode, encode
+from rayless.transport.errors import RemoteError
+
+
+def _wire(exc: BaseException, remote_class: bytes | None = None) -> RemoteError:
+    """``exc`` as an actor sends it and a caller rebuilds it."""
+    sent = RemoteError.from_exception(exc, actor="a", remote_class=remote_class)
+    received = decode([bytes(f) for f in encode(sent)])
+    assert type(received) is RemoteError
+    return materialize(received)
+
+
+class Coded(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(code, message)
+        self.code = code
+        self.blob = object()
+
+
+def test_args_and_plain_public_attributes_travel() -> None:
+    err = _wire(KeyError("k"))
+    assert isinstance(err, KeyError) and err.args[0] == "k"
+    coded = _wire(Coded(42, "msg"))
+    assert isinstance(coded, Coded) and isinstance(coded, RemoteError)
+    assert coded.args == (42, "msg") and coded.code == 42 and not hasattr(coded, "blob")
+    assert coded.remote_type.endswith("Coded") and coded.actor == "a"
+    assert "Remote traceback" in str(_wire(_raised(Coded(1, "m"))))
+    odd = _wire(ValueError({1}, 2))
+    assert odd.args == ("{1}", 2)
+
+
+def _raised(exc: BaseException) -> BaseException:
+    try:
+        raise exc
+    except BaseException as caught:
+        return caught
+
+
+@pytest.mark.parametrize("kind", [SystemExit, KeyboardInterrupt, GeneratorExit])
+def test_no_base_exception_reaches_the_caller_as_itself(kind: type[BaseException]) -> None:
+    err = _wire(kind(3))
+    assert type(err) is RemoteError and not isinstance(err, kind)
+    assert err.args == (3,)
+
+
+def test_a_class_of_main_is_rebuilt_by_value() -> None:
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(  # a class of a driver's __main__ that this process cannot find by name
+        "class ByValueErr(Exception):\n"
+        "    def __init__(self, code):\n"
+        "        super().__init__(code)\n"
+        "        self.code = code\n",
+        namespace,
+    )
+    cls = namespace["ByValueErr"]
+    assert cls.__module__ == "__main__"
+    err = _wire(cls(7), remote_class=dumps_by_value(cls))
+    assert isinstance(err, cls) and isinstance(err, RemoteError) and err.code == 7
+    plain = _wire(cls(7))  # without its class: a plain RemoteError that names it
+    assert type(plain) is RemoteError and plain.remote_type == "__main__.ByValueErr"
+    broken = _wire(cls(7), remote_class=b"not a pickle")
+    assert type(broken) is RemoteError
