@@ -1,6 +1,6 @@
 """An echo server in its own process: for diagnostics, the transport demo, benchmarks and tests.
 
-Run ``python -m transport.echo ADDRESS`` with the token in ``RAYLESS_TOKEN`` (never on the
+Run ``python -m rayless.transport.echo ADDRESS`` with the token in ``RAYLESS_TOKEN`` (never on the
 command line). It prints its bound address as the first line of stdout, then echoes every
 request until SIGTERM/SIGINT or a ``"__stop__"`` request. A ``("sum", tensor)`` request returns
 the sum (so large tensors need not travel back), ``"__stats__"`` returns the server's counters.
@@ -83,10 +83,10 @@ def spawn(address: str, token: str, *, timeout: float = 30.0) -> tuple[subproces
 
 
 def main() -> None:
-    """Entry point of ``python -m transport.echo ADDRESS``."""
+    """Entry point of ``python -m rayless.transport.echo ADDRESS``."""
     token = os.environ.get("RAYLESS_TOKEN", "")
     if len(sys.argv) != 2 or not token:
-        sys.exit("usage: RAYLESS_TOKEN=... python -m transport.echo tcp://127.0.0.1:0")
+        sys.exit("usage: RAYLESS_TOKEN=... python -m rayless.transport.echo tcp://127.0.0.1:0")
     loop.run(serve(sys.argv[1], token))
 
 

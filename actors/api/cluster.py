@@ -78,7 +78,7 @@ class Cluster:
         Entering it raises StartError when a process of the cluster does not start.
 
         ``zygote_preload="lazy"`` keeps the idle cluster small: the fork template imports
-        torch on the first spawn instead of at start (see ``actors.zygote``).
+        torch on the first spawn instead of at start (see ``rayless.actors.control.zygote``).
 
         Raises:
             ValueError: a bad ``zygote_preload``.
@@ -179,7 +179,7 @@ class Cluster:
         """Spawn a planned component's workers on exactly their slots, in worker-id order.
 
         ``plan`` is a ``placement.ResourcePoolPlanner`` (or its packed slots); see
-        ``actors.components``.
+        ``rayless.actors.api.components``.
         """
         return await spawn_component(self, cls, plan, component, *args, **kwargs)
 

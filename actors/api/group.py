@@ -5,7 +5,7 @@ ranks 0..3 and returns their handles in rank order. Placement: contiguous blocks
 node, spread evenly over the live nodes in launch-rank order (``[n0, n0, n1, n1]`` for four
 members on two nodes, as torchrun numbers them), or over ``nodes=[...]``, or all on ``node=``,
 or exactly on a placement plan's slots (``plan=planner, component="actor"``: node and GPU
-indices per worker, see ``actors.components``).
+indices per worker, see ``rayless.actors.api.components``).
 
 Each member's environment has RAYLESS_GROUP_RANK and RAYLESS_GROUP_SIZE; with
 ``torch_distributed=True`` also MASTER_ADDR (the address of rank 0's node), MASTER_PORT,

@@ -272,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run as ``python -m actors.status``."""
+    """Run as ``python -m rayless.actors.api.status``."""
     parser = argparse.ArgumentParser(prog="rayless status", description=__doc__.split("\n")[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -6,7 +6,7 @@ actor its spec; restarts actors that die while they have restarts left; reports 
 pid, exit code or signal; tails actors' log files and forwards new lines to the head. When
 the head goes away it kills its actors and exits.
 
-Run as ``python -m actors.agent HEAD_ADDRESS [options]`` with RAYLESS_TOKEN set; prints its
+Run as ``python -m rayless.actors.control.agent HEAD_ADDRESS [options]`` with RAYLESS_TOKEN set; prints its
 address once registered.
 """
 
@@ -439,8 +439,8 @@ def _signal(pid: int, sig: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m actors.agent``."""
-    parser = argparse.ArgumentParser(prog="python -m actors.agent")
+    """Entry point of ``python -m rayless.actors.control.agent``."""
+    parser = argparse.ArgumentParser(prog="python -m rayless.actors.control.agent")
     parser.add_argument("head")
     parser.add_argument("--node-id", default=None)
     parser.add_argument("--ip", default=None)

@@ -19,7 +19,7 @@ children inherit it), and the zygote is a child subreaper (PR_SET_CHILD_SUBREAPE
 descendants that escaped the group (``setsid``) are reparented here. When an actor exits
 (kill -9 included), the zygote SIGKILLs its group and every orphan reparented to it.
 
-Run as ``python -m actors.zygote SOCKET_PATH``; prints "ready" once it listens.
+Run as ``python -m rayless.actors.control.zygote SOCKET_PATH``; prints "ready" once it listens.
 
 ``RAYLESS_ZYGOTE_PRELOAD=lazy`` defers the heavy imports to the first fork: an idle cluster
 then costs ~30 MB per host instead of ~300 MB, and the first actor on a host waits ~2 s for
@@ -262,9 +262,9 @@ class Zygote:
 
 
 def main() -> None:
-    """Entry point of ``python -m actors.zygote SOCKET_PATH``."""
+    """Entry point of ``python -m rayless.actors.control.zygote SOCKET_PATH``."""
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m actors.zygote SOCKET_PATH")
+        sys.exit("usage: python -m rayless.actors.control.zygote SOCKET_PATH")
     if os.environ.get("RAYLESS_DIE_WITH_PARENT"):
         die_with_parent()
     os.environ.pop("RAYLESS_TOKEN", None)  # the fork template never needs the cluster token

@@ -598,7 +598,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``scripts/launch.py`` and ``python -m actors.launch``."""
+    """Entry point of ``scripts/launch.py`` and ``python -m rayless.actors.launch.node``."""
     parser = argparse.ArgumentParser(
         prog="launch.py", description=__doc__.split("\n")[0] if __doc__ else None
     )

@@ -1,4 +1,4 @@
-"""Start rayless on many hosts over SSH: one command runs ``actors.launch`` on every host.
+"""Start rayless on many hosts over SSH: one command runs ``rayless.actors.launch.node`` on every host.
 
     rayless ssh-launch --hosts gpu1,gpu2 -- train.py --lr 1e-4
     python scripts/ssh_launch.py --hostfile hosts.txt --workdir /shared/proj -- train.py
@@ -96,7 +96,7 @@ def node_ids(hosts: list[Host]) -> list[str]:
 
 
 def remote_command(args: argparse.Namespace, hosts: list[Host], rank: int) -> str:
-    """The shell command that runs ``actors.launch`` for ``rank`` on its host."""
+    """The shell command that runs ``rayless.actors.launch.node`` for ``rank`` on its host."""
     host = hosts[rank]
     master = args.master_addr or hosts[0].addr
     launch = [args.python, "-m", "rayless.actors.launch.node", "--nnodes", str(len(hosts))]
@@ -285,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``scripts/ssh_launch.py`` and ``python -m actors.ssh_launch``."""
+    """Entry point of ``scripts/ssh_launch.py`` and ``python -m rayless.actors.launch.ssh``."""
     parser = argparse.ArgumentParser(prog="ssh_launch.py", description="start rayless over SSH")
     add_arguments(parser)
     return run(parser.parse_args(argv))
