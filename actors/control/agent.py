@@ -6,8 +6,8 @@ actor its spec; restarts actors that die while they have restarts left; reports 
 pid, exit code or signal; tails actors' log files and forwards new lines to the head. When
 the head goes away it kills its actors and exits.
 
-Run as ``python -m rayless.actors.control.agent HEAD_ADDRESS [options]`` with RAYLESS_TOKEN set; prints its
-address once registered.
+Run as ``python -m rayless.actors.control.agent HEAD_ADDRESS [options]`` with RAYLESS_TOKEN
+set; prints its address once registered.
 """
 
 from __future__ import annotations

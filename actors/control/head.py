@@ -6,7 +6,8 @@ every node agent, declares nodes dead when their heartbeats stop, and pushes act
 calls at once. Actors belong to the session (driver or actor) that spawned them and are
 killed when that session ends or vanishes.
 
-Run as ``python -m rayless.actors.control.head ADDRESS`` with the token in RAYLESS_TOKEN; prints its address.
+Run as ``python -m rayless.actors.control.head ADDRESS`` with the token in RAYLESS_TOKEN; prints
+its address.
 """
 
 from __future__ import annotations
@@ -497,7 +498,9 @@ def main() -> None:
         die_with_parent()
     token = os.environ.pop("RAYLESS_TOKEN", "")  # read once; no child inherits it
     if len(sys.argv) not in (2, 3) or not token:
-        sys.exit("usage: RAYLESS_TOKEN=... python -m rayless.actors.control.head ADDRESS [NODE_TIMEOUT]")
+        sys.exit(
+            "usage: RAYLESS_TOKEN=... python -m rayless.actors.control.head ADDRESS [NODE_TIMEOUT]"
+        )
     timeout = float(sys.argv[2]) if len(sys.argv) == 3 else 5.0
     loop.run(serve(sys.argv[1], token, timeout))
 

@@ -45,7 +45,7 @@ class Spawner(Protocol):
 
 
 class ProcessSpawner:
-    """Starts ``python -m rayless.actors.control.process`` per actor (slower: imports everything anew)."""
+    """Starts ``python -m rayless.actors.control.process`` per actor (slower: imports anew)."""
 
     def __init__(self) -> None:
         self._on_exit: OnExit = lambda pid, code: None

@@ -1,4 +1,4 @@
-"""Start rayless on many hosts over SSH: one command runs ``rayless.actors.launch.node`` on every host.
+"""Start rayless on many hosts over SSH: one command runs ``rayless.actors.launch.node`` on each.
 
     rayless ssh-launch --hosts gpu1,gpu2 -- train.py --lr 1e-4
     python scripts/ssh_launch.py --hostfile hosts.txt --workdir /shared/proj -- train.py
