@@ -1,0 +1,91 @@
+"""Actors of the weight-sync tests (importable by actor processes)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from rayless.actors import Actor
+from rayless.store import SyncWeightSync, WeightSync
+
+SHAPES = {"layer.weight": (64, 32), "layer.bias": (64,), "head.weight": (8, 64), "steps": ()}
+
+
+def state(version: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """A state dict whose every element equals ``version``."""
+    out = {k: torch.full(s, float(version), dtype=dtype) for k, s in SHAPES.items()}
+    out["steps"] = torch.tensor(version, dtype=torch.int64)
+    return out
+
+
+def versions_in(tensors: dict[str, torch.Tensor]) -> set[float]:
+    """The distinct values held by the tensors (one value: a consistent version)."""
+    return {float(v) for t in tensors.values() for v in t.reshape(-1).unique().tolist()}
+
+
+class Subscriber(Actor):
+    """A rollout worker's side: pulls into its own tensors of ``dtype``."""
+
+    def __init__(self, name: str, dtype: str = "float32") -> None:
+        self.name = name
+        self.tensors = state(0, getattr(torch, dtype))
+        self.tensors["steps"] = torch.tensor(0, dtype=torch.int64)
+        self.ws: Any = None
+
+    async def setup(self) -> None:
+        self.ws = await WeightSync.connect(self.name)
+
+    def pid(self) -> int:
+        """This process's pid."""
+        return os.getpid()
+
+    async def pull(self, min_version: int = 0, timeout: float | None = 30) -> tuple[int, list]:
+        """Pull; the version and the distinct values now held."""
+        v = await self.ws.pull(self.tensors, min_version, timeout)
+        return v, sorted(versions_in(self.tensors))
+
+    def dtype(self) -> str:
+        """The dtype of the held weights."""
+        return str(self.tensors["layer.weight"].dtype)
+
+    async def follow(self, last: int, timeout: float = 60) -> list[list[Any]]:
+        """Pull every newer version until ``last``: (version, distinct values) each time."""
+        seen: list[list[Any]] = []
+        v = 0
+        while v < last:
+            v = await self.ws.pull(self.tensors, v + 1, timeout)
+            seen.append([v, sorted(versions_in(self.tensors))])
+        return seen
+
+    def pull_sync(self, min_version: int) -> int:
+        """The blocking face, from a sync method (the actor's worker thread)."""
+        ws = SyncWeightSync.connect(self.name)
+        try:
+            return ws.pull(self.tensors, min_version, timeout=30)
+        finally:
+            ws.close()
+
+    async def teardown(self) -> None:
+        if self.ws is not None:
+            await self.ws.aclose()
+
+
+class Publisher(Actor):
+    """A trainer's side: publishes ``state(version)``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.ws: Any = None
+
+    async def setup(self) -> None:
+        self.ws = await WeightSync.connect(self.name)
+
+    def pid(self) -> int:
+        """This process's pid."""
+        return os.getpid()
+
+    async def publish(self, version: int) -> int:
+        """Publish ``state(version)`` in bf16."""
+        return int(await self.ws.publish(state(version, torch.bfloat16), version))
