@@ -89,3 +89,7 @@ class Publisher(Actor):
     async def publish(self, version: int) -> int:
         """Publish ``state(version)`` in bf16."""
         return int(await self.ws.publish(state(version, torch.bfloat16), version))
+
+    async def teardown(self) -> None:
+        if self.ws is not None:
+            await self.ws.aclose()  # unlinks this publisher's segments
