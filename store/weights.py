@@ -130,10 +130,7 @@ class WeightSync:
         alive = [n["node_id"] for n in await cluster.nodes() if n.get("alive", True)]
         relays = await spawn_all(
             cluster,
-            [
-                cluster.spawn(WeightRelay, per_node, max_slots, node=node, cpus=0)
-                for node in alive
-            ],
+            [cluster.spawn(WeightRelay, per_node, max_slots, node=node, cpus=0) for node in alive],
             kill_on_error=[registry],
         )
         await registry.add_relays(relays)
@@ -218,9 +215,7 @@ class WeightSync:
             entry, chunks = await asyncio.to_thread(write, tensors, layout, version)
             await self._registry.announce(self.location, entry)
             if feeds:
-                await asyncio.gather(
-                    *(self._feed(w, r, entry, chunks) for w, r in feeds)
-                )
+                await asyncio.gather(*(self._feed(w, r, entry, chunks) for w, r in feeds))
             self.version = version
             self.last_publish_s = time.perf_counter() - t0
         return version
@@ -238,9 +233,10 @@ class WeightSync:
         pool = self._slots()
         seg = pool.begin(sum(sizes))
         try:
-            payload = torch.frombuffer(seg.payload, dtype=torch.uint8) if sum(sizes) else None
-            chunks = [] if payload is None else [payload[s : s + n] for s, n in zip(starts, sizes)]
-            if payload is not None:
+            chunks: list[torch.Tensor] = []
+            if sum(sizes):
+                payload = torch.frombuffer(seg.payload, dtype=torch.uint8)
+                chunks = [payload[s : s + n] for s, n in zip(starts, sizes, strict=True)]
                 write_from(tensors, layout, [payload] * len(sizes), starts)
         except BaseException:
             pool.abort(seg)
@@ -288,7 +284,7 @@ class WeightSync:
                 host_chunk = await asyncio.to_thread(chunk.cpu) if chunk.is_cuda else chunk
                 await relay.write(version, start, host_chunk)
 
-        await asyncio.gather(*(one(s, c) for s, c in zip(starts, chunks)))
+        await asyncio.gather(*(one(s, c) for s, c in zip(starts, chunks, strict=True)))
         relayed = await relay.commit(version, entry["layout"], starts)
         await self._registry.announce(where, relayed)
 

@@ -120,9 +120,9 @@ class WeightRegistry(Actor):
                 entry = self.entries.get(where)
                 if entry is not None and entry["version"] >= min_version:
                     return entry
-                if self.publisher is not None and where not in self.relays:
-                    if where != self.publisher["where"]:
-                        raise WeightSyncError(f"weight sync {self.name!r}: no relay at {where}")
+                pub = self.publisher
+                if pub is not None and where not in self.relays and where != pub["where"]:
+                    raise WeightSyncError(f"weight sync {self.name!r}: no relay at {where}")
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise WeightTimeoutError(

@@ -86,10 +86,13 @@ class SyncWeightSync:
         return _block(self._sync, self.ws.publish(state, version), DEFAULT_TIMEOUT)
 
     def pull(
-        self, target: Any, min_version: int = 0, timeout: float | None = None, *, strict: bool = True
+        self,
+        target: Any,
+        min_version: int = 0,
+        timeout: float | None = None,
+        *,
+        strict: bool = True,
     ) -> int:
         """``WeightSync.pull``."""
         limit = None if timeout is None else timeout + SLACK
-        return _block(
-            self._sync, self.ws.pull(target, min_version, timeout, strict=strict), limit
-        )
+        return _block(self._sync, self.ws.pull(target, min_version, timeout, strict=strict), limit)

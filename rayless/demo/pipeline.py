@@ -9,8 +9,9 @@
 4. Iterate: env workers roll out through eval workers (router) into the store; train ranks
    fetch their shard's samples and update; rank 0 publishes its weights with a version to
    the run's weight sync (``rayless.store.WeightSync``: shared memory on a host, a relay per
-   other host) and every eval worker pulls them in place. ``sync`` mode waits for the new weights before the next rollout; ``async`` keeps up
-   to ``algo.max_staleness`` rollouts ahead of training.
+   other host) and every eval worker pulls them in place. ``sync`` mode waits for the new
+   weights before the next rollout; ``async`` keeps up to ``algo.max_staleness`` rollouts
+   ahead of training.
 
 Each iteration's samples go to their own partitions (``it{k}-shard{s}``), so a train rank
 always reads exactly its share of that iteration from its storage shard.

@@ -78,9 +78,7 @@ def summary_text(result: RunResult) -> str:
         f"after {len(result.iterations)} iterations, {result.wall_s:.1f} s of training "
         f"(+{result.setup_s:.1f} s setup), mode {result.mode}"
     )
-    return (
-        f"\nThroughput per stage\n{stages}\n{sync_line}\n\nPlacement\n{placement}\n\n{outcome}"
-    )
+    return f"\nThroughput per stage\n{stages}\n{sync_line}\n\nPlacement\n{placement}\n\n{outcome}"
 
 
 def write_report(result: RunResult, out_dir: Path, cfg: PipelineConfig) -> dict[str, Path]:

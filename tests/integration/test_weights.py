@@ -16,8 +16,8 @@ from rayless.store import (
     WeightSync,
     WeightTimeoutError,
     WeightVersionError,
+    segments,
 )
-from rayless.store import segments
 from rayless.transport import shm
 from tests.chaos.scenarios import until
 from tests.integration.weights_classes import Publisher, Subscriber, state
@@ -86,7 +86,7 @@ async def test_mismatches_name_the_tensor_and_timeouts_are_typed(local_cluster: 
         await ws.publish(state(1), version=1)
         wrong = state(0)
         wrong["layer.weight"] = torch.zeros(32, 64)
-        with pytest.raises(WeightMismatchError, match="layer.weight") as info:
+        with pytest.raises(WeightMismatchError, match=r"layer\.weight") as info:
             await ws.pull(wrong, 1, timeout=10)
         assert info.value.tensor == "layer.weight"
         assert float(wrong["layer.bias"][0]) == 0.0  # nothing was copied

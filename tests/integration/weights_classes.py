@@ -13,10 +13,12 @@ from rayless.store import SyncWeightSync, WeightSync
 SHAPES = {"layer.weight": (64, 32), "layer.bias": (64,), "head.weight": (8, 64), "steps": ()}
 
 
-def state(version: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def state(
+    version: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> dict[str, torch.Tensor]:
     """A state dict whose every element equals ``version``."""
-    out = {k: torch.full(s, float(version), dtype=dtype) for k, s in SHAPES.items()}
-    out["steps"] = torch.tensor(version, dtype=torch.int64)
+    out = {k: torch.full(s, float(version), dtype=dtype, device=device) for k, s in SHAPES.items()}
+    out["steps"] = torch.tensor(version, dtype=torch.int64, device=device)
     return out
 
 
@@ -28,10 +30,9 @@ def versions_in(tensors: dict[str, torch.Tensor]) -> set[float]:
 class Subscriber(Actor):
     """A rollout worker's side: pulls into its own tensors of ``dtype``."""
 
-    def __init__(self, name: str, dtype: str = "float32") -> None:
+    def __init__(self, name: str, dtype: str = "float32", device: str = "cpu") -> None:
         self.name = name
-        self.tensors = state(0, getattr(torch, dtype))
-        self.tensors["steps"] = torch.tensor(0, dtype=torch.int64)
+        self.tensors = state(0, getattr(torch, dtype), device)
         self.ws: Any = None
 
     async def setup(self) -> None:
@@ -49,6 +50,10 @@ class Subscriber(Actor):
     def dtype(self) -> str:
         """The dtype of the held weights."""
         return str(self.tensors["layer.weight"].dtype)
+
+    def device(self) -> str:
+        """The device of the held weights."""
+        return str(self.tensors["layer.weight"].device)
 
     async def follow(self, last: int, timeout: float = 60) -> list[list[Any]]:
         """Pull every newer version until ``last``: (version, distinct values) each time."""
@@ -75,20 +80,22 @@ class Subscriber(Actor):
 class Publisher(Actor):
     """A trainer's side: publishes ``state(version)``."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, device: str = "cpu", bucket_bytes: int = 512 << 20) -> None:
         self.name = name
+        self.device = device
+        self.bucket_bytes = bucket_bytes
         self.ws: Any = None
 
     async def setup(self) -> None:
-        self.ws = await WeightSync.connect(self.name)
+        self.ws = await WeightSync.connect(self.name, bucket_bytes=self.bucket_bytes)
 
     def pid(self) -> int:
         """This process's pid."""
         return os.getpid()
 
     async def publish(self, version: int) -> int:
-        """Publish ``state(version)`` in bf16."""
-        return int(await self.ws.publish(state(version, torch.bfloat16), version))
+        """Publish ``state(version)`` in bf16 on this publisher's device."""
+        return int(await self.ws.publish(state(version, torch.bfloat16, self.device), version))
 
     async def teardown(self) -> None:
         if self.ws is not None:

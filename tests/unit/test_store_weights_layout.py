@@ -70,7 +70,7 @@ def test_a_module_is_filled_in_place() -> None:
 
 def test_mismatches_name_the_tensor() -> None:
     layout = make_layout({"a": torch.ones(2, 3), "b": torch.ones(1)}, 1 << 20)
-    with pytest.raises(WeightMismatchError, match="'a'.*shape") as info:
+    with pytest.raises(WeightMismatchError, match=r"'a'.*shape") as info:
         check(layout, {"a": torch.ones(3, 2), "b": torch.ones(1)}, strict=True)
     assert info.value.tensor == "a"
     with pytest.raises(WeightMismatchError, match="'b'") as info:
