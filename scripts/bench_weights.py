@@ -18,6 +18,7 @@ the GPU (CUDA IPC buckets, one device-to-device copy per subscriber) against the
 device-to-device copy bandwidth; no Ray. ``--quick``: 2 repeats instead of 5.
 
     python scripts/bench_weights.py [--device cpu|cuda] [--quick] [--skip-ray] [--json PATH]
+                                    [--sizes 256MiB,1GiB]
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from rayless.actors import Actor
 SIZES = {"256MiB": 64, "1GiB": 256}  # tensors of 4 MiB (1 Mi float32 each)
 ELEMS = 1 << 20
 SUBSCRIBERS = 4
+WARMUP = 2  # rounds not timed: the sync's two segments (max_slots=2) are created in them
 
 
 def make_state(n: int, device: str, fill: float = 0.0) -> dict[str, torch.Tensor]:
@@ -154,7 +156,7 @@ async def _ours(device: str, reps: int, per_node: bool, plain: bool) -> dict[str
                     for i in range(SUBSCRIBERS)
                 ]
                 times, plain_times = [], []
-                for v in range(1, reps + 2):  # the first round warms up (allocations)
+                for v in range(1, reps + WARMUP + 1):  # warm-up: every segment allocated once
                     await pub.refill(v)
                     t = time.perf_counter()
                     pulls = [s.pull.submit(v) for s in subs]
@@ -163,7 +165,7 @@ async def _ours(device: str, reps: int, per_node: bool, plain: bool) -> dict[str
                     took = time.perf_counter() - t
                     if got != [v] * SUBSCRIBERS or {await s.check() for s in subs} != {float(v)}:
                         raise RuntimeError(f"a subscriber holds the wrong version: {got}")
-                    if v > 1:
+                    if v > WARMUP:
                         times.append(took)
                     if plain and not cuda:
                         t = time.perf_counter()
@@ -171,7 +173,7 @@ async def _ours(device: str, reps: int, per_node: bool, plain: bool) -> dict[str
                         await asyncio.gather(*(s.load(state) for s in subs))
                         took = time.perf_counter() - t
                         del state
-                        if v > 1:
+                        if v > WARMUP:
                             plain_times.append(took)
                 res[label] = statistics.median(times)
                 if plain_times:
@@ -237,7 +239,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 repeats instead of 5")
     parser.add_argument("--skip-ray", action="store_true")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--sizes", default=",".join(SIZES), help="a subset of " + ",".join(SIZES))
     args = parser.parse_args()
+    for label in [k for k in SIZES if k not in args.sizes.split(",")]:
+        del SIZES[label]
     reps = 2 if args.quick else 5
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():

@@ -165,7 +165,7 @@ class Segment:
                 raise ProtocolError(f"shared memory segment {name} is not one of ours")
             if info.st_size < HEADER:
                 raise ProtocolError(f"shared memory segment {name} is too short")
-            mapping = mmap.mmap(fd, info.st_size, flags=mmap.MAP_SHARED)
+            mapping = mmap.mmap(fd, info.st_size, flags=_tshm._MAP_FLAGS)  # populated now
         except BaseException:
             os.close(fd)
             raise

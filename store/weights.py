@@ -14,7 +14,7 @@ session). Paths, chosen per pair (docs/weights.md):
 * same host, CUDA (every published tensor on CUDA and ``cuda_ipc``): flattened buckets of
   ``bucket_bytes`` on the publisher's GPU, shared by CUDA IPC; one device-to-device copy per
   subscriber. The segment then carries only the version header and the lease.
-* other hosts: one transfer per host, bucket by bucket (two in flight), to that host's relay,
+* other hosts: one transfer per host, in 64 MiB pieces (two in flight), to that host's relay,
   which serves the host's subscribers by the same-host CPU path.
 
 Semantics: versions are monotonic (WeightVersionError otherwise); a pull never sees a
@@ -56,7 +56,8 @@ from rayless.transport.protocol import host_id
 __all__ = ["DEFAULT_BUCKET_BYTES", "WeightSync"]
 
 DEFAULT_BUCKET_BYTES = 512 << 20
-IN_FLIGHT = 2  # buckets on their way to one relay at a time
+IN_FLIGHT = 2  # chunks on their way to one relay at a time
+RELAY_CHUNK = 64 << 20  # a bucket travels to a relay in pieces of this size (a pipeline)
 
 
 def _starts(sizes: list[int]) -> list[int]:
@@ -274,7 +275,7 @@ class WeightSync:
     async def _feed(
         self, where: str, relay: ActorHandle[Any], entry: dict[str, Any], chunks: list[Any]
     ) -> None:
-        """One transfer to another host's relay, bucket by bucket, IN_FLIGHT at a time."""
+        """One transfer to another host's relay, in RELAY_CHUNK pieces, IN_FLIGHT at a time."""
         version, starts = entry["version"], entry["starts"]
         await relay.begin(version, sum(c.numel() for c in chunks))
         gate = asyncio.Semaphore(IN_FLIGHT)
@@ -284,7 +285,12 @@ class WeightSync:
                 host_chunk = await asyncio.to_thread(chunk.cpu) if chunk.is_cuda else chunk
                 await relay.write(version, start, host_chunk)
 
-        await asyncio.gather(*(one(s, c) for s, c in zip(starts, chunks, strict=True)))
+        pieces = [
+            (start + off, chunk[off : off + RELAY_CHUNK])
+            for start, chunk in zip(starts, chunks, strict=True)
+            for off in range(0, chunk.numel(), RELAY_CHUNK)
+        ]
+        await asyncio.gather(*(one(s, c) for s, c in pieces))
         relayed = await relay.commit(version, entry["layout"], starts)
         await self._registry.announce(where, relayed)
 
