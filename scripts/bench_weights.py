@@ -188,7 +188,8 @@ def _ray(reps: int) -> dict[str, Any]:
     code = r"""
 import json, statistics, sys, time, torch, ray
 SIZES, ELEMS, SUBS, reps = json.loads(sys.argv[1]), 1 << 20, 4, int(sys.argv[2])
-ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+         object_store_memory=3 << 30)
 
 @ray.remote(num_cpus=1)
 class Sub:
@@ -203,8 +204,9 @@ class Sub:
 out = {}
 for label, n in SIZES.items():
     subs = [Sub.remote(n) for _ in range(SUBS)]
-    ray.get([s.load.remote([ray.put({f"layer{i}": torch.zeros(ELEMS) for i in range(n)})])
-             for s in subs])
+    warm = ray.put({f"layer{i}": torch.zeros(ELEMS) for i in range(n)})
+    ray.get([s.load.remote([warm]) for s in subs])
+    del warm
     times = []
     for v in range(1, reps + 2):
         state = {f"layer{i}": torch.full((ELEMS,), float(v)) for i in range(n)}
