@@ -16,6 +16,8 @@ session). Paths, chosen per pair (docs/weights.md):
   subscriber. The segment then carries only the version header and the lease.
 * other hosts: one transfer per host, in 64 MiB pieces (two in flight), to that host's relay,
   which serves the host's subscribers by the same-host CPU path.
+* ``group=`` (a torch.distributed group between trainer and rollout workers): the buckets are
+  broadcast over it (gloo: CPU, NCCL: GPU); a collective, see ``rayless.store.weights_dist``.
 
 Semantics: versions are monotonic (WeightVersionError otherwise); a pull never sees a
 half-written version and a slow subscriber skips to the newest; dtypes are converted on the
@@ -56,6 +58,7 @@ from rayless.transport.protocol import host_id
 __all__ = ["DEFAULT_BUCKET_BYTES", "WeightSync"]
 
 DEFAULT_BUCKET_BYTES = 512 << 20
+DIST = "@torch.distributed"  # the registry's location of versions sent over a group
 IN_FLIGHT = 2  # chunks on their way to one relay at a time
 RELAY_CHUNK = 64 << 20  # a bucket travels to a relay in pieces of this size (a pipeline)
 
@@ -198,9 +201,15 @@ class WeightSync:
 
     # -- publish -------------------------------------------------------------------------
 
-    async def publish(self, state: Mapping[str, Any], version: int) -> int:
+    async def publish(
+        self, state: Mapping[str, Any], version: int, *, group: Any = None, src: int | None = None
+    ) -> int:
         """Publish the tensors of ``state`` (a state dict) as ``version``; returns it once
         every host can pull it. Publishes of one client run one at a time.
+
+        With ``group`` (a torch.distributed process group, e.g. ``dist.group.WORLD``) the
+        version is broadcast over it from ``src`` (default: this process's global rank)
+        instead, and only that group's members get it (each calls ``pull(group=...)``).
 
         Raises WeightVersionError unless ``version`` is above every version published,
         OSError when shared memory is exhausted, ClosedError once closed.
@@ -211,6 +220,11 @@ class WeightSync:
             t0 = time.perf_counter()
             feeds = await self._registry.begin(version, os.getpid(), host_id(), self.location)
             layout = make_layout(tensors, self.bucket_bytes)
+            if group is not None:
+                await self._broadcast(tensors, layout, version, group, src)
+                self.version = version
+                self.last_publish_s = time.perf_counter() - t0
+                return version
             cuda = self.cuda_ipc and bool(tensors) and all(t.is_cuda for t in tensors.values())
             write = self._write_cuda if cuda else self._write_shm
             entry, chunks = await asyncio.to_thread(write, tensors, layout, version)
@@ -220,6 +234,23 @@ class WeightSync:
             self.version = version
             self.last_publish_s = time.perf_counter() - t0
         return version
+
+    async def _broadcast(
+        self,
+        tensors: dict[str, torch.Tensor],
+        layout: Layout,
+        version: int,
+        group: Any,
+        src: int | None,
+    ) -> None:
+        import torch.distributed as dist
+
+        from rayless.store import weights_dist
+
+        rank = dist.get_rank() if src is None else src
+        await asyncio.to_thread(weights_dist.send, tensors, layout, version, rank, group)
+        entry = {"version": version, "kind": "dist", "segment": "", "layout": layout}
+        await self._registry.announce(DIST, entry)
 
     def _slots(self) -> segments.SlotPool:
         if self._pool is None:
@@ -303,11 +334,16 @@ class WeightSync:
         timeout: float | None = None,
         *,
         strict: bool = True,
+        group: Any = None,
+        src: int = 0,
     ) -> int:
         """Load the newest version >= ``min_version`` into ``target`` in place; its number.
 
         ``target``: a ``torch.nn.Module`` (its parameters and buffers) or a dict of tensors.
         ``strict`` (default): every target tensor must be published and vice versa.
+        ``group``: receive the broadcasts of global rank ``src`` over that torch.distributed
+        group (one per ``publish(group=...)``, in order, until one is >= ``min_version``;
+        ``timeout`` does not apply to the collective).
 
         Raises WeightMismatchError (a name or shape differs; nothing copied),
         WeightTimeoutError (no such version within ``timeout`` s; None waits on),
@@ -316,6 +352,8 @@ class WeightSync:
         """
         self._check_open()
         targets = targets_of(target)
+        if group is not None:
+            return await self._receive(targets, min_version, strict, group, src)
         deadline = None if timeout is None else time.monotonic() + timeout
         async with self._pulling:
             t0 = time.perf_counter()
@@ -331,6 +369,27 @@ class WeightSync:
                 self.version = int(entry["version"])
                 self.last_pull_s = time.perf_counter() - t0
                 return self.version
+
+    async def _receive(
+        self,
+        targets: dict[str, torch.Tensor],
+        min_version: int,
+        strict: bool,
+        group: Any,
+        src: int,
+    ) -> int:
+        from rayless.store import weights_dist
+
+        async with self._pulling:
+            t0 = time.perf_counter()
+            while True:
+                version, layout, buckets = await asyncio.to_thread(weights_dist.receive, src, group)
+                check(layout, targets, strict)  # after the receive: the collective stays in step
+                await asyncio.to_thread(read_into, layout, buckets, targets)
+                if version >= min_version:
+                    self.version = version
+                    self.last_pull_s = time.perf_counter() - t0
+                    return version
 
     def _read(self, entry: dict[str, Any], targets: dict[str, torch.Tensor]) -> None:
         with self._reader.lease(entry["segment"], entry["version"]) as payload:

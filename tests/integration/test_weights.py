@@ -20,7 +20,7 @@ from rayless.store import (
 )
 from rayless.transport import shm
 from tests.chaos.scenarios import until
-from tests.integration.weights_classes import Publisher, Subscriber, state
+from tests.integration.weights_classes import DistMember, Publisher, Subscriber, state
 
 pytestmark = [
     pytest.mark.integration,
@@ -145,3 +145,16 @@ async def test_a_subscriber_killed_with_sigkill_blocks_nothing_and_close_cleans_
     assert not segments.owned()
     assert not [n for n in mine if n in os.listdir(shm.SHM_DIR)]
     assert not _segments_of(os.getpid())
+
+
+async def test_buckets_broadcast_over_a_torch_distributed_group(local_cluster: Cluster) -> None:
+    async with WeightSync.create(local_cluster, name="ws-dist", bucket_bytes=4096) as ws:
+        members = await local_cluster.spawn_group(
+            DistMember, 3, "ws-dist", torch_distributed=True, cpus=0
+        )
+        assert sorted(await asyncio.gather(*(m.init() for m in members))) == [0, 1, 2]
+        pub, subs = members[0], members[1:]
+        for v in (1, 2):
+            results = await asyncio.gather(pub.publish(v), *(s.pull(v) for s in subs))
+            assert results == [v, (v, [float(v)]), (v, [float(v)])]
+        assert await ws.latest_version() == 2

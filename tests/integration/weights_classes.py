@@ -100,3 +100,44 @@ class Publisher(Actor):
     async def teardown(self) -> None:
         if self.ws is not None:
             await self.ws.aclose()  # unlinks this publisher's segments
+
+
+class DistMember(Actor):
+    """A member of a gloo group (``spawn_group(..., torch_distributed=True)``)."""
+
+    def __init__(self, name: str, dtype: str = "float32") -> None:
+        self.name = name
+        self.tensors = state(0, getattr(torch, dtype))
+        self.ws: Any = None
+
+    async def setup(self) -> None:
+        self.ws = await WeightSync.connect(self.name)
+
+    def init(self) -> int:
+        """Join the group (blocks until every member joined); this rank."""
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        return dist.get_rank()
+
+    async def publish(self, version: int) -> int:
+        """Broadcast ``state(version)`` in bf16 over the group."""
+        import torch.distributed as dist
+
+        s = state(version, torch.bfloat16)
+        return int(await self.ws.publish(s, version, group=dist.group.WORLD))
+
+    async def pull(self, min_version: int) -> tuple[int, list]:
+        """Receive broadcasts from rank 0 until one is >= ``min_version``."""
+        import torch.distributed as dist
+
+        v = await self.ws.pull(self.tensors, min_version, group=dist.group.WORLD, src=0)
+        return v, sorted(versions_in(self.tensors))
+
+    async def teardown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if self.ws is not None:
+            await self.ws.aclose()
