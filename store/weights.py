@@ -411,7 +411,7 @@ class WeightSync:
             if have is None or have[0] != fields[5]:
                 try:
                     opened = open_ipc(torch.uint8, fields, None)
-                except ProtocolError as exc:
+                except (ProtocolError, RuntimeError) as exc:  # no CUDA, or not this GPU
                     raise WeightSyncError(
                         f"weight sync {self.name!r}: the weights are on the publisher's GPU "
                         f"and this process cannot open them ({exc}); publish CPU tensors or "
