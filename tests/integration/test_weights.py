@@ -33,6 +33,19 @@ def _segments_of(pid: int) -> list[str]:
     return [n for n in os.listdir(shm.SHM_DIR) if n.startswith(f"rayless-{pid}-")]
 
 
+def _weight_segments() -> set[str]:
+    """Every weight-sync segment in /dev/shm (other rayless segments have no such header)."""
+    found = set()
+    for name in os.listdir(shm.SHM_DIR):
+        try:
+            with open(os.path.join(shm.SHM_DIR, name), "rb") as f:
+                if f.read(8) == b"RLSEG001":
+                    found.add(name)
+        except OSError:
+            pass
+    return found
+
+
 async def _subscribers(cluster: Cluster, name: str, dtypes: list[str]) -> list:
     nodes = [n["node_id"] for n in await cluster.nodes()]
     return [
@@ -99,12 +112,16 @@ async def test_mismatches_name_the_tensor_and_timeouts_are_typed(local_cluster: 
 
 
 async def test_the_cross_host_path_feeds_one_relay_per_node(local_cluster: Cluster) -> None:
+    before = _weight_segments()
     async with WeightSync.create(local_cluster, name="ws-relay", per_node=True) as ws:
         subs = await _subscribers(local_cluster, "ws-relay", ["float32", "float16"])
         for v in (1, 2):
             await ws.publish(state(v, torch.bfloat16), version=v)
             for sub in subs:
                 assert await sub.pull(v) == (v, [float(v)])
+        assert len(_weight_segments() - before) >= 3  # the publisher's and two relays'
+    # the relays unlink theirs in teardown when the sync is closed
+    assert await until(lambda: not _weight_segments() - before, 20), _weight_segments() - before
 
 
 async def test_a_publisher_killed_with_sigkill_fails_pulls_and_leaves_no_segment(

@@ -117,6 +117,21 @@ def test_segments_of_a_process_killed_with_sigkill_are_reaped() -> None:
         child.wait(10)
 
 
+def test_the_node_agents_sweep_removes_them_too() -> None:
+    # the agent runs transport.shm.cleanup_stale periodically: it knows these segments by name
+    child = subprocess.Popen([sys.executable, "-c", _CHILD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        name = child.stdout.readline().strip()
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+        assert name in shm.cleanup_stale(max_age=0)
+        assert not os.path.exists(os.path.join(shm.SHM_DIR, name))
+    finally:
+        child.kill()
+        child.wait(10)
+
+
 _LEASER = textwrap.dedent(
     """
     import sys, time
