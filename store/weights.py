@@ -164,12 +164,18 @@ class WeightSync:
         return sync
 
     async def aclose(self) -> None:
-        """End this client (idempotent): unlink its segments; the creator's also kills the
-        registry and the relays. Never raises for a cluster that is already gone."""
+        """End this client (idempotent): unlink its segments (a publisher's pulls then fail
+        with PublisherLostError); the creator's also kills the registry and the relays. Never
+        raises for a cluster that is already gone."""
         if self._closed:
             return
         self._closed = True
-        if self._pool is not None:
+        if self._pool is not None:  # this client published: its versions go away
+            if not self._owned:
+                try:
+                    await self._registry.retire(os.getpid())
+                except RaylessError:
+                    pass
             self._pool.close()
         self._reader.close()
         self._opened.clear()

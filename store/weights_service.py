@@ -102,6 +102,15 @@ class WeightRegistry(Actor):
         async with self.changed:
             self.changed.notify_all()
 
+    async def retire(self, pid: int) -> None:
+        """The publisher ``pid`` closed its client: pulls fail until a new publish."""
+        pub = self.publisher
+        if pub is not None and pub["pid"] == pid and not self.lost:
+            self.lost = f"the publisher of {self.name!r} (pid {pid}) closed its client"
+            self.entries.clear()
+            async with self.changed:
+                self.changed.notify_all()
+
     def latest_version(self) -> int:
         """The newest version published anywhere (-1: none yet)."""
         return self.latest

@@ -175,3 +175,16 @@ async def test_buckets_broadcast_over_a_torch_distributed_group(local_cluster: C
             results = await asyncio.gather(pub.publish(v), *(s.pull(v) for s in subs))
             assert results == [v, (v, [float(v)]), (v, [float(v)])]
         assert await ws.latest_version() == 2
+
+
+async def test_a_publisher_that_closes_its_client_fails_pulls(local_cluster: Cluster) -> None:
+    async with WeightSync.create(local_cluster, name="ws-retire"):
+        pub = await local_cluster.spawn(Publisher, "ws-retire", cpus=0)
+        (sub,) = await _subscribers(local_cluster, "ws-retire", ["float32"])
+        await pub.publish(1)
+        pid = await pub.pid()
+        waiting = asyncio.ensure_future(sub.pull(2, None))
+        await local_cluster.kill(pub)  # SIGTERM: its teardown closes the client
+        with pytest.raises(PublisherLostError, match="closed its client"):
+            await asyncio.wait_for(waiting, 60)
+        assert await until(lambda: not _segments_of(pid), 20)
