@@ -136,7 +136,9 @@ class Segment:
         try:
             size = HEADER + max(1, payload_bytes)
             os.posix_fallocate(fd, 0, size)  # ENOSPC now, not a SIGBUS on first touch
-            mapping = mmap.mmap(fd, size, flags=_tshm._MAP_FLAGS)
+            # no MAP_POPULATE: mmap() would populate while holding the GIL (a stalled event
+            # loop); the first write faults the pages in with the GIL released instead
+            mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
         except OSError:
             os.close(fd)
             _unlink(name)
@@ -165,7 +167,7 @@ class Segment:
                 raise ProtocolError(f"shared memory segment {name} is not one of ours")
             if info.st_size < HEADER:
                 raise ProtocolError(f"shared memory segment {name} is too short")
-            mapping = mmap.mmap(fd, info.st_size, flags=_tshm._MAP_FLAGS)  # populated now
+            mapping = mmap.mmap(fd, info.st_size, flags=mmap.MAP_SHARED)  # see create
         except BaseException:
             os.close(fd)
             raise
