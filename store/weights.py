@@ -28,6 +28,7 @@ is copied; a dead publisher fails pulls with PublisherLostError.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import time
@@ -208,23 +209,37 @@ class WeightSync:
     # -- publish -------------------------------------------------------------------------
 
     async def publish(
-        self, state: Mapping[str, Any], version: int, *, group: Any = None, src: int | None = None
+        self,
+        state: Mapping[str, Any],
+        version: int,
+        *,
+        shard: int = 0,
+        num_shards: int = 1,
+        group: Any = None,
+        src: int | None = None,
     ) -> int:
         """Publish the tensors of ``state`` (a state dict) as ``version``; returns it once
         every host can pull it. Publishes of one client run one at a time.
+
+        ``shard``/``num_shards``: every rank of a sharded trainer publishes its own tensors
+        (distinct names) as shard ``shard``; the version is complete, and pulls see it whole,
+        once every shard published it.
 
         With ``group`` (a torch.distributed process group, e.g. ``dist.group.WORLD``) the
         version is broadcast over it from ``src`` (default: this process's global rank)
         instead, and only that group's members get it (each calls ``pull(group=...)``).
 
-        Raises WeightVersionError unless ``version`` is above every version published,
-        OSError when shared memory is exhausted, ClosedError once closed.
+        Raises WeightVersionError unless ``version`` is above every version published (and
+        every version this shard published), StoreInputError for a bad shard, OSError when
+        shared memory is exhausted, ClosedError once closed.
         """
         self._check_open()
         tensors = tensors_of(state)
         async with self._publishing:
             t0 = time.perf_counter()
-            feeds = await self._registry.begin(version, os.getpid(), host_id(), self.location)
+            feeds = await self._registry.begin(
+                version, os.getpid(), host_id(), self.location, shard, num_shards
+            )
             layout = make_layout(tensors, self.bucket_bytes)
             if group is not None:
                 await self._broadcast(tensors, layout, version, group, src)
@@ -234,6 +249,7 @@ class WeightSync:
             cuda = self.cuda_ipc and bool(tensors) and all(t.is_cuda for t in tensors.values())
             write = self._write_cuda if cuda else self._write_shm
             entry, chunks = await asyncio.to_thread(write, tensors, layout, version)
+            entry["shard"] = shard
             await self._registry.announce(self.location, entry)
             if feeds:
                 await asyncio.gather(*(self._feed(w, r, entry, chunks) for w, r in feeds))
@@ -313,14 +329,14 @@ class WeightSync:
         self, where: str, relay: ActorHandle[Any], entry: dict[str, Any], chunks: list[Any]
     ) -> None:
         """One transfer to another host's relay, in RELAY_CHUNK pieces, IN_FLIGHT at a time."""
-        version, starts = entry["version"], entry["starts"]
-        await relay.begin(version, sum(c.numel() for c in chunks))
+        version, starts, shard = entry["version"], entry["starts"], entry["shard"]
+        await relay.begin(version, sum(c.numel() for c in chunks), shard)
         gate = asyncio.Semaphore(IN_FLIGHT)
 
         async def one(start: int, chunk: torch.Tensor) -> None:
             async with gate:
                 host_chunk = await asyncio.to_thread(chunk.cpu) if chunk.is_cuda else chunk
-                await relay.write(version, start, host_chunk)
+                await relay.write(version, start, host_chunk, shard)
 
         pieces = [
             (start + off, chunk[off : off + RELAY_CHUNK])
@@ -328,7 +344,7 @@ class WeightSync:
             for off in range(0, chunk.numel(), RELAY_CHUNK)
         ]
         await asyncio.gather(*(one(s, c) for s, c in pieces))
-        relayed = await relay.commit(version, entry["layout"], starts)
+        relayed = await relay.commit(version, entry["layout"], starts, shard)
         await self._registry.announce(where, relayed)
 
     # -- pull ----------------------------------------------------------------------------
@@ -366,7 +382,8 @@ class WeightSync:
             while True:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 entry = await self._registry.wait(self.location, min_version, left)
-                check(entry["layout"], targets, strict)
+                parts = entry["parts"] if entry["kind"] == "parts" else [entry]
+                check([row for part in parts for row in part["layout"]], targets, strict)
                 try:
                     await asyncio.to_thread(self._read, entry, targets)
                 except segments.Superseded:  # rewritten meanwhile: a newer one is out
@@ -398,14 +415,20 @@ class WeightSync:
                     return version
 
     def _read(self, entry: dict[str, Any], targets: dict[str, torch.Tensor]) -> None:
-        with self._reader.lease(entry["segment"], entry["version"]) as payload:
-            if entry["kind"] == "cuda":
-                buckets = self._ipc_buckets(entry)
-                read_into(entry["layout"], buckets, targets)
+        parts = entry["parts"] if entry["kind"] == "parts" else [entry]
+        with contextlib.ExitStack() as leases:  # every shard of the version leased at once
+            payloads = [leases.enter_context(self._reader.lease(p["segment"], p["version"]))
+                        for p in parts]  # fmt: skip
+            cuda = False
+            for part, payload in zip(parts, payloads, strict=True):
+                if part["kind"] == "cuda":
+                    read_into(part["layout"], self._ipc_buckets(part), targets)
+                    cuda = True
+                elif payload.nbytes:
+                    flat = torch.frombuffer(payload, dtype=torch.uint8)
+                    read_into(part["layout"], [flat] * len(part["starts"]), targets, part["starts"])
+            if cuda:
                 torch.cuda.synchronize()
-            elif payload.nbytes:
-                flat = torch.frombuffer(payload, dtype=torch.uint8)
-                read_into(entry["layout"], [flat] * len(entry["starts"]), targets, entry["starts"])
 
     def _ipc_buckets(self, entry: dict[str, Any]) -> list[torch.Tensor]:
         from rayless.transport._cuda import open_ipc

@@ -25,6 +25,7 @@ from rayless.actors import Actor, ActorHandle
 from rayless.store import segments
 from rayless.store.errors import (
     PublisherLostError,
+    StoreInputError,
     WeightSyncError,
     WeightTimeoutError,
     WeightVersionError,
@@ -54,7 +55,10 @@ class WeightRegistry(Actor):
         self.entries: dict[str, dict[str, Any]] = {}  # location -> newest entry there
         self.relays: dict[str, ActorHandle[Any]] = {}  # location -> its relay
         self.relay_hosts: dict[str, str] = {}  # location -> host id
-        self.publisher: dict[str, Any] | None = None
+        self.publishers: dict[int, dict[str, Any]] = {}  # shard -> pid, host, location
+        self.num_shards = 1
+        self.begun: dict[int, int] = {}  # shard -> the newest version it began
+        self.partial: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}  # shards so far
         self.lost: str | None = None
         self.changed = asyncio.Condition()
         self._monitor: asyncio.Task[None] | None = None
@@ -79,22 +83,48 @@ class WeightRegistry(Actor):
         """The sync's settings, relays and newest version."""
         return {"per_node": self.per_node, "relays": dict(self.relays), "latest": self.latest}
 
-    async def begin(self, version: int, pid: int, host: str, where: str) -> list[Any]:
-        """Start publishing ``version`` from ``pid``: the (location, relay) pairs to feed.
+    async def begin(
+        self, version: int, pid: int, host: str, where: str, shard: int = 0, num_shards: int = 1
+    ) -> list[Any]:
+        """Start publishing shard ``shard`` of ``num_shards`` of ``version`` from ``pid``: the
+        (location, relay) pairs to feed. A version is complete once every shard announced it.
 
-        Raises WeightVersionError unless ``version`` is above every version published.
+        Raises WeightVersionError unless ``version`` is above every complete version and every
+        version this shard began; StoreInputError for a bad shard.
         """
         if not isinstance(version, int) or isinstance(version, bool) or version <= self.latest:
             raise WeightVersionError(
                 f"version {version!r} is not above the newest published version {self.latest}"
             )
-        if self.publisher is None or self.publisher["pid"] != pid or self.lost:
-            self.publisher = {"pid": pid, "host": host, "where": where}
+        if not (isinstance(num_shards, int) and num_shards >= 1 and 0 <= shard < num_shards):
+            raise StoreInputError(f"bad shard {shard!r} of {num_shards!r}")
+        if version <= self.begun.get(shard, -1):
+            raise WeightVersionError(
+                f"shard {shard} already published version {self.begun[shard]} (not below it)"
+            )
+        if num_shards != self.num_shards:
+            self.num_shards = num_shards
+            self.publishers = {k: v for k, v in self.publishers.items() if k < num_shards}
+        self.begun[shard] = version
+        old = self.publishers.get(shard)
+        if old is None or old["pid"] != pid or self.lost:
+            self.publishers[shard] = {"pid": pid, "host": host, "where": where}
             self.lost = None
         return [[w, r] for w, r in self.relays.items() if w != where]
 
     async def announce(self, where: str, entry: dict[str, Any]) -> None:
-        """A version is complete at ``where`` (entry: version, kind, segment, layout...)."""
+        """A shard of a version is complete at ``where`` (entry: version, shard, kind, segment,
+        layout...); with every shard there, so is the version."""
+        version = int(entry["version"])
+        if self.num_shards > 1:
+            parts = self.partial.setdefault((where, version), {})
+            parts[int(entry.get("shard", 0))] = entry
+            if len(parts) < self.num_shards:
+                return
+            for key in [k for k in self.partial if k[0] == where and k[1] <= version]:
+                del self.partial[key]
+            entry = {"version": version, "kind": "parts", "segment": "",
+                     "parts": [parts[i] for i in range(self.num_shards)]}  # fmt: skip
         old = self.entries.get(where)
         if old is None or old["version"] < entry["version"]:
             self.entries[where] = entry
@@ -104,8 +134,7 @@ class WeightRegistry(Actor):
 
     async def retire(self, pid: int) -> None:
         """The publisher ``pid`` closed its client: pulls fail until a new publish."""
-        pub = self.publisher
-        if pub is not None and pub["pid"] == pid and not self.lost:
+        if any(p["pid"] == pid for p in self.publishers.values()) and not self.lost:
             self.lost = f"the publisher of {self.name!r} (pid {pid}) closed its client"
             self.entries.clear()
             async with self.changed:
@@ -129,8 +158,8 @@ class WeightRegistry(Actor):
                 entry = self.entries.get(where)
                 if entry is not None and entry["version"] >= min_version:
                     return entry
-                pub = self.publisher
-                if pub is not None and where not in self.relays and where != pub["where"]:
+                sources = {p["where"] for p in self.publishers.values()}
+                if sources and where not in self.relays and where not in sources:
                     raise WeightSyncError(f"weight sync {self.name!r}: no relay at {where}")
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -155,9 +184,12 @@ class WeightRegistry(Actor):
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(MONITOR_INTERVAL)
-            pub = self.publisher
-            if pub is None or self.lost or await self._alive(pub):
+            if self.lost:
                 continue
+            dead = [p for p in list(self.publishers.values()) if not await self._alive(p)]
+            if not dead:
+                continue
+            pub = dead[0]
             self.lost = f"the publisher of {self.name!r} (pid {pub['pid']}) died"
             self.entries.clear()
             async with self.changed:
@@ -174,9 +206,10 @@ class WeightRelay(Actor):
 
     def __init__(self, per_node: bool, max_slots: int = 3) -> None:
         self.location = location(per_node)
-        self.pool = segments.SlotPool(max_slots)
-        self.pending: dict[int, segments.Segment] = {}
-        self.payloads: dict[int, torch.Tensor] = {}
+        self.max_slots = max_slots
+        self.pools: dict[int, segments.SlotPool] = {}  # shard -> its segments
+        self.pending: dict[tuple[int, int], segments.Segment] = {}  # (version, shard) -> segment
+        self.payloads: dict[tuple[int, int], torch.Tensor] = {}
 
     def where(self) -> tuple[str, str]:
         """This relay's location and host id."""
@@ -189,40 +222,45 @@ class WeightRelay(Actor):
     def drop(self, dead_pid: int) -> list[str]:
         """Forget every version (the publisher died); unlink ``dead_pid``'s segments here."""
         self._abort()
-        self.pool.close()
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()
         return segments.reap(dead_pid) if dead_pid else []
 
-    def _abort(self) -> None:
-        for seg in self.pending.values():
-            self.pool.abort(seg)
-        self.pending.clear()
-        self.payloads.clear()
+    def _abort(self, shard: int | None = None) -> None:
+        for key in [k for k in self.pending if shard is None or k[1] == shard]:
+            self.pools[key[1]].abort(self.pending.pop(key))
+            self.payloads.pop(key, None)
 
-    async def begin(self, version: int, nbytes: int) -> None:
+    async def begin(self, version: int, nbytes: int, shard: int = 0) -> None:
         """Lease a segment of ``nbytes`` for ``version`` (waits for slow readers)."""
-        self._abort()  # an unfinished earlier version (its publisher gave up) is dropped
-        seg = await asyncio.to_thread(self.pool.begin, nbytes)
-        self.pending[version] = seg
-        self.payloads[version] = torch.frombuffer(seg.payload, dtype=torch.uint8)
+        self._abort(shard)  # an unfinished earlier version (its publisher gave up) is dropped
+        pool = self.pools.setdefault(shard, segments.SlotPool(self.max_slots))
+        seg = await asyncio.to_thread(pool.begin, nbytes)
+        self.pending[version, shard] = seg
+        self.payloads[version, shard] = torch.frombuffer(seg.payload, dtype=torch.uint8)
 
-    async def write(self, version: int, offset: int, chunk: torch.Tensor) -> None:
+    async def write(self, version: int, offset: int, chunk: torch.Tensor, shard: int = 0) -> None:
         """Copy one bucket (flat uint8) to ``offset`` of the pending version."""
-        payload = self.payloads.get(version)
+        payload = self.payloads.get((version, shard))
         if payload is None:
             raise WeightSyncError(f"relay at {self.location}: version {version} was not begun")
         n = chunk.numel()
         await asyncio.to_thread(payload[offset : offset + n].copy_, chunk.view(torch.uint8))
 
-    def commit(self, version: int, layout: list[Any], starts: list[int]) -> dict[str, Any]:
+    def commit(
+        self, version: int, layout: list[Any], starts: list[int], shard: int = 0
+    ) -> dict[str, Any]:
         """Make the pending version readable here; the entry to announce."""
-        seg = self.pending.pop(version, None)
-        self.payloads.pop(version, None)
+        seg = self.pending.pop((version, shard), None)
+        self.payloads.pop((version, shard), None)
         if seg is None:
             raise WeightSyncError(f"relay at {self.location}: version {version} was not begun")
-        self.pool.commit(seg, version)
+        self.pools[shard].commit(seg, version)
         return {"version": version, "kind": "shm", "segment": seg.name, "layout": layout,
-                "starts": starts}  # fmt: skip
+                "starts": starts, "shard": shard}  # fmt: skip
 
     async def teardown(self) -> None:
         self._abort()
-        self.pool.close()
+        for pool in self.pools.values():
+            pool.close()

@@ -188,3 +188,27 @@ async def test_a_publisher_that_closes_its_client_fails_pulls(local_cluster: Clu
         with pytest.raises(PublisherLostError, match="closed its client"):
             await asyncio.wait_for(waiting, 60)
         assert await until(lambda: not _segments_of(pid), 20)
+
+
+@pytest.mark.parametrize("per_node", [False, True])
+async def test_every_rank_publishes_its_shard_and_pulls_see_whole_versions(
+    local_cluster: Cluster, per_node: bool
+) -> None:
+    name = f"ws-shards-{int(per_node)}"
+    nodes = [n["node_id"] for n in await local_cluster.nodes()]
+    async with WeightSync.create(local_cluster, name=name, per_node=per_node) as ws:
+        ranks = [
+            await local_cluster.spawn(Publisher, name, node=nodes[i], cpus=0) for i in range(2)
+        ]
+        keys = [["layer.weight", "layer.bias"], ["head.weight", "steps"]]
+        subs = await _subscribers(local_cluster, name, ["float32", "float16"])
+        for v in (1, 2):
+            pulls = [asyncio.ensure_future(s.pull(v)) for s in subs]  # wait for both shards
+            await ranks[0].publish(v, keys[0], 0, 2)
+            latest = await ws.latest_version()
+            assert latest < v  # shard 1 has not published v yet
+            await ranks[1].publish(v, keys[1], 1, 2)
+            got = await asyncio.gather(*pulls)
+            assert got == [(v, [float(v)])] * 2, got
+        with pytest.raises(WeightVersionError):
+            await ranks[0].publish(2, keys[0], 0, 2)  # this shard already published 2

@@ -93,9 +93,15 @@ class Publisher(Actor):
         """This process's pid."""
         return os.getpid()
 
-    async def publish(self, version: int) -> int:
-        """Publish ``state(version)`` in bf16 on this publisher's device."""
-        return int(await self.ws.publish(state(version, torch.bfloat16, self.device), version))
+    async def publish(
+        self, version: int, keys: list[str] | None = None, shard: int = 0, num_shards: int = 1
+    ) -> int:
+        """Publish ``state(version)`` (only ``keys``, as shard ``shard``) in bf16 on this
+        publisher's device."""
+        s = state(version, torch.bfloat16, self.device)
+        if keys is not None:
+            s = {k: s[k] for k in keys}
+        return int(await self.ws.publish(s, version, shard=shard, num_shards=num_shards))
 
     async def teardown(self) -> None:
         if self.ws is not None:
