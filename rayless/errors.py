@@ -17,7 +17,8 @@ and stays light: it imports the error modules and nothing heavy (no torch, numpy
     ├── BrokenError → ClusterLostError  (the head is gone)
     └── StoreError: StoreInputError (SchemaError, Unknown*Error, StaleMetaError,
         ForeignMetaError), StoreFullError (WriteTooLargeError), StoreTimeoutError,
-        UnitLostError (PartialResultError)
+        UnitLostError (PartialResultError), WeightSyncError (WeightMismatchError,
+        WeightVersionError, WeightTimeoutError, PublisherLostError)
 """
 
 from rayless.actors.errors import (
@@ -42,6 +43,7 @@ from rayless.placement.errors import (
 from rayless.store.errors import (
     ForeignMetaError,
     PartialResultError,
+    PublisherLostError,
     SchemaError,
     StaleMetaError,
     StoreError,
@@ -52,6 +54,10 @@ from rayless.store.errors import (
     UnknownFieldError,
     UnknownKeyError,
     UnknownPartitionError,
+    WeightMismatchError,
+    WeightSyncError,
+    WeightTimeoutError,
+    WeightVersionError,
     WriteTooLargeError,
 )
 from rayless.transport.errors import (
@@ -100,6 +106,11 @@ __all__ = [
     "Timeout",
     "TransportError",
     "UnitLostError",
+    "PublisherLostError",
+    "WeightMismatchError",
+    "WeightSyncError",
+    "WeightTimeoutError",
+    "WeightVersionError",
     "UnknownFieldError",
     "UnknownKeyError",
     "UnknownPartitionError",

@@ -7,13 +7,14 @@
 #       CPython 3.12 into .whl/ (git-ignored through .git/info/exclude)
 #   there (device tool): bash scripts/device_check.sh            (carry: [".whl"])
 #       installs rayless into a venv over the system's CUDA torch, then runs the CUDA tests,
-#       NVML discovery, the CUDA store benchmark beside a device-to-device copy, and a short
+#       NVML discovery, the CUDA store benchmark beside a device-to-device copy, the CUDA
+#       weight-sync benchmark (IPC buckets against the copy bandwidth), and a short
 #       GPU run of the PPO demo; every figure and log goes under $OUT (or the first argument).
 #       Under 8 minutes in all; each step has its own timeout and the run goes on after a
 #       failed step. summary.txt lists each step's exit code.
 #
-# Not here yet (their issues are open): the CUDA weight-sync benchmark (scripts/bench_weights.py)
-# and the GRPO demo; the script reports them as absent and runs them once they exist.
+# Not here yet (its issue is open): the GRPO demo; the script reports it as absent and runs it
+# once it exists.
 set -u
 cd "$(dirname "$0")/.."
 
@@ -91,8 +92,8 @@ step bench-store-cuda 150 "$out/bench_store_cuda.txt" \
   python scripts/bench_store.py --device cuda --quick --json "$out/bench_store_cuda.json"
 
 if [ -f scripts/bench_weights.py ]; then
-  step bench-weights-cuda 120 "$out/bench_weights_cuda.txt" \
-    python scripts/bench_weights.py --device cuda --quick
+  step bench-weights-cuda 170 "$out/bench_weights_cuda.txt" \
+    python scripts/bench_weights.py --device cuda --quick --json "$out/bench_weights_cuda.json"
 else
   echo "bench-weights-cuda: absent (scripts/bench_weights.py not built yet)" >> "$summary"
 fi

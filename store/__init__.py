@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from rayless.store.errors import (
     ForeignMetaError,
     PartialResultError,
+    PublisherLostError,
     SchemaError,
     StaleMetaError,
     StoreError,
@@ -18,6 +19,10 @@ from rayless.store.errors import (
     UnknownFieldError,
     UnknownKeyError,
     UnknownPartitionError,
+    WeightMismatchError,
+    WeightSyncError,
+    WeightTimeoutError,
+    WeightVersionError,
     WriteTooLargeError,
 )
 
@@ -33,6 +38,8 @@ if TYPE_CHECKING:
     )
     from rayless.store.schema import FieldSchema
     from rayless.store.sync import SyncStore
+    from rayless.store.weights import WeightSync
+    from rayless.store.weights_sync import SyncWeightSync
 
 # The rest loads on first use, so that ``rayless.store.errors`` (and ``rayless.errors``) stay
 # light: the store's client imports torch and tensordict.
@@ -46,6 +53,8 @@ _LAZY = {
     "make_sampler": "rayless.store.samplers",
     "FieldSchema": "rayless.store.schema",
     "SyncStore": "rayless.store.sync",
+    "WeightSync": "rayless.store.weights",
+    "SyncWeightSync": "rayless.store.weights_sync",
 }
 
 
@@ -69,6 +78,7 @@ __all__ = [
     "ForeignMetaError",
     "GroupedSampler",
     "PartialResultError",
+    "PublisherLostError",
     "RandomSampler",
     "SchemaError",
     "SequentialSampler",
@@ -79,10 +89,16 @@ __all__ = [
     "StoreInputError",
     "StoreTimeoutError",
     "SyncStore",
+    "SyncWeightSync",
     "UnitLostError",
     "UnknownFieldError",
     "UnknownKeyError",
     "UnknownPartitionError",
+    "WeightMismatchError",
+    "WeightSync",
+    "WeightSyncError",
+    "WeightTimeoutError",
+    "WeightVersionError",
     "WriteTooLargeError",
     "make_sampler",
     "samplers",

@@ -7,9 +7,11 @@
 3. Spawn eval, env and train workers on exactly their slots (``spawn_component``); the train
    ranks form a torch.distributed group (gloo on CPU, nccl on GPU).
 4. Iterate: env workers roll out through eval workers (router) into the store; train ranks
-   fetch their shard's samples and update; rank 0's weights go to every eval worker with a
-   version. ``sync`` mode waits for the new weights before the next rollout; ``async`` keeps up
-   to ``algo.max_staleness`` rollouts ahead of training.
+   fetch their shard's samples and update; rank 0 publishes its weights with a version to
+   the run's weight sync (``rayless.store.WeightSync``: shared memory on a host, a relay per
+   other host) and every eval worker pulls them in place. ``sync`` mode waits for the new
+   weights before the next rollout; ``async`` keeps up to ``algo.max_staleness`` rollouts
+   ahead of training.
 
 Each iteration's samples go to their own partitions (``it{k}-shard{s}``), so a train rank
 always reads exactly its share of that iteration from its storage shard.
@@ -32,7 +34,7 @@ from rayless.demo.config import PipelineConfig, WorkerConfig
 from rayless.demo.rollout import ReturnTracker
 from rayless.demo.workers import EnvWorker, EvalWorker, TrainWorker
 from rayless.placement import ComponentScheduling, EpisodeTable, ResourcePoolPlanner, Scheduling
-from rayless.store import Store
+from rayless.store import Store, WeightSync
 
 
 @dataclass
@@ -48,6 +50,7 @@ class IterationStats:
     version: int
     staleness: int
     loss: float
+    weight_sync_s: float = 0.0  # publish until every eval worker pulled the new version
 
 
 @dataclass
@@ -70,6 +73,7 @@ class RunResult:
         out = asdict(self)
         out["mean_return"] = [it.mean_return for it in self.iterations]
         out["samples_per_s"] = [it.samples_per_s for it in self.iterations]
+        out["weight_sync_s"] = [it.weight_sync_s for it in self.iterations]
         return out
 
 
@@ -135,7 +139,10 @@ class Pipeline:
         self.ranks_per_shard: dict[int, int] = {}
         self.setup_s = 0.0
         self.store_name = f"demo-store-{cluster.info.session[:8]}"
-        self._weights: dict[str, Any] | None = None
+        self.weights_name = f"demo-weights-{cluster.info.session[:8]}"
+        self.weights: WeightSync | None = None
+        self._version = -1  # the newest version published
+        self.sync_s: list[float] = []  # seconds per weight sync, setup's first
 
     async def setup(self) -> None:
         """Plan, start the store and every worker, form the process group, sync weights."""
@@ -172,8 +179,15 @@ class Pipeline:
         )
         algo_d = asdict(algo)
         seed = cfg.run.seed
+        self.weights = await WeightSync.create(self.cluster, name=self.weights_name)
         self.evals = await self.cluster.spawn_component(
-            EvalWorker, packing, "eval", algo_d, seed, max_restarts=self.max_restarts
+            EvalWorker,
+            packing,
+            "eval",
+            algo_d,
+            seed,
+            self.weights_name,
+            max_restarts=self.max_restarts,
         )
         self.trains = []
         for r in range(n_train):
@@ -189,6 +203,7 @@ class Pipeline:
                 self.store_name,
                 f"shard{shard}",
                 per_rank,
+                self.weights_name,
             )
         self.envs = await self._spawn_envs(packing, algo_d, seed, distribution)
         addr, port = await self.trains[0].free_port()
@@ -229,12 +244,17 @@ class Pipeline:
             )
         return envs
 
-    async def _broadcast_weights(self, version: int) -> None:
-        weights = await self.trains[0].weights(version)
-        self._weights = weights
+    async def _broadcast_weights(self, version: int) -> float:
+        """Rank 0 publishes ``version``; every eval worker pulls it. The seconds it took."""
+        t0 = time.perf_counter()
+        await self.trains[0].publish_weights(version)
+        self._version = version
         await self._retrying(
-            lambda: asyncio.gather(*(e.set_weights(weights) for e in self.evals)), resync=False
+            lambda: asyncio.gather(*(e.pull_weights(version) for e in self.evals)), resync=False
         )
+        took = time.perf_counter() - t0
+        self.sync_s.append(took)
+        return took
 
     async def _retrying(self, call: Callable[[], Any], *, resync: bool = True) -> Any:
         """``await call()``, retried up to ``max_restarts`` times after an ActorDiedError of a
@@ -246,10 +266,10 @@ class Pipeline:
                 if attempt >= self.max_restarts:
                     raise
             await asyncio.sleep(0.2)
-            if resync and self._weights is not None:  # a restarted eval worker has old weights
-                weights = self._weights
+            if resync and self._version >= 0:  # a restarted eval worker has old weights
+                version = self._version
                 await asyncio.gather(
-                    *(e.set_weights(weights) for e in self.evals), return_exceptions=True
+                    *(e.pull_weights(version) for e in self.evals), return_exceptions=True
                 )
         raise AssertionError("unreachable")  # the loop returns or raises
 
@@ -287,7 +307,7 @@ class Pipeline:
                 env_stats = await pending.pop(it)
                 train_stats = await asyncio.gather(*(t.train(it) for t in self.trains))
                 version = it + 1
-                await self._broadcast_weights(version)
+                sync_s = await self._broadcast_weights(version)
                 for s in env_stats:
                     tracker.add(torch.tensor(s["returns"], dtype=torch.float32))
                     totals["env_steps"] += s["env_steps"]
@@ -313,6 +333,7 @@ class Pipeline:
                     version=version,
                     staleness=it - min(s["min_version"] for s in train_stats),
                     loss=sum(s.get("loss", 0.0) for s in train_stats) / len(train_stats),
+                    weight_sync_s=sync_s,
                 )
                 stats.append(row)
                 if self.on_iteration is not None:
@@ -328,6 +349,9 @@ class Pipeline:
             for task in pending.values():
                 task.cancel()
             await asyncio.gather(*pending.values(), return_exceptions=True)
+        syncs = [r.weight_sync_s for r in stats]
+        totals["weight_syncs"] = float(len(syncs))
+        totals["weight_sync_s"] = float(sum(syncs))
         n_env, n_train = max(1, len(self.envs)), max(1, len(self.trains))
         stages = {
             "env_steps_per_s": totals["env_steps"] / max(1e-9, totals["env_s"] / n_env),
@@ -365,3 +389,5 @@ class Pipeline:
                 await self.store.shutdown()
             except Exception:
                 pass
+        if self.weights is not None:
+            await self.weights.aclose()

@@ -22,7 +22,8 @@ def progress_line(row: IterationStats, cfg: PipelineConfig) -> str:
     return (
         f"it {row.iteration + 1:>3}/{cfg.algo.iterations} [{bar}] "
         f"return {row.mean_return:6.1f}/{target:g} | {row.samples_per_s:>8,.0f} samples/s | "
-        f"policy v{row.version} | staleness {row.staleness} | loss {row.loss:7.3f}"
+        f"policy v{row.version} | staleness {row.staleness} | loss {row.loss:7.3f} | "
+        f"sync {row.weight_sync_s * 1e3:.1f} ms"
     )
 
 
@@ -55,6 +56,15 @@ def summary_text(result: RunResult) -> str:
             ["train", f"{s['train_samples_per_s']:,.0f} samples/s"],
         ],
     )
+    syncs = sorted(r.weight_sync_s for r in result.iterations)
+    if syncs:
+        mid = syncs[len(syncs) // 2]
+        sync_line = (
+            f"weight sync: {len(syncs)} syncs, median {mid * 1e3:.1f} ms, "
+            f"max {syncs[-1] * 1e3:.1f} ms (publish until every eval worker pulled)"
+        )
+    else:
+        sync_line = "weight sync: none"
     placement = _table(
         ["worker", "node", "GPUs", "GPU share", "CPUs"],
         [
@@ -68,7 +78,7 @@ def summary_text(result: RunResult) -> str:
         f"after {len(result.iterations)} iterations, {result.wall_s:.1f} s of training "
         f"(+{result.setup_s:.1f} s setup), mode {result.mode}"
     )
-    return f"\nThroughput per stage\n{stages}\n\nPlacement\n{placement}\n\n{outcome}"
+    return f"\nThroughput per stage\n{stages}\n{sync_line}\n\nPlacement\n{placement}\n\n{outcome}"
 
 
 def write_report(result: RunResult, out_dir: Path, cfg: PipelineConfig) -> dict[str, Path]:

@@ -1,13 +1,14 @@
 """The actors of the demo pipeline: env workers, eval (inference) workers, PPO learners.
 
 * :class:`EvalWorker` holds a copy of the policy and answers ``act(obs)`` for a batch of
-  observations; ``set_weights`` installs a new version (broadcast after every update).
+  observations; ``pull_weights`` loads a new version from the run's weight sync
+  (``rayless.store.WeightSync``, published by train rank 0 after every update).
 * :class:`EnvWorker` steps a vectorised CartPole, sends each step's observations to an eval
   worker chosen by the router (node affinity by default), computes GAE with the rollout's
   values and puts the transitions into its storage shard's partition of the store.
 * :class:`TrainWorker` is one rank of a torch.distributed group (gloo on CPU, nccl on GPU):
   it fetches its share of the iteration's samples from its node's shard and runs a PPO
-  update on a DDP-wrapped policy; rank 0 returns the new weights.
+  update on a DDP-wrapped policy; rank 0 publishes the new weights (``publish_weights``).
 
 Every worker runs on its CUDA device when it has one (CUDA_VISIBLE_DEVICES is set by the
 runtime), on the CPU otherwise.
@@ -27,7 +28,15 @@ from rayless.actors import Actor, ActorHandle
 from rayless.actors.control.process import apply_torch_threads, torch_threads
 from rayless.demo.config import AlgoConfig
 from rayless.demo.env import VecCartPole
-from rayless.demo.ppo import ActorCritic, act, get_weights, make_optimizer, ppo_update, set_weights
+from rayless.demo.ppo import (
+    ActorCritic,
+    _unwrap,
+    act,
+    get_weights,
+    make_optimizer,
+    ppo_update,
+    set_weights,
+)
 from rayless.demo.rollout import build_transitions, compute_advantages
 
 FIELDS = ["obs", "action", "logp", "value", "advantage", "return", "policy_version"]
@@ -52,8 +61,10 @@ def _algo(params: dict[str, Any]) -> AlgoConfig:
 class EvalWorker(Actor):
     """Policy inference for env workers."""
 
-    def __init__(self, algo: dict[str, Any], seed: int) -> None:
+    def __init__(self, algo: dict[str, Any], seed: int, weights_name: str | None = None) -> None:
         torch.set_num_threads(1)
+        self.weights_name = weights_name
+        self.weights: Any = None
         self.algo = _algo(algo)
         self.device = worker_device()
         torch.manual_seed(seed)
@@ -88,6 +99,21 @@ class EvalWorker(Actor):
             },
         )
         return self.version
+
+    async def setup(self) -> None:
+        if self.weights_name is not None:
+            from rayless.store import WeightSync
+
+            self.weights = await WeightSync.connect(self.weights_name, cuda_ipc=False)
+
+    async def pull_weights(self, min_version: int, timeout: float = 120) -> int:
+        """Load the newest published version >= ``min_version`` in place; returns it."""
+        self.version = await self.weights.pull(self.policy, min_version, timeout)
+        return self.version
+
+    async def teardown(self) -> None:
+        if self.weights is not None:
+            await self.weights.aclose()
 
     async def check_idle(self) -> bool:
         """No request in flight (the router's probe)."""
@@ -222,8 +248,11 @@ class TrainWorker(Actor):
         store_name: str,
         partition: str,
         samples_per_rank: int,
+        weights_name: str | None = None,
     ) -> None:
         torch.set_num_threads(1)
+        self.weights_name = weights_name
+        self.weights_sync: Any = None
         self.rank = rank
         self.algo = _algo(algo)
         self.seed = seed
@@ -266,10 +295,21 @@ class TrainWorker(Actor):
         from rayless.store import Store
 
         self.store = await Store.connect(self.store_name)
+        if self.weights_name is not None and self.rank == 0:
+            from rayless.store import WeightSync
+
+            # CPU shared memory: eval workers on other GPUs (or none) can always read it
+            self.weights_sync = await WeightSync.connect(self.weights_name, cuda_ipc=False)
 
     def weights(self, version: int) -> dict[str, torch.Tensor]:
         """The current weights (CPU copies) tagged with ``version``."""
         return get_weights(self.model, version)
+
+    async def publish_weights(self, version: int) -> float:
+        """Publish the current weights as ``version`` (rank 0); the seconds it took."""
+        t0 = time.perf_counter()
+        await self.weights_sync.publish(_unwrap(self.model).state_dict(), version)
+        return time.perf_counter() - t0
 
     async def train(self, iteration: int) -> dict[str, Any]:
         """Fetch this rank's samples of the iteration and run one PPO update."""
@@ -307,5 +347,7 @@ class TrainWorker(Actor):
     async def teardown(self) -> None:
         import torch.distributed as dist
 
+        if self.weights_sync is not None:
+            await self.weights_sync.aclose()  # unlinks the published segments
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -44,6 +44,11 @@ async def test_shortened_pipeline_learns_and_moves_data(
     assert data["mean_return"] == returns and len(data["samples_per_s"]) == 8
     assert "png" in paths and paths["png"].stat().st_size > 1000
     assert "Throughput per stage" in summary_text(result)
+    # every weight broadcast went through WeightSync, and the report shows its time
+    assert all(0 < it.weight_sync_s < 60 for it in result.iterations)
+    assert len(data["weight_sync_s"]) == 8 and totals["weight_syncs"] == 8
+    assert "weight sync: 8 syncs, median" in summary_text(result)
+    assert len(pipeline.sync_s) == 9  # setup's first sync, then one per iteration
 
 
 def test_demo_command_reports_bad_config(tmp_path: Path) -> None:

@@ -1,0 +1,149 @@
+"""Actors of the weight-sync tests (importable by actor processes)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from rayless.actors import Actor
+from rayless.store import SyncWeightSync, WeightSync
+
+SHAPES = {"layer.weight": (64, 32), "layer.bias": (64,), "head.weight": (8, 64), "steps": ()}
+
+
+def state(
+    version: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """A state dict whose every element equals ``version``."""
+    out = {k: torch.full(s, float(version), dtype=dtype, device=device) for k, s in SHAPES.items()}
+    out["steps"] = torch.tensor(version, dtype=torch.int64, device=device)
+    return out
+
+
+def versions_in(tensors: dict[str, torch.Tensor]) -> set[float]:
+    """The distinct values held by the tensors (one value: a consistent version)."""
+    return {float(v) for t in tensors.values() for v in t.reshape(-1).unique().tolist()}
+
+
+class Subscriber(Actor):
+    """A rollout worker's side: pulls into its own tensors of ``dtype``."""
+
+    def __init__(self, name: str, dtype: str = "float32", device: str = "cpu") -> None:
+        self.name = name
+        self.tensors = state(0, getattr(torch, dtype), device)
+        self.ws: Any = None
+
+    async def setup(self) -> None:
+        self.ws = await WeightSync.connect(self.name)
+
+    def pid(self) -> int:
+        """This process's pid."""
+        return os.getpid()
+
+    async def pull(self, min_version: int = 0, timeout: float | None = 30) -> tuple[int, list]:
+        """Pull; the version and the distinct values now held."""
+        v = await self.ws.pull(self.tensors, min_version, timeout)
+        return v, sorted(versions_in(self.tensors))
+
+    def dtype(self) -> str:
+        """The dtype of the held weights."""
+        return str(self.tensors["layer.weight"].dtype)
+
+    def device(self) -> str:
+        """The device of the held weights."""
+        return str(self.tensors["layer.weight"].device)
+
+    async def follow(self, last: int, timeout: float = 60) -> list[list[Any]]:
+        """Pull every newer version until ``last``: (version, distinct values) each time."""
+        seen: list[list[Any]] = []
+        v = 0
+        while v < last:
+            v = await self.ws.pull(self.tensors, v + 1, timeout)
+            seen.append([v, sorted(versions_in(self.tensors))])
+        return seen
+
+    def pull_sync(self, min_version: int) -> int:
+        """The blocking face, from a sync method (the actor's worker thread)."""
+        ws = SyncWeightSync.connect(self.name)
+        try:
+            return ws.pull(self.tensors, min_version, timeout=30)
+        finally:
+            ws.close()
+
+    async def teardown(self) -> None:
+        if self.ws is not None:
+            await self.ws.aclose()
+
+
+class Publisher(Actor):
+    """A trainer's side: publishes ``state(version)``."""
+
+    def __init__(self, name: str, device: str = "cpu", bucket_bytes: int = 512 << 20) -> None:
+        self.name = name
+        self.device = device
+        self.bucket_bytes = bucket_bytes
+        self.ws: Any = None
+
+    async def setup(self) -> None:
+        self.ws = await WeightSync.connect(self.name, bucket_bytes=self.bucket_bytes)
+
+    def pid(self) -> int:
+        """This process's pid."""
+        return os.getpid()
+
+    async def publish(
+        self, version: int, keys: list[str] | None = None, shard: int = 0, num_shards: int = 1
+    ) -> int:
+        """Publish ``state(version)`` (only ``keys``, as shard ``shard``) in bf16 on this
+        publisher's device."""
+        s = state(version, torch.bfloat16, self.device)
+        if keys is not None:
+            s = {k: s[k] for k in keys}
+        return int(await self.ws.publish(s, version, shard=shard, num_shards=num_shards))
+
+    async def teardown(self) -> None:
+        if self.ws is not None:
+            await self.ws.aclose()  # unlinks this publisher's segments
+
+
+class DistMember(Actor):
+    """A member of a gloo group (``spawn_group(..., torch_distributed=True)``)."""
+
+    def __init__(self, name: str, dtype: str = "float32") -> None:
+        self.name = name
+        self.tensors = state(0, getattr(torch, dtype))
+        self.ws: Any = None
+
+    async def setup(self) -> None:
+        self.ws = await WeightSync.connect(self.name)
+
+    def init(self) -> int:
+        """Join the group (blocks until every member joined); this rank."""
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        return dist.get_rank()
+
+    async def publish(self, version: int) -> int:
+        """Broadcast ``state(version)`` in bf16 over the group."""
+        import torch.distributed as dist
+
+        s = state(version, torch.bfloat16)
+        return int(await self.ws.publish(s, version, group=dist.group.WORLD))
+
+    async def pull(self, min_version: int) -> tuple[int, list]:
+        """Receive broadcasts from rank 0 until one is >= ``min_version``."""
+        import torch.distributed as dist
+
+        v = await self.ws.pull(self.tensors, min_version, group=dist.group.WORLD, src=0)
+        return v, sorted(versions_in(self.tensors))
+
+    async def teardown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if self.ws is not None:
+            await self.ws.aclose()
