@@ -30,11 +30,13 @@ from rayless.transport.errors import (
     Timeout,
 )
 from rayless.transport.protocol import (
+    PROTOCOL,
     Kind,
     Limits,
     RejectCode,
     as_token,
     check_outgoing,
+    check_version,
     client_proof,
     curve_enabled,
     curve_server_keys,
@@ -213,7 +215,7 @@ class Client:
         loop = asyncio.get_running_loop()
         nonce_c = new_nonce()
         hello = {
-            "v": 1,
+            "v": PROTOCOL,  # a server of another revision refuses us with a clear error
             "nonce": nonce_c,
             "name": self.name,
             "host": host_id(),
@@ -223,6 +225,7 @@ class Client:
         kind, body = await self._exchange(loop, Kind.HELLO, hello, deadline)
         if kind is not Kind.CHALLENGE:
             raise self._rejection(body)
+        check_version(body.get("v"), f"the server at {self.address}")
         nonce_s = body.get("nonce")
         if not isinstance(nonce_s, bytes):
             raise ProtocolError(f"server at {self.address} sent a malformed CHALLENGE")
@@ -237,6 +240,8 @@ class Client:
             raise self._rejection(welcome)
         limits = body.get("limits")
         self._bounds = self._merge_bounds(limits if isinstance(limits, dict) else {})
+        if self._pump is not None:  # a coalesced batch must stay under the server's bound
+            self._pump.batch_limit = min(self._pump.batch_limit, self._bounds[0])
         self.peer_name = str(body.get("name", ""))
         self.peer_host = str(body.get("host", ""))
         self.same_host = self.peer_host == host_id()

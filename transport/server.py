@@ -34,11 +34,13 @@ from rayless.transport.errors import (
 from rayless.transport.gate import Gate
 from rayless.transport.protocol import (
     HANDSHAKE_MAX,
+    PROTOCOL,
     Kind,
     Limits,
     RejectCode,
     as_token,
     check_outgoing,
+    check_version,
     client_proof,
     curve_enabled,
     curve_server_keys,
@@ -484,6 +486,12 @@ class Server:
         except Exception as exc:
             self._drop("handshake", f"bad HELLO: {exc}", rid)
             return self._reject(rid, RejectCode.PROTOCOL, "malformed HELLO")
+        try:
+            check_version(body.get("v"), f"peer {str(body.get('name', '?'))[:200]!r}")
+        except ProtocolError as exc:  # another rayless version: say so, do not time out
+            self.stats["version_mismatch"] += 1
+            self._ratelog.warning("version", "%s: refused a handshake: %s", self.name, exc)
+            return self._reject(rid, RejectCode.PROTOCOL, str(exc))
         if len(self._peers) >= self.limits.max_peers:
             self.stats["rejected_limit"] += 1
             return self._reject(rid, RejectCode.LIMIT, f"server has {self.limits.max_peers} peers")
@@ -498,6 +506,7 @@ class Server:
             "name": self.name,
             "host": self._host,
             "limits": self.limits.advertised(),
+            "v": PROTOCOL,
         }
         self._send(rid, envelope(Kind.CHALLENGE, 0, [msgpack.packb(reply)]))
 
