@@ -209,27 +209,28 @@ class SocketPump:
         """
         if self._closed:
             raise ClosedError("socket is closed")
-        if self._queue:
-            self._enqueue(frames)
-            return
         routed = self._routed
         key = frames[0] if routed else None
-        if len(frames) == 1 + routed:
-            body = frames[-1]
-            if type(body) is bytes and len(body) < self.batch_limit:
-                later = self._out.get(key)
-                if later is not None:  # not the first this iteration: coalesce
-                    size = self._out_bytes[key] + len(body) + 4
-                    if size > self.batch_limit:
-                        self._flush_key(key)
-                        self._out[key] = later = []
-                        size = len(body) + 4
-                    later.append(body)
-                    self._out_bytes[key] = size
-                    self._kick()
-                    return
-                self._out[key] = []
-                self._out_bytes[key] = 0
+        if self._queue:
+            if key in self._out:  # what this peer's batch holds goes before it
+                self._flush_key(key)
+            self._enqueue(frames)
+            return
+        body = frames[-1]
+        if len(frames) == 1 + routed and type(body) is bytes and len(body) < self.batch_limit:
+            later = self._out.get(key)
+            if later is not None:  # not the first this iteration: coalesce
+                size = self._out_bytes[key] + len(body) + 4
+                if size > self.batch_limit:
+                    self._flush_key(key)
+                    self._out[key] = later = []
+                    size = len(body) + 4
+                later.append(body)
+                self._out_bytes[key] = size
+                self._kick()
+                return
+            self._out[key] = []
+            self._out_bytes[key] = 0
         elif key in self._out:  # keep the peer's order: what waits goes first
             self._flush_key(key)
         try:
