@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 import zmq
 
-from rayless.transport import codec
+from rayless.transport import codec, stream
 from rayless.transport.errors import (
     AuthError,
     BrokenError,
@@ -49,6 +49,7 @@ from rayless.transport.protocol import (
     server_proof,
 )
 from rayless.transport.pump import Frames, SocketPump
+from rayless.transport.stream import StreamPump
 
 log = logging.getLogger("rayless.transport")
 
@@ -121,7 +122,8 @@ class Client:
         self._state = _NEW
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future[Any], asyncio.TimerHandle | None]] = {}
-        self._pump: SocketPump | None = None
+        self._pump: SocketPump | StreamPump | None = None
+        self.via_unix = False  # the session runs over the same-host UNIX path
         self._handshake: asyncio.Future[tuple[Kind, dict[str, Any]]] | None = None
         self._connecting: asyncio.Lock | None = None
         self._heartbeat: asyncio.TimerHandle | None = None
@@ -175,6 +177,23 @@ class Client:
         return len(self._pending)
 
     def _open_socket(self) -> None:
+        name = None if self._curve else stream.local_name(self.address)
+        if name is not None:  # a server on this host: its UNIX path, if it listens
+            try:
+                unix = stream.connect(name)
+            except OSError:
+                pass
+            else:
+                self._pump = StreamPump(
+                    unix,
+                    self._on_batch,
+                    queue_limit=self.limits.send_queue,
+                    max_message=self.limits.max_message_bytes,
+                    on_lost=self._on_stream_lost,
+                )
+                self.via_unix = True
+                return
+        self.via_unix = False
         sock = self._ctx.socket(zmq.DEALER)
         try:
             sock.setsockopt(zmq.LINGER, 0)
@@ -207,7 +226,8 @@ class Client:
                 return self
             if self._pump is None:
                 self._open_socket()
-                self._schedule_heartbeat()
+                if self._heartbeat is None:
+                    self._schedule_heartbeat()
             await self._do_handshake()
         return self
 
@@ -248,6 +268,14 @@ class Client:
         self._last_recv = time.monotonic()
         self._state = _READY
 
+    def _on_stream_lost(self, reason: str) -> None:
+        """The UNIX connection ended (the server exited, kill -9 included): fail what waits
+        now; the next request reconnects (UNIX path or ZeroMQ)."""
+        self._pump = None
+        if self._handshake is not None and not self._handshake.done():
+            self._handshake.set_exception(BrokenError(f"{self.address}: {reason}"))
+        self._break(f"connection lost: {reason}")
+
     def _merge_bounds(self, advertised: dict[str, Any]) -> tuple[int, int, int]:
         return peer_bounds(self.limits, advertised)
 
@@ -286,7 +314,12 @@ class Client:
         if self._handshake is not None and not self._handshake.done():
             self._handshake.set_exception(ClosedError(f"client {self.name} was closed"))
         if self._pump is not None:
-            if was_ready:
+            if was_ready and isinstance(self._pump, StreamPump):
+                try:
+                    self._pump.send(envelope(Kind.BYE, 0))
+                except ClosedError:
+                    pass
+            elif was_ready:
                 try:
                     self._pump.sock.send(envelope(Kind.BYE, 0)[0], zmq.NOBLOCK)
                 except zmq.ZMQError:

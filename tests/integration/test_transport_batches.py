@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import msgpack
@@ -45,7 +48,21 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-async def _burst(values: list[Any]) -> tuple[list[Any], list[Any], int, int]:
+@contextlib.contextmanager
+def _path(unix: bool) -> Iterator[None]:
+    """Run on the same-host UNIX path, or on ZeroMQ (where batches are)."""
+    old = os.environ.get("RAYLESS_UNIX")
+    os.environ["RAYLESS_UNIX"] = "1" if unix else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["RAYLESS_UNIX"]
+        else:
+            os.environ["RAYLESS_UNIX"] = old
+
+
+async def _burst(values: list[Any], unix: bool) -> tuple[list[Any], list[Any], int, int]:
     """Send ``values`` as requests and as one-way pushes both ways, each in one iteration."""
     pushed: list[Any] = []
     got_oneway: list[Any] = []
@@ -72,6 +89,7 @@ async def _burst(values: list[Any]) -> tuple[list[Any], list[Any], int, int]:
             c.send_oneway(v)
         await asyncio.wait_for(done.wait(), 60)
         assert srv._pump is not None and c._pump is not None
+        assert c.via_unix is unix
         batches = srv._pump.batches_sent + c._pump.batches_sent
         assert srv._pump.dropped_batches == c._pump.dropped_batches == 0
     return replies, got_oneway, batches, len(pushed)
@@ -80,9 +98,10 @@ async def _burst(values: list[Any]) -> tuple[list[Any], list[Any], int, int]:
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(st.lists(bodies, min_size=1, max_size=120))
-def test_bursts_split_back_into_every_message_in_order(values: list[Any]) -> None:
-    replies, oneway, _, pushed = asyncio.run(_burst(values))
+@given(st.lists(bodies, min_size=1, max_size=120), st.booleans())
+def test_bursts_split_back_into_every_message_in_order(values: list[Any], unix: bool) -> None:
+    with _path(unix):
+        replies, oneway, _, pushed = asyncio.run(_burst(values, unix))
     assert pushed == len(values)
     assert all(_same(a, b) for a, b in zip(replies, values, strict=True))
     assert all(_same(a, b) for a, b in zip(oneway, values, strict=True))  # order kept
@@ -90,7 +109,8 @@ def test_bursts_split_back_into_every_message_in_order(values: list[Any]) -> Non
 
 def test_a_burst_of_small_requests_travels_in_batches() -> None:
     values = list(range(500))
-    replies, oneway, batches, _ = asyncio.run(_burst(values))
+    with _path(False):
+        replies, oneway, batches, _ = asyncio.run(_burst(values, False))
     assert replies == values and oneway == values
     assert batches > 0
 

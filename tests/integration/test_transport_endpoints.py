@@ -313,7 +313,8 @@ async def test_vanished_server_breaks_pending_requests() -> None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
             start = time.monotonic()
-            with pytest.raises(BrokenError, match="no heartbeat"):
+            # ZeroMQ: the heartbeat notices; the same-host UNIX path: the closed connection
+            with pytest.raises(BrokenError, match="no heartbeat|connection lost"):
                 await client.request("anyone?", timeout=10)
             assert time.monotonic() - start < 5
     finally:
