@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import logging
 import os
@@ -429,10 +430,10 @@ class UnixListener:
             rid = b"\x01unix" + next(_rids).to_bytes(8, "little")  # never a ZeroMQ id
             self.conns[rid] = StreamPump(
                 sock,
-                lambda msgs, rid=rid: self._deliver(rid, msgs),
+                functools.partial(self._deliver, rid),
                 queue_limit=self._queue_limit,
                 max_message=self._max_message,
-                on_lost=lambda reason, rid=rid: self._lost(rid, reason),
+                on_lost=functools.partial(self._lost, rid),
                 prefix=[rid],
             )
             self._loop.call_later(self._timeout, self._deadline, rid)
