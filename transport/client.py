@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -270,10 +271,14 @@ class Client:
 
     def _on_stream_lost(self, reason: str) -> None:
         """The UNIX connection ended (the server exited, kill -9 included): fail what waits
-        now; the next request reconnects (UNIX path or ZeroMQ)."""
-        self._pump = None
+        now; the next request reconnects (UNIX path or ZeroMQ). With an infinite
+        ``heartbeat_timeout`` (the owner learns of the peer's death another way) the session
+        stays as it is, as on ZeroMQ: the owner fails what waits (``fail_pending``)."""
         if self._handshake is not None and not self._handshake.done():
             self._handshake.set_exception(BrokenError(f"{self.address}: {reason}"))
+        elif self._state == _READY and math.isinf(self._hb_timeout):
+            return
+        self._pump = None
         self._break(f"connection lost: {reason}")
 
     def _merge_bounds(self, advertised: dict[str, Any]) -> tuple[int, int, int]:

@@ -132,7 +132,8 @@ class StreamPump:
 
     ``on_batch`` gets the messages of each wake-up, each prefixed with ``prefix`` (a routing
     id on the server). ``on_lost(reason)`` is called once when the connection ends (EOF, an
-    error, a bad frame) — not on :meth:`close`.
+    error, a bad frame) — not on :meth:`close`; later sends are dropped silently, as ZeroMQ
+    drops messages to a vanished peer.
     """
 
     def __init__(
@@ -164,6 +165,7 @@ class StreamPump:
         self._pending: list[Any] = []  # buffers coalesced this loop iteration
         self._pending_bytes = 0
         self._tick_scheduled = False
+        self.lost = False  # the connection ended by itself (not closed by us)
         self.received = 0  # bytes read so far (the server's pre-auth bound)
         self.batch_limit = 0  # parity with SocketPump (a stream needs no batches)
         self.batches_sent = self.dropped_batches = 0
@@ -187,6 +189,8 @@ class StreamPump:
             ClosedError: the pump was closed (or the connection was lost before).
         """
         if self._closed:
+            if self.lost:  # as ZeroMQ does for a vanished peer: nothing will answer
+                return
             raise ClosedError("socket is closed")
         header, total = pack_header(frames)
         if self._out:  # the socket is full: keep the order behind what waits
@@ -348,6 +352,7 @@ class StreamPump:
     def _lose(self, reason: str) -> None:
         if self._closed:
             return
+        self.lost = True
         self.close()
         try:
             self._on_lost(reason)

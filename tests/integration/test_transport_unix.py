@@ -81,6 +81,7 @@ async def test_a_killed_server_fails_pending_calls_at_once_and_leaves_no_socket(
             os.kill(proc.pid, signal.SIGKILL)
             with pytest.raises(BrokenError, match="connection lost"):
                 await asyncio.wait_for(pending, 60)
+            await asyncio.to_thread(proc.wait)  # every descriptor of it is closed now
             name = stream.unix_name(address)
             assert name is not None
             with pytest.raises(ConnectionRefusedError):  # the abstract name went with it
