@@ -10,7 +10,7 @@ docs/protocol.md.
 Handshake (mutual, the token never travels)::
 
     client → HELLO      {v, nonce_c, name, host}
-    server → CHALLENGE  {nonce_s, name, host,
+    server → CHALLENGE  {v, nonce_s, name, host,
                          proof_s = HMAC(token, "rayless-server" | nonce_c | nonce_s)}
     client → AUTH       {proof_c = HMAC(token, "rayless-client" | nonce_s | nonce_c)}
     server → WELCOME    {}            or REJECT {reason, code}
