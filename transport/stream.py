@@ -39,6 +39,7 @@ log = logging.getLogger("rayless.transport")
 
 Frames = list[Any]
 _LEN = struct.Struct("<I")
+_ONE = struct.Struct("<IHI")  # length, 1 frame, its length
 _RECV = 262144  # bytes asked for per recv
 _COALESCE_BYTES = 1 << 20  # a coalesced write is flushed early past this many bytes
 _COALESCE_BUFS = 512  # ... or buffers (sendmsg takes at most IOV_MAX = 1024)
@@ -99,6 +100,10 @@ def connect(name: str) -> socket.socket:
 
 def pack_header(frames: Sequence[Any]) -> tuple[bytes, int]:
     """The framing header of a message, and the message's total size (header included)."""
+    if len(frames) == 1:  # the common small message: one precompiled struct
+        f = frames[0]
+        size = f.nbytes if isinstance(f, memoryview) else len(f)
+        return _ONE.pack(size + 6, 1, size), size + 10
     lens = [f.nbytes if isinstance(f, memoryview) else len(f) for f in frames]
     n = len(lens)
     body = 2 + 4 * n + sum(lens)
@@ -181,9 +186,10 @@ class StreamPump:
         self._on_readable()
 
     def send(self, frames: Sequence[Any]) -> None:
-        """Send at the end of this loop iteration, together with every other message sent in
-        it (one ``sendmsg``); what the socket does not take waits for it. Never blocks. A
-        send that finds the connection gone reports it through ``on_lost``.
+        """Send now if this is the loop iteration's first message, else at the end of the
+        iteration together with the others sent in it (one ``sendmsg``); what the socket does
+        not take waits for it. Never blocks. A send that finds the connection gone reports it
+        through ``on_lost``.
 
         Raises:
             ClosedError: the pump was closed (or the connection was lost before).
@@ -196,6 +202,11 @@ class StreamPump:
         if self._out:  # the socket is full: keep the order behind what waits
             self._flush_pending()
             self._queue([header, *frames])
+            return
+        if not self._tick_scheduled:  # the first of this iteration: out at once
+            self._tick_scheduled = True
+            self._loop.call_soon(self._end_of_iteration)
+            self._write([header, *frames], total)
             return
         self._pending.append(header)
         self._pending.extend(frames)
@@ -326,28 +337,38 @@ class StreamPump:
         if buf:
             buf += chunk
             data: Any = buf
+            view = memoryview(bytes(buf))  # the buffer changes: its messages get a copy
         else:
             data = chunk
-        pos, end = 0, len(data)
-        while end - pos >= 4:
-            (size,) = _LEN.unpack_from(data, pos)
-            if size > self._max:
-                raise ValueError(f"a message of {size} bytes exceeds {self._max}")
-            if end - pos - 4 < size:
-                if size >= _BIG:  # receive the rest straight into its own buffer
-                    self._big = bytearray(size)
-                    have = end - pos - 4
-                    self._big[:have] = data[pos + 4 : end]
-                    self._big_pos = have
-                    pos = end
+            view = memoryview(chunk)  # immutable: messages are views into it, no copies
+        pos, end = 0, len(view)
+        prefix, limit, one = self._prefix, self._max, _ONE.unpack_from
+        while end - pos >= 10:
+            size, n, first = one(view, pos)
+            if size > limit:
+                raise ValueError(f"a message of {size} bytes exceeds {limit}")
+            stop = pos + 4 + size
+            if stop > end:
                 break
-            body = bytes(data[pos + 4 : pos + 4 + size])
-            msgs.append([*self._prefix, *split_frames(body)])
-            pos += 4 + size
+            if n == 1 and first == size - 6:  # one frame: skip the frame table
+                msgs.append([*prefix, view[pos + 10 : stop]])
+            else:
+                msgs.append([*prefix, *split_frames(view[pos + 4 : stop])])
+            pos = stop
+        if pos < end and end - pos >= 4:
+            (size,) = _LEN.unpack_from(view, pos)
+            if size > limit:
+                raise ValueError(f"a message of {size} bytes exceeds {limit}")
+            if size >= _BIG:  # receive the rest straight into its own buffer
+                self._big = bytearray(size)
+                have = end - pos - 4
+                self._big[:have] = view[pos + 4 : end]
+                self._big_pos = have
+                pos = end
         if data is buf:
             del buf[:pos]
         elif pos < end:
-            self._buf = bytearray(data[pos:])
+            self._buf = bytearray(view[pos:])
 
     def _lose(self, reason: str) -> None:
         if self._closed:
