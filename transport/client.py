@@ -274,6 +274,8 @@ class Client:
         now; the next request reconnects (UNIX path or ZeroMQ). With an infinite
         ``heartbeat_timeout`` (the owner learns of the peer's death another way) the session
         stays as it is, as on ZeroMQ: the owner fails what waits (``fail_pending``)."""
+        if self._state == _CLOSED:
+            return
         if self._handshake is not None and not self._handshake.done():
             self._handshake.set_exception(BrokenError(f"{self.address}: {reason}"))
         elif self._state == _READY and math.isinf(self._hb_timeout):
@@ -318,18 +320,19 @@ class Client:
         self._fail_all(ClosedError(f"client {self.name} was closed"))
         if self._handshake is not None and not self._handshake.done():
             self._handshake.set_exception(ClosedError(f"client {self.name} was closed"))
-        if self._pump is not None:
-            if was_ready and isinstance(self._pump, StreamPump):
+        pump = self._pump
+        if pump is not None:
+            if was_ready and isinstance(pump, StreamPump):
                 try:
-                    self._pump.send(envelope(Kind.BYE, 0))
+                    pump.send(envelope(Kind.BYE, 0))
                 except ClosedError:
                     pass
             elif was_ready:
                 try:
-                    self._pump.sock.send(envelope(Kind.BYE, 0)[0], zmq.NOBLOCK)
+                    pump.sock.send(envelope(Kind.BYE, 0)[0], zmq.NOBLOCK)
                 except zmq.ZMQError:
                     pass
-            self._pump.close()
+            pump.close()
 
     # -- requests --------------------------------------------------------------------------
 

@@ -122,3 +122,12 @@ async def test_the_path_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> No
         monkeypatch.setenv("RAYLESS_UNIX", "0")
         async with Client(srv.address, token=TOKEN) as c:
             assert not c.via_unix and await c.request("z") == "z"
+
+
+async def test_closing_a_client_whose_server_just_went_away() -> None:
+    srv = await Server(token=TOKEN, handler=lambda r: r.body).start()
+    c = await Client(srv.address, token=TOKEN).connect()
+    assert c.via_unix
+    await srv.aclose()  # the connection is gone; the client has not read the EOF yet
+    await c.aclose()  # its BYE fails to send: still a clean close
+    assert c.closed
