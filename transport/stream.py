@@ -156,7 +156,7 @@ class StreamPump:
         self._on_batch = on_batch
         self._on_lost = on_lost
         self._prefix = list(prefix)
-        self._max = max_message
+        self.max_message = max_message  # bytes of one message; more ends the connection
         self._loop = asyncio.get_running_loop()
         self._buf = bytearray()
         self._big: bytearray | None = None
@@ -342,7 +342,7 @@ class StreamPump:
             data = chunk
             view = memoryview(chunk)  # immutable: messages are views into it, no copies
         pos, end = 0, len(view)
-        prefix, limit, one = self._prefix, self._max, _ONE.unpack_from
+        prefix, limit, one = self._prefix, self.max_message, _ONE.unpack_from
         while end - pos >= 10:
             size, n, first = one(view, pos)
             if size > limit:
@@ -458,7 +458,8 @@ class UnixListener:
                 sock,
                 functools.partial(self._deliver, rid),
                 queue_limit=self._queue_limit,
-                max_message=self._max_message,
+                # a stranger's message is at most a handshake's bound: no big allocations
+                max_message=min(self._max_message, self._max_preauth),
                 on_lost=functools.partial(self._lost, rid),
                 prefix=[rid],
             )
@@ -468,8 +469,13 @@ class UnixListener:
         conn = self.conns.get(rid)
         if conn is None:
             return
-        if conn.received > self._max_preauth and not self._authenticated(rid):
-            self.drop(rid)  # more than a handshake before authenticating
+        if conn.max_message < self._max_message:  # not authenticated before this batch
+            if conn.received > self._max_preauth and not self._authenticated(rid):
+                self.drop(rid)  # more than a handshake before authenticating
+                return
+            self._on_batch(msgs)
+            if self._authenticated(rid):  # the handshake is done: full-size messages now
+                conn.max_message = self._max_message
             return
         self._on_batch(msgs)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -14,7 +16,7 @@ import pytest
 from rayless.transport import stream
 from rayless.transport.client import Client
 from rayless.transport.errors import BrokenError, Timeout
-from rayless.transport.protocol import new_token
+from rayless.transport.protocol import Limits, new_token
 from rayless.transport.server import Peer, Request, Server
 
 pytestmark = [
@@ -131,3 +133,49 @@ async def test_closing_a_client_whose_server_just_went_away() -> None:
     await srv.aclose()  # the connection is gone; the client has not read the EOF yet
     await c.aclose()  # its BYE fails to send: still a clean close
     assert c.closed
+
+
+def _recv_until_closed(sock: socket.socket) -> bytes:
+    sock.settimeout(60)
+    got = b""
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            return got
+        got += data
+
+
+async def test_strangers_on_the_unix_path_get_the_tcp_bounds() -> None:
+    limits = Limits(handshake_timeout=0.5, max_preauth_bytes=4096)
+    async with Server(token=TOKEN, handler=lambda r: r.body, limits=limits) as srv:
+        name = stream.unix_name(srv.address)
+        assert name is not None
+        silent = stream.connect(name)
+        chatty = stream.connect(name)
+        try:
+            chatty.setblocking(True)
+            header, _ = stream.pack_header([b"x" * 8192])
+            chatty.sendall(header + b"x" * 8192)  # more than a handshake, unauthenticated
+            silent.setblocking(True)
+            assert await asyncio.to_thread(_recv_until_closed, chatty) == b""  # dropped
+            assert await asyncio.to_thread(_recv_until_closed, silent) == b""  # timed out
+            assert srv._unix is not None and not srv._unix.conns and srv.peers == []
+        finally:
+            silent.close()
+            chatty.close()
+
+
+async def test_a_stranger_cannot_announce_a_huge_message() -> None:
+    limits = Limits(handshake_timeout=3600)  # only the size bound can end the connection
+    async with Server(token=TOKEN, handler=lambda r: r.body, limits=limits) as srv:
+        name = stream.unix_name(srv.address)
+        assert name is not None
+        sock = stream.connect(name)
+        try:
+            sock.setblocking(True)
+            sock.sendall(struct.pack("<I", 2**31) + b"x" * 100)  # 2 GiB "coming"
+            assert await asyncio.to_thread(_recv_until_closed, sock) == b""
+        finally:
+            sock.close()
+        async with Client(srv.address, token=TOKEN) as c:  # others are served, big or small
+            assert c.via_unix and await c.request(b"y" * 300_000) == b"y" * 300_000
