@@ -15,6 +15,8 @@ def test_ready_is_printed_before_the_warm_up(
 ) -> None:
     seen: list[str] = []
     monkeypatch.setattr(sys, "argv", ["zygote", "/nonexistent/zygote.sock"])
+    for name in ("RAYLESS_DIE_WITH_PARENT", "RAYLESS_TOKEN"):  # main() reads/pops them
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("RAYLESS_ZYGOTE_PRELOAD", raising=False)
     monkeypatch.setattr(zygote.Zygote, "start", lambda self: seen.append("start"))
     monkeypatch.setattr(
@@ -28,6 +30,8 @@ def test_ready_is_printed_before_the_warm_up(
 def test_lazy_mode_does_not_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
     monkeypatch.setattr(sys, "argv", ["zygote", "/nonexistent/zygote.sock"])
+    for name in ("RAYLESS_DIE_WITH_PARENT", "RAYLESS_TOKEN"):  # main() reads/pops them
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("RAYLESS_ZYGOTE_PRELOAD", "lazy")
     monkeypatch.setattr(zygote.Zygote, "start", lambda self: None)
     monkeypatch.setattr(zygote.Zygote, "warm_up", lambda self: seen.append("warm_up"))
