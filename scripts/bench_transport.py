@@ -5,7 +5,9 @@ requests in flight (pipelined); bulk tensor throughput of 1, 64 and 256 MiB (one
 a small ack back) — over tcp loopback and ipc. Both sides talk to a server in another
 process. The raw pyzmq side uses blocking DEALER/ROUTER sockets and no encoding at all (the
 fastest Python can drive ZeroMQ); ours goes through the codec, the handshake-authenticated
-session and the asyncio loop. Goal: every ratio ≥ 0.8.
+session and the asyncio loop. Goal: every ratio ≥ 0.8. A client of a ``tcp://`` server on
+its own host talks over the same-host UNIX path (``transport.stream``); ``ipc://`` rows stay on
+ZeroMQ (with coalesced batches).
 
     python scripts/bench_transport.py [--quick] [--repeats 3]
     python scripts/bench_transport.py --cpu   # CPU µs per request, client+server in one process
@@ -134,6 +136,8 @@ async def run_transport(kind: str, args: argparse.Namespace) -> list[tuple[str, 
     try:
         raw = raw_client(raw_addr)
         async with Client(ours_addr, token=token) as client:
+            via = "the same-host UNIX path" if client.via_unix else "ZeroMQ"
+            print(f"  ({kind}: rayless runs over {via}; RAYLESS_UNIX=0 forces ZeroMQ)")
             n_sync = 1000 if args.quick else 5000
             n_pipe = 10_000 if args.quick else 50_000
             rows.append(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import msgpack
 import zmq
 
-from rayless.transport import codec
+from rayless.transport import codec, stream
 from rayless.transport.errors import (
     AuthError,
     BrokenError,
@@ -32,11 +33,13 @@ from rayless.transport.errors import (
     Timeout,
 )
 from rayless.transport.protocol import (
+    PROTOCOL,
     Kind,
     Limits,
     RejectCode,
     as_token,
     check_outgoing,
+    check_version,
     client_proof,
     curve_enabled,
     curve_server_keys,
@@ -49,6 +52,7 @@ from rayless.transport.protocol import (
     server_proof,
 )
 from rayless.transport.pump import Frames, SocketPump
+from rayless.transport.stream import StreamPump
 
 log = logging.getLogger("rayless.transport")
 
@@ -121,7 +125,8 @@ class Client:
         self._state = _NEW
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future[Any], asyncio.TimerHandle | None]] = {}
-        self._pump: SocketPump | None = None
+        self._pump: SocketPump | StreamPump | None = None
+        self.via_unix = False  # the session runs over the same-host UNIX path
         self._handshake: asyncio.Future[tuple[Kind, dict[str, Any]]] | None = None
         self._connecting: asyncio.Lock | None = None
         self._heartbeat: asyncio.TimerHandle | None = None
@@ -175,6 +180,23 @@ class Client:
         return len(self._pending)
 
     def _open_socket(self) -> None:
+        name = None if self._curve else stream.local_name(self.address)
+        if name is not None:  # a server on this host: its UNIX path, if it listens
+            try:
+                unix = stream.connect(name)
+            except OSError:
+                pass
+            else:
+                self._pump = StreamPump(
+                    unix,
+                    self._on_batch,
+                    queue_limit=self.limits.send_queue,
+                    max_message=self.limits.max_message_bytes,
+                    on_lost=self._on_stream_lost,
+                )
+                self.via_unix = True
+                return
+        self.via_unix = False
         sock = self._ctx.socket(zmq.DEALER)
         try:
             sock.setsockopt(zmq.LINGER, 0)
@@ -207,7 +229,8 @@ class Client:
                 return self
             if self._pump is None:
                 self._open_socket()
-                self._schedule_heartbeat()
+                if self._heartbeat is None:
+                    self._schedule_heartbeat()
             await self._do_handshake()
         return self
 
@@ -215,7 +238,7 @@ class Client:
         loop = asyncio.get_running_loop()
         nonce_c = new_nonce()
         hello = {
-            "v": 1,
+            "v": PROTOCOL,  # a server of another revision refuses us with a clear error
             "nonce": nonce_c,
             "name": self.name,
             "host": host_id(),
@@ -225,6 +248,7 @@ class Client:
         kind, body = await self._exchange(loop, Kind.HELLO, hello, deadline)
         if kind is not Kind.CHALLENGE:
             raise self._rejection(body)
+        check_version(body.get("v"), f"the server at {self.address}")
         nonce_s = body.get("nonce")
         if not isinstance(nonce_s, bytes):
             raise ProtocolError(f"server at {self.address} sent a malformed CHALLENGE")
@@ -239,11 +263,27 @@ class Client:
             raise self._rejection(welcome)
         limits = body.get("limits")
         self._bounds = self._merge_bounds(limits if isinstance(limits, dict) else {})
+        if self._pump is not None:  # a coalesced batch must stay under the server's bound
+            self._pump.batch_limit = min(self._pump.batch_limit, self._bounds[0])
         self.peer_name = str(body.get("name", ""))
         self.peer_host = str(body.get("host", ""))
         self.same_host = self.peer_host == host_id()
         self._last_recv = time.monotonic()
         self._state = _READY
+
+    def _on_stream_lost(self, reason: str) -> None:
+        """The UNIX connection ended (the server exited, kill -9 included): fail what waits
+        now; the next request reconnects (UNIX path or ZeroMQ). With an infinite
+        ``heartbeat_timeout`` (the owner learns of the peer's death another way) the session
+        stays as it is, as on ZeroMQ: the owner fails what waits (``fail_pending``)."""
+        if self._state == _CLOSED:
+            return
+        if self._handshake is not None and not self._handshake.done():
+            self._handshake.set_exception(BrokenError(f"{self.address}: {reason}"))
+        elif self._state == _READY and math.isinf(self._hb_timeout):
+            return
+        self._pump = None
+        self._break(f"connection lost: {reason}")
 
     def _merge_bounds(self, advertised: dict[str, Any]) -> tuple[int, int, int]:
         return peer_bounds(self.limits, advertised)
@@ -282,13 +322,19 @@ class Client:
         self._fail_all(ClosedError(f"client {self.name} was closed"))
         if self._handshake is not None and not self._handshake.done():
             self._handshake.set_exception(ClosedError(f"client {self.name} was closed"))
-        if self._pump is not None:
-            if was_ready:
+        pump = self._pump
+        if pump is not None:
+            if was_ready and isinstance(pump, StreamPump):
                 try:
-                    self._pump.sock.send(envelope(Kind.BYE, 0)[0], zmq.NOBLOCK)
+                    pump.send(envelope(Kind.BYE, 0))
+                except ClosedError:
+                    pass
+            elif was_ready:
+                try:
+                    pump.sock.send(envelope(Kind.BYE, 0)[0], zmq.NOBLOCK)
                 except zmq.ZMQError:
                     pass
-            self._pump.close()
+            pump.close()
 
     # -- requests --------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ docs/protocol.md.
 Handshake (mutual, the token never travels)::
 
     client → HELLO      {v, nonce_c, name, host}
-    server → CHALLENGE  {nonce_s, name, host,
+    server → CHALLENGE  {v, nonce_s, name, host,
                          proof_s = HMAC(token, "rayless-server" | nonce_c | nonce_s)}
     client → AUTH       {proof_c = HMAC(token, "rayless-client" | nonce_s | nonce_c)}
     server → WELCOME    {}            or REJECT {reason, code}
@@ -313,3 +313,74 @@ def host_id() -> str:
     except OSError:
         boot = ""
     return f"{socket.gethostname()}/{boot}"
+
+
+# -- session revision and coalesced batches (docs/protocol.md) ---------------------------------
+
+# The session protocol revision, sent as ``v`` in HELLO and CHALLENGE. The control block's
+# version byte (VERSION) stays 1 so that peers of every revision can still parse each other's
+# handshake and refuse a mismatch with a clear error. Revision 2 added BATCH.
+PROTOCOL = 2
+# Kind byte of a coalesced batch; outside ``Kind`` on purpose: batches are split by the socket
+# pump before any message reaches a handler, and a batch inside a batch is an unknown kind.
+BATCH = 32
+_SUBLEN = struct.Struct("<I")
+
+
+def check_version(theirs: object, peer: str) -> None:
+    """Raise ProtocolError unless ``theirs`` (a handshake's ``v``) is our PROTOCOL.
+
+    Raises:
+        ProtocolError: the peer speaks another revision (the message says which and what to do).
+    """
+    if theirs != PROTOCOL:
+        raise ProtocolError(
+            f"{peer} speaks rayless protocol version {theirs!r}, this process speaks {PROTOCOL}: "
+            "run the same rayless version on both sides"
+        )
+
+
+def pack_batch(messages: Sequence[bytes]) -> bytes:
+    """One frame carrying ``messages`` (each a one-frame message: control block + header):
+    a control block of kind BATCH whose request id is the count, then ``<I length> message``
+    for each."""
+    parts = [CONTROL.pack(VERSION, BATCH, 0, len(messages))]
+    sub = _SUBLEN.pack
+    for m in messages:
+        parts.append(sub(len(m)))
+        parts.append(m)
+    return b"".join(parts)
+
+
+def is_batch(frame: Any) -> bool:
+    """Whether a received control frame is a BATCH (cheap: looks at the kind byte only)."""
+    return len(frame) > CONTROL_SIZE and frame[1] == BATCH
+
+
+def split_batch(frame: Any) -> list[memoryview]:
+    """The messages of a BATCH frame, as views into it (no copies).
+
+    Raises:
+        ProtocolError: a wrong version, flags, count or length (nothing of it is delivered).
+    """
+    view = memoryview(frame)
+    if len(view) < CONTROL_SIZE:
+        raise ProtocolError("short batch")
+    version, kind, flags, count = CONTROL.unpack_from(view)
+    if version != VERSION or kind != BATCH or flags:
+        raise ProtocolError("bad batch control block")
+    out: list[memoryview] = []
+    pos, end = CONTROL_SIZE, len(view)
+    unpack = _SUBLEN.unpack_from
+    while pos < end:
+        if end - pos < _SUBLEN.size:
+            raise ProtocolError("truncated batch")
+        (size,) = unpack(view, pos)
+        pos += _SUBLEN.size
+        if size > end - pos:
+            raise ProtocolError("a batch entry runs past the frame")
+        out.append(view[pos : pos + size])
+        pos += size
+    if len(out) != count:
+        raise ProtocolError(f"batch of {len(out)} messages, announced {count}")
+    return out

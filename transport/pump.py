@@ -6,6 +6,12 @@ socket's edge-triggered FD drains every ready message with non-blocking receives
 whole batch to the owner; sends go out inline with NOBLOCK and are queued only when ZeroMQ
 pushes back. After every socket operation ``ZMQ_EVENTS`` is re-checked, because an operation
 can consume the FD's edge.
+
+Coalescing: the first small one-frame message to a peer in a loop iteration goes out at once
+(no added latency); the ones that follow it in the same iteration are gathered and sent as one
+BATCH message (``protocol.pack_batch``) when the iteration's pump runs, at most
+``batch_limit`` bytes each. Received batches are split here (``protocol.split_batch``), so the
+owner sees every message as if it had travelled alone. Order per peer is kept.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from typing import Any, cast
 
 import zmq
 
-from rayless.transport.errors import ClosedError
+from rayless.transport.errors import ClosedError, ProtocolError
+from rayless.transport.protocol import is_batch, pack_batch, split_batch
 
 log = logging.getLogger("rayless.transport")
 
@@ -29,6 +36,7 @@ COPY_THRESHOLD = 65536
 NOBLOCK, SNDMORE, RCVMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.RCVMORE)
 EVENTS, POLLIN, POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
 _BATCH = 256
+BATCH_LIMIT = 32768  # bytes of one coalesced batch (below any peer's sane message limit)
 
 
 def send_frames(sock: zmq.Socket[Any], frames: Sequence[Any], flags: int = 0) -> None:
@@ -86,6 +94,14 @@ class SocketPump:
         # A ROUTER's POLLOUT says nothing about one peer, so its queue is retried on a timer.
         self._retry_interval = retry_interval
         self._retry: asyncio.TimerHandle | None = None
+        # Coalescing: per peer (routing id, or None for a DEALER), the small messages sent
+        # after the first one of this loop iteration; a key with an empty list sent one inline.
+        self._routed = first_frame
+        self._out: dict[Any, list[bytes]] = {}
+        self._out_bytes: dict[Any, int] = {}
+        self.batch_limit = BATCH_LIMIT
+        self.batches_sent = 0
+        self.dropped_batches = 0
         self._loop.add_reader(self._fd, self._pump)
 
     @property
@@ -93,14 +109,25 @@ class SocketPump:
         """Messages waiting for room in the socket."""
         return len(self._queue)
 
-    def _recv_one(self) -> Frames:
-        """One whole message (the caller saw POLLIN, so its first frame is there)."""
+    def _recv_one(self, batch: list[Frames]) -> None:
+        """Append one whole message (the caller saw POLLIN, so its first frame is there) to
+        ``batch``, split into its messages when it is a BATCH."""
         sock = self.sock
         msg: Frames = [sock.recv(NOBLOCK, copy=self._copy_first)]
         head = self._head
         while sock.getsockopt(RCVMORE):
             msg.append(sock.recv(copy=len(msg) < head))
-        return msg
+        if len(msg) == head and is_batch(msg[head - 1]):
+            try:
+                parts = split_batch(msg[head - 1])
+            except ProtocolError as exc:
+                self.dropped_batches += 1
+                log.debug("dropping a malformed batch: %s", exc)
+                return
+            prefix = msg[: head - 1]
+            batch.extend([*prefix, part] for part in parts)
+            return
+        batch.append(msg)
 
     def poll(self) -> None:
         """Move what can be moved now (without waiting for the loop to notice the socket)."""
@@ -114,17 +141,21 @@ class SocketPump:
         sock = self.sock
         try:
             while True:
+                if self._out:  # before asking ZMQ_EVENTS: a send can consume the FD's edge
+                    self._flush_out()
                 events = cast(int, sock.getsockopt(EVENTS))
                 progressed = False
                 if self._queue and events & POLLOUT:
                     progressed = self._flush()
                 if events & POLLIN:
                     # ask ZMQ_EVENTS between messages: cheaper than a zmq.Again exception
-                    batch: list[Frames] = [self._recv_one()]
+                    batch: list[Frames] = []
+                    self._recv_one(batch)
                     while len(batch) < _BATCH and _readable(sock):
-                        batch.append(self._recv_one())
+                        self._recv_one(batch)
                     progressed = True
-                    self._on_batch(batch)
+                    if batch:
+                        self._on_batch(batch)
                     if self._closed:
                         return
                 if not progressed:
@@ -178,14 +209,63 @@ class SocketPump:
         """
         if self._closed:
             raise ClosedError("socket is closed")
-        if not self._queue:
-            try:
-                send_frames(self.sock, frames, NOBLOCK)
-            except zmq.Again:
-                self._enqueue(frames)
-            self._kick()
+        routed = self._routed
+        key = frames[0] if routed else None
+        if self._queue:
+            if key in self._out:  # what this peer's batch holds goes before it
+                self._flush_key(key)
+            self._enqueue(frames)
             return
-        self._enqueue(frames)
+        body = frames[-1]
+        if len(frames) == 1 + routed and type(body) is bytes and len(body) < self.batch_limit:
+            later = self._out.get(key)
+            if later is not None:  # not the first this iteration: coalesce
+                size = self._out_bytes[key] + len(body) + 4
+                if size > self.batch_limit:
+                    self._flush_key(key)
+                    self._out[key] = later = []
+                    size = len(body) + 4
+                later.append(body)
+                self._out_bytes[key] = size
+                self._kick()
+                return
+            self._out[key] = []
+            self._out_bytes[key] = 0
+        elif key in self._out:  # keep the peer's order: what waits goes first
+            self._flush_key(key)
+        try:
+            send_frames(self.sock, frames, NOBLOCK)
+        except zmq.Again:
+            self._enqueue(frames)
+        self._kick()
+
+    def _flush_out(self) -> None:
+        """Send what was coalesced this iteration: one message per peer."""
+        for key in list(self._out):
+            self._flush_key(key)
+        self._out.clear()
+        self._out_bytes.clear()
+
+    def _flush_key(self, key: Any) -> None:
+        later = self._out.pop(key, None)
+        self._out_bytes.pop(key, None)
+        if not later:
+            return
+        body = later[0] if len(later) == 1 else pack_batch(later)
+        frames = [key, body] if self._routed else [body]
+        if len(later) > 1:
+            self.batches_sent += 1
+        if self._queue:
+            self._enqueue(frames)
+            return
+        try:
+            send_frames(self.sock, frames, NOBLOCK)
+        except zmq.Again:
+            self._enqueue(frames)
+        except zmq.ZMQError as exc:  # a ROUTER's peer that vanished meanwhile
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            log.debug("dropping coalesced messages to a vanished peer")
 
     def _enqueue(self, frames: Sequence[Any]) -> None:
         self._queue.append(frames)
@@ -212,6 +292,7 @@ class SocketPump:
         if self._closed:
             return
         self._closed = True
+        self._out.clear()
         if self._retry is not None:
             self._retry.cancel()
         try:

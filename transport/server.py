@@ -36,11 +36,13 @@ from rayless.transport.errors import (
 from rayless.transport.gate import Gate
 from rayless.transport.protocol import (
     HANDSHAKE_MAX,
+    PROTOCOL,
     Kind,
     Limits,
     RejectCode,
     as_token,
     check_outgoing,
+    check_version,
     client_proof,
     curve_enabled,
     curve_server_keys,
@@ -55,6 +57,7 @@ from rayless.transport.protocol import (
 )
 from rayless.transport.pump import Frames, SocketPump
 from rayless.transport.ratelog import RateLimitedLog
+from rayless.transport.stream import UnixListener, unix_name
 
 log = logging.getLogger("rayless.transport")
 
@@ -165,6 +168,7 @@ class Server:
         self._cancellable = cancellable
         self._pump: SocketPump | None = None
         self._gate: Gate | None = None
+        self._unix: UnixListener | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
         self._host = host_id()
@@ -222,8 +226,33 @@ class Server:
             retry_interval=0.002,
             first_frame=True,
         )
+        self._start_unix()
         self._schedule_sweep()
         return self
+
+    def _start_unix(self) -> None:
+        """Also listen on this address's abstract UNIX socket (``transport.stream``)."""
+        name = unix_name(self.address)
+        if name is None or self._curve:  # CURVE asks for ZeroMQ's encryption: no bypass
+            return
+        try:
+            self._unix = UnixListener(
+                name,
+                self._on_batch,
+                authenticated=lambda rid: rid in self._peers,
+                on_gone=self._on_unix_gone,
+                queue_limit=self.limits.send_queue,
+                max_message=self.limits.max_message_bytes,
+                max_preauth_bytes=self.limits.max_preauth_bytes,
+                handshake_timeout=self.limits.handshake_timeout,
+                max_conns=self.limits.max_peers + self.limits.max_pending_handshakes,
+            )
+        except OSError as exc:  # e.g. the name is taken: clients then use ZeroMQ
+            log.info("%s: no same-host UNIX path (%s)", self.name, exc)
+
+    def _on_unix_gone(self, rid: bytes) -> None:
+        self._pending.pop(rid, None)
+        self._forget(rid)
 
     async def __aenter__(self) -> Server:
         return await self.start()
@@ -245,6 +274,8 @@ class Server:
             await asyncio.wait(tasks, timeout=5.0)
         if self._gate is not None:
             self._gate.close()
+        if self._unix is not None:
+            self._unix.close()
         if self._pump is not None:
             self._pump.close()
         self._peers.clear()
@@ -265,6 +296,8 @@ class Server:
     def _send(self, rid: bytes, frames: list[Any]) -> None:
         if self._pump is None or self._closed:
             return
+        if self._unix is not None and rid[:1] == b"\x01" and rid in self._unix.conns:
+            return self._unix.send(rid, frames)
         try:
             self._pump.send([rid, *frames])
         except zmq.ZMQError as exc:
@@ -520,6 +553,12 @@ class Server:
         except Exception as exc:
             self._drop("handshake", f"bad HELLO: {exc}", rid)
             return self._reject(rid, RejectCode.PROTOCOL, "malformed HELLO")
+        try:
+            check_version(body.get("v"), f"peer {str(body.get('name', '?'))[:200]!r}")
+        except ProtocolError as exc:  # another rayless version: say so, do not time out
+            self.stats["version_mismatch"] += 1
+            self._ratelog.warning("version", "%s: refused a handshake: %s", self.name, exc)
+            return self._reject(rid, RejectCode.PROTOCOL, str(exc))
         if len(self._peers) >= self.limits.max_peers:
             self.stats["rejected_limit"] += 1
             return self._reject(rid, RejectCode.LIMIT, f"server has {self.limits.max_peers} peers")
@@ -534,6 +573,7 @@ class Server:
             "name": self.name,
             "host": self._host,
             "limits": self.limits.advertised(),
+            "v": PROTOCOL,
         }
         self._send(rid, envelope(Kind.CHALLENGE, 0, [msgpack.packb(reply)]))
 

@@ -77,8 +77,11 @@ class Cluster:
 
         Entering it raises StartError when a process of the cluster does not start.
 
-        ``zygote_preload="lazy"`` keeps the idle cluster small: the fork template imports
-        torch on the first spawn instead of at start (see ``rayless.actors.control.zygote``).
+        It returns once the head and the agents are up; the fork template imports torch in
+        the background meanwhile, and a spawn asked for before that finished waits for it
+        (within its ``timeout``). ``zygote_preload="lazy"`` keeps the idle cluster small: the
+        fork template imports torch on the first spawn instead (see
+        ``rayless.actors.control.zygote``).
 
         Raises:
             ValueError: a bad ``zygote_preload``.

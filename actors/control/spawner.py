@@ -201,7 +201,8 @@ class ZygoteSpawner:
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[tag] = fut
         self._send({"op": "fork", "tag": tag, "env": env, "log": log_path, "cwd": cwd})
-        reply = await asyncio.wait_for(fut, 30)
+        # the first fork may wait for the zygote's warm-up (torch imports): allow for it
+        reply = await asyncio.wait_for(fut, max(30.0, self._start_timeout))
         if reply.get("op") != "forked":
             raise StartError(f"the zygote could not fork: {reply.get('error')}")
         pid = int(reply["pid"])

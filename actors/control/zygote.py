@@ -21,9 +21,12 @@ descendants that escaped the group (``setsid``) are reparented here. When an act
 
 Run as ``python -m rayless.actors.control.zygote SOCKET_PATH``; prints "ready" once it listens.
 
-``RAYLESS_ZYGOTE_PRELOAD=lazy`` defers the heavy imports to the first fork: an idle cluster
-then costs ~30 MB per host instead of ~300 MB, and the first actor on a host waits ~2 s for
-them (later ones fork as fast as ever). The default, ``eager``, imports them at start.
+The default, ``RAYLESS_ZYGOTE_PRELOAD=eager``, warms up in the background: the zygote listens
+and prints "ready" first (so a cluster is up without waiting for torch), then imports the
+heavy modules before it serves its first request; a fork asked for meanwhile waits in the
+socket's queue until they are in (only if the warm-up has not finished). ``lazy`` defers the
+imports to the first fork: an idle cluster then costs ~30 MB per host instead of ~300 MB, and
+the first actor on a host waits ~2 s for them (later ones fork as fast as ever).
 """
 
 from __future__ import annotations
@@ -98,12 +101,11 @@ class Zygote:
         self.wake_r, self.wake_w = os.pipe()
         self.running = True
         self.preloaded = False
+        self.warming = False
 
-    def start(self, *, lazy: bool = False) -> None:
-        """Import the heavy modules (unless ``lazy``), bind the socket, handle signals."""
-        self.preloaded = lazy is False
-        if not lazy:
-            self._preload_all()
+    def start(self) -> None:
+        """Bind the socket and handle signals (the heavy imports come later: :meth:`warm_up`,
+        or the first fork)."""
         if os.path.exists(self.path):
             os.unlink(self.path)
         self.listener.bind(self.path)
@@ -119,6 +121,15 @@ class Zygote:
         self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
         become_subreaper()
 
+    def warm_up(self) -> None:
+        """Import the heavy modules now (after "ready": requests queue in the socket's backlog
+        meanwhile). A SIGTERM during it ends the process at once: nothing was forked yet."""
+        self.warming = True
+        try:
+            self._preload_all()
+        finally:
+            self.warming = False
+
     def _preload_all(self) -> None:
         for name in PRELOAD:
             importlib.import_module(name)
@@ -126,6 +137,8 @@ class Zygote:
 
     def _stop(self, *_: Any) -> None:
         self.running = False
+        if self.warming:  # no children yet; do not finish importing torch to exit
+            raise SystemExit(0)
 
     def run(self) -> None:
         """Serve until SIGTERM; then kill every child."""
@@ -269,8 +282,10 @@ def main() -> None:
         die_with_parent()
     os.environ.pop("RAYLESS_TOKEN", None)  # the fork template never needs the cluster token
     zygote = Zygote(sys.argv[1])
-    zygote.start(lazy=os.environ.get("RAYLESS_ZYGOTE_PRELOAD", "eager") == "lazy")
+    zygote.start()
     print("ready", flush=True)
+    if os.environ.get("RAYLESS_ZYGOTE_PRELOAD", "eager") != "lazy":
+        zygote.warm_up()
     zygote.run()
 
 

@@ -118,6 +118,8 @@ async def test_a_timed_out_spawn_kills_its_process_before_freeing_its_gpu(
     local_cluster: Cluster, tmp_path: Path
 ) -> None:
     pid_file = tmp_path / "pid"
+    warm = await local_cluster.spawn(Holder)  # the fork template's warm-up is not timed here
+    await local_cluster.kill(warm)
     with pytest.raises(RaylessError):
         await local_cluster.spawn(SlowInit, str(pid_file), 8.0, gpus=1, timeout=1.0)
     pid = int(pid_file.read_text())

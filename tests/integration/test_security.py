@@ -36,6 +36,7 @@ from rayless.transport.errors import (
     Timeout,
 )
 from rayless.transport.protocol import (
+    PROTOCOL,
     Kind,
     Limits,
     RejectCode,
@@ -65,7 +66,9 @@ def _dealer(address: str, timeout_ms: int = 5000) -> zmq.Socket[Any]:
 def _handshake(sock: zmq.Socket[Any], token: str, nonce_c: bytes | None = None) -> list[Any]:
     """A real handshake by hand; returns the frames of the server's last answer."""
     nonce_c = nonce_c or new_nonce()
-    sock.send_multipart([pack_control(Kind.HELLO), msgpack.packb({"v": 1, "nonce": nonce_c})])
+    sock.send_multipart(
+        [pack_control(Kind.HELLO), msgpack.packb({"v": PROTOCOL, "nonce": nonce_c})]
+    )
     kind, _, payload = open_envelope(sock.recv_multipart(), 0)
     assert kind is Kind.CHALLENGE
     challenge = msgpack.unpackb(payload[0])
@@ -207,7 +210,7 @@ async def test_no_token_and_replayed_handshakes_reach_nothing() -> None:
             nonce_c = new_nonce()
             legit = _dealer(srv.address)
             legit.send_multipart(
-                [pack_control(Kind.HELLO), msgpack.packb({"v": 1, "nonce": nonce_c})]
+                [pack_control(Kind.HELLO), msgpack.packb({"v": PROTOCOL, "nonce": nonce_c})]
             )
             challenge = msgpack.unpackb(open_envelope(legit.recv_multipart(), 0)[2][0])
             auth = [
@@ -219,7 +222,9 @@ async def test_no_token_and_replayed_handshakes_reach_nothing() -> None:
             legit.close(linger=0)
             # replay: the same HELLO and the recorded AUTH from another connection
             r = _dealer(srv.address)
-            r.send_multipart([pack_control(Kind.HELLO), msgpack.packb({"v": 1, "nonce": nonce_c})])
+            r.send_multipart(
+                [pack_control(Kind.HELLO), msgpack.packb({"v": PROTOCOL, "nonce": nonce_c})]
+            )
             out["replay_challenge"] = _reply(r)
             r.send_multipart(auth)
             out["replay"] = _reply(r)
@@ -415,7 +420,9 @@ async def test_unauthenticated_connections_are_dropped_after_the_handshake_timeo
                 return got
 
         def hello_only(s: zmq.Socket[Any]) -> Kind:
-            s.send_multipart([pack_control(Kind.HELLO), msgpack.packb({"nonce": new_nonce()})])
+            s.send_multipart(
+                [pack_control(Kind.HELLO), msgpack.packb({"v": PROTOCOL, "nonce": new_nonce()})]
+            )
             return _reply(s)[0]
 
         greeting = await asyncio.to_thread(silent)  # before: never returned (no EOF)

@@ -16,6 +16,7 @@ import zmq
 from rayless.transport import echo
 from rayless.transport.client import Client
 from rayless.transport.protocol import (
+    PROTOCOL,
     Kind,
     client_proof,
     new_nonce,
@@ -64,7 +65,9 @@ def _authenticated_raw(address: str) -> zmq.Socket[Any]:
     sock.setsockopt(zmq.RCVTIMEO, 5000)
     sock.connect(address)
     nonce_c = new_nonce()
-    sock.send_multipart([pack_control(Kind.HELLO), msgpack.packb({"v": 1, "nonce": nonce_c})])
+    sock.send_multipart(
+        [pack_control(Kind.HELLO), msgpack.packb({"v": PROTOCOL, "nonce": nonce_c})]
+    )
     challenge = msgpack.unpackb(open_envelope(sock.recv_multipart(), 0)[2][0])
     proof = client_proof(TOKEN.encode(), challenge["nonce"], nonce_c)
     sock.send_multipart([pack_control(Kind.AUTH), msgpack.packb({"proof": proof})])
