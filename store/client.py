@@ -44,6 +44,7 @@ from rayless.store.errors import (
 )
 from rayless.store.fetches import check_timeout
 from rayless.store.kv import KVFace
+from rayless.store.local import LocalPlane
 from rayless.store.meta import BatchMeta
 from rayless.store.rows import merge, place, take
 from rayless.store.schema import split_columns
@@ -86,6 +87,7 @@ class Store(KVFace):
         self._own_cluster = False  # connect() opened the cluster session itself
         self._closed = False
         self._notes: set[asyncio.Future[Any]] = set()  # acks and cancels in flight
+        self._plane = LocalPlane()  # the same-host data plane
 
     @property
     def controller(self) -> ActorHandle[Any]:
@@ -236,6 +238,7 @@ class Store(KVFace):
         finally:
             self._owned = False
             self._closed = True
+            self._plane.close()
             if self._own_cluster and self._cluster is not None:
                 await self._cluster.aclose()
 
@@ -359,10 +362,13 @@ class Store(KVFace):
         shards, calls = [], []
         for (shard, part), positions in _groups(meta).items():
             indexes = [meta.global_indexes[p] for p in positions]
-            sub = td if positions == list(range(n)) else take(columns, positions, n)
-            unit = self.units[shard]["handle"]
+            unit, args = self.units[shard], (indexes, columns, positions, n, wire, timeout)
             shards.append(shard)
-            calls.append(unit.write(part, indexes, sub, wire, timeout))
+            if await self._plane.is_local(unit):  # same host: straight into its segments
+                calls.append(self._plane.put(unit["handle"], part, *args))
+            else:
+                sub = td if positions == list(range(n)) else take(columns, positions, n)
+                calls.append(unit["handle"].write(part, indexes, sub, wire, timeout))
         try:
             await self._gather(shards, calls)
         except BaseException:
@@ -445,9 +451,17 @@ class Store(KVFace):
         future.add_done_callback(done)
 
     async def get(
-        self, meta: BatchMeta, fields: Sequence[str] | None = None, *, device: Any = None
+        self,
+        meta: BatchMeta,
+        fields: Sequence[str] | None = None,
+        *,
+        device: Any = None,
+        zero_copy: bool = False,
     ) -> TensorDict:
         """The data of ``meta``'s samples (``fields``: a subset) as one TensorDict.
+
+        From units on this host the bytes are copied once, out of their shared memory;
+        ``zero_copy=True`` returns views of it where it can (see :mod:`rayless.store.local`).
 
         Same keys, dtypes, shapes, nesting as put; each field on its put-time device where this
         process has it (else the CPU), or on ``device``. Raises ForeignMetaError, StaleMetaError,
@@ -462,6 +476,9 @@ class Store(KVFace):
             await self.controller.check_readable(meta)
             return TensorDict({}, batch_size=[meta.size])
         groups = _groups(meta)
+        local = await self._plane.get(self, meta, names, groups, zero_copy)
+        if local is not None:
+            return place(local, meta.field_schemas, device)
         calls = [self.controller.lost_positions(meta)]
         for (shard, part), positions in groups.items():
             indexes = [meta.global_indexes[p] for p in positions]
