@@ -227,6 +227,7 @@ class StorageUnit(LocalUnit, Actor):
             "incarnation": self.incarnation,
             "puts": self._puts.snapshot(),
             "gets": self._gets.snapshot(),
+            "reservations": len(self._reservations),  # same-host puts under way
         }
 
     async def watch(self) -> None:
