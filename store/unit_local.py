@@ -25,7 +25,7 @@ import torch
 from rayless.store.columns import ShmDense, row_bytes_of
 from rayless.store.errors import SchemaError, StoreError, StoreFullError, WriteTooLargeError
 from rayless.store.schema import DataUpdate, FieldSchema
-from rayless.store.shard import ShardStorage, _check_indexes, _check_partition
+from rayless.store.shard import ShardStorage, _check_indexes, _check_partition, _Rows
 from rayless.transport.protocol import host_id
 
 __all__ = ["RESERVATION_TTL", "LocalUnit", "shm_columns_enabled"]
@@ -215,8 +215,9 @@ class LocalUnit:
         self, partition: str, indexes: list[int], dense: list[str], rest: list[str]
     ) -> dict[str, Any]:
         """Where the dense fields ``dense`` of samples ``indexes`` are (``{"fields": {name:
-        {"segment", "generation", "rows", "slots"}}, "rest": TensorDict of the fields ``rest``
-        or None}``). Raises like ``read``."""
+        {"segment", "generation", "rows", "slots"}}, "rest": {name: the rows of the other
+        fields ``rest``: one flat tensor of a ragged field, a list of a plain one}}``).
+        Raises like ``read``."""
         part = _check_partition(partition)
         idx = _check_indexes(indexes)
         cols = self.shard._parts.get(part)
@@ -238,6 +239,16 @@ class LocalUnit:
                 "rows": col.capacity,
                 "slots": [col.slot_of[i] for i in idx],
             }
-        td = self.shard.read(part, idx, rest) if rest else None
+        packed: dict[str, Any] = {}
+        for name in rest:  # one flat tensor (or one list of values) per field
+            col = (cols or {}).get(name)
+            if not isinstance(col, _Rows) or any(i not in col for i in idx):
+                self.shard.read(part, idx, [name])  # raises the typed error
+                raise SchemaError(f"field {name!r} is not a ragged or plain column here")
+            values = [col.rows[i] for i in idx]
+            if col.schema.is_non_tensor or not values:
+                packed[name] = values
+            else:
+                packed[name] = torch.cat([r.reshape(-1) for r in values])
         self._gets.add(len(idx))  # type: ignore[attr-defined]
-        return {"fields": fields, "rest": td}
+        return {"fields": fields, "rest": packed}
