@@ -37,7 +37,6 @@ from rayless.actors.api.lifecycle import opener
 from rayless.store.controller import StoreController
 from rayless.store.errors import (
     ForeignMetaError,
-    PartialResultError,
     StoreError,
     StoreInputError,
     UnitLostError,
@@ -46,6 +45,7 @@ from rayless.store.fetches import check_timeout
 from rayless.store.kv import KVFace
 from rayless.store.local import LocalPlane
 from rayless.store.meta import BatchMeta
+from rayless.store.partial import partial_result
 from rayless.store.rows import merge, place, take
 from rayless.store.schema import split_columns
 from rayless.store.unit import StorageUnit
@@ -489,56 +489,12 @@ class Store(KVFace):
         lost = {int(pos): str(unit) for pos, unit in results[0]}
         dead = [isinstance(r, (ActorDiedError, UnitLostError)) for r in results[1:]]
         if lost or any(dead):
-            await self._partial(meta, groups, results[1:], lost, device)
+            await partial_result(self, meta, groups, results[1:], lost, device)
         results = await self._gather(
             [shard for shard, _ in groups], [_done(r) for r in results[1:]]
         )
         parts = [(pos, td) for pos, td in zip(groups.values(), results, strict=True)]
         return place(merge(meta.size, meta.field_schemas, parts), meta.field_schemas, device)
-
-    async def _partial(
-        self,
-        meta: BatchMeta,
-        groups: dict[tuple[int, str], list[int]],
-        results: list[Any],
-        lost: dict[int, str],
-        device: Any,
-    ) -> None:
-        """A get that met lost samples: raise PartialResultError with the live part's data."""
-        parts: list[tuple[list[int], Any]] = []
-        for ((shard, part), positions), res in zip(groups.items(), results, strict=True):
-            if isinstance(res, ActorDiedError):
-                res = await self._lost(shard, res)
-            if isinstance(res, UnitLostError):
-                lost.update({p: res.unit for p in positions})
-                continue
-            live = [p for p in positions if p not in lost]
-            if not live:
-                continue
-            if isinstance(res, BaseException) or len(live) < len(positions):
-                # this unit holds lost rows too (it registered again): read the live ones
-                indexes = [meta.global_indexes[p] for p in live]
-                res = await self.units[shard]["handle"].read(part, indexes, meta.field_names)
-            parts.append((live, res))
-        keep = sorted(p for positions, _ in parts for p in positions)
-        gone = sorted(lost)
-        where = {p: k for k, p in enumerate(keep)}
-        schemas = meta.field_schemas
-        data = (
-            merge(len(keep), schemas, [([where[p] for p in ps], td) for ps, td in parts])
-            if parts
-            else TensorDict({}, batch_size=[0])
-        )
-        units = list(dict.fromkeys(lost[p] for p in gone))
-        raise PartialResultError(
-            units[0],
-            f"it held {len(gone)} of the {meta.size} samples; the other {len(keep)} were read "
-            "(err.data, err.meta)",
-            data=place(data, schemas, device) if parts else data,  # (all lost: empty)
-            meta=meta.select(keep),
-            lost=meta.select(gone),
-            units=units,
-        )
 
     async def clear(self, meta: BatchMeta) -> None:
         """Remove ``meta``'s samples; their indexes are reused. Raises Foreign/StaleMetaError."""

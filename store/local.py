@@ -249,8 +249,12 @@ class LocalPlane:
         if not dense:
             return None
         rest = [k for k in names if k not in dense]
-        if any(schemas[k].is_nested and k not in meta.sample_shapes for k in rest):
-            return None
+        known = meta.sample_shapes
+        if any(
+            schemas[k].is_nested and (k not in known or any(x is None for x in known[k]))
+            for k in rest
+        ):
+            return None  # shapes unknown here: the socket path rebuilds them
         calls = [store.controller.lost_positions(meta)]
         for (_, part), positions in groups.items():
             idx = [meta.global_indexes[p] for p in positions]
@@ -363,7 +367,7 @@ def _unpack(meta: BatchMeta, name: str, size: int, parts: list[tuple[list[int], 
     for positions, packed in parts:
         value = packed[name]
         if nested and positions:
-            shapes = [tuple(meta.sample_shapes[name][p]) for p in positions]
+            shapes = [tuple(meta.sample_shapes[name][p] or ()) for p in positions]
             pieces = value.split([math.prod(s) for s in shapes])
             value = [piece.view(s) for piece, s in zip(pieces, shapes, strict=True)]
         for p, row in zip(positions, value, strict=True):
