@@ -196,5 +196,8 @@ class ShmDense(_Dense):
     def close(self) -> None:
         """Unlink the segment (readers' mappings stay valid)."""
         if self.segment is not None:
-            _retire(self.segment)
+            if self.pending:  # a same-host put may still write into it: nobody reuses it
+                forget(self.segment, unlink=True)
+            else:
+                _retire(self.segment)
             self.segment = None

@@ -185,6 +185,15 @@ class LocalUnit:
         except BaseException:
             self._drop_reservation(token)
             raise
+        cols = self.shard._parts.get(part, {})
+        gone = [
+            n
+            for n, (col, _, _) in res.columns.items()
+            if cols.get(n, col) is not col or (col.segment is None and col.capacity)
+        ]
+        if gone:  # the partition was dropped (and maybe recreated) during the put
+            self._drop_reservation(token)
+            raise StoreError(f"partition {part!r} was cleared during the put (fields {gone})")
         self._reservations.pop(token, None)
         cols = self.shard._parts.setdefault(part, {})
         for name, (col, data, slots) in res.columns.items():
