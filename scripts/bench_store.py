@@ -5,6 +5,10 @@ Both with 2 storage units; batches: ``dense`` (x: 1024 x 4096 float32, 16 MiB) a
 Rows: init time, put GB/s, get GB/s (payload bytes / median latency), get_meta latency (a fetch
 of 1024 ready samples), idle put latency and the latency of a put issued while another
 client's fetch waits. TransferQueue runs in a subprocess (its own Ray) after ours.
+CPU only, ours only: a plain copy of the dense batch's bytes in the same run (and put, get,
+put + get against it), 1 GiB batches (``--no-big`` skips them), and 8 producers + 8 consumers
+(separate clients; aggregate GB/s and a check that every sample arrived exactly once).
+Same-host clients use the units' shared-memory columns (``RAYLESS_STORE_LOCAL=0``: the socket).
 
     python scripts/bench_store.py [--device cpu|cuda] [--quick] [--skip-tq] [--repeats 5]
 """
