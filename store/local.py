@@ -90,14 +90,23 @@ def _result(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 def _recycle(mapping: mmap.mmap, nbytes: int) -> None:
-    """Keep a freed result's mapping for the next get of that size (up to RESULTS_MAX_BYTES)."""
+    """Keep a freed result's mapping for the next get of that size; older ones of other sizes
+    make room (at most RESULTS_MAX_BYTES held)."""
+    dropped: list[mmap.mmap] = []
+    kept = False
     with _RESULTS_GUARD:
-        if _RESULTS_HELD[0] + nbytes <= RESULTS_MAX_BYTES:
-            _RESULTS.setdefault(nbytes, []).append(mapping)
-            _RESULTS_HELD[0] += nbytes
-            return
-    with contextlib.suppress(BufferError):
-        mapping.close()
+        if nbytes <= RESULTS_MAX_BYTES:
+            for size in [k for k in _RESULTS if k != nbytes]:
+                while _RESULTS[size] and _RESULTS_HELD[0] + nbytes > RESULTS_MAX_BYTES:
+                    dropped.append(_RESULTS[size].pop(0))
+                    _RESULTS_HELD[0] -= size
+            if _RESULTS_HELD[0] + nbytes <= RESULTS_MAX_BYTES:
+                _RESULTS.setdefault(nbytes, []).append(mapping)
+                _RESULTS_HELD[0] += nbytes
+                kept = True
+    for m in dropped if kept else [*dropped, mapping]:
+        with contextlib.suppress(BufferError):
+            m.close()
 
 
 def _rows(t: torch.Tensor, idx: Sequence[int]) -> torch.Tensor:
