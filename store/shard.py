@@ -261,7 +261,7 @@ class ShardStorage:
             "used_bytes": self.used_bytes,
             "capacity_bytes": self.capacity_bytes,
             "rows": {
-                p: max((len(c) for c in cols.values()), default=0)
+                p: max((len(c) - getattr(c, "pending", 0) for c in cols.values()), default=0)
                 for p, cols in self._parts.items()
             },
             "kv_keys": len(self._kv_rows),
