@@ -5,6 +5,10 @@ Both with 2 storage units; batches: ``dense`` (x: 1024 x 4096 float32, 16 MiB) a
 Rows: init time, put GB/s, get GB/s (payload bytes / median latency), get_meta latency (a fetch
 of 1024 ready samples), idle put latency and the latency of a put issued while another
 client's fetch waits. TransferQueue runs in a subprocess (its own Ray) after ours.
+CPU only, ours only: a plain copy of the dense batch's bytes in the same run (and put, get,
+put + get against it), 1 GiB batches (``--no-big`` skips them), and 8 producers + 8 consumers
+(separate clients; aggregate GB/s and a check that every sample arrived exactly once).
+Same-host clients use the units' shared-memory columns (``RAYLESS_STORE_LOCAL=0``: the socket).
 
     python scripts/bench_store.py [--device cpu|cuda] [--quick] [--skip-tq] [--repeats 5]
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -73,7 +78,7 @@ def median_time(fn: Callable[[], Any], reps: int) -> float:
 # -- ours ---------------------------------------------------------------------------------
 
 
-async def run_ours(device: str, reps: int) -> dict[str, Any]:
+async def run_ours(device: str, reps: int, big: bool = True) -> dict[str, Any]:
     """Every row for the rayless store."""
     import rayless.actors as actors
     from rayless.store import Store
@@ -109,6 +114,8 @@ async def run_ours(device: str, reps: int) -> dict[str, Any]:
             res[f"{name}_put_GBps"] = size / statistics.median(puts) / 1e9
             res[f"{name}_get_GBps"] = size / statistics.median(gets) / 1e9
             res[f"{name}_put_ms"] = statistics.median(puts) * 1e3
+        if device == "cpu":
+            res.update(_memcpy_rows(batches["dense"]["x"], reps, res))
         small = TensorDict({"x": torch.ones(N, 4)}, [N])
         lat = []
         for i in range(reps):
@@ -127,7 +134,106 @@ async def run_ours(device: str, reps: int) -> dict[str, Any]:
         res["fetch_still_waiting"] = not waiting.done()
         await st.put(TensorDict({"x": torch.ones(4)}, [4]), partition="wait")
         await waiting
+        if device == "cpu" and big:
+            res.update(await _big_rows(st, max(2, reps // 2)))
+        if device == "cpu":
+            res.update(await _concurrent_rows(cluster))
     return res
+
+
+def _memcpy_rows(x: torch.Tensor, reps: int, res: dict[str, Any]) -> dict[str, Any]:
+    """A plain copy of the dense batch's bytes: into 8 rotating, pre-touched destinations
+    (128 MiB: out of the 32 MiB L3, like the store's memory), into one warm destination (in
+    cache) and into a fresh tensor (page faults, like a get's result)."""
+    size = x.numel() * x.element_size()
+    dsts = [torch.empty_like(x) for _ in range(8)]
+    for d in dsts:
+        d.copy_(x)
+    turn = iter(range(10**9))
+    t_dram = median_time(lambda: dsts[next(turn) % 8].copy_(x), reps * 8)
+    t_warm = median_time(lambda: dsts[0].copy_(x), reps * 4)
+    t_fresh = median_time(lambda: torch.empty_like(x).copy_(x), reps * 4)
+    put_s = size / res["dense_put_GBps"] / 1e9
+    get_s = size / res["dense_get_GBps"] / 1e9
+    return {
+        "memcpy_GBps": size / t_dram / 1e9,
+        "memcpy_warm_GBps": size / t_warm / 1e9,
+        "memcpy_fresh_GBps": size / t_fresh / 1e9,
+        "roundtrip_vs_memcpy": t_dram / (put_s + get_s),
+        "put_vs_memcpy": t_dram / put_s,
+        "get_vs_memcpy": t_dram / get_s,
+    }
+
+
+async def _big_rows(st: Any, reps: int) -> dict[str, Any]:
+    """1 GiB dense batches (16384 rows of 64 KiB)."""
+    td = TensorDict({"x": torch.randn(16384, 16384)}, [16384])
+    size = payload_bytes(td)
+    puts, gets = [], []
+    for i in range(reps + 1):
+        t = time.perf_counter()
+        meta = await st.put(td, partition="big")
+        put_s = time.perf_counter() - t
+        t = time.perf_counter()
+        out = await st.get(meta)
+        get_s = time.perf_counter() - t
+        if i == 0:
+            assert torch.equal(out["x"], td["x"])
+        del out
+        await st.clear(meta)
+        if i:
+            puts.append(put_s)
+            gets.append(get_s)
+    await st.clear_partition("big")
+    return {
+        "big_put_GBps": size / statistics.median(puts) / 1e9,
+        "big_get_GBps": size / statistics.median(gets) / 1e9,
+    }
+
+
+async def _concurrent_rows(cluster: Any, clients: int = 8, batches: int = 16) -> dict[str, Any]:
+    """``clients`` producers and ``clients`` consumers, each its own client: aggregate GB/s
+    of put + get bytes, and a check that every sample arrived exactly once."""
+    from rayless.store import Store
+
+    rows = 256
+    row = 4096  # float32: 4 MiB per batch
+    prods = [await Store.connect(cluster=cluster) for _ in range(clients)]
+    cons = [await Store.connect(cluster=cluster) for _ in range(clients)]
+    total = clients * batches
+    seen: list[int] = []
+
+    async def produce(k: int, st: Any) -> None:
+        for b in range(batches):
+            base = (k * batches + b) * rows
+            ids = torch.arange(base, base + rows)
+            x = ids[:, None].float().expand(rows, row).contiguous()
+            await st.put(TensorDict({"id": ids, "x": x}, [rows]), partition="conc")
+
+    async def consume(st: Any) -> None:
+        while True:
+            meta = await st.get_meta("conc", ["id", "x"], rows, task="train", timeout=60)
+            if meta.size == 0:
+                return
+            got = await st.get(meta)
+            ids = got["id"].tolist()
+            assert torch.equal(got["x"][:, 0], got["id"].float()), "rows mixed up"
+            seen.extend(ids)
+
+    t = time.perf_counter()
+    done = asyncio.gather(*(consume(st) for st in cons))
+    await asyncio.gather(*(produce(k, st) for k, st in enumerate(prods)))
+    while len(seen) < total * rows:  # noqa: ASYNC110 (consumers run on this loop)
+        await asyncio.sleep(0.005)
+    wall = time.perf_counter() - t
+    done.cancel()
+    with contextlib.suppress(BaseException):
+        await done
+    moved = 2 * total * rows * (row * 4 + 8)  # put + get
+    return {
+        "concurrent_GBps": moved / wall / 1e9,
+        "concurrent_samples_ok": sorted(seen) == list(range(total * rows)),
+    }
 
 
 async def _put_ms(st: Any, td: TensorDict, reps: int) -> float:
@@ -232,6 +338,18 @@ ROWS = [
     ("idle_put_ms", "put 16 MiB, idle (ms)", "lower"),
     ("put_during_fetch_ms", "put 16 MiB while a fetch waits (ms)", "lower"),
 ]
+OURS_ONLY = [
+    ("memcpy_GBps", "plain copy of the 16 MiB (destinations out of cache, GB/s)"),
+    ("memcpy_warm_GBps", "plain copy of the 16 MiB (one destination, in L3, GB/s)"),
+    ("memcpy_fresh_GBps", "plain copy of the 16 MiB into a fresh tensor (GB/s)"),
+    ("put_vs_memcpy", "dense put vs the plain copy (x)"),
+    ("get_vs_memcpy", "dense get vs the plain copy (x)"),
+    ("roundtrip_vs_memcpy", "dense put + get vs one plain copy (x)"),
+    ("big_put_GBps", "put 1 GiB dense (GB/s)"),
+    ("big_get_GBps", "get 1 GiB dense (GB/s)"),
+    ("concurrent_GBps", "8 producers + 8 consumers, put+get bytes (GB/s)"),
+    ("concurrent_samples_ok", "every sample consumed exactly once"),
+]
 
 
 def table(ours: dict[str, Any], tq: dict[str, Any] | None) -> str:
@@ -246,6 +364,14 @@ def table(ours: dict[str, Any], tq: dict[str, Any] | None) -> str:
         fa = f"{a:.3f}" if isinstance(a, float) else "-"
         fb = f"{b:.3f}" if isinstance(b, float) else "-"
         lines.append(f"| {label} | {fa} | {fb} | {ratio} |")
+    for key, label in OURS_ONLY:
+        if key in ours:
+            v = ours[key]
+            lines.append(
+                f"| {label} | {v:.3f} | - | |"
+                if isinstance(v, float)
+                else f"| {label} | {v} | - | |"
+            )
     return "\n".join(lines)
 
 
@@ -256,13 +382,14 @@ def main() -> None:
     parser.add_argument("--skip-tq", action="store_true")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--no-big", action="store_true", help="skip the 1 GiB batches")
     parser.add_argument("--tq-part", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     reps = 3 if args.quick else args.repeats
     if args.tq_part:
         print("RESULT " + json.dumps(run_tq(reps)), flush=True)
         return
-    ours = asyncio.run(run_ours(args.device, reps))
+    ours = asyncio.run(run_ours(args.device, reps, big=not args.no_big))
     tq: dict[str, Any] | None = None
     if not (args.quick or args.skip_tq):
         proc = subprocess.run(

@@ -37,14 +37,15 @@ from rayless.actors.api.lifecycle import opener
 from rayless.store.controller import StoreController
 from rayless.store.errors import (
     ForeignMetaError,
-    PartialResultError,
     StoreError,
     StoreInputError,
     UnitLostError,
 )
 from rayless.store.fetches import check_timeout
 from rayless.store.kv import KVFace
+from rayless.store.local import LocalPlane
 from rayless.store.meta import BatchMeta
+from rayless.store.partial import partial_result
 from rayless.store.rows import merge, place, take
 from rayless.store.schema import split_columns
 from rayless.store.unit import StorageUnit
@@ -86,6 +87,7 @@ class Store(KVFace):
         self._own_cluster = False  # connect() opened the cluster session itself
         self._closed = False
         self._notes: set[asyncio.Future[Any]] = set()  # acks and cancels in flight
+        self._plane = LocalPlane()  # the same-host data plane
 
     @property
     def controller(self) -> ActorHandle[Any]:
@@ -236,6 +238,7 @@ class Store(KVFace):
         finally:
             self._owned = False
             self._closed = True
+            self._plane.close()
             if self._own_cluster and self._cluster is not None:
                 await self._cluster.aclose()
 
@@ -359,10 +362,13 @@ class Store(KVFace):
         shards, calls = [], []
         for (shard, part), positions in _groups(meta).items():
             indexes = [meta.global_indexes[p] for p in positions]
-            sub = td if positions == list(range(n)) else take(columns, positions, n)
-            unit = self.units[shard]["handle"]
+            unit, args = self.units[shard], (indexes, columns, positions, n, wire, timeout)
             shards.append(shard)
-            calls.append(unit.write(part, indexes, sub, wire, timeout))
+            if await self._plane.is_local(unit):  # same host: straight into its segments
+                calls.append(self._plane.put(unit["handle"], part, *args))
+            else:
+                sub = td if positions == list(range(n)) else take(columns, positions, n)
+                calls.append(unit["handle"].write(part, indexes, sub, wire, timeout))
         try:
             await self._gather(shards, calls)
         except BaseException:
@@ -445,9 +451,17 @@ class Store(KVFace):
         future.add_done_callback(done)
 
     async def get(
-        self, meta: BatchMeta, fields: Sequence[str] | None = None, *, device: Any = None
+        self,
+        meta: BatchMeta,
+        fields: Sequence[str] | None = None,
+        *,
+        device: Any = None,
+        zero_copy: bool = False,
     ) -> TensorDict:
         """The data of ``meta``'s samples (``fields``: a subset) as one TensorDict.
+
+        From units on this host the bytes are copied once, out of their shared memory;
+        ``zero_copy=True`` returns views of it where it can (see :mod:`rayless.store.local`).
 
         Same keys, dtypes, shapes, nesting as put; each field on its put-time device where this
         process has it (else the CPU), or on ``device``. Raises ForeignMetaError, StaleMetaError,
@@ -462,6 +476,9 @@ class Store(KVFace):
             await self.controller.check_readable(meta)
             return TensorDict({}, batch_size=[meta.size])
         groups = _groups(meta)
+        local = await self._plane.get(self, meta, names, groups, zero_copy)
+        if local is not None:
+            return place(local, meta.field_schemas, device)
         calls = [self.controller.lost_positions(meta)]
         for (shard, part), positions in groups.items():
             indexes = [meta.global_indexes[p] for p in positions]
@@ -472,56 +489,12 @@ class Store(KVFace):
         lost = {int(pos): str(unit) for pos, unit in results[0]}
         dead = [isinstance(r, (ActorDiedError, UnitLostError)) for r in results[1:]]
         if lost or any(dead):
-            await self._partial(meta, groups, results[1:], lost, device)
+            await partial_result(self, meta, groups, results[1:], lost, device)
         results = await self._gather(
             [shard for shard, _ in groups], [_done(r) for r in results[1:]]
         )
         parts = [(pos, td) for pos, td in zip(groups.values(), results, strict=True)]
         return place(merge(meta.size, meta.field_schemas, parts), meta.field_schemas, device)
-
-    async def _partial(
-        self,
-        meta: BatchMeta,
-        groups: dict[tuple[int, str], list[int]],
-        results: list[Any],
-        lost: dict[int, str],
-        device: Any,
-    ) -> None:
-        """A get that met lost samples: raise PartialResultError with the live part's data."""
-        parts: list[tuple[list[int], Any]] = []
-        for ((shard, part), positions), res in zip(groups.items(), results, strict=True):
-            if isinstance(res, ActorDiedError):
-                res = await self._lost(shard, res)
-            if isinstance(res, UnitLostError):
-                lost.update({p: res.unit for p in positions})
-                continue
-            live = [p for p in positions if p not in lost]
-            if not live:
-                continue
-            if isinstance(res, BaseException) or len(live) < len(positions):
-                # this unit holds lost rows too (it registered again): read the live ones
-                indexes = [meta.global_indexes[p] for p in live]
-                res = await self.units[shard]["handle"].read(part, indexes, meta.field_names)
-            parts.append((live, res))
-        keep = sorted(p for positions, _ in parts for p in positions)
-        gone = sorted(lost)
-        where = {p: k for k, p in enumerate(keep)}
-        schemas = meta.field_schemas
-        data = (
-            merge(len(keep), schemas, [([where[p] for p in ps], td) for ps, td in parts])
-            if parts
-            else TensorDict({}, batch_size=[0])
-        )
-        units = list(dict.fromkeys(lost[p] for p in gone))
-        raise PartialResultError(
-            units[0],
-            f"it held {len(gone)} of the {meta.size} samples; the other {len(keep)} were read "
-            "(err.data, err.meta)",
-            data=place(data, schemas, device) if parts else data,  # (all lost: empty)
-            meta=meta.select(keep),
-            lost=meta.select(gone),
-            units=units,
-        )
 
     async def clear(self, meta: BatchMeta) -> None:
         """Remove ``meta``'s samples; their indexes are reused. Raises Foreign/StaleMetaError."""

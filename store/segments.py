@@ -94,21 +94,9 @@ def reap(pid: int, directory: str | None = None) -> list[str]:
     """Unlink every segment created by ``pid`` if that process no longer runs; their names.
 
     Does nothing for a live process (or this one). Raises OSError when the directory cannot
-    be listed.
+    be listed. (``rayless.transport.shm.reap``: the node agent calls it when an actor exits.)
     """
-    if pid == os.getpid() or _tshm.pid_alive(pid):
-        return []
-    removed = []
-    with os.scandir(directory or _tshm.SHM_DIR) as entries:
-        for entry in entries:
-            found = _tshm.NAME.fullmatch(entry.name)
-            if found is not None and int(found.group(1)) == pid:
-                try:
-                    os.unlink(entry.path)
-                    removed.append(entry.name)
-                except OSError:
-                    pass
-    return removed
+    return _tshm.reap(pid, directory)
 
 
 class Segment:

@@ -180,6 +180,13 @@ class _Rows:
 _Col = _Dense | _Rows
 
 
+def _close(col: Any) -> None:
+    """Give a dropped column's memory back (a shared-memory column unlinks its segment)."""
+    close = getattr(col, "close", None)
+    if close is not None:
+        close()
+
+
 def _row_sizes(column: Column) -> list[int]:
     if column.schema.is_non_tensor:
         return [estimate_plain_bytes(v) for v in column.rows or ()]
@@ -211,6 +218,7 @@ class ShardStorage:
         unit_id: str,
         device: str | torch.device = "cpu",
         capacity_bytes: int | None = None,
+        dense_type: type[_Dense] = _Dense,
     ) -> None:
         if not isinstance(unit_id, str) or not unit_id:
             raise StoreInputError(f"unit_id must be a non-empty str, got {unit_id!r}")
@@ -221,6 +229,7 @@ class ShardStorage:
         self.unit_id = unit_id
         self.device = torch.device(device)
         self.capacity_bytes = capacity_bytes
+        self.dense_type = dense_type  # store.columns.ShmDense: columns in shared memory
         self._parts: dict[str, dict[str, _Col]] = {}
         self._kv_rows: dict[str, int] = {}
         self._kv_free: list[int] = []
@@ -252,11 +261,18 @@ class ShardStorage:
             "used_bytes": self.used_bytes,
             "capacity_bytes": self.capacity_bytes,
             "rows": {
-                p: max((len(c) for c in cols.values()), default=0)
+                p: max((len(c) - getattr(c, "pending", 0) for c in cols.values()), default=0)
                 for p, cols in self._parts.items()
             },
             "kv_keys": len(self._kv_rows),
         }
+
+    def close(self) -> None:
+        """Give every column's memory back (shared-memory segments are unlinked)."""
+        for cols in self._parts.values():
+            for col in cols.values():
+                _close(col)
+        self._parts.clear()
 
     # -- writes --------------------------------------------------------------------------
 
@@ -315,7 +331,9 @@ class ShardStorage:
             if col.schema.kind == "dense":
                 if not idx:
                     continue
-                column = old if isinstance(old, _Dense) else _Dense(col.schema, self.device)
+                column = (
+                    old if isinstance(old, _Dense) else self.dense_type(col.schema, self.device)
+                )
                 cap, cost = column.growth(idx, max(0, limit - needed))
                 needed += cost
                 if cap == -1:
@@ -337,7 +355,7 @@ class ShardStorage:
             if col.schema.kind == "dense":
                 dense = cols.get(name)
                 if not isinstance(dense, _Dense):
-                    dense = _Dense(schema, self.device)
+                    dense = self.dense_type(schema, self.device)
                     cols[name] = dense
                 dense.schema = schema
                 if name in growths:
@@ -448,7 +466,7 @@ class ShardStorage:
             col = cols[name]
             col.delete(idx)
             if not len(col):
-                del cols[name]
+                _close(cols.pop(name))
         if not cols:
             del self._parts[partition]
         return before - self.used_bytes
@@ -457,7 +475,8 @@ class ShardStorage:
         """Delete a whole partition (absent: nothing happens). Returns bytes freed."""
         _check_partition(partition)
         before = self.used_bytes
-        self._parts.pop(partition, None)
+        for col in self._parts.pop(partition, {}).values():
+            _close(col)
         return before - self.used_bytes
 
     # -- KV face -------------------------------------------------------------------------

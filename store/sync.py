@@ -189,10 +189,15 @@ class SyncStore:
         return self._run(aw, None if timeout is None else timeout + SLACK)
 
     def get(
-        self, meta: BatchMeta, fields: Sequence[str] | None = None, *, device: Any = None
+        self,
+        meta: BatchMeta,
+        fields: Sequence[str] | None = None,
+        *,
+        device: Any = None,
+        zero_copy: bool = False,
     ) -> TensorDict:
         """``Store.get``."""
-        return self._run(self.store.get(meta, fields, device=device))
+        return self._run(self.store.get(meta, fields, device=device, zero_copy=zero_copy))
 
     def clear(self, meta: BatchMeta) -> None:
         """``Store.clear``."""

@@ -7,7 +7,8 @@ the controller's ACK, so a sample is never ready before its bytes are stored. If
 controller refuses the notification the rows written for new fields are deleted again.
 A write over capacity waits (up to its timeout) for deletes to free room, then raises
 StoreFullError; a write larger than the whole capacity raises WriteTooLargeError at once.
-On a CUDA unit the columns live on ``cuda:0`` (the GPU the unit was given).
+On a CUDA unit the columns live on ``cuda:0`` (the GPU the unit was given); a CPU unit keeps
+its dense columns in shared memory for same-host clients (:mod:`rayless.store.unit_local`).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ import torch
 
 from rayless.actors import Actor, ActorHandle
 from rayless.actors.api.context import ENV_NODE_ID
+from rayless.store.columns import ShmDense, drain_pool
 from rayless.store.errors import StoreFullError, WriteTooLargeError
 from rayless.store.meta import BatchMeta  # noqa: F401  (registers BatchMeta with the codec)
 from rayless.store.metrics import RateMeter
 from rayless.store.schema import DataUpdate, FieldSchema
-from rayless.store.shard import ShardStorage
+from rayless.store.shard import ShardStorage, _Dense
+from rayless.store.unit_local import LocalUnit, shm_columns_enabled
 
 __all__ = ["StorageUnit", "unit_device"]
 
@@ -40,8 +43,9 @@ def unit_device(device: str) -> str:
 T = TypeVar("T")
 
 
-class StorageUnit(Actor):
-    """One storage unit: a shard of every partition and of the KV face."""
+class StorageUnit(LocalUnit, Actor):
+    """One storage unit: a shard of every partition and of the KV face (same-host methods:
+    :class:`~rayless.store.unit_local.LocalUnit`)."""
 
     def __init__(
         self,
@@ -53,7 +57,10 @@ class StorageUnit(Actor):
         self.unit_id = unit_id
         self.controller = controller
         self.device = unit_device(device)
-        self.shard = ShardStorage(unit_id, self.device, capacity_bytes)
+        shm = self.device == "cpu" and shm_columns_enabled()
+        dense = ShmDense if shm else _Dense
+        self.shard = ShardStorage(unit_id, self.device, capacity_bytes, dense_type=dense)
+        self._reservations = {}
         self._freed = asyncio.Event()
         self._stop = asyncio.Event()
         self.incarnation = uuid.uuid4().hex  # this process: a restart registers a new one
@@ -73,8 +80,10 @@ class StorageUnit(Actor):
         )
 
     async def teardown(self) -> None:
-        """Ends the controller's ``watch`` call cleanly."""
+        """Ends the controller's ``watch`` call cleanly; unlinks the shared-memory columns."""
         self._stop.set()
+        self.shard.close()
+        drain_pool()
 
     def _sync_device(self) -> None:
         if self.shard.device.type == "cuda":
@@ -218,6 +227,7 @@ class StorageUnit(Actor):
             "incarnation": self.incarnation,
             "puts": self._puts.snapshot(),
             "gets": self._gets.snapshot(),
+            "reservations": len(self._reservations),  # same-host puts under way
         }
 
     async def watch(self) -> None:

@@ -204,6 +204,27 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def reap(pid: int, directory: str | None = None) -> list[str]:
+    """Unlink every segment created by ``pid`` now if that process no longer runs; their names.
+
+    For whoever learns of a death first (the node agent, when its actor exits). Does nothing for
+    a live process (or this one). Raises OSError when the directory cannot be listed.
+    """
+    if pid == os.getpid() or pid_alive(pid):
+        return []
+    removed = []
+    with os.scandir(directory or SHM_DIR) as entries:
+        for entry in entries:
+            found = NAME.fullmatch(entry.name)
+            if found is not None and int(found.group(1)) == pid:
+                try:
+                    os.unlink(entry.path)
+                    removed.append(entry.name)
+                except OSError:
+                    pass
+    return removed
+
+
 def cleanup_stale(max_age: float = SHM_MAX_AGE, directory: str | None = None) -> list[str]:
     """Remove segments whose creating process no longer exists and older than ``max_age`` s.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -33,7 +34,7 @@ from rayless.transport import loop
 from rayless.transport.client import Client
 from rayless.transport.errors import ProtocolError, RaylessError
 from rayless.transport.server import Peer, Request, Server
-from rayless.transport.shm import cleanup_stale
+from rayless.transport.shm import cleanup_stale, reap
 
 log = logging.getLogger("rayless.agent")
 SHM_SWEEP_INTERVAL = 30.0
@@ -352,6 +353,8 @@ class Agent:
 
     async def _after_exit(self, proc: ActorProc, pid: int, code: int) -> None:
         await self.tailer.final(proc.actor_id)
+        with contextlib.suppress(OSError):  # its shared memory (a SIGKILL skipped its exit)
+            await asyncio.to_thread(reap, pid)
         died = ActorDiedError(
             proc.name, pid=pid, exitcode=code, node=self.node.node_id, reason=proc.stop_reason
         )

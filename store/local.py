@@ -1,0 +1,421 @@
+"""The client's same-host data plane: puts and gets straight into and out of a unit's segments.
+
+A unit on this host (same :func:`~rayless.transport.protocol.host_id`, the transport's peer
+host check) whose dense columns live in shared memory (:mod:`rayless.store.columns`) is written
+and read without its bytes crossing the socket:
+
+* put: ``reserve`` (control message) → the client copies each dense field's rows into the
+  reserved slots (one copy per byte, in a thread) → ``commit`` carrying the other fields
+  (nested, strings: the socket path). A failed put releases its reservation.
+* get: ``locate`` → the client takes a shared lease on each segment, checks its generation,
+  and copies the rows into the result (one copy per byte for runs of slots), or with
+  ``zero_copy=True`` returns views of the unit's memory where a field's rows are one run of
+  slots on one unit: each view holds its lease until its tensor storage is freed (a
+  ``weakref.finalize`` on the buffer under it), and the unit reuses no slot of that segment
+  meanwhile (its writes take never-used slots). Everything else falls back to copies.
+
+Units on other hosts, CUDA units and ``RAYLESS_STORE_LOCAL=0`` keep the socket path; so do
+gets that meet lost samples or errors (the socket path raises the typed errors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import mmap
+import os
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from rayless.actors import ActorDiedError
+from rayless.store.columns import forget, tensor_on
+from rayless.store.errors import UnitLostError
+from rayless.store.meta import BatchMeta
+from rayless.store.rows import take
+from rayless.store.schema import Column, FieldSchema, assemble, field_key
+from rayless.store.segments import HEADER, Segment, Superseded
+from rayless.transport.protocol import host_id
+
+__all__ = ["LocalPlane"]
+
+_MAX_OPEN = 32
+_RETRIES = 1000
+_HUGE_MIN = 4 << 20  # results of at least this many bytes get recycled mappings (_result)
+RESULTS_MAX_BYTES = 1 << 30  # freed result mappings kept per client process
+_RESULTS: dict[int, list[mmap.mmap]] = {}
+_RESULTS_HELD = [0]
+_RESULTS_GUARD = threading.RLock()  # finalizers may run inside (GC)
+
+
+def _run(idx: Sequence[int]) -> tuple[int, int] | None:
+    """``(start, step)`` when ``idx`` is an arithmetic progression with step >= 1, else None."""
+    if not idx:
+        return None
+    if len(idx) == 1:
+        return idx[0], 1
+    step = idx[1] - idx[0]
+    if step < 1 or any(b - a != step for a, b in itertools.pairwise(idx)):
+        return None
+    return idx[0], step
+
+
+def _result(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A new CPU tensor for a get's rows. Big ones are laid over an anonymous mapping that is
+    recycled once the tensor is freed (a ``weakref.finalize`` on the numpy array under it), so
+    a steady stream of gets of one size writes into pages already faulted in; a fresh mapping
+    asks for transparent huge pages (a fresh 64 MiB costs 32 page faults, not 16384)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < _HUGE_MIN:
+        return torch.empty(shape, dtype=dtype)
+    with _RESULTS_GUARD:
+        free = _RESULTS.get(nbytes)
+        mapping = free.pop() if free else None
+        if mapping is not None:
+            _RESULTS_HELD[0] -= nbytes
+    if mapping is None:
+        mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        with contextlib.suppress(AttributeError, OSError):
+            mapping.madvise(mmap.MADV_HUGEPAGE)
+    base = np.frombuffer(mapping, dtype=np.uint8)
+    weakref.finalize(base, _recycle, mapping, nbytes)
+    return torch.from_numpy(base).view(dtype).view(shape)
+
+
+def _recycle(mapping: mmap.mmap, nbytes: int) -> None:
+    """Keep a freed result's mapping for the next get of that size; older ones of other sizes
+    make room (at most RESULTS_MAX_BYTES held)."""
+    dropped: list[mmap.mmap] = []
+    kept = False
+    with _RESULTS_GUARD:
+        if nbytes <= RESULTS_MAX_BYTES:
+            for size in [k for k in _RESULTS if k != nbytes]:
+                while _RESULTS[size] and _RESULTS_HELD[0] + nbytes > RESULTS_MAX_BYTES:
+                    dropped.append(_RESULTS[size].pop(0))
+                    _RESULTS_HELD[0] -= size
+            if _RESULTS_HELD[0] + nbytes <= RESULTS_MAX_BYTES:
+                _RESULTS.setdefault(nbytes, []).append(mapping)
+                _RESULTS_HELD[0] += nbytes
+                kept = True
+    for m in dropped if kept else [*dropped, mapping]:
+        with contextlib.suppress(BufferError):
+            m.close()
+
+
+def _rows(t: torch.Tensor, idx: Sequence[int]) -> torch.Tensor:
+    """Rows ``idx`` of ``t``: a view for a progression, else a gathered copy."""
+    run = _run(idx)
+    if run is not None:
+        start, step = run
+        return t[start : start + step * (len(idx) - 1) + 1 : step]
+    return t.index_select(0, torch.tensor(list(idx), dtype=torch.int64))
+
+
+def _scatter(dst: torch.Tensor, idx: Sequence[int], src: torch.Tensor) -> None:
+    """``dst[idx] = src`` with one pass over the bytes where possible."""
+    run = _run(idx)
+    if run is not None:
+        start, step = run
+        dst[start : start + step * (len(idx) - 1) + 1 : step].copy_(src)
+    else:
+        dst.index_copy_(0, torch.tensor(list(idx), dtype=torch.int64), src)
+
+
+class _Mapped:
+    def __init__(self, seg: Segment) -> None:
+        self.seg = seg
+        self.leases = 0
+
+
+class LocalPlane:
+    """One client's same-host plane: which units are local, mapped segments, leases."""
+
+    def __init__(self) -> None:
+        self.enabled = os.environ.get("RAYLESS_STORE_LOCAL", "1") != "0"
+        self._host = host_id()
+        self._local: dict[str, bool] = {}
+        self._maps: dict[str, _Mapped] = {}
+        self._guard = threading.RLock()  # view finalizers may run inside it (GC)
+        weakref.finalize(self, _close_unleased, self._maps, self._guard)
+
+    def close(self) -> None:
+        """Drop the mappings no view uses (views keep theirs until freed). Idempotent."""
+        _close_unleased(self._maps, self._guard)
+        self._local.clear()
+
+    async def is_local(self, unit: Mapping[str, Any]) -> bool:
+        """Whether ``unit`` (its info) runs on this host with shared-memory columns."""
+        if not self.enabled or unit.get("device") != "cpu" or unit.get("handle") is None:
+            return False
+        key = str(unit["unit_id"])
+        if key not in self._local:
+            try:
+                info = await unit["handle"].local_info()
+            except ActorDiedError:
+                return False
+            self._local[key] = info.get("host") == self._host and bool(info.get("shm"))
+        return self._local[key]
+
+    # -- segments and leases ------------------------------------------------------------
+
+    def _open(self, name: str) -> _Mapped:
+        with self._guard:
+            m = self._maps.get(name)
+            if m is None:
+                if len(self._maps) >= _MAX_OPEN:
+                    for old in [k for k, v in self._maps.items() if v.leases == 0]:
+                        forget(self._maps.pop(old).seg)
+                m = self._maps[name] = _Mapped(Segment.open(name))
+            return m
+
+    def _acquire(self, name: str, generation: int) -> _Mapped | None:
+        """A shared lease on ``name`` while it holds ``generation``; None: locate again."""
+        try:
+            m = self._open(name)
+        except Superseded:
+            return None
+        with self._guard:
+            if m.leases == 0 and not m.seg.lock(False, False):
+                return None  # the unit is reclaiming slots right now
+            m.leases += 1
+        if m.seg.version != generation:
+            self._release(m)
+            return None
+        return m
+
+    def _release(self, m: _Mapped) -> None:
+        with self._guard:
+            m.leases -= 1
+            if m.leases == 0 and m.seg.fd >= 0:
+                m.seg.unlock()
+                if self._maps.get(m.seg.name) is not m:
+                    forget(m.seg)  # evicted or closed while a view held it
+
+    def _view(self, m: _Mapped, schema: FieldSchema, rows: int, own: bool) -> torch.Tensor:
+        """The column tensor on mapping ``m``; ``own``: its storage holds a lease of its own."""
+        dtype = schema.torch_dtype or torch.float32
+        shape = tuple(int(d or 0) for d in schema.shape or ())
+        if not own:
+            return tensor_on(m.seg, dtype, shape, rows)
+        nbytes = rows * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        base = np.frombuffer(m.seg.mapping, dtype=np.uint8, count=nbytes, offset=HEADER)
+        with self._guard:
+            m.leases += 1  # the view's own lease, released when its storage is freed
+        weakref.finalize(base, self._release, m)
+        return torch.from_numpy(base).view(dtype).view(rows, *shape)
+
+    # -- put ----------------------------------------------------------------------------
+
+    async def put(
+        self,
+        handle: Any,
+        partition: str,
+        indexes: list[int],
+        columns: Mapping[str, Column],
+        positions: list[int],
+        n: int,
+        wire: dict[str, dict[str, Any]],
+        timeout: float,
+    ) -> None:
+        """Write one unit's rows of a put (see the module docstring); raises like ``write``."""
+        dense = {
+            k: c for k, c in columns.items() if c.dense is not None and c.dense.device.type == "cpu"
+        }
+        if not dense:
+            await handle.write(partition, indexes, take(columns, positions, n), wire, timeout)
+            return
+        res = await handle.reserve(partition, indexes, {k: wire[k] for k in dense}, timeout)
+        token = res["token"]
+        try:
+            copied = await asyncio.to_thread(self._copy_in, res["fields"], dense, positions)
+            if not copied:  # the column moved before we mapped it: the socket path
+                await handle.release(token)
+                await handle.write(partition, indexes, take(columns, positions, n), wire, timeout)
+                return
+            rest = {k: c for k, c in columns.items() if k not in dense}
+            await handle.commit(token, take(rest, positions, n) if rest else None, wire, timeout)
+        except BaseException:
+            asyncio.ensure_future(_quiet(handle.release(token)))
+            raise
+
+    def _copy_in(
+        self, fields: Mapping[str, Any], dense: Mapping[str, Column], positions: list[int]
+    ) -> bool:
+        for name, where in fields.items():
+            col = dense[name]
+            if where["segment"] is None:
+                continue  # rows of zero bytes
+            try:
+                m = self._open(where["segment"])
+            except Superseded:
+                return False
+            dst = self._view(m, col.schema, int(where["rows"]), own=False)
+            assert col.dense is not None
+            _scatter(dst, where["slots"], _rows(col.dense, positions))
+        return True
+
+    # -- get ----------------------------------------------------------------------------
+
+    async def get(
+        self,
+        store: Any,
+        meta: BatchMeta,
+        names: list[str],
+        groups: dict[tuple[int, str], list[int]],
+        zero_copy: bool = False,
+    ) -> TensorDict | None:
+        """``meta``'s fields ``names`` read through shared memory (CPU tensors), or None when
+        the socket path must do it (a unit is remote, lost samples, any error)."""
+        units = [store.units[shard] for shard, _ in groups]
+        for unit in units:
+            if not await self.is_local(unit):
+                return None
+        schemas = meta.field_schemas
+        dense = [k for k in names if schemas[k].kind == "dense"]
+        if not dense:
+            return None
+        rest = [k for k in names if k not in dense]
+        known = meta.sample_shapes
+        if any(
+            schemas[k].is_nested and (k not in known or any(x is None for x in known[k]))
+            for k in rest
+        ):
+            return None  # shapes unknown here: the socket path rebuilds them
+        calls = [store.controller.lost_positions(meta)]
+        for (_, part), positions in groups.items():
+            idx = [meta.global_indexes[p] for p in positions]
+            calls.append(units[len(calls) - 1]["handle"].locate(part, idx, dense, rest))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        if isinstance(results[0], BaseException):
+            raise results[0]
+        if results[0] or any(isinstance(r, BaseException) for r in results[1:]):
+            return None
+        size = meta.size
+        view = zero_copy and len(groups) == 1
+        out: dict[str, torch.Tensor] = {}
+        for name in dense:  # allocated here: the copies of the units run in parallel
+            schema = schemas[name]
+            shape = tuple(int(d or 0) for d in schema.shape or ())
+            if not view:
+                out[name] = _result((size, *shape), schema.torch_dtype or torch.float32)
+        located: list[dict[str, Any]] = list(results[1:])  # type: ignore[arg-type]
+        copies = [
+            self._read_group(
+                units[g]["handle"], part, meta, positions, dense, rest, located[g], out, view
+            )
+            for g, ((_, part), positions) in enumerate(groups.items())
+        ]
+        rest_parts = await asyncio.gather(*copies)
+        if any(r is None for r in rest_parts):
+            return None
+        parts = [p for p in rest_parts if p is not None]
+        td = assemble(size, {k: (schemas[k], _unpack(meta, k, size, parts)) for k in rest})
+        for name in dense:
+            td.set(field_key(name), out[name])
+        return td
+
+    async def _read_group(
+        self,
+        handle: Any,
+        part: str,
+        meta: BatchMeta,
+        positions: list[int],
+        dense: list[str],
+        rest: list[str],
+        found: dict[str, Any],
+        out: dict[str, torch.Tensor],
+        view: bool,
+    ) -> tuple[list[int], Any] | None:
+        """Copy one unit's rows into ``out``; ``(positions, other fields)``, None: give up."""
+        schemas = meta.field_schemas
+        for attempt in range(_RETRIES):
+            args = (found["fields"], schemas, positions, meta.size, out, view)
+            if await asyncio.to_thread(self._copy_out, *args):
+                return positions, found["rest"]
+            idx = [meta.global_indexes[p] for p in positions]
+            try:
+                found = await handle.locate(part, idx, dense, rest)
+            except (ActorDiedError, UnitLostError):
+                return None
+            if attempt > 10:
+                await asyncio.sleep(0.001)  # the unit is reclaiming slots: let it finish
+        return None
+
+    def _copy_out(
+        self,
+        fields: Mapping[str, Any],
+        schemas: Mapping[str, FieldSchema],
+        positions: list[int],
+        size: int,
+        out: dict[str, torch.Tensor],
+        view: bool,
+    ) -> bool:
+        """Copy (or view) one unit's dense rows into ``out``; False: locate again."""
+        held: dict[str, _Mapped] = {}
+        try:
+            for name, where in fields.items():
+                schema = schemas[name]
+                if where["segment"] is None:
+                    continue
+                m = self._acquire(where["segment"], int(where["generation"]))
+                if m is None:
+                    return False
+                held[where["segment"]] = m
+            for name, where in fields.items():
+                schema = schemas[name]
+                dtype = schema.torch_dtype or torch.float32
+                shape = tuple(int(d or 0) for d in schema.shape or ())
+                if where["segment"] is None:
+                    out[name] = torch.empty((size, *shape), dtype=dtype)
+                    continue
+                m = held[where["segment"]]
+                slots = where["slots"]
+                run = _run(slots)
+                if view and run is not None and run[1] == 1 and positions == list(range(size)):
+                    src = self._view(m, schema, int(where["rows"]), own=True)
+                    out[name] = src.narrow(0, run[0], len(slots))
+                    continue
+                src = self._view(m, schema, int(where["rows"]), own=False)
+                dst = out.get(name)
+                if dst is None:
+                    dst = out[name] = _result((size, *shape), dtype)
+                _scatter(dst, positions, _rows(src, slots))
+            return True
+        finally:
+            for m in held.values():
+                self._release(m)
+
+
+def _unpack(meta: BatchMeta, name: str, size: int, parts: list[tuple[list[int], Any]]) -> list[Any]:
+    """Field ``name``'s rows in batch order from the units' packed answers (see ``locate``)."""
+    rows: list[Any] = [None] * size
+    nested = meta.field_schemas[name].is_nested
+    for positions, packed in parts:
+        value = packed[name]
+        if nested and positions:
+            shapes = [tuple(meta.sample_shapes[name][p] or ()) for p in positions]
+            pieces = value.split([math.prod(s) for s in shapes])
+            value = [piece.view(s) for piece, s in zip(pieces, shapes, strict=True)]
+        for p, row in zip(positions, value, strict=True):
+            rows[p] = row
+    return rows
+
+
+def _close_unleased(maps: dict[str, _Mapped], guard: threading.RLock) -> None:
+    with guard:
+        for name in [k for k, m in maps.items() if m.leases == 0]:
+            forget(maps.pop(name).seg)
+
+
+async def _quiet(call: Any) -> None:
+    try:
+        await call
+    except BaseException:
+        pass

@@ -1,0 +1,214 @@
+"""The same-host data plane: shared-memory columns, one-copy puts and gets, zero-copy views,
+their leases, and kill -9 of units and clients in the middle of it."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import threading
+from typing import Any
+
+import pytest
+import torch
+from tensordict import NonTensorStack, TensorDict
+
+from rayless.actors import Cluster
+from rayless.store import PartialResultError, Store, UnitLostError
+from rayless.transport import shm
+from tests.chaos.scenarios import until
+from tests.integration.zerocopy_classes import Holder
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def _segments_of(pid: int) -> list[str]:
+    return [n for n in os.listdir(shm.SHM_DIR) if n.startswith(f"rayless-{pid}-")]
+
+
+async def _pids(cluster: Cluster) -> dict[str, int]:
+    return {a["name"]: int(a["pid"]) for n in await cluster.nodes() for a in n["actors"]}
+
+
+async def _used(st: Store, shard: int = 0) -> int:
+    return int((await st.units[shard]["handle"].stats())["used_bytes"])
+
+
+def _mixed(n: int, base: float = 0.0) -> TensorDict:
+    return TensorDict(
+        {
+            "x": torch.arange(n * 4, dtype=torch.float32).reshape(n, 4) + base,
+            "ids": torch.arange(n),
+            "resp": torch.nested.as_nested_tensor(
+                [torch.arange(i % 5 + 1) for i in range(n)], layout=torch.jagged
+            ),
+            "text": NonTensorStack.from_list([f"s{i}" for i in range(n)]),
+        },
+        [n],
+    )
+
+
+async def test_same_host_put_and_get_go_through_the_units_segments(
+    local_cluster: Cluster,
+) -> None:
+    st = await Store.create(local_cluster, num_units=2, name="zc-basic")
+    td = _mixed(16)
+    meta = await st.put(td, partition="p")
+    pids = await _pids(local_cluster)
+    for unit in st.units:
+        assert _segments_of(pids[unit["unit_id"]]), "dense columns live in /dev/shm"
+    back = await st.get(meta)
+    assert st._plane._maps, "the client mapped the units' segments"
+    assert torch.equal(back["x"], td["x"]) and torch.equal(back["ids"], td["ids"])
+    assert back["text"] == td["text"]
+    assert all(
+        torch.equal(a, b) for a, b in zip(back["resp"].unbind(), td["resp"].unbind(), strict=True)
+    )
+    # a column-wise put onto the same samples, and a subset read back
+    meta = await st.put(TensorDict({"y": torch.ones(16, 2)}, [16]), meta=meta)
+    part = await st.get(meta.select([3, 7, 8]), ["x", "y"])
+    assert torch.equal(part["x"], td["x"][[3, 7, 8]]) and torch.equal(part["y"], torch.ones(3, 2))
+    await st.shutdown()
+    for unit in st.units:  # the unit's exit unlinks its segments
+        pid = pids[unit["unit_id"]]
+        assert await until(lambda pid=pid: not _segments_of(pid), 20), _segments_of(pid)
+
+
+async def test_a_view_never_sees_its_bytes_change_and_reuse_waits_for_it(
+    local_cluster: Cluster,
+) -> None:
+    st = await Store.create(local_cluster, num_units=1, name="zc-view")
+    await st.put(TensorDict({"x": torch.zeros(64, 256)}, [64]), "p")  # keeps the column
+    first = TensorDict({"x": torch.full((64, 256), 1.0)}, [64])
+    meta = await st.put(first, partition="p")
+    view = await st.get(meta, zero_copy=True)
+    x = view["x"]
+    assert torch.equal(x, first["x"])
+    used = await _used(st)
+    for k in range(2, 6):  # clear + put again while the view lives: never into its slots
+        await st.clear(meta)
+        meta = await st.put(TensorDict({"x": torch.full((64, 256), float(k))}, [64]), "p")
+        assert torch.equal(x, first["x"]), "a view saw bytes change under it"
+        assert torch.equal((await st.get(meta))["x"], torch.full((64, 256), float(k)))
+    grown = await _used(st)
+    assert grown > used, "with the view's lease held the column grows instead of reusing"
+    del view, x
+    gc.collect()  # the view's storage is freed: its lease is released
+    for k in range(6, 10):
+        await st.clear(meta)
+        meta = await st.put(TensorDict({"x": torch.full((64, 256), float(k))}, [64]), "p")
+        assert torch.equal((await st.get(meta))["x"], torch.full((64, 256), float(k)))
+    assert await _used(st) == grown, "without leases freed slots are reused"
+
+
+async def test_a_view_held_by_a_client_killed_with_sigkill_releases_its_lease(
+    local_cluster: Cluster,
+) -> None:
+    st = await Store.create(local_cluster, num_units=1, name="zc-kill-reader")
+    keep = await st.put(TensorDict({"x": torch.zeros(32, 128)}, [32]), partition="p")
+    await st.get_meta("p", ["x"], 32, task="holder", timeout=10)  # not the holder's batch
+    meta = await st.put(TensorDict({"x": torch.ones(32, 128)}, [32]), partition="p")
+    holder = await local_cluster.spawn(Holder, "zc-kill-reader")
+    assert await holder.hold_view("p", 32) == 32 * 128
+    used = await _used(st)
+    await st.clear(meta)
+    meta = await st.put(TensorDict({"x": torch.ones(32, 128)}, [32]), partition="p")
+    grown = await _used(st)
+    assert grown > used  # the holder's lease keeps the old slots
+    pid = await holder.pid()
+    os.kill(pid, signal.SIGKILL)  # mid-get: the kernel drops its flock lease
+    assert await until(lambda: not _alive(pid), 20)
+    for _ in range(3):
+        await st.clear(meta)
+        meta = await st.put(TensorDict({"x": torch.full((32, 128), 2.0)}, [32]), "p")
+    assert await _used(st) == grown  # reused again: no lease left
+    assert torch.equal((await st.get(meta))["x"], torch.full((32, 128), 2.0))
+    assert not _segments_of(pid), "a client creates no segments"
+    assert torch.equal((await st.get(keep))["x"], torch.zeros(32, 128))
+
+
+def _alive(pid: int) -> bool:
+    return shm.pid_alive(pid)
+
+
+async def test_a_client_killed_mid_put_loses_nothing_acknowledged(local_cluster: Cluster) -> None:
+    st = await Store.create(local_cluster, num_units=2, name="zc-kill-writer")
+    acked = await st.put(TensorDict({"x": torch.arange(16.0)[:, None].expand(16, 4)}, [16]), "p")
+    holder = await local_cluster.spawn(Holder, "zc-kill-writer")
+    pid = await holder.pid()
+    hanging = asyncio.ensure_future(holder.hang_in_put(8))
+
+    async def reserved() -> bool:
+        stats = [await u["handle"].stats() for u in st.units]
+        return sum(s["reservations"] for s in stats) == 2
+
+    assert await until(reserved, 20), "the put reserved its slots on both units"
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(Exception):
+        await hanging
+    back = await st.get(acked)
+    assert torch.equal(back["x"], torch.arange(16.0)[:, None].expand(16, 4))
+    more = await st.put(TensorDict({"x": torch.ones(8, 4)}, [8]), "p")
+    assert torch.equal((await st.get(more))["x"], torch.ones(8, 4))
+    assert not _segments_of(pid)
+
+
+async def test_a_unit_killed_mid_put_and_mid_get_leaves_no_segment(local_cluster: Cluster) -> None:
+    st = await Store.create(local_cluster, num_units=2, name="zc-kill-unit")
+    acked = await st.put(TensorDict({"x": torch.arange(32.0)[:, None].expand(32, 8)}, [32]), "p")
+    pids = await _pids(local_cluster)
+    victim = pids[st.units[1]["unit_id"]]
+    assert _segments_of(victim)
+    # mid-get: the copy out of the victim's segment waits until the victim is dead
+    gate, entered = threading.Event(), threading.Event()
+    original = st._plane._copy_out
+
+    def slow_copy(*args: Any) -> bool:
+        entered.set()
+        gate.wait(30)
+        return original(*args)
+
+    st._plane._copy_out = slow_copy  # type: ignore[method-assign]
+    getting = asyncio.ensure_future(st.get(acked))
+    assert await until(entered.is_set, 20)
+    os.kill(victim, signal.SIGKILL)
+    assert await until(lambda: not _segments_of(victim), 20), "the agent reaps its segments"
+    gate.set()
+    try:  # the mapped bytes outlive the unlinked file: the rows read are right
+        back = await getting
+        assert torch.equal(back["x"], acked_x(32))
+    except (PartialResultError, UnitLostError):
+        pass
+    st._plane._copy_out = original  # type: ignore[method-assign]
+    # the survivor's acknowledged samples are intact; new puts go on
+    with pytest.raises(PartialResultError) as info:
+        await st.get(acked)
+    live = info.value.meta
+    assert torch.equal(info.value.data["x"], acked_x(32)[list(live.global_indexes)])
+    # mid-put: a put whose copy is under way when its unit dies
+    gate2 = threading.Event()
+    st2 = await Store.connect("zc-kill-unit", cluster=local_cluster)
+    copy_in = st2._plane._copy_in
+
+    def slow_in(*args: Any) -> bool:
+        entered.set()
+        gate2.wait(30)
+        return copy_in(*args)
+
+    st2._plane._copy_in = slow_in  # type: ignore[method-assign]
+    entered.clear()
+    survivor = pids[st.units[0]["unit_id"]]
+    before = set(_segments_of(survivor))
+    putting = asyncio.ensure_future(st2.put(TensorDict({"x": torch.ones(8, 8)}, [8]), "q"))
+    assert await until(entered.is_set, 20)
+    os.kill(survivor, signal.SIGKILL)
+    assert await until(lambda: not _segments_of(survivor), 20)
+    gate2.set()
+    with pytest.raises(UnitLostError):
+        await putting
+    assert before  # it had segments, all reaped
+
+
+def acked_x(n: int) -> torch.Tensor:
+    return torch.arange(float(n))[:, None].expand(n, 8)
