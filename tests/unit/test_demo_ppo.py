@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,7 @@ def test_update_and_weights_under_ddp(tmp_path: Path) -> None:
     dist.init_process_group(
         "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
     )
+    ddp: DistributedDataParallel | None = None
     try:
         plain = ActorCritic()
         ddp = DistributedDataParallel(ActorCritic())
@@ -176,4 +178,8 @@ def test_update_and_weights_under_ddp(tmp_path: Path) -> None:
             assert torch.allclose(v, weights[k], atol=1e-6)
         assert set_weights(ddp, get_weights(plain, version=2)) == 2
     finally:
+        # The DDP reducer must go before its process group: collected later (in another
+        # test), its gloo process group's destructor hung joining its threads.
+        del ddp
+        gc.collect()
         dist.destroy_process_group()
