@@ -13,6 +13,7 @@ import os
 import random
 import signal
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -366,6 +367,10 @@ async def head_loss(cluster: Cluster, procs: LocalProcesses, *, per_node: int = 
     return -1.0
 
 
+def _pooled_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith("asyncio_"))
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """What a leak would grow: this process's children, fds, threads, RSS; /dev/shm files."""
@@ -387,7 +392,9 @@ class Snapshot:
         return cls(
             children=len(descendants()),
             fds=me.num_fds(),
-            threads=me.num_threads(),
+            # minus the loop's default executor workers ("asyncio_N"): a bounded pool
+            # (min(32, cpus + 4)) that grows on demand, which a cycle may touch first
+            threads=me.num_threads() - _pooled_threads(),
             shm_files=shm,
             rss_mb=me.memory_info().rss / 2**20,
         )
