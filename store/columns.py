@@ -134,16 +134,7 @@ class ShmDense(_Dense):
     def growth(self, indexes: Sequence[int], budget: int) -> tuple[int, int]:
         """Like the base, but every row takes a fresh slot (copy-on-write)."""
         self.reclaim()
-        spare = len(self.free) + self.capacity - self.top
-        new_rows = len(indexes)
-        if new_rows <= spare:
-            return self.capacity, 0
-        required = self.capacity + new_rows - spare
-        row = self.row_bytes
-        for cap in (max(required, 2 * self.capacity), required):
-            if (cap - self.capacity) * row <= budget:
-                return cap, (cap - self.capacity) * row
-        return -1, (required - self.capacity) * row
+        return self._growth_for(len(indexes), budget)
 
     def grow(self, capacity: int) -> None:
         """Move to a new segment of ``capacity`` rows (the old one is unlinked; readers' mappings

@@ -96,7 +96,10 @@ class _Dense:
         Doubles when the budget allows, else grows exactly; the capacity is -1 (with the least
         cost) when even that is over budget, and unchanged (cost 0) when spare slots suffice.
         """
-        new_rows = sum(1 for i in indexes if i not in self.slot_of)
+        return self._growth_for(sum(1 for i in indexes if i not in self.slot_of), budget)
+
+    def _growth_for(self, new_rows: int, budget: int) -> tuple[int, int]:
+        """``growth`` for ``new_rows`` rows that need a slot of their own."""
         spare = len(self.free) + self.capacity - self.top
         if new_rows <= spare:
             return self.capacity, 0
