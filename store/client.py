@@ -47,7 +47,7 @@ from rayless.store.local import LocalPlane
 from rayless.store.meta import BatchMeta
 from rayless.store.partial import partial_result
 from rayless.store.rows import merge, place, take
-from rayless.store.schema import split_columns
+from rayless.store.schema import Column, split_columns
 from rayless.store.unit import StorageUnit
 from rayless.transport.errors import ClosedError, RaylessError
 
@@ -272,7 +272,8 @@ class Store(KVFace):
             raise StoreInputError(f"expected a BatchMeta, got {type(meta).__name__}")
         if meta.store_id != self.store_id:
             raise ForeignMetaError(f"the meta comes from store {meta.store_id!r}")
-        bad = [s for s in meta.shards if not 0 <= s < len(self.units)]
+        count = len(self.units)
+        bad = sorted(s for s in set(meta.shards) if not 0 <= s < count)
         if bad:
             raise StoreInputError(
                 f"the meta names shard {bad[0]}, but the store has {len(self.units)} units "
@@ -337,19 +338,27 @@ class Store(KVFace):
         wire = {name: s.to_dict() for name, s in schemas.items()}
         new = meta is None
         fresh: dict[str, Any] = {}
+        ahead: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]] = {}
         if meta is None:
             if partition is None:
                 raise StoreInputError("put needs a partition (or the meta of existing samples)")
-            meta = await self.controller.allocate(
-                partition,
-                n,
-                wire,
-                None if env_ids is None else list(env_ids),
-                None if group_ids is None else list(group_ids),
-                None if custom_meta is None else [dict(c) for c in custom_meta],
-                None if keys is None else list(keys),
-                group_size,
-            )
+            if env_ids is None and isinstance(partition, str):
+                ahead = await self._reserve_ahead(partition, n, columns, wire, timeout)
+            try:
+                meta = await self.controller.allocate(
+                    partition,
+                    n,
+                    wire,
+                    None if env_ids is None else list(env_ids),
+                    None if group_ids is None else list(group_ids),
+                    None if custom_meta is None else [dict(c) for c in custom_meta],
+                    None if keys is None else list(keys),
+                    group_size,
+                )
+            except BaseException:
+                for shard, (_, reserved) in ahead.items():
+                    self._plane.drop_later(self.units[shard]["handle"], reserved)
+                raise
         else:
             if keys is not None or group_size is not None or group_ids is not None:
                 raise StoreInputError("keys/group_ids/group_size apply to new samples only")
@@ -359,17 +368,13 @@ class Store(KVFace):
             if partition is not None and set(meta.partition_ids) != {partition}:
                 raise StoreInputError(f"the meta's samples are not in partition {partition!r}")
             fresh = await self.controller.check_put(meta, wire)
-        shards, calls = [], []
-        for (shard, part), positions in _groups(meta).items():
-            indexes = [meta.global_indexes[p] for p in positions]
-            unit, args = self.units[shard], (indexes, columns, positions, n, wire, timeout)
-            shards.append(shard)
-            if await self._plane.is_local(unit):  # same host: straight into its segments
-                calls.append(self._plane.put(unit["handle"], part, *args))
-            else:
-                sub = td if positions == list(range(n)) else take(columns, positions, n)
-                calls.append(unit["handle"].write(part, indexes, sub, wire, timeout))
+        shards: list[int] = []
         try:
+            try:
+                calls = await self._put_calls(meta, td, columns, n, wire, timeout, ahead, shards)
+            finally:
+                for shard, (_, reserved) in ahead.items():  # units the allocation left out
+                    self._plane.drop_later(self.units[shard]["handle"], reserved)
             await self._gather(shards, calls)
         except BaseException:
             if new:
@@ -380,6 +385,60 @@ class Store(KVFace):
             raise
         shapes = {k: c.sample_shapes or [] for k, c in columns.items() if c.schema.is_nested}
         return meta.with_fields(schemas, shapes)
+
+    async def _put_calls(
+        self,
+        meta: BatchMeta,
+        td: TensorDictBase,
+        columns: Mapping[str, Column],
+        n: int,
+        wire: dict[str, dict[str, Any]],
+        timeout: float,
+        ahead: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]],
+        shards: list[int],
+    ) -> list[Any]:
+        """One write per unit of a put (appending each unit's shard to ``shards``); uses and
+        removes the reservations in ``ahead`` that fit."""
+        calls: list[Any] = []
+        for (shard, part), positions in _groups(meta).items():
+            indexes = [meta.global_indexes[p] for p in positions]
+            unit, args = self.units[shard], (indexes, columns, positions, n, wire, timeout)
+            shards.append(shard)
+            count, reserved = ahead.pop(shard, (-1, None))
+            if reserved is not None and count != len(positions):
+                self._plane.drop_later(unit["handle"], reserved)  # the guess was wrong
+                reserved = None
+            if await self._plane.is_local(unit):  # same host: straight into its segments
+                calls.append(self._plane.put(unit["handle"], part, *args, reserved=reserved))
+            else:
+                sub = td if positions == list(range(n)) else take(columns, positions, n)
+                calls.append(unit["handle"].write(part, indexes, sub, wire, timeout))
+        return calls
+
+    async def _reserve_ahead(
+        self,
+        partition: str,
+        n: int,
+        columns: Mapping[str, Column],
+        wire: dict[str, dict[str, Any]],
+        timeout: float,
+    ) -> dict[int, tuple[int, asyncio.Future[dict[str, Any]]]]:
+        """Reserve a new put's dense rows on same-host units while the controller allocates
+        its samples: ``{shard: (rows, reservation)}``. The guess is the controller's split
+        without env ids (one contiguous block per live unit, in shard order); a wrong guess
+        costs a release (see :meth:`put`)."""
+        if not self._plane.enabled or n <= 0 or not self._plane.dense_of(columns):
+            return {}
+        units = self.units
+        out: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]] = {}
+        for k, unit in enumerate(units):
+            count = -(-(k + 1) * n // len(units)) - -(-k * n // len(units))
+            if count and await self._plane.is_local(unit):
+                reserved = self._plane.reserve_ahead(
+                    unit["handle"], partition, count, columns, wire, timeout
+                )
+                out[int(unit["shard"])] = (count, reserved)
+        return out
 
     async def get_meta(
         self,

@@ -195,7 +195,10 @@ class StoreController(Actor):
         if env_ids is None and isinstance(n, int) and n > 0:
             alive = [u.shard for u in self.state.units() if u.alive]
             if alive:  # one contiguous block per unit: each unit's rows go as one frame
-                shards = [alive[pos * len(alive) // n] for pos in range(n)]
+                m = len(alive)  # unit k gets positions ceil(k n / m) .. ceil((k+1) n / m) - 1
+                shards = []
+                for k, shard in enumerate(alive):
+                    shards += [shard] * ((-(-(k + 1) * n // m)) - (-(-k * n // m)))
         meta = self.state.allocate(
             partition,
             n,
@@ -208,9 +211,8 @@ class StoreController(Actor):
             keys=None if keys is None else list(keys),
             group_size=group_size,
         )
-        now = time.monotonic()
-        for index, gen in zip(meta.global_indexes, meta.generations, strict=True):
-            self._unwritten[index] = (partition, gen, now)
+        entry = (partition, meta.generations[0] if n else 0, time.monotonic())
+        self._unwritten.update(dict.fromkeys(meta.global_indexes, entry))  # one serial
         return meta
 
     async def check_put(

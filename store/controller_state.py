@@ -90,12 +90,17 @@ class ClearPlan:
         return {"shards": {str(k): v for k, v in self.shards.items()}, "indexes": self.indexes}
 
 
-@dataclass
+# The custom metadata of every sample that has none: shared, so never mutated in place (the
+# state copies a sample's dict out, and set_custom_meta replaces it).
+_NO_CUSTOM: Mapping[str, Any] = {}
+
+
+@dataclass(slots=True)
 class _Sample:
     shard: int
     generation: int
     group: Hashable
-    custom: dict[str, Any]
+    custom: Mapping[str, Any]
     lost_on: str | None = None
     staged: bool = False  # part of an atomic put that has not committed yet
     key: str | None = None  # its KV key (kv_batch_put), unique in the partition
@@ -123,6 +128,7 @@ class _Staging:
     partition: str
     members: set[int]
     waiting: set[int]
+    order: list[int]  # the members in allocation order
     updates: list[DataUpdate] = field(default_factory=list)
 
 
@@ -324,7 +330,7 @@ class ControllerState(StateExtras):
         shards_by_env = [self._env_shard(e) for e in env_ids] if env_ids is not None else None
         if shards_by_env is None and placement is not None:
             shards_by_env = list(placement)
-            if len(shards_by_env) != n or any(s not in alive for s in shards_by_env):
+            if len(shards_by_env) != n or not set(shards_by_env) <= set(alive):
                 raise StoreInputError("placement must name one live shard per sample")
         if group_ids is not None:
             for g in group_ids:
@@ -339,29 +345,34 @@ class ControllerState(StateExtras):
         if part is None:
             part = self._partitions[partition] = _Partition(created=serial)
         staged = atomic and n > 0 and bool(schemas)
-        indexes: list[int] = []
-        shards: list[int] = []
-        for pos in range(n):
-            if self._free:
-                index = heapq.heappop(self._free)
-            else:
-                index = self._next_index
-                self._next_index += 1
-            shard = shards_by_env[pos] if shards_by_env else alive[index % len(alive)]
-            group = group_ids[pos] if group_ids is not None else ("#alloc", serial, pos)
-            key = keys[pos] if keys is not None else None
-            part.samples[index] = _Sample(shard, serial, group, custom[pos], staged=staged, key=key)
-            if key is not None:
-                part.keys[key] = index
-            if group_ids is not None:
-                part.group_count[group] = part.group_count.get(group, 0) + 1
-            self._owner[index] = partition
-            indexes.append(index)
-            shards.append(shard)
+        free = self._free
+        if n >= len(free):  # all of them (a put after a clear of as many): sort, don't pop
+            reused = sorted(free)
+            free.clear()
+        else:
+            reused = [heapq.heappop(free) for _ in range(n)]
+        start = self._next_index
+        self._next_index += n - len(reused)
+        indexes = reused + list(range(start, self._next_index))
+        shards = shards_by_env or [alive[index % len(alive)] for index in indexes]
+        if group_ids is not None:
+            groups: Sequence[Hashable] = group_ids
+            for g in group_ids:
+                part.group_count[g] = part.group_count.get(g, 0) + 1
+        else:
+            groups = [("#alloc", serial, pos) for pos in range(n)]
+        samples = part.samples
+        for index, shard, group, extra, key in zip(
+            indexes, shards, groups, custom, keys if keys is not None else [None] * n, strict=True
+        ):
+            samples[index] = _Sample(shard, serial, group, extra, None, staged, key)
+        if keys is not None:
+            part.keys.update(zip(keys, indexes, strict=True))
+        self._owner.update(dict.fromkeys(indexes, partition))
         if fixed is not None:
             part.group_size = fixed
         if staged:
-            self._staging[serial] = _Staging(partition, set(indexes), set(indexes))
+            self._staging[serial] = _Staging(partition, set(indexes), set(indexes), indexes)
         return BatchMeta(
             self.store_id,
             tuple(indexes),
@@ -369,16 +380,18 @@ class ControllerState(StateExtras):
             tuple(shards),
             (serial,) * n,
             schemas,
-            tuple(dict(c) for c in custom),
+            tuple(dict(c) for c in custom) if custom_meta is not None else (),  # () : all empty
         )
 
     @staticmethod
-    def _check_custom(custom: Sequence[Mapping[str, Any]] | None, n: int) -> list[dict[str, Any]]:
+    def _check_custom(
+        custom: Sequence[Mapping[str, Any]] | None, n: int
+    ) -> list[Mapping[str, Any]]:
         if custom is None:
-            return [{} for _ in range(n)]
+            return [_NO_CUSTOM] * n  # shared and read-only: samples copy it out
         if len(custom) != n:
             raise StoreInputError(f"custom_meta has {len(custom)} entries for {n} samples")
-        out = []
+        out: list[Mapping[str, Any]] = []
         for i, item in enumerate(custom):
             if not isinstance(item, Mapping):
                 raise StoreInputError(f"custom_meta[{i}] is not a dict")
@@ -629,7 +642,7 @@ class ControllerState(StateExtras):
             self._apply_update(part, sub, {n: schemas[n] for n in upd.schemas})
         for i in staging.members:
             part.samples[i].staged = False
-        return [i for i in part.samples if i in staging.members]
+        return [i for i in staging.order if i in part.samples]
 
     @staticmethod
     def _apply_update(

@@ -44,14 +44,17 @@ class BatchMeta:
     def __post_init__(self) -> None:
         n = len(self.global_indexes)
         if not self.custom_meta and n:
-            object.__setattr__(self, "custom_meta", tuple({} for _ in range(n)))
+            object.__setattr__(self, "custom_meta", tuple([{} for _ in range(n)]))
         for name in ("partition_ids", "shards", "generations", "custom_meta"):
             if len(getattr(self, name)) != n:
                 raise StoreInputError(f"BatchMeta.{name} must have one entry per sample ({n})")
         for fname, shapes in self.sample_shapes.items():
             if fname not in self.field_schemas or len(shapes) != n:
                 raise StoreInputError(f"BatchMeta.sample_shapes[{fname!r}] does not fit the batch")
-        if len(set(zip(self.partition_ids, self.global_indexes, strict=True))) != n:
+        if (
+            len(set(self.global_indexes)) != n
+            and len(set(zip(self.partition_ids, self.global_indexes, strict=True))) != n
+        ):  # unique indexes: unique samples (the cheap check first)
             raise StoreInputError("a BatchMeta names a sample more than once")
 
     # -- views ---------------------------------------------------------------------------
@@ -206,15 +209,18 @@ class BatchMeta:
     # -- wire ----------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain values for the wire."""
+        """Plain values for the wire: per-sample columns as runs (a put's 1,024 samples are a
+        few numbers, not 5,120 values), custom metadata only where a sample has some."""
+        custom = [dict(c) for c in self.custom_meta] if any(self.custom_meta) else []
         return {
             "store_id": self.store_id,
-            "global_indexes": list(self.global_indexes),
-            "partition_ids": list(self.partition_ids),
-            "shards": list(self.shards),
-            "generations": list(self.generations),
+            "n": self.size,
+            "index_spans": _spans(self.global_indexes),
+            "partition_runs": _runs(self.partition_ids),
+            "shard_runs": _runs(self.shards),
+            "generation_runs": _runs(self.generations),
             "field_schemas": {k: v.to_dict() for k, v in self.field_schemas.items()},
-            "custom_meta": [dict(c) for c in self.custom_meta],
+            "custom_meta": custom,
             "sample_shapes": {
                 k: [None if s is None else list(s) for s in v]
                 for k, v in self.sample_shapes.items()
@@ -223,14 +229,29 @@ class BatchMeta:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BatchMeta:
-        """Rebuild from :meth:`to_dict`'s output. Raises StoreInputError on malformed input."""
+        """Rebuild from :meth:`to_dict`'s output (or the plain per-sample lists of earlier
+        versions). Raises StoreInputError on malformed input (a forged run that would expand
+        past MAX_SAMPLES samples included)."""
         try:
+            if "index_spans" in data:
+                n = int(data["n"])
+                if not 0 <= n <= MAX_SAMPLES:
+                    raise StoreInputError(f"a BatchMeta of {n} samples (at most {MAX_SAMPLES})")
+                indexes = _unspan(data["index_spans"], n)
+                parts = _unrun(data["partition_runs"], n, str)
+                shards = _unrun(data["shard_runs"], n, int)
+                gens = _unrun(data["generation_runs"], n, int)
+            else:
+                indexes = tuple(int(i) for i in data["global_indexes"])
+                parts = tuple(str(p) for p in data["partition_ids"])
+                shards = tuple(int(s) for s in data["shards"])
+                gens = tuple(int(g) for g in data["generations"])
             return cls(
                 str(data["store_id"]),
-                tuple(int(i) for i in data["global_indexes"]),
-                tuple(str(p) for p in data["partition_ids"]),
-                tuple(int(s) for s in data["shards"]),
-                tuple(int(g) for g in data["generations"]),
+                indexes,
+                parts,
+                shards,
+                gens,
                 {str(k): FieldSchema.from_dict(v) for k, v in data["field_schemas"].items()},
                 tuple(dict(c) for c in data.get("custom_meta") or ()),
                 {
@@ -242,6 +263,71 @@ class BatchMeta:
             raise
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise StoreInputError(f"malformed BatchMeta: {exc!r}")
+
+
+MAX_SAMPLES = 1 << 26  # samples one wire BatchMeta may expand to
+
+
+def _spans(values: Sequence[int]) -> list[int]:
+    """``[start, length, start, length, ...]`` of the runs of consecutive ints in ``values``."""
+    t = tuple(values)
+    if t and t[-1] - t[0] == len(t) - 1 and t == tuple(range(t[0], t[-1] + 1)):
+        return [t[0], len(t)]  # the common case, checked at C speed
+    out: list[int] = []
+    start = prev = None
+    for v in values:
+        if prev is not None and v == prev + 1:
+            prev = v
+            continue
+        if start is not None and prev is not None:
+            out += (start, prev - start + 1)
+        start = prev = v
+    if start is not None and prev is not None:
+        out += (start, prev - start + 1)
+    return out
+
+
+def _runs(values: Sequence[Any]) -> list[Any]:
+    """``[value, count, value, count, ...]`` of the runs of equal values in ``values``."""
+    t = tuple(values)
+    if t and t.count(t[0]) == len(t):
+        return [t[0], len(t)]  # one run, counted at C speed
+    out: list[Any] = []
+    for v in values:
+        if out and out[-2] == v:
+            out[-1] += 1
+        else:
+            out += (v, 1)
+    return out
+
+
+def _pairs(flat: Sequence[Any], n: int) -> list[tuple[Any, int]]:
+    if not isinstance(flat, (list, tuple)) or len(flat) % 2:
+        raise StoreInputError("malformed BatchMeta: a run list needs value, count pairs")
+    pairs = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+    if any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for _, c in pairs):
+        raise StoreInputError("malformed BatchMeta: a run's count must be an int >= 1")
+    if sum(c for _, c in pairs) != n:
+        raise StoreInputError(f"malformed BatchMeta: the runs do not cover its {n} samples")
+    return pairs
+
+
+def _unspan(flat: Sequence[Any], n: int) -> tuple[int, ...]:
+    out: list[int] = []
+    for start, length in _pairs(flat, n):
+        if not isinstance(start, int) or isinstance(start, bool):
+            raise StoreInputError("malformed BatchMeta: a span's start must be an int")
+        out.extend(range(start, start + length))
+    return tuple(out)
+
+
+def _unrun(flat: Sequence[Any], n: int, kind: type | None = None) -> tuple[Any, ...]:
+    out: list[Any] = []
+    for value, count in _pairs(flat, n):
+        if kind is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise StoreInputError(f"malformed BatchMeta: a run holds {value!r} ({kind.__name__}?)")
+        out.extend([value] * count)
+    return tuple(out)
 
 
 def _register_wire() -> None:

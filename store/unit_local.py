@@ -23,7 +23,13 @@ from typing import Any
 import torch
 
 from rayless.store.columns import ShmDense, row_bytes_of
-from rayless.store.errors import SchemaError, StoreError, StoreFullError, WriteTooLargeError
+from rayless.store.errors import (
+    SchemaError,
+    StoreError,
+    StoreFullError,
+    StoreInputError,
+    WriteTooLargeError,
+)
 from rayless.store.schema import DataUpdate, FieldSchema
 from rayless.store.shard import ShardStorage, _check_indexes, _check_partition, _Rows
 from rayless.transport.protocol import host_id
@@ -41,7 +47,7 @@ def shm_columns_enabled() -> bool:
 @dataclass
 class _Reservation:
     partition: str
-    indexes: list[int]
+    indexes: list[int] | None  # None: reserved by count ahead of the allocation
     columns: dict[str, tuple[ShmDense, torch.Tensor, list[int]]]  # name: (col, data, slots)
     schemas: dict[str, FieldSchema]
     expires: float = field(default_factory=lambda: time.monotonic() + RESERVATION_TTL)
@@ -80,8 +86,9 @@ class LocalUnit:
             del self.shard._parts[res.partition]
 
     def _reserve_now(
-        self, partition: str, idx: list[int], dense: dict[str, FieldSchema]
+        self, partition: str, idx: list[int] | int, dense: dict[str, FieldSchema]
     ) -> dict[str, Any]:
+        count = idx if isinstance(idx, int) else len(idx)
         cols = self.shard._parts.get(partition, {})
         plan: dict[str, tuple[ShmDense | None, FieldSchema]] = {}
         own = 0
@@ -93,7 +100,7 @@ class LocalUnit:
                 raise SchemaError(f"field {name!r} is not a dense column on this unit")
             merged = schema if old is None else old.schema.merged(schema, name)
             plan[name] = (old, merged)
-            own += len(idx) * row_bytes_of(schema)
+            own += count * row_bytes_of(schema)
         cap = self.shard.capacity_bytes
         if cap is not None and own > cap:
             raise WriteTooLargeError(self.unit_id, own, self.shard.free_bytes or 0, cap)
@@ -103,7 +110,7 @@ class LocalUnit:
         growths: dict[str, int] = {}
         for name, (old, merged) in plan.items():
             probe = old if old is not None else ShmDense(merged, self.shard.device)
-            size, cost = probe.growth(idx, max(0, limit - needed))
+            size, cost = probe.growth(range(count), max(0, limit - needed))
             needed += cost
             if size == -1 or (budget is not None and needed > budget):
                 raise StoreFullError(self.unit_id, needed, budget or 0, cap or 0)
@@ -118,7 +125,7 @@ class LocalUnit:
             col.schema = merged
             if name in growths:
                 col.grow(growths[name])
-            slots = col.take_slots(len(idx))
+            slots = col.take_slots(count)
             col.pending += len(slots)
             taken[name] = (col, col.data, slots)
             seg = col.segment
@@ -128,25 +135,34 @@ class LocalUnit:
                 "slots": slots,
             }
         token = uuid.uuid4().hex
-        self._reservations[token] = _Reservation(partition, idx, taken, dict(dense))
+        rows = None if isinstance(idx, int) else idx
+        self._reservations[token] = _Reservation(partition, rows, taken, dict(dense))
         return {"token": token, "fields": out}
 
     async def reserve(
         self,
         partition: str,
-        indexes: list[int],
+        indexes: list[int] | int,
         dense: dict[str, dict[str, Any]],
         timeout: float = 0.0,
     ) -> dict[str, Any]:
         """Slots for the dense fields ``dense`` (wire schemas) of samples ``indexes``:
-        ``{"token", "fields": {name: {"segment", "rows", "slots"}}}``.
+        ``{"token", "fields": {name: {"segment", "rows", "slots"}}}``. ``indexes`` may be a
+        count: slots reserved while the controller still allocates the samples (their indexes
+        then come with ``commit``).
 
         Waits up to ``timeout`` for room like ``write``. Raises SchemaError, StoreInputError,
         StoreFullError, WriteTooLargeError (nothing changed but the columns' growth).
         """
         self._expire()
         part = _check_partition(partition)
-        idx = _check_indexes(indexes)
+        idx: list[int] | int
+        if isinstance(indexes, int) and not isinstance(indexes, bool):
+            if indexes < 0:
+                raise StoreInputError(f"a reservation of {indexes} rows")
+            idx = indexes
+        else:
+            idx = _check_indexes(indexes)
         declared = {k: FieldSchema.from_dict(v) for k, v in dense.items()}
         return await self._until_room(  # type: ignore[attr-defined]
             lambda: self._reserve_now(part, idx, declared), timeout
@@ -158,16 +174,34 @@ class LocalUnit:
         rest: Any,
         schemas: dict[str, dict[str, Any]],
         timeout: float = 0.0,
+        indexes: list[int] | None = None,
     ) -> None:
         """Finish reservation ``token``: write the other fields ``rest`` (a TensorDict or None),
         make the reserved slots hold their rows, return after the controller's ACK.
+        ``indexes``: the samples of a reservation made by count (one per reserved row).
 
-        Raises StoreError for an unknown (expired) token, what ``write`` raises for ``rest``;
-        on any error the reservation is released and nothing stays written.
+        Raises StoreError for an unknown (expired) token, StoreInputError for indexes that do
+        not fit the reservation, what ``write`` raises for ``rest``; on any error the
+        reservation is released and nothing stays written.
         """
         res = self._reservations.get(token)
         if res is None:
             raise StoreError("the same-host put's reservation expired or is unknown")
+        if res.indexes is None:
+            try:
+                idx = _check_indexes(indexes if indexes is not None else ())
+                rows = {len(slots) for _, _, slots in res.columns.values()}
+                if rows and rows != {len(idx)}:
+                    raise StoreInputError(
+                        f"{len(idx)} indexes for a reservation of {rows.pop()} rows"
+                    )
+            except StoreInputError:
+                self._drop_reservation(token)
+                raise
+            res.indexes = idx
+        elif indexes is not None and list(indexes) != res.indexes:
+            self._drop_reservation(token)
+            raise StoreInputError("the commit's indexes differ from the reservation's")
         part, idx = res.partition, res.indexes
         fresh = [n for n in schemas if not any(self.shard.has(part, i, n) for i in idx)]
         try:

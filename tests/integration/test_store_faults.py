@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 from typing import Any
@@ -197,9 +198,7 @@ async def test_client_killed_mid_put_leaves_nothing_ready(local_cluster: Cluster
 
 
 def _with_shards(meta: BatchMeta, shards: list[int]) -> BatchMeta:
-    data = meta.to_dict()
-    data["shards"] = shards
-    return BatchMeta.from_dict(data)
+    return dataclasses.replace(meta, shards=tuple(shards))
 
 
 async def _wait_lost(st: Store, shard: int) -> None:

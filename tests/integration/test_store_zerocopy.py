@@ -15,7 +15,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 from rayless.actors import Cluster
-from rayless.store import PartialResultError, Store, UnitLostError
+from rayless.store import PartialResultError, Store, StoreInputError, UnitLostError
 from rayless.transport import shm
 from tests.chaos.scenarios import until
 from tests.integration.zerocopy_classes import Holder
@@ -212,3 +212,47 @@ async def test_a_unit_killed_mid_put_and_mid_get_leaves_no_segment(local_cluster
 
 def acked_x(n: int) -> torch.Tensor:
     return torch.arange(float(n))[:, None].expand(n, 8)
+
+
+async def _no_reservations(st: Store) -> bool:
+    return all([int((await u["handle"].stats())["reservations"]) == 0 for u in st.units])
+
+
+async def test_rows_reserved_ahead_are_given_back_when_the_allocation_fails_or_goes_elsewhere(
+    local_cluster: Cluster,
+) -> None:
+    # A same-host put reserves its dense rows while the controller allocates its samples
+    # (guessing the controller's split); every reservation it does not use is released.
+    st = await Store.create(local_cluster, num_units=2, name="zc-ahead")
+    td = TensorDict({"x": torch.arange(32.0).reshape(8, 4)}, [8])
+    meta = await st.put(td, partition="p", keys=[f"k{i}" for i in range(8)])
+    assert await _no_reservations(st)
+    with pytest.raises(StoreInputError):  # the keys are taken: the allocation fails
+        await st.put(td, partition="p", keys=[f"k{i}" for i in range(8)])
+    assert await until(lambda: _no_reservations(st), 10)
+    # a unit the controller no longer counts: the guess (4 + 4 rows) is wrong for both
+    await st.controller.unit_lost(st.units[1]["unit_id"], "test")
+    moved = await st.put(td * 2, partition="q")
+    assert set(moved.shards) == {0}
+    assert await until(lambda: _no_reservations(st), 10)
+    assert torch.equal((await st.get(moved))["x"], td["x"] * 2)
+    assert torch.equal((await st.get(meta.select(list(range(4)))))["x"], td["x"][:4])
+    await st.shutdown()
+
+
+async def test_a_commit_whose_indexes_do_not_fit_a_reservation_by_count_is_refused(
+    local_cluster: Cluster,
+) -> None:
+    st = await Store.create(local_cluster, num_units=1, name="zc-count")
+    unit = st.units[0]["handle"]
+    wire = {"x": {"kind": "dense", "dtype": "float32", "shape": [4]}}
+    for bad in (-1, True, "3"):
+        with pytest.raises(StoreInputError):
+            await unit.reserve("p", bad, wire)
+    res = await unit.reserve("p", 3, wire)
+    assert len(res["fields"]["x"]["slots"]) == 3
+    with pytest.raises(StoreInputError, match="2 indexes for a reservation of 3 rows"):
+        await unit.commit(res["token"], None, wire, 0.0, [0, 1])
+    assert await _no_reservations(st)
+    assert (await unit.stats())["used_bytes"] == 0  # nothing was written
+    await st.shutdown()

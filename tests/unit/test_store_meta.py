@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rayless.store.errors import ForeignMetaError, SchemaError, StoreInputError, UnknownFieldError
 from rayless.store.meta import BatchMeta
@@ -113,6 +115,51 @@ def test_wire_round_trip() -> None:
     with pytest.raises(StoreInputError):
         BatchMeta.from_dict({"store_id": "s"})
     bad = m.to_dict()
-    bad["shards"] = bad["shards"][:-1]
+    bad["shard_runs"] = bad["shard_runs"][:-1]
     with pytest.raises(StoreInputError):
         BatchMeta.from_dict(bad)
+
+
+def test_wire_form_is_runs_and_rejects_forged_runs() -> None:
+    n = 1024
+    m = BatchMeta("s", tuple(range(n)), ("p",) * n, (0,) * 512 + (1,) * 512, (7,) * n)
+    d = m.to_dict()
+    assert d["index_spans"] == [0, n] and d["partition_runs"] == ["p", n]
+    assert d["shard_runs"] == [0, 512, 1, 512] and d["custom_meta"] == []
+    assert BatchMeta.from_dict(d) == m
+    # the plain per-sample lists of earlier versions still decode
+    legacy = {
+        "store_id": "s",
+        "global_indexes": list(m.global_indexes),
+        "partition_ids": list(m.partition_ids),
+        "shards": list(m.shards),
+        "generations": list(m.generations),
+        "field_schemas": {},
+    }
+    assert BatchMeta.from_dict(legacy) == m
+    forged = [
+        {**d, "n": 10**12, "index_spans": [0, 10**12]},  # a memory bomb
+        {**d, "index_spans": [0, n + 1]},  # more samples than n
+        {**d, "index_spans": [0, 0, 0, n]},  # a zero-length run
+        {**d, "shard_runs": [0, 512, "1", 512]},  # a shard that is no int
+        {**d, "partition_runs": [3, n]},  # a partition that is no str
+        {**d, "generation_runs": [7]},  # not pairs
+        {**d, "index_spans": [0, 512, 0, 512]},  # a sample twice
+    ]
+    for bad in forged:
+        with pytest.raises(StoreInputError):
+            BatchMeta.from_dict(bad)
+
+
+@given(
+    st.lists(st.integers(0, 50), min_size=0, max_size=60, unique=True),
+    st.data(),
+)
+def test_wire_round_trip_property(indexes: list[int], data: st.DataObject) -> None:
+    n = len(indexes)
+    parts = data.draw(st.lists(st.sampled_from(["a", "b"]), min_size=n, max_size=n))
+    shards = data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    gens = data.draw(st.lists(st.integers(0, 2**40), min_size=n, max_size=n))
+    custom = data.draw(st.lists(st.sampled_from([{}, {"k": 1}]), min_size=n, max_size=n))
+    m = BatchMeta("s", tuple(indexes), tuple(parts), tuple(shards), tuple(gens), {}, tuple(custom))
+    assert BatchMeta.from_dict(m.to_dict()) == m
