@@ -413,6 +413,17 @@ class ControllerState(StateExtras):
             raise StoreInputError(f"expected a BatchMeta, got {type(meta).__name__}")
         if meta.store_id != self.store_id:
             raise ForeignMetaError(f"the meta comes from store {meta.store_id!r}")
+        ids = meta.partition_ids
+        if ids and ids.count(ids[0]) == len(ids) and ids[0] in self._partitions:
+            samples = self._partitions[ids[0]].samples  # one partition: the quick pass
+            for index, gen, shard in zip(
+                meta.global_indexes, meta.generations, meta.shards, strict=True
+            ):
+                sample = samples.get(index)
+                if sample is None or sample.generation != gen or sample.shard != shard:
+                    break
+            else:
+                return
         for part_id, index, gen, shard in zip(
             meta.partition_ids, meta.global_indexes, meta.generations, meta.shards, strict=True
         ):
@@ -503,9 +514,13 @@ class ControllerState(StateExtras):
         """
         self.check_meta(meta)
         lost: dict[int, str] = {}
+        all_alive = all(u.alive for u in self._units)
         for part_id, positions in _positions_by_partition(meta).items():
             part = self._partitions[part_id]
             live: list[int] = []
+            if all_alive and not part.losses:  # nothing of it was ever lost
+                live = [meta.global_indexes[pos] for pos in positions]
+                positions = []
             for pos in positions:
                 sample = part.samples[meta.global_indexes[pos]]
                 if sample.lost_on is not None:
@@ -516,7 +531,7 @@ class ControllerState(StateExtras):
                     live.append(meta.global_indexes[pos])
             for name in meta.field_schemas:
                 ready = part.ready.get(name, set())
-                missing = [i for i in live if i not in ready]
+                missing = [] if ready.issuperset(live) else [i for i in live if i not in ready]
                 if missing:
                     raise UnknownFieldError(
                         f"field {name!r} is not written for samples {missing[:8]} of {part_id!r}"
@@ -895,6 +910,9 @@ class ControllerState(StateExtras):
 
 
 def _positions_by_partition(meta: BatchMeta) -> dict[str, list[int]]:
+    ids = meta.partition_ids
+    if ids and ids.count(ids[0]) == len(ids):
+        return {ids[0]: list(range(len(ids)))}
     groups: dict[str, list[int]] = {}
     for pos, part in enumerate(meta.partition_ids):
         groups.setdefault(part, []).append(pos)
