@@ -116,6 +116,11 @@ async def run_ours(device: str, reps: int, big: bool = True) -> dict[str, Any]:
             res[f"{name}_put_ms"] = statistics.median(puts) * 1e3
         if device == "cpu":
             res.update(_memcpy_rows(batches["dense"]["x"], reps, res))
+        else:
+            res.update(_d2d_rows(batches["dense"]["x"], reps, res))
+            res["ipc_columns_opened"] = sum(
+                1 for m in st._plane._maps.values() if m.tensor is not None
+            )
         small = TensorDict({"x": torch.ones(N, 4)}, [N])
         lat = []
         for i in range(reps):
@@ -162,6 +167,29 @@ def _memcpy_rows(x: torch.Tensor, reps: int, res: dict[str, Any]) -> dict[str, A
         "roundtrip_vs_memcpy": t_dram / (put_s + get_s),
         "put_vs_memcpy": t_dram / put_s,
         "get_vs_memcpy": t_dram / get_s,
+    }
+
+
+def _d2d_rows(x: torch.Tensor, reps: int, res: dict[str, Any]) -> dict[str, Any]:
+    """A device-to-device copy of the dense batch's bytes on its GPU (the CUDA anchor): a
+    CUDA unit's put or get on the same host is at best one such copy."""
+    size = x.numel() * x.element_size()
+    dst = torch.empty_like(x)
+
+    def copy() -> None:
+        dst.copy_(x)
+        torch.cuda.synchronize(x.device)
+
+    for _ in range(3):
+        copy()
+    t_copy = median_time(copy, reps * 8)
+    put_s = size / res["dense_put_GBps"] / 1e9
+    get_s = size / res["dense_get_GBps"] / 1e9
+    return {
+        "d2d_GBps": size / t_copy / 1e9,
+        "put_vs_d2d": t_copy / put_s,
+        "get_vs_d2d": t_copy / get_s,
+        "roundtrip_vs_d2d": t_copy / (put_s + get_s),
     }
 
 
@@ -345,6 +373,11 @@ OURS_ONLY = [
     ("put_vs_memcpy", "dense put vs the plain copy (x)"),
     ("get_vs_memcpy", "dense get vs the plain copy (x)"),
     ("roundtrip_vs_memcpy", "dense put + get vs one plain copy (x)"),
+    ("d2d_GBps", "device-to-device copy of the 16 MiB (GB/s)"),
+    ("put_vs_d2d", "CUDA dense put vs the device copy (x; goal >= 0.5)"),
+    ("get_vs_d2d", "CUDA dense get vs the device copy (x; goal >= 0.5)"),
+    ("roundtrip_vs_d2d", "CUDA dense put + get vs one device copy (x)"),
+    ("ipc_columns_opened", "CUDA columns the client opened by IPC"),
     ("big_put_GBps", "put 1 GiB dense (GB/s)"),
     ("big_get_GBps", "get 1 GiB dense (GB/s)"),
     ("concurrent_GBps", "8 producers + 8 consumers, put+get bytes (GB/s)"),

@@ -409,7 +409,7 @@ class Store(KVFace):
                 self._plane.drop_later(unit["handle"], reserved)  # the guess was wrong
                 reserved = None
             if await self._plane.is_local(unit):  # same host: straight into its segments
-                calls.append(self._plane.put(unit["handle"], part, *args, reserved=reserved))
+                calls.append(self._plane.put(unit, part, *args, reserved=reserved))
             else:
                 sub = td if positions == list(range(n)) else take(columns, positions, n)
                 calls.append(unit["handle"].write(part, indexes, sub, wire, timeout))
@@ -427,16 +427,14 @@ class Store(KVFace):
         its samples: ``{shard: (rows, reservation)}``. The guess is the controller's split
         without env ids (one contiguous block per live unit, in shard order); a wrong guess
         costs a release (see :meth:`put`)."""
-        if not self._plane.enabled or n <= 0 or not self._plane.dense_of(columns):
+        if not self._plane.enabled or n <= 0:
             return {}
         units = self.units
         out: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]] = {}
         for k, unit in enumerate(units):
             count = -(-(k + 1) * n // len(units)) - -(-k * n // len(units))
-            if count and await self._plane.is_local(unit):
-                reserved = self._plane.reserve_ahead(
-                    unit["handle"], partition, count, columns, wire, timeout
-                )
+            if count and await self._plane.is_local(unit) and self._plane.dense_for(unit, columns):
+                reserved = self._plane.reserve_ahead(unit, partition, count, columns, wire, timeout)
                 out[int(unit["shard"])] = (count, reserved)
         return out
 
@@ -535,7 +533,7 @@ class Store(KVFace):
             await self.controller.check_readable(meta)
             return TensorDict({}, batch_size=[meta.size])
         groups = _groups(meta)
-        local = await self._plane.get(self, meta, names, groups, zero_copy)
+        local = await self._plane.get(self, meta, names, groups, zero_copy, device)
         if local is not None:
             return place(local, meta.field_schemas, device)
         calls = [self.controller.lost_positions(meta)]

@@ -171,7 +171,7 @@ class ShmDense(_Dense):
 
     def write(self, indexes: Sequence[int], value: torch.Tensor) -> None:
         slots = self.take_slots(len(indexes))
-        where = torch.tensor(slots, dtype=torch.int64)
+        where = torch.tensor(slots, dtype=torch.int64, device=self.data.device)
         self.data.index_copy_(0, where, value.to(self.data.device))
         self.assign(indexes, slots)
 

@@ -21,14 +21,11 @@ gets that meet lost samples or errors (the socket path raises the typed errors).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import math
-import mmap
 import os
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -38,100 +35,28 @@ from tensordict import TensorDict
 from rayless.actors import ActorDiedError
 from rayless.store.columns import forget, tensor_on
 from rayless.store.errors import UnitLostError
+from rayless.store.local_cuda import open_column, ready_events, run_copies, visible_device
 from rayless.store.meta import BatchMeta
-from rayless.store.rows import take
+from rayless.store.results import result as _result
+from rayless.store.rows import take, target_device
 from rayless.store.schema import Column, FieldSchema, assemble, field_key
 from rayless.store.segments import HEADER, Segment, Superseded
+from rayless.store.slots import gather_rows as _rows
+from rayless.store.slots import run_of as _run
+from rayless.store.slots import scatter_rows as _scatter
 from rayless.transport.protocol import host_id
 
 __all__ = ["LocalPlane"]
 
 _MAX_OPEN = 32
 _RETRIES = 1000
-_HUGE_MIN = 4 << 20  # results of at least this many bytes get recycled mappings (_result)
-RESULTS_MAX_BYTES = 1 << 30  # freed result mappings kept per client process
-_RESULTS: dict[int, list[mmap.mmap]] = {}
-_RESULTS_HELD = [0]
-_RESULTS_GUARD = threading.RLock()  # finalizers may run inside (GC)
-
-
-def _run(idx: Sequence[int]) -> tuple[int, int] | None:
-    """``(start, step)`` when ``idx`` is an arithmetic progression with step >= 1, else None."""
-    if not idx:
-        return None
-    if len(idx) == 1:
-        return idx[0], 1
-    step = idx[1] - idx[0]
-    if step < 1 or any(b - a != step for a, b in itertools.pairwise(idx)):
-        return None
-    return idx[0], step
-
-
-def _result(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A new CPU tensor for a get's rows. Big ones are laid over an anonymous mapping that is
-    recycled once the tensor is freed (a ``weakref.finalize`` on the numpy array under it), so
-    a steady stream of gets of one size writes into pages already faulted in; a fresh mapping
-    asks for transparent huge pages (a fresh 64 MiB costs 32 page faults, not 16384)."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < _HUGE_MIN:
-        return torch.empty(shape, dtype=dtype)
-    with _RESULTS_GUARD:
-        free = _RESULTS.get(nbytes)
-        mapping = free.pop() if free else None
-        if mapping is not None:
-            _RESULTS_HELD[0] -= nbytes
-    if mapping is None:
-        mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        with contextlib.suppress(AttributeError, OSError):
-            mapping.madvise(mmap.MADV_HUGEPAGE)
-    base = np.frombuffer(mapping, dtype=np.uint8)
-    weakref.finalize(base, _recycle, mapping, nbytes)
-    return torch.from_numpy(base).view(dtype).view(shape)
-
-
-def _recycle(mapping: mmap.mmap, nbytes: int) -> None:
-    """Keep a freed result's mapping for the next get of that size; older ones of other sizes
-    make room (at most RESULTS_MAX_BYTES held)."""
-    dropped: list[mmap.mmap] = []
-    kept = False
-    with _RESULTS_GUARD:
-        if nbytes <= RESULTS_MAX_BYTES:
-            for size in [k for k in _RESULTS if k != nbytes]:
-                while _RESULTS[size] and _RESULTS_HELD[0] + nbytes > RESULTS_MAX_BYTES:
-                    dropped.append(_RESULTS[size].pop(0))
-                    _RESULTS_HELD[0] -= size
-            if _RESULTS_HELD[0] + nbytes <= RESULTS_MAX_BYTES:
-                _RESULTS.setdefault(nbytes, []).append(mapping)
-                _RESULTS_HELD[0] += nbytes
-                kept = True
-    for m in dropped if kept else [*dropped, mapping]:
-        with contextlib.suppress(BufferError):
-            m.close()
-
-
-def _rows(t: torch.Tensor, idx: Sequence[int]) -> torch.Tensor:
-    """Rows ``idx`` of ``t``: a view for a progression, else a gathered copy."""
-    run = _run(idx)
-    if run is not None:
-        start, step = run
-        return t[start : start + step * (len(idx) - 1) + 1 : step]
-    return t.index_select(0, torch.tensor(list(idx), dtype=torch.int64))
-
-
-def _scatter(dst: torch.Tensor, idx: Sequence[int], src: torch.Tensor) -> None:
-    """``dst[idx] = src`` with one pass over the bytes where possible."""
-    run = _run(idx)
-    if run is not None:
-        start, step = run
-        dst[start : start + step * (len(idx) - 1) + 1 : step].copy_(src)
-    else:
-        dst.index_copy_(0, torch.tensor(list(idx), dtype=torch.int64), src)
 
 
 class _Mapped:
-    def __init__(self, seg: Segment) -> None:
-        self.seg = seg
+    def __init__(self, seg: Segment, tensor: torch.Tensor | None = None) -> None:
+        self.seg = seg  # the column's segment (a CUDA column's: its lease segment)
         self.leases = 0
+        self.tensor = tensor  # a CUDA column: the unit's tensor, opened by IPC
 
 
 class LocalPlane:
@@ -141,6 +66,7 @@ class LocalPlane:
         self.enabled = os.environ.get("RAYLESS_STORE_LOCAL", "1") != "0"
         self._host = host_id()
         self._local: dict[str, bool] = {}
+        self._gpu: dict[str, torch.device] = {}  # CUDA units: their GPU as this process sees it
         self._maps: dict[str, _Mapped] = {}
         self._guard = threading.RLock()  # view finalizers may run inside it (GC)
         self._drops: set[asyncio.Future[None]] = set()  # reservations being given back
@@ -153,7 +79,7 @@ class LocalPlane:
 
     async def is_local(self, unit: Mapping[str, Any]) -> bool:
         """Whether ``unit`` (its info) runs on this host with shared-memory columns."""
-        if not self.enabled or unit.get("device") != "cpu" or unit.get("handle") is None:
+        if not self.enabled or unit.get("handle") is None:
             return False
         key = str(unit["unit_id"])
         if key not in self._local:
@@ -163,8 +89,56 @@ class LocalPlane:
                 return False
             except Exception:  # not reachable now: the socket path will say why
                 return False
-            self._local[key] = info.get("host") == self._host and bool(info.get("shm"))
+            same = info.get("host") == self._host
+            gpu = visible_device(info.get("gpu_uuid")) if info.get("cuda_ipc") else None
+            if same and gpu is not None:
+                self._gpu[key] = gpu
+            self._local[key] = same and (bool(info.get("shm")) or gpu is not None)
         return self._local[key]
+
+    def gpu_of(self, unit: Mapping[str, Any]) -> torch.device | None:
+        """A local CUDA unit's GPU (after :meth:`is_local`), None for a CPU unit."""
+        return self._gpu.get(str(unit["unit_id"]))
+
+    def dense_for(
+        self, unit: Mapping[str, Any], columns: Mapping[str, Column]
+    ) -> dict[str, Column]:
+        """The columns a same-host put writes straight into ``unit``'s columns: dense CPU
+        tensors, and for a CUDA unit dense tensors on any device."""
+        cuda = self.gpu_of(unit) is not None
+        return {
+            k: c
+            for k, c in columns.items()
+            if c.dense is not None and (cuda or c.dense.device.type == "cpu")
+        }
+
+    def known(self, unit: Mapping[str, Any]) -> list[str] | None:
+        """For a CUDA unit: the columns (lease segments) this client has opened, which the
+        unit then sends no IPC share for; None for a CPU unit."""
+        if self.gpu_of(unit) is None:
+            return None
+        with self._guard:
+            return [k for k, m in self._maps.items() if m.tensor is not None]
+
+    def _map_cuda(self, fields: Mapping[str, Any], schemas: Mapping[str, FieldSchema]) -> None:
+        """Open the CUDA columns whose IPC shares came with ``fields`` (reserve, locate)."""
+        for name, where in fields.items():
+            ipc, seg_name = where.get("ipc"), where.get("segment")
+            if ipc is None or seg_name is None:
+                continue
+            tensor = open_column(ipc, schemas[name].torch_dtype or torch.float32)
+            try:
+                seg = Segment.open(seg_name)
+            except Superseded:
+                continue  # the column moved on: the copy locates again
+            with self._guard:
+                old = self._maps.get(seg_name)
+                if old is not None and old.tensor is not None:
+                    forget(seg)
+                    continue
+                if old is not None and old.leases == 0:
+                    forget(old.seg)
+                self._maps[seg_name] = _Mapped(seg, tensor)
 
     # -- segments and leases ------------------------------------------------------------
 
@@ -205,6 +179,8 @@ class LocalPlane:
         """The column tensor on mapping ``m``; ``own``: its storage holds a lease of its own."""
         dtype = schema.torch_dtype or torch.float32
         shape = tuple(int(d or 0) for d in schema.shape or ())
+        if m.tensor is not None:  # a CUDA column (no views with leases of their own)
+            return m.tensor
         if not own:
             return tensor_on(m.seg, dtype, shape, rows)
         nbytes = rows * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -216,16 +192,9 @@ class LocalPlane:
 
     # -- put ----------------------------------------------------------------------------
 
-    @staticmethod
-    def dense_of(columns: Mapping[str, Column]) -> dict[str, Column]:
-        """The columns a same-host put writes straight into the unit's segments."""
-        return {
-            k: c for k, c in columns.items() if c.dense is not None and c.dense.device.type == "cpu"
-        }
-
     def reserve_ahead(
         self,
-        handle: Any,
+        unit: Mapping[str, Any],
         partition: str,
         count: int,
         columns: Mapping[str, Column],
@@ -235,8 +204,9 @@ class LocalPlane:
         """Reserve ``count`` rows of the dense ``columns`` on a unit while the controller still
         allocates the put's samples (one round trip less per put); pass the result to
         :meth:`put` as ``reserved``, or to :meth:`drop` if the allocation went elsewhere."""
-        dense = {k: wire[k] for k in self.dense_of(columns)}
-        return asyncio.ensure_future(handle.reserve(partition, count, dense, timeout))
+        dense = {k: wire[k] for k in self.dense_for(unit, columns)}
+        call = unit["handle"].reserve(partition, count, dense, timeout, self.known(unit))
+        return asyncio.ensure_future(call)
 
     def drop_later(self, handle: Any, reserved: asyncio.Future[dict[str, Any]]) -> None:
         """Give back a reservation made ahead that the put does not use, in the background
@@ -247,7 +217,7 @@ class LocalPlane:
 
     async def put(
         self,
-        handle: Any,
+        unit: Mapping[str, Any],
         partition: str,
         indexes: list[int],
         columns: Mapping[str, Column],
@@ -260,17 +230,24 @@ class LocalPlane:
         """Write one unit's rows of a put (see the module docstring), into the rows
         ``reserved`` ahead if given (its count must be ``len(indexes)``); raises like
         ``write``."""
-        dense = self.dense_of(columns)
+        handle, gpu = unit["handle"], self.gpu_of(unit)
+        dense = self.dense_for(unit, columns)
         if not dense:
             await handle.write(partition, indexes, take(columns, positions, n), wire, timeout)
             return
         if reserved is None:
-            res = await handle.reserve(partition, indexes, {k: wire[k] for k in dense}, timeout)
+            want = {k: wire[k] for k in dense}
+            res = await handle.reserve(partition, indexes, want, timeout, self.known(unit))
         else:
             res = await reserved
         token = res["token"]
         try:
-            copied = await asyncio.to_thread(self._copy_in, res["fields"], dense, positions)
+            events: list[Any] = []
+            if gpu is not None:
+                self._map_cuda(res["fields"], {k: c.schema for k, c in dense.items()})
+                events = ready_events(c.dense for c in dense.values() if c.dense is not None)
+            args = (res["fields"], dense, positions, events, gpu)
+            copied = await asyncio.to_thread(self._copy_in, *args)
             if not copied:  # the column moved before we mapped it: the socket path
                 await handle.release(token)
                 await handle.write(partition, indexes, take(columns, positions, n), wire, timeout)
@@ -283,19 +260,38 @@ class LocalPlane:
             raise
 
     def _copy_in(
-        self, fields: Mapping[str, Any], dense: Mapping[str, Column], positions: list[int]
+        self,
+        fields: Mapping[str, Any],
+        dense: Mapping[str, Column],
+        positions: list[int],
+        events: list[Any],
+        gpu: torch.device | None,
     ) -> bool:
+        """Copy a put's dense rows into their reserved slots; False: the column moved."""
+        copies: list[tuple[torch.Tensor, list[int], torch.Tensor]] = []
         for name, where in fields.items():
             col = dense[name]
-            if where["segment"] is None:
+            if where["segment"] is None or col.dense is None:
                 continue  # rows of zero bytes
             try:
                 m = self._open(where["segment"])
             except Superseded:
                 return False
+            if gpu is not None and m.tensor is None:
+                return False  # not opened (evicted meanwhile): the socket path
             dst = self._view(m, col.schema, int(where["rows"]), own=False)
-            assert col.dense is not None
-            _scatter(dst, where["slots"], _rows(col.dense, positions))
+            copies.append((dst, where["slots"], col.dense))
+        if gpu is None:
+            for dst, slots, src in copies:
+                _scatter(dst, slots, _rows(src, positions))
+            return True
+        devices = {gpu, *(src.device for _, _, src in copies)}
+
+        def copy() -> None:
+            for dst, slots, src in copies:
+                _scatter(dst, slots, _rows(src, positions))
+
+        run_copies(events, devices, copy)
         return True
 
     # -- get ----------------------------------------------------------------------------
@@ -307,13 +303,19 @@ class LocalPlane:
         names: list[str],
         groups: dict[tuple[int, str], list[int]],
         zero_copy: bool = False,
+        device: Any = None,
     ) -> TensorDict | None:
-        """``meta``'s fields ``names`` read through shared memory (CPU tensors), or None when
-        the socket path must do it (a unit is remote, lost samples, any error)."""
+        """``meta``'s fields ``names`` read through the units' memory (CPU tensors; a CUDA
+        unit's: on its GPU), or None when the socket path must do it (a unit is remote, lost
+        samples, any error)."""
         units = [store.units[shard] for shard, _ in groups]
         for unit in units:
             if not await self.is_local(unit):
                 return None
+        gpus = {self.gpu_of(unit) for unit in units}
+        if len(gpus) != 1:
+            return None  # CPU and CUDA units in one get: the socket path merges them
+        gpu = gpus.pop()
         schemas = meta.field_schemas
         dense = [k for k in names if schemas[k].kind == "dense"]
         if not dense:
@@ -328,24 +330,33 @@ class LocalPlane:
         calls = [store.controller.lost_positions(meta)]
         for (_, part), positions in groups.items():
             idx = [meta.global_indexes[p] for p in positions]
-            calls.append(units[len(calls) - 1]["handle"].locate(part, idx, dense, rest))
+            unit = units[len(calls) - 1]
+            calls.append(unit["handle"].locate(part, idx, dense, rest, self.known(unit)))
         results = await asyncio.gather(*calls, return_exceptions=True)
         if isinstance(results[0], BaseException):
             raise results[0]
         if results[0] or any(isinstance(r, BaseException) for r in results[1:]):
             return None
         size = meta.size
-        view = zero_copy and len(groups) == 1
+        view = zero_copy and len(groups) == 1 and gpu is None
         out: dict[str, torch.Tensor] = {}
         for name in dense:  # allocated here: the copies of the units run in parallel
             schema = schemas[name]
             shape = tuple(int(d or 0) for d in schema.shape or ())
-            if not view:
-                out[name] = _result((size, *shape), schema.torch_dtype or torch.float32)
+            dtype = schema.torch_dtype or torch.float32
+            if gpu is not None:  # straight onto the field's device (``place`` then keeps it)
+                target = target_device(device, schema.device)
+                out[name] = torch.empty((size, *shape), dtype=dtype, device=target)
+            elif not view:
+                out[name] = _result((size, *shape), dtype)
         located: list[dict[str, Any]] = list(results[1:])  # type: ignore[arg-type]
+        if gpu is not None:
+            for found in located:
+                self._map_cuda(found["fields"], schemas)
+        events = ready_events(out.values()) if gpu is not None else []
         copies = [
             self._read_group(
-                units[g]["handle"], part, meta, positions, dense, rest, located[g], out, view
+                units[g], part, meta, positions, dense, rest, located[g], out, view, events
             )
             for g, ((_, part), positions) in enumerate(groups.items())
         ]
@@ -360,7 +371,7 @@ class LocalPlane:
 
     async def _read_group(
         self,
-        handle: Any,
+        unit: Mapping[str, Any],
         part: str,
         meta: BatchMeta,
         positions: list[int],
@@ -369,16 +380,20 @@ class LocalPlane:
         found: dict[str, Any],
         out: dict[str, torch.Tensor],
         view: bool,
+        events: list[Any],
     ) -> tuple[list[int], Any] | None:
         """Copy one unit's rows into ``out``; ``(positions, other fields)``, None: give up."""
         schemas = meta.field_schemas
+        gpu = self.gpu_of(unit)
         for attempt in range(_RETRIES):
-            args = (found["fields"], schemas, positions, meta.size, out, view)
+            args = (found["fields"], schemas, positions, meta.size, out, view, events, gpu)
             if await asyncio.to_thread(self._copy_out, *args):
                 return positions, found["rest"]
             idx = [meta.global_indexes[p] for p in positions]
             try:
-                found = await handle.locate(part, idx, dense, rest)
+                found = await unit["handle"].locate(part, idx, dense, rest, self.known(unit))
+                if gpu is not None:
+                    self._map_cuda(found["fields"], schemas)
             except (ActorDiedError, UnitLostError):
                 return None
             if attempt > 10:
@@ -393,6 +408,8 @@ class LocalPlane:
         size: int,
         out: dict[str, torch.Tensor],
         view: bool,
+        events: list[Any],
+        gpu: torch.device | None,
     ) -> bool:
         """Copy (or view) one unit's dense rows into ``out``; False: locate again."""
         held: dict[str, _Mapped] = {}
@@ -405,6 +422,22 @@ class LocalPlane:
                 if m is None:
                     return False
                 held[where["segment"]] = m
+                if gpu is not None and m.tensor is None:
+                    return False  # not opened yet: locate again (the share comes then)
+            if gpu is not None:  # one device-to-device copy per byte, under the leases
+                copies: list[tuple[torch.Tensor, torch.Tensor, list[int]]] = []
+                for name, w in fields.items():
+                    src = held[w["segment"]].tensor if w["segment"] is not None else None
+                    if src is not None:
+                        copies.append((out[name], src, w["slots"]))
+                devices = {gpu, *(dst.device for dst, _, _ in copies)}
+
+                def copy() -> None:
+                    for dst, src, slots in copies:
+                        _scatter(dst, positions, _rows(src, slots))
+
+                run_copies(events, devices, copy)
+                return True
             for name, where in fields.items():
                 schema = schemas[name]
                 dtype = schema.torch_dtype or torch.float32

@@ -10,7 +10,7 @@ from tensordict import TensorDict
 
 from rayless.store.schema import Column, FieldSchema, assemble, merge_parts
 
-__all__ = ["merge", "place", "take"]
+__all__ = ["target_device", "merge", "place", "take"]
 
 
 def take(columns: Mapping[str, Column], positions: list[int], total: int) -> TensorDict:
@@ -35,7 +35,7 @@ def take(columns: Mapping[str, Column], positions: list[int], total: int) -> Ten
     return assemble(n, data, device)
 
 
-def _target(device: Any, origin: str | None) -> torch.device:
+def target_device(device: Any, origin: str | None) -> torch.device:
     """Where a field read back should live: ``device`` if given, else its put-time device
     when this process has it (CUDA), else the CPU."""
     if device is not None:
@@ -54,7 +54,7 @@ def place(td: TensorDict, schemas: Mapping[str, FieldSchema], device: Any) -> Te
             continue
         key = tuple(name.split("."))
         value = td.get(key)
-        target = _target(device, schema.device)
+        target = target_device(device, schema.device)
         if value.device != target:
             td.set(key, value.to(target))
     return td

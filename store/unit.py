@@ -25,6 +25,7 @@ import torch
 from rayless.actors import Actor, ActorHandle
 from rayless.actors.api.context import ENV_NODE_ID
 from rayless.store.columns import ShmDense, drain_pool
+from rayless.store.columns_cuda import CudaDense
 from rayless.store.errors import StoreFullError, WriteTooLargeError
 from rayless.store.meta import BatchMeta  # noqa: F401  (registers BatchMeta with the codec)
 from rayless.store.metrics import RateMeter
@@ -57,8 +58,9 @@ class StorageUnit(LocalUnit, Actor):
         self.unit_id = unit_id
         self.controller = controller
         self.device = unit_device(device)
-        shm = self.device == "cpu" and shm_columns_enabled()
-        dense = ShmDense if shm else _Dense
+        dense: type[_Dense] = _Dense
+        if shm_columns_enabled():  # same-host clients write and read the columns directly
+            dense = CudaDense if self.device.startswith("cuda") else ShmDense
         self.shard = ShardStorage(unit_id, self.device, capacity_bytes, dense_type=dense)
         self._reservations = {}
         self._freed = asyncio.Event()

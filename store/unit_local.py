@@ -14,6 +14,7 @@ the same host (:mod:`rayless.store.local`) then moves only control messages over
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from rayless.store.columns import ShmDense, row_bytes_of
+from rayless.store.columns_cuda import CudaDense, cuda_uuid
 from rayless.store.errors import (
     SchemaError,
     StoreError,
@@ -62,8 +64,25 @@ class LocalUnit:
     _reservations: dict[str, _Reservation]
 
     async def local_info(self) -> dict[str, Any]:
-        """``{"host": host id, "shm": whether dense columns live in shared memory}``."""
-        return {"host": host_id(), "shm": self.shard.dense_type is ShmDense}
+        """``{"host": host id, "shm": whether dense columns live in shared memory, "cuda_ipc":
+        whether they live in GPU memory exported by CUDA IPC, "gpu_uuid": that GPU's UUID}``."""
+        cuda = self.shard.dense_type is CudaDense
+        return {
+            "host": host_id(),
+            "shm": self.shard.dense_type is ShmDense,
+            "cuda_ipc": cuda,
+            "gpu_uuid": cuda_uuid(self.shard.device) if cuda else None,
+        }
+
+    def _where(self, col: ShmDense, known: list[str] | None) -> dict[str, Any]:
+        """A column's place for a same-host client: segment, rows (and for a CUDA column
+        whose lease segment is not in ``known``, the IPC share the client opens)."""
+        seg = col.segment
+        out: dict[str, Any] = {"segment": None if seg is None else seg.name, "rows": col.capacity}
+        wants_share = known is not None and seg is not None and seg.name not in known
+        if isinstance(col, CudaDense) and wants_share:  # known None: a CPU-only client
+            out["ipc"] = col.export()["ipc"]
+        return out
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -86,7 +105,11 @@ class LocalUnit:
             del self.shard._parts[res.partition]
 
     def _reserve_now(
-        self, partition: str, idx: list[int] | int, dense: dict[str, FieldSchema]
+        self,
+        partition: str,
+        idx: list[int] | int,
+        dense: dict[str, FieldSchema],
+        known: list[str] | None = None,
     ) -> dict[str, Any]:
         count = idx if isinstance(idx, int) else len(idx)
         cols = self.shard._parts.get(partition, {})
@@ -128,12 +151,7 @@ class LocalUnit:
             slots = col.take_slots(count)
             col.pending += len(slots)
             taken[name] = (col, col.data, slots)
-            seg = col.segment
-            out[name] = {
-                "segment": None if seg is None else seg.name,
-                "rows": col.capacity,
-                "slots": slots,
-            }
+            out[name] = {**self._where(col, known), "slots": slots}
         token = uuid.uuid4().hex
         rows = None if isinstance(idx, int) else idx
         self._reservations[token] = _Reservation(partition, rows, taken, dict(dense))
@@ -145,11 +163,13 @@ class LocalUnit:
         indexes: list[int] | int,
         dense: dict[str, dict[str, Any]],
         timeout: float = 0.0,
+        known: list[str] | None = None,
     ) -> dict[str, Any]:
         """Slots for the dense fields ``dense`` (wire schemas) of samples ``indexes``:
         ``{"token", "fields": {name: {"segment", "rows", "slots"}}}``. ``indexes`` may be a
         count: slots reserved while the controller still allocates the samples (their indexes
-        then come with ``commit``).
+        then come with ``commit``). ``known``: the CUDA columns (lease segment names) the
+        client has opened; the others come with their IPC share (``"ipc"``).
 
         Waits up to ``timeout`` for room like ``write``. Raises SchemaError, StoreInputError,
         StoreFullError, WriteTooLargeError (nothing changed but the columns' growth).
@@ -165,7 +185,7 @@ class LocalUnit:
             idx = _check_indexes(indexes)
         declared = {k: FieldSchema.from_dict(v) for k, v in dense.items()}
         return await self._until_room(  # type: ignore[attr-defined]
-            lambda: self._reserve_now(part, idx, declared), timeout
+            lambda: self._reserve_now(part, idx, declared, known), timeout
         )
 
     async def commit(
@@ -233,11 +253,13 @@ class LocalUnit:
         for name, (col, data, slots) in res.columns.items():
             col.pending -= len(slots)
             if data is not col.data:  # the column grew meanwhile: bring the rows along
-                where = torch.tensor(slots, dtype=torch.int64)
+                where = torch.tensor(slots, dtype=torch.int64, device=col.data.device)
                 col.data.index_copy_(0, where, data.index_select(0, where))
             col.assign(idx, slots)
             cols.setdefault(name, col)
             reported[name] = res.schemas[name]
+        if self.shard.device.type == "cuda":
+            await asyncio.to_thread(self._sync_device)  # type: ignore[attr-defined]
         try:
             await self.controller.on_data_update(
                 self.unit_id, DataUpdate(part, idx, reported, shapes).to_dict()
@@ -255,12 +277,17 @@ class LocalUnit:
         self._notify_freed()  # type: ignore[attr-defined]
 
     async def locate(
-        self, partition: str, indexes: list[int], dense: list[str], rest: list[str]
+        self,
+        partition: str,
+        indexes: list[int],
+        dense: list[str],
+        rest: list[str],
+        known: list[str] | None = None,
     ) -> dict[str, Any]:
         """Where the dense fields ``dense`` of samples ``indexes`` are (``{"fields": {name:
         {"segment", "generation", "rows", "slots"}}, "rest": {name: the rows of the other
-        fields ``rest``: one flat tensor of a ragged field, a list of a plain one}}``).
-        Raises like ``read``."""
+        fields ``rest``: one flat tensor of a ragged field, a list of a plain one}}``);
+        ``known`` as for ``reserve``. Raises like ``read``."""
         part = _check_partition(partition)
         idx = _check_indexes(indexes)
         cols = self.shard._parts.get(part)
@@ -275,11 +302,9 @@ class LocalUnit:
             missing = [i for i in idx if i not in col.slot_of]
             if missing:
                 self.shard.read(part, idx, [name])  # raises UnknownFieldError
-            seg = col.segment
             fields[name] = {
-                "segment": None if seg is None else seg.name,
+                **self._where(col, known),
                 "generation": col.generation,
-                "rows": col.capacity,
                 "slots": [col.slot_of[i] for i in idx],
             }
         packed: dict[str, Any] = {}

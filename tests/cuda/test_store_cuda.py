@@ -80,3 +80,61 @@ async def test_cuda_kv_and_column_put(local_cluster: Cluster) -> None:
     await st.kv_put(["x", "y"], TensorDict({"v": torch.arange(2.0, device="cuda")}, [2]))
     got = await st.kv_get(["y", "x"], device="cuda:0")
     assert got["v"].is_cuda and got["v"].tolist() == [1.0, 0.0]
+
+
+def _opened(st: Store) -> int:
+    return sum(1 for m in st._plane._maps.values() if m.tensor is not None)
+
+
+@SHAPE
+async def test_same_host_cuda_put_and_get_go_through_the_units_ipc_columns(
+    local_cluster: Cluster,
+) -> None:
+    st = await _cuda_store(local_cluster)
+    assert all(await st._plane.is_local(u) for u in st.units)
+    assert all(st._plane.gpu_of(u) is not None for u in st.units)
+    td = batch(64, "cuda")
+    meta = await st.put(td, partition="p")
+    assert _opened(st) >= 2, "the client opened each unit's dense columns by CUDA IPC"
+    out = await st.get(meta)
+    assert out["obs"].is_cuda and same(td, out)
+    assert same(td, await st.get(meta, device="cpu"))
+    assert same(td, await st.get(meta, zero_copy=True))  # CUDA columns: a copy, not views
+    picked = meta.select([5, 1, 40, 33])  # rows that are no run of slots
+    assert torch.equal((await st.get(picked, ["obs"]))["obs"], td["obs"][[5, 1, 40, 33]])
+    # column-wise, from the CPU, onto the same samples
+    meta = await st.put(TensorDict({"y": torch.arange(64.0)}, [64]), meta=meta)
+    assert (await st.get(meta, ["y"], device="cpu"))["y"].tolist() == list(range(64))
+    # many rounds of put, get and clear: reused slots never show old or torn rows
+    for k in range(20):
+        new = await st.put(
+            TensorDict({"obs": torch.full((32, 64), float(k), device="cuda")}, [32]), "q"
+        )
+        got = await st.get(new)
+        assert bool((got["obs"] == k).all())
+        await st.clear(new)
+    await st.shutdown()
+
+
+@SHAPE
+async def test_a_cuda_unit_killed_leaves_no_lease_segment_and_reads_fail_typed(
+    local_cluster: Cluster,
+) -> None:
+    import os
+
+    from rayless.store import PartialResultError, UnitLostError
+    from rayless.transport import shm
+    from tests.chaos.scenarios import until
+
+    st = await _cuda_store(local_cluster)
+    meta = await st.put(batch(16, "cuda"), partition="p")
+    pids = {a["name"]: int(a["pid"]) for n in await local_cluster.nodes() for a in n["actors"]}
+    victim = st.units[1]
+    pid = pids[victim["unit_id"]]
+    assert [f for f in os.listdir(shm.SHM_DIR) if f.startswith(f"rayless-{pid}-")]
+    os.kill(pid, 9)
+    with pytest.raises((UnitLostError, PartialResultError)):
+        await st.get(meta)
+    gone = lambda: not [f for f in os.listdir(shm.SHM_DIR) if f.startswith(f"rayless-{pid}-")]  # noqa: E731
+    assert await until(gone, 30), "the agent's sweep removes a dead unit's lease segments"
+    await st.shutdown()
