@@ -14,8 +14,12 @@ and read without its bytes crossing the socket:
   ``weakref.finalize`` on the buffer under it), and the unit reuses no slot of that segment
   meanwhile (its writes take never-used slots). Everything else falls back to copies.
 
-Units on other hosts, CUDA units and ``RAYLESS_STORE_LOCAL=0`` keep the socket path; so do
-gets that meet lost samples or errors (the socket path raises the typed errors).
+A new put reserves its rows while the controller allocates its samples (``reserve_ahead``).
+CUDA units on this host whose GPU this process sees work the same way with their columns
+opened by CUDA IPC and device-to-device copies (:mod:`rayless.store.local_cuda`; no views).
+Units on other hosts, CUDA units this process cannot open and ``RAYLESS_STORE_LOCAL=0`` keep
+the socket path; so do gets that meet lost samples or errors (the socket path raises the
+typed errors).
 """
 
 from __future__ import annotations
@@ -203,7 +207,7 @@ class LocalPlane:
     ) -> asyncio.Future[dict[str, Any]]:
         """Reserve ``count`` rows of the dense ``columns`` on a unit while the controller still
         allocates the put's samples (one round trip less per put); pass the result to
-        :meth:`put` as ``reserved``, or to :meth:`drop` if the allocation went elsewhere."""
+        :meth:`put` as ``reserved``, or to :meth:`drop_later` if the allocation went elsewhere."""
         dense = {k: wire[k] for k in self.dense_for(unit, columns)}
         call = unit["handle"].reserve(partition, count, dense, timeout, self.known(unit))
         return asyncio.ensure_future(call)
