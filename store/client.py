@@ -338,6 +338,7 @@ class Store(KVFace):
         wire = {name: s.to_dict() for name, s in schemas.items()}
         new = meta is None
         fresh: dict[str, Any] = {}
+        put_id: int | None = None
         ahead: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]] = {}
         if meta is None:
             if partition is None:
@@ -367,11 +368,13 @@ class Store(KVFace):
                 raise StoreInputError(f"the TensorDict holds {n} samples, the meta {meta.size}")
             if partition is not None and set(meta.partition_ids) != {partition}:
                 raise StoreInputError(f"the meta's samples are not in partition {partition!r}")
-            fresh = await self.controller.check_put(meta, wire)
+            begun = await self.controller.begin_column_put(meta, wire)
+            put_id, fresh = int(begun["put_id"]), begun["fresh"]
         shards: list[int] = []
         try:
             try:
-                calls = await self._put_calls(meta, td, columns, n, wire, timeout, ahead, shards)
+                args = (meta, td, columns, n, wire, timeout, ahead, shards, put_id)
+                calls = await self._put_calls(*args)
             finally:
                 for shard, (_, reserved) in ahead.items():  # units the allocation left out
                     self._plane.drop_later(self.units[shard]["handle"], reserved)
@@ -379,9 +382,9 @@ class Store(KVFace):
         except BaseException:
             if new:
                 await self.controller.abort_put(meta)
-            elif fresh:
+            elif put_id is not None:
                 with contextlib.suppress(StoreError):
-                    await self.controller.abort_fields(meta, fresh)
+                    await self.controller.abort_fields(meta, fresh, put_id)
             raise
         shapes = {k: c.sample_shapes or [] for k, c in columns.items() if c.schema.is_nested}
         return meta.with_fields(schemas, shapes)
@@ -396,6 +399,7 @@ class Store(KVFace):
         timeout: float,
         ahead: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]],
         shards: list[int],
+        put_id: int | None,
     ) -> list[Any]:
         """One write per unit of a put (appending each unit's shard to ``shards``); uses and
         removes the reservations in ``ahead`` that fit."""
@@ -409,10 +413,11 @@ class Store(KVFace):
                 self._plane.drop_later(unit["handle"], reserved)  # the guess was wrong
                 reserved = None
             if await self._plane.is_local(unit):  # same host: straight into its segments
-                calls.append(self._plane.put(unit, part, *args, reserved=reserved))
+                put = self._plane.put(unit, part, *args, reserved=reserved, put_id=put_id)
+                calls.append(put)
             else:
                 sub = td if positions == list(range(n)) else take(columns, positions, n)
-                calls.append(unit["handle"].write(part, indexes, sub, wire, timeout))
+                calls.append(unit["handle"].write(part, indexes, sub, wire, timeout, put_id))
         return calls
 
     async def _reserve_ahead(

@@ -68,6 +68,7 @@ class StoreController(Actor):
         self._shared: dict[tuple[str, str, str], list[Any]] = {}
         self.handles: dict[str, ActorHandle] = {}
         self._events: dict[str, asyncio.Event] = {}
+        self._column_started: dict[int, float] = {}  # column-wise put id -> its begin time
         self._unwritten: dict[int, tuple[str, int, float]] = {}  # index -> (partition, gen, t)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._waiting = 0  # fetches parked on an event
@@ -222,12 +223,29 @@ class StoreController(Actor):
         rows the put adds (pass them to :meth:`abort_fields` if the put fails)."""
         return self.state.check_put(meta, _schemas(schemas))
 
+    async def begin_column_put(self, meta: BatchMeta, schemas: Mapping[str, Any]) -> dict[str, Any]:
+        """:meth:`check_put`, then stage an atomic column-wise put (store.column_puts):
+        ``{"put_id": pass it to the units' writes, "fresh": the rows it adds}``."""
+        put_id, fresh = self.state.begin_column_put(meta, _schemas(schemas))
+        self._column_started[put_id] = time.monotonic()
+        return {"put_id": put_id, "fresh": fresh}
+
     async def abort_fields(
-        self, meta: BatchMeta, fresh: Mapping[str, Mapping[str, Sequence[int]]]
+        self,
+        meta: BatchMeta,
+        fresh: Mapping[str, Mapping[str, Sequence[int]]],
+        put_id: int | None = None,
     ) -> None:
         """Undo a failed column-wise put: the rows it added are no longer ready and are
-        deleted on the units that wrote them (a field no sample holds forgets its schema)."""
+        deleted on the units that wrote them (a field no sample holds forgets its schema);
+        ``put_id``: its staging is dropped (a unit reporting later is refused)."""
+        if put_id is not None:
+            self.state.abort_column_put(put_id)
+            self._column_started.pop(put_id, None)
         rows = self.state.drop_fields(meta, fresh)
+        await self._delete_fields(rows)
+
+    async def _delete_fields(self, rows: Mapping[int, dict[str, dict[str, list[int]]]]) -> None:
         units = self.state.units()
         calls = []
         for shard, plan in rows.items():
@@ -244,7 +262,12 @@ class StoreController(Actor):
         ready = self.state.on_data_update(unit_id, upd)
         for index in ready:
             self._unwritten.pop(index, None)
-        if ready:
+        if upd.put_id is not None and upd.put_id not in self.state.column_puts.ids():
+            self._column_started.pop(upd.put_id, None)  # the column-wise put is complete
+            if ready:
+                self._puts.add(len(ready))
+                self._wake_all()  # its samples may span partitions
+        elif ready:
             self._puts.add(len(ready))
             self._wake(upd.partition)
 
@@ -521,6 +544,7 @@ class StoreController(Actor):
         while True:
             await asyncio.sleep(min(REAP_INTERVAL, self.reclaim_after))
             await self.reclaim()
+            await self._expire_column_puts()
             for lease in self.fetches.expired():
                 self.state.unconsume(lease.task, lease.partition, lease.indexes)
                 self._wake(lease.partition)
@@ -546,6 +570,18 @@ class StoreController(Actor):
                 await self.clear(meta)
                 count += len(items)
         return count
+
+    async def _expire_column_puts(self, older_than: float | None = None) -> int:
+        """Abort column-wise puts begun more than ``reclaim_after`` s ago and not finished (a
+        client died mid-put): their rows are deleted on the units. Returns how many."""
+        limit = self.reclaim_after if older_than is None else older_than
+        now = time.monotonic()
+        stale = [p for p, t in self._column_started.items() if now - t >= limit]
+        for put_id in stale:
+            del self._column_started[put_id]
+            with contextlib.suppress(StoreError, ActorDiedError):
+                await self._delete_fields(self.state.abort_column_put(put_id))
+        return len(stale)
 
     # -- status --------------------------------------------------------------------------
 

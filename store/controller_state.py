@@ -38,6 +38,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayless.store.column_puts import ColumnPuts
 from rayless.store.errors import (
     ForeignMetaError,
     SchemaError,
@@ -163,6 +164,7 @@ class ControllerState(StateExtras):
         self._serial = 0
         self._samplers: dict[tuple[str, str, str], Sampler] = {}
         self._staging: dict[int, _Staging] = {}  # allocation serial -> uncommitted put
+        self.column_puts = ColumnPuts()  # column-wise puts whose units have not all written
 
     # -- units ---------------------------------------------------------------------------
 
@@ -622,6 +624,8 @@ class ControllerState(StateExtras):
                 raise StoreInputError(f"sample_shapes of field {name!r} do not fit the update")
         if not idx:
             return []
+        if update.put_id is not None:  # a column-wise put: ready once all its units wrote
+            return self.column_puts.on_update(update, self._apply_column_update)
         serials = {part.samples[i].generation for i in idx if part.samples[i].staged}
         if not serials:
             self._apply_update(part, update, merged)
@@ -658,6 +662,75 @@ class ControllerState(StateExtras):
         for i in staging.members:
             part.samples[i].staged = False
         return [i for i in staging.order if i in part.samples]
+
+    def _apply_column_update(
+        self, update: DataUpdate, generations: Mapping[tuple[str, int], int]
+    ) -> list[int]:
+        """Apply one held update of a finished column-wise put to the samples that still
+        exist with the generation they had when it began; returns their indexes."""
+        part = self._partitions.get(update.partition)
+        if part is None:
+            return []
+        keep = [
+            k
+            for k, i in enumerate(update.indexes)
+            if i in part.samples
+            and part.samples[i].generation == generations.get((update.partition, i))
+        ]
+        sub = DataUpdate(
+            update.partition,
+            [update.indexes[k] for k in keep],
+            dict(update.schemas),
+            {f: [shapes[k] for k in keep] for f, shapes in update.sample_shapes.items()},
+        )
+        merged: dict[str, FieldSchema] = {}
+        for name, schema in sub.schemas.items():
+            old = part.schemas.get(name)
+            try:
+                merged[name] = schema if old is None else old.merged(schema, name)
+            except SchemaError:  # another put changed the field meanwhile: not ready
+                sub.sample_shapes.pop(name, None)
+        sub.schemas = {k: v for k, v in sub.schemas.items() if k in merged}
+        self._apply_update(part, sub, merged)
+        return list(sub.indexes)
+
+    def abort_column_put(self, put_id: int) -> dict[int, dict[str, dict[str, list[int]]]]:
+        """Drop a column-wise put that will not finish (its client gave up or died): the rows
+        it added that still exist, ``{shard: {partition: {field: [indexes]}}}``, for the units
+        to delete. Unknown ids: nothing."""
+        put = self.column_puts.end(put_id)
+        rows: dict[int, dict[str, dict[str, list[int]]]] = {}
+        if put is None:
+            return rows
+        for part_id, fields in put.fresh.items():
+            part = self._partitions.get(part_id)
+            if part is None:
+                continue
+            for name, indexes in fields.items():
+                ready = part.ready.get(name, set())
+                for i in indexes:
+                    sample = part.samples.get(i)
+                    if sample is None or i in ready:
+                        continue  # gone, or written by a later put
+                    if sample.generation != put.generations.get((part_id, i)):
+                        continue
+                    rows.setdefault(sample.shard, {}).setdefault(part_id, {}).setdefault(name, [])
+                    rows[sample.shard][part_id][name].append(i)
+        return rows
+
+    def begin_column_put(
+        self, meta: BatchMeta, schemas: Mapping[str, FieldSchema]
+    ) -> tuple[int, dict[str, dict[str, list[int]]]]:
+        """:meth:`check_put`, then stage the put (see :mod:`store.column_puts`): its id (for
+        the units' data updates) and the rows it adds. Raises check_put's errors."""
+        fresh = self.check_put(meta, schemas)
+        samples = {
+            (p, i): g
+            for p, i, g in zip(
+                meta.partition_ids, meta.global_indexes, meta.generations, strict=True
+            )
+        }
+        return self.column_puts.begin(samples, fresh), fresh
 
     @staticmethod
     def _apply_update(
@@ -904,6 +977,7 @@ class ControllerState(StateExtras):
             "free": len(self._free),
             "pending_release": len(self._pending),
             "staged": sum(len(st.members) for st in self._staging.values()),
+            "column_puts": len(self.column_puts),  # column-wise puts not finished yet
             "high_water": self._next_index,
             "units": [u.to_dict() for u in self._units],
         }

@@ -230,14 +230,16 @@ class LocalPlane:
         wire: dict[str, dict[str, Any]],
         timeout: float,
         reserved: asyncio.Future[dict[str, Any]] | None = None,
+        put_id: int | None = None,
     ) -> None:
         """Write one unit's rows of a put (see the module docstring), into the rows
-        ``reserved`` ahead if given (its count must be ``len(indexes)``); raises like
-        ``write``."""
+        ``reserved`` ahead if given (its count must be ``len(indexes)``); ``put_id``: the
+        column-wise put it belongs to. Raises like ``write``."""
         handle, gpu = unit["handle"], self.gpu_of(unit)
         dense = self.dense_for(unit, columns)
         if not dense:
-            await handle.write(partition, indexes, take(columns, positions, n), wire, timeout)
+            sub = take(columns, positions, n)
+            await handle.write(partition, indexes, sub, wire, timeout, put_id)
             return
         if reserved is None:
             want = {k: wire[k] for k in dense}
@@ -254,11 +256,13 @@ class LocalPlane:
             copied = await asyncio.to_thread(self._copy_in, *args)
             if not copied:  # the column moved before we mapped it: the socket path
                 await handle.release(token)
-                await handle.write(partition, indexes, take(columns, positions, n), wire, timeout)
+                sub = take(columns, positions, n)
+                await handle.write(partition, indexes, sub, wire, timeout, put_id)
                 return
             rest = {k: c for k, c in columns.items() if k not in dense}
-            sub = take(rest, positions, n) if rest else None
-            await handle.commit(token, sub, wire, timeout, indexes if reserved else None)
+            others = take(rest, positions, n) if rest else None
+            index_list = indexes if reserved else None
+            await handle.commit(token, others, wire, timeout, index_list, put_id)
         except BaseException:
             asyncio.ensure_future(_quiet(handle.release(token)))
             raise

@@ -414,6 +414,7 @@ class DataUpdate:
     indexes: list[int]
     schemas: dict[str, FieldSchema]
     sample_shapes: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
+    put_id: int | None = None  # a column-wise put's id (store.column_puts), None otherwise
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values for the wire."""
@@ -422,6 +423,7 @@ class DataUpdate:
             "indexes": list(self.indexes),
             "schemas": {k: v.to_dict() for k, v in self.schemas.items()},
             "sample_shapes": {k: [list(s) for s in v] for k, v in self.sample_shapes.items()},
+            "put_id": self.put_id,
         }
 
     @classmethod
@@ -436,8 +438,17 @@ class DataUpdate:
                     str(k): [tuple(int(d) for d in s) for s in v]
                     for k, v in (data.get("sample_shapes") or {}).items()
                 },
+                put_id=_put_id(data.get("put_id")),
             )
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             if isinstance(exc, StoreInputError):
                 raise
             raise StoreInputError(f"malformed data update: {exc!r}")
+
+
+def _put_id(value: Any) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise StoreInputError(f"a data update's put_id must be an int, got {value!r}")
+    return value

@@ -98,8 +98,10 @@ class StorageUnit(LocalUnit, Actor):
         td: Any,
         schemas: dict[str, dict[str, Any]],
         timeout: float = 0.0,
+        put_id: int | None = None,
     ) -> None:
         """Store ``td`` as samples ``indexes`` of ``partition``; return after the controller's ACK.
+        ``put_id``: the column-wise put this write belongs to (store.column_puts).
 
         Raises SchemaError/StoreInputError (bad data), StoreFullError (still no room after
         ``timeout`` seconds of waiting for deletes), the controller's refusal (rows rolled back).
@@ -107,6 +109,7 @@ class StorageUnit(LocalUnit, Actor):
         declared = {k: FieldSchema.from_dict(v) for k, v in schemas.items()}
         fresh = [n for n in declared if not any(self.shard.has(partition, i, n) for i in indexes)]
         update = await self._write_when_room(partition, indexes, td, declared, timeout)
+        update.put_id = put_id
         del td  # the receive buffers are no longer referenced
         if self.shard.device.type == "cuda":
             await asyncio.to_thread(self._sync_device)  # IPC sources may be reused after ACK

@@ -195,10 +195,12 @@ class LocalUnit:
         schemas: dict[str, dict[str, Any]],
         timeout: float = 0.0,
         indexes: list[int] | None = None,
+        put_id: int | None = None,
     ) -> None:
         """Finish reservation ``token``: write the other fields ``rest`` (a TensorDict or None),
         make the reserved slots hold their rows, return after the controller's ACK.
-        ``indexes``: the samples of a reservation made by count (one per reserved row).
+        ``indexes``: the samples of a reservation made by count (one per reserved row);
+        ``put_id``: the column-wise put it belongs to.
 
         Raises StoreError for an unknown (expired) token, StoreInputError for indexes that do
         not fit the reservation, what ``write`` raises for ``rest``; on any error the
@@ -262,7 +264,7 @@ class LocalUnit:
             await asyncio.to_thread(self._sync_device)  # type: ignore[attr-defined]
         try:
             await self.controller.on_data_update(
-                self.unit_id, DataUpdate(part, idx, reported, shapes).to_dict()
+                self.unit_id, DataUpdate(part, idx, reported, shapes, put_id).to_dict()
             )
         except BaseException:
             if fresh:

@@ -14,7 +14,7 @@ import torch
 from tensordict import TensorDict
 
 from rayless.actors import Cluster
-from rayless.store import Store, StoreInputError
+from rayless.store import Store, StoreError, StoreInputError, StoreTimeoutError
 from rayless.store.loader import StreamingLoader
 from rayless.store.metrics import prometheus, render_text
 
@@ -190,3 +190,67 @@ async def test_kv_batch_face_and_metrics(local_cluster: Cluster) -> None:
     )
     assert metrics["units"][0]["puts"]["total"] >= 1
     assert "rayless_store_unit_bytes" in prometheus(metrics) and "v2-kv" in render_text(metrics)
+
+
+async def test_a_failed_column_wise_put_never_shows_on_the_unit_that_wrote(
+    local_cluster: Cluster,
+) -> None:
+    # Unit 0 holds 1 sample, unit 1 holds 7: a field of 4 KiB rows fits unit 0's 16 KiB but
+    # not unit 1's, so the column-wise put fails there after unit 0 wrote its row.
+    st = await Store.create(
+        local_cluster,
+        num_units=2,
+        name="v2-colput",
+        capacity_bytes=16 << 10,
+        env_shards={"a": 0, "b": 1},
+    )
+    meta = await st.put(td(8), "p", env_ids=["a"] + ["b"] * 7)
+    used = [(await u["handle"].stats())["used_bytes"] for u in st.units]
+    waiting = asyncio.ensure_future(st.get_meta("p", ["x", "y"], 1, task="t", timeout=2.0))
+
+    async def one_waits() -> bool:
+        return bool((await st.stats())["waiting_fetches"] >= 1)
+
+    await until(one_waits, "the fetch waits")
+    with pytest.raises(StoreError):
+        await st.put(TensorDict({"y": torch.ones(8, 1024)}, [8]), meta=meta, timeout=0)
+    with pytest.raises(StoreTimeoutError):  # it never saw unit 0's row of the failed put
+        await waiting
+    assert (await st.production_status("p"))["fields"].get("y", 0) == 0
+
+    async def rows_deleted() -> bool:
+        return [(await u["handle"].stats())["used_bytes"] for u in st.units] == used
+
+    await until(rows_deleted, "unit 0 deleted its row of the failed put")
+    # a column-wise put that fits shows on all samples at once
+    meta = await st.put(TensorDict({"y": torch.ones(8, 4)}, [8]), meta=meta)
+    got = await st.get_meta("p", ["x", "y"], 8, task="t2", timeout=5)
+    assert sorted(got.global_indexes) == sorted(meta.global_indexes)
+    await st.shutdown()
+
+
+async def test_a_column_wise_put_whose_client_died_is_aborted_by_the_reaper(
+    local_cluster: Cluster,
+) -> None:
+    st = await Store.create(local_cluster, num_units=2, name="v2-colreap", reclaim_after=0.5)
+    meta = await st.put(td(4), "p")
+    used = (await st.units[0]["handle"].stats())["used_bytes"]
+    wire = {"y": {"kind": "dense", "dtype": "int64", "shape": [], "device": "cpu"}}
+    begun = await st.controller.begin_column_put(meta, wire)
+    by_shard = meta.by_shard()
+    idx0 = [meta.global_indexes[p] for p in by_shard[0]]
+    idx1 = [meta.global_indexes[p] for p in by_shard[1]]
+    rows = TensorDict({"y": torch.arange(len(idx0))}, [len(idx0)])
+    # what a client does before it is killed: unit 0 writes its part; unit 1 never does
+    await st.units[0]["handle"].write("p", idx0, rows, wire, 0.0, begun["put_id"])
+    assert (await st.production_status("p"))["fields"].get("y", 0) == 0
+
+    async def reaped() -> bool:
+        return bool((await st.units[0]["handle"].stats())["used_bytes"] == used)
+
+    await until(reaped, "the reaper deleted unit 0's row of the dead client's put")
+    late = TensorDict({"y": torch.arange(len(idx1))}, [len(idx1)])
+    with pytest.raises(StoreInputError, match="aborted"):
+        await st.units[1]["handle"].write("p", idx1, late, wire, 0.0, begun["put_id"])
+    assert (await st.production_status("p"))["fields"].get("y", 0) == 0
+    await st.shutdown()

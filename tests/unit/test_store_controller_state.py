@@ -662,3 +662,60 @@ ControllerMachine.TestCase.settings = settings(
     max_examples=40, stateful_step_count=30, deadline=None
 )
 TestControllerMachine = ControllerMachine.TestCase
+
+
+def test_a_column_wise_put_becomes_ready_only_once_all_its_units_wrote() -> None:
+    c = state_with_units(2)
+    meta = put(c, "p", 4)  # samples on both shards
+    put_id, fresh = c.begin_column_put(meta, {"y": I64})
+    assert fresh == {"p": {"y": list(meta.global_indexes)}}
+    by_shard = meta.by_shard()
+    first = [meta.global_indexes[p] for p in by_shard[0]]
+    second = [meta.global_indexes[p] for p in by_shard[1]]
+    assert c.on_data_update("u0", DataUpdate("p", first, {"y": I64}, put_id=put_id)) == []
+    assert c.ready_indexes("p", ["x", "y"]) == []  # half a put never shows
+    ready = c.on_data_update("u1", DataUpdate("p", second, {"y": I64}, put_id=put_id))
+    assert sorted(ready) == sorted(meta.global_indexes)
+    assert sorted(c.ready_indexes("p", ["x", "y"])) == sorted(meta.global_indexes)
+    assert len(c.column_puts) == 0
+
+
+def test_an_aborted_column_wise_put_refuses_late_writes_and_names_its_rows() -> None:
+    c = state_with_units(2)
+    meta = put(c, "p", 4)
+    before = c.production_status("p")
+    put_id, _ = c.begin_column_put(meta, {"y": I64})
+    first = [meta.global_indexes[p] for p in meta.by_shard()[0]]
+    second = [meta.global_indexes[p] for p in meta.by_shard()[1]]
+    c.on_data_update("u0", DataUpdate("p", first, {"y": I64}, put_id=put_id))
+    rows = c.abort_column_put(put_id)
+    assert rows == {0: {"p": {"y": first}}, 1: {"p": {"y": second}}}
+    with pytest.raises(StoreInputError, match="aborted"):
+        c.on_data_update("u1", DataUpdate("p", second, {"y": I64}, put_id=put_id))
+    assert c.production_status("p") == before and c.ready_indexes("p", ["y"]) == []
+    assert c.abort_column_put(put_id) == {}  # idempotent
+    # an update naming samples outside the put is refused
+    other = put(c, "p", 2)
+    put_id, _ = c.begin_column_put(meta, {"y": I64})
+    with pytest.raises(StoreInputError, match="outside"):
+        c.on_data_update(
+            f"u{other.shards[0]}",
+            DataUpdate("p", [other.global_indexes[0]], {"y": I64}, put_id=put_id),
+        )
+
+
+def test_a_column_wise_put_skips_samples_cleared_while_it_ran() -> None:
+    c = state_with_units(1)
+    meta = put(c, "p", 3)
+    put_id, _ = c.begin_column_put(meta, {"y": I64})
+    c.clear(meta.select([0]))
+    c.release([meta.global_indexes[0]])
+    again = put(c, "p", 1)  # reuses the cleared index, a new generation
+    assert again.global_indexes[0] == meta.global_indexes[0]
+    kept = list(meta.global_indexes[1:])
+    # the unit wrote all three rows; the reused index now names another sample: not made ready
+    ready = c.on_data_update(
+        "u0", DataUpdate("p", list(meta.global_indexes), {"y": I64}, put_id=put_id)
+    )
+    assert sorted(ready) == sorted(kept) and len(c.column_puts) == 0
+    assert sorted(c.ready_indexes("p", ["y"])) == sorted(kept)
