@@ -64,6 +64,8 @@ class GrpoIteration:
     staleness: int  # this step's version minus the oldest version that sampled its batch
     loss: float
     kl: float
+    groups: int = 0  # whole groups trained on (all ranks)
+    group_sizes: list[int] = field(default_factory=list)  # distinct sizes the ranks saw
     stage_s: dict[str, float] = field(default_factory=dict)
     # (stage, start, end) in seconds since the run started, for the timeline
     intervals: list[tuple[str, float, float]] = field(default_factory=list)
@@ -404,6 +406,8 @@ class GrpoPipeline:
             staleness=it - min(int(t["min_version"]) for t in train),
             loss=sum(float(t["loss"]) for t in train) / n,
             kl=sum(float(t["kl"]) for t in train) / n,
+            groups=sum(int(t["groups"]) for t in train),
+            group_sizes=sorted({int(g) for t in train for g in t["group_sizes"]}),
             stage_s=stage_s,
             intervals=intervals,
         )

@@ -107,7 +107,11 @@ def _plot(result: GrpoResult, path: Path) -> bool:
     x = [r.iteration + 1 for r in its]
     fig = plt.figure(figsize=(13, 8))
     grid = fig.add_gridspec(2, 2, height_ratios=[1, 1.1])
-    ax1, ax2, ax3 = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])
+    ax1, ax2, ax3 = (
+        fig.add_subplot(grid[0, 0]),
+        fig.add_subplot(grid[0, 1]),
+        fig.add_subplot(grid[1, :]),
+    )
     ax1.plot(x, [r.mean_reward for r in its], lw=1, label="training responses")
     ev = [(0, result.warm_reward)] + [
         (r.iteration + 1, r.eval_reward) for r in its if r.eval_reward is not None
