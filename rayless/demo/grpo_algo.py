@@ -58,7 +58,7 @@ def group_advantages(
     for i, k in enumerate(keys):
         members.setdefault(k, []).append(i)
     for rows in members.values():
-        idx = torch.tensor(rows)
+        idx = torch.tensor(rows, device=rewards.device)
         g = rewards[idx]
         out[idx] = (g - g.mean()) / (g.std(unbiased=False) + eps)
     return out
@@ -172,11 +172,12 @@ def warm_start(
     """``steps`` supervised steps on noisy demonstrations (:func:`grpo_task.sft_batch`).
     Every DDP rank must pass the same ``steps``. Returns the last loss."""
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    device = next(model.parameters()).device
     loss = float("nan")
     model.train()
     for _ in range(steps):
         tokens, mask = task.sft_batch(batch_size, min_len, max_len, noise, generator)
-        loss = sft_step(model, optimizer, tokens, mask)
+        loss = sft_step(model, optimizer, tokens.to(device), mask.to(device))
     return loss
 
 
