@@ -5,6 +5,8 @@ return a validated :class:`PipelineConfig` or raise ``ValueError`` naming the of
 (``algo.lr: must be > 0, got -1``). Unknown keys are errors, omitted keys take the defaults
 below. Shipped configs: ``rayless/configs/default.yaml`` (embedded two-node local cluster
 with fake GPUs, runs on a CPU machine) and ``rayless/configs/gpu_8.yaml`` (one 8-GPU node).
+The GRPO demo's configs (``grpo.yaml``, ``grpo_gpu.yaml``) share these sections and add their
+own workers and ``algo`` keys: see :mod:`rayless.demo.grpo_config`.
 
 Config reference
 ----------------

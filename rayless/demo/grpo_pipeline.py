@@ -146,6 +146,8 @@ class GrpoPipeline:
         self.warm_start_s = 0.0
         self.warm_reward = float("nan")
         self.rollout_shard: dict[int, int] = {}
+        self.rollout_node: list[str] = []
+        self.reward_node: list[str] = []
         session = cluster.info.session[:8]
         self.store_name = f"grpo-store-{session}"
         self.weights_name = f"grpo-weights-{session}"
@@ -259,6 +261,8 @@ class GrpoPipeline:
             }
             for s in packing.slots
         ]
+        self.rollout_node = [s.node_id for s in rollout_slots]
+        self.reward_node = [s.node_id for s in reward_slots]
         self.setup_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         await asyncio.gather(*(t.warm_start() for t in self.trains))
@@ -286,7 +290,15 @@ class GrpoPipeline:
         references: dict[int, asyncio.Task[dict[str, float]]] = {}
         stats: list[GrpoIteration] = []
         totals = dict.fromkeys(
-            ("rollout_samples", "rewarded", "referenced", "trained", "weight_syncs"), 0.0
+            (
+                "rollout_samples",
+                "rewarded",
+                "rewarded_on_node",  # by a reward worker on the rollout worker's node
+                "referenced",
+                "trained",
+                "weight_syncs",
+            ),
+            0.0,
         )
         solved = False
         last_eval = self.warm_reward
@@ -319,6 +331,12 @@ class GrpoPipeline:
                 row = self._row(it, wall, version, roll, ref, train, publish, pulls, evaluated)
                 totals["rollout_samples"] += sum(r["samples"] for r in roll)
                 totals["rewarded"] += sum(r["reward"]["samples"] for r in roll)
+                totals["rewarded_on_node"] += sum(
+                    r["reward"]["samples"]
+                    for r in roll
+                    if self.reward_node[int(r["reward"]["worker"])]
+                    == self.rollout_node[r["worker"]]
+                )
                 totals["referenced"] += ref["samples"]
                 totals["trained"] += row.samples
                 totals["weight_syncs"] += 1

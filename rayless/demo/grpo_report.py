@@ -60,7 +60,8 @@ def grpo_summary_text(result: GrpoResult) -> str:
     t = result.totals
     moved = (
         f"samples: {t.get('rollout_samples', 0):.0f} generated, {t.get('rewarded', 0):.0f} "
-        f"rewarded, {t.get('referenced', 0):.0f} with reference log-probs, "
+        f"rewarded ({t.get('rewarded_on_node', 0):.0f} on the rollout worker's node), "
+        f"{t.get('referenced', 0):.0f} with reference log-probs, "
         f"{t.get('trained', 0):.0f} trained on; {t.get('weight_syncs', 0):.0f} weight syncs"
     )
     placement = table(

@@ -80,6 +80,8 @@ async def test_short_grpo_learns_moves_whole_groups_and_leaves_nothing(tmp_path:
     for key in ("rollout_samples", "rewarded", "referenced", "trained"):
         assert totals[key] == 30 * per_iteration, key
     assert totals["weight_syncs"] == 30
+    # node affinity: rollout and reward workers share node-1, so every group stayed there
+    assert totals["rewarded_on_node"] == totals["rewarded"]
     for it in its:
         assert it.samples == per_iteration
         # the grouped fetch gave every rank whole groups only
