@@ -67,8 +67,9 @@ FETCH_TIMEOUT = 300.0  # a stage waiting longer than this for its samples gives 
 PULL_TIMEOUT = 300.0
 
 
-class GroupSplitError(RaylessError):
-    """A trainer batch held part of a group (the grouped fetch must return whole groups)."""
+class GroupSplitError(RuntimeError):
+    """A trainer batch held part of a group (the grouped fetch must return whole groups).
+    The demo's own check, not part of the runtime's error tree (``rayless.errors``)."""
 
 
 def _algo(params: dict[str, Any]) -> GrpoAlgoConfig:
