@@ -58,6 +58,7 @@ class GrpoIteration:
     mean_reward: float  # of the responses trained on
     eval_reward: float | None  # held-out prompts, every eval_interval iterations
     response_length: float
+    answer_length: float  # mean length of the right answers to the same prompts
     samples: int
     samples_per_s: float
     version: int  # the policy version after this iteration's step
@@ -93,6 +94,7 @@ class GrpoResult:
         out["mean_reward"] = [it.mean_reward for it in its]
         out["eval_reward"] = [it.eval_reward for it in its]
         out["response_length"] = [it.response_length for it in its]
+        out["answer_length"] = [it.answer_length for it in its]
         out["samples_per_s"] = [it.samples_per_s for it in its]
         out["stage_s"] = {s: [it.stage_s.get(s, 0.0) for it in its] for s in STAGES}
         return out
@@ -418,6 +420,7 @@ class GrpoPipeline:
             mean_reward=sum(t["mean_reward"] * t["samples"] for t in train) / max(1, samples),
             eval_reward=evaluated,
             response_length=sum(t["mean_length"] * t["samples"] for t in train) / max(1, samples),
+            answer_length=sum(t["answer_length"] * t["samples"] for t in train) / max(1, samples),
             samples=samples,
             samples_per_s=samples / wall if wall > 0 else 0.0,
             version=version,

@@ -122,7 +122,9 @@ def _plot(result: GrpoResult, path: Path) -> bool:
     ax1.set(xlabel="iteration", ylabel="mean reward", ylim=(0, 1.02))
     ax1.set_title(f"Reward ({result.mode} mode; iteration 0 = warm start)")
     ax1.legend(loc="lower right")
-    ax2.plot(x, [r.response_length for r in its], color="tab:brown")
+    ax2.plot(x, [r.response_length for r in its], color="tab:brown", label="responses")
+    ax2.plot(x, [r.answer_length for r in its], color="grey", ls=":", label="right answers")
+    ax2.legend(loc="upper right")
     ax2.set(xlabel="iteration", ylabel="tokens (incl. stop token)", title="Mean response length")
     for lane, stage in enumerate(STAGES):
         bars = [(a, max(b - a, 1e-3)) for r in its for s, a, b in r.intervals if s == stage]

@@ -508,6 +508,8 @@ class GrpoTrainWorker(Actor):
             "group_sizes": sorted(set(sizes.values())),
             "mean_reward": float(td["rewards"].mean()),
             "mean_length": float(td["lengths"].float().mean()),
+            # the right answers' length: the prompt's digits and the stop token
+            "answer_length": float(((td["prompts"] < task.NUM_DIGITS).sum(1) + 1).float().mean()),
             "min_version": int(versions.min()),
             "max_version": int(versions.max()),
             "fetch": {"start": t0, "end": t1},
