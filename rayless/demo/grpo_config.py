@@ -214,15 +214,23 @@ def load_grpo_config(path: str | Path = GRPO_CONFIG) -> GrpoConfig:
         raise ValueError(f"{path}: {exc}") from exc
 
 
+GRPO_WORKERS = ("rollout_worker", "reward_worker", "reference_worker")
+
+
 def is_grpo_config(path: str | Path) -> bool:
-    """True if the YAML at ``path`` describes the GRPO demo (its cluster names rollout
-    workers); unreadable files are not (the PPO loader reports them)."""
+    """True if the YAML at ``path`` describes the GRPO demo: its cluster names one of GRPO's
+    workers, or its algo section GRPO's ``group_size``. Unreadable files are not (the PPO
+    loader reports them)."""
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError):
         return False
-    cluster = data.get("cluster") if isinstance(data, dict) else None
-    return isinstance(cluster, dict) and "rollout_worker" in cluster
+    if not isinstance(data, dict):
+        return False
+    cluster, algo = data.get("cluster"), data.get("algo")
+    if isinstance(cluster, dict) and any(k in cluster for k in GRPO_WORKERS):
+        return True
+    return isinstance(algo, dict) and "group_size" in algo
 
 
 def _validate(cfg: GrpoConfig) -> None:

@@ -35,12 +35,8 @@ from rayless.actors import ActorHandle, Cluster
 from rayless.actors.api.components import cluster_info, slots_of
 from rayless.demo import grpo_task as task
 from rayless.demo.grpo_config import GrpoConfig
-from rayless.demo.grpo_workers import (
-    GrpoTrainWorker,
-    ReferenceWorker,
-    RewardWorker,
-    RolloutWorker,
-)
+from rayless.demo.grpo_trainer import GrpoTrainWorker
+from rayless.demo.grpo_workers import ReferenceWorker, RewardWorker, RolloutWorker
 from rayless.demo.pipeline import plan
 from rayless.placement import EpisodeTable
 from rayless.store import Store, WeightSync
@@ -378,7 +374,8 @@ class GrpoPipeline:
         )
 
     async def _reference(self, iteration: int) -> dict[str, float]:
-        assert self.reference is not None  # set by setup()
+        if self.reference is None:
+            raise RuntimeError("GrpoPipeline.run() needs setup() first")
         result: dict[str, float] = await self.reference.process(iteration)
         return result
 

@@ -25,9 +25,8 @@ The ``G`` responses of one prompt are one group (the put's ``group_ids``; also
   ``rewards`` onto them.
 * :class:`ReferenceWorker` fetches the samples new to its task ``reference`` (whole groups)
   and puts ``ref_logprobs`` onto them.
-* :class:`GrpoTrainWorker` is one DDP rank: it warm-starts the policy (SFT), then per
-  iteration reads its part of a global batch of whole groups with every field ready (the
-  streaming loader's shared fetch) and takes the GRPO step; rank 0 publishes the weights.
+
+The train ranks are :class:`rayless.demo.grpo_trainer.GrpoTrainWorker`.
 """
 
 from __future__ import annotations
@@ -42,54 +41,37 @@ from tensordict import TensorDict
 from rayless.actors import Actor, ActorHandle
 from rayless.actors.control.process import apply_torch_threads, torch_threads
 from rayless.demo import grpo_task as task
-from rayless.demo.grpo_algo import (
-    evaluate,
-    group_advantages,
-    grpo_step,
-    model_config,
-    warm_start,
-)
+from rayless.demo.grpo_algo import evaluate, model_config
 from rayless.demo.grpo_config import GrpoAlgoConfig
-from rayless.demo.grpo_model import TinyGPT, generate, response_logprobs, unwrap
-from rayless.demo.workers import free_port, join_process_group, worker_device
+from rayless.demo.grpo_model import TinyGPT, generate, response_logprobs
+from rayless.demo.workers import worker_device
 from rayless.transport.errors import RaylessError
 
-TRAIN_FIELDS = [
-    "prompts",
-    "responses",
-    "logprobs",
-    "lengths",
-    "version",
-    "rewards",
-    "ref_logprobs",
-]
 FETCH_TIMEOUT = 300.0  # a stage waiting longer than this for its samples gives up
 PULL_TIMEOUT = 300.0
 
 
-class GroupSplitError(RuntimeError):
-    """A trainer batch held part of a group (the grouped fetch must return whole groups).
-    The demo's own check, not part of the runtime's error tree (``rayless.errors``)."""
-
-
-def _algo(params: dict[str, Any]) -> GrpoAlgoConfig:
+def algo_of(params: dict[str, Any]) -> GrpoAlgoConfig:
+    """The ``algo`` section back from the plain dict the driver sends to an actor."""
     return GrpoAlgoConfig(**params)
 
 
-def _policy(algo: GrpoAlgoConfig) -> TinyGPT:
+def policy_of(algo: GrpoAlgoConfig) -> TinyGPT:
+    """A fresh policy of the configured shape (weights come from the warm start)."""
     return TinyGPT(model_config(algo.max_len, algo.d_model, algo.n_layers, algo.n_heads))
 
 
-def _jagged(rows: list[torch.Tensor]) -> torch.Tensor:
+def jagged(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Per-sample 1-D tensors as one jagged nested tensor (the store keeps it ragged)."""
     return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
 
 
-def _padded(value: torch.Tensor, fill: float) -> torch.Tensor:
+def padded(value: torch.Tensor, fill: float) -> torch.Tensor:
     """A jagged batch as a dense ``[B, max_len]`` tensor."""
     return torch.nested.to_padded_tensor(value, fill)
 
 
-async def _in_thread(fn: Any, *args: Any) -> Any:
+async def in_thread(fn: Any, *args: Any) -> Any:
     """Run blocking torch work off the actor's loop (with the actor's torch thread count)."""
 
     def call() -> Any:
@@ -116,11 +98,11 @@ class RolloutWorker(Actor):
     ) -> None:
         torch.set_num_threads(1)
         self.index = index
-        self.algo = _algo(algo)
+        self.algo = algo_of(algo)
         self.seed = seed
         self.env_id = f"env-{index}"  # the name the router and the episode table know
         self.device = worker_device()
-        self.policy = _policy(self.algo).to(self.device).eval()
+        self.policy = policy_of(self.algo).to(self.device).eval()
         self.generator = torch.Generator().manual_seed(seed * 1000 + index)
         self.eval_generator = torch.Generator().manual_seed(seed * 1000 + 500 + index)
         self.store_name = store_name
@@ -177,15 +159,15 @@ class RolloutWorker(Actor):
                 a.prompts_per_rollout, a.min_len, a.max_len, self.generator
             )
             prompts = prompts.repeat_interleave(a.group_size, dim=0)
-            gen = await _in_thread(self._generate, prompts)
+            gen = await in_thread(self._generate, prompts)
         t_put = time.time()
         n = prompts.shape[0]
         lengths = gen.lengths.cpu()
         td = TensorDict(
             {
                 "prompts": prompts,
-                "responses": _jagged([gen.responses[i, : lengths[i]].cpu() for i in range(n)]),
-                "logprobs": _jagged([gen.logprobs[i, : lengths[i]].cpu() for i in range(n)]),
+                "responses": jagged([gen.responses[i, : lengths[i]].cpu() for i in range(n)]),
+                "logprobs": jagged([gen.logprobs[i, : lengths[i]].cpu() for i in range(n)]),
                 "lengths": lengths,
                 "version": torch.full((n,), version, dtype=torch.int64),
             },
@@ -243,7 +225,7 @@ class RolloutWorker(Actor):
                     generator=self.eval_generator,
                 )
 
-            reward, length = await _in_thread(run)
+            reward, length = await in_thread(run)
             return {"reward": reward, "length": length, "version": float(self.version)}
 
 
@@ -293,9 +275,9 @@ class ReferenceWorker(Actor):
         batch_size: int,
     ) -> None:
         torch.set_num_threads(1)
-        self.algo = _algo(algo)
+        self.algo = algo_of(algo)
         self.device = worker_device()
-        self.policy = _policy(self.algo).to(self.device).eval()
+        self.policy = policy_of(self.algo).to(self.device).eval()
         self.store_name = store_name
         self.weights_name = weights_name
         self.partition = partition
@@ -334,7 +316,7 @@ class ReferenceWorker(Actor):
         t0 = time.time()
         td = await self.store.get(meta)
         lengths = td["lengths"]
-        responses = _padded(td["responses"], float(task.PAD)).long()
+        responses = padded(td["responses"], float(task.PAD)).long()
 
         def run() -> torch.Tensor:
             with torch.no_grad():
@@ -345,182 +327,12 @@ class ReferenceWorker(Actor):
                     self.algo.temperature,
                 ).cpu()
 
-        ref = await _in_thread(run)
+        ref = await in_thread(run)
         rows = [ref[i, : lengths[i]] for i in range(meta.size)]
-        await self.store.put(TensorDict({"ref_logprobs": _jagged(rows)}, [meta.size]), meta=meta)
+        await self.store.put(TensorDict({"ref_logprobs": jagged(rows)}, [meta.size]), meta=meta)
         return {
             "start": t0,
             "end": time.time(),
             "samples": float(meta.size),
             "iteration": iteration,
         }
-
-
-class GrpoTrainWorker(Actor):
-    """One GRPO rank; ``init_distributed`` on every rank at once, ``warm_start``, ``train``."""
-
-    def __init__(
-        self,
-        rank: int,
-        world_size: int,
-        algo: dict[str, Any],
-        seed: int,
-        store_name: str,
-        weights_name: str,
-        partition: str,
-        batch_size: int,
-    ) -> None:
-        torch.set_num_threads(1)
-        self.rank = rank
-        self.world_size = world_size
-        self.algo = _algo(algo)
-        self.seed = seed
-        self.store_name = store_name
-        self.weights_name = weights_name
-        self.partition = partition
-        self.batch_size = batch_size  # the global batch of one iteration (all ranks)
-        self.device = worker_device()
-        self.model: Any = None
-        self.optimizer: Any = None
-        self.store: Any = None
-        self.weights: Any = None
-        self.loader: Any = None
-
-    def free_port(self) -> tuple[str, int]:
-        """An address of this node and a free TCP port on it (for MASTER_ADDR/PORT)."""
-        return free_port()
-
-    def init_distributed(self, master_addr: str, master_port: int) -> str:
-        """Join the process group and wrap a fresh policy in DDP (blocks until all join)."""
-        from torch.nn.parallel import DistributedDataParallel
-
-        backend = join_process_group(
-            self.rank, self.world_size, master_addr, master_port, self.device
-        )
-        torch.manual_seed(self.seed)  # every rank starts from the same weights
-        policy = _policy(self.algo).to(self.device)
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        self.model = DistributedDataParallel(policy, device_ids=ids)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.algo.lr)
-        return backend
-
-    async def setup(self) -> None:
-        from rayless.store import Store, WeightSync
-        from rayless.store.loader import StreamingLoader
-
-        self.store = await Store.connect(self.store_name)
-        a = self.algo
-        sampler: dict[str, Any] = {"name": "grouped", "n": a.group_size}
-        if a.sampler == "seqlen_balanced":
-            sampler = {"name": "seqlen_balanced", "dp_size": self.world_size, "n": a.group_size}
-        self.loader = StreamingLoader(
-            self.store,
-            self.partition,
-            TRAIN_FIELDS,
-            self.batch_size // self.world_size,
-            task="train",
-            dp_rank=self.rank,
-            dp_size=self.world_size,
-            sampler=sampler,
-            timeout=FETCH_TIMEOUT,
-        )
-        if self.rank == 0:
-            self.weights = await WeightSync.connect(self.weights_name, cuda_ipc=False)
-
-    async def warm_start(self) -> dict[str, float]:
-        """The supervised warm start on noisy demonstrations (DDP: the ranks' gradients are
-        averaged); its interval and last loss."""
-        a = self.algo
-        gen = torch.Generator().manual_seed(self.seed * 7919 + self.rank)
-        t0 = time.time()
-
-        def run() -> float:
-            return warm_start(
-                self.model,
-                steps=a.sft_steps,
-                batch_size=a.sft_batch_size // self.world_size,
-                lr=a.sft_lr,
-                min_len=a.min_len,
-                max_len=a.max_len,
-                noise=a.sft_noise,
-                generator=gen,
-            )
-
-        loss = await _in_thread(run)
-        return {"start": t0, "end": time.time(), "loss": float(loss)}
-
-    async def publish_weights(self, version: int) -> dict[str, float]:
-        """Publish the current weights as ``version`` (rank 0); the interval."""
-        t0 = time.time()
-        await self.weights.publish(unwrap(self.model).state_dict(), version)
-        return {"start": t0, "end": time.time()}
-
-    async def train(self, iteration: int) -> dict[str, Any]:
-        """Read this rank's part of the next global batch and take the GRPO step(s)."""
-        t0 = time.time()
-        td, meta = await self.loader.__anext__()
-        t1 = time.time()
-        groups = [str(c["group"]) for c in meta.custom_meta]
-        sizes: dict[str, int] = {}
-        for g in groups:
-            sizes[g] = sizes.get(g, 0) + 1
-        split = {g: n for g, n in sizes.items() if n != self.algo.group_size}
-        if split:
-            raise GroupSplitError(
-                f"rank {self.rank} got part of groups {split} (iteration {iteration})"
-            )
-        batch = {
-            "prompts": td["prompts"].to(self.device),
-            "responses": _padded(td["responses"], float(task.PAD)).long().to(self.device),
-            "logprobs": _padded(td["logprobs"], 0.0).to(self.device),
-            "ref_logprobs": _padded(td["ref_logprobs"], 0.0).to(self.device),
-            "lengths": td["lengths"].to(self.device),
-            "rewards": td["rewards"].to(self.device),
-        }
-        advantages = group_advantages(batch["rewards"], group_ids=groups)
-        a = self.algo
-
-        def run() -> dict[str, float]:
-            stats: dict[str, float] = {}
-            for _ in range(a.epochs):
-                stats = grpo_step(
-                    self.model,
-                    self.optimizer,
-                    batch,
-                    group_size=a.group_size,
-                    temperature=a.temperature,
-                    clip=a.clip_coef,
-                    beta=a.kl_coef,
-                    max_grad_norm=a.max_grad_norm,
-                    advantages=advantages,
-                )
-            return stats
-
-        stats = await _in_thread(run)
-        t2 = time.time()
-        await self.store.clear(meta)
-        versions = td["version"]
-        return {
-            **stats,
-            "rank": self.rank,
-            "samples": meta.size,
-            "groups": len(sizes),
-            "group_sizes": sorted(set(sizes.values())),
-            "mean_reward": float(td["rewards"].mean()),
-            "mean_length": float(td["lengths"].float().mean()),
-            # the right answers' length: the prompt's digits and the stop token
-            "answer_length": float(((td["prompts"] < task.NUM_DIGITS).sum(1) + 1).float().mean()),
-            "min_version": int(versions.min()),
-            "max_version": int(versions.max()),
-            "fetch": {"start": t0, "end": t1},
-            "step": {"start": t1, "end": t2},
-        }
-
-    async def teardown(self) -> None:
-        import torch.distributed as dist
-
-        if self.weights is not None:
-            await self.weights.aclose()
-        self.model = None  # DDP's reducer goes before the group (a later GC can hang in it)
-        if dist.is_initialized():
-            dist.destroy_process_group()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -218,6 +219,18 @@ def test_shipped_grpo_configs_load_and_round_trip() -> None:
     assert resolve_config("grpo_gpu") == CONFIG_DIR / "grpo_gpu.yaml"
     with pytest.raises(ValueError, match="grpo"):
         resolve_config("nope")
+
+
+def test_grpo_configs_are_told_from_ppo_ones(tmp_path: Path) -> None:
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("cluster:\n  rollout_workers: {worker_num: 2}\nalgo:\n  group_size: 4\n")
+    assert is_grpo_config(typo)  # so its error names GRPO's keys, not PPO's
+    with pytest.raises(ValueError, match=r"unknown key 'rollout_workers'.*rollout_worker"):
+        load_grpo_config(typo)
+    for text in ("", "- 1\n", "cluster: 3\n", "::: not yaml"):
+        typo.write_text(text)
+        assert not is_grpo_config(typo)
+    assert not is_grpo_config(tmp_path / "missing.yaml")
 
 
 def test_planning_view_maps_grpo_workers_onto_planner_components() -> None:
