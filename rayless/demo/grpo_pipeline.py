@@ -42,6 +42,7 @@ from rayless.placement import EpisodeTable
 from rayless.store import Store, WeightSync
 
 STAGES = ("rollout", "reward", "reference", "train", "weight_sync")
+LANES = (*STAGES, "eval")  # the timeline also shows the held-out evaluations
 PARTITION = "grpo"
 
 
@@ -320,13 +321,17 @@ class GrpoPipeline:
                     pulls = list(
                         await asyncio.gather(*(r.pull_weights(version) for r in self.rollouts))
                     )
-                evaluated = None
+                evaluated, eval_span = None, None
                 if (it + 1) % algo.eval_interval == 0 or it + 1 == algo.iterations:
+                    t_ev = time.time()
                     ev = await self.rollouts[0].evaluate(self.held_out, version)
+                    eval_span = (t_ev - self._t0, time.time() - self._t0)
                     evaluated = last_eval = ev["reward"]
                     best = max(best, last_eval)
                 wall = time.perf_counter() - t_it
                 row = self._row(it, wall, version, roll, ref, train, publish, pulls, evaluated)
+                if eval_span is not None:
+                    row.intervals.append(("eval", *eval_span))
                 totals["rollout_samples"] += sum(r["samples"] for r in roll)
                 totals["rewarded"] += sum(r["reward"]["samples"] for r in roll)
                 totals["rewarded_on_node"] += sum(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rayless.demo.grpo_config import GrpoConfig
-from rayless.demo.grpo_pipeline import STAGES, GrpoIteration, GrpoResult
+from rayless.demo.grpo_pipeline import LANES, STAGES, GrpoIteration, GrpoResult
 from rayless.demo.report import BAR, table
 
 COLOURS = {
@@ -23,6 +23,7 @@ COLOURS = {
     "reference": "tab:purple",
     "train": "tab:green",
     "weight_sync": "tab:red",
+    "eval": "tab:grey",
 }
 
 
@@ -126,13 +127,14 @@ def _plot(result: GrpoResult, path: Path) -> bool:
     ax2.plot(x, [r.answer_length for r in its], color="grey", ls=":", label="right answers")
     ax2.legend(loc="upper right")
     ax2.set(xlabel="iteration", ylabel="tokens (incl. stop token)", title="Mean response length")
-    for lane, stage in enumerate(STAGES):
+    for lane, stage in enumerate(LANES):
         bars = [(a, max(b - a, 1e-3)) for r in its for s, a, b in r.intervals if s == stage]
         ax3.broken_barh(bars, (lane - 0.4, 0.8), color=COLOURS[stage])
     starts = [min((a for _, a, _ in r.intervals), default=0.0) for r in its]
     for s in starts[:: max(1, len(starts) // 40)]:
         ax3.axvline(s, color="lightgrey", lw=0.5, zorder=0)
-    ax3.set_yticks(range(len(STAGES)), [s.replace("_", " ") for s in STAGES])
+    names = [s.replace("_", " ") for s in STAGES] + ["held-out eval"]
+    ax3.set_yticks(range(len(LANES)), names)
     ax3.invert_yaxis()
     ax3.set(xlabel="seconds since the first iteration", title="Stages per iteration (timeline)")
     fig.tight_layout()

@@ -88,7 +88,9 @@ async def test_short_grpo_learns_moves_whole_groups_and_leaves_nothing(tmp_path:
         assert it.group_sizes == [g] and it.groups == per_iteration // g
         assert it.staleness == 0  # sync mode
         assert all(it.stage_s[s] > 0 for s in STAGES), it.stage_s
-        assert {s for s, _, _ in it.intervals} == set(STAGES)
+        lanes = {s for s, _, _ in it.intervals}
+        assert lanes - {"eval"} == set(STAGES)
+        assert ("eval" in lanes) == (it.eval_reward is not None)
         assert 1.0 < it.response_length <= cfg.algo.max_len + 2
     paths = write_grpo_report(result, tmp_path, cfg)
     data = json.loads(paths["json"].read_text())
