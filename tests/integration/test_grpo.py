@@ -105,6 +105,7 @@ async def test_short_grpo_learns_moves_whole_groups_and_leaves_nothing(tmp_path:
 async def test_async_grpo_stays_within_staleness(local_cluster: Cluster) -> None:
     cfg = _short("async", 8)
     cfg.algo.sft_steps = 50  # learning is not the point here
+    cfg.algo.sampler = "seqlen_balanced"  # whole groups too, ranks balanced in tokens
     pipeline = GrpoPipeline(cfg, local_cluster)
     try:
         await pipeline.setup()
