@@ -146,6 +146,7 @@ class GrpoPipeline:
         self.warm_reward = float("nan")
         self.rollout_shard: dict[int, int] = {}
         self.rollout_node: list[str] = []
+        self._spawned: list[ActorHandle] = []
         self.reward_node: list[str] = []
         session = cluster.info.session[:8]
         self.store_name = f"grpo-store-{session}"
@@ -207,7 +208,7 @@ class GrpoPipeline:
             if "eval" in comps:
                 entry["env"] = comps["eval"]
             routing[node] = entry
-        (self.reference,) = await self.cluster.spawn_component(
+        references = await self.cluster.spawn_component(
             ReferenceWorker,
             reference_slots,
             "env",
@@ -217,6 +218,8 @@ class GrpoPipeline:
             PARTITION,
             batch,
         )
+        self._spawned += references
+        (self.reference,) = references
         self.rollouts = await self._spawn_each(
             RolloutWorker,
             rollout_slots,
@@ -276,7 +279,9 @@ class GrpoPipeline:
         """One ``cls(i, *args)`` per slot, on exactly that slot (``i``: its position)."""
         handles: list[ActorHandle] = []
         for i, slot in enumerate(slots):
-            handles += await self.cluster.spawn_component(cls, [slot], component, i, *args)
+            spawned = await self.cluster.spawn_component(cls, [slot], component, i, *args)
+            self._spawned += spawned  # killed by aclose() even if a later spawn fails
+            handles += spawned
         return handles
 
     async def run(self) -> GrpoResult:
@@ -437,9 +442,7 @@ class GrpoPipeline:
 
     async def aclose(self) -> None:
         """Kill the workers, the store and the weight sync (the cluster stays)."""
-        handles = [*self.rollouts, *self.rewards, *self.trains]
-        if self.reference is not None:
-            handles.append(self.reference)
+        handles = list({h.actor_id: h for h in self._spawned}.values())
         await asyncio.gather(*(self.cluster.kill(h) for h in handles), return_exceptions=True)
         if self.store is not None:
             try:
