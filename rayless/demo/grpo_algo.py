@@ -192,10 +192,13 @@ def train_single_process(
     *,
     seed: int = 0,
     iterations: int | None = None,
+    prompts_per_step: int = 16,
     log: Callable[[dict[str, float]], None] | None = None,
 ) -> list[dict[str, float]]:
-    """Warm start, then ``iterations`` GRPO steps of ``algo.prompts_per_step`` prompts x
-    ``algo.group_size`` responses, in this process; per-step statistics."""
+    """Warm start, then ``iterations`` (default ``algo.iterations``) GRPO steps of
+    ``prompts_per_step`` prompts x ``algo.group_size`` responses, in this process, with the
+    keys of a :class:`~rayless.demo.grpo_config.GrpoAlgoConfig`; per-step statistics (a
+    held-out evaluation every ``algo.eval_interval`` steps). For tests and tuning."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     eval_gen = torch.Generator().manual_seed(seed + 1)
@@ -228,7 +231,7 @@ def train_single_process(
         log(history[-1])
     n_iter = algo.iterations if iterations is None else iterations
     for it in range(1, n_iter + 1):
-        prompts, _ = task.make_prompts(algo.prompts_per_step, algo.min_len, algo.max_len, gen)
+        prompts, _ = task.make_prompts(prompts_per_step, algo.min_len, algo.max_len, gen)
         prompts = prompts.repeat_interleave(algo.group_size, dim=0)
         model.eval()
         g = generate(

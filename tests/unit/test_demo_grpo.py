@@ -4,7 +4,6 @@ advantages, loss, warm start, config."""
 from __future__ import annotations
 
 import math
-import types
 from pathlib import Path
 from typing import Any
 
@@ -190,10 +189,9 @@ def test_a_grpo_step_raises_the_likelihood_of_the_better_response() -> None:
 
 
 def test_single_process_loop_runs() -> None:
-    cfg = GrpoConfig().algo
-    algo = types.SimpleNamespace(**{**vars(cfg), "sft_steps": 5, "eval_prompts": 8})
-    algo.prompts_per_step, algo.eval_interval = 2, 1
-    rows = train_single_process(algo, iterations=2)
+    algo = GrpoConfig().algo
+    algo.sft_steps, algo.eval_prompts, algo.eval_interval = 5, 8, 1
+    rows = train_single_process(algo, iterations=2, prompts_per_step=2)
     assert [r["iteration"] for r in rows] == [0.0, 1.0, 2.0]
     assert all(0 <= r["eval_reward"] <= 1 for r in rows)
 
