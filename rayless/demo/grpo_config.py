@@ -43,7 +43,7 @@ workers' GPUs. ``reference_worker.worker_num`` must be 1 (one frozen copy of the
       max_len: 6
       temperature: 1.0         # sampling temperature (also of every log-prob)
       iterations: 300          # upper bound on GRPO iterations (one optimiser pass each)
-      target_reward: 0.8       # SOLVED once the held-out mean reward reaches this
+      target_reward: 0.85      # SOLVED once the held-out mean reward reaches this
       eval_prompts: 128        # held-out prompts (never trained on), one sample each
       eval_interval: 5         # evaluate every this many iterations (and before the first)
       lr: 0.002                # Adam
@@ -57,7 +57,7 @@ workers' GPUs. ``reference_worker.worker_num`` must be 1 (one frozen copy of the
       d_model: 64              # the transformer: width, layers, heads
       n_layers: 2
       n_heads: 4
-      sft_steps: 600           # warm start: supervised steps at the start of the run
+      sft_steps: 1200          # warm start: supervised steps at the start of the run
       sft_batch_size: 64       # demonstrations per step (all ranks together)
       sft_lr: 0.003
       sft_noise: 0.75          # share of the demonstrations' digits replaced at random
@@ -114,7 +114,7 @@ class GrpoAlgoConfig:
     max_len: int = 6
     temperature: float = 1.0
     iterations: int = 300
-    target_reward: float = 0.8
+    target_reward: float = 0.85
     eval_prompts: int = 128
     eval_interval: int = 5
     lr: float = 2e-3
@@ -127,7 +127,7 @@ class GrpoAlgoConfig:
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
-    sft_steps: int = 600
+    sft_steps: int = 1200
     sft_batch_size: int = 64
     sft_lr: float = 3e-3
     sft_noise: float = 0.75

@@ -166,6 +166,12 @@ def test_demo_command_names_a_bad_grpo_key(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_stops_the_grpo_demo_and_its_cluster(tmp_path: Path) -> None:
+    import yaml
+
+    shipped = load_grpo_config().to_dict()
+    shipped["algo"]["sft_steps"] = 20  # reach the GRPO iterations soon
+    config = tmp_path / "short.yaml"
+    config.write_text(yaml.safe_dump(shipped))
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -173,7 +179,7 @@ def test_ctrl_c_stops_the_grpo_demo_and_its_cluster(tmp_path: Path) -> None:
             "rayless.cli",
             "demo",
             "--config",
-            "grpo",
+            str(config),
             "--output-dir",
             str(tmp_path),
         ],
