@@ -5,6 +5,8 @@ return a validated :class:`PipelineConfig` or raise ``ValueError`` naming the of
 (``algo.lr: must be > 0, got -1``). Unknown keys are errors, omitted keys take the defaults
 below. Shipped configs: ``rayless/configs/default.yaml`` (embedded two-node local cluster
 with fake GPUs, runs on a CPU machine) and ``rayless/configs/gpu_8.yaml`` (one 8-GPU node).
+The GRPO demo's configs (``grpo.yaml``, ``grpo_gpu.yaml``) share these sections and add their
+own workers and ``algo`` keys: see :mod:`rayless.demo.grpo_config`.
 
 Config reference
 ----------------
@@ -275,7 +277,7 @@ def _check_value(path: str, value: Any, tp: Any) -> Any:
         (item_tp,) = get_args(tp)
         return [_check_value(f"{path}[{i}]", v, item_tp) for i, v in enumerate(value)]
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return _build(tp, path, value)
+        return build_section(tp, path, value)
     if tp is bool:
         if not isinstance(value, bool):
             raise ValueError(f"{path}: expected true or false, got {value!r}")
@@ -295,7 +297,9 @@ def _check_value(path: str, value: Any, tp: Any) -> Any:
     raise ValueError(f"{path}: unsupported type {_type_name(tp)}")  # pragma: no cover
 
 
-def _build(cls: type[T], path: str, data: Any) -> T:
+def build_section(cls: type[T], path: str, data: Any) -> T:
+    """A dataclass ``cls`` from the mapping ``data`` at ``path``: unknown keys, wrong types
+    and non-mappings raise ValueError naming the key; omitted keys take the defaults."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -332,7 +336,7 @@ def _build_pool(i: int, data: Any) -> ResourcePoolConfig:
     for key in ("name", "num_node", "num_gpus"):
         if key not in fields:
             raise ValueError(f"{path}: missing required key {key!r}")
-    pool = _build(ResourcePoolConfig, path, fields)
+    pool = build_section(ResourcePoolConfig, path, fields)
     pool.allocations = allocations
     return pool
 
@@ -348,13 +352,19 @@ def config_from_dict(data: Any) -> PipelineConfig:
     cluster = data.get("cluster")
     if isinstance(cluster, dict) and isinstance(cluster.get("env_worker"), dict):
         data["cluster"] = {**cluster, "env_worker": [cluster["env_worker"]]}
-    cfg = _build(PipelineConfig, "config", data)
-    if pools is not None:
-        if not isinstance(pools, list) or not pools:
-            raise ValueError(f"resource_pool: expected a non-empty list of pools, got {pools!r}")
-        cfg.resource_pool = [_build_pool(i, p) for i, p in enumerate(pools)]
+    cfg = build_section(PipelineConfig, "config", data)
+    cfg.resource_pool = build_pools(pools)
     cfg.validate()
     return cfg
+
+
+def build_pools(pools: Any) -> list[ResourcePoolConfig] | None:
+    """The ``resource_pool:`` section (None when absent). Raises ValueError."""
+    if pools is None:
+        return None
+    if not isinstance(pools, list) or not pools:
+        raise ValueError(f"resource_pool: expected a non-empty list of pools, got {pools!r}")
+    return [_build_pool(i, p) for i, p in enumerate(pools)]
 
 
 def load_config(path: str | Path = DEFAULT_CONFIG) -> PipelineConfig:
@@ -374,12 +384,14 @@ def load_config(path: str | Path = DEFAULT_CONFIG) -> PipelineConfig:
         raise ValueError(f"{path}: {exc}") from exc
 
 
-def _choice(path: str, value: str, options: tuple[str, ...]) -> None:
+def check_choice(path: str, value: str, options: tuple[str, ...]) -> None:
+    """ValueError unless ``value`` is one of ``options``."""
     if value not in options:
         raise ValueError(f"{path}: must be one of {', '.join(options)}, got {value!r}")
 
 
-def _positive(path: str, value: float, *, allow_zero: bool = False) -> None:
+def check_positive(path: str, value: float, *, allow_zero: bool = False) -> None:
+    """ValueError unless ``value`` > 0 (>= 0 with ``allow_zero``)."""
     if value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
@@ -396,7 +408,7 @@ def parse_index_string(path: str, value: str) -> list[tuple[int, int]]:
 
 def _validate_pool(i: int, pool: ResourcePoolConfig, cfg: PipelineConfig) -> None:
     path = f"resource_pool[{i}]"
-    _positive(f"{path}.num_node", pool.num_node)
+    check_positive(f"{path}.num_node", pool.num_node)
     if pool.node_ids is not None:
         if not isinstance(pool.num_gpus, list):
             raise ValueError(f"{path}.num_gpus: must be a per-node list when node_ids is given")
@@ -412,9 +424,9 @@ def _validate_pool(i: int, pool: ResourcePoolConfig, cfg: PipelineConfig) -> Non
                 f"{path}.num_gpus: expected {pool.num_node} entries, got {len(per_node)}"
             )
         for j, g in enumerate(per_node):
-            _positive(f"{path}.num_gpus[{j}]", g)
+            check_positive(f"{path}.num_gpus[{j}]", g)
     else:
-        _positive(f"{path}.num_gpus", pool.num_gpus)
+        check_positive(f"{path}.num_gpus", pool.num_gpus)
         per_node = [pool.num_gpus] * pool.num_node
     if pool.num_node > cfg.cluster.num_nodes:
         raise ValueError(
@@ -444,10 +456,10 @@ def _required_gpus(cfg: PipelineConfig) -> float:
 
 def _validate(cfg: PipelineConfig) -> None:
     c = cfg.cluster
-    _positive("cluster.num_nodes", c.num_nodes)
-    _positive("cluster.fake_gpus_per_node", c.fake_gpus_per_node, allow_zero=True)
+    check_positive("cluster.num_nodes", c.num_nodes)
+    check_positive("cluster.fake_gpus_per_node", c.fake_gpus_per_node, allow_zero=True)
     if c.cpus_per_node is not None:
-        _positive("cluster.cpus_per_node", c.cpus_per_node)
+        check_positive("cluster.cpus_per_node", c.cpus_per_node)
     if not c.env_worker:
         raise ValueError("cluster.env_worker: needs at least one group")
     kinds = [(f"cluster.env_worker[{i}]", w) for i, w in enumerate(c.env_worker)]
@@ -463,13 +475,13 @@ def _validate(cfg: PipelineConfig) -> None:
                     f"got {w.worker_num!r}"
                 )
         else:
-            _positive(f"{path}.worker_num", w.worker_num)
-        _positive(f"{path}.num_gpus", w.num_gpus, allow_zero=True)
+            check_positive(f"{path}.worker_num", w.worker_num)
+        check_positive(f"{path}.num_gpus", w.num_gpus, allow_zero=True)
         if w.num_gpus > 1 and w.num_gpus != int(w.num_gpus):
             raise ValueError(
                 f"{path}.num_gpus: must be a whole number or a fraction below 1, got {w.num_gpus}"
             )
-        _positive(f"{path}.num_cpus", w.num_cpus, allow_zero=True)
+        check_positive(f"{path}.num_cpus", w.num_cpus, allow_zero=True)
     if c.buffer_worker.num_gpus > 1:
         raise ValueError(
             f"cluster.buffer_worker.num_gpus: must be <= 1, got {c.buffer_worker.num_gpus}"
@@ -483,9 +495,9 @@ def _validate(cfg: PipelineConfig) -> None:
             )
 
     p = cfg.placement
-    _choice("placement.mode", p.mode, ("auto", "manual"))
-    _choice("placement.strategy", p.strategy, ("disaggregate", "colocate"))
-    _choice("placement.env_strategy", p.env_strategy, ("default", "device-colocate"))
+    check_choice("placement.mode", p.mode, ("auto", "manual"))
+    check_choice("placement.strategy", p.strategy, ("disaggregate", "colocate"))
+    check_choice("placement.env_strategy", p.env_strategy, ("default", "device-colocate"))
     if p.mode == "manual" and not cfg.resource_pool:
         raise ValueError("placement.mode is 'manual' but no resource_pool is given")
     if p.mode == "auto" and cfg.resource_pool:
@@ -506,11 +518,11 @@ def _validate(cfg: PipelineConfig) -> None:
                 f"= {have}"
             )
 
-    _choice("policy.rollout_mode", cfg.policy.rollout_mode, ("sync", "async"))
-    _choice("policy.router_type", cfg.policy.router_type, ("simple", "node_affinity"))
+    check_choice("policy.rollout_mode", cfg.policy.rollout_mode, ("sync", "async"))
+    check_choice("policy.router_type", cfg.policy.router_type, ("simple", "node_affinity"))
 
     b = cfg.buffer
-    _positive("buffer.num_storages", b.num_storages)
+    check_positive("buffer.num_storages", b.num_storages)
     if c.train_worker.count % b.num_storages:
         raise ValueError(
             f"cluster.train_worker.worker_num ({c.train_worker.count}) must be a "
@@ -524,12 +536,12 @@ def _validate(cfg: PipelineConfig) -> None:
 
     a = cfg.algo
     for name in ("num_envs", "rollout_steps", "iterations", "return_window", "epochs"):
-        _positive(f"algo.{name}", getattr(a, name))
-    _positive("algo.num_minibatches", a.num_minibatches)
+        check_positive(f"algo.{name}", getattr(a, name))
+    check_positive("algo.num_minibatches", a.num_minibatches)
     for name in ("lr", "clip_coef", "max_grad_norm"):
-        _positive(f"algo.{name}", getattr(a, name))
+        check_positive(f"algo.{name}", getattr(a, name))
     for name in ("vf_coef", "ent_coef", "max_staleness"):
-        _positive(f"algo.{name}", getattr(a, name), allow_zero=True)
+        check_positive(f"algo.{name}", getattr(a, name), allow_zero=True)
     for name in ("gamma", "gae_lambda"):
         value = getattr(a, name)
         if not 0.0 <= value <= 1.0:
@@ -537,7 +549,7 @@ def _validate(cfg: PipelineConfig) -> None:
     if not a.hidden_sizes:
         raise ValueError("algo.hidden_sizes: needs at least one layer")
     for i, h in enumerate(a.hidden_sizes):
-        _positive(f"algo.hidden_sizes[{i}]", h)
+        check_positive(f"algo.hidden_sizes[{i}]", h)
     env_workers = sum(w.count for w in c.env_worker)
     per_worker_batch = a.num_envs * a.rollout_steps * env_workers // c.train_worker.count
     if a.num_minibatches > per_worker_batch:
@@ -551,5 +563,5 @@ def _validate(cfg: PipelineConfig) -> None:
         raise ValueError("run.output_dir: must not be empty")
     if r.device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", r.device):
         raise ValueError(f"run.device: must be 'cpu' or 'cuda', got {r.device!r}")
-    _positive("run.time_limit_s", r.time_limit_s)
-    _positive("run.log_interval", r.log_interval)
+    check_positive("run.time_limit_s", r.time_limit_s)
+    check_positive("run.log_interval", r.log_interval)

@@ -3,6 +3,12 @@
 Without RAYLESS_ADDRESS in the environment it starts the embedded local cluster described by
 the config (``cluster.num_nodes`` nodes, fake GPUs unless real ones suffice); under
 ``scripts/launch.py`` it joins the launched cluster instead, unchanged.
+
+``--config`` takes a YAML path or the name of a shipped config (``default``, ``gpu_8``,
+``grpo``, ``grpo_gpu``: ``rayless/configs/NAME.yaml``). A config whose ``cluster`` names
+``rollout_worker`` runs the GRPO demo (:mod:`rayless.demo.grpo_pipeline`), any other the PPO
+demo (:mod:`rayless.demo.pipeline`); both exit 0 when solved, 2 when not, 1 on a bad config or
+a dead worker (named), 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -11,10 +17,12 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from rayless.actors import ActorDiedError, Cluster, RaylessError, connect
 from rayless.actors.api.context import ENV_ADDRESS
-from rayless.demo.config import DEFAULT_CONFIG, PipelineConfig, load_config
+from rayless.demo.config import DEFAULT_CONFIG, load_config
+from rayless.demo.grpo_config import CONFIG_DIR, GrpoConfig, is_grpo_config, load_grpo_config
 from rayless.demo.pipeline import Pipeline
 from rayless.demo.report import default_out_dir, print_progress, summary_text, write_report
 from rayless.transport import loop
@@ -22,7 +30,11 @@ from rayless.transport import loop
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``rayless demo``."""
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="pipeline YAML config")
+    parser.add_argument(
+        "--config",
+        default=str(DEFAULT_CONFIG),
+        help="pipeline YAML config: a path, or a shipped config's name (default, gpu_8, grpo, ...)",
+    )
     parser.add_argument("--iterations", type=int, default=None, help="override algo.iterations")
     parser.add_argument(
         "--mode", choices=["sync", "async"], default=None, help="override policy.rollout_mode"
@@ -31,8 +43,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=float, default=None, help="override run.time_limit_s")
 
 
+def resolve_config(name: str) -> Path:
+    """``name`` as a path if it exists (or looks like one), else the shipped
+    ``rayless/configs/NAME.yaml``. Raises ValueError for an unknown name."""
+    path = Path(name)
+    if path.exists() or path.suffix in (".yaml", ".yml") or len(path.parts) > 1:
+        return path
+    shipped = CONFIG_DIR / f"{name}.yaml"
+    if shipped.exists():
+        return shipped
+    known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+    raise ValueError(f"no config file {name!r} and no shipped config of that name ({known})")
+
+
 async def _main(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)
+    path = resolve_config(args.config)
+    cfg: Any = load_grpo_config(path) if is_grpo_config(path) else load_config(path)
     if args.iterations is not None:
         cfg.algo.iterations = args.iterations
     if args.mode is not None:
@@ -55,7 +81,9 @@ async def _main(args: argparse.Namespace) -> int:
         return await _run(cfg, cluster, out_dir)
 
 
-async def _run(cfg: PipelineConfig, cluster: Cluster, out_dir: Path) -> int:
+async def _run(cfg: Any, cluster: Cluster, out_dir: Path) -> int:
+    if isinstance(cfg, GrpoConfig):
+        return await _run_grpo(cfg, cluster, out_dir)
     pipeline = Pipeline(cfg, cluster, on_iteration=print_progress)
     try:
         await pipeline.setup()
@@ -72,6 +100,32 @@ async def _run(cfg: PipelineConfig, cluster: Cluster, out_dir: Path) -> int:
         await pipeline.aclose()
     print(summary_text(result))
     paths = write_report(result, out_dir, cfg)
+    print("\nreport: " + ", ".join(str(p) for p in paths.values()))
+    return 0 if result.solved else 2
+
+
+async def _run_grpo(cfg: GrpoConfig, cluster: Cluster, out_dir: Path) -> int:
+    from rayless.demo.grpo_pipeline import GrpoPipeline
+    from rayless.demo.grpo_report import grpo_summary_text, print_grpo_progress, write_grpo_report
+
+    pipeline = GrpoPipeline(cfg, cluster, on_iteration=print_grpo_progress)
+    try:
+        print("planning, spawning, warm start (supervised) ...", flush=True)
+        await pipeline.setup()
+        print(
+            f"placed {len(pipeline.placement)} workers in {pipeline.setup_s:.1f} s; warm start "
+            f"{pipeline.warm_start_s:.1f} s: held-out mean reward {pipeline.warm_reward:.3f}; "
+            f"GRPO ({cfg.policy.rollout_mode} mode)",
+            flush=True,
+        )
+        result = await pipeline.run()
+    except ActorDiedError as exc:
+        print(f"\na worker died: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await pipeline.aclose()
+    print(grpo_summary_text(result))
+    paths = write_grpo_report(result, out_dir, cfg)
     print("\nreport: " + ", ".join(str(p) for p in paths.values()))
     return 0 if result.solved else 2
 

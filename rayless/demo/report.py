@@ -33,7 +33,7 @@ def print_progress(row: IterationStats, cfg: PipelineConfig, out: TextIO | None 
         print(progress_line(row, cfg), file=out or sys.stdout, flush=True)
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> str:
+def table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [
         max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
     ]
@@ -46,7 +46,7 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 def summary_text(result: RunResult) -> str:
     """The tables printed at the end of a run."""
     s = result.stages
-    stages = _table(
+    stages = table(
         ["stage", "throughput"],
         [
             ["env steps", f"{s['env_steps_per_s']:,.0f} steps/s"],
@@ -65,7 +65,7 @@ def summary_text(result: RunResult) -> str:
         )
     else:
         sync_line = "weight sync: none"
-    placement = _table(
+    placement = table(
         ["worker", "node", "GPUs", "GPU share", "CPUs"],
         [
             [p["worker"], p["node"], p["gpus"], f"{p['gpu_share']:g}", f"{p['cpus']:g}"]

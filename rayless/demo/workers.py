@@ -47,6 +47,32 @@ def worker_device() -> torch.device:
     return torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
 
 
+def free_port() -> tuple[str, int]:
+    """An address of this node and a free TCP port on it (for MASTER_ADDR/PORT)."""
+    ip = os.environ.get("RAYLESS_NODE_IP", "127.0.0.1")
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        return ip, int(s.getsockname()[1])
+
+
+def join_process_group(
+    rank: int, world_size: int, master_addr: str, master_port: int, device: torch.device
+) -> str:
+    """Join the train ranks' torch.distributed group (gloo on CPU, nccl on CUDA); blocks
+    until every rank joined. Returns the backend."""
+    import torch.distributed as dist
+
+    os.environ.update(
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+    )
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    return backend
+
+
 def _nbytes(td: Any) -> int:
     """Bytes of the tensors in a flat TensorDict."""
     return sum(
@@ -266,24 +292,13 @@ class TrainWorker(Actor):
 
     def free_port(self) -> tuple[str, int]:
         """An address of this node and a free TCP port on it (for MASTER_ADDR/PORT)."""
-        ip = os.environ.get("RAYLESS_NODE_IP", "127.0.0.1")
-        with socket.socket() as s:
-            s.bind((ip, 0))
-            return ip, int(s.getsockname()[1])
+        return free_port()
 
     def init_distributed(self, master_addr: str, master_port: int, world_size: int) -> str:
         """Join the process group and wrap the policy in DDP (blocks until all ranks join)."""
-        import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
-        os.environ.update(
-            MASTER_ADDR=master_addr,
-            MASTER_PORT=str(master_port),
-            RANK=str(self.rank),
-            WORLD_SIZE=str(world_size),
-        )
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=self.rank, world_size=world_size)
+        backend = join_process_group(self.rank, world_size, master_addr, master_port, self.device)
         torch.manual_seed(self.seed)  # every rank starts from the same weights
         policy = ActorCritic(hidden_sizes=self.algo.hidden_sizes).to(self.device)
         ids = [self.device.index] if self.device.type == "cuda" else None
