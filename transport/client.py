@@ -47,7 +47,7 @@ from rayless.transport.protocol import (
     open_envelope,
 )
 from rayless.transport.pump import Frames, SocketPump
-from rayless.transport.stream import StreamPump
+from rayless.transport.stream_pump import StreamPump
 
 log = logging.getLogger("rayless.transport")
 

@@ -31,7 +31,7 @@ from rayless.transport.protocol import (
     server_proof,
 )
 from rayless.transport.pump import SocketPump
-from rayless.transport.stream import StreamPump
+from rayless.transport.stream_pump import StreamPump
 
 # a client's session: not yet handshaken, authenticated, broken (the next request handshakes
 # again), closed for good

@@ -20,7 +20,7 @@ from rayless.transport.client_handshake import _CLOSED, _READY
 from rayless.transport.errors import BrokenError, ClosedError, RaylessError, Timeout
 from rayless.transport.protocol import Kind, Limits, check_outgoing, envelope
 from rayless.transport.pump import SocketPump
-from rayless.transport.stream import StreamPump
+from rayless.transport.stream_pump import StreamPump
 
 if TYPE_CHECKING:
     from rayless.transport.client import Client

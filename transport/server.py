@@ -53,7 +53,8 @@ from rayless.transport.protocol import (
 from rayless.transport.pump import Frames, SocketPump
 from rayless.transport.ratelog import RateLimitedLog
 from rayless.transport.server_handshake import ServerHandshake
-from rayless.transport.stream import UnixListener, unix_name
+from rayless.transport.stream import unix_name
+from rayless.transport.unix_listener import UnixListener
 
 log = logging.getLogger("rayless.transport")
 
