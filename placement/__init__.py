@@ -5,7 +5,8 @@ Modules (each lists its deliberate differences from the reference it reproduces)
 ``discovery`` (NodeInfo of this host), ``resources`` (NodeResource, ComponentAllocation),
 ``scheduling`` (Scheduling, ComponentScheduling), ``pools`` (ResourcePool,
 ResourcePoolPlanner, YAML), ``packing`` (WorkerSlot, pack), ``routing`` (routers,
-create_router), ``episodes`` (EpisodeTable).
+create_router; the code in ``policies``, ``async_routers``, ``sync_routers``), ``episodes``
+(EpisodeTable).
 """
 
 from rayless.placement.discovery import GpuInfo, NodeInfo, discover_node, discover_node_async

@@ -7,7 +7,7 @@ component distribution (``{node: {"buffer"|"train"|"env": {"ids": [...]}}}``) bi
 worker and train worker to the storage shard (buffer worker) of its node.
 
 **Env id rule**: the env worker index is the run of ASCII digits after the last ``-``
-(``"env-3"`` → 3; see ``placement.routing.env_worker_index``). Without node affinity the index
+(``"env-3"`` → 3; see ``placement.policies.env_worker_index``). Without node affinity the index
 is not needed. With env node affinity an id without an index suffix, or whose index is not an
 env worker of the distribution, raises NodeAffinityError naming it (the reference silently used
 the id's position in the list, which could collide with a real index). Envs registered later
@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rayless.placement.errors import EpisodeIndexError, NodeAffinityError
-from rayless.placement.routing import env_worker_index
+from rayless.placement.policies import env_worker_index
 
 __all__ = ["EpisodeTable"]
 

@@ -30,7 +30,7 @@ from rayless.actors.errors import LaunchError, StartError
 from rayless.transport.errors import RaylessError
 
 if TYPE_CHECKING:
-    from rayless.actors.launch.node import LaunchConfig
+    from rayless.actors.launch.config import LaunchConfig
 
 __all__ = [
     "START_TIMEOUT",

@@ -15,8 +15,8 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rayless.transport import client as client_mod
-from rayless.transport import server as server_mod
+from rayless.transport import client_handshake as client_hs
+from rayless.transport import server_handshake as server_hs
 from rayless.transport.client import Client
 from rayless.transport.errors import ProtocolError
 from rayless.transport.protocol import (
@@ -123,7 +123,7 @@ async def test_an_old_client_is_refused_with_a_clear_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async with Server(token=TOKEN, handler=_echo) as srv:
-        monkeypatch.setattr(client_mod, "PROTOCOL", 1)
+        monkeypatch.setattr(client_hs, "PROTOCOL", 1)
         with pytest.raises(ProtocolError, match=r"version 1.*speaks 2.*same rayless version"):
             await Client(srv.address, token=TOKEN, connect_timeout=60).connect()
         assert srv.stats["version_mismatch"] == 1
@@ -135,8 +135,8 @@ async def test_an_old_client_is_refused_with_a_clear_error(
 async def test_an_old_server_is_refused_with_a_clear_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(server_mod, "PROTOCOL", 1)
-    monkeypatch.setattr(server_mod, "check_version", lambda v, peer: None)  # an old server
+    monkeypatch.setattr(server_hs, "PROTOCOL", 1)
+    monkeypatch.setattr(server_hs, "check_version", lambda v, peer: None)  # an old server
     async with Server(token=TOKEN, handler=_echo) as srv:
         c = Client(srv.address, token=TOKEN, connect_timeout=60)
         try:

@@ -1,0 +1,68 @@
+"""A launch's cluster token: from stdin, a token file (rank 0 writes it when it is missing), the
+environment, or a fresh one for a one-node launch (the rules are in ``actors.launch.node``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+
+from rayless.actors.api import context
+from rayless.actors.errors import LaunchError
+from rayless.actors.launch.config import LaunchConfig
+from rayless.actors.launch.procs import StopFlag, read_stdin_line
+from rayless.transport.protocol import new_token
+
+
+def _write_token_file(path: str, token: str) -> None:
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=".token-")  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        os.replace(tmp, path)  # atomic: a waiting rank never reads half a token
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def resolve_token(cfg: LaunchConfig, stop: StopFlag, environ: Mapping[str, str]) -> str:
+    """The cluster token by the rules of the module docstring.
+
+    Raises:
+        LaunchError: no token can be had (with what to pass), or a token file stays absent.
+    """
+    if cfg.token_stdin:
+        token = read_stdin_line()
+        if not token:
+            raise LaunchError("--token-stdin: stdin held no token")
+        return token
+    if cfg.token_file:
+        path = os.path.expanduser(cfg.token_file)
+        if not os.path.exists(path) and cfg.node_rank == 0:
+            _write_token_file(path, new_token())
+        deadline = time.monotonic() + cfg.rdzv_timeout
+        while not os.path.exists(path):
+            if stop.is_set():
+                raise LaunchError(f"stopped while waiting for the token file ({stop.reason})")
+            if time.monotonic() > deadline:
+                raise LaunchError(f"the token file {path} did not appear (rank 0 writes it)")
+            time.sleep(0.2)
+        return context.read_token_file(path)
+    if environ.get(context.ENV_TOKEN):
+        return environ[context.ENV_TOKEN]
+    if environ.get(context.ENV_TOKEN_FILE):
+        return context.read_token_file(environ[context.ENV_TOKEN_FILE])
+    if cfg.nnodes == 1:
+        return new_token()
+    raise LaunchError(
+        "a multi-node launch needs a shared token: --token-file F (rank 0 creates F if it is "
+        f"missing, on a shared filesystem), {context.ENV_TOKEN_FILE}, or use ssh-launch"
+    )
+
+
+__all__ = ["resolve_token"]

@@ -1,0 +1,151 @@
+"""A server's same-host listener: the abstract UNIX socket beside its ZeroMQ ROUTER.
+
+Accepts connections, gives each a routing id (never a ZeroMQ one) and a
+:class:`~rayless.transport.stream_pump.StreamPump`, and delivers ``[rid, *frames]`` messages as
+the ROUTER does. Before a connection authenticates it may send at most ``max_preauth_bytes``
+and stay at most ``handshake_timeout`` (the abstract namespace has no file permissions: the
+handshake is the only gate, as on TCP). See ``transport.stream`` for the path as a whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rayless.transport.errors import ClosedError
+from rayless.transport.stream_pump import Frames, StreamPump
+
+log = logging.getLogger("rayless.transport")
+
+_rids = itertools.count(1)
+
+
+class UnixListener:
+    """A server's same-host listener: accepts connections, gives each a routing id, and
+    delivers ``[rid, *frames]`` messages to ``on_batch`` like the ROUTER does.
+
+    ``authenticated(rid)`` tells whether a connection finished the handshake; until then it
+    may send ``max_preauth_bytes`` and stay ``handshake_timeout`` seconds. ``on_gone(rid)`` is
+    called when a connection ends.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        on_batch: Callable[[list[Frames]], None],
+        *,
+        authenticated: Callable[[bytes], bool],
+        on_gone: Callable[[bytes], None],
+        queue_limit: int,
+        max_message: int,
+        max_preauth_bytes: int,
+        handshake_timeout: float,
+        max_conns: int,
+    ) -> None:
+        self.name = name
+        self._on_batch = on_batch
+        self._authenticated = authenticated
+        self._on_gone = on_gone
+        self._queue_limit = queue_limit
+        self._max_message = max_message
+        self._max_preauth = max_preauth_bytes
+        self._timeout = handshake_timeout
+        self._max_conns = max_conns
+        self._loop = asyncio.get_running_loop()
+        self.conns: dict[bytes, StreamPump] = {}
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.setblocking(False)
+            self._sock.bind(name)
+            self._sock.listen(128)
+        except BaseException:
+            self._sock.close()
+            raise
+        self._loop.add_reader(self._sock.fileno(), self._accept)
+        self._closed = False
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                sock, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning("unix listener %r: accept failed: %s", self.name[1:], exc)
+                return
+            if len(self.conns) >= self._max_conns:
+                sock.close()
+                continue
+            sock.setblocking(False)
+            rid = b"\x01unix" + next(_rids).to_bytes(8, "little")  # never a ZeroMQ id
+            self.conns[rid] = StreamPump(
+                sock,
+                functools.partial(self._deliver, rid),
+                queue_limit=self._queue_limit,
+                # a stranger's message is at most a handshake's bound: no big allocations
+                max_message=min(self._max_message, self._max_preauth),
+                on_lost=functools.partial(self._lost, rid),
+                prefix=[rid],
+            )
+            self._loop.call_later(self._timeout, self._deadline, rid)
+
+    def _deliver(self, rid: bytes, msgs: list[Frames]) -> None:
+        conn = self.conns.get(rid)
+        if conn is None:
+            return
+        if conn.max_message < self._max_message:  # not authenticated before this batch
+            if conn.received > self._max_preauth and not self._authenticated(rid):
+                self.drop(rid)  # more than a handshake before authenticating
+                return
+            self._on_batch(msgs)
+            if self._authenticated(rid):  # the handshake is done: full-size messages now
+                conn.max_message = self._max_message
+            return
+        self._on_batch(msgs)
+
+    def _deadline(self, rid: bytes) -> None:
+        if rid in self.conns and not self._authenticated(rid):
+            self.drop(rid)
+
+    def _lost(self, rid: bytes, reason: str) -> None:
+        if self.conns.pop(rid, None) is not None:
+            self._on_gone(rid)
+
+    def drop(self, rid: bytes) -> None:
+        """Close connection ``rid`` (its session is forgotten through ``on_gone``)."""
+        conn = self.conns.pop(rid, None)
+        if conn is not None:
+            conn.close()
+            self._on_gone(rid)
+
+    def send(self, rid: bytes, frames: Sequence[Any]) -> None:
+        """Send to connection ``rid`` (dropped when it is gone)."""
+        conn = self.conns.get(rid)
+        if conn is None:
+            return
+        try:
+            conn.send(frames)
+        except ClosedError:
+            pass
+
+    def close(self) -> None:
+        """Stop listening and close every connection. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._loop.remove_reader(self._sock.fileno())
+        except (ValueError, OSError, RuntimeError):
+            pass
+        self._sock.close()
+        for conn in list(self.conns.values()):
+            conn.close()
+        self.conns.clear()
+
+
+__all__ = ["UnixListener"]
