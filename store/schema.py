@@ -15,6 +15,7 @@ the notification a storage unit sends the controller after a write.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -302,6 +303,28 @@ def split_columns(td: Any, batch_size: int | None = None) -> dict[str, Column]:
         else:
             raise SchemaError(f"field {name!r}: cannot store a {type(value).__name__}")
     return columns
+
+
+def _hush_torch_fx_notice() -> None:
+    """torch 2.13 logs a one-time "is_fx_tracing will return true ..." warning the first time a
+    process builds a jagged tensor (torch.nested calls its deprecated is_fx_tracing); it says
+    nothing about the store, so its once-only cache is filled here with the log muted."""
+    try:
+        from torch.fx import _symbolic_trace as trace
+
+        notice = trace.is_fx_tracing_warning
+    except (ImportError, AttributeError):  # another torch: nothing to hush
+        return
+    log = logging.getLogger(trace.__name__)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        notice()
+    finally:
+        log.setLevel(level)
+
+
+_hush_torch_fx_notice()
 
 
 def _nested(kind: str, rows: list[torch.Tensor], schema: FieldSchema, device: Any) -> torch.Tensor:

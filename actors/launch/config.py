@@ -157,7 +157,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--master-port",
         type=int,
         default=None,
-        help=f"head port (MASTER_PORT; under Slurm 20000 + SLURM_JOB_ID % 10000; {DEFAULT_PORT})",
+        help=f"head port (MASTER_PORT; under Slurm 20000 + SLURM_JOB_ID %% 10000; {DEFAULT_PORT})",
     )
     parser.add_argument("--token-file", default=None, help="file holding the cluster token")
     parser.add_argument(
