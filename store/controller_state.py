@@ -49,7 +49,7 @@ from rayless.store.errors import (
     UnknownFieldError,
     UnknownPartitionError,
 )
-from rayless.store.meta import BatchMeta
+from rayless.store.meta import NO_CUSTOM, BatchMeta
 from rayless.store.samplers import Sampler, make_sampler
 from rayless.store.schema import DataUpdate, FieldSchema, check_plain
 from rayless.store.state_extra import StateExtras, check_group_size
@@ -93,7 +93,7 @@ class ClearPlan:
 
 # The custom metadata of every sample that has none: shared, so never mutated in place (the
 # state copies a sample's dict out, and set_custom_meta replaces it).
-_NO_CUSTOM: Mapping[str, Any] = {}
+_NO_CUSTOM: Mapping[str, Any] = NO_CUSTOM
 
 
 @dataclass(slots=True)
@@ -576,7 +576,7 @@ class ControllerState(StateExtras):
             tuple(s.shard for s in samples),
             tuple(s.generation for s in samples),
             {f: part.schemas[f] for f in names if f in part.schemas},
-            tuple(dict(s.custom) for s in samples),
+            tuple(dict(s.custom) if s.custom else NO_CUSTOM for s in samples),
             shapes,
         )
 

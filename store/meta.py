@@ -17,11 +17,45 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rayless.store.errors import ForeignMetaError, StoreInputError, UnknownFieldError
-from rayless.store.schema import FieldSchema, check_plain
+from rayless.store.schema import FieldSchema, check_plain, shapes_from_wire, shapes_to_wire
 
 __all__ = ["BatchMeta"]
 
 SampleShape = tuple[int, ...] | None
+
+
+class _NoCustom(dict[str, Any]):
+    """The custom metadata of a sample that has none: one shared, read-only empty dict (a
+    1,024-sample meta then allocates no 1,024 dicts). Mutating it raises TypeError."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            "a sample without custom metadata has a shared read-only {}; "
+            "use BatchMeta.with_custom_meta (or Store.set_custom_meta) to set some"
+        )
+
+    __setitem__ = __delitem__ = __ior__ = update = setdefault = _refuse
+    pop = popitem = clear = _refuse
+
+    def __reduce__(self) -> Any:
+        return (_no_custom, ())
+
+    def __copy__(self) -> _NoCustom:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> _NoCustom:
+        return self
+
+
+def _no_custom() -> _NoCustom:
+    return NO_CUSTOM
+
+
+def _copy(custom: dict[str, Any]) -> dict[str, Any]:
+    return custom if custom is NO_CUSTOM else dict(custom)
+
+
+NO_CUSTOM = _NoCustom()
 
 
 @dataclass(frozen=True)
@@ -44,7 +78,7 @@ class BatchMeta:
     def __post_init__(self) -> None:
         n = len(self.global_indexes)
         if not self.custom_meta and n:
-            object.__setattr__(self, "custom_meta", tuple([{} for _ in range(n)]))
+            object.__setattr__(self, "custom_meta", (NO_CUSTOM,) * n)
         for name in ("partition_ids", "shards", "generations", "custom_meta"):
             if len(getattr(self, name)) != n:
                 raise StoreInputError(f"BatchMeta.{name} must have one entry per sample ({n})")
@@ -109,7 +143,7 @@ class BatchMeta:
             tuple(self.shards[p] for p in pos),
             tuple(self.generations[p] for p in pos),
             dict(self.field_schemas),
-            tuple(dict(self.custom_meta[p]) for p in pos),
+            tuple(_copy(self.custom_meta[p]) for p in pos),
             {k: tuple(v[p] for p in pos) for k, v in self.sample_shapes.items()},
         )
 
@@ -174,7 +208,7 @@ class BatchMeta:
             tuple(s for m in metas for s in m.shards),
             tuple(g for m in metas for g in m.generations),
             dict(first.field_schemas),
-            tuple(dict(c) for m in metas for c in m.custom_meta),
+            tuple(_copy(c) for m in metas for c in m.custom_meta),
             shapes,
         )
 
@@ -221,10 +255,7 @@ class BatchMeta:
             "generation_runs": _runs(self.generations),
             "field_schemas": {k: v.to_dict() for k, v in self.field_schemas.items()},
             "custom_meta": custom,
-            "sample_shapes": {
-                k: [None if s is None else list(s) for s in v]
-                for k, v in self.sample_shapes.items()
-            },
+            "sample_shapes": {k: shapes_to_wire(v) for k, v in self.sample_shapes.items()},
         }
 
     @classmethod
@@ -254,10 +285,7 @@ class BatchMeta:
                 gens,
                 {str(k): FieldSchema.from_dict(v) for k, v in data["field_schemas"].items()},
                 tuple(dict(c) for c in data.get("custom_meta") or ()),
-                {
-                    str(k): tuple(None if s is None else tuple(int(d) for d in s) for s in v)
-                    for k, v in (data.get("sample_shapes") or {}).items()
-                },
+                {str(k): shapes_from_wire(v) for k, v in (data.get("sample_shapes") or {}).items()},
             )
         except StoreInputError:
             raise

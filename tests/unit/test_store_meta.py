@@ -163,3 +163,44 @@ def test_wire_round_trip_property(indexes: list[int], data: st.DataObject) -> No
     custom = data.draw(st.lists(st.sampled_from([{}, {"k": 1}]), min_size=n, max_size=n))
     m = BatchMeta("s", tuple(indexes), tuple(parts), tuple(shards), tuple(gens), {}, tuple(custom))
     assert BatchMeta.from_dict(m.to_dict()) == m
+
+
+def test_sample_shapes_travel_flat_and_forged_ones_are_refused() -> None:
+    from rayless.store.schema import shapes_from_wire, shapes_to_wire
+
+    shapes = [(3,), (5,), (1,)]
+    wire = shapes_to_wire(shapes)
+    assert wire == {"rank": 1, "n": 3, "dims": [3, 5, 1]}
+    assert shapes_from_wire(wire) == tuple(shapes)
+    mixed = [(2, 4), None, (1, 4)]
+    assert shapes_from_wire(shapes_to_wire(mixed)) == tuple(mixed)  # unknown ones: a list
+    assert shapes_from_wire(shapes_to_wire([(), ()])) == ((), ())
+    for bad in (
+        {"rank": 1, "n": 10**9, "dims": [1]},
+        {"rank": 2, "n": 2, "dims": [1, 2, 3]},
+        {"rank": 1, "n": 2, "dims": [1, -2]},
+        {"rank": 1, "n": 2, "dims": [1, "2"]},
+        {"rank": True, "n": 1, "dims": [1]},
+        "x",
+    ):
+        with pytest.raises(StoreInputError):
+            shapes_from_wire(bad)
+
+
+def test_samples_without_custom_meta_share_one_read_only_empty_dict() -> None:
+    import copy
+    import pickle
+
+    m = BatchMeta("s", (0, 1), ("p", "p"), (0, 0), (1, 1))
+    assert m.custom_meta == ({}, {}) and isinstance(m.custom_meta[0], dict)
+    with pytest.raises(TypeError, match="with_custom_meta"):
+        m.custom_meta[0]["k"] = 1
+    assert m.custom_meta == ({}, {})
+    for clone in (
+        copy.deepcopy(m),
+        pickle.loads(pickle.dumps(m)),
+        BatchMeta.from_dict(m.to_dict()),
+    ):
+        assert clone == m
+    assert m.with_custom_meta([{"k": 1}, {}]).custom_meta == ({"k": 1}, {})
+    assert dict(m.select([1]).custom_meta[0]) == {}

@@ -297,3 +297,14 @@ def test_partial_result_error_is_a_unit_lost_error() -> None:
     err = PartialResultError("u1", "half", data="d", meta="m", lost="l")
     assert isinstance(err, UnitLostError) and err.unit == "u1" and err.units == ["u1"]
     assert (err.data, err.meta, err.lost) == ("d", "m", "l") and "u1" in str(err)
+
+
+def test_a_rebuilt_jagged_field_keeps_its_longest_row() -> None:
+    # nested_tensor_from_jagged without max_seqlen pads to the whole values length
+    rows = [torch.arange(3), torch.arange(5), torch.arange(1)]
+    nt = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+    cols = split_columns(TensorDict({"r": nt}, [3]))
+    back = assemble(3, {"r": (cols["r"].schema, cols["r"].rows)})["r"]
+    assert torch.nested.to_padded_tensor(back, 0).shape == (3, 5)
+    assert all(torch.equal(a, b) for a, b in zip(back.unbind(), rows, strict=True))
+    assert cols["r"].sample_shapes == [(3,), (5,), (1,)]
