@@ -45,8 +45,9 @@ from rayless.store.fetches import check_timeout
 from rayless.store.kv import KVFace
 from rayless.store.local import LocalPlane
 from rayless.store.meta import BatchMeta
+from rayless.store.packed import pack_columns
 from rayless.store.partial import partial_result
-from rayless.store.rows import merge, place, take
+from rayless.store.rows import merge, place
 from rayless.store.schema import Column, split_columns
 from rayless.store.unit import StorageUnit
 from rayless.transport.errors import ClosedError, RaylessError
@@ -416,7 +417,7 @@ class Store(KVFace):
                 put = self._plane.put(unit, part, *args, reserved=reserved, put_id=put_id)
                 calls.append(put)
             else:
-                sub = td if positions == list(range(n)) else take(columns, positions, n)
+                sub = pack_columns(columns, positions)
                 calls.append(unit["handle"].write(part, indexes, sub, wire, timeout, put_id))
         return calls
 

@@ -41,8 +41,9 @@ from rayless.store.columns import forget, tensor_on
 from rayless.store.errors import UnitLostError
 from rayless.store.local_cuda import open_column, ready_events, run_copies, visible_device
 from rayless.store.meta import BatchMeta
+from rayless.store.packed import pack_columns
 from rayless.store.results import result as _result
-from rayless.store.rows import take, target_device
+from rayless.store.rows import target_device
 from rayless.store.schema import Column, FieldSchema, assemble, field_key
 from rayless.store.segments import HEADER, Segment, Superseded
 from rayless.store.slots import gather_rows as _rows
@@ -238,7 +239,7 @@ class LocalPlane:
         handle, gpu = unit["handle"], self.gpu_of(unit)
         dense = self.dense_for(unit, columns)
         if not dense:
-            sub = take(columns, positions, n)
+            sub = pack_columns(columns, positions)
             await handle.write(partition, indexes, sub, wire, timeout, put_id)
             return
         if reserved is None:
@@ -256,11 +257,11 @@ class LocalPlane:
             copied = await asyncio.to_thread(self._copy_in, *args)
             if not copied:  # the column moved before we mapped it: the socket path
                 await handle.release(token)
-                sub = take(columns, positions, n)
+                sub = pack_columns(columns, positions)
                 await handle.write(partition, indexes, sub, wire, timeout, put_id)
                 return
             rest = {k: c for k, c in columns.items() if k not in dense}
-            others = take(rest, positions, n) if rest else None
+            others = pack_columns(rest, positions) if rest else None
             index_list = indexes if reserved else None
             await handle.commit(token, others, wire, timeout, index_list, put_id)
         except BaseException:
@@ -480,7 +481,10 @@ def _unpack(meta: BatchMeta, name: str, size: int, parts: list[tuple[list[int], 
         if nested and positions:
             shapes = [tuple(meta.sample_shapes[name][p] or ()) for p in positions]
             pieces = value.split([math.prod(s) for s in shapes])
-            value = [piece.view(s) for piece, s in zip(pieces, shapes, strict=True)]
+            if all(len(s) == 1 for s in shapes):
+                value = list(pieces)  # 1-D rows: the pieces are the rows
+            else:
+                value = [piece.view(s) for piece, s in zip(pieces, shapes, strict=True)]
         for p, row in zip(positions, value, strict=True):
             rows[p] = row
     return rows

@@ -40,6 +40,7 @@ from rayless.store.errors import (
     UnknownPartitionError,
     WriteTooLargeError,
 )
+from rayless.store.packed import is_packed, unpack_columns
 from rayless.store.schema import (
     Column,
     DataUpdate,
@@ -302,7 +303,8 @@ class ShardStorage:
         td: Any,
         declared: Mapping[str, FieldSchema] | None,
     ) -> DataUpdate:
-        columns = split_columns(td, len(idx))
+        n = len(idx)
+        columns = unpack_columns(td, n) if is_packed(td) else split_columns(td, n)
         reported = {name: col.schema for name, col in columns.items()}
         if declared is not None:
             if set(declared) != set(columns):

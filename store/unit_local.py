@@ -319,6 +319,9 @@ class LocalUnit:
             if col.schema.is_non_tensor or not values:
                 packed[name] = values
             else:
-                packed[name] = torch.cat([r.reshape(-1) for r in values])
+                flat = (
+                    values if all(r.dim() == 1 for r in values) else [r.reshape(-1) for r in values]
+                )
+                packed[name] = torch.cat(flat)
         self._gets.add(len(idx))  # type: ignore[attr-defined]
         return {"fields": fields, "rest": packed}
