@@ -15,7 +15,15 @@ from typing import Any
 
 import msgpack
 
-from rayless.transport.errors import AuthError, LimitError, ProtocolError, RaylessError, Timeout
+from rayless.transport.errors import (
+    AuthError,
+    BrokenError,
+    ClosedError,
+    LimitError,
+    ProtocolError,
+    RaylessError,
+    Timeout,
+)
 from rayless.transport.protocol import (
     PROTOCOL,
     Kind,
@@ -99,7 +107,10 @@ class ClientHandshake:
     async def _exchange(
         self, loop: asyncio.AbstractEventLoop, kind: Kind, body: dict[str, Any], deadline: float
     ) -> tuple[Kind, dict[str, Any]]:
-        assert self._pump is not None  # internal invariant: connect() opened it
+        if self._pump is None:  # the stream ended between two steps (the peer went away)
+            if self._state == _CLOSED:
+                raise ClosedError(f"client {self.name} was closed during the handshake")
+            raise BrokenError(f"{self.address}: the connection was lost during the handshake")
         self._handshake = loop.create_future()
         self._pump.send(envelope(kind, 0, [msgpack.packb(body)]))
         try:

@@ -179,3 +179,24 @@ async def test_a_stranger_cannot_announce_a_huge_message() -> None:
             sock.close()
         async with Client(srv.address, token=TOKEN) as c:  # others are served, big or small
             assert c.via_unix and await c.request(b"y" * 300_000) == b"y" * 300_000
+
+
+async def test_a_connection_lost_between_two_handshake_steps_is_a_broken_error() -> None:
+    # The stream ended after the server's CHALLENGE, before the client sent its AUTH (a
+    # unit shut down while the store's controller connected to it): a typed BrokenError,
+    # not an AssertionError from deep inside the handshake.
+    async with Server(token=TOKEN, handler=lambda r: r.body) as srv:
+        c = Client(srv.address, token=TOKEN)
+        exchange = c._exchange
+        steps = []
+
+        async def lose_after_hello(*args: object) -> object:
+            if steps:
+                c._on_stream_lost("peer went away")
+            steps.append(args[1])
+            return await exchange(*args)  # type: ignore[arg-type]
+
+        c._exchange = lose_after_hello  # type: ignore[method-assign]
+        with pytest.raises(BrokenError, match="during the handshake"):
+            await c.connect()
+        await c.aclose()
