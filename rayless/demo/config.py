@@ -107,13 +107,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import types
 from pathlib import Path
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any
 
 import yaml
 
-from rayless.placement.resources import parse_index_str
+from rayless.demo.config_sections import (
+    build_section,
+    check_choice,
+    check_positive,
+    parse_index_string,
+)
 
 COMPONENTS = ("train", "eval", "env", "buffer")
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
@@ -249,70 +253,6 @@ class PipelineConfig:
         _validate(self)
 
 
-T = TypeVar("T")
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp))
-
-
-def _check_value(path: str, value: Any, tp: Any) -> Any:
-    """``value`` converted to annotation ``tp``, or a ValueError naming ``path``."""
-    origin = get_origin(tp)
-    if origin in (Union, types.UnionType):
-        errors = []
-        for option in get_args(tp):
-            if option is type(None):
-                if value is None:
-                    return None
-                continue
-            try:
-                return _check_value(path, value, option)
-            except ValueError as exc:
-                errors.append(str(exc))
-        raise ValueError(errors[0] if len(errors) == 1 else f"{path}: invalid value {value!r}")
-    if origin is list:
-        if not isinstance(value, list):
-            raise ValueError(f"{path}: expected a list, got {value!r}")
-        (item_tp,) = get_args(tp)
-        return [_check_value(f"{path}[{i}]", v, item_tp) for i, v in enumerate(value)]
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return build_section(tp, path, value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"{path}: expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{path}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{path}: expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ValueError(f"{path}: expected a string, got {value!r}")
-        return value
-    raise ValueError(f"{path}: unsupported type {_type_name(tp)}")  # pragma: no cover
-
-
-def build_section(cls: type[T], path: str, data: Any) -> T:
-    """A dataclass ``cls`` from the mapping ``data`` at ``path``: unknown keys, wrong types
-    and non-mappings raise ValueError naming the key; omitted keys take the defaults."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping, got {data!r}")
-    hints = get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        raise ValueError(f"{path}: unknown key {unknown[0]!r} (known: {', '.join(names)})")
-    kwargs = {k: _check_value(f"{path}.{k}", v, hints[k]) for k, v in data.items()}
-    return cls(**kwargs)
-
-
 def _build_pool(i: int, data: Any) -> ResourcePoolConfig:
     path = f"resource_pool[{i}]"
     if not isinstance(data, dict):
@@ -380,28 +320,6 @@ def load_config(path: str | Path = DEFAULT_CONFIG) -> PipelineConfig:
         raise ValueError(f"config {path} is not valid YAML: {exc}") from exc
     try:
         return config_from_dict(data)
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from exc
-
-
-def check_choice(path: str, value: str, options: tuple[str, ...]) -> None:
-    """ValueError unless ``value`` is one of ``options``."""
-    if value not in options:
-        raise ValueError(f"{path}: must be one of {', '.join(options)}, got {value!r}")
-
-
-def check_positive(path: str, value: float, *, allow_zero: bool = False) -> None:
-    """ValueError unless ``value`` > 0 (>= 0 with ``allow_zero``)."""
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
-
-
-def parse_index_string(path: str, value: str) -> list[tuple[int, int]]:
-    """``"0-3, 8-11"`` (or ``"5"``; ``"7-4"`` is ``4-7``) as inclusive ``(start, end)`` ranges:
-    the planner's own parser (``rayless.placement.parse_index_str``), errors prefixed by
-    ``path``."""
-    try:
-        return parse_index_str(value)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from exc
 

@@ -82,10 +82,8 @@ from rayless.demo.config import (
     RunConfig,
     WorkerConfig,
     build_pools,
-    build_section,
-    check_choice,
-    check_positive,
 )
+from rayless.demo.config_sections import build_section, check_choice, check_positive
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 GRPO_CONFIG = CONFIG_DIR / "grpo.yaml"
