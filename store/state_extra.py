@@ -20,7 +20,7 @@ from rayless.store.errors import StoreInputError, UnknownKeyError
 from rayless.store.meta import BatchMeta
 
 if TYPE_CHECKING:
-    from rayless.store.controller_state import _Partition
+    from rayless.store.state_records import _Partition
 
 __all__ = ["StateExtras", "check_group_size"]
 

@@ -1,0 +1,47 @@
+"""Shared by the ControllerState tests: field schemas, a state with units, and what the
+units and a client do (write, put)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from rayless.store.controller_state import ControllerState
+from rayless.store.meta import BatchMeta
+from rayless.store.schema import DataUpdate, FieldSchema
+
+F32 = FieldSchema("dense", "float32", (2,), "cpu")
+I64 = FieldSchema("dense", "int64", (), "cpu")
+RAG = FieldSchema("jagged", "int64", (None,), "cpu")
+TXT = FieldSchema("non_tensor")
+
+
+def snapshot(c: ControllerState) -> dict[str, Any]:
+    state = {k: v for k, v in vars(c).items() if k != "_samplers"}
+    return copy.deepcopy(state)
+
+
+def state_with_units(n: int = 2) -> ControllerState:
+    c = ControllerState("store-1")
+    for i in range(n):
+        c.register_unit(f"u{i}", node_id=f"node{i}", capacity_bytes=1 << 20)
+    return c
+
+
+def write(
+    c: ControllerState,
+    meta: BatchMeta,
+    schemas: dict[str, FieldSchema],
+    shapes: dict[str, list[tuple[int, ...]]] | None = None,
+) -> None:
+    """What the units do after writing ``meta``'s samples: notify per shard."""
+    for shard, positions in meta.by_shard().items():
+        idx = [meta.global_indexes[p] for p in positions]
+        sub_shapes = {f: [s[p] for p in positions] for f, s in (shapes or {}).items()}
+        c.on_data_update(f"u{shard}", DataUpdate(meta.partition_id, idx, schemas, sub_shapes))
+
+
+def put(c: ControllerState, partition: str, n: int, **kw: Any) -> BatchMeta:
+    meta = c.allocate(partition, n, schemas={"x": F32}, **kw)
+    write(c, meta, {"x": F32})
+    return meta
