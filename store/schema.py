@@ -9,8 +9,9 @@ for ``td["obs", "image"]``). Each field has one of four kinds:
 - ``non_tensor``: per-sample plain values (``NonTensorStack``/``NonTensorData``); only values
   msgpack can carry (None, bool, int, float, str, bytes, lists/tuples and str-keyed dicts).
 
-:class:`FieldSchema` travels as a plain dict (``to_dict``/``from_dict``); :class:`DataUpdate` is
-the notification a storage unit sends the controller after a write.
+:class:`FieldSchema` (in :mod:`rayless.store.fields`) travels as a plain dict (``to_dict``/
+``from_dict``); :class:`DataUpdate` (in :mod:`rayless.store.updates`) is the notification a
+storage unit sends the controller after a write. This module re-exports both.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import itertools
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 import tensordict
@@ -27,6 +28,17 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from rayless.store.errors import SchemaError, StoreInputError
+from rayless.store.fields import (
+    FIELD_SEP,
+    KINDS,
+    STORABLE_DTYPES,
+    FieldSchema,
+    Shape,
+    dtype_from_name,
+    dtype_name,
+    field_key,
+)
+from rayless.store.updates import DataUpdate, known_shapes, shapes_from_wire, shapes_to_wire
 
 __all__ = [
     "FIELD_SEP",
@@ -41,158 +53,19 @@ __all__ = [
     "dtype_name",
     "estimate_plain_bytes",
     "field_key",
+    "known_shapes",
     "merge_parts",
+    "shapes_from_wire",
+    "shapes_to_wire",
     "split_columns",
     "tensor_bytes",
 ]
+# FieldSchema, the dtypes and field names live in store/fields.py; DataUpdate and the wire form
+# of per-sample shapes in store/updates.py. Both are re-exported here (and _storable, private,
+# is imported from here by packed.py and the tests).
 
-FIELD_SEP = "."
-KINDS = ("dense", "jagged", "strided", "non_tensor")
-Shape = tuple[int | None, ...]
 _PLAIN_SCALARS = (str, bytes, int, float, bool, type(None))
 _MAX_DEPTH = 32
-# Dtypes a storage unit can hold: those whose index_copy_/index_select/cat work on every
-# device. Others (uint16/32/64, float8_*, sub-byte and quantized dtypes) are refused with a
-# SchemaError when a TensorDict is split, i.e. at the client before anything is allocated.
-STORABLE_DTYPES = frozenset(
-    {
-        "bool",
-        "uint8",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "float16",
-        "bfloat16",
-        "float32",
-        "float64",
-        "complex64",
-        "complex128",
-    }
-)
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """The wire name of a torch dtype: ``torch.float32`` → ``"float32"``."""
-    return str(dtype).removeprefix("torch.")
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    """The torch dtype named ``name`` (as :func:`dtype_name` writes it). Raises SchemaError."""
-    value = getattr(torch, name, None) if isinstance(name, str) else None
-    if not isinstance(value, torch.dtype):
-        raise SchemaError(f"unknown dtype name {name!r}")
-    return value
-
-
-def field_key(name: str) -> tuple[str, ...]:
-    """The TensorDict key path of field ``name`` (``"obs.image"`` → ``("obs", "image")``)."""
-    return tuple(name.split(FIELD_SEP))
-
-
-@dataclass(frozen=True)
-class FieldSchema:
-    """What the store knows of one field: kind, dtype, per-sample shape and original device.
-
-    ``shape`` is the shape of one sample (without the batch dimension); ``None`` entries mark
-    dimensions that vary between samples (nested kinds only). Non-tensor fields have no dtype,
-    shape or device. ``device`` is where the data lived when it was put (``get`` returns it there).
-    """
-
-    kind: str
-    dtype: str | None = None
-    shape: Shape | None = None
-    device: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise SchemaError(f"unknown field kind {self.kind!r}; expected one of {KINDS}")
-        if self.kind == "non_tensor":
-            if self.dtype is not None or self.shape is not None:
-                raise SchemaError("a non-tensor field has no dtype or shape")
-            return
-        if self.dtype is None or self.shape is None:
-            raise SchemaError(f"a {self.kind} field needs a dtype and a shape")
-        dtype_from_name(self.dtype)
-        if self.dtype not in STORABLE_DTYPES:
-            raise SchemaError(
-                f"dtype {self.dtype} cannot be stored (supported: {sorted(STORABLE_DTYPES)})"
-            )
-        if any(d is not None and (not isinstance(d, int) or d < 0) for d in self.shape):
-            raise SchemaError(f"bad per-sample shape {self.shape!r}")
-        if self.kind == "dense" and None in self.shape:
-            raise SchemaError("a dense field cannot have a varying dimension")
-
-    @property
-    def is_nested(self) -> bool:
-        """True for nested (ragged) tensor fields."""
-        return self.kind in ("jagged", "strided")
-
-    @property
-    def is_non_tensor(self) -> bool:
-        """True for fields of plain, non-tensor values."""
-        return self.kind == "non_tensor"
-
-    @property
-    def torch_dtype(self) -> torch.dtype | None:
-        """The field's torch dtype (None for non-tensor fields)."""
-        return None if self.dtype is None else dtype_from_name(self.dtype)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values for the wire."""
-        return {
-            "kind": self.kind,
-            "dtype": self.dtype,
-            "shape": None if self.shape is None else list(self.shape),
-            "device": self.device,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> FieldSchema:
-        """Rebuild from :meth:`to_dict`'s output. Raises SchemaError on malformed input."""
-        if not isinstance(data, Mapping) or "kind" not in data:
-            raise SchemaError(f"not a field schema: {data!r}")
-        shape = data.get("shape")
-        if shape is not None and not isinstance(shape, (list, tuple)):
-            raise SchemaError(f"bad shape in field schema: {shape!r}")
-        return cls(
-            kind=data["kind"],
-            dtype=data.get("dtype"),
-            shape=None if shape is None else tuple(shape),
-            device=data.get("device"),
-        )
-
-    def merged(self, new: FieldSchema, name: str) -> FieldSchema:
-        """The schema after ``new`` data is written into a field that has this schema.
-
-        Kind and dtype may never change; a dense field keeps its per-sample shape; a nested
-        field keeps its number of dimensions (dimensions that now differ become ``None``).
-        The device is the newest. Raises SchemaError naming the field otherwise.
-        """
-        if new.kind != self.kind:
-            raise SchemaError(
-                f"field {name!r} holds {self.kind} data; cannot write {new.kind} data"
-            )
-        if new.dtype != self.dtype:
-            raise SchemaError(
-                f"field {name!r} has dtype {self.dtype}; cannot write {new.dtype} "
-                "(a field keeps its dtype while any sample holds it)"
-            )
-        if self.kind == "non_tensor" or new.shape == self.shape:
-            return self if new.device == self.device else replace(self, device=new.device)
-        old_shape, new_shape = self.shape or (), new.shape or ()
-        if self.kind == "dense":
-            raise SchemaError(
-                f"field {name!r} has per-sample shape {tuple(old_shape)}; cannot write "
-                f"{tuple(new_shape)} (use a nested tensor for variable shapes)"
-            )
-        if len(old_shape) != len(new_shape):
-            raise SchemaError(
-                f"field {name!r} has {len(old_shape)}-dim samples; cannot write "
-                f"{len(new_shape)}-dim samples"
-            )
-        shape = tuple(a if a == b else None for a, b in zip(old_shape, new_shape, strict=True))
-        return FieldSchema(self.kind, self.dtype, shape, new.device)
 
 
 @dataclass
@@ -456,91 +329,3 @@ def estimate_plain_bytes(value: Any, _depth: int = 0) -> int:
 def tensor_bytes(t: torch.Tensor) -> int:
     """Bytes a (dense) tensor's elements take."""
     return int(math.prod(t.shape)) * t.element_size()
-
-
-@dataclass
-class DataUpdate:
-    """What a storage unit tells the controller after a write (and waits on the ACK for).
-
-    ``schemas`` holds the written fields; ``sample_shapes`` the per-sample shapes of the nested
-    fields among them, aligned with ``indexes``.
-    """
-
-    partition: str
-    indexes: list[int]
-    schemas: dict[str, FieldSchema]
-    sample_shapes: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
-    put_id: int | None = None  # a column-wise put's id (store.column_puts), None otherwise
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values for the wire."""
-        return {
-            "partition": self.partition,
-            "indexes": list(self.indexes),
-            "schemas": {k: v.to_dict() for k, v in self.schemas.items()},
-            "sample_shapes": {k: shapes_to_wire(v) for k, v in self.sample_shapes.items()},
-            "put_id": self.put_id,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DataUpdate:
-        """Rebuild from :meth:`to_dict`'s output. Raises StoreInputError on malformed input."""
-        try:
-            return cls(
-                partition=str(data["partition"]),
-                indexes=[int(i) for i in data["indexes"]],
-                schemas={str(k): FieldSchema.from_dict(v) for k, v in data["schemas"].items()},
-                sample_shapes={
-                    str(k): known_shapes(v) for k, v in (data.get("sample_shapes") or {}).items()
-                },
-                put_id=_put_id(data.get("put_id")),
-            )
-        except (KeyError, TypeError, AttributeError, ValueError) as exc:
-            if isinstance(exc, StoreInputError):
-                raise
-            raise StoreInputError(f"malformed data update: {exc!r}")
-
-
-def _put_id(value: Any) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise StoreInputError(f"a data update's put_id must be an int, got {value!r}")
-    return value
-
-
-def shapes_to_wire(shapes: Sequence[Any]) -> Any:
-    """Per-sample shapes for the wire: ``{"rank": r, "n": n, "dims": [flat]}`` when all are
-    known and of one rank (one list instead of one per sample), else a list of lists (None:
-    unknown)."""
-    if shapes and all(s is not None for s in shapes):
-        rank = len(shapes[0])
-        if all(len(s) == rank for s in shapes):
-            return {"rank": rank, "n": len(shapes), "dims": list(itertools.chain(*shapes))}
-    return [None if s is None else list(s) for s in shapes]
-
-
-def shapes_from_wire(value: Any) -> tuple[tuple[int, ...] | None, ...]:
-    """Rebuild :func:`shapes_to_wire`'s output. Raises StoreInputError when malformed."""
-    if isinstance(value, dict):
-        rank, n, dims = value.get("rank"), value.get("n"), value.get("dims")
-        if not (type(rank) is int and type(n) is int and rank >= 0 and n >= 0):
-            raise StoreInputError("malformed sample shapes")
-        if not isinstance(dims, list) or len(dims) != rank * n:
-            raise StoreInputError("malformed sample shapes")
-        if not all(type(d) is int and d >= 0 for d in dims):
-            raise StoreInputError("malformed sample shapes: dims must be ints >= 0")
-        if rank == 0:
-            return ((),) * n
-        return tuple(zip(*[iter(dims)] * rank, strict=True))
-    if not isinstance(value, list):
-        raise StoreInputError("malformed sample shapes")
-    return tuple(None if s is None else tuple(int(d) for d in s) for s in value)
-
-
-def known_shapes(value: Any) -> list[tuple[int, ...]]:
-    """:func:`shapes_from_wire` where every shape must be known (a data update's)."""
-    shapes = shapes_from_wire(value)
-    if any(s is None for s in shapes):
-        raise StoreInputError("a data update's sample shapes must all be known")
-    return list(shapes)  # type: ignore[arg-type]

@@ -1,0 +1,117 @@
+"""Store's status and housekeeping face (a mixin of :class:`~rayless.store.client.Store`).
+
+Clearing samples and partitions, production and consumption status, consumption resets, lost
+samples, custom metadata, and the controller's and units' metrics and stats: each is one
+controller call (metrics and stats also ask every live unit, in parallel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from rayless.store.meta import BatchMeta
+
+if TYPE_CHECKING:
+    from rayless.actors import ActorHandle
+
+__all__ = ["StatusFace"]
+
+
+class StatusFace:
+    """Store's status and housekeeping methods (see the module docstring)."""
+
+    if TYPE_CHECKING:
+        store_id: str
+        _controller: ActorHandle[Any]
+
+        @property
+        def controller(self) -> ActorHandle[Any]: ...
+
+        @property
+        def units(self) -> list[dict[str, Any]]: ...
+
+        def _check_meta(self, meta: Any) -> BatchMeta: ...
+
+    async def clear(self, meta: BatchMeta) -> None:
+        """Remove ``meta``'s samples; their indexes are reused. Raises Foreign/StaleMetaError."""
+        await self.controller.clear(self._check_meta(meta))
+
+    async def clear_partition(self, partition: str) -> None:
+        """Remove a whole partition. Raises UnknownPartitionError."""
+        await self.controller.clear_partition(partition)
+
+    async def partitions(self) -> list[str]:
+        """Existing partitions."""
+        result: list[str] = await self.controller.partitions()
+        return result
+
+    async def production_status(self, partition: str) -> dict[str, Any]:
+        """``{"samples": n, "fields": {field: ready}, "schemas": {...}}``."""
+        result: dict[str, Any] = await self.controller.production_status(partition)
+        return result
+
+    async def consumption_status(self, partition: str, task: str = "default") -> dict[str, int]:
+        """``{"samples": n, "consumed": c}`` for ``task``."""
+        result: dict[str, int] = await self.controller.consumption_status(partition, task)
+        return result
+
+    async def reset_consumption(
+        self, task: str = "default", partition: str | None = None, *, meta: BatchMeta | None = None
+    ) -> None:
+        """Make every sample unconsumed again for ``task`` (in ``partition`` or everywhere), or
+        only ``meta``'s samples (e.g. ``PartialResultError.meta``, to fetch them again)."""
+        checked = None if meta is None else self._check_meta(meta)
+        await self.controller.reset_consumption(task, partition, checked)
+
+    async def lost_samples(self, partition: str) -> BatchMeta:
+        """The samples of ``partition`` lost with their unit (not ready; a fetch skips them):
+        ``clear`` them, or rewrite their fields once the unit registered again."""
+        result: BatchMeta = await self.controller.lost_meta(partition)
+        return result
+
+    async def set_custom_meta(self, meta: BatchMeta, custom: Sequence[Mapping[str, Any]]) -> None:
+        """Replace the per-sample custom metadata of ``meta``'s samples."""
+        await self.controller.set_custom_meta(self._check_meta(meta), [dict(c) for c in custom])
+
+    async def metrics(self) -> dict[str, Any]:
+        """The controller's and every unit's counters (see :mod:`rayless.store.metrics`:
+        ``render_text``, ``prometheus``)."""
+        ctl: dict[str, Any] = await self.controller.metrics()
+        infos = {u["unit_id"]: u for u in ctl.get("units", [])}
+        live = [u for u in self.units if infos.get(u["unit_id"], u).get("alive")]
+        stats = await asyncio.gather(
+            *[u["handle"].stats() for u in live if u.get("handle") is not None],
+            return_exceptions=True,
+        )
+        by_id = {s["unit_id"]: s for s in stats if isinstance(s, dict)}
+        units = []
+        for unit_id, info in infos.items():
+            s = by_id.get(unit_id, {})
+            units.append(
+                {
+                    "unit_id": unit_id,
+                    "node_id": info.get("node_id"),
+                    "alive": bool(info.get("alive")) and unit_id in by_id,
+                    "device": info.get("device"),
+                    "bytes_used": s.get("used_bytes", 0),
+                    "capacity_bytes": info.get("capacity_bytes"),
+                    "rows": sum((s.get("rows") or {}).values()),
+                    "puts": s.get("puts", {}),
+                    "gets": s.get("gets", {}),
+                }
+            )
+        return {
+            "name": getattr(self._controller, "name", None),
+            "store_id": self.store_id,
+            "controller": ctl,
+            "units": units,
+        }
+
+    async def stats(self) -> dict[str, Any]:
+        """The controller's counts and each live unit's bytes and rows."""
+        out: dict[str, Any] = await self.controller.stats()
+        calls = [u["handle"].stats() for u in self.units if u.get("alive")]
+        out["unit_stats"] = await asyncio.gather(*calls, return_exceptions=True)
+        return out
