@@ -8,14 +8,13 @@ async mode, what overlaps.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from rayless.demo.grpo_config import GrpoConfig
 from rayless.demo.grpo_pipeline import LANES, STAGES, GrpoIteration, GrpoResult
-from rayless.demo.report import BAR, table
+from rayless.demo.report import BAR, placement_table, pyplot, table, write_files
 
 COLOURS = {
     "rollout": "tab:blue",
@@ -65,13 +64,7 @@ def grpo_summary_text(result: GrpoResult) -> str:
         f"{t.get('referenced', 0):.0f} with reference log-probs, "
         f"{t.get('trained', 0):.0f} trained on; {t.get('weight_syncs', 0):.0f} weight syncs"
     )
-    placement = table(
-        ["worker", "node", "GPUs", "GPU share", "CPUs"],
-        [
-            [p["worker"], p["node"], p["gpus"], f"{p['gpu_share']:g}", f"{p['cpus']:g}"]
-            for p in result.placement
-        ],
-    )
+    placement = placement_table(result.placement)
     verdict = "SOLVED" if result.solved else "NOT solved"
     outcome = (
         f"{verdict}: held-out mean reward {result.warm_reward:.3f} after the warm start -> "
@@ -85,25 +78,12 @@ def grpo_summary_text(result: GrpoResult) -> str:
 
 def write_grpo_report(result: GrpoResult, out_dir: Path, cfg: GrpoConfig) -> dict[str, Path]:
     """Write ``metrics.json`` and (with matplotlib) ``report.png`` into ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out_dir / "metrics.json"}
-    data: dict[str, Any] = result.to_dict()
-    data["config"] = cfg.to_dict()
-    paths["json"].write_text(json.dumps(data, indent=2))
-    png = out_dir / "report.png"
-    if _plot(result, png):
-        paths["png"] = png
-    return paths
+    return write_files(result, out_dir, cfg, _plot)
 
 
 def _plot(result: GrpoResult, path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no PNG (pip install matplotlib)", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return False
     its = result.iterations
     x = [r.iteration + 1 for r in its]

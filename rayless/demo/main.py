@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,23 +86,14 @@ async def _run(cfg: Any, cluster: Cluster, out_dir: Path) -> int:
     if isinstance(cfg, GrpoConfig):
         return await _run_grpo(cfg, cluster, out_dir)
     pipeline = Pipeline(cfg, cluster, on_iteration=print_progress)
-    try:
-        await pipeline.setup()
-        print(
+
+    def started() -> str:
+        return (
             f"placed {len(pipeline.placement)} workers in {pipeline.setup_s:.1f} s; "
-            f"training ({cfg.policy.rollout_mode} mode)",
-            flush=True,
+            f"training ({cfg.policy.rollout_mode} mode)"
         )
-        result = await pipeline.run()
-    except ActorDiedError as exc:
-        print(f"\na worker died: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        await pipeline.aclose()
-    print(summary_text(result))
-    paths = write_report(result, out_dir, cfg)
-    print("\nreport: " + ", ".join(str(p) for p in paths.values()))
-    return 0 if result.solved else 2
+
+    return await _drive(pipeline, None, started, summary_text, write_report, cfg, out_dir)
 
 
 async def _run_grpo(cfg: GrpoConfig, cluster: Cluster, out_dir: Path) -> int:
@@ -109,23 +101,44 @@ async def _run_grpo(cfg: GrpoConfig, cluster: Cluster, out_dir: Path) -> int:
     from rayless.demo.grpo_report import grpo_summary_text, print_grpo_progress, write_grpo_report
 
     pipeline = GrpoPipeline(cfg, cluster, on_iteration=print_grpo_progress)
-    try:
-        print("planning, spawning, warm start (supervised) ...", flush=True)
-        await pipeline.setup()
-        print(
+
+    def started() -> str:
+        return (
             f"placed {len(pipeline.placement)} workers in {pipeline.setup_s:.1f} s; warm start "
             f"{pipeline.warm_start_s:.1f} s: held-out mean reward {pipeline.warm_reward:.3f}; "
-            f"GRPO ({cfg.policy.rollout_mode} mode)",
-            flush=True,
+            f"GRPO ({cfg.policy.rollout_mode} mode)"
         )
+
+    first = "planning, spawning, warm start (supervised) ..."
+    return await _drive(
+        pipeline, first, started, grpo_summary_text, write_grpo_report, cfg, out_dir
+    )
+
+
+async def _drive(
+    pipeline: Any,
+    first: str | None,
+    started: Callable[[], str],
+    summary: Callable[[Any], str],
+    write: Callable[[Any, Path, Any], dict[str, Path]],
+    cfg: Any,
+    out_dir: Path,
+) -> int:
+    """Set up and run either demo's pipeline, always closing it; print the summary and write
+    the report. Exit codes: 0 solved, 2 not solved, 1 a worker died (named)."""
+    try:
+        if first:
+            print(first, flush=True)
+        await pipeline.setup()
+        print(started(), flush=True)
         result = await pipeline.run()
     except ActorDiedError as exc:
         print(f"\na worker died: {exc}", file=sys.stderr)
         return 1
     finally:
         await pipeline.aclose()
-    print(grpo_summary_text(result))
-    paths = write_grpo_report(result, out_dir, cfg)
+    print(summary(result))
+    paths = write(result, out_dir, cfg)
     print("\nreport: " + ", ".join(str(p) for p in paths.values()))
     return 0 if result.solved else 2
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -65,13 +66,7 @@ def summary_text(result: RunResult) -> str:
         )
     else:
         sync_line = "weight sync: none"
-    placement = table(
-        ["worker", "node", "GPUs", "GPU share", "CPUs"],
-        [
-            [p["worker"], p["node"], p["gpus"], f"{p['gpu_share']:g}", f"{p['cpus']:g}"]
-            for p in result.placement
-        ],
-    )
+    placement = placement_table(result.placement)
     verdict = "SOLVED" if result.solved else "NOT solved"
     outcome = (
         f"{verdict}: mean return {result.final_return:.1f} (target {result.target_return:g}) "
@@ -81,20 +76,35 @@ def summary_text(result: RunResult) -> str:
     return f"\nThroughput per stage\n{stages}\n{sync_line}\n\nPlacement\n{placement}\n\n{outcome}"
 
 
-def write_report(result: RunResult, out_dir: Path, cfg: PipelineConfig) -> dict[str, Path]:
-    """Write ``metrics.json`` and (with matplotlib) ``report.png`` into ``out_dir``."""
+def placement_table(placement: list[dict[str, Any]]) -> str:
+    """The placement of a run's workers as a text table (both demos' summaries)."""
+    return table(
+        ["worker", "node", "GPUs", "GPU share", "CPUs"],
+        [
+            [p["worker"], p["node"], p["gpus"], f"{p['gpu_share']:g}", f"{p['cpus']:g}"]
+            for p in placement
+        ],
+    )
+
+
+def write_files(
+    result: Any, out_dir: Path, cfg: Any, plot: Callable[[Any, Path], bool]
+) -> dict[str, Path]:
+    """Write ``metrics.json`` (``result.to_dict()`` with ``cfg.to_dict()``) and, when ``plot``
+    draws one (matplotlib installed), ``report.png`` into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "metrics.json"}
     data: dict[str, Any] = result.to_dict()
     data["config"] = cfg.to_dict()
     paths["json"].write_text(json.dumps(data, indent=2))
     png = out_dir / "report.png"
-    if _plot(result, png):
+    if plot(result, png):
         paths["png"] = png
     return paths
 
 
-def _plot(result: RunResult, path: Path) -> bool:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend, or None (with a note) when it is missing."""
     try:
         import matplotlib
 
@@ -102,6 +112,18 @@ def _plot(result: RunResult, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed: no PNG (pip install matplotlib)", file=sys.stderr)
+        return None
+    return plt
+
+
+def write_report(result: RunResult, out_dir: Path, cfg: PipelineConfig) -> dict[str, Path]:
+    """Write ``metrics.json`` and (with matplotlib) ``report.png`` into ``out_dir``."""
+    return write_files(result, out_dir, cfg, _plot)
+
+
+def _plot(result: RunResult, path: Path) -> bool:
+    plt = pyplot()
+    if plt is None:
         return False
     its = [r.iteration + 1 for r in result.iterations]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
