@@ -120,6 +120,7 @@ class Client(ClientRequests, ClientHandshake):
         self._pending: dict[int, tuple[asyncio.Future[Any], asyncio.TimerHandle | None]] = {}
         self._pump: SocketPump | StreamPump | None = None
         self.via_unix = False  # the session runs over the same-host UNIX path
+        self.hello_answered = False
         self._handshake: asyncio.Future[tuple[Kind, dict[str, Any]]] | None = None
         self._connecting: asyncio.Lock | None = None
         self._heartbeat: asyncio.TimerHandle | None = None
@@ -172,8 +173,8 @@ class Client(ClientRequests, ClientHandshake):
         """Requests waiting for a reply."""
         return len(self._pending)
 
-    def _open_socket(self) -> None:
-        name = None if self._curve else stream.local_name(self.address)
+    def _open_socket(self, same_host: bool = True) -> None:
+        name = None if self._curve or not same_host else stream.local_name(self.address)
         if name is not None:  # a server on this host: its UNIX path, if it listens
             try:
                 unix = stream.connect(name)
@@ -224,8 +225,30 @@ class Client(ClientRequests, ClientHandshake):
                 self._open_socket()
                 if self._heartbeat is None:
                     self._schedule_heartbeat()
-            await self._do_handshake()
+            try:
+                await self._do_handshake()
+            except BrokenError:
+                if not self._unix_refused():
+                    raise
+                # the same-host path is full (its server closed us before a word): ZeroMQ
+                log.info("%s: the UNIX path to %s is full; using ZeroMQ", self.name, self.address)
+                if self._pump is not None:
+                    self._pump.close()
+                self._open_socket(same_host=False)
+                await self._do_handshake()
         return self
+
+    def _unix_refused(self) -> bool:
+        """Whether a handshake that broke on the UNIX path was refused by a server that still
+        listens (closed before its CHALLENGE: full), rather than lost to a server going away."""
+        name = stream.local_name(self.address)
+        if not self.via_unix or self.hello_answered or name is None:
+            return False
+        try:
+            stream.connect(name).close()
+        except OSError:  # nothing listens: the server is gone, ZeroMQ would only time out
+            return False
+        return True
 
     def _on_stream_lost(self, reason: str) -> None:
         """The UNIX connection ended (the server exited, kill -9 included): fail what waits

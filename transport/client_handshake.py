@@ -63,6 +63,7 @@ class ClientHandshake:
     _pump: SocketPump | StreamPump | None
     _handshake: asyncio.Future[tuple[Kind, dict[str, Any]]] | None
     _last_recv: float
+    hello_answered: bool  # whether the last handshake got past HELLO
 
     async def _do_handshake(self) -> None:
         loop = asyncio.get_running_loop()
@@ -75,7 +76,9 @@ class ClientHandshake:
             "limits": self.limits.advertised(),  # the server checks its replies against them
         }
         deadline = time.monotonic() + self._connect_timeout
+        self.hello_answered = False
         kind, body = await self._exchange(loop, Kind.HELLO, hello, deadline)
+        self.hello_answered = True  # the server is there and talks to us
         if kind is not Kind.CHALLENGE:
             raise self._rejection(body)
         check_version(body.get("v"), f"the server at {self.address}")

@@ -19,6 +19,12 @@ descriptor and frees whatever it had buffered of the peer's messages. A message'
 descriptor (``ZMQ_SRCFD``, read from the routing-id frame) ties a routing id to its connection,
 so the server can mark a connection authenticated or drop it for a bad handshake message.
 
+Sessions are bound to connections, not to routing ids (a ZeroMQ peer chooses its own routing
+id, so another connection can arrive with the id of a session whose connection is gone): the
+gate gives every accepted connection a :class:`Link`, an object that stands for that one
+connection until it closes (``link(fd)``; a descriptor reused by a later connection gets a new
+one), and reports each closed link to ``on_closed``.
+
 ipc:// connections have no byte count; the timeout and the count bound still apply.
 """
 
@@ -43,6 +49,22 @@ _TCP_INFO = getattr(socket, "TCP_INFO", None)
 _BYTES_RECEIVED = 128  # offset of tcpi_bytes_received in struct tcp_info (Linux >= 4.1)
 _HELLOS = 3  # handshake attempts that restart a connection's deadline
 _WATCH = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET
+
+
+class Link:
+    """One accepted connection, while it lasts: compared by identity, never by value.
+
+    ``rid`` is the routing id of the session that authenticated on it (None before).
+    """
+
+    __slots__ = ("fd", "rid")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.rid: bytes | None = None
+
+    def __repr__(self) -> str:
+        return f"Link(fd={self.fd}, rid={self.rid!r})"
 
 
 class _Conn:
@@ -76,7 +98,8 @@ class Gate:
     ``on_drop(reason, routing_id)`` is called for every connection that leaves unauthenticated
     (reason ``"preauth_bytes"``, ``"handshake_timeout"``, ``"pending_handshakes"`` or
     ``"preauth_message"``, and ``"disconnected"`` for one the peer closed; routing id None
-    when the peer never sent a handshake message).
+    when the peer never sent a handshake message). ``on_closed(link)`` is called for every
+    connection that ends, authenticated or not.
     """
 
     def __init__(
@@ -87,13 +110,16 @@ class Gate:
         timeout: float,
         max_conns: int,
         on_drop: Callable[[str, bytes | None], None],
+        on_closed: Callable[[Link], None] | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._max_bytes = max_bytes
         self._timeout = timeout
         self._max_conns = max_conns
         self._on_drop = on_drop
+        self._on_closed = on_closed
         self._router = router
+        self._links: dict[int, Link] = {}  # libzmq's descriptor -> the connection on it now
         self._conns: dict[int, _Conn] = {}  # libzmq's descriptor -> connection
         self._by_dup: dict[int, _Conn] = {}  # our duplicate's descriptor -> connection
         self._timer: asyncio.TimerHandle | None = None
@@ -110,6 +136,18 @@ class Gate:
     def waiting(self) -> int:
         """Connections accepted and not authenticated (nor dropped) yet."""
         return len(self._conns)
+
+    def link(self, fd: int) -> Link | None:
+        """The connection on descriptor ``fd`` now (None when unknown, e.g. inproc); call
+        :meth:`sync` first so that a connection closed and replaced on the same descriptor is
+        seen as the new one."""
+        return self._links.get(fd)
+
+    def adopt(self, fd: int) -> Link:
+        """A link for descriptor ``fd`` whose accept the monitor did not report (its queue
+        overflowed): a new one, so no session of an earlier connection can match it."""
+        link = self._links[fd] = Link(fd)
+        return link
 
     def sync(self) -> None:
         """Take in the monitor's pending events (a connection's accept is reported before
@@ -158,11 +196,19 @@ class Gate:
                 if conn is not None:  # gone before it authenticated
                     self._release(conn)
                     self._on_drop("disconnected", conn.rid)
+                self._closed_link(fd)
+
+    def _closed_link(self, fd: int) -> None:
+        link = self._links.pop(fd, None)
+        if link is not None and self._on_closed is not None:
+            self._on_closed(link)
 
     def _accepted(self, fd: int) -> None:
         old = self._conns.pop(fd, None)
         if old is not None:  # its DISCONNECTED was lost
             self._release(old)
+        self._closed_link(fd)  # likewise: whatever was on this descriptor is gone
+        self._links[fd] = Link(fd)
         try:
             dup = os.dup(fd)
         except OSError:
@@ -253,6 +299,7 @@ class Gate:
         for conn in self._conns.values():
             self._release(conn)
         self._conns.clear()
+        self._links.clear()
         try:
             self._router.disable_monitor()
         except zmq.ZMQError:

@@ -25,6 +25,9 @@ class Peer:
     # (message bytes, frames, header bytes) the peer accepts: what it announced in HELLO,
     # at most our own limits
     bounds: tuple[int, int, int] = (2**62, 2**31, 2**62)
+    # the connection the peer authenticated on (a ``gate.Link``, or the same-host path's
+    # stream): its messages are served only when they arrive on it, whatever their routing id
+    link: object = field(default=None, repr=False, compare=False)
 
 
 class Request:

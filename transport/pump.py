@@ -65,6 +65,8 @@ class SocketPump:
     ``on_batch`` receives every message (a list of frames: the first ``head`` frames as bytes,
     the rest as ``zmq.Frame``) drained in one wake-up; with ``first_frame`` the first frame is
     a ``zmq.Frame`` too (a ROUTER's routing id, whose ``ZMQ_SRCFD`` names the connection).
+    ``may_split(first frame)`` decides whether a received BATCH is split into its messages or
+    handed over whole (a ROUTER splits only an authenticated session's).
     ``send`` never blocks: messages that ZeroMQ refuses (EAGAIN) wait in a bounded queue,
     flushed when the socket turns writable.
     """
@@ -78,8 +80,10 @@ class SocketPump:
         queue_limit: int,
         retry_interval: float | None = None,
         first_frame: bool = False,
+        may_split: Callable[[Any], bool] | None = None,
     ) -> None:
         self.sock = sock
+        self._may_split = may_split
         self._copy_first = not first_frame
         self._on_batch = on_batch
         self._head = head
@@ -118,6 +122,9 @@ class SocketPump:
         while sock.getsockopt(RCVMORE):
             msg.append(sock.recv(copy=len(msg) < head))
         if len(msg) == head and is_batch(msg[head - 1]):
+            if self._may_split is not None and not self._may_split(msg[0]):
+                batch.append(msg)  # not a session's: whole, for the owner to drop
+                return
             try:
                 parts = split_batch(msg[head - 1])
             except ProtocolError as exc:

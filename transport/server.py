@@ -36,7 +36,7 @@ from rayless.transport.errors import (
     RaylessError,
     RemoteError,
 )
-from rayless.transport.gate import Gate
+from rayless.transport.gate import Gate, Link
 from rayless.transport.peer import Handler, OnewayHandler, Peer, Request
 from rayless.transport.protocol import (
     Kind,
@@ -54,7 +54,8 @@ from rayless.transport.pump import Frames, SocketPump
 from rayless.transport.ratelog import RateLimitedLog
 from rayless.transport.server_handshake import ServerHandshake
 from rayless.transport.stream import unix_name
-from rayless.transport.unix_listener import UnixListener
+from rayless.transport.stream_pump import StreamPump
+from rayless.transport.unix_listener import UNIX_RID_PREFIX, UnixListener
 
 log = logging.getLogger("rayless.transport")
 
@@ -125,9 +126,10 @@ class Server(RequestDispatch, ServerHandshake):
         self._allow_pickle = allow_pickle
         self._ctx = context or zmq.Context.instance()
         self._peers: dict[bytes, Peer] = {}
-        self._pending: collections.OrderedDict[bytes, tuple[bytes, bytes, dict[str, Any]]] = (
-            collections.OrderedDict()
-        )
+        # half-open handshakes: routing id -> (client nonce, our nonce, HELLO, connection)
+        self._pending: collections.OrderedDict[
+            bytes, tuple[bytes, bytes, dict[str, Any], object]
+        ] = collections.OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
         # handler tasks by (peer routing id, request id): what a CANCEL names
         self._running: dict[tuple[bytes, int], asyncio.Task[None]] = {}
@@ -175,6 +177,7 @@ class Server(RequestDispatch, ServerHandshake):
                 timeout=self.limits.handshake_timeout,
                 max_conns=self.limits.max_pending_handshakes,
                 on_drop=self._on_gate_drop,
+                on_closed=self._on_link_closed,
             )
             sock.bind(address)
             self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -191,6 +194,7 @@ class Server(RequestDispatch, ServerHandshake):
             queue_limit=self.limits.send_queue,
             retry_interval=0.002,
             first_frame=True,
+            may_split=self._may_split,
         )
         self._start_unix()
         self._schedule_sweep()
@@ -204,7 +208,7 @@ class Server(RequestDispatch, ServerHandshake):
         try:
             self._unix = UnixListener(
                 name,
-                self._on_batch,
+                self._on_unix_batch,
                 authenticated=lambda rid: rid in self._peers,
                 on_gone=self._on_unix_gone,
                 queue_limit=self.limits.send_queue,
@@ -212,6 +216,7 @@ class Server(RequestDispatch, ServerHandshake):
                 max_preauth_bytes=self.limits.max_preauth_bytes,
                 handshake_timeout=self.limits.handshake_timeout,
                 max_conns=self.limits.max_peers + self.limits.max_pending_handshakes,
+                max_pending_per_uid=max(1, self.limits.max_pending_handshakes // 4),
             )
         except OSError as exc:  # e.g. the name is taken: clients then use ZeroMQ
             log.info("%s: no same-host UNIX path (%s)", self.name, exc)
@@ -262,8 +267,13 @@ class Server(RequestDispatch, ServerHandshake):
     def _send(self, rid: bytes, frames: list[Any]) -> None:
         if self._pump is None or self._closed:
             return
-        if self._unix is not None and rid[:1] == b"\x01" and rid in self._unix.conns:
+        if self._unix is not None and rid[:1] == UNIX_RID_PREFIX and rid in self._unix.conns:
             return self._unix.send(rid, frames)
+        self._send_zmq(rid, frames)
+
+    def _send_zmq(self, rid: bytes, frames: list[Any]) -> None:
+        if self._pump is None or self._closed:
+            return
         try:
             self._pump.send([rid, *frames])
         except zmq.ZMQError as exc:
@@ -329,22 +339,73 @@ class Server(RequestDispatch, ServerHandshake):
             category, "%s: dropped a message from %r (%s): %s", self.name, rid, category, detail
         )
 
+    def _link_of(self, first: Any) -> tuple[int, Link | None]:
+        """The descriptor and connection a ROUTER message came on (its routing-id frame)."""
+        fd = _srcfd(first)
+        gate = self._gate
+        if gate is None or fd < 0:
+            return fd, None
+        return fd, gate.link(fd) or gate.adopt(fd)
+
+    def _may_split(self, first: Any) -> bool:
+        """Whether the pump may split a BATCH that arrived with routing-id frame ``first``:
+        only a session's, on the connection it authenticated on (nothing of a stranger's
+        message is parsed but its handshake)."""
+        peer = self._peers.get(first.bytes)
+        if peer is None:
+            return False
+        if self._gate is not None:
+            self._gate.sync()
+        return peer.link is self._link_of(first)[1]
+
     def _on_batch(self, batch: list[Frames]) -> None:
+        """Messages from the ROUTER."""
+        now = time.monotonic()
+        if self._gate is not None:  # connections closed and accepted since the last batch
+            self._gate.sync()
+        for msg in batch:
+            try:
+                first = msg[0]  # the routing id, as a zmq.Frame (its SRCFD names the connection)
+                rid = first.bytes
+                if rid[:1] == UNIX_RID_PREFIX:  # the same-host path's ids: never over ZeroMQ
+                    self.stats["unbound"] += 1
+                    self._drop("routing_id", "a same-host routing id over ZeroMQ", rid)
+                    payload = msgpack.packb(
+                        {"code": int(RejectCode.NEED_HANDSHAKE), "reason": "handshake first"}
+                    )
+                    self._send_zmq(rid, envelope(Kind.REJECT, 0, [payload]))
+                    continue
+                fd, link = self._link_of(first)
+                self._on_message(rid, fd, link, msg, now)
+            except Exception as exc:  # never let one message stop the server
+                self._drop("internal", f"{type(exc).__name__}: {exc}", None)
+
+    def _on_unix_batch(self, conn: StreamPump, batch: list[Frames]) -> None:
+        """Messages from one connection of the same-host path."""
         now = time.monotonic()
         for msg in batch:
             try:
-                self._on_message(msg, now)
+                self._on_message(msg[0], -1, conn, msg, now)
             except Exception as exc:  # never let one message stop the server
-                self._drop("internal", f"{type(exc).__name__}: {exc}", msg[0] if msg else None)
+                self._drop("internal", f"{type(exc).__name__}: {exc}", None)
 
-    def _on_message(self, msg: Frames, now: float) -> None:
-        first = msg[0]  # the routing id, as a zmq.Frame (its SRCFD names the connection)
-        rid = first if type(first) is bytes else first.bytes
+    def _on_message(self, rid: bytes, fd: int, link: object, msg: Frames, now: float) -> None:
         if len(msg) < 2:
             return self._drop("framing", "no control frame", rid)
         peer = self._peers.get(rid)
+        if peer is not None and peer.link is not link:
+            # another connection with the routing id of a session (a ZeroMQ peer picks its
+            # own): never served as that session
+            self.stats["unbound"] += 1
+            self._ratelog.warning(
+                "unbound",
+                "%s: refused a message with the routing id of session %r from another connection",
+                self.name,
+                peer.name,
+            )
+            return self._reject(rid, RejectCode.NEED_HANDSHAKE, "no session on this connection")
         if peer is None:
-            return self._on_stranger(rid, _srcfd(first), msg)
+            return self._on_stranger(rid, fd, link, msg)
         try:
             kind, req_id, payload = open_envelope(msg, 1)
         except ProtocolError as exc:
@@ -369,11 +430,20 @@ class Server(RequestDispatch, ServerHandshake):
             self._forget(rid)
         elif kind is Kind.HELLO:  # a reconnect that reused the routing id: start over
             self._forget(rid)
-            self._on_hello(rid, payload)
+            self._on_hello(rid, payload, link)
         else:
             self._drop("kind", f"unexpected {kind.name} in a session", rid)
 
     # -- peers -------------------------------------------------------------------------
+
+    def _on_link_closed(self, link: Link) -> None:
+        """A ROUTER connection ended: its session (if any) ends with it."""
+        rid = link.rid
+        if rid is not None:
+            peer = self._peers.get(rid)
+            if peer is not None and peer.link is link:
+                self.stats["disconnected"] += 1
+                self._forget(rid)
 
     def _forget(self, rid: bytes) -> None:
         peer = self._peers.pop(rid, None)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from rayless.transport.errors import ProtocolError
-from rayless.transport.gate import Gate
+from rayless.transport.gate import Gate, Link
 from rayless.transport.peer import Peer
 from rayless.transport.protocol import (
     HANDSHAKE_MAX,
@@ -48,7 +48,7 @@ class ServerHandshake:
     _token: bytes
     _host: str
     _peers: dict[bytes, Peer]
-    _pending: collections.OrderedDict[bytes, tuple[bytes, bytes, dict[str, Any]]]
+    _pending: collections.OrderedDict[bytes, tuple[bytes, bytes, dict[str, Any], object]]
     _gate: Gate | None
     _ratelog: RateLimitedLog
 
@@ -60,23 +60,23 @@ class ServerHandshake:
 
         def _drop(self, category: str, detail: str, rid: bytes | None = None) -> None: ...
 
-    def _on_stranger(self, rid: bytes, fd: int, msg: Frames) -> None:
-        """A message of a peer that has not authenticated (see ``transport.gate``)."""
-        gate = self._gate
-        if gate is not None:
-            gate.sync()  # learn of the connection before looking it up
+    def _on_stranger(self, rid: bytes, fd: int, link: object, msg: Frames) -> None:
+        """A message of a peer that has not authenticated on connection ``link`` (descriptor
+        ``fd`` for a ROUTER connection, -1 on the same-host path; see ``transport.gate``).
+        Only a handshake message is parsed; a BATCH is not split (``_may_split``)."""
+        gate = self._gate if fd >= 0 else None
+        if gate is not None and (len(msg) > 3 or frames_nbytes(msg) > HANDSHAKE_MAX + 512):
+            gate.oversized(fd)  # bigger than a handshake: no more of that
         try:
             kind, req_id, frames = open_envelope(msg, 1)
         except ProtocolError as exc:
             return self._drop("control", str(exc), rid)
-        if gate is not None and (len(msg) > 3 or frames_nbytes(msg) > HANDSHAKE_MAX + 512):
-            gate.oversized(fd)  # bigger than a handshake: no more of that
         if kind is Kind.HELLO:
             if gate is not None:
                 gate.hello(fd, rid)
-            return self._on_hello(rid, frames)
+            return self._on_hello(rid, frames, link)
         if kind is Kind.AUTH:
-            if self._on_auth(rid, frames) and gate is not None:
+            if self._on_auth(rid, frames, link) and gate is not None:
                 gate.authenticated(fd)
             return None
         if kind in (Kind.REQUEST, Kind.PING, Kind.ONEWAY):
@@ -94,7 +94,7 @@ class ServerHandshake:
             raise ProtocolError("handshake body is not a map")
         return body
 
-    def _on_hello(self, rid: bytes, frames: Frames) -> None:
+    def _on_hello(self, rid: bytes, frames: Frames, link: object) -> None:
         try:
             body = self._handshake_body(frames)
             nonce_c = body.get("nonce")
@@ -113,7 +113,7 @@ class ServerHandshake:
             self.stats["rejected_limit"] += 1
             return self._reject(rid, RejectCode.LIMIT, f"server has {self.limits.max_peers} peers")
         nonce_s = new_nonce()
-        self._pending[rid] = (nonce_c, nonce_s, body)
+        self._pending[rid] = (nonce_c, nonce_s, body, link)
         self._pending.move_to_end(rid)
         while len(self._pending) > self.limits.max_pending_handshakes:
             self._pending.popitem(last=False)
@@ -127,14 +127,17 @@ class ServerHandshake:
         }
         self._send(rid, envelope(Kind.CHALLENGE, 0, [msgpack.packb(reply)]))
 
-    def _on_auth(self, rid: bytes, frames: Frames) -> bool:
-        """Check an AUTH; whether the peer is now authenticated."""
+    def _on_auth(self, rid: bytes, frames: Frames, link: object) -> bool:
+        """Check an AUTH that came on connection ``link``; whether the peer is now
+        authenticated (bound to ``link``: its messages count only when they come on it)."""
         pending = self._pending.pop(rid, None)
+        if pending is not None and pending[3] is not link:  # another connection's HELLO
+            pending = None
         if pending is None:
             self._drop("handshake", "AUTH without a HELLO", rid)
             self._reject(rid, RejectCode.NEED_HANDSHAKE, "AUTH without HELLO")
             return False
-        nonce_c, nonce_s, hello = pending
+        nonce_c, nonce_s, hello, _ = pending
         try:
             body = self._handshake_body(frames)
             ok = proofs_match(client_proof(self._token, nonce_s, nonce_c), body.get("proof"))
@@ -155,7 +158,10 @@ class ServerHandshake:
             same_host=host == self._host,
             last_seen=time.monotonic(),
             bounds=peer_bounds(self.limits, hello.get("limits")),
+            link=link,
         )
+        if isinstance(link, Link):
+            link.rid = rid
         self.stats["peers_accepted"] += 1
         self._send(rid, envelope(Kind.WELCOME, 0, [msgpack.packb({})]))
         return True

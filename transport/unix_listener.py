@@ -14,6 +14,8 @@ import functools
 import itertools
 import logging
 import socket
+import struct
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,21 +25,33 @@ from rayless.transport.stream_pump import Frames, StreamPump
 log = logging.getLogger("rayless.transport")
 
 _rids = itertools.count(1)
+UNIX_RID_PREFIX = b"\x01"  # first byte of the same-host path's routing ids
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a UNIX socket (-1 where unknown)."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    except (OSError, AttributeError):
+        return -1
+    return int(_PEERCRED.unpack(creds)[1])
 
 
 class UnixListener:
     """A server's same-host listener: accepts connections, gives each a routing id, and
     delivers ``[rid, *frames]`` messages to ``on_batch`` like the ROUTER does.
 
-    ``authenticated(rid)`` tells whether a connection finished the handshake; until then it
-    may send ``max_preauth_bytes`` and stay ``handshake_timeout`` seconds. ``on_gone(rid)`` is
-    called when a connection ends.
+    ``on_batch(conn, msgs)`` gets the messages of one connection ``conn`` (its
+    :class:`StreamPump`, which stands for the connection). ``authenticated(rid)`` tells whether
+    a connection finished the handshake; until then it may send ``max_preauth_bytes`` and stay
+    ``handshake_timeout`` seconds. ``on_gone(rid)`` is called when a connection ends.
     """
 
     def __init__(
         self,
         name: str,
-        on_batch: Callable[[list[Frames]], None],
+        on_batch: Callable[[StreamPump, list[Frames]], None],
         *,
         authenticated: Callable[[bytes], bool],
         on_gone: Callable[[bytes], None],
@@ -46,6 +60,7 @@ class UnixListener:
         max_preauth_bytes: int,
         handshake_timeout: float,
         max_conns: int,
+        max_pending_per_uid: int = 256,
     ) -> None:
         self.name = name
         self._on_batch = on_batch
@@ -56,8 +71,13 @@ class UnixListener:
         self._max_preauth = max_preauth_bytes
         self._timeout = handshake_timeout
         self._max_conns = max_conns
+        self._max_per_uid = max_pending_per_uid
         self._loop = asyncio.get_running_loop()
         self.conns: dict[bytes, StreamPump] = {}
+        # unauthenticated connections, oldest first: rid -> peer uid; and their count per uid
+        self._strangers: OrderedDict[bytes, int] = OrderedDict()
+        self._per_uid: dict[int, int] = {}
+        self.refused = 0  # connections refused or pushed out by the bounds above
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.setblocking(False)
@@ -78,11 +98,22 @@ class UnixListener:
             except OSError as exc:
                 log.warning("unix listener %r: accept failed: %s", self.name[1:], exc)
                 return
-            if len(self.conns) >= self._max_conns:
+            uid = peer_uid(sock)
+            if self._per_uid.get(uid, 0) >= self._max_per_uid:
+                self.refused += 1  # this uid's strangers are at their bound
                 sock.close()
                 continue
+            if len(self.conns) >= self._max_conns:
+                if not self._strangers:  # full of sessions: the client falls back to ZeroMQ
+                    self.refused += 1
+                    sock.close()
+                    continue
+                self.refused += 1
+                self.drop(next(iter(self._strangers)))  # the oldest stranger makes room
             sock.setblocking(False)
-            rid = b"\x01unix" + next(_rids).to_bytes(8, "little")  # never a ZeroMQ id
+            rid = UNIX_RID_PREFIX + b"unix" + next(_rids).to_bytes(8, "little")
+            self._strangers[rid] = uid
+            self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
             self.conns[rid] = StreamPump(
                 sock,
                 functools.partial(self._deliver, rid),
@@ -102,11 +133,23 @@ class UnixListener:
             if conn.received > self._max_preauth and not self._authenticated(rid):
                 self.drop(rid)  # more than a handshake before authenticating
                 return
-            self._on_batch(msgs)
-            if self._authenticated(rid):  # the handshake is done: full-size messages now
+            self._on_batch(conn, msgs)
+            if rid in self.conns and self._authenticated(rid):
+                # the handshake is done: full-size messages now, no longer a stranger
                 conn.max_message = self._max_message
+                self._known(rid)
             return
-        self._on_batch(msgs)
+        self._on_batch(conn, msgs)
+
+    def _known(self, rid: bytes) -> None:
+        """``rid`` is no longer an unauthenticated connection (authenticated, or gone)."""
+        uid = self._strangers.pop(rid, None)
+        if uid is not None:
+            left = self._per_uid[uid] - 1
+            if left:
+                self._per_uid[uid] = left
+            else:
+                del self._per_uid[uid]
 
     def _deadline(self, rid: bytes) -> None:
         if rid in self.conns and not self._authenticated(rid):
@@ -114,12 +157,14 @@ class UnixListener:
 
     def _lost(self, rid: bytes, reason: str) -> None:
         if self.conns.pop(rid, None) is not None:
+            self._known(rid)
             self._on_gone(rid)
 
     def drop(self, rid: bytes) -> None:
         """Close connection ``rid`` (its session is forgotten through ``on_gone``)."""
         conn = self.conns.pop(rid, None)
         if conn is not None:
+            self._known(rid)
             conn.close()
             self._on_gone(rid)
 
@@ -146,6 +191,8 @@ class UnixListener:
         for conn in list(self.conns.values()):
             conn.close()
         self.conns.clear()
+        self._strangers.clear()
+        self._per_uid.clear()
 
 
-__all__ = ["UnixListener"]
+__all__ = ["UNIX_RID_PREFIX", "UnixListener", "peer_uid"]

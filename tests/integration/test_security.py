@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -276,3 +277,223 @@ async def test_no_code_execution_through_pickle_or_private_methods(
         with pytest.raises(RaylessError, match="malformed call"):
             await client.request(("c", "add"), timeout=10)
     assert await counter.add(2) == 2
+
+
+# -- sessions are bound to their connection ------------------------------------------------
+
+# A tokenless stranger (run as uid nobody, tests/integration/strangers.py) connects with a
+# routing id of its choosing to each target and sends a ready-made request; it reports the
+# kind and reject code of each answer (None: no answer within wait_ms).
+_SPOOF = r"""
+import struct, zmq
+ctx = zmq.Context()
+out = []
+for target in ARGS["targets"]:
+    frames = [bytes.fromhex(h) for h in target["frames"]]
+    for rid in target["rids"]:
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.ROUTING_ID, bytes.fromhex(rid))
+        s.setsockopt(zmq.RCVTIMEO, int(ARGS["wait_ms"]))
+        s.connect(target["address"])
+        s.send_multipart(frames)
+        try:
+            reply = s.recv_multipart()
+            out.append([target["name"], [f.hex() for f in reply]])
+        except zmq.Again:
+            out.append([target["name"], None])
+        s.close()
+ctx.term()
+RESULT = out
+"""
+
+
+def _request_frames(body: Any, req_id: int = 7) -> list[str]:
+    return [bytes(f).hex() for f in envelope(Kind.REQUEST, req_id, codec.encode(body))]
+
+
+def _unix_rids(n: int) -> list[str]:
+    """The first ``n`` routing ids a process gives its same-host connections."""
+    return [(b"\x01unix" + i.to_bytes(8, "little")).hex() for i in range(1, n + 1)]
+
+
+def _assert_all_rejected(found: list[list[Any]]) -> None:
+    for name, reply in found:
+        assert reply is not None, f"{name}: no answer to a spoofed routing id"
+        kind, _, payload = open_envelope([bytes.fromhex(f) for f in reply], 0)
+        assert kind is Kind.REJECT, f"{name}: a spoofed routing id got {kind!r}, not REJECT"
+        code = msgpack.unpackb(bytes(payload[0]))["code"]
+        assert code == RejectCode.NEED_HANDSHAKE, (name, code)
+
+
+async def test_a_spoofed_same_host_routing_id_is_rejected_and_reaches_no_handler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.integration.strangers import run_stranger
+
+    token = new_token()
+    handler = _Recorder()
+    async with (
+        Server(token=token, handler=handler, name="bound") as srv,
+        Client(srv.address, token=token) as client,
+    ):
+        assert client.via_unix  # the session runs on the same-host path
+        assert await client.request("mine", timeout=10) == "mine"
+        rid = srv.peers[0].routing_id
+        targets = [
+            {
+                "name": "server",
+                "address": srv.address,
+                "rids": [rid.hex()],
+                "frames": _request_frames("stolen"),
+            }
+        ]
+        run = await asyncio.to_thread(run_stranger, _SPOOF, {"targets": targets, "wait_ms": 5000})
+        _assert_all_rejected(run.result)
+        assert handler.calls == ["mine"], "a spoofed request reached the handler"
+        assert srv.stats["unbound"] >= 1
+        assert await client.request("still mine", timeout=10) == "still mine"
+
+
+async def test_a_closed_sessions_routing_id_is_not_served_to_a_new_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ZeroMQ session whose connection closed without BYE: another connection that claims
+    its routing id is a stranger (before, it was served as the session until it expired)."""
+    from tests.integration.strangers import run_stranger
+
+    monkeypatch.setenv("RAYLESS_UNIX", "0")
+    token = new_token()
+    handler = _Recorder()
+    async with Server(token=token, handler=handler, name="bound") as srv:
+        client = Client(
+            srv.address, token=token, heartbeat_interval=3600.0, heartbeat_timeout=7200.0
+        )
+        await client.connect()
+        assert not client.via_unix
+        assert await client.request("mine", timeout=10) == "mine"
+        rid = srv.peers[0].routing_id
+        assert client._pump is not None
+        client._pump.sock.close(linger=0)  # gone without a word (kill -9 of a process)
+        client._pump = None
+        await client.aclose()
+        targets = [
+            {
+                "name": "server",
+                "address": srv.address,
+                "rids": [rid.hex()],
+                "frames": _request_frames("stolen"),
+            }
+        ]
+        run = await asyncio.to_thread(run_stranger, _SPOOF, {"targets": targets, "wait_ms": 5000})
+        _assert_all_rejected(run.result)
+        assert handler.calls == ["mine"], "a request on another connection reached the handler"
+        assert srv.peers == []
+
+
+async def test_spoofed_routing_ids_reach_no_endpoint_of_a_cluster(
+    local_cluster: Cluster, local_cluster_processes: LocalProcesses, tmp_path: Path
+) -> None:
+    """The auditor's attack on every server of a cluster: a stranger claims the same-host
+    path's routing ids and asks the head to start ``/bin/sh`` (and every other endpoint for
+    something it serves). Each answer is REJECT; no file appears; every endpoint serves on."""
+    from tests.integration.strangers import run_stranger
+
+    procs = local_cluster_processes
+    st = await Store.create(local_cluster, num_units=1, name="spoof-store")
+    meta = await st.put(TensorDict({"x": torch.arange(4)}, [4]), partition="p")
+    counter = await local_cluster.spawn(Counter, node="node-0")
+    assert await counter.add(1) == 1
+    agent_address = (await counter.env("RAYLESS_AGENT_ADDRESS"))["RAYLESS_AGENT_ADDRESS"]
+    marker = tmp_path / "pwned"
+    os.chmod(tmp_path, 0o777)
+    spec = {
+        "cls": ["subprocess", "Popen", None],
+        "cls_name": "Popen",
+        "init": [bytes(f) for f in codec.encode(((["/bin/sh", "-c", f"id > {marker}"],), {}))],
+        "name": None,
+        "node": None,
+        "gpus": 0,
+        "cpus": 0,
+        "gpu_indices": None,
+        "max_restarts": 0,
+        "max_concurrency": None,
+        "env": {},
+        "owner": "x",
+        "methods": {},
+        "cwd": "/",
+        "sys_path": [],
+        "timeout": 30,
+        "wait_for_resources": 0.0,
+    }
+    targets = [
+        {"name": "head", "address": procs.address, "frames": _request_frames(("spawn", spec))},
+        {"name": "agent", "address": agent_address, "frames": _request_frames(("status",))},
+        {"name": "actor", "address": counter.address, "frames": _request_frames(("add", 100))},
+        {
+            "name": "controller",
+            "address": st.controller.address,
+            "frames": _request_frames(("stats",)),
+        },
+        {
+            "name": "unit",
+            "address": st.units[0]["handle"].address,
+            "frames": _request_frames(("stats",)),
+        },
+    ]
+    for t in targets:
+        t["rids"] = _unix_rids(12)
+    run = await asyncio.to_thread(run_stranger, _SPOOF, {"targets": targets, "wait_ms": 5000})
+    _assert_all_rejected(run.result)
+    await asyncio.sleep(1.5)  # the auditor's file appeared 1.3 s after the spawn request
+    assert not marker.exists(), "a stranger ran a command on the head's machine"
+    assert await counter.add(1) == 2, "a spoofed call reached the actor"
+    assert (await st.get(meta))["x"].tolist() == [0, 1, 2, 3]
+    assert len(await local_cluster.nodes()) >= 1
+
+
+# A stranger sends one BATCH frame of many empty entries without a handshake, ``tries``
+# times on new connections.
+_BATCH_FLOOD = r"""
+import struct, zmq
+ctx = zmq.Context()
+control = struct.Struct(ARGS["control"])
+entries = int(ARGS["entries"])
+frame = control.pack(1, 32, 0, entries) + b"\0\0\0\0" * entries
+for _ in range(int(ARGS["tries"])):
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 2000)
+    s.connect(ARGS["address"])
+    s.send(frame)
+    s.close()
+ctx.term()
+RESULT = len(frame)
+"""
+
+
+async def test_a_strangers_batch_is_never_split_or_parsed() -> None:
+    from rayless.transport.protocol import CONTROL
+    from tests.integration.strangers import run_stranger
+
+    token = new_token()
+    handler = _Recorder()
+    async with Server(token=token, handler=handler, name="batched") as srv:
+        # 3 MiB (the gate cuts the connection past 64 KiB, but ZeroMQ may have the whole
+        # message by then), and just under the pre-auth bound (the gate lets it in whole)
+        for entries in (786_432, 15_000):
+            args = {
+                "address": srv.address,
+                "entries": entries,
+                "tries": 4,
+                "control": CONTROL.format,
+            }
+            run = await asyncio.to_thread(run_stranger, _BATCH_FLOOD, args)
+            assert run.result > entries * 4
+        async with Client(srv.address, token=token) as client:
+            assert await client.request("after", timeout=10) == "after"
+        await asyncio.sleep(0.5)  # let whatever got in be processed
+        async with Client(srv.address, token=token) as client:
+            assert await client.request("later", timeout=10) == "later"
+        # each try's batch is at most one dropped message, never 786,432 of them
+        assert srv.stats["dropped"] <= 8, srv.stats
+        assert handler.calls == ["after", "later"]

@@ -257,3 +257,71 @@ async def test_a_whole_cluster_configured_from_the_environment(
             async with Client(cluster.address, token=cluster.token, connect_timeout=1) as c:
                 await c.request(("nodes",), timeout=1)
     assert os.environ.get("RAYLESS_CURVE") is None
+
+
+# -- the same-host path cannot be filled -----------------------------------------------------
+
+# A stranger opens ``count`` idle connections to a UNIX name and holds them ``hold`` seconds;
+# it reports how many the kernel accepted.
+_UNIX_FILL = r"""
+import socket, time
+socks = []
+for _ in range(int(ARGS["count"])):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(ARGS["name"])
+    except OSError:
+        s.close()
+        continue
+    socks.append(s)
+time.sleep(float(ARGS["hold"]))
+for s in socks:
+    s.close()
+RESULT = len(socks)
+"""
+
+
+async def _until(pred: Any, timeout: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not pred():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def test_idle_strangers_cannot_fill_the_unix_path() -> None:
+    """The auditor filled the listener with 5,200 idle tokenless connections; a legit client
+    then failed with ECONNRESET. Now one uid holds at most a quarter of the pending share,
+    a full listener pushes out its oldest stranger, and the client is served."""
+    from rayless.transport import stream
+    from tests.integration.strangers import run_stranger
+
+    limits = Limits(max_peers=8, max_pending_handshakes=8, handshake_timeout=30.0)
+    token = new_token()
+    async with Server(token=token, handler=lambda r: r.body, limits=limits) as srv:
+        name = stream.unix_name(srv.address)
+        assert name is not None and srv._unix is not None
+        unix = srv._unix
+        attack = asyncio.create_task(
+            asyncio.to_thread(run_stranger, _UNIX_FILL, {"name": name, "count": 64, "hold": 6})
+        )
+        try:
+            await _until(lambda: unix.refused >= 8, 60, "the listener to refuse strangers")
+            async with Client(srv.address, token=token, connect_timeout=10) as client:
+                assert await client.request("in", timeout=10) == "in"
+                assert client.via_unix
+        finally:
+            run = await attack
+        assert run.result == 64  # the kernel accepted them all; the listener kept few
+        if run.uid != os.geteuid():  # nobody's share: a quarter of the pending bound
+            assert len(unix.conns) <= 2 + 1
+
+
+async def test_a_client_refused_by_a_full_unix_path_falls_back_to_zeromq() -> None:
+    token = new_token()
+    async with Server(token=token, handler=lambda r: r.body) as srv:
+        assert srv._unix is not None
+        srv._unix._max_conns = 0  # full of sessions: every new connection is closed at once
+        async with Client(srv.address, token=token, connect_timeout=10) as client:
+            assert await client.request("via zmq", timeout=10) == "via zmq"
+            assert not client.via_unix
