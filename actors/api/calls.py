@@ -5,7 +5,8 @@
   sent in its place, as Ray resolves an ObjectRef argument. Only top-level arguments and
   keyword arguments are resolved (Ray does the same: refs nested in a list stay refs). The
   cost: the call leaves only once the future is done, and the value travels through the
-  caller (actor → caller → actor; Ray's object store sends it actor → actor).
+  caller (actor → caller → actor; Ray's object store sends it actor → actor). Cancelling
+  the call does not cancel the futures passed to it: other calls may wait for them too.
 * An argument that cannot be encoded raises TypeError naming it in the caller's terms
   (``argument 0 ['a'][1]: cannot encode set``, ``keyword argument 'x': ...``), not by the
   wire message's internal path.
@@ -34,10 +35,12 @@ def has_futures(args: tuple[Any, ...], kwargs: Mapping[str, Any] | None) -> bool
 
 
 async def _result(value: Any) -> Any:
+    # shielded: cancelling the call that waits for it never cancels the user's own future
+    # (Ray: cancelling a task leaves the ObjectRefs passed to it alone)
     if isinstance(value, concurrent.futures.Future):
-        return await asyncio.wrap_future(value)
+        return await asyncio.shield(asyncio.wrap_future(value))
     if isinstance(value, asyncio.Future):
-        return await value
+        return await asyncio.shield(value)
     return value
 
 
@@ -74,6 +77,11 @@ def call_encode_error(exc: TypeError, method: str, args_at: str = "[2]") -> Type
         what = f"keyword argument {path[1][1:-1]}{where}"
     else:
         return exc
+    if reason in ("cannot encode Future", "cannot encode Task") and path[2:]:
+        reason += (
+            " (a future inside a list or dict is not awaited: only a future passed as an"
+            " argument of its own is; await it first)"
+        )
     error = TypeError(f"{what}: {reason} (calling {method})")
     error.path, error.reason = path, reason  # type: ignore[attr-defined]
     return error

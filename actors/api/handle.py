@@ -308,9 +308,12 @@ async def gather(
     """
     first = aws[0] if len(aws) == 1 else None
     items: list[Any] = list(first) if isinstance(first, (list, tuple)) else list(aws)
+    gathered = asyncio.gather(*items)
     try:
-        return list(await asyncio.wait_for(asyncio.gather(*items), timeout))
-    except asyncio.TimeoutError:
+        return list(await asyncio.wait_for(gathered, timeout))
+    except asyncio.TimeoutError as exc:
+        if gathered.done() and not gathered.cancelled() and gathered.exception() is exc:
+            raise  # a result's own TimeoutError (e.g. a method's), not our timeout
         raise Timeout(f"not all {len(items)} results arrived within {timeout}s") from None
 
 

@@ -127,6 +127,8 @@ def _wait(fut: concurrent.futures.Future[T], timeout: float | None) -> T:
     try:
         return fut.result(timeout)
     except concurrent.futures.TimeoutError:
+        if fut.done():  # the work's own TimeoutError (e.g. a method's): as itself
+            raise
         fut.cancel()
         raise Timeout(f"no result within {timeout}s") from None
 

@@ -147,15 +147,18 @@ class SyncCluster:
             return self.get([futures], timeout)[0]
         futs = list(futures)
         deadline = None if timeout is None else _now() + timeout
-        try:
-            return [
-                f.result(None if deadline is None else max(0.0, deadline - _now())) for f in futs
-            ]
-        except concurrent.futures.TimeoutError:
-            left = sum(1 for f in futs if not f.done())
-            raise Timeout(
-                f"{left} of {len(futs)} results did not arrive within {timeout}s"
-            ) from None
+        results = []
+        for f in futs:
+            try:
+                results.append(f.result(None if deadline is None else max(0.0, deadline - _now())))
+            except concurrent.futures.TimeoutError:
+                if f.done():  # the result's own TimeoutError (e.g. a method's): as itself
+                    raise
+                left = sum(1 for f in futs if not f.done())
+                raise Timeout(
+                    f"{left} of {len(futs)} results did not arrive within {timeout}s"
+                ) from None
+        return results
 
     def close(self) -> None:
         """End the session (and a local cluster) and stop the loop thread. Idempotent."""

@@ -86,3 +86,21 @@ class Adder(Actor):
 
     async def echo(self, value: Any) -> Any:
         return value
+
+
+class Reward(Actor):
+    """A Ray user's second-week actor: slow producers, consumers of their results, and a
+    method that raises its own TimeoutError (an HTTP reward server that did not answer)."""
+
+    async def slow_gen(self, n: int, seconds: float) -> list[int]:
+        await asyncio.sleep(seconds)
+        return list(range(n))
+
+    async def total(self, values: list[int], scale: int = 1) -> int:
+        return sum(values) * scale
+
+    async def ask_server(self, what: str) -> str:
+        raise TimeoutError(f"HTTP reward server did not answer {what}")
+
+    def ask_server_sync(self, what: str) -> str:
+        raise TimeoutError(f"HTTP reward server did not answer {what}")
