@@ -10,6 +10,8 @@ collector).
 
 from __future__ import annotations
 
+import math
+
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -54,9 +56,24 @@ def _label(value: Any) -> str:
     return f'"{text}"'
 
 
+def _value(value: Any) -> str:
+    """A sample value in Prometheus' text format, exact: integers in full (4194304, counters
+    past 10**6), other floats as their shortest round-trip form, NaN and +Inf/-Inf spelled."""
+    if isinstance(value, (bool, int)):
+        return str(int(value))
+    number = float(value)
+    if math.isnan(number):
+        return "NaN"
+    if math.isinf(number):
+        return "+Inf" if number > 0 else "-Inf"
+    if number.is_integer() and abs(number) < 2**53:
+        return str(int(number))
+    return repr(number)
+
+
 def _line(name: str, labels: dict[str, Any], value: Any) -> str:
     inner = ",".join(f"{k}={_label(v)}" for k, v in labels.items())
-    return f"rayless_store_{name}{{{inner}}} {float(value):g}"
+    return f"rayless_store_{name}{{{inner}}} {_value(value)}"
 
 
 HELP = {

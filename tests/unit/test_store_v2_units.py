@@ -127,3 +127,25 @@ def test_rate_meter_and_prometheus_text() -> None:
     assert 'rayless_store_unit_bytes{store="abc",unit="u0",node="n0"} 24' in text
     assert 'rayless_store_consumed{store="abc",partition="p",task="t"} 1' in text
     assert "rayless_store_waiting_fetches" in text and "a fetch waits" in render_text(m)
+
+
+def test_prometheus_values_keep_their_precision() -> None:
+    # {float(v):g} printed 4194304 bytes as 4.1943e+06 and rounded counters past 10**6
+    m = {
+        "name": "st",
+        "store_id": "abc",
+        "controller": {
+            "puts": {"total": 12_345_678, "per_s": 0.123456789},
+            "fetches": {"total": 1, "per_s": float("inf")},
+            "waiting": [],
+            "partitions": {"p": {"samples": 2**40 + 1, "consumers": {"t": 1_000_001}}},
+        },
+        "units": [
+            {"unit_id": "u0", "node_id": "n0", "alive": True, "bytes_used": 4194304, "rows": 3}
+        ],
+    }
+    text = prometheus(m)
+    assert 'rayless_store_unit_bytes{store="abc",unit="u0",node="n0"} 4194304\n' in text + "\n"
+    assert 'rayless_store_consumed{store="abc",partition="p",task="t"} 1000001' in text
+    assert " 12345678" in text and " 1099511627777" in text
+    assert "e+" not in text
