@@ -11,7 +11,6 @@ collector).
 from __future__ import annotations
 
 import math
-
 import time
 from collections import deque
 from collections.abc import Iterable
