@@ -21,9 +21,10 @@ from typing import Any, TypeVar
 
 from rayless.actors.api import context, published
 from rayless.actors.api.actor import ClassRef, public_methods
+from rayless.actors.api.calls import call_encode_error
 from rayless.actors.api.components import spawn_component
 from rayless.actors.api.group import spawn_group
-from rayless.actors.api.handle import ActorHandle
+from rayless.actors.api.handle import ActorHandle, check_method_names
 from rayless.actors.api.lifecycle import Opening
 from rayless.actors.api.runtime import Runtime, close_runtimes, get_runtime, materialize
 from rayless.actors.api.sync import DEFAULT_TIMEOUT, SyncCluster
@@ -126,8 +127,10 @@ class Cluster:
 
         Raises:
             ClosedError: this cluster handle is closed.
-            TypeError: ``cls`` is not an importable class, or an argument cannot be encoded.
-            ValueError: malformed resource amounts.
+            TypeError: ``cls`` is not an importable class, a method of it has a name of the
+                handle's own (``address``, ``name``, ...), or an argument cannot be encoded
+                (named as ``argument 0 ['a']``).
+            ValueError: malformed resource amounts, or an empty name.
             PlacementError: no node can hold the request (at once, never a hang).
             ResourcesBusyError: a PlacementError: the GPUs are taken now (at once), or still
                 after ``wait_for_resources`` seconds (Ray's pending actors: the head waits for
@@ -135,11 +138,18 @@ class Cluster:
             RemoteError: the constructor or ``setup`` raised.
         """
         ref = ClassRef.of(cls)
+        methods = public_methods(cls)
+        check_method_names(cls.__qualname__, methods)
         if max_restarts < 0 or (max_concurrency is not None and max_concurrency < 1):
             raise ValueError("max_restarts must be >= 0 and max_concurrency >= 1")
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise ValueError(f"an actor's name must be a non-empty string, got {name!r}")
         if not wait_for_resources >= 0:
             raise ValueError(f"wait_for_resources must be >= 0 s, got {wait_for_resources!r}")
-        init = codec.encode((args, kwargs), root="init")
+        try:
+            init = codec.encode((args, kwargs), root="init")
+        except TypeError as exc:  # named in the caller's terms: argument 0 ['a']
+            raise call_encode_error(exc, f"{cls.__qualname__}()", args_at="[0]") from None
         spec = {
             "cls": ref.to_wire(),
             "cls_name": cls.__qualname__,
@@ -153,7 +163,7 @@ class Cluster:
             "max_concurrency": max_concurrency,
             "env": dict(env or {}),
             "owner": self.info.session,
-            "methods": public_methods(cls),
+            "methods": methods,
             "cwd": os.getcwd(),
             "sys_path": [p for p in sys.path if p],
             "timeout": timeout,

@@ -40,6 +40,8 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 _FIELDS = ("actor_id", "address", "call_timeout", "cls_name", "methods", "name", "node_id")
+# the handle's own names: an actor class whose public methods use one is refused at spawn
+HANDLE_NAMES = frozenset({*_FIELDS, "from_record", "with_timeout"})
 _INFLIGHT: set[asyncio.Future[Any]] = set()  # calls started by handle.m(x): owned until done
 
 
@@ -136,6 +138,23 @@ class ActorHandle(Generic[T]):
     def _state(self) -> list[Any]:
         state = [self.actor_id, self.name, self.address, self.cls_name, self.methods, self.node_id]
         return state if self.call_timeout is None else [*state, self.call_timeout]
+
+
+def check_method_names(cls_name: str, methods: Mapping[str, bool]) -> None:
+    """Refuse an actor class whose public methods would be shadowed by the handle's own
+    attributes (``h.address`` would be the handle's address, not the method).
+
+    Raises:
+        TypeError: naming each clashing method and what to do.
+    """
+    clash = sorted(HANDLE_NAMES.intersection(methods))
+    if clash:
+        names = ", ".join(f"{n!r}" for n in clash)
+        raise TypeError(
+            f"actor class {cls_name} defines {names}, a name of the actor handle's own "
+            f"attributes ({', '.join(sorted(HANDLE_NAMES))}): a call through the handle could "
+            "not reach it; rename the method"
+        )
 
 
 def _check_timeout(seconds: float | None) -> float | None:

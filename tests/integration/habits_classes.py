@@ -104,3 +104,10 @@ class Reward(Actor):
 
     def ask_server_sync(self, what: str) -> str:
         raise TimeoutError(f"HTTP reward server did not answer {what}")
+
+
+class Shadowing(Actor):
+    """Its ``address`` method would be hidden by the handle's own ``address``."""
+
+    def address(self) -> str:
+        return "221B Baker Street"

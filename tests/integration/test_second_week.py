@@ -15,7 +15,7 @@ import rayless.actors as actors
 from rayless.actors import Cluster
 from rayless.actors.launch.local import LocalProcesses
 from rayless.errors import RemoteError, Timeout
-from tests.integration.habits_classes import Reward
+from tests.integration.habits_classes import Adder, Reward, Shadowing
 
 pytestmark = pytest.mark.integration
 
@@ -74,3 +74,20 @@ async def test_a_future_nested_in_an_argument_says_only_top_level_ones_are_await
     ):
         await h.total({"x": up})
     assert await h.total(up) == 3  # top level: awaited, as Ray resolves an ObjectRef
+
+
+async def test_a_class_whose_method_the_handle_would_shadow_is_refused(
+    local_cluster: Cluster,
+) -> None:
+    with pytest.raises(TypeError, match=r"defines 'address', a name of the actor handle"):
+        await local_cluster.spawn(Shadowing)
+
+
+async def test_spawn_refuses_an_empty_name_and_names_a_bad_argument_as_the_caller_wrote_it(
+    local_cluster: Cluster,
+) -> None:
+    for bad in ("", "  "):
+        with pytest.raises(ValueError, match="non-empty string"):  # Ray: ValueError
+            await local_cluster.spawn(Reward, name=bad)
+    with pytest.raises(TypeError, match=r"^argument 0 \['a'\]: cannot encode set \(calling Adder"):
+        await local_cluster.spawn(Adder, {"a": {1}})
