@@ -16,8 +16,10 @@ RAYLESS_AGENT_ADDRESS  set in actor processes: the node agent's address
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 import uuid
 from dataclasses import dataclass, field
 
@@ -65,19 +67,67 @@ def normalize_address(address: str) -> str:
     return f"tcp://{match.group(1)}:{int(match.group(2))}"
 
 
-def read_token_file(path: str) -> str:
-    """The token stored in ``path`` (whitespace stripped).
+MAX_PRIVATE_BYTES = 1 << 16
+
+
+def read_private(
+    path: str, what: str, *, secret: bool, dir_fd: int | None = None, shown: str = ""
+) -> str:
+    """The text of ``path`` (a ``what``: "token file", "cluster entry"), read only if it is a
+    regular file owned by this user that nobody else can write (nor read, when ``secret``).
+
+    The checks are made on the opened descriptor (``O_NOFOLLOW``, ``fstat``), so the file
+    cannot be swapped between the check and the read; ``dir_fd`` resolves ``path`` relative
+    to an already checked directory (``shown``: the full path, for messages).
 
     Raises:
-        ConnectError: the file cannot be read or is empty.
+        ConnectError: it cannot be opened, is a link or not a regular file, belongs to another
+            user, has unsafe modes (the message names the path and what is wrong), or is
+            larger than 64 KiB.
     """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    name, path = path, shown or path
     try:
-        with open(path) as f:
-            token = f.read().strip()
+        fd = os.open(name, flags, dir_fd=dir_fd)
     except OSError as exc:
-        raise ConnectError(f"cannot read the token file {path}: {exc}") from None
+        if exc.errno == errno.ELOOP:
+            raise ConnectError(f"the {what} {path} is a symbolic link: refused") from None
+        raise ConnectError(f"cannot read the {what} {path}: {exc}") from None
+    try:
+        info = os.fstat(fd)
+        mode = stat.S_IMODE(info.st_mode)
+        unsafe = 0o077 if secret else 0o022
+        if not stat.S_ISREG(info.st_mode):
+            problem = "is not a regular file"
+        elif info.st_uid != os.getuid():
+            problem = f"belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+        elif mode & unsafe:
+            who = "can be read or written" if secret else "can be written"
+            problem = f"{who} by other users (mode {mode:04o}; make it {mode & ~unsafe:04o})"
+        elif info.st_size > MAX_PRIVATE_BYTES:
+            problem = f"is too large ({info.st_size} bytes)"
+        else:
+            problem = ""
+        if problem:
+            raise ConnectError(f"the {what} {path} {problem}: refused")
+        data = os.read(fd, MAX_PRIVATE_BYTES + 1)
+    except OSError as exc:
+        raise ConnectError(f"cannot read the {what} {path}: {exc}") from None
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace")
+
+
+def read_token_file(path: str, *, dir_fd: int | None = None, shown: str = "") -> str:
+    """The token stored in ``path`` (whitespace stripped): a regular file of this user with
+    mode 0600 or stricter (see :func:`read_private`).
+
+    Raises:
+        ConnectError: the file cannot be read, is not this user's private file, or is empty.
+    """
+    token = read_private(path, "token file", secret=True, dir_fd=dir_fd, shown=shown).strip()
     if not token:
-        raise ConnectError(f"the token file {path} is empty")
+        raise ConnectError(f"the token file {shown or path} is empty")
     return token
 
 

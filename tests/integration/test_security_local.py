@@ -1,0 +1,189 @@
+"""Attacks by other users of the same host: a planted runtime directory entry, the debug
+listener flooded by strangers, the token read from /proc/<pid>/environ.
+
+The attacker runs as another uid (``nobody``, through ``setpriv``); these tests need root and
+``setpriv`` and are skipped without them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from rayless.actors.api import context, published
+from rayless.errors import ConnectError
+
+pytestmark = pytest.mark.integration
+
+NOBODY = 65534
+_SETPRIV = shutil.which("setpriv")
+needs_other_uid = pytest.mark.skipif(
+    os.geteuid() != 0 or _SETPRIV is None,
+    reason="attacks run as another uid: needs root and setpriv",
+)
+
+
+def wait_until(pred: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
+    """Poll ``pred`` until it holds; fail the test naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def as_nobody(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python3 -c code args`` as uid/gid 65534 (the system interpreter: no rayless)."""
+    assert _SETPRIV is not None
+    cmd = [_SETPRIV, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    return subprocess.run(
+        [*cmd, "/usr/bin/python3", "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+
+
+# -- 10: a planted runtime directory entry -------------------------------------------------
+
+PLANT = """
+import json, os, sys
+d, pid, started = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+tok = os.path.join(d, f"cluster-{pid}.token")
+with open(tok, "w") as f:
+    f.write("n" * 32 + "\\n")
+os.chmod(tok, 0o600)
+entry = {"address": "tcp://127.0.0.1:9", "token_file": tok, "head_pid": pid,
+         "head_started": started, "driver_pid": pid}
+with open(os.path.join(d, f"cluster-{pid}.json"), "w") as f:
+    json.dump(entry, f)
+"""
+
+
+@pytest.fixture
+def open_runtime_dir(
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
+    """A runtime directory of ours with mode 0777 in which ``nobody`` planted a live-looking
+    entry (its "head" is a process of nobody's that runs), as the auditor did."""
+    base = Path(tempfile.mkdtemp(prefix="rayless-sec-"))
+    base.chmod(0o755)
+    rt = base / "rayless"
+    rt.mkdir()
+    rt.chmod(0o777)
+    monkeypatch.setenv("RAYLESS_RUNTIME_DIR", str(rt))
+    assert _SETPRIV is not None
+    head = subprocess.Popen(
+        [_SETPRIV, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sleep", "300"]
+    )
+    try:
+        started = published._started(head.pid)
+        assert started is not None
+        as_nobody(PLANT, str(rt), str(head.pid), str(started))
+        assert (rt / f"cluster-{head.pid}.json").stat().st_uid == NOBODY
+        yield rt, head
+    finally:
+        head.kill()
+        head.wait()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@needs_other_uid
+def test_a_directory_others_can_write_is_refused_and_moved_aside(
+    open_runtime_dir: tuple[Path, subprocess.Popen[bytes]],
+) -> None:
+    rt, head = open_runtime_dir
+    with pytest.raises(ConnectError, match=rf"{rt} is writable by other users \(mode 0777\)"):
+        published.discover()
+    with pytest.raises(ConnectError, match="writable by other users"):
+        published.find_one()  # what actors.connect() and `rayless status` use
+    ours = published.publish("tcp://127.0.0.1:4242", "o" * 32, os.getpid())
+    assert ours is not None and ours.startswith(str(rt))
+    assert stat.S_IMODE(rt.stat().st_mode) == 0o700
+    assert sorted(p.name for p in rt.iterdir()) == [
+        f"cluster-{os.getpid()}.json",
+        f"cluster-{os.getpid()}.token",
+    ]  # nobody's entry went with the old directory
+    aside = [p for p in rt.parent.iterdir() if p.name.startswith("rayless.untrusted-")]
+    assert len(aside) == 1 and (aside[0] / f"cluster-{head.pid}.json").exists()
+    found = published.find_one()
+    assert found.address == "tcp://127.0.0.1:4242" and found.token() == "o" * 32
+    published.unpublish(ours)
+
+
+@needs_other_uid
+def test_a_directory_that_was_writable_is_refused_by_its_planted_entry(
+    open_runtime_dir: tuple[Path, subprocess.Popen[bytes]],
+) -> None:
+    rt, head = open_runtime_dir
+    rt.chmod(0o700)  # what rayless used to do: chmod, then trust what was planted
+    planted = rt / f"cluster-{head.pid}.json"
+    with pytest.raises(ConnectError, match=rf"{planted} belongs to uid {NOBODY}"):
+        published.discover()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    env["RAYLESS_RUNTIME_DIR"] = str(rt)
+    out = subprocess.run(
+        [sys.executable, "-m", "rayless.cli", "status"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert out.returncode != 0 and f"belongs to uid {NOBODY}" in out.stderr, out
+    assert "tcp://127.0.0.1:9" not in out.stdout
+
+
+def test_a_token_file_that_is_a_link_or_not_private_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.write_text("r" * 32 + "\n")
+    real.chmod(0o600)
+    assert context.read_token_file(str(real)) == "r" * 32
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(ConnectError, match=rf"{link} is a symbolic link"):
+        context.read_token_file(str(link))
+    real.chmod(0o640)
+    with pytest.raises(ConnectError, match=r"read or written by other users \(mode 0640"):
+        context.read_token_file(str(real))
+
+
+def test_an_entry_naming_another_token_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = tmp_path / "rt"
+    monkeypatch.setenv("RAYLESS_RUNTIME_DIR", str(rt))
+    entry = published.publish("tcp://127.0.0.1:5", "e" * 32, os.getpid())
+    assert entry is not None
+    raw = json.loads(Path(entry).read_text())
+    raw["token_file"] = str(tmp_path / "elsewhere.token")
+    Path(entry).write_text(json.dumps(raw))
+    with pytest.raises(ConnectError, match="not its own"):
+        published.discover()
+    published.unpublish(entry)
+
+
+@needs_other_uid
+def test_a_runtime_directory_of_another_user_is_not_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = tmp_path / "rt"
+    rt.mkdir(mode=0o700)
+    os.chown(rt, NOBODY, NOBODY)
+    monkeypatch.setenv("RAYLESS_RUNTIME_DIR", str(rt))
+    assert published.publish("tcp://127.0.0.1:6", "x" * 32, os.getpid()) is None
+    assert list(rt.iterdir()) == []
+    with pytest.raises(ConnectError, match=rf"{rt} belongs to uid {NOBODY}"):
+        published.discover()
+    _ = socket  # (used by the debug listener tests below)
