@@ -8,6 +8,7 @@ The attacker runs as another uid (``nobody``, through ``setpriv``); these tests 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import socket
@@ -15,6 +16,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +24,9 @@ from pathlib import Path
 import pytest
 
 from rayless.actors.api import context, published
-from rayless.errors import ConnectError
+from rayless.actors.control import debug
+from rayless.actors.control.debug import DebugServer, client_handshake
+from rayless.errors import AuthError, ConnectError
 
 pytestmark = pytest.mark.integration
 
@@ -186,4 +190,93 @@ def test_a_runtime_directory_of_another_user_is_not_written(
     assert list(rt.iterdir()) == []
     with pytest.raises(ConnectError, match=rf"{rt} belongs to uid {NOBODY}"):
         published.discover()
-    _ = socket  # (used by the debug listener tests below)
+
+
+# -- 11: the debug listener against strangers ----------------------------------------------
+
+TOKEN = "d" * 32
+CAP = 8  # debug.MAX_HANDSHAKES: strangers handshaking at once
+
+
+def _debug_server(monkeypatch: pytest.MonkeyPatch, handshake_timeout: float) -> DebugServer:
+    """An actor's debug listener with this handshake deadline (and an hour between log lines
+    about strangers)."""
+    monkeypatch.setattr(debug, "HANDSHAKE_TIMEOUT", handshake_timeout)
+    monkeypatch.setattr(debug, "LOG_INTERVAL", 3600.0, raising=False)
+    server = DebugServer("sec", TOKEN)
+    server.start()
+    return server
+
+
+def _dial(server: DebugServer) -> socket.socket:
+    host, _, port = server.address.removeprefix("tcp://").rpartition(":")
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def test_strangers_hold_at_most_a_few_handshakes(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = _debug_server(monkeypatch, handshake_timeout=60.0)  # none ends while we look
+    silent = [_dial(server) for _ in range(60)]
+    try:
+        greeted = sum(sock.recv(64).startswith(b"RAYLESS-DEBUG 1 ") for sock in silent)
+        assert greeted == CAP  # the others were closed unread (the auditor saw 382 threads)
+        assert server.stats["refused"] == 60 - CAP and server.stats["peak"] == CAP
+    finally:
+        for sock in silent:
+            sock.close()
+    try:
+        wait_until(lambda: server.stats["handshaking"] == 0, what="the handshakes to end")
+        with _dial(server) as sock:  # the slots are free again for a token holder
+            conn = client_handshake(sock, TOKEN, "list")
+            assert conn.readline() == "[]"
+    finally:
+        server.stop()
+
+
+def test_a_client_dripping_bytes_is_cut_at_the_handshake_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = _debug_server(monkeypatch, handshake_timeout=2.0)
+    sock = _dial(server)
+    closed = threading.Event()
+
+    def drip() -> None:  # a byte every half second, never a whole line
+        try:
+            while not closed.is_set():
+                sock.sendall(b"a")
+                closed.wait(0.5)
+        except OSError:
+            pass
+
+    dripper = threading.Thread(target=drip)
+    dripper.start()
+    try:
+        sock.settimeout(60)  # a deadline per read would keep this client forever
+        received = b""
+        while chunk := sock.recv(4096):  # the greeting, then the end of the stream
+            received += chunk
+        assert received.startswith(b"RAYLESS-DEBUG 1 ")
+        assert server.stats["timed_out"] == 1
+    finally:
+        closed.set()
+        dripper.join()
+        sock.close()
+        server.stop()
+
+
+def test_rejected_clients_are_logged_at_a_bounded_rate(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    caplog.set_level(logging.WARNING, logger="rayless.debug")
+    server = _debug_server(monkeypatch, handshake_timeout=10.0)
+    try:
+        for _ in range(100):
+            with _dial(server) as sock, pytest.raises(AuthError):
+                client_handshake(sock, "w" * 32, "stack")
+    finally:
+        server.stop()
+    logged = [r.getMessage() for r in caplog.records] + capfd.readouterr().err.splitlines()
+    lines = [text for text in logged if "rejected a debug client" in text]
+    assert len(lines) == 1  # one per interval (an hour here), however many strangers
+    assert server.stats["rejected"] == 100
