@@ -5,7 +5,10 @@ driver started by ``scripts/launch.py`` learn them from the environment. The var
 
 =====================  ============================================================
 RAYLESS_ADDRESS        the head's address (``host:port`` or ``tcp://host:port``)
-RAYLESS_TOKEN          the cluster token (or RAYLESS_TOKEN_FILE: a file holding it)
+RAYLESS_TOKEN          the cluster token, as a user may give it (or RAYLESS_TOKEN_FILE: a
+                       file holding it, mode 0600); the runtime never sets it
+RAYLESS_TOKEN_FD       set by the runtime in the processes it starts: an inherited pipe
+                       holding the token, read and closed at start (:func:`take_token`)
 RAYLESS_ACTOR_ID       set in actor processes: the actor's id
 RAYLESS_ACTOR_NAME     set in actor processes: the actor's name
 RAYLESS_NODE_ID        set in actor processes: the node the actor runs on
@@ -21,6 +24,7 @@ import os
 import re
 import stat
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rayless.actors.errors import ConnectError
@@ -28,6 +32,8 @@ from rayless.actors.errors import ConnectError
 ENV_ADDRESS = "RAYLESS_ADDRESS"
 ENV_TOKEN = "RAYLESS_TOKEN"
 ENV_TOKEN_FILE = "RAYLESS_TOKEN_FILE"
+ENV_TOKEN_FD = "RAYLESS_TOKEN_FD"
+TOKEN_VARIABLES = (ENV_TOKEN, ENV_TOKEN_FILE, ENV_TOKEN_FD)
 ENV_ACTOR_ID = "RAYLESS_ACTOR_ID"
 ENV_ACTOR_NAME = "RAYLESS_ACTOR_NAME"
 ENV_NODE_ID = "RAYLESS_NODE_ID"
@@ -129,6 +135,59 @@ def read_token_file(path: str, *, dir_fd: int | None = None, shown: str = "") ->
     if not token:
         raise ConnectError(f"the token file {shown or path} is empty")
     return token
+
+
+def token_pipe(token: str) -> int:
+    """A pipe's read end holding ``token`` (the write end is closed): pass it to a child with
+    ``pass_fds`` and ``RAYLESS_TOKEN_FD``, then close it here. Keeps the token out of the
+    child's environment, which ``/proc/<pid>/environ`` shows to its descendants for good.
+
+    Raises:
+        ValueError: the token is longer than a pipe holds unread (4096 bytes).
+    """
+    data = token.encode()
+    if len(data) > 4096:  # written before the child reads: must fit the pipe's buffer
+        raise ValueError("a cluster token is at most 4096 bytes")
+    read, write = os.pipe()
+    try:
+        os.write(write, data)
+    finally:
+        os.close(write)
+    return read
+
+
+def without_token(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the token variables (what a child started by the runtime gets)."""
+    return {k: v for k, v in environ.items() if k not in TOKEN_VARIABLES}
+
+
+def take_token() -> str:
+    """The token of a process the runtime started, read once at start and removed from
+    ``os.environ`` (so nothing this process starts inherits it): from the pipe named by
+    RAYLESS_TOKEN_FD (closed once read), else the user's RAYLESS_TOKEN, else the file named by
+    RAYLESS_TOKEN_FILE; '' when none is given.
+
+    Raises:
+        ConnectError: the descriptor or the file cannot be read, or the file is not private.
+    """
+    fd_text = os.environ.pop(ENV_TOKEN_FD, "")
+    token = os.environ.pop(ENV_TOKEN, "")
+    path = os.environ.pop(ENV_TOKEN_FILE, "")
+    if fd_text:
+        chunks = []
+        try:
+            fd = int(fd_text)
+            while chunk := os.read(fd, 4096):
+                chunks.append(chunk)
+            os.close(fd)
+        except (ValueError, OSError) as exc:
+            raise ConnectError(
+                f"cannot read the token from {ENV_TOKEN_FD}={fd_text}: {exc}"
+            ) from None
+        return b"".join(chunks).decode().strip()
+    if token:
+        return token.strip()
+    return read_token_file(path) if path else ""
 
 
 def from_env() -> ClusterInfo | None:

@@ -23,10 +23,13 @@ from pathlib import Path
 
 import pytest
 
+from rayless.actors import Cluster
 from rayless.actors.api import context, published
 from rayless.actors.control import debug
 from rayless.actors.control.debug import DebugServer, client_handshake
+from rayless.actors.launch.local import LocalProcesses
 from rayless.errors import AuthError, ConnectError
+from tests.integration.edge_classes import Holder
 
 pytestmark = pytest.mark.integration
 
@@ -280,3 +283,80 @@ def test_rejected_clients_are_logged_at_a_bounded_rate(
     lines = [text for text in logged if "rejected a debug client" in text]
     assert len(lines) == 1  # one per interval (an hour here), however many strangers
     assert server.stats["rejected"] == 100
+
+
+# -- 12: the token in /proc/<pid>/environ ----------------------------------------------------
+
+
+def _environ(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/environ").read_bytes()
+
+
+@pytest.mark.local_cluster(nodes=2, gpus_per_node=0, isolated=True)
+async def test_no_process_of_a_local_cluster_has_the_token_in_its_environ(
+    local_cluster: Cluster, local_cluster_processes: LocalProcesses
+) -> None:
+    holder = await local_cluster.spawn(Holder)
+    actor = await holder.pid()
+    children = await holder.start_children()  # a child, and a grandchild that left the group
+    token = local_cluster_processes.token.encode()
+    pids = {"actor": actor, "child": children[0], "escaped child": children[1]}
+    head, zygote, *agents = local_cluster_processes.pids
+    pids.update({"head": head, "zygote": zygote})
+    pids.update({f"agent {i}": pid for i, pid in enumerate(agents)})
+    assert len(agents) == 2
+    seen = {what: token in _environ(pid) for what, pid in pids.items()}
+    assert seen == dict.fromkeys(pids, False)
+    for pid in pids.values():  # (RAYLESS_TOKEN_FD names a pipe, closed once read)
+        assert b"\x00RAYLESS_TOKEN=" not in b"\x00" + _environ(pid)
+    assert await holder.token_seen() == {"actor": None, "child": "<none>"}
+
+
+LAUNCH_DRIVER = """
+import asyncio, json, os, subprocess
+import psutil
+import rayless.actors as actors
+
+class Parent(actors.Actor):
+    def start_child(self):
+        return subprocess.Popen(["sleep", "300"]).pid
+
+async def main():
+    cluster = await actors.connect()
+    child = await (await cluster.spawn(Parent)).start_child()
+    with open(os.environ["RAYLESS_TOKEN_FILE"]) as f:
+        token = f.read().strip().encode()
+    found = {}
+    for proc in psutil.Process(os.getppid()).children(recursive=True):
+        with open(f"/proc/{proc.pid}/environ", "rb") as f:
+            found[proc.pid] = [" ".join(proc.cmdline()), token in f.read()]
+    print("FOUND", json.dumps({"child": child, "procs": found, "env": sorted(
+        k for k in os.environ if k.startswith("RAYLESS_TOKEN"))}), flush=True)
+    await cluster.aclose()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(300)
+def test_no_process_of_a_launch_has_the_token_in_its_environ(tmp_path: Path) -> None:
+    driver = tmp_path / "driver.py"
+    driver.write_text(LAUNCH_DRIVER)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    argv = [sys.executable, "-m", "rayless.actors.launch.node", "--nnodes", "1"]
+    argv += ["--master-addr", "127.0.0.1", "--master-port", str(port), "--fake-gpus", "0"]
+    argv += ["--log-dir", str(tmp_path / "logs"), "--", str(driver)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(x for x in out.stdout.splitlines() if x.startswith("FOUND "))
+    found = json.loads(line.removeprefix("FOUND "))
+    assert found["env"] == ["RAYLESS_TOKEN_FILE"]  # the driver's: a file, not the token
+    procs = found["procs"]
+    assert str(found["child"]) in procs  # the actor's child is among what was read
+    roles = " ".join(cmd for cmd, _ in procs.values())
+    for role in ("control.head", "control.agent", "control.zygote", "driver.py"):
+        assert role in roles
+    assert [cmd for cmd, holds in procs.values() if holds] == []
