@@ -360,3 +360,13 @@ def test_no_process_of_a_launch_has_the_token_in_its_environ(tmp_path: Path) -> 
     for role in ("control.head", "control.agent", "control.zygote", "driver.py"):
         assert role in roles
     assert [cmd for cmd, holds in procs.values() if holds] == []
+
+
+async def test_an_actor_started_as_a_fresh_interpreter_has_no_token_in_its_environ() -> None:
+    async with await Cluster.local(nodes=1, zygote=False) as cluster:  # agents' ProcessSpawner
+        holder = await cluster.spawn(Holder)
+        actor = await holder.pid()
+        child = (await holder.start_children())[0]
+        token = cluster.token.encode()
+        assert [pid for pid in (actor, child) if token in _environ(pid)] == []
+        assert await holder.token_seen() == {"actor": None, "child": "<none>"}
