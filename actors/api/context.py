@@ -5,7 +5,10 @@ driver started by ``scripts/launch.py`` learn them from the environment. The var
 
 =====================  ============================================================
 RAYLESS_ADDRESS        the head's address (``host:port`` or ``tcp://host:port``)
-RAYLESS_TOKEN          the cluster token (or RAYLESS_TOKEN_FILE: a file holding it)
+RAYLESS_TOKEN          the cluster token, as a user may give it (or RAYLESS_TOKEN_FILE: a
+                       file holding it, mode 0600); the runtime never sets it
+RAYLESS_TOKEN_FD       set by the runtime in the processes it starts: an inherited pipe
+                       holding the token, read and closed at start (:func:`take_token`)
 RAYLESS_ACTOR_ID       set in actor processes: the actor's id
 RAYLESS_ACTOR_NAME     set in actor processes: the actor's name
 RAYLESS_NODE_ID        set in actor processes: the node the actor runs on
@@ -16,9 +19,12 @@ RAYLESS_AGENT_ADDRESS  set in actor processes: the node agent's address
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rayless.actors.errors import ConnectError
@@ -26,6 +32,8 @@ from rayless.actors.errors import ConnectError
 ENV_ADDRESS = "RAYLESS_ADDRESS"
 ENV_TOKEN = "RAYLESS_TOKEN"
 ENV_TOKEN_FILE = "RAYLESS_TOKEN_FILE"
+ENV_TOKEN_FD = "RAYLESS_TOKEN_FD"
+TOKEN_VARIABLES = (ENV_TOKEN, ENV_TOKEN_FILE, ENV_TOKEN_FD)
 ENV_ACTOR_ID = "RAYLESS_ACTOR_ID"
 ENV_ACTOR_NAME = "RAYLESS_ACTOR_NAME"
 ENV_NODE_ID = "RAYLESS_NODE_ID"
@@ -65,20 +73,121 @@ def normalize_address(address: str) -> str:
     return f"tcp://{match.group(1)}:{int(match.group(2))}"
 
 
-def read_token_file(path: str) -> str:
-    """The token stored in ``path`` (whitespace stripped).
+MAX_PRIVATE_BYTES = 1 << 16
+
+
+def read_private(
+    path: str, what: str, *, secret: bool, dir_fd: int | None = None, shown: str = ""
+) -> str:
+    """The text of ``path`` (a ``what``: "token file", "cluster entry"), read only if it is a
+    regular file owned by this user that nobody else can write (nor read, when ``secret``).
+
+    The checks are made on the opened descriptor (``O_NOFOLLOW``, ``fstat``), so the file
+    cannot be swapped between the check and the read; ``dir_fd`` resolves ``path`` relative
+    to an already checked directory (``shown``: the full path, for messages).
 
     Raises:
-        ConnectError: the file cannot be read or is empty.
+        ConnectError: it cannot be opened, is a link or not a regular file, belongs to another
+            user, has unsafe modes (the message names the path and what is wrong), or is
+            larger than 64 KiB.
     """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    name, path = path, shown or path
     try:
-        with open(path) as f:
-            token = f.read().strip()
+        fd = os.open(name, flags, dir_fd=dir_fd)
     except OSError as exc:
-        raise ConnectError(f"cannot read the token file {path}: {exc}") from None
+        if exc.errno == errno.ELOOP:
+            raise ConnectError(f"the {what} {path} is a symbolic link: refused") from None
+        raise ConnectError(f"cannot read the {what} {path}: {exc}") from None
+    try:
+        info = os.fstat(fd)
+        mode = stat.S_IMODE(info.st_mode)
+        unsafe = 0o077 if secret else 0o022
+        if not stat.S_ISREG(info.st_mode):
+            problem = "is not a regular file"
+        elif info.st_uid != os.getuid():
+            problem = f"belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+        elif mode & unsafe:
+            who = "can be read or written" if secret else "can be written"
+            problem = f"{who} by other users (mode {mode:04o}; make it {mode & ~unsafe:04o})"
+        elif info.st_size > MAX_PRIVATE_BYTES:
+            problem = f"is too large ({info.st_size} bytes)"
+        else:
+            problem = ""
+        if problem:
+            raise ConnectError(f"the {what} {path} {problem}: refused")
+        data = os.read(fd, MAX_PRIVATE_BYTES + 1)
+    except OSError as exc:
+        raise ConnectError(f"cannot read the {what} {path}: {exc}") from None
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace")
+
+
+def read_token_file(path: str, *, dir_fd: int | None = None, shown: str = "") -> str:
+    """The token stored in ``path`` (whitespace stripped): a regular file of this user with
+    mode 0600 or stricter (see :func:`read_private`).
+
+    Raises:
+        ConnectError: the file cannot be read, is not this user's private file, or is empty.
+    """
+    token = read_private(path, "token file", secret=True, dir_fd=dir_fd, shown=shown).strip()
     if not token:
-        raise ConnectError(f"the token file {path} is empty")
+        raise ConnectError(f"the token file {shown or path} is empty")
     return token
+
+
+def token_pipe(token: str) -> int:
+    """A pipe's read end holding ``token`` (the write end is closed): pass it to a child with
+    ``pass_fds`` and ``RAYLESS_TOKEN_FD``, then close it here. Keeps the token out of the
+    child's environment, which ``/proc/<pid>/environ`` shows to its descendants for good.
+
+    Raises:
+        ValueError: the token is longer than a pipe holds unread (4096 bytes).
+    """
+    data = token.encode()
+    if len(data) > 4096:  # written before the child reads: must fit the pipe's buffer
+        raise ValueError("a cluster token is at most 4096 bytes")
+    read, write = os.pipe()
+    try:
+        os.write(write, data)
+    finally:
+        os.close(write)
+    return read
+
+
+def without_token(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the token variables (what a child started by the runtime gets)."""
+    return {k: v for k, v in environ.items() if k not in TOKEN_VARIABLES}
+
+
+def take_token() -> str:
+    """The token of a process the runtime started, read once at start and removed from
+    ``os.environ`` (so nothing this process starts inherits it): from the pipe named by
+    RAYLESS_TOKEN_FD (closed once read), else the user's RAYLESS_TOKEN, else the file named by
+    RAYLESS_TOKEN_FILE; '' when none is given.
+
+    Raises:
+        ConnectError: the descriptor or the file cannot be read, or the file is not private.
+    """
+    fd_text = os.environ.pop(ENV_TOKEN_FD, "")
+    token = os.environ.pop(ENV_TOKEN, "")
+    path = os.environ.pop(ENV_TOKEN_FILE, "")
+    if fd_text:
+        chunks = []
+        try:
+            fd = int(fd_text)
+            while chunk := os.read(fd, 4096):
+                chunks.append(chunk)
+            os.close(fd)
+        except (ValueError, OSError) as exc:
+            raise ConnectError(
+                f"cannot read the token from {ENV_TOKEN_FD}={fd_text}: {exc}"
+            ) from None
+        return b"".join(chunks).decode().strip()
+    if token:
+        return token.strip()
+    return read_token_file(path) if path else ""
 
 
 def from_env() -> ClusterInfo | None:

@@ -196,7 +196,6 @@ class Agent:
         env.update(
             {
                 context.ENV_ADDRESS: self.head_address,
-                context.ENV_TOKEN: self.token,
                 context.ENV_ACTOR_ID: actor_id,
                 context.ENV_ACTOR_NAME: name,
                 context.ENV_NODE_ID: self.node.node_id,
@@ -415,7 +414,9 @@ class Agent:
 async def serve(args: argparse.Namespace, token: str) -> int:
     """Run an agent until the head shuts the cluster down (0) or goes away (1)."""
     node = await discover_node_async(fake_gpus=args.fake_gpus, node_id=args.node_id, ip=args.ip)
-    spawner: Spawner = ZygoteSpawner(args.zygote) if args.zygote != "none" else ProcessSpawner()
+    spawner: Spawner = (
+        ZygoteSpawner(args.zygote, token=token) if args.zygote != "none" else ProcessSpawner(token)
+    )
     agent = Agent(
         args.head,
         token,
@@ -457,11 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("RAYLESS_DIE_WITH_PARENT"):
         die_with_parent()
     # Read once and removed: nothing this agent starts (zygote, actors' children) inherits it.
-    token = os.environ.pop(context.ENV_TOKEN, "")
-    if not token and os.environ.get(context.ENV_TOKEN_FILE):
-        token = context.read_token_file(os.environ[context.ENV_TOKEN_FILE])
+    token = context.take_token()
     if not token:
-        print("RAYLESS_TOKEN or RAYLESS_TOKEN_FILE must be set", file=sys.stderr)
+        print("RAYLESS_TOKEN_FD, RAYLESS_TOKEN or RAYLESS_TOKEN_FILE must be set", file=sys.stderr)
         return 2
     return loop.run(serve(args, token))
 

@@ -20,6 +20,12 @@ Commands: ``stack`` (the text of every thread's stack and every asyncio task's, 
 ``list`` (a JSON list of the breakpoints paused in this process, then close) and ``attach
 ID`` (``READY``, then the pdb session of breakpoint ID over the connection).
 
+Strangers are bounded: at most ``MAX_HANDSHAKES`` connections handshake at once (one thread
+each; a connection beyond them is closed at once, unread), each gets ``HANDSHAKE_TIMEOUT``
+seconds in all to authenticate (a deadline for the whole handshake, not per read), and
+rejections are logged at a bounded rate (``transport.ratelog``). ``DebugServer.stats``
+counts them.
+
 ``breakpoint()`` in a method (sync or async) pauses the calling thread until a client
 attaches; the actor's stderr, forwarded to the driver, says so. ``c`` continues and ends the
 session; a client that disconnects continues too (the actor never stays stopped for
@@ -34,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import os
 import pdb
 import queue
@@ -49,9 +56,13 @@ from typing import Any
 
 from rayless.transport import protocol
 from rayless.transport.errors import AuthError, ProtocolError
+from rayless.transport.ratelog import RateLimitedLog
 
 MAGIC = "RAYLESS-DEBUG 1"
 HANDSHAKE_TIMEOUT = 10.0
+MAX_HANDSHAKES = 8
+LOG_INTERVAL = 5.0  # seconds between two log lines about strangers (of one kind)
+log = logging.getLogger("rayless.debug")
 ENV_DEBUG = "RAYLESS_DEBUG"
 
 
@@ -61,19 +72,26 @@ ENV_DEBUG = "RAYLESS_DEBUG"
 class LineSocket:
     """A socket read line by line (the handshake) and then as raw bytes (the session)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, deadline: float | None = None) -> None:
         self.sock = sock
         self.buffer = b""
+        self.deadline = deadline  # time.monotonic() by which every read must be done
 
     def readline(self, limit: int = 4096) -> str:
         """One line without its newline; '' at end of stream.
 
         Raises:
             ProtocolError: the line is longer than ``limit``.
+            TimeoutError: the deadline passed first.
         """
         while b"\n" not in self.buffer:
             if len(self.buffer) > limit:
                 raise ProtocolError("debug line too long")
+            if self.deadline is not None:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("debug handshake deadline passed")
+                self.sock.settimeout(left)
             chunk = self.sock.recv(4096)
             if not chunk:
                 line, self.buffer = self.buffer, b""
@@ -261,6 +279,14 @@ class DebugServer:
         self.name = name
         self.key = protocol.as_token(token)
         self.host = host
+        self.handshake_timeout = HANDSHAKE_TIMEOUT  # the module's bounds, when it starts
+        self._slots = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        self._ratelog = RateLimitedLog(log, LOG_INTERVAL)
+        # accepted: connections; refused: closed at once (max_handshakes under way);
+        # rejected: wrong proof; timed_out: past the deadline; handshaking (peak): now (most)
+        self.stats = dict.fromkeys(
+            ("accepted", "refused", "rejected", "timed_out", "handshaking", "peak"), 0
+        )
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pauses: dict[int, Pause] = {}
         self._ids = itertools.count(1)
@@ -301,13 +327,42 @@ class DebugServer:
                 sock, _ = self._sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+            self._count("accepted")
+            if not self._slots.acquire(blocking=False):  # strangers cannot pile up threads
+                self._count("refused")
+                self._ratelog.warning(
+                    "refused",
+                    "actor %s: refused a debug connection (%d handshakes already under way)",
+                    self.name,
+                    self.stats["handshaking"],
+                )
+                sock.close()
+                continue
+            self._count("handshaking")
+            thread = threading.Thread(
+                target=self._serve, args=(sock,), name="rayless-debug-handshake", daemon=True
+            )
+            try:
+                thread.start()
+            except RuntimeError:  # no more threads: give the slot back, drop the client
+                self._release()
+                sock.close()
+
+    def _count(self, what: str, n: int = 1) -> None:
+        with self._lock:
+            self.stats[what] += n
+            self.stats["peak"] = max(self.stats["peak"], self.stats["handshaking"])
+
+    def _release(self) -> None:
+        self._count("handshaking", -1)
+        self._slots.release()
 
     def _serve(self, sock: socket.socket) -> None:
         handed_off = False
+        authenticated = False
         try:
-            sock.settimeout(HANDSHAKE_TIMEOUT)
-            conn = LineSocket(sock)
+            conn = LineSocket(sock, time.monotonic() + self.handshake_timeout)
+            sock.settimeout(self.handshake_timeout)
             nonce_s = protocol.new_nonce()
             conn.send_line(f"{MAGIC} {nonce_s.hex()}")
             parts = conn.readline().split(maxsplit=2)
@@ -317,15 +372,25 @@ class DebugServer:
                 nonce_c, proof = b"", b""
             expected = protocol.client_proof(self.key, nonce_s, nonce_c)
             if len(parts) != 3 or not protocol.proofs_match(expected, proof):
+                self._count("rejected")
+                self._ratelog.warning(
+                    "rejected", "actor %s: rejected a debug client (no valid token)", self.name
+                )
                 conn.send_line("ERR authentication failed")
-                print(f"rayless: actor {self.name}: rejected a debug client", file=sys.stderr)
                 return
             conn.send_line(f"OK {protocol.server_proof(self.key, nonce_c, nonce_s).hex()}")
+            conn.deadline = None
             sock.settimeout(None)
+            authenticated = True
+            self._release()  # a token holder's session no longer counts as a handshake
             handed_off = self._command(conn, parts[2].strip())
+        except TimeoutError:
+            self._count("timed_out")
         except (OSError, ProtocolError):
             pass
         finally:
+            if not authenticated:
+                self._release()
             if not handed_off:
                 sock.close()
 

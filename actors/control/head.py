@@ -24,6 +24,7 @@ import sys
 import time
 from typing import Any
 
+from rayless.actors.api import context
 from rayless.actors.control.head_actors import ActorRecord, HeadActors
 from rayless.placement.allocation import NodeState
 from rayless.placement.errors import PlacementError
@@ -271,10 +272,11 @@ def main() -> None:
     setup_logging("head")
     if os.environ.get("RAYLESS_DIE_WITH_PARENT"):
         die_with_parent()
-    token = os.environ.pop("RAYLESS_TOKEN", "")  # read once; no child inherits it
+    token = context.take_token()  # read once (a pipe, RAYLESS_TOKEN_FD); no child inherits it
     if len(sys.argv) not in (2, 3) or not token:
         sys.exit(
-            "usage: RAYLESS_TOKEN=... python -m rayless.actors.control.head ADDRESS [NODE_TIMEOUT]"
+            "usage: RAYLESS_TOKEN_FILE=... python -m rayless.actors.control.head ADDRESS "
+            "[NODE_TIMEOUT]"
         )
     timeout = float(sys.argv[2]) if len(sys.argv) == 3 else 5.0
     loop.run(serve(sys.argv[1], token, timeout))

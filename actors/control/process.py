@@ -37,6 +37,7 @@ from rayless.actors.control import debug
 from rayless.actors.control.process_util import setup_logging
 from rayless.actors.control.workers import Exiting as _Exiting
 from rayless.actors.control.workers import SyncWorker, apply_torch_threads
+from rayless.actors.errors import StartError
 from rayless.transport import codec, loop
 from rayless.transport.client import Client
 from rayless.transport.errors import ProtocolError, RaylessError, RemoteError
@@ -333,11 +334,15 @@ def _float_env(name: str, default: float) -> float:
         return default
 
 
-async def _actor_main() -> int:
+async def _actor_main(given: str | None) -> int:
     env = os.environ
     actor_id = env[context.ENV_ACTOR_ID]
     name = env.get(context.ENV_ACTOR_NAME, actor_id)
-    token = env.pop(context.ENV_TOKEN)  # kept in memory only: children never inherit it
+    # kept in memory only (RAYLESS_TOKEN_FD's pipe, or the zygote's fork request): children
+    # never inherit it, and it never was in this process's environment
+    token = given or context.take_token()
+    if not token:
+        raise StartError(f"actor {name}: no cluster token (RAYLESS_TOKEN_FD)")
     head = env.get(context.ENV_ADDRESS, "")
     context.set_current(context.ClusterInfo(head, token, session=actor_id, actor_id=actor_id))
     apply_torch_threads(torch_threads())
@@ -393,10 +398,11 @@ async def _actor_main() -> int:
         await close_runtimes()
 
 
-def child_main() -> int:
-    """Run the actor described by the environment; returns the exit code."""
+def child_main(token: str | None = None) -> int:
+    """Run the actor described by the environment, with ``token`` (the zygote's) or the one
+    of RAYLESS_TOKEN_FD; returns the exit code."""
     setup_logging(f"actor {os.environ.get(context.ENV_ACTOR_NAME, '?')}")
-    return loop.run(_actor_main())
+    return loop.run(_actor_main(token))
 
 
 if __name__ == "__main__":

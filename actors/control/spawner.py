@@ -2,6 +2,11 @@
 
 Both report every exit as ``on_exit(pid, code)`` (code < 0: killed by signal -code).
 :class:`ZygoteSpawner` falls back to :class:`ProcessSpawner` if its zygote goes away.
+
+Neither puts the cluster token in an actor's environment (``/proc/<pid>/environ`` would show
+it to the actor's children for the process's life): the zygote hands it to the forked child
+in memory (from the fork request, over its private socket); a fresh interpreter reads it from
+an inherited pipe (RAYLESS_TOKEN_FD).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any, Protocol
 
 import msgpack
 
+from rayless.actors.api import context
 from rayless.actors.control.process_util import kill_group
 from rayless.actors.errors import StartError
 
@@ -47,7 +53,8 @@ class Spawner(Protocol):
 class ProcessSpawner:
     """Starts ``python -m rayless.actors.control.process`` per actor (slower: imports anew)."""
 
-    def __init__(self) -> None:
+    def __init__(self, token: str = "") -> None:
+        self._token = token
         self._on_exit: OnExit = lambda pid, code: None
         self._procs: dict[int, asyncio.subprocess.Process] = {}
         self._waiters: set[asyncio.Task[None]] = set()
@@ -56,18 +63,25 @@ class ProcessSpawner:
         self._on_exit = on_exit
 
     async def spawn(self, env: dict[str, str], log_path: str, cwd: str | None) -> int:
-        with open(log_path, "ab") as out:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "rayless.actors.control.process",
-                env={**os.environ, **env, "RAYLESS_DIE_WITH_PARENT": "1"},
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=asyncio.subprocess.STDOUT,
-                cwd=cwd if cwd and os.path.isdir(cwd) else None,
-                start_new_session=True,  # its own process group: its children die with it
-            )
+        child_env = {**context.without_token({**os.environ, **env}), "RAYLESS_DIE_WITH_PARENT": "1"}
+        fd = context.token_pipe(self._token)
+        child_env[context.ENV_TOKEN_FD] = str(fd)
+        try:
+            with open(log_path, "ab") as out:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "rayless.actors.control.process",
+                    env=child_env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=asyncio.subprocess.STDOUT,
+                    cwd=cwd if cwd and os.path.isdir(cwd) else None,
+                    pass_fds=(fd,),
+                    start_new_session=True,  # its own process group: its children die with it
+                )
+        finally:
+            os.close(fd)
         self._procs[proc.pid] = proc
         task = asyncio.ensure_future(self._wait(proc))
         self._waiters.add(task)
@@ -96,8 +110,11 @@ class ProcessSpawner:
 class ZygoteSpawner:
     """Forks actors from a zygote: ``path`` of a running one, or ``"auto"`` to start our own."""
 
-    def __init__(self, path: str = "auto", *, start_timeout: float = 120.0) -> None:
+    def __init__(
+        self, path: str = "auto", *, start_timeout: float = 120.0, token: str = ""
+    ) -> None:
         self._path = path
+        self._token = token
         self._start_timeout = start_timeout
         self._own: asyncio.subprocess.Process | None = None
         self._tmpdir: str | None = None
@@ -132,7 +149,7 @@ class ZygoteSpawner:
             "rayless.actors.control.zygote",
             path,
             stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "RAYLESS_DIE_WITH_PARENT": "1"},
+            env={**context.without_token(os.environ), "RAYLESS_DIE_WITH_PARENT": "1"},
         )
         assert self._own.stdout is not None  # internal invariant: stdout=PIPE
         try:
@@ -194,13 +211,14 @@ class ZygoteSpawner:
     async def spawn(self, env: dict[str, str], log_path: str, cwd: str | None) -> int:
         if self._writer is None:
             if self._fallback is None:
-                self._fallback = ProcessSpawner()
+                self._fallback = ProcessSpawner(self._token)
                 await self._fallback.start(self._on_exit)
             return await self._fallback.spawn(env, log_path, cwd)
         tag = next(self._tags)
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[tag] = fut
-        self._send({"op": "fork", "tag": tag, "env": env, "log": log_path, "cwd": cwd})
+        msg = {"op": "fork", "tag": tag, "env": env, "log": log_path, "cwd": cwd}
+        self._send({**msg, "token": self._token})  # over the zygote's private socket
         # the first fork may wait for the zygote's warm-up (torch imports): allow for it
         reply = await asyncio.wait_for(fut, max(30.0, self._start_timeout))
         if reply.get("op") != "forked":

@@ -7,12 +7,14 @@ directory). It never creates a ZeroMQ context, threads or a CUDA context, so for
 safe; each child sets its own environment (CUDA_VISIBLE_DEVICES first) before touching CUDA.
 
 Protocol: length-prefixed (4 bytes, big endian) msgpack maps.
-    agent → zygote  {"op": "fork", "tag": T, "env": {...}, "log": PATH}
+    agent → zygote  {"op": "fork", "tag": T, "env": {...}, "log": PATH, "token": TOKEN}
                     {"op": "preload", "module": NAME}
     zygote → agent  {"op": "forked", "tag": T, "pid": P} / {"op": "fork_failed", "tag", "error"}
                     {"op": "exit", "pid": P, "code": C}   (C < 0: killed by signal -C)
                     {"op": "preloaded", "module", "ok", "error"}
-A connection that closes takes its children with it (SIGKILL).
+A connection that closes takes its children with it (SIGKILL). The zygote itself is started
+without the token (its environment, inherited by every fork, never holds one); a forked child
+gets the token of its fork request in memory, never in its environment.
 
 An actor's own children die with it: each forked actor leads its own process group (its
 children inherit it), and the zygote is a child subreaper (PR_SET_CHILD_SUBREAPER), so
@@ -220,7 +222,8 @@ class Zygote:
                 self._become_child(msg)
                 from rayless.actors.control.process import child_main
 
-                code = child_main()
+                token = msg.get("token")
+                code = child_main(token if isinstance(token, str) else None)
             except BaseException:
                 traceback.print_exc()
             finally:
@@ -253,6 +256,8 @@ class Zygote:
         sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
         env = msg.get("env") or {}
         os.environ.update({str(k): str(v) for k, v in env.items()})
+        for name in ("RAYLESS_TOKEN", "RAYLESS_TOKEN_FILE", "RAYLESS_TOKEN_FD"):
+            os.environ.pop(name, None)  # the token comes in the fork request only
         cwd = msg.get("cwd")
         if isinstance(cwd, str) and os.path.isdir(cwd):
             os.chdir(cwd)
@@ -280,7 +285,8 @@ def main() -> None:
         sys.exit("usage: python -m rayless.actors.control.zygote SOCKET_PATH")
     if os.environ.get("RAYLESS_DIE_WITH_PARENT"):
         die_with_parent()
-    os.environ.pop("RAYLESS_TOKEN", None)  # the fork template never needs the cluster token
+    for name in ("RAYLESS_TOKEN", "RAYLESS_TOKEN_FILE", "RAYLESS_TOKEN_FD"):
+        os.environ.pop(name, None)  # the fork template never needs the cluster token
     zygote = Zygote(sys.argv[1])
     zygote.start()
     print("ready", flush=True)

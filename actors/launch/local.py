@@ -66,11 +66,9 @@ class LocalProcesses:
             zygote_path = "none"
             if self.zygote:
                 zygote_path = os.path.join(self.tmpdir, "zygote.sock")
-                self.zygote_proc = self._start(
-                    "-m",
-                    "rayless.actors.control.zygote",
-                    zygote_path,
-                    RAYLESS_ZYGOTE_PRELOAD=self.zygote_preload,
+                zygote_args = ("-m", "rayless.actors.control.zygote", zygote_path)
+                self.zygote_proc = start_child(  # the fork template never holds the token
+                    zygote_args, None, os.environ, {"RAYLESS_ZYGOTE_PRELOAD": self.zygote_preload}
                 )
             self.address = first_line(self.head, "the head", timeout=START_TIMEOUT)
             if self.zygote_proc is not None:

@@ -5,8 +5,9 @@
 
 Node rank 0 starts the head on ``--master-addr:--master-port`` and its node agent, waits until
 all ``--nnodes`` agents joined (a rendezvous: on timeout the message names the missing ranks),
-then runs the driver command with RAYLESS_ADDRESS and RAYLESS_TOKEN in its environment (so
-``actors.connect()`` joins), and finally shuts the cluster down; its exit code is the driver's.
+then runs the driver command with RAYLESS_ADDRESS and RAYLESS_TOKEN_FILE in its environment
+(so ``actors.connect()`` joins; the file is ``--token-file`` or a 0600 file of this launch,
+removed at its end), and finally shuts the cluster down; its exit code is the driver's.
 Other ranks wait for the head's port, start a node agent that registers its rank, and exit 0
 when the head shuts the cluster down (1 when the cluster failed). SIGINT/SIGTERM/SIGHUP on a
 rank stop every process of ours on that node; on rank 0 the driver gets the signal first, then
@@ -32,7 +33,10 @@ Token (never on a command line): ``--token-stdin`` (first line of stdin, used by
 stdin is then watched and EOF stops the node), else ``--token-file F`` (read; if F does not
 exist, rank 0 generates a token and writes F with mode 0600, other ranks wait for F — a shared
 filesystem), else RAYLESS_TOKEN / RAYLESS_TOKEN_FILE, else rank 0 of a one-node launch
-generates one. Head, agents and the driver receive it in their environment only.
+generates one. Head and agents receive it through an inherited pipe (RAYLESS_TOKEN_FD), the
+driver as RAYLESS_TOKEN_FILE: never in an environment, which ``/proc/<pid>/environ`` shows to
+every descendant. A RAYLESS_TOKEN given to the launch stays in the launch's own environment
+(the user's choice) and is removed from its children's.
 
 This module runs the two roles (:func:`launch`, ``main``); its parts: ``actors.launch.config``
 (options, environment defaults, :class:`LaunchConfig`), ``actors.launch.tokens`` (the token),
@@ -66,7 +70,7 @@ from rayless.actors.launch.config import (
 )
 from rayless.actors.launch.procs import LaunchError, NodeProcesses, StopFlag
 from rayless.actors.launch.rendezvous import rendezvous, request_shutdown, wait_for_port
-from rayless.actors.launch.tokens import resolve_token
+from rayless.actors.launch.tokens import DriverTokenFile, resolve_token
 from rayless.transport.errors import RaylessError
 
 # -- the two roles --------------------------------------------------------------------------
@@ -87,8 +91,12 @@ def _run_rank0(cfg: LaunchConfig, token: str, stop: StopFlag, procs: NodeProcess
         while not stop.wait(0.5):
             procs.check_alive()
         return 0
-    env = {context.ENV_ADDRESS: cfg.address, context.ENV_TOKEN: token}
-    code = procs.run_driver(_driver_argv(cfg.command), env, stdin_free=not cfg.token_stdin)
+    token_file = DriverTokenFile(cfg, token)
+    try:
+        env = {context.ENV_ADDRESS: cfg.address, context.ENV_TOKEN_FILE: token_file.path}
+        code = procs.run_driver(_driver_argv(cfg.command), env, stdin_free=not cfg.token_stdin)
+    finally:
+        token_file.remove()
     if code is None:  # stopped by a signal: the driver had its chance to exit
         return 128 + stop.signum
     return code

@@ -8,7 +8,9 @@ here, and ``LocalProcesses`` (an embedded cluster on this host) in ``actors.laun
 Every child starts in its own session (a terminal's Ctrl-C reaches only the launch, which
 decides what each child gets) and dies with its parent if that is killed outright: head and
 agent through RAYLESS_DIE_WITH_PARENT, the driver through PR_SET_PDEATHSIG (SIGTERM). The
-token is passed in the children's environment, never on their command lines.
+token reaches head and agent through an inherited pipe (RAYLESS_TOKEN_FD, read and closed at
+their start), never their environment (which ``/proc/<pid>/environ`` keeps showing to their
+descendants) nor their command lines; the driver gets RAYLESS_TOKEN_FILE (a 0600 file).
 """
 
 from __future__ import annotations
@@ -49,21 +51,31 @@ Child = subprocess.Popen[bytes]
 
 
 def start_child(
-    args: Sequence[str], token: str, environ: Mapping[str, str], extra: Mapping[str, str]
+    args: Sequence[str], token: str | None, environ: Mapping[str, str], extra: Mapping[str, str]
 ) -> Child:
-    """``python *args`` in its own session with the token in its environment, stdout piped.
+    """``python *args`` in its own session, stdout piped; the token (None: none, as for the
+    zygote) in an inherited pipe named by RAYLESS_TOKEN_FD, never in its environment.
 
     Raises:
         OSError: the interpreter cannot be started.
     """
-    env = {**environ, context.ENV_TOKEN: token, "RAYLESS_DIE_WITH_PARENT": "1", **extra}
-    return subprocess.Popen(
-        [sys.executable, *args],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        env=env,
-        start_new_session=True,
-    )
+    env = {**context.without_token(environ), "RAYLESS_DIE_WITH_PARENT": "1", **extra}
+    fds: tuple[int, ...] = ()
+    if token is not None:
+        fds = (context.token_pipe(token),)
+        env[context.ENV_TOKEN_FD] = str(fds[0])
+    try:
+        return subprocess.Popen(
+            [sys.executable, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            env=env,
+            pass_fds=fds,
+            start_new_session=True,
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def first_line(
@@ -238,7 +250,7 @@ class NodeProcesses:
         self.cfg = cfg
         self.token = token
         self.stop = stop
-        self.environ = {k: v for k, v in environ.items() if k != context.ENV_TOKEN_FILE}
+        self.environ = context.without_token(environ)
         self.head: subprocess.Popen[bytes] | None = None
         self.agent: subprocess.Popen[bytes] | None = None
         self.driver: subprocess.Popen[bytes] | None = None

@@ -1,10 +1,12 @@
 """A launch's cluster token: from stdin, a token file (rank 0 writes it when it is missing), the
-environment, or a fresh one for a one-node launch (the rules are in ``actors.launch.node``).
+environment, or a fresh one for a one-node launch (the rules are in ``actors.launch.node``);
+and the 0600 file that hands it to the driver (:func:`driver_token_file`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Mapping
@@ -65,4 +67,25 @@ def resolve_token(cfg: LaunchConfig, stop: StopFlag, environ: Mapping[str, str])
     )
 
 
-__all__ = ["resolve_token"]
+class DriverTokenFile:
+    """The token file a launch names in its driver's RAYLESS_TOKEN_FILE: the launch's own
+    ``--token-file`` when it has one, else a 0600 file in a fresh 0700 directory, removed by
+    :meth:`remove` (so the token is never in the driver's environment)."""
+
+    def __init__(self, cfg: LaunchConfig, token: str) -> None:
+        self._tmpdir: str | None = None
+        if cfg.token_file:
+            self.path = os.path.abspath(os.path.expanduser(cfg.token_file))
+            return
+        self._tmpdir = tempfile.mkdtemp(prefix="rayless-launch-")  # mode 0700
+        self.path = os.path.join(self._tmpdir, "token")
+        _write_token_file(self.path, token)
+
+    def remove(self) -> None:
+        """Remove the file if this launch wrote it. Idempotent."""
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+
+__all__ = ["DriverTokenFile", "resolve_token"]

@@ -164,6 +164,7 @@ def test_signals_tear_down_a_rank_and_the_cluster(tmp_path: Path, driver: Path) 
     port = free_port()
     token_file = tmp_path / "token"
     token_file.write_text("a-shared-secret-token\n")
+    token_file.chmod(0o600)  # a token file must be private
     common = ["--token-file", str(token_file), "--", str(driver), "sleep"]
     rank1 = Node(tmp_path, 1, 2, port, *common)
     rank0 = Node(tmp_path, 0, 2, port, *common)

@@ -25,6 +25,7 @@ async def test_connect_from_the_launch_environment_owns_its_session(
 ) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(local_cluster_processes.token)
+    token_file.chmod(0o600)  # a token file must be private
     host_port = local_cluster_processes.address.removeprefix("tcp://")
     monkeypatch.setenv("RAYLESS_ADDRESS", host_port)  # no tcp://, as users type it
     monkeypatch.setenv("RAYLESS_TOKEN_FILE", str(token_file))
