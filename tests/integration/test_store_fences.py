@@ -24,8 +24,8 @@ from rayless.store import (
     Store,
     StoreError,
     UnitLostError,
+    local_maps,
 )
-from rayless.store import local_maps
 from tests.integration.fence_classes import Writer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
