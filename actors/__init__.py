@@ -7,7 +7,7 @@ Imports ``transport`` and ``placement``; never ``store``.
         print(await counter.add(41))
 """
 
-from rayless.actors.api.actor import Actor
+from rayless.actors.api.actor import Actor, current_caller
 from rayless.actors.api.cluster import Cluster, connect
 from rayless.actors.api.handle import ActorHandle, ActorMethod, endpoint, gather, wait
 from rayless.actors.errors import ActorDiedError
@@ -24,6 +24,7 @@ __all__ = [
     "RaylessError",
     "RemoteError",
     "connect",
+    "current_caller",
     "endpoint",
     "gather",
     "wait",

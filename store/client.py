@@ -40,6 +40,7 @@ from rayless.store.errors import (
 from rayless.store.kv import KVFace
 from rayless.store.local import LocalPlane
 from rayless.store.unit import StorageUnit
+from rayless.store.unit_local import reservation_ttl as _reservation_ttl
 from rayless.transport.errors import ClosedError, RaylessError
 
 __all__ = ["DEFAULT_NAME", "PUT_TIMEOUT", "Store"]
@@ -119,6 +120,7 @@ class Store(DataPlane, StatusFace, KVFace):
         reclaim_after: float = 120.0,
         unit_max_restarts: int = 0,
         lease_after: float = 60.0,
+        reservation_ttl: float | None = None,
     ) -> Store:
         """Spawn a controller (named ``name``) and ``num_units`` units, one per node round-robin
         (or on ``nodes[i]``); wait for their handshakes. Await it, or ``async with`` it (the
@@ -129,6 +131,8 @@ class Store(DataPlane, StatusFace, KVFace):
         shard numbers directly. ``unit_max_restarts`` restarts a dead unit (empty: its samples
         stay lost) that registers and is watched again. ``lease_after``: seconds a fetched
         batch waits for its client's ack before it goes back to its task (the client died).
+        ``reservation_ttl``: seconds a same-host put's reserved slots wait for its commit
+        (default ``RAYLESS_STORE_RESERVATION_TTL`` in the units' environment, else 120).
         Raises ValueError/StoreInputError for bad arguments,
         PlacementError/RemoteError when actors cannot start (nothing is left running).
         """
@@ -136,6 +140,8 @@ class Store(DataPlane, StatusFace, KVFace):
             raise StoreInputError(f"num_units must be a positive int, got {num_units!r}")
         if device not in ("cpu", "cuda"):
             raise StoreInputError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        if reservation_ttl is not None:
+            _reservation_ttl(reservation_ttl)  # raises StoreInputError before anything starts
         if nodes is None:
             alive = [n["node_id"] for n in await cluster.nodes() if n.get("alive", True)]
             nodes = [alive[i % len(alive)] for i in range(num_units)]
@@ -152,6 +158,7 @@ class Store(DataPlane, StatusFace, KVFace):
                 controller,
                 device,
                 capacity_bytes,
+                reservation_ttl,
                 name=f"{name}-unit-{i}",
                 node=node,
                 gpus=gpus,

@@ -25,6 +25,8 @@ from rayless.store.errors import (
     StoreError,
     StoreInputError,
     UnitLostError,
+    UnknownFieldError,
+    UnknownPartitionError,
 )
 from rayless.store.fetches import check_timeout
 from rayless.store.local import LocalPlane
@@ -345,6 +347,8 @@ class DataPlane:
         results = await asyncio.gather(*calls, return_exceptions=True)
         if isinstance(results[0], BaseException):
             raise results[0]
+        if any(isinstance(r, (UnknownFieldError, UnknownPartitionError)) for r in results[1:]):
+            await self.controller.check_readable(meta)  # cleared meanwhile: StaleMetaError
         lost = {int(pos): str(unit) for pos, unit in results[0]}
         dead = [isinstance(r, (ActorDiedError, UnitLostError)) for r in results[1:]]
         if lost or any(dead):

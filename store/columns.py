@@ -19,6 +19,19 @@ Readers never see bytes change under them (the lease design):
   writes take never-used slots (the column grows) instead of reusing;
 * growing moves the column to a new segment and unlinks the old one: mappings readers hold
   keep the old bytes, which nobody writes again.
+
+Writers are fenced the same way. A same-host client copies a put's rows into its reserved
+slots itself, so the unit cannot stop a late copy; it makes one land nowhere visible instead:
+
+* a reservation hands out the column's ``fence`` with its slots; the client copies only under
+  a shared lease, after checking that the segment header still holds that fence;
+* the slots of a reservation that is dropped (released, expired, its client gone) go to
+  ``fenced``, never straight back to ``free``: a writer stalled past the drop may still copy
+  into them, and they are visible to nobody;
+* ``reclaim`` moves fenced slots to ``free`` only under the exclusive lease (so no writer is
+  copying), and bumps the fence in the header first: a writer that wakes later sees another
+  fence and copies nothing. Growing and pooling a segment set a fresh fence too (fences, like
+  generations, never repeat in a process).
 """
 
 from __future__ import annotations
@@ -63,6 +76,7 @@ def _retire(seg: Segment) -> None:
     held = sum(s.payload_bytes for s in _POOL)
     if held + seg.payload_bytes <= POOL_MAX_BYTES and seg.lock(True, False):
         seg._set_version(_next_generation())  # stale (name, generation) pairs fail now
+        seg._set_fence(_next_generation())  # and so do stalled writers' (name, fence) pairs
         seg.unlock()
         _POOL.append(seg)
         while len(_POOL) > 8:
@@ -114,22 +128,38 @@ class ShmDense(_Dense):
         self.segment: Segment | None = None
         self.generation = 0
         self.quarantine: list[int] = []
+        self.fenced: list[int] = []  # slots of dropped reservations (a late copy may land)
+        self.fence = 0  # what a writer must find in the segment header to copy
         self.pending = 0  # slots reserved by same-host puts, not committed yet
 
     def reclaim(self) -> bool:
-        """Move quarantined slots to ``free`` if no reader holds a lease; whether it did."""
-        if not self.quarantine:
+        """Move quarantined and fenced slots to ``free`` if no reader or writer holds a lease;
+        whether it did."""
+        if not self.quarantine and not self.fenced:
             return True
         seg = self.segment
         if seg is not None:
             if not seg.lock(True, False):
                 return False
-            self.generation = _next_generation()
-            seg._set_version(self.generation)
+            if self.quarantine:
+                self.generation = _next_generation()
+                seg._set_version(self.generation)
+            if self.fenced:  # stalled writers of these slots find another fence: no copy
+                self.fence = _next_generation()
+                seg._set_fence(self.fence)
             seg.unlock()
         self.free.extend(self.quarantine)
+        self.free.extend(self.fenced)
         self.quarantine.clear()
+        self.fenced.clear()
         return True
+
+    def _stamp(self, seg: Segment) -> None:
+        """Give a segment the column moves to a fresh generation and fence."""
+        self.generation = _next_generation()
+        self.fence = _next_generation()
+        seg._set_version(self.generation)
+        seg._set_fence(self.fence)
 
     def growth(self, indexes: Sequence[int], budget: int) -> tuple[int, int]:
         """Like the base, but every row takes a fresh slot (copy-on-write)."""
@@ -141,8 +171,7 @@ class ShmDense(_Dense):
         keep its bytes). Raises OSError when shared memory is exhausted."""
         row_shape = tuple(self.data.shape[1:])
         seg = _segment_for(capacity * row_bytes_of(self.schema))
-        self.generation = _next_generation()
-        seg._set_version(self.generation)
+        self._stamp(seg)
         bigger = tensor_on(seg, self.data.dtype, row_shape, capacity)
         if self.top:
             bigger[: self.top].copy_(self.data[: self.top])

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from rayless.store.columns import ShmDense, _next_generation, forget
+from rayless.store.columns import ShmDense, forget
 from rayless.store.segments import Segment
 
 __all__ = ["LEASE_BYTES", "CudaDense", "cuda_uuid"]
@@ -55,8 +55,7 @@ class CudaDense(ShmDense):
             (capacity, *self.data.shape[1:]), dtype=self.data.dtype, device=self.data.device
         )
         seg = Segment.create(LEASE_BYTES)
-        self.generation = _next_generation()
-        seg._set_version(self.generation)
+        self._stamp(seg)
         if self.top:
             bigger[: self.top].copy_(self.data[: self.top])
         old, self.segment, self.data = self.segment, seg, bigger

@@ -88,18 +88,20 @@ class ForeignMetaError(StoreInputError, wire="rayless.ForeignMetaError"):
 class StoreFullError(StoreError, wire="rayless.StoreFullError"):
     """A write would take a storage unit past its byte capacity; nothing was written.
 
-    Attributes: ``unit`` (its id), ``needed`` (bytes the write needs), ``available`` (bytes free).
+    Attributes: ``unit`` (its id), ``needed`` (bytes the write needs), ``available`` (bytes free),
+    ``reason`` (set when the host ran out of memory before the capacity, e.g. ``/dev/shm``).
     """
 
-    def __init__(self, unit: str, needed: int, available: int, capacity: int) -> None:
+    def __init__(
+        self, unit: str, needed: int, available: int, capacity: int, *, reason: str = ""
+    ) -> None:
         self.unit = unit
         self.needed = needed
         self.available = available
         self.capacity = capacity
-        super().__init__(
-            f"storage unit {unit!r} is full: the write needs {needed} bytes, "
-            f"{available} of {capacity} are free"
-        )
+        self.reason = reason
+        why = reason or f"the write needs {needed} bytes, {available} of {capacity} are free"
+        super().__init__(f"storage unit {unit!r} is full: {why}")
 
 
 class WriteTooLargeError(StoreFullError, wire="rayless.WriteTooLargeError"):

@@ -33,7 +33,7 @@ import torch
 from tensordict import TensorDict
 
 from rayless.actors import ActorDiedError
-from rayless.store.errors import UnitLostError
+from rayless.store.errors import StoreError, StoreInputError, UnitLostError
 from rayless.store.local_cuda import ready_events, run_copies
 from rayless.store.local_maps import LocalMaps, _Mapped
 from rayless.store.meta import BatchMeta
@@ -41,7 +41,6 @@ from rayless.store.packed import pack_columns
 from rayless.store.results import result as _result
 from rayless.store.rows import target_device
 from rayless.store.schema import Column, FieldSchema, assemble, field_key
-from rayless.store.segments import Superseded
 from rayless.store.slots import gather_rows as _rows
 from rayless.store.slots import run_of as _run
 from rayless.store.slots import scatter_rows as _scatter
@@ -119,8 +118,9 @@ class LocalPlane(LocalMaps):
                 events = ready_events(c.dense for c in dense.values() if c.dense is not None)
             args = (res["fields"], dense, positions, events, gpu)
             copied = await asyncio.to_thread(self._copy_in, *args)
-            if not copied:  # the column moved before we mapped it: the socket path
-                await handle.release(token)
+            if not copied:  # the column moved or fenced its writers: the socket path
+                if not await handle.release(token):
+                    raise StoreError("the same-host put's reservation expired before its copy")
                 sub = pack_columns(columns, positions)
                 await handle.write(partition, indexes, sub, wire, timeout, put_id)
                 return
@@ -140,32 +140,39 @@ class LocalPlane(LocalMaps):
         events: list[Any],
         gpu: torch.device | None,
     ) -> bool:
-        """Copy a put's dense rows into their reserved slots; False: the column moved."""
+        """Copy a put's dense rows into their reserved slots, each segment under a shared
+        lease while its header holds the reservation's fence; False: the column moved or
+        fenced this reservation's writers (see columns.py), nothing more is copied."""
         copies: list[tuple[torch.Tensor, list[int], torch.Tensor]] = []
-        for name, where in fields.items():
-            col = dense[name]
-            if where["segment"] is None or col.dense is None:
-                continue  # rows of zero bytes
-            try:
-                m = self._open(where["segment"])
-            except Superseded:
-                return False
-            if gpu is not None and m.tensor is None:
-                return False  # not opened (evicted meanwhile): the socket path
-            dst = self._view(m, col.schema, int(where["rows"]), own=False)
-            copies.append((dst, where["slots"], col.dense))
-        if gpu is None:
-            for dst, slots, src in copies:
-                _scatter(dst, slots, _rows(src, positions))
+        held: list[_Mapped] = []
+        try:
+            for name, where in fields.items():
+                col = dense[name]
+                if where["segment"] is None or col.dense is None:
+                    continue  # rows of zero bytes
+                m = self._acquire(where["segment"], fence=int(where.get("fence", 0)))
+                if m is None:
+                    return False
+                held.append(m)
+                if gpu is not None and m.tensor is None:
+                    return False  # not opened (evicted meanwhile): the socket path
+                dst = self._view(m, col.schema, int(where["rows"]), own=False)
+                copies.append((dst, where["slots"], col.dense))
+            if gpu is None:
+                for dst, slots, src in copies:
+                    _scatter(dst, slots, _rows(src, positions))
+                return True
+            devices = {gpu, *(src.device for _, _, src in copies)}
+
+            def copy() -> None:
+                for dst, slots, src in copies:
+                    _scatter(dst, slots, _rows(src, positions))
+
+            run_copies(events, devices, copy)
             return True
-        devices = {gpu, *(src.device for _, _, src in copies)}
-
-        def copy() -> None:
-            for dst, slots, src in copies:
-                _scatter(dst, slots, _rows(src, positions))
-
-        run_copies(events, devices, copy)
-        return True
+        finally:
+            for m in held:
+                self._release(m)
 
     # -- get ----------------------------------------------------------------------------
 
@@ -233,10 +240,14 @@ class LocalPlane(LocalMaps):
             )
             for g, ((_, part), positions) in enumerate(groups.items())
         ]
-        rest_parts = await asyncio.gather(*copies)
-        if any(r is None for r in rest_parts):
+        done = await asyncio.gather(*copies)
+        if any(r is None for r in done):
             return None
-        parts = [p for p in rest_parts if p is not None]
+        if any(r[2] for r in done if r is not None):
+            # rows located again (their slots were reclaimed: a clear ran meanwhile, and
+            # the indexes may hold newer samples now): the meta must still be current
+            await store.controller.check_readable(meta)  # else StaleMetaError
+        parts = [(r[0], r[1]) for r in done if r is not None]
         td = assemble(size, {k: (schemas[k], _unpack(meta, k, size, parts)) for k in rest})
         for name in dense:
             td.set(field_key(name), out[name])
@@ -254,21 +265,22 @@ class LocalPlane(LocalMaps):
         out: dict[str, torch.Tensor],
         view: bool,
         events: list[Any],
-    ) -> tuple[list[int], Any] | None:
-        """Copy one unit's rows into ``out``; ``(positions, other fields)``, None: give up."""
+    ) -> tuple[list[int], Any, bool] | None:
+        """Copy one unit's rows into ``out``; ``(positions, other fields, whether the rows were
+        located again)``, None: give up."""
         schemas = meta.field_schemas
         gpu = self.gpu_of(unit)
         for attempt in range(_RETRIES):
             args = (found["fields"], schemas, positions, meta.size, out, view, events, gpu)
             if await asyncio.to_thread(self._copy_out, *args):
-                return positions, found["rest"]
+                return positions, found["rest"], attempt > 0
             idx = [meta.global_indexes[p] for p in positions]
             try:
                 found = await unit["handle"].locate(part, idx, dense, rest, self.known(unit))
                 if gpu is not None:
                     self._map_cuda(found["fields"], schemas)
-            except (ActorDiedError, UnitLostError):
-                return None
+            except (ActorDiedError, UnitLostError, StoreInputError):
+                return None  # the socket path raises the typed error (StaleMetaError...)
             if attempt > 10:
                 await asyncio.sleep(0.001)  # the unit is reclaiming slots: let it finish
         return None

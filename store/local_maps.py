@@ -120,26 +120,34 @@ class LocalMaps:
     # -- segments and leases ------------------------------------------------------------
 
     def _open(self, name: str) -> _Mapped:
-        with self._guard:
-            m = self._maps.get(name)
-            if m is None:
-                if len(self._maps) >= _MAX_OPEN:
-                    for old in [k for k, v in self._maps.items() if v.leases == 0]:
-                        forget(self._maps.pop(old).seg)
-                m = self._maps[name] = _Mapped(Segment.open(name))
-            return m
+        """The mapping of segment ``name``, opened if needed; call with ``_guard`` held (an
+        unleased mapping may be evicted by the next open). Raises Superseded when it is gone."""
+        m = self._maps.get(name)
+        if m is None:
+            if len(self._maps) >= _MAX_OPEN:
+                for old in [k for k, v in self._maps.items() if v.leases == 0]:
+                    forget(self._maps.pop(old).seg)
+            m = self._maps[name] = _Mapped(Segment.open(name))
+        return m
 
-    def _acquire(self, name: str, generation: int) -> _Mapped | None:
-        """A shared lease on ``name`` while it holds ``generation``; None: locate again."""
-        try:
-            m = self._open(name)
-        except Superseded:
-            return None
+    def _acquire(
+        self, name: str, generation: int | None = None, fence: int | None = None
+    ) -> _Mapped | None:
+        """A shared lease on segment ``name`` while it holds ``generation`` (a reader's check)
+        and ``fence`` (a writer's: see columns.py); None: locate or reserve again.
+
+        Opening and leasing happen under one hold of ``_guard``: a mapping another thread
+        evicts or closes is never one this call is about to lock."""
         with self._guard:
+            try:
+                m = self._open(name)
+            except Superseded:
+                return None
             if m.leases == 0 and not m.seg.lock(False, False):
                 return None  # the unit is reclaiming slots right now
             m.leases += 1
-        if m.seg.version != generation:
+        stale_gen = generation is not None and m.seg.version != generation
+        if stale_gen or (fence is not None and m.seg.fence != fence):
             self._release(m)
             return None
         return m

@@ -10,7 +10,7 @@ API (all of it synchronous; run big copies in a thread):
 
 * :class:`Segment` ``.create(payload_bytes)`` / ``.open(name)``: a mapped file
   ``/dev/shm/rayless-<pid>-<serial>-<hex>`` (the transport's naming rule) with a 64-byte header
-  (magic, committed version, payload size) and ``payload`` (a writable memoryview).
+  (magic, committed version, payload size, writers' fence) and ``payload`` (a writable memoryview).
 * :class:`SlotPool` (writer): ``begin(nbytes)`` gives a :class:`Segment` leased exclusively
   (never the newest committed one, never one a reader holds: double buffering that grows to at
   most ``max_slots`` segments); ``commit(segment, version)``; ``close()`` unlinks them all.
@@ -49,6 +49,7 @@ __all__ = ["HEADER", "Reader", "Segment", "SlotPool", "Superseded", "owned", "re
 HEADER = 64  # bytes before the payload (keeps the payload 64-byte aligned)
 _MAGIC = b"RLSEG001"
 _HDR = struct.Struct("<8sqq")  # magic, committed version (-1: being written), payload bytes
+_FENCE_AT = _HDR.size  # then the writers' fence (see ``Segment.fence``)
 _UNCOMMITTED = -1
 _OWNED: set[str] = set()  # segments this process created and has not unlinked yet
 _GUARD = threading.Lock()
@@ -173,6 +174,15 @@ class Segment:
 
     def _set_version(self, version: int) -> None:
         struct.pack_into("<q", self.mapping, 8, version)
+
+    @property
+    def fence(self) -> int:
+        """The writers' fence: a writer that was handed slots under one fence copies into them
+        only while the header still holds it (``rayless.store.columns``; 0 when never set)."""
+        return int(struct.unpack_from("<q", self.mapping, _FENCE_AT)[0])
+
+    def _set_fence(self, fence: int) -> None:
+        struct.pack_into("<q", self.mapping, _FENCE_AT, fence)
 
     def lock(self, exclusive: bool, wait: bool) -> bool:
         """Take the lease (``flock``); False when ``wait`` is False and someone holds it."""

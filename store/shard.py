@@ -24,6 +24,7 @@ unit with :func:`kv_shard_of`.
 
 from __future__ import annotations
 
+import errno
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -220,20 +221,16 @@ class ShardStorage:
                 needed += sum(sizes[name]) - sum(before.get(i, 0) for i in idx)
         if budget is not None and needed > budget:
             self._full(needed)
-        # Apply.
+        # Grow (what can fail: shared memory exhausted), then apply.
+        dense_cols = self._grow_dense(existing, columns, merged, growths, needed) if idx else {}
         cols = self._parts.setdefault(partition, {})
         for name, col in columns.items():
             if not idx:
                 continue
             schema = merged[name]
             if col.schema.kind == "dense":
-                dense = cols.get(name)
-                if not isinstance(dense, _Dense):
-                    dense = self.dense_type(schema, self.device)
-                    cols[name] = dense
-                dense.schema = schema
-                if name in growths:
-                    dense.grow(growths[name])
+                dense = dense_cols[name]
+                cols[name] = dense
                 if col.dense is not None:
                     dense.write(idx, col.dense)
             else:
@@ -250,6 +247,47 @@ class ShardStorage:
             del self._parts[partition]
         shapes = {n: list(c.sample_shapes or []) for n, c in columns.items() if c.schema.is_nested}
         return DataUpdate(partition, idx, reported, shapes)
+
+    def _grow_dense(
+        self,
+        existing: Mapping[str, _Col],
+        columns: Mapping[str, Column],
+        merged: Mapping[str, FieldSchema],
+        growths: Mapping[str, int],
+        needed: int,
+    ) -> dict[str, _Dense]:
+        """The dense columns of a write, grown as planned (new ones not yet in the partition).
+        Raises StoreFullError naming ``/dev/shm`` when shared memory is exhausted (new columns
+        are closed again, grown ones keep their room)."""
+        out: dict[str, _Dense] = {}
+        try:
+            for name, col in columns.items():
+                if col.schema.kind != "dense":
+                    continue
+                old = existing.get(name)
+                dense = (
+                    old if isinstance(old, _Dense) else self.dense_type(merged[name], self.device)
+                )
+                dense.schema = merged[name]
+                out[name] = dense
+                if name in growths:
+                    dense.grow(growths[name])
+        except OSError as exc:
+            for name, dense in out.items():
+                if dense is not existing.get(name):
+                    _close(dense)
+            raise self.shm_full(needed, exc) from None
+        return out
+
+    def shm_full(self, needed: int, exc: OSError) -> Exception:
+        """``exc`` (a column's shared memory could not be allocated) as the StoreFullError
+        naming ``/dev/shm`` that it means when the host is out of it (ENOSPC, ENOMEM), else
+        ``exc`` itself."""
+        if exc.errno not in (errno.ENOSPC, errno.ENOMEM):
+            return exc
+        why = f"/dev/shm has no room for the write's {needed} more bytes ({exc.strerror})"
+        free, cap = self.free_bytes or 0, self.capacity_bytes or 0
+        return StoreFullError(self.unit_id, needed, free, cap, reason=why)
 
     def _check_fits_ever(self, columns: Mapping[str, Column]) -> None:
         """Raise WriteTooLargeError if the written rows alone exceed the whole capacity."""

@@ -32,6 +32,7 @@ from rayless.store.metrics import RateMeter
 from rayless.store.schema import DataUpdate, FieldSchema
 from rayless.store.shard import ShardStorage, _Dense
 from rayless.store.unit_local import LocalUnit, shm_columns_enabled
+from rayless.store.unit_local import reservation_ttl as _reservation_ttl
 
 __all__ = ["StorageUnit", "unit_device"]
 
@@ -54,8 +55,10 @@ class StorageUnit(LocalUnit, Actor):
         controller: ActorHandle,
         device: str = "cpu",
         capacity_bytes: int | None = None,
+        reservation_ttl: float | None = None,
     ) -> None:
         self.unit_id = unit_id
+        self.reservation_ttl = _reservation_ttl(reservation_ttl)
         self.controller = controller
         self.device = unit_device(device)
         dense: type[_Dense] = _Dense
@@ -63,6 +66,8 @@ class StorageUnit(LocalUnit, Actor):
             dense = CudaDense if self.device.startswith("cuda") else ShmDense
         self.shard = ShardStorage(unit_id, self.device, capacity_bytes, dense_type=dense)
         self._reservations = {}
+        self._owned = {}
+        self._waiting = {}
         self._freed = asyncio.Event()
         self._stop = asyncio.Event()
         self.incarnation = uuid.uuid4().hex  # this process: a restart registers a new one
@@ -233,6 +238,7 @@ class StorageUnit(LocalUnit, Actor):
             "puts": self._puts.snapshot(),
             "gets": self._gets.snapshot(),
             "reservations": len(self._reservations),  # same-host puts under way
+            "reserving": sum(len(t) for t in self._waiting.values()),  # reserves waiting for room
         }
 
     async def watch(self) -> None:

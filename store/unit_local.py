@@ -4,10 +4,13 @@ A CPU unit keeps its dense columns in shared memory (:mod:`rayless.store.columns
 the same host (:mod:`rayless.store.local`) then moves only control messages over the socket:
 
 * put: :meth:`LocalUnit.reserve` checks the dense fields' schemas and the room, grows the
-  columns and hands out fresh slots (segment names and slot numbers); the client copies the
-  rows into them; :meth:`LocalUnit.commit` writes the other fields (sent with it), makes the
-  slots visible and tells the controller (the same ACK as ``write``). ``release`` (or the
-  reservation's expiry, for a client killed mid-put) gives the slots back.
+  columns and hands out fresh slots (segment names, slot numbers and the column's writers'
+  fence); the client copies the rows into them; :meth:`LocalUnit.commit` writes the other
+  fields (sent with it), makes the slots visible and tells the controller (the same ACK as
+  ``write``). ``release``, the reservation's expiry (``reservation_ttl`` seconds) or the
+  transport telling that the reserving client's connection is gone gives the slots back, as
+  *fenced* slots: a writer that copies late lands nowhere visible (see columns.py). A reserve
+  still waiting for room when its client goes is cancelled.
 * get: :meth:`LocalUnit.locate` returns each dense field's segment, generation and slots (and the
   other fields' data); the client copies the rows out under a lease (see columns.py).
 """
@@ -18,11 +21,12 @@ import asyncio
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from rayless.actors import current_caller
 from rayless.store.columns import ShmDense, row_bytes_of
 from rayless.store.columns_cuda import CudaDense, cuda_uuid
 from rayless.store.errors import (
@@ -36,9 +40,26 @@ from rayless.store.schema import DataUpdate, FieldSchema
 from rayless.store.shard import ShardStorage, _check_indexes, _check_partition, _Rows
 from rayless.transport.protocol import host_id
 
-__all__ = ["RESERVATION_TTL", "LocalUnit", "shm_columns_enabled"]
+__all__ = ["RESERVATION_TTL", "LocalUnit", "reservation_ttl", "shm_columns_enabled"]
 
 RESERVATION_TTL = 120.0  # seconds after which an uncommitted reservation is released
+ENV_RESERVATION_TTL = "RAYLESS_STORE_RESERVATION_TTL"
+
+
+def reservation_ttl(value: float | None = None) -> float:
+    """Seconds an uncommitted reservation lives: ``value``, else ``RAYLESS_STORE_RESERVATION_TTL``
+    from the environment, else :data:`RESERVATION_TTL`. Raises StoreInputError for a value
+    that is not a number > 0."""
+    raw: object = value if value is not None else os.environ.get(ENV_RESERVATION_TTL)
+    if raw is None:
+        return RESERVATION_TTL
+    try:
+        ttl = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        ttl = -1.0
+    if isinstance(raw, bool) or not ttl > 0 or ttl == float("inf"):
+        raise StoreInputError(f"reservation_ttl must be a number of seconds > 0, got {raw!r}")
+    return ttl
 
 
 def shm_columns_enabled() -> bool:
@@ -52,7 +73,8 @@ class _Reservation:
     indexes: list[int] | None  # None: reserved by count ahead of the allocation
     columns: dict[str, tuple[ShmDense, torch.Tensor, list[int]]]  # name: (col, data, slots)
     schemas: dict[str, FieldSchema]
-    expires: float = field(default_factory=lambda: time.monotonic() + RESERVATION_TTL)
+    expires: float
+    owner: str | None = None  # the reserving client's connection (``current_caller``)
 
 
 class LocalUnit:
@@ -61,7 +83,10 @@ class LocalUnit:
     shard: ShardStorage
     unit_id: str
     controller: Any
-    _reservations: dict[str, _Reservation]
+    reservation_ttl: float
+    _reservations: dict[str, _Reservation]  # in order of expiry (one TTL for all)
+    _owned: dict[str, set[str]]  # a client connection: its reservations' tokens
+    _waiting: dict[str, set[asyncio.Task[Any]]]  # a client connection: its reserves waiting
 
     async def local_info(self) -> dict[str, Any]:
         """``{"host": host id, "shm": whether dense columns live in shared memory, "cuda_ipc":
@@ -85,17 +110,46 @@ class LocalUnit:
         return out
 
     def _expire(self) -> None:
+        """Drop the reservations past their expiry (the oldest first: they expire in order)."""
         now = time.monotonic()
-        for token in [t for t, r in self._reservations.items() if r.expires < now]:
+        expired = []
+        for token, res in self._reservations.items():
+            if res.expires >= now:
+                break
+            expired.append(token)
+        for token in expired:
             self._drop_reservation(token)
 
-    def _drop_reservation(self, token: str) -> None:
+    def _caller_gone(self, caller: str) -> None:
+        """The transport saw client connection ``caller`` go (BYE, dropped, expired): give
+        back its reservations and cancel its reserves that still wait for room."""
+        for task in self._waiting.pop(caller, set()):
+            task.cancel()
+        tokens = self._owned.pop(caller, set())
+        for token in tokens:
+            self._drop_reservation(token)
+        if tokens:
+            self._notify_freed()  # type: ignore[attr-defined]
+
+    def _take_reservation(self, token: str) -> _Reservation | None:
+        """Remove reservation ``token`` from the tables (None: not live)."""
         res = self._reservations.pop(token, None)
+        if res is not None and res.owner is not None:
+            owned = self._owned.get(res.owner)
+            if owned is not None:
+                owned.discard(token)
+                if not owned:
+                    del self._owned[res.owner]
+        return res
+
+    def _drop_reservation(self, token: str) -> bool:
+        """Give back reservation ``token``'s slots as fenced slots; whether it was live."""
+        res = self._take_reservation(token)
         if res is None:
-            return
+            return False
         for col, _, slots in res.columns.values():
             col.pending -= len(slots)
-            col.quarantine.extend(slots)  # a late writer may still touch them: not free yet
+            col.fenced.extend(slots)  # a late writer may still copy into them: see columns.py
         cols = self.shard._parts.get(res.partition, {})
         for name, (col, _, _) in res.columns.items():
             if not len(col) and cols.get(name) is col:
@@ -103,6 +157,7 @@ class LocalUnit:
                 col.close()
         if res.partition in self.shard._parts and not cols:
             del self.shard._parts[res.partition]
+        return True
 
     def _reserve_now(
         self,
@@ -139,22 +194,37 @@ class LocalUnit:
                 raise StoreFullError(self.unit_id, needed, budget or 0, cap or 0)
             if cost:
                 growths[name] = size
+        made: dict[str, ShmDense] = {}
+        try:  # growing is what can fail (/dev/shm full): before any slot is handed out
+            for name, (old, merged) in plan.items():
+                col = old if old is not None else ShmDense(merged, self.shard.device)
+                col.schema = merged
+                made[name] = col
+                if name in growths:
+                    col.grow(growths[name])
+        except OSError as exc:
+            for name, col in made.items():
+                if plan[name][0] is None:
+                    col.close()
+            raise self.shard.shm_full(needed, exc) from None
         out: dict[str, Any] = {}
         taken: dict[str, tuple[ShmDense, torch.Tensor, list[int]]] = {}
         cols = self.shard._parts.setdefault(partition, cols)
-        for name, (old, merged) in plan.items():
-            col = old if old is not None else ShmDense(merged, self.shard.device)
+        for name, col in made.items():
             cols[name] = col
-            col.schema = merged
-            if name in growths:
-                col.grow(growths[name])
             slots = col.take_slots(count)
             col.pending += len(slots)
             taken[name] = (col, col.data, slots)
-            out[name] = {**self._where(col, known), "slots": slots}
+            out[name] = {**self._where(col, known), "fence": col.fence, "slots": slots}
         token = uuid.uuid4().hex
         rows = None if isinstance(idx, int) else idx
-        self._reservations[token] = _Reservation(partition, rows, taken, dict(dense))
+        owner = current_caller()
+        expires = time.monotonic() + self.reservation_ttl
+        self._reservations[token] = _Reservation(
+            partition, rows, taken, dict(dense), expires, owner
+        )
+        if owner is not None:
+            self._owned.setdefault(owner, set()).add(token)
         return {"token": token, "fields": out}
 
     async def reserve(
@@ -184,9 +254,19 @@ class LocalUnit:
         else:
             idx = _check_indexes(indexes)
         declared = {k: FieldSchema.from_dict(v) for k, v in dense.items()}
-        return await self._until_room(  # type: ignore[attr-defined]
-            lambda: self._reserve_now(part, idx, declared, known), timeout
-        )
+        caller, task = current_caller(), asyncio.current_task()
+        if caller is not None and task is not None:  # cancelled if the caller goes meanwhile
+            self._waiting.setdefault(caller, set()).add(task)
+        try:
+            return await self._until_room(  # type: ignore[attr-defined]
+                lambda: self._reserve_now(part, idx, declared, known), timeout
+            )
+        finally:
+            waiting = self._waiting.get(caller) if caller is not None else None
+            if waiting is not None:
+                waiting.discard(task)
+                if not waiting:
+                    del self._waiting[caller]  # type: ignore[arg-type]
 
     async def commit(
         self,
@@ -202,9 +282,9 @@ class LocalUnit:
         ``indexes``: the samples of a reservation made by count (one per reserved row);
         ``put_id``: the column-wise put it belongs to.
 
-        Raises StoreError for an unknown (expired) token, StoreInputError for indexes that do
-        not fit the reservation, what ``write`` raises for ``rest``; on any error the
-        reservation is released and nothing stays written.
+        Raises StoreError for an unknown (expired, released, its client gone) token,
+        StoreInputError for indexes that do not fit the reservation, what ``write`` raises
+        for ``rest``; on any error the reservation is released and nothing stays written.
         """
         res = self._reservations.get(token)
         if res is None:
@@ -238,6 +318,11 @@ class LocalUnit:
                 reported.update(update.schemas)
                 shapes.update(update.sample_shapes)
             del rest
+            if self._reservations.get(token) is not res:  # expired or dropped meanwhile
+                written = [n for n in fresh if n not in res.columns]
+                if written:
+                    self.shard.delete(part, idx, written)
+                raise StoreError("the same-host put's reservation expired during its commit")
         except BaseException:
             self._drop_reservation(token)
             raise
@@ -250,7 +335,7 @@ class LocalUnit:
         if gone:  # the partition was dropped (and maybe recreated) during the put
             self._drop_reservation(token)
             raise StoreError(f"partition {part!r} was cleared during the put (fields {gone})")
-        self._reservations.pop(token, None)
+        self._take_reservation(token)
         cols = self.shard._parts.setdefault(part, {})
         for name, (col, data, slots) in res.columns.items():
             col.pending -= len(slots)
@@ -273,10 +358,12 @@ class LocalUnit:
             raise
         self._puts.add(len(idx))  # type: ignore[attr-defined]
 
-    async def release(self, token: str) -> None:
-        """Give back reservation ``token`` (a failed same-host put); unknown tokens are ignored."""
-        self._drop_reservation(token)
+    async def release(self, token: str) -> bool:
+        """Give back reservation ``token`` (a failed same-host put); whether it was still live
+        (False: unknown or expired, and nothing done)."""
+        live = self._drop_reservation(token)
         self._notify_freed()  # type: ignore[attr-defined]
+        return live
 
     async def locate(
         self,

@@ -12,6 +12,7 @@ store data never travel as pickle.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import inspect
 from dataclasses import dataclass
@@ -27,7 +28,8 @@ class Actor:
     again after every restart); ``teardown`` runs on a clean shutdown. Both may be sync or
     async. Every public method (no leading underscore) is callable through a handle;
     async methods run concurrently on the actor's loop, sync ones one at a time in a worker
-    thread.
+    thread. A method may ask :func:`current_caller` which connection called it; an actor that
+    defines ``_caller_gone(caller)`` (sync, quick) is told when such a connection is gone.
     """
 
     async def setup(self) -> None:
@@ -38,6 +40,14 @@ class Actor:
 
 
 _LIFECYCLE = frozenset({"setup", "teardown"})
+
+_CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("caller", default=None)
+
+
+def current_caller() -> str | None:
+    """The connection whose call this actor method serves (an opaque id, the one later passed
+    to the actor's ``_caller_gone`` hook when that connection is gone); None outside a call."""
+    return _CALLER.get()
 
 
 def public_methods(cls: type) -> dict[str, bool]:

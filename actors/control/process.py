@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rayless.actors.api import context
-from rayless.actors.api.actor import ClassRef, by_value, dumps_by_value, public_methods
+from rayless.actors.api.actor import _CALLER, ClassRef, by_value, dumps_by_value, public_methods
 from rayless.actors.api.portal import set_home_loop
 from rayless.actors.control import debug
 from rayless.actors.control.process_util import setup_logging
@@ -41,6 +41,7 @@ from rayless.actors.errors import StartError
 from rayless.transport import codec, loop
 from rayless.transport.client import Client
 from rayless.transport.errors import ProtocolError, RaylessError, RemoteError
+from rayless.transport.peer import Peer
 from rayless.transport.server import Request, Server
 
 DEFAULT_MAX_CONCURRENCY = 1000
@@ -241,6 +242,7 @@ class ActorHost:
             handler=self.dispatch,
             name=self.name,
             cancellable=True,  # a caller that gives up cancels its call here
+            on_peer_gone=self._peer_gone,
         )
         await self.server.start()
         return self.server.address
@@ -268,12 +270,20 @@ class ActorHost:
             )
             raise remote_error(missing, self.name)
         fn = getattr(self.instance, method)
+        caller = req.peer.routing_id.hex()
         if is_async:
-            return self._run_async(fn, args, kwargs)
+            return self._run_async(fn, args, kwargs, caller)
         assert self.worker is not None  # internal invariant: set by start()
-        return self.worker.submit(functools.partial(self._run_sync, fn, args, kwargs))
+        return self.worker.submit(functools.partial(self._run_sync, fn, args, kwargs, caller))
 
-    async def _run_async(self, fn: Any, args: Any, kwargs: Any) -> Any:
+    def _peer_gone(self, peer: Peer) -> None:
+        """Tell the instance (its ``_caller_gone`` hook, if any) that a connection is gone."""
+        hook = getattr(self.instance, "_caller_gone", None)
+        if callable(hook):
+            hook(peer.routing_id.hex())
+
+    async def _run_async(self, fn: Any, args: Any, kwargs: Any, caller: str) -> Any:
+        _CALLER.set(caller)  # this call's task has a context of its own
         async with self.semaphore:
             key = id(asyncio.current_task())
             if self.monitor is not None:
@@ -291,7 +301,8 @@ class ActorHost:
                     self.monitor.running.pop(key, None)
         await asyncio.Future()  # no reply: the caller learns of the exit (ActorDiedError)
 
-    def _run_sync(self, fn: Any, args: Any, kwargs: Any) -> Any:
+    def _run_sync(self, fn: Any, args: Any, kwargs: Any, caller: str) -> Any:
+        reset = _CALLER.set(caller)
         try:
             return fn(*args, **kwargs)
         except SystemExit as exc:
@@ -299,6 +310,8 @@ class ActorHost:
             raise _Exiting from None
         except BaseException as exc:  # KeyboardInterrupt, GeneratorExit...: a reply too
             raise remote_error(exc, self.name) from None
+        finally:
+            _CALLER.reset(reset)
 
     def exit(self, method: str, code: int) -> None:
         """A method called ``sys.exit(code)``: end the actor as Ray's ``exit_actor`` does.

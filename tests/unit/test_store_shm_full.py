@@ -1,0 +1,90 @@
+"""A unit whose shared memory (/dev/shm) is exhausted refuses writes with StoreFullError naming
+/dev/shm (socket writes and same-host reservations), leaves nothing half-made, and fences the
+slots of dropped reservations until a reclaim under the exclusive lease."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from rayless.store.columns import ShmDense
+from rayless.store.errors import StoreFullError, StoreInputError
+from rayless.store.schema import FieldSchema
+from rayless.store.segments import Segment
+from rayless.store.shard import ShardStorage
+from rayless.store.unit import StorageUnit
+from rayless.store.unit_local import reservation_ttl
+from rayless.transport.errors import error_from_state, error_to_state
+
+WIRE = {"x": {"kind": "dense", "dtype": "float32", "shape": [4]}}
+
+
+def _no_room(code: int) -> object:
+    def create(payload_bytes: int) -> Segment:
+        raise OSError(code, f"injected: {errno.errorcode[code]}")
+
+    return staticmethod(create)
+
+
+def test_a_socket_write_into_a_full_dev_shm_is_a_store_full_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shard = ShardStorage("u0", "cpu", None, dense_type=ShmDense)
+    monkeypatch.setattr(Segment, "create", _no_room(errno.ENOSPC))
+    td = TensorDict({"x": torch.ones(2, 4), "y": torch.ones(2, 3)}, [2])
+    with pytest.raises(StoreFullError, match="/dev/shm") as info:
+        shard.write("p", [0, 1], td)
+    assert shard.partitions() == [] and shard.used_bytes == 0, "nothing half-written"
+    back = error_from_state(error_to_state(info.value))  # what a remote caller rebuilds
+    assert type(back) is StoreFullError and "/dev/shm" in str(back) and back.unit == "u0"
+    monkeypatch.setattr(Segment, "create", _no_room(errno.EMFILE))
+    with pytest.raises(OSError) as other:  # not a lack of room: the error itself
+        shard.write("p", [0, 1], td)
+    assert not isinstance(other.value, StoreFullError)
+
+
+async def test_a_reservation_in_a_full_dev_shm_is_a_store_full_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    unit = StorageUnit("u1", None)
+    try:
+        monkeypatch.setattr(Segment, "create", _no_room(errno.ENOSPC))
+        with pytest.raises(StoreFullError, match="/dev/shm"):
+            await unit.reserve("p", 4, WIRE, 0.0)
+        assert unit.shard.partitions() == [] and not unit._reservations
+        monkeypatch.undo()
+        res = await unit.reserve("p", 4, WIRE, 0.0)  # room again: the same call works
+        assert len(res["fields"]["x"]["slots"]) == 4
+    finally:
+        await unit.teardown()
+
+
+def test_dropped_reservation_slots_stay_fenced_while_a_writer_holds_the_lease() -> None:
+    col = ShmDense(FieldSchema("dense", "float32", (4,)), torch.device("cpu"))
+    try:
+        col.grow(8)
+        slots = col.take_slots(4)
+        fence = col.fence
+        assert col.segment is not None and col.segment.fence == fence
+        writer = Segment.open(col.segment.name)  # a same-host client's mapping
+        try:
+            assert writer.lock(False, False)  # it copies under a shared lease
+            col.fenced.extend(slots)  # the reservation was dropped meanwhile
+            assert not col.reclaim() and col.free == [], "never freed under a writer's lease"
+            writer.unlock()
+            assert col.reclaim() and sorted(col.free) == sorted(slots)
+            assert writer.fence != fence, "a writer that wakes now finds another fence"
+        finally:
+            writer.close()
+    finally:
+        col.close()
+
+
+def test_reservation_ttl_is_checked() -> None:
+    assert reservation_ttl(None) > 0 and reservation_ttl(2.5) == 2.5
+    for bad in (0, -1, float("nan"), float("inf"), "x", True):
+        with pytest.raises(StoreInputError):
+            reservation_ttl(bad)  # type: ignore[arg-type]
