@@ -144,7 +144,8 @@ def _numbers(value: Any, where: str) -> list[int]:
     return value
 
 
-def _row_bytes(td: TensorDictBase, where: str) -> float:
+def _row_bytes(td: TensorDictBase, where: str) -> tuple[list[str], float]:
+    """The field names of ``td`` and its bytes per sample (what a unit holds per row)."""
     try:
         columns = split_columns(td)
     except StoreInputError as exc:
@@ -156,7 +157,7 @@ def _row_bytes(td: TensorDictBase, where: str) -> float:
         for row in col.rows or ():
             is_tensor = isinstance(row, torch.Tensor)
             total += tensor_bytes(row) if is_tensor else estimate_plain_bytes(row)
-    return total / max(1, int(td.batch_size[0]))
+    return sorted(columns), total / max(1, int(td.batch_size[0]))
 
 
 def _load_group(directory: Path, g: Any, where: str) -> _Group:
@@ -198,8 +199,8 @@ def _load_group(directory: Path, g: Any, where: str) -> _Group:
             raise CheckpointError(f"{where}: data file {str(path)!r} does not load: {exc}") from exc
         if not isinstance(data, TensorDictBase) or data.batch_size[:1] != (n,):
             raise CheckpointError(f"{where}: data file {str(path)!r} is not a batch of {n}")
-    row_bytes = _row_bytes(data, where)
-    if name is not None and sorted(split_columns(data)) != sorted(fields):
+    names, row_bytes = _row_bytes(data, where)
+    if name is not None and names != sorted(fields):
         raise CheckpointError(f"{where}: data file {name!r} does not hold the fields {fields}")
     groups = per_sample["group_ids"]
     return _Group(
@@ -260,7 +261,9 @@ def _validate(directory: Path, manifest: Any, path: Path) -> list[_Part]:
 async def _check_room(store: Store, parts: list[_Part]) -> None:
     """Raise CheckpointError unless each live unit with a capacity has room for its share of
     every group (a put gives each live unit one contiguous block of the batch)."""
-    units = [u for u in await store.controller.units() if u.get("alive")]
+    units = [
+        u for u in await store.controller.units() if u.get("alive") and u.get("handle") is not None
+    ]
     if not units or all(u.get("capacity_bytes") is None for u in units):
         return
     stats = await asyncio.gather(*[u["handle"].stats() for u in units])
