@@ -8,16 +8,19 @@ import asyncio
 import pytest
 
 from rayless.store.errors import StoreInputError
-from rayless.store.fetches import Shares
+from rayless.store.fetches import Share, Shares
 
 
-def _share(shares: Shares, key: str, consumers: int, indexes: list[int], consumes: bool = True):  # type: ignore[no-untyped-def]
+def _share(
+    shares: Shares, key: str, consumers: int, indexes: list[int], consumes: bool = True
+) -> Share:
     loop = asyncio.new_event_loop()
     try:
         share = shares.add(("p", "t", key), consumers, loop.create_future())
     finally:
         loop.close()
     shares.serve(share, indexes, consumes)
+    assert share.served is not None
     return share
 
 
@@ -38,8 +41,9 @@ def test_an_expired_share_hands_back_what_nobody_acknowledged() -> None:
     shares.give(share, "a")
     shares.give(share, "b")  # b dies holding it
     shares.ack("a", [2, 3])
-    assert shares.expired(now=share.served + 1) == []  # type: ignore[operator]
-    ((gone, back),) = shares.expired(now=share.served + 10)  # type: ignore[operator]
+    served = share.served or 0.0
+    assert shares.expired(now=served + 1) == []
+    ((gone, back),) = shares.expired(now=served + 10)
     assert gone is share and back == [10, 11] and shares.held() == 0
     assert not shares.ack("b", [0, 1])  # too late: the key is forgotten
 
@@ -51,7 +55,7 @@ def test_a_cancel_keeps_the_batch_and_a_peek_hands_back_nothing() -> None:
     assert shares.cancel("a") and not shares.cancel("a")
     assert shares.get(("p", "t", "k")) is share  # asking again gets the same batch
     peek = _share(shares, "q", 1, [7], consumes=False)
-    got = dict((s.key[2], back) for s, back in shares.expired(now=peek.served))  # type: ignore[arg-type]
+    got = {s.key[2]: back for s, back in shares.expired(now=peek.served or 0.0)}
     assert got == {"k": [5, 6], "q": []}
 
 
