@@ -16,7 +16,7 @@ and stays light: it imports the error modules and nothing heavy (no torch, numpy
     ├── ActorDiedError, ActorNotFoundError, NameTakenError, StartError, ConnectError, LaunchError
     ├── BrokenError → ClusterLostError  (the head is gone)
     └── StoreError: StoreInputError (SchemaError, Unknown*Error, StaleMetaError,
-        ForeignMetaError), StoreFullError (WriteTooLargeError), StoreTimeoutError,
+        ForeignMetaError, CheckpointError), StoreFullError (WriteTooLargeError), StoreTimeoutError,
         UnitLostError (PartialResultError), WeightSyncError (WeightMismatchError,
         WeightVersionError, WeightTimeoutError, PublisherLostError)
 """
@@ -41,6 +41,7 @@ from rayless.placement.errors import (
     ResourcesBusyError,
 )
 from rayless.store.errors import (
+    CheckpointError,
     ForeignMetaError,
     PartialResultError,
     PublisherLostError,
@@ -85,6 +86,7 @@ __all__ = [
     "BrokenError",
     "ClosedError",
     "ConnectError",
+    "CheckpointError",
     "ForeignMetaError",
     "PartialResultError",
     "InsufficientResourcesError",

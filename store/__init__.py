@@ -6,6 +6,7 @@ Imports ``actors``, ``transport`` and ``placement``. See docs/store.md.
 from typing import TYPE_CHECKING, Any
 
 from rayless.store.errors import (
+    CheckpointError,
     ForeignMetaError,
     PartialResultError,
     PublisherLostError,
@@ -75,6 +76,7 @@ __all__ = [
     "DEFAULT_NAME",
     "BatchMeta",
     "FieldSchema",
+    "CheckpointError",
     "ForeignMetaError",
     "GroupedSampler",
     "PartialResultError",

@@ -266,7 +266,8 @@ class Store(DataPlane, StatusFace, KVFace):
 
     async def load_checkpoint(self, directory: str | Path) -> dict[str, list[int]]:
         """Restore a checkpoint into this store (any unit count); returns the new indexes
-        per partition. Raises StoreInputError (exists, bad format)."""
+        per partition. Raises CheckpointError (a StoreInputError: bad manifest, missing file,
+        partition exists, no room; nothing written); a load failing part-way is undone."""
         from rayless.store.checkpoint import load
 
         return await load(self, Path(directory))

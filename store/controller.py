@@ -31,7 +31,7 @@ from rayless.store.controller_kv import ControllerKV
 from rayless.store.controller_state import ControllerState
 from rayless.store.controller_status import ControllerStatus
 from rayless.store.errors import StoreError, StoreInputError, StoreTimeoutError, UnitLostError
-from rayless.store.fetches import Fetches, Waiter, check_timeout
+from rayless.store.fetches import Fetches, Share, Shares, Waiter, check_timeout
 from rayless.store.meta import BatchMeta
 from rayless.store.metrics import RateMeter
 from rayless.store.schema import DataUpdate, FieldSchema
@@ -70,7 +70,7 @@ class StoreController(ControllerClears, ControllerStatus, ControllerKV, Actor):
         self._served = RateMeter()
         self._incarnation: dict[str, str | None] = {}
         self._watching: set[str] = set()
-        self._shared: dict[tuple[str, str, str], list[Any]] = {}
+        self.shares = Shares(lease_after)
         self.handles: dict[str, ActorHandle] = {}
         self._events: dict[str, asyncio.Event] = {}
         self._column_started: dict[int, float] = {}  # column-wise put id -> its begin time
@@ -308,14 +308,17 @@ class StoreController(ControllerClears, ControllerStatus, ControllerKV, Actor):
         ``fetch_id`` (the client's): :meth:`cancel_fetch` drops the waiting fetch, or hands
         its batch back if it was served; a served batch is leased until :meth:`ack_fetch`
         and handed back if no ack comes within ``lease_after`` s (the caller died).
-        ``share`` ``(key, consumers)``: the first call with ``key`` fetches the batch, the
-        next ``consumers - 1`` calls with it get the same batch (the streaming loader's
-        ranks); the batch stays assigned to ``key`` even if a caller leaves.
+        ``share`` ``(key, consumers)``: the first call with ``key`` fetches the batch, every
+        call with it gets the same batch (the streaming loader's ranks) until ``consumers``
+        of them acknowledged it (``ack_fetch(fetch_id, positions)``: the positions each
+        read); positions nobody acknowledged within ``lease_after`` s of the fetch go back
+        to the task and the key is forgotten (a consumer died). A call without
+        ``fetch_id`` counts as an ack of the whole batch when it is answered.
         """
         check_timeout(timeout)
         if share is not None:
             return await self._shared_fetch(
-                partition, fields, batch_size, task, mode, sampler, timeout, share
+                partition, fields, batch_size, task, mode, sampler, timeout, share, fetch_id
             )
         waiter = self.fetches.wait(fetch_id, partition, list(fields), batch_size, task)
         try:
@@ -390,16 +393,20 @@ class StoreController(ControllerClears, ControllerStatus, ControllerKV, Actor):
         sampler: Any,
         timeout: float | None,
         share: Sequence[Any],
+        fetch_id: str | None,
     ) -> BatchMeta:
         if (
             len(share) != 2
             or not isinstance(share[0], str)
             or not isinstance(share[1], int)
+            or isinstance(share[1], bool)
             or share[1] < 1
         ):
             raise StoreInputError(f"share must be (key: str, consumers: int >= 1), got {share!r}")
+        if fetch_id is not None and (not isinstance(fetch_id, str) or not fetch_id):
+            raise StoreInputError(f"fetch_id must be a non-empty str, got {fetch_id!r}")
         key = (partition, task, share[0])
-        entry = self._shared.get(key)
+        entry = self.shares.get(key)
         if entry is None:
             waiter = self.fetches.wait(None, partition, list(fields), batch_size, task)
 
@@ -415,25 +422,29 @@ class StoreController(ControllerClears, ControllerStatus, ControllerKV, Actor):
                 return got
 
             future = asyncio.ensure_future(run())
-            entry = self._shared[key] = [future, share[1]]
+            entry = self.shares.add(key, share[1], future)
 
-            def dropped(f: asyncio.Future[Any], key: Any = key) -> None:
-                failed = f.cancelled() or f.exception() is not None
-                if failed and self._shared.get(key) is entry:
-                    del self._shared[key]
+            def finished(f: asyncio.Future[Any], entry: Share = entry) -> None:
+                if f.cancelled() or f.exception() is not None:
+                    self.shares.drop(entry)  # the next call with the key fetches again
+                else:
+                    self.shares.serve(entry, f.result().global_indexes, mode == "fetch")
 
-            future.add_done_callback(dropped)
-        future = entry[0]
-        meta: BatchMeta = await asyncio.shield(future)
-        entry[1] -= 1
-        if entry[1] <= 0 and self._shared.get(key) is entry:
-            del self._shared[key]
+            future.add_done_callback(finished)
+        meta: BatchMeta = await asyncio.shield(entry.future)
+        given = fetch_id if fetch_id is not None else f"#unacked-{id(entry)}"
+        self.shares.give(entry, given)
+        if fetch_id is None:
+            self.shares.ack(given)
         return meta
 
     async def cancel_fetch(self, fetch_id: str) -> int:
         """Drop the fetch ``fetch_id`` (its caller cancelled it or left): a waiting one stops
         waiting and consumes nothing; a served one hands its samples back to its task.
-        Returns how many samples were handed back. Idempotent."""
+        Returns how many samples were handed back. Idempotent. A shared fetch's batch stays
+        with its key (asking again gets it); it goes back when its lease expires."""
+        if self.shares.cancel(fetch_id):
+            return 0
         waiter = self.fetches.cancel(fetch_id)
         if waiter is not None:
             if waiter.event is not None:
@@ -446,9 +457,12 @@ class StoreController(ControllerClears, ControllerStatus, ControllerKV, Actor):
         self._wake(lease.partition)
         return len(back)
 
-    async def ack_fetch(self, fetch_id: str) -> None:
-        """The caller received the batch of ``fetch_id``: it stays consumed."""
-        self.fetches.unlease(fetch_id)
+    async def ack_fetch(self, fetch_id: str, positions: Sequence[int] | None = None) -> None:
+        """The caller received the batch of ``fetch_id``: it stays consumed. For a shared
+        batch, ``positions`` are those the caller read (None: all). Raises StoreInputError
+        for positions outside the batch."""
+        if not self.shares.ack(fetch_id, None if positions is None else list(positions)):
+            self.fetches.unlease(fetch_id)
 
     async def check_readable(self, meta: BatchMeta) -> None:
         """Raise unless every field of ``meta`` is readable (UnitLostError names the unit)."""

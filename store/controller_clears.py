@@ -4,7 +4,8 @@ A clear hides samples at once, deletes their rows on the units, then releases th
 (:class:`~store.state_clears.StateClears` keeps the two phases). The reaper runs every
 ``REAP_INTERVAL`` s: it reclaims allocations never written within ``reclaim_after`` s (a client
 killed mid-put), aborts column-wise puts that never finished, and hands back the batches of
-fetch leases that expired (their caller died before its ack).
+fetch leases that expired (their caller died before its ack), and the parts of shared batches
+that no consumer acknowledged within the lease (a streaming-loader rank died).
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rayless.actors import ActorDiedError, ActorHandle
 from rayless.store.controller_state import ClearPlan, ControllerState
 from rayless.store.errors import StoreError
-from rayless.store.fetches import Fetches
+from rayless.store.fetches import Fetches, Shares
 from rayless.store.meta import BatchMeta
 
 __all__ = ["REAP_INTERVAL", "ControllerClears"]
@@ -34,7 +35,7 @@ class ControllerClears:
         reclaim_after: float
         fetches: Fetches
         handles: dict[str, ActorHandle]
-        _shared: dict[tuple[str, str, str], list[Any]]
+        shares: Shares
         _column_started: dict[int, float]
         _unwritten: dict[int, tuple[str, int, float]]
 
@@ -71,8 +72,7 @@ class ControllerClears:
     async def clear_partition(self, partition: str) -> None:
         """Remove a whole partition. Raises UnknownPartitionError."""
         plan = self.state.clear_partition(partition)
-        for key in [k for k in self._shared if k[0] == partition]:
-            del self._shared[key]
+        self.shares.drop_partition(partition)
         for index in plan.indexes:
             self._unwritten.pop(index, None)
         self._wake(partition)
@@ -86,6 +86,11 @@ class ControllerClears:
             for lease in self.fetches.expired():
                 self.state.unconsume(lease.task, lease.partition, lease.indexes)
                 self._wake(lease.partition)
+            for share, back in self.shares.expired():
+                partition, task, _ = share.key
+                if back:
+                    self.state.unconsume(task, partition, back)
+                self._wake(partition)
 
     async def reclaim(self, older_than: float | None = None) -> int:
         """Clear samples allocated more than ``older_than`` s ago (default ``reclaim_after``)

@@ -11,7 +11,8 @@ leaves the store exactly as it was::
     │   ├── UnknownPartitionError      a partition that does not exist
     │   ├── UnknownKeyError            KV keys that the store does not hold
     │   ├── StaleMetaError             a BatchMeta naming samples that were cleared since
-    │   └── ForeignMetaError           a BatchMeta made by another store
+    │   ├── ForeignMetaError           a BatchMeta made by another store
+    │   └── CheckpointError            a checkpoint that cannot be loaded (nothing written)
     ├── StoreFullError                 a storage unit's byte capacity would be exceeded
     │   └── WriteTooLargeError         a write larger than the unit's whole capacity (never fits)
     ├── StoreTimeoutError (TimeoutError) a fetch's batch was not ready within its timeout
@@ -32,6 +33,7 @@ from typing import Any
 from rayless.transport.errors import RaylessError
 
 __all__ = [
+    "CheckpointError",
     "ForeignMetaError",
     "PartialResultError",
     "SchemaError",
@@ -83,6 +85,11 @@ class StaleMetaError(StoreInputError, wire="rayless.StaleMetaError"):
 
 class ForeignMetaError(StoreInputError, wire="rayless.ForeignMetaError"):
     """A BatchMeta made by another store (its store id differs)."""
+
+
+class CheckpointError(StoreInputError, wire="rayless.CheckpointError"):
+    """A checkpoint that cannot be loaded into this store (a malformed manifest, a missing or
+    unloadable data file, a partition that exists, units without room); nothing was written."""
 
 
 class StoreFullError(StoreError, wire="rayless.StoreFullError"):

@@ -6,7 +6,16 @@ but they go back to the task when the client cancels (``cancel_fetch``: its ``ge
 was cancelled or timed out on its side, e.g. ``asyncio.wait_for(st.get_meta(...), 1)``) or
 when no ``ack_fetch`` arrives within ``lease_after`` seconds (the client died between the
 reply and the ack). A cancel that arrives before its fetch is remembered, so the fetch never
-waits at all. Nothing here does I/O.
+waits at all.
+
+A *shared* batch (``get_meta(share=(key, consumers))``, the streaming loader's step) is
+fetched once and handed to every call with its key; it is leased the same way, by part:
+each consumer acknowledges the positions it read (``ack_fetch(fetch_id, positions)``). Once
+``consumers`` acks came the batch is done and its key forgotten; when they have not come
+``lease_after`` seconds after it was served (a rank died, or never asked), the positions
+nobody acknowledged go back to the task and the key is forgotten (a later call with it
+fetches a new batch). Delivery is at least once: a consumer slower than the lease may see
+its part again in another batch. Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -17,10 +26,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rayless.store.errors import StoreInputError
 
-__all__ = ["Fetches", "Lease", "Waiter", "check_timeout"]
+__all__ = ["Fetches", "Lease", "Share", "Shares", "Waiter", "check_timeout"]
 
 REMEMBER = 4096  # cancels of fetches not seen yet, kept at most
 
@@ -128,3 +138,125 @@ class Fetches:
     def leased(self) -> int:
         """How many served batches wait for their ack."""
         return len(self._leases)
+
+
+ShareKey = tuple[str, str, str]  # (partition, task, the caller's key)
+
+
+@dataclass
+class Share:
+    """One batch shared by ``consumers`` fetches with the same key."""
+
+    key: ShareKey
+    consumers: int
+    future: asyncio.Future[Any]
+    served: float | None = None  # when the batch was chosen (its lease starts)
+    indexes: tuple[int, ...] = ()
+    consumes: bool = True  # a fetch, not a peek: what nobody acked goes back
+    acked: int = 0
+    delivered: set[int] = field(default_factory=set)  # positions some consumer acknowledged
+    given: set[str] = field(default_factory=set)  # fetch ids handed the batch, not acked yet
+
+
+class Shares:
+    """Shared batches by key, and the fetch ids they were handed to (see the module
+    docstring). Every call costs O(1) or O(the batch), never O(shares held)."""
+
+    def __init__(self, lease_after: float = 60.0) -> None:
+        self.lease_after = lease_after
+        self._by_key: dict[ShareKey, Share] = {}
+        self._by_fetch: dict[str, Share] = {}
+        self._served: OrderedDict[int, Share] = OrderedDict()  # serve order: oldest first
+
+    def get(self, key: ShareKey) -> Share | None:
+        """The share of ``key`` (waiting for its batch or served), None if there is none."""
+        return self._by_key.get(key)
+
+    def add(self, key: ShareKey, consumers: int, future: asyncio.Future[Any]) -> Share:
+        """Record a new share whose batch ``future`` will bring."""
+        share = self._by_key[key] = Share(key, consumers, future)
+        return share
+
+    def serve(self, share: Share, indexes: Sequence[int], consumes: bool = True) -> None:
+        """The batch of ``share`` was chosen (``consumes``: marked consumed, a fetch not a
+        peek): its lease starts now."""
+        share.served = time.monotonic()
+        share.indexes = tuple(indexes)
+        share.consumes = consumes
+        if self._by_key.get(share.key) is share:
+            self._served[id(share)] = share
+
+    def give(self, share: Share, fetch_id: str) -> None:
+        """``fetch_id`` was handed the batch of ``share`` (its ack is awaited)."""
+        if not isinstance(fetch_id, str) or not fetch_id:
+            raise StoreInputError(f"fetch_id must be a non-empty str, got {fetch_id!r}")
+        if self._by_key.get(share.key) is share:
+            share.given.add(fetch_id)
+            self._by_fetch[fetch_id] = share
+
+    def ack(self, fetch_id: str, positions: Sequence[int] | None = None) -> bool:
+        """``fetch_id`` read ``positions`` of its shared batch (None: all of it); the share is
+        done after ``consumers`` acks. False if ``fetch_id`` holds no share (never did, or
+        its lease expired). Raises StoreInputError for positions outside the batch."""
+        share = self._by_fetch.get(fetch_id)
+        if share is None:
+            return False
+        if positions is None:
+            got = set(range(len(share.indexes)))
+        else:
+            got = set(positions)
+            if any(
+                not isinstance(p, int) or isinstance(p, bool) or not 0 <= p < len(share.indexes)
+                for p in got
+            ):
+                raise StoreInputError(f"positions {sorted(got)!r} are not in the shared batch")
+        del self._by_fetch[fetch_id]
+        share.given.discard(fetch_id)
+        share.delivered |= got
+        share.acked += 1
+        if share.acked >= share.consumers:
+            self.drop(share)
+        return True
+
+    def cancel(self, fetch_id: str) -> bool:
+        """``fetch_id`` will not ack (its caller cancelled): the batch stays with its key, so
+        asking again gets it again. False if ``fetch_id`` holds no share."""
+        share = self._by_fetch.pop(fetch_id, None)
+        if share is None:
+            return False
+        share.given.discard(fetch_id)
+        return True
+
+    def drop(self, share: Share) -> None:
+        """Forget ``share`` (done, failed or cleared): its key fetches anew next time."""
+        if self._by_key.get(share.key) is share:
+            del self._by_key[share.key]
+        self._served.pop(id(share), None)
+        for fetch_id in share.given:
+            self._by_fetch.pop(fetch_id, None)
+        share.given.clear()
+
+    def drop_partition(self, partition: str) -> None:
+        """Forget every share of ``partition`` (it was cleared)."""
+        for share in [s for k, s in self._by_key.items() if k[0] == partition]:
+            self.drop(share)
+
+    def expired(self, now: float | None = None) -> list[tuple[Share, list[int]]]:
+        """Drop the shares served ``lease_after`` s ago or more and not done; returns each
+        with the indexes of the positions no consumer acknowledged (to hand back)."""
+        t = time.monotonic() if now is None else now
+        out = []
+        while self._served:
+            share = next(iter(self._served.values()))
+            if share.served is None or t - share.served < self.lease_after:
+                break
+            self.drop(share)
+            back = [i for p, i in enumerate(share.indexes) if p not in share.delivered]
+            if not share.consumes:
+                back = []
+            out.append((share, back))
+        return out
+
+    def held(self) -> int:
+        """How many shared batches are held (waiting, or served and not done)."""
+        return len(self._by_key)

@@ -15,12 +15,20 @@ are contiguous, or balanced in total tokens with a
 rank computes the same split. A step's batch stays assigned to it even if a rank's fetch is
 cancelled or times out: asking again for the same step returns the same batch.
 
+Each rank acknowledges its part once it has read it. When a rank dies (or never asks), the
+parts nobody acknowledged within the store's ``lease_after`` seconds of the step's fetch go
+back to the task, and the step is forgotten; a replacement rank (any ``start_step``) then
+fetches new batches, which hold those samples. Delivery is at least once: a rank slower
+than the lease may see its part again in a later batch.
+
 Iteration ends after ``steps`` batches (None: never), or when ``stop_when_consumed`` and the
 partition's samples are all consumed by the task (TransferQueue's StreamingDataset loop).
 """
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -28,7 +36,7 @@ from tensordict import TensorDict
 from torch.utils.data import IterableDataset
 
 from rayless.store.client import Store
-from rayless.store.errors import StoreInputError
+from rayless.store.errors import PartialResultError, StoreInputError
 from rayless.store.meta import BatchMeta
 from rayless.store.samplers import make_sampler
 
@@ -102,6 +110,7 @@ class StreamingLoader:
         self.timeout = timeout
         self.device = device
         self.stop_when_consumed = stop_when_consumed
+        self._unacked: dict[int, tuple[str, list[int]]] = {}  # step -> (fetch id, positions)
 
     def __aiter__(self) -> StreamingLoader:
         return self
@@ -113,23 +122,49 @@ class StreamingLoader:
             status = await self.store.consumption_status(self.partition, self.task)
             if status["samples"] and status["consumed"] >= status["samples"]:
                 raise StopAsyncIteration
-        meta = await self.fetch(self.step)
+        step = self.step
+        meta = await self.fetch(step)
         self.step += 1
-        td = await self.store.get(meta, device=self.device)
+        try:
+            td = await self.store.get(meta, device=self.device)
+        except PartialResultError:
+            self.ack(step)  # its live part is in the error: read, as far as it goes
+            raise
+        self.ack(step)
         return td, meta
 
     async def fetch(self, step: int) -> BatchMeta:
-        """This rank's meta for ``step`` (the same on every call for that step)."""
-        whole = await self.store.get_meta(
-            self.partition,
-            self.fields,
-            self.batch_size * self.dp_size,
-            task=self.task,
-            sampler=self._spec,
-            timeout=self.timeout,
-            share=(f"{self.task}#{step}", self.dp_size * self.replicas),
-        )
-        return whole.select(rank_part(whole, self.sampler, self.dp_rank, self.dp_size))
+        """This rank's meta for ``step`` (the same on every call for that step while the
+        step's batch is held). Its part is leased until :meth:`ack`: unacknowledged, it goes
+        back to the task ``lease_after`` s after the step's fetch. Raises StoreTimeoutError,
+        StoreInputError."""
+        fetch_id = uuid.uuid4().hex
+        controller = self.store.controller
+        try:
+            whole: BatchMeta = await controller.get_meta(
+                self.partition,
+                self.fields,
+                self.batch_size * self.dp_size,
+                self.task,
+                "fetch",
+                self._spec,
+                self.timeout,
+                fetch_id,
+                [f"{self.task}#{step}", self.dp_size * self.replicas],
+            )
+        except asyncio.CancelledError:
+            self.store._note(controller.cancel_fetch(fetch_id))
+            raise
+        positions = rank_part(whole, self.sampler, self.dp_rank, self.dp_size)
+        self._unacked[step] = (fetch_id, positions)
+        return whole.select(positions)
+
+    def ack(self, step: int) -> None:
+        """Tell the store this rank read its part of ``step`` (fetched with :meth:`fetch`):
+        it stays consumed. A step not fetched (or acknowledged already) is ignored."""
+        got = self._unacked.pop(step, None)
+        if got is not None:
+            self.store._note(self.store.controller.ack_fetch(got[0], got[1]))
 
 
 class StreamingDataset(IterableDataset[tuple[TensorDict, BatchMeta]]):

@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+import torch
 from tensordict import TensorDict
 
 from rayless.actors import ActorDiedError
 from rayless.store.errors import PartialResultError, UnitLostError
+from rayless.store.fields import FieldSchema
 from rayless.store.meta import BatchMeta
 from rayless.store.rows import merge, place
+from rayless.store.schema import assemble
 
-__all__ = ["partial_result"]
+__all__ = ["empty_batch", "partial_result"]
+
+
+def empty_batch(schemas: Mapping[str, FieldSchema]) -> TensorDict:
+    """A TensorDict of batch size 0 (on the CPU) holding every field of ``schemas`` with its
+    kind, dtype and per-sample shape: the data of a get whose samples were all lost."""
+    columns: dict[str, tuple[FieldSchema, Any]] = {}
+    for name, schema in schemas.items():
+        if schema.kind == "dense":
+            shape = tuple(int(d or 0) for d in schema.shape or ())
+            columns[name] = (schema, torch.empty((0, *shape), dtype=schema.torch_dtype))
+        else:
+            columns[name] = (schema, [])
+    return assemble(0, columns)
 
 
 async def partial_result(
@@ -45,14 +62,14 @@ async def partial_result(
     data = (
         merge(len(keep), schemas, [([where[p] for p in ps], td) for ps, td in parts])
         if parts
-        else TensorDict({}, batch_size=[0])
+        else empty_batch(schemas)
     )
     units = list(dict.fromkeys(lost[p] for p in gone))
     raise PartialResultError(
         units[0],
         f"it held {len(gone)} of the {meta.size} samples; the other {len(keep)} were read "
         "(err.data, err.meta)",
-        data=place(data, schemas, device) if parts else data,  # (all lost: empty)
+        data=place(data, schemas, device),
         meta=meta.select(keep),
         lost=meta.select(gone),
         units=units,

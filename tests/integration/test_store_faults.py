@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from tensordict import TensorDict
+from tensordict import NonTensorStack, TensorDict
 
 import rayless.actors as actors
 from rayless.actors import Cluster
@@ -303,10 +303,25 @@ async def test_a_get_whose_samples_all_died_with_their_unit_is_a_partial_result_
     local_cluster: Cluster,
 ) -> None:
     st = await Store.create(local_cluster, num_units=2, name="all-lost")
-    meta = await st.put(TensorDict({"x": torch.arange(1)}, [1]), partition="p")
+    data = TensorDict(
+        {
+            "x": torch.arange(1),
+            "obs": TensorDict({"y": torch.ones(1, 2, 3, dtype=torch.bfloat16)}, [1]),
+            "seq": torch.nested.nested_tensor([torch.ones(4, 2)], layout=torch.jagged),
+            "text": NonTensorStack.from_list(["a"]),
+        },
+        [1],
+    )
+    meta = await st.put(data, partition="p")
     unit = st.units[meta.shards[0]]
     await local_cluster.kill(unit["handle"])
     with pytest.raises(PartialResultError) as info:  # before: AttributeError on empty data
         await st.get(meta)
     assert info.value.unit == unit["unit_id"]
     assert len(info.value.meta) == 0 and len(info.value.lost) == 1
+    empty = info.value.data  # the schema is kept (before: no fields, err.data["x"] KeyError)
+    assert empty.batch_size == torch.Size([0])
+    assert empty["x"].shape == (0,) and empty["x"].dtype == torch.int64
+    assert empty["obs", "y"].shape == (0, 2, 3) and empty["obs", "y"].dtype == torch.bfloat16
+    assert empty["seq"].is_nested and empty["seq"].size(0) == 0 and empty["seq"].size(2) == 2
+    assert list(empty["text"]) == []
