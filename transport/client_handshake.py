@@ -57,14 +57,13 @@ class ClientHandshake:
     peer_host: str
     same_host: bool
     _token: bytes
-    _connect_timeout: float
     _state: str
     _bounds: tuple[int, int, int]
     _pump: SocketPump | StreamPump | None
     _handshake: asyncio.Future[tuple[Kind, dict[str, Any]]] | None
     _last_recv: float
 
-    async def _do_handshake(self) -> None:
+    async def _do_handshake(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
         nonce_c = new_nonce()
         hello = {
@@ -74,8 +73,8 @@ class ClientHandshake:
             "host": host_id(),
             "limits": self.limits.advertised(),  # the server checks its replies against them
         }
-        deadline = time.monotonic() + self._connect_timeout
-        kind, body = await self._exchange(loop, Kind.HELLO, hello, deadline)
+        deadline = time.monotonic() + timeout
+        kind, body = await self._exchange(loop, Kind.HELLO, hello, deadline, timeout)
         if kind is not Kind.CHALLENGE:
             raise self._rejection(body)
         check_version(body.get("v"), f"the server at {self.address}")
@@ -86,7 +85,9 @@ class ClientHandshake:
         # Answer even when the server's proof failed, so that the server (ours, with another
         # token) can count and log the failed attempt; our proof reveals nothing of the token.
         proof = client_proof(self._token, nonce_s, nonce_c)
-        kind, welcome = await self._exchange(loop, Kind.AUTH, {"proof": proof}, deadline)
+        kind, welcome = await self._exchange(
+            loop, Kind.AUTH, {"proof": proof}, deadline, timeout
+        )
         if not server_ok:
             raise AuthError(f"server at {self.address} could not prove it knows the token")
         if kind is not Kind.WELCOME:
@@ -105,7 +106,12 @@ class ClientHandshake:
         return peer_bounds(self.limits, advertised)
 
     async def _exchange(
-        self, loop: asyncio.AbstractEventLoop, kind: Kind, body: dict[str, Any], deadline: float
+        self,
+        loop: asyncio.AbstractEventLoop,
+        kind: Kind,
+        body: dict[str, Any],
+        deadline: float,
+        timeout: float,
     ) -> tuple[Kind, dict[str, Any]]:
         if self._pump is None:  # the stream ended between two steps (the peer went away)
             if self._state == _CLOSED:
@@ -117,7 +123,7 @@ class ClientHandshake:
             return await asyncio.wait_for(self._handshake, max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
             raise Timeout(
-                f"no handshake with {self.address} within {self._connect_timeout:.1f}s"
+                f"no handshake with {self.address} within {timeout:.1f}s"
             ) from None
         finally:
             self._handshake = None

@@ -7,6 +7,13 @@ actor with ActorDiedError at once, ``restarting`` fails the calls the dead proce
 holds new ones until ``ready`` names the new address.
 
 Sync code reaches a runtime through ``actors.api.portal`` (the home loop of the process).
+
+A session survives its own process's stalls: a driver's session is also held by a keeper
+thread (``actors.api.keeper``) that heartbeats whatever the loop does, and when the head
+forgot the loop's connection meanwhile (it expired it), the runtime handshakes again,
+re-introduces its session, learns the actor events it missed and sends again the head
+requests that the head refused unrun. Only a head that stopped answering, or went away, loses
+the cluster (ClusterLostError).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any
 from rayless.actors.api import context
 from rayless.actors.api.actor import loads_by_value
 from rayless.actors.api.calls import call_encode_error
+from rayless.actors.api.keeper import SessionKeeper
 from rayless.actors.control.logs import print_lines
 from rayless.actors.errors import ActorDiedError, ClusterLostError
 from rayless.transport.client import Client
@@ -69,6 +77,10 @@ class Runtime:
         self.print_logs = True
         self.lost: ClusterLostError | None = None
         self._closed = False
+        self.keeper: SessionKeeper | None = None
+        self._resuming: asyncio.Task[None] | None = None
+        self._hb_timeout = 10.0
+        self.forgets = 0  # how many times the head forgot this connection (we then resume)
 
     async def start(self) -> Runtime:
         """Connect to the head and register this process's session.
@@ -80,7 +92,24 @@ class Runtime:
         hello = await self.head.request(("hello", self.info.session), timeout=30)
         node_timeout = float(hello.get("node_timeout", 10.0)) if isinstance(hello, dict) else 10.0
         timeout = max(1.0, node_timeout)
-        self.head.set_heartbeat(min(0.5, timeout / 4), timeout)
+        interval = min(0.5, timeout / 4)
+        self.head.set_heartbeat(interval, timeout)
+        self._hb_timeout = timeout
+        if self.info.actor_id is None:  # a driver (an actor's session lives as long as it)
+            keeper = SessionKeeper(
+                self.info.address,
+                self.info.token,
+                self.info.session,
+                interval=interval,
+                timeout=timeout,
+            )
+            try:
+                await keeper.start()
+            except BaseException:
+                await keeper.aclose()
+                await self.head.aclose()
+                raise
+            self.keeper = keeper
         return self
 
     async def head_request(self, body: tuple[Any, ...], timeout: float | None = 60.0) -> Any:
@@ -89,13 +118,83 @@ class Runtime:
         Raises:
             ClusterLostError: the head is gone.
         """
-        if self.lost is not None:
-            raise self.lost
+        forgets = await self._session_ready()
+        try:
+            return await self.head.request(body, timeout=timeout)
+        except BrokenError:
+            if self.forgets == forgets:
+                raise
+        # the head had forgotten this connection and did not run the request: send it again
+        # once the session is resumed
+        await self._session_ready()
         return await self.head.request(body, timeout=timeout)
 
+    async def _session_ready(self) -> int:
+        """Wait for a resume under way; raise ClusterLostError if the cluster is lost; the
+        count of forgets so far."""
+        if self._resuming is not None:
+            await asyncio.shield(self._resuming)
+        if self.lost is not None:
+            raise self.lost
+        return self.forgets
+
     def _head_broken(self, reason: str) -> None:
-        """The head stopped answering: the cluster is gone; fail everything at once."""
-        if self._closed:
+        """The session with the head broke. The head forgot this connection (it expired it
+        while our loop was blocked), or the connection ended (the head may have dropped a
+        forgotten one): resume the session. The head stopped answering, or a resume finds
+        it gone: the cluster is lost; fail everything at once."""
+        if self._closed or self.lost is not None:
+            return
+        why = self.head.broke
+        if why == "forgotten":
+            self.forgets += 1
+        if why in ("forgotten", "lost"):
+            if self._resuming is None:
+                self._resuming = self.loop.create_task(self._resume(reason))
+            return
+        self._lose(reason)
+
+    async def _resume(self, reason: str) -> None:
+        """Handshake again (within the heartbeat timeout: a head that cannot answer that
+        fast counts as lost), re-introduce the session, and catch up on the actor events sent
+        while the head did not know this connection."""
+        try:
+            ids = [a for a, c in self.conns.items() if c.state != "dead"]
+            await self.head.connect(timeout=self._hb_timeout)
+            hello = await self.head.request(("hello", self.info.session, ids), timeout=30)
+        except RaylessError as exc:
+            self._lose(f"{reason}, and it could not be reached again: {exc}")
+        else:
+            records = hello.get("actors") if isinstance(hello, dict) else None
+            self._catch_up(records if isinstance(records, list) else [])
+        finally:
+            self._resuming = None
+
+    def _catch_up(self, records: list[Any]) -> None:
+        """Apply the states of actors (head records) whose events we may have missed."""
+        for record in records:
+            if not isinstance(record, dict):
+                continue
+            actor_id = str(record.get("actor_id", ""))
+            conn = self.conns.get(actor_id)
+            if conn is None or conn.state == "dead":
+                continue
+            death = record.get("death") if isinstance(record.get("death"), dict) else {}
+            event = {**(death or {}), "actor_id": actor_id, "name": record.get("name")}
+            state = record.get("state")
+            if state == "dead":
+                self._on_event({**event, "ev": "died"})
+            elif state == "restarting" and conn.state == "alive":
+                self._on_event({**event, "ev": "restarting"})
+            elif state == "alive" and (
+                conn.state != "alive" or record.get("address") != conn.address
+            ):
+                if conn.state == "alive":  # it restarted meanwhile: its old calls are lost
+                    self._on_event({**event, "ev": "restarting"})
+                self._on_event({"ev": "ready", "actor_id": actor_id, **record})
+
+    def _lose(self, reason: str) -> None:
+        if self.lost is not None:
             return
         self.lost = ClusterLostError(
             f"the cluster's head at {self.info.address} is gone ({reason}); every call of "
@@ -113,6 +212,10 @@ class Runtime:
             return
         self._closed = True
         _RUNTIMES.pop(self.loop, None)
+        if self._resuming is not None:
+            self._resuming.cancel()
+        if self.keeper is not None:
+            await self.keeper.aclose()
         conns = list(self.conns.values())
         for conn in conns:
             if conn.client is not None:
