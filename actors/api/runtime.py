@@ -81,6 +81,7 @@ class Runtime:
         self._resuming: asyncio.Task[None] | None = None
         self._hb_timeout = 10.0
         self.forgets = 0  # how many times the head forgot this connection (we then resume)
+        self.resumes = 0  # how many times the session was resumed on a new handshake
 
     async def start(self) -> Runtime:
         """Connect to the head and register this process's session.
@@ -167,6 +168,7 @@ class Runtime:
         else:
             records = hello.get("actors") if isinstance(hello, dict) else None
             self._catch_up(records if isinstance(records, list) else [])
+            self.resumes += 1
         finally:
             self._resuming = None
 
