@@ -85,9 +85,7 @@ class ClientHandshake:
         # Answer even when the server's proof failed, so that the server (ours, with another
         # token) can count and log the failed attempt; our proof reveals nothing of the token.
         proof = client_proof(self._token, nonce_s, nonce_c)
-        kind, welcome = await self._exchange(
-            loop, Kind.AUTH, {"proof": proof}, deadline, timeout
-        )
+        kind, welcome = await self._exchange(loop, Kind.AUTH, {"proof": proof}, deadline, timeout)
         if not server_ok:
             raise AuthError(f"server at {self.address} could not prove it knows the token")
         if kind is not Kind.WELCOME:
@@ -122,9 +120,7 @@ class ClientHandshake:
         try:
             return await asyncio.wait_for(self._handshake, max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
-            raise Timeout(
-                f"no handshake with {self.address} within {timeout:.1f}s"
-            ) from None
+            raise Timeout(f"no handshake with {self.address} within {timeout:.1f}s") from None
         finally:
             self._handshake = None
 

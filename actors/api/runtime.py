@@ -28,13 +28,15 @@ from typing import Any
 
 from rayless.actors.api import context
 from rayless.actors.api.actor import loads_by_value
-from rayless.actors.api.calls import call_encode_error
+from rayless.actors.api.calls import call_encode_error, call_limit_error
 from rayless.actors.api.keeper import SessionKeeper
 from rayless.actors.control.logs import print_lines
 from rayless.actors.errors import ActorDiedError, ClusterLostError
 from rayless.transport.client import Client
+from rayless.transport.codec import encode
 from rayless.transport.errors import (
     BrokenError,
+    LimitError,
     RaylessError,
     RemoteError,
     Timeout,
@@ -80,6 +82,7 @@ class Runtime:
         self.keeper: SessionKeeper | None = None
         self._resuming: asyncio.Task[None] | None = None
         self._hb_timeout = 10.0
+        self._warming: asyncio.Future[None] | None = None
         self.forgets = 0  # how many times the head forgot this connection (we then resume)
         self.resumes = 0  # how many times the session was resumed on a new handshake
 
@@ -96,6 +99,10 @@ class Runtime:
         interval = min(0.5, timeout / 4)
         self.head.set_heartbeat(interval, timeout)
         self._hb_timeout = timeout
+        if "torch" in sys.modules and self._warming is None:
+            # the codec's tensor support imports tensordict (seconds): in a thread, not on
+            # this loop at the first tensor a call sends
+            self._warming = asyncio.ensure_future(asyncio.to_thread(_warm_codec))
         if self.info.actor_id is None:  # a driver (an actor's session lives as long as it)
             keeper = SessionKeeper(
                 self.info.address,
@@ -216,6 +223,8 @@ class Runtime:
         _RUNTIMES.pop(self.loop, None)
         if self._resuming is not None:
             self._resuming.cancel()
+        if self._warming is not None:
+            self._warming.cancel()  # (its thread finishes the import on its own)
         if self.keeper is not None:
             await self.keeper.aclose()
         conns = list(self.conns.values())
@@ -355,6 +364,8 @@ class Runtime:
             raise materialize(exc) from None
         except TypeError as exc:
             raise call_encode_error(exc, method) from None
+        except LimitError as exc:
+            raise call_limit_error(exc, method, args, kwargs) from None
         except (BrokenError, Timeout) as exc:
             if self.lost is not None:
                 raise self.lost from None
@@ -366,6 +377,13 @@ class Runtime:
                 f"{method}(...) of actor {conn.name!r} gave no result within {timeout}s "
                 "(the call was cancelled in the actor)"
             ) from None
+
+
+def _warm_codec() -> None:
+    """Load the codec's tensor support (worker thread): encode one small tensor."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        encode(torch.zeros(1))
 
 
 _RUNTIMES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = (
@@ -488,10 +506,15 @@ def fast_submit(
     if conn is None or conn.state != "alive" or conn.client is None:
         return None
     fut = conn.client.submit_nowait(("c", method, args, kwargs), timeout)
-    if fut is not None and fut.done() and isinstance(fut.exception(), TypeError):
-        failed: asyncio.Future[Any] = loop.create_future()  # an argument it cannot encode
-        failed.set_exception(call_encode_error(fut.exception(), method))  # type: ignore[arg-type]
-        return failed
+    if fut is not None and fut.done() and not fut.cancelled():
+        error = fut.exception()
+        if isinstance(error, (TypeError, LimitError)):  # not sent: an argument's fault
+            failed: asyncio.Future[Any] = loop.create_future()
+            if isinstance(error, TypeError):
+                failed.set_exception(call_encode_error(error, method))
+            else:
+                failed.set_exception(call_limit_error(error, method, args, kwargs))
+            return failed
     return fut
 
 
