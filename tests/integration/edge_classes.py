@@ -99,3 +99,22 @@ class SlowInit:
 
     def pid(self) -> int:
         return os.getpid()
+
+
+class Parent:
+    """Spawns a child actor, then may hold its own loop."""
+
+    async def adopt(self) -> int:
+        from rayless import actors
+        from tests.integration.actor_classes import Counter
+
+        cluster = await actors.connect()
+        self.child = await cluster.spawn(Counter)
+        return int(await self.child.add(1))
+
+    async def hold(self, seconds: float) -> str:
+        time.sleep(seconds)  # a long synchronous step on the actor's loop
+        return "held"
+
+    async def child_add(self) -> int:
+        return int(await self.child.add(1))

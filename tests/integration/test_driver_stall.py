@@ -23,6 +23,7 @@ import pytest
 from rayless.actors import ActorDiedError, Cluster
 from rayless.actors.api.runtime import get_runtime
 from tests.integration.actor_classes import Counter
+from tests.integration.edge_classes import Parent
 
 pytestmark = pytest.mark.integration
 
@@ -144,3 +145,15 @@ def test_the_first_store_use_does_not_cost_the_driver_its_session(tmp_path: Path
     lag = float(out.split("max loop lag: ")[1].split("s")[0])
     print(f"the first Store use held the driver's loop for {lag:.2f}s")
     assert "call: 5" in out and "spawn: 9" in out and "lost: False" in out, out
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.local_cluster(nodes=1, gpus_per_node=0, node_timeout=1.0, isolated=True)
+async def test_an_actor_whose_loop_is_held_keeps_the_actors_it_spawned(
+    local_cluster: Cluster,
+) -> None:
+    parent = await local_cluster.spawn(Parent)
+    assert await asyncio.wait_for(parent.adopt(), 120) == 1
+    # past the head's expiry of the parent's connection and the owner grace after it
+    assert await asyncio.wait_for(parent.hold(4.0), 60) == "held"
+    assert await asyncio.wait_for(parent.child_add(), 60) == 2
