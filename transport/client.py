@@ -6,7 +6,10 @@ closing the client fails every pending request with ClosedError (as pyzmq's sock
 cancels pending futures). A request that times out, or whose caller is cancelled, is
 cancelled at the server too (a CANCEL message). A broken session (the server restarted or
 forgot us) fails the requests in flight with BrokenError, and the next request performs a
-fresh handshake.
+fresh handshake. ``Client.broke`` says why the last session broke: ``"forgotten"`` (the
+server, alive, said it no longer knows the session: it expired us while our loop was blocked;
+the requests that break failed never ran there, so the owner may send them again), ``"lost"``
+(the connection ended), ``"silent"`` (no heartbeat within the timeout) or ``"rejected"``.
 
 This module holds the socket (ZeroMQ, or the same-host UNIX path of ``transport.stream``),
 the session's lifecycle, the routing of received messages and heartbeats. Its parts:
@@ -22,7 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import msgpack
 import zmq
@@ -40,6 +43,7 @@ from rayless.transport.errors import (
 from rayless.transport.protocol import (
     Kind,
     Limits,
+    RejectCode,
     as_token,
     curve_enabled,
     curve_server_keys,
@@ -50,6 +54,8 @@ from rayless.transport.pump import Frames, SocketPump
 from rayless.transport.stream_pump import StreamPump
 
 log = logging.getLogger("rayless.transport")
+
+Broke = Literal["forgotten", "lost", "silent", "rejected"]
 
 
 class Client(ClientRequests, ClientHandshake):
@@ -129,6 +135,7 @@ class Client(ClientRequests, ClientHandshake):
         self.peer_host = ""
         self.same_host = False
         self._broken_reason = ""
+        self.broke: Broke | None = None  # why the session last broke (module docstring)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -206,8 +213,9 @@ class Client(ClientRequests, ClientHandshake):
             raise
         self._pump = SocketPump(sock, self._on_batch, head=1, queue_limit=self.limits.send_queue)
 
-    async def connect(self) -> Client:
-        """Open the socket (once) and perform the handshake if the session is not ready.
+    async def connect(self, timeout: float | None = None) -> Client:
+        """Open the socket (once) and perform the handshake if the session is not ready,
+        within ``timeout`` seconds (default ``connect_timeout``).
 
         Raises:
             ClosedError: the client was closed.
@@ -225,8 +233,9 @@ class Client(ClientRequests, ClientHandshake):
                 self._open_socket()
                 if self._heartbeat is None:
                     self._schedule_heartbeat()
+            limit = self._connect_timeout if timeout is None else timeout
             try:
-                await self._do_handshake()
+                await self._do_handshake(limit)
             except BrokenError:
                 if not self._unix_refused():
                     raise
@@ -235,7 +244,7 @@ class Client(ClientRequests, ClientHandshake):
                 if self._pump is not None:
                     self._pump.close()
                 self._open_socket(same_host=False)
-                await self._do_handshake()
+                await self._do_handshake(limit)
         return self
 
     def _unix_refused(self) -> bool:
@@ -262,7 +271,7 @@ class Client(ClientRequests, ClientHandshake):
         elif self._state == _READY and math.isinf(self._hb_timeout):
             return
         self._pump = None
-        self._break(f"connection lost: {reason}")
+        self._break(f"connection lost: {reason}", "lost")
 
     async def aclose(self) -> None:
         """Fail pending requests with ClosedError and close the socket. Idempotent."""
@@ -289,11 +298,12 @@ class Client(ClientRequests, ClientHandshake):
                     pass
             pump.close()
 
-    def _break(self, reason: str) -> None:
+    def _break(self, reason: str, why: Broke) -> None:
         if self._state != _READY:
             return
         self._state = _BROKEN
         self._broken_reason = reason
+        self.broke = why
         self._fail_all(
             BrokenError(f"session with {self.peer_name or self.address} broke: {reason}")
         )
@@ -351,11 +361,13 @@ class Client(ClientRequests, ClientHandshake):
         elif kind in (Kind.CHALLENGE, Kind.WELCOME) or (kind is Kind.REJECT and req_id == 0):
             body = msgpack.unpackb(bytes(payload[0]), raw=False) if payload else {}
             if kind is Kind.REJECT and self._state == _READY:
-                self._break(str(body.get("reason", "rejected")))
+                forgotten = body.get("code") == RejectCode.NEED_HANDSHAKE
+                reason = str(body.get("reason", "rejected"))
+                self._break(reason, "forgotten" if forgotten else "rejected")
             elif self._handshake is not None and not self._handshake.done():
                 self._handshake.set_result((kind, body if isinstance(body, dict) else {}))
         elif kind is Kind.REJECT:  # a request the server no longer has a session for
-            self._break("the server forgot the session (restarted or expired)")
+            self._break("the server forgot the session (restarted or expired)", "forgotten")
         else:
             raise ProtocolError(f"unexpected {kind.name}")
 
@@ -385,7 +397,7 @@ class Client(ClientRequests, ClientHandshake):
             self._last_recv = max(self._last_recv, now - self._hb_interval)
         if self._state == _READY and self._pump is not None:
             if now - self._last_recv > self._hb_timeout:
-                self._break(f"no heartbeat for {now - self._last_recv:.1f}s")
+                self._break(f"no heartbeat for {now - self._last_recv:.1f}s", "silent")
             elif now - self._last_send >= self._hb_interval or self._pending:
                 try:
                     self._pump.send(envelope(Kind.PING, 0))

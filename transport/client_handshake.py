@@ -57,7 +57,6 @@ class ClientHandshake:
     peer_host: str
     same_host: bool
     _token: bytes
-    _connect_timeout: float
     _state: str
     _bounds: tuple[int, int, int]
     _pump: SocketPump | StreamPump | None
@@ -65,7 +64,7 @@ class ClientHandshake:
     _last_recv: float
     hello_answered: bool  # whether the last handshake got past HELLO
 
-    async def _do_handshake(self) -> None:
+    async def _do_handshake(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
         nonce_c = new_nonce()
         hello = {
@@ -75,9 +74,9 @@ class ClientHandshake:
             "host": host_id(),
             "limits": self.limits.advertised(),  # the server checks its replies against them
         }
-        deadline = time.monotonic() + self._connect_timeout
+        deadline = time.monotonic() + timeout
         self.hello_answered = False
-        kind, body = await self._exchange(loop, Kind.HELLO, hello, deadline)
+        kind, body = await self._exchange(loop, Kind.HELLO, hello, deadline, timeout)
         self.hello_answered = True  # the server is there and talks to us
         if kind is not Kind.CHALLENGE:
             raise self._rejection(body)
@@ -89,7 +88,7 @@ class ClientHandshake:
         # Answer even when the server's proof failed, so that the server (ours, with another
         # token) can count and log the failed attempt; our proof reveals nothing of the token.
         proof = client_proof(self._token, nonce_s, nonce_c)
-        kind, welcome = await self._exchange(loop, Kind.AUTH, {"proof": proof}, deadline)
+        kind, welcome = await self._exchange(loop, Kind.AUTH, {"proof": proof}, deadline, timeout)
         if not server_ok:
             raise AuthError(f"server at {self.address} could not prove it knows the token")
         if kind is not Kind.WELCOME:
@@ -108,7 +107,12 @@ class ClientHandshake:
         return peer_bounds(self.limits, advertised)
 
     async def _exchange(
-        self, loop: asyncio.AbstractEventLoop, kind: Kind, body: dict[str, Any], deadline: float
+        self,
+        loop: asyncio.AbstractEventLoop,
+        kind: Kind,
+        body: dict[str, Any],
+        deadline: float,
+        timeout: float,
     ) -> tuple[Kind, dict[str, Any]]:
         if self._pump is None:  # the stream ended between two steps (the peer went away)
             if self._state == _CLOSED:
@@ -119,9 +123,7 @@ class ClientHandshake:
         try:
             return await asyncio.wait_for(self._handshake, max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
-            raise Timeout(
-                f"no handshake with {self.address} within {self._connect_timeout:.1f}s"
-            ) from None
+            raise Timeout(f"no handshake with {self.address} within {timeout:.1f}s") from None
         finally:
             self._handshake = None
 

@@ -10,6 +10,8 @@
 * An argument that cannot be encoded raises TypeError naming it in the caller's terms
   (``argument 0 ['a'][1]: cannot encode set``, ``keyword argument 'x': ...``), not by the
   wire message's internal path.
+* A call whose message is bigger than the actor accepts (its limits, advertised in the
+  handshake) raises LimitError before anything is sent, naming its largest argument.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import asyncio
 import concurrent.futures
 from collections.abc import Mapping
 from typing import Any
+
+from rayless.transport.errors import LimitError
 
 _FUTURES = (asyncio.Future, concurrent.futures.Future)
 
@@ -85,3 +89,37 @@ def call_encode_error(exc: TypeError, method: str, args_at: str = "[2]") -> Type
     error = TypeError(f"{what}: {reason} (calling {method})")
     error.path, error.reason = path, reason  # type: ignore[attr-defined]
     return error
+
+
+def call_limit_error(
+    exc: LimitError, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None
+) -> LimitError:
+    """A size error of a call's message, naming its largest argument (by payload bytes)."""
+    sizes = [(f"argument {i}", _nbytes(v, 0)) for i, v in enumerate(args)]
+    sizes += [(f"keyword argument {k!r}", _nbytes(v, 0)) for k, v in (kwargs or {}).items()]
+    if not sizes:
+        return exc
+    what, size = max(sizes, key=lambda item: item[1])
+    return LimitError(f"{what} of {method}(...) holds {size} bytes: {exc}")
+
+
+def _nbytes(value: Any, depth: int) -> int:
+    """The payload bytes of ``value`` (buffers, strings, arrays, nested containers)."""
+    if depth > 100:
+        return 0
+    if isinstance(value, (bytes, bytearray, str)):
+        return len(value)
+    if isinstance(value, memoryview):
+        return value.nbytes
+    nbytes = getattr(value, "nbytes", None)  # tensors, numpy arrays
+    if isinstance(nbytes, int):
+        return nbytes
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return sum(_nbytes(v, depth + 1) for v in value)
+    items = getattr(value, "items", None)  # dicts, TensorDicts
+    if callable(items):
+        try:
+            return sum(_nbytes(k, depth + 1) + _nbytes(v, depth + 1) for k, v in items())
+        except Exception:
+            return 0
+    return 0

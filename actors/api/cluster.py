@@ -34,6 +34,9 @@ from rayless.transport import codec
 from rayless.transport.errors import ClosedError, RaylessError, RemoteError
 
 A = TypeVar("A")
+# what a spawn may take past its timeout: the head's own reply (it stops a process that did
+# not start in time with SIGKILL, at once, and answers)
+_HEAD_MARGIN = 5.0
 
 
 class Cluster:
@@ -125,6 +128,9 @@ class Cluster:
     ) -> ActorHandle[A]:
         """Start an actor of ``cls(*args, **kwargs)`` in its own process; return its handle.
 
+        ``timeout`` bounds the start (process, constructor, ``setup``), after
+        ``wait_for_resources`` if any: an actor not serving by then is killed at once.
+
         Raises:
             ClosedError: this cluster handle is closed.
             TypeError: ``cls`` is not an importable class, a method of it has a name of the
@@ -136,6 +142,7 @@ class Cluster:
                 after ``wait_for_resources`` seconds (Ray's pending actors: the head waits for
                 other actors to free them; infeasible requests still fail at once).
             RemoteError: the constructor or ``setup`` raised.
+            Timeout: the actor did not start within ``timeout`` seconds (its process is gone).
         """
         ref = ClassRef.of(cls)
         methods = public_methods(cls)
@@ -172,7 +179,7 @@ class Cluster:
         runtime = await self._runtime()
         try:
             record = await runtime.head_request(
-                ("spawn", spec), timeout=timeout + wait_for_resources + 10
+                ("spawn", spec), timeout=timeout + wait_for_resources + _HEAD_MARGIN
             )
         except RemoteError as exc:  # the constructor or setup raised
             raise materialize(exc) from None

@@ -7,6 +7,13 @@ actor with ActorDiedError at once, ``restarting`` fails the calls the dead proce
 holds new ones until ``ready`` names the new address.
 
 Sync code reaches a runtime through ``actors.api.portal`` (the home loop of the process).
+
+A session survives its own process's stalls: a driver's session is also held by a keeper
+thread (``actors.api.keeper``) that heartbeats whatever the loop does, and when the head
+forgot the loop's connection meanwhile (it expired it), the runtime handshakes again,
+re-introduces its session, learns the actor events it missed and sends again the head
+requests that the head refused unrun. Only a head that stopped answering, or went away, loses
+the cluster (ClusterLostError).
 """
 
 from __future__ import annotations
@@ -21,12 +28,15 @@ from typing import Any
 
 from rayless.actors.api import context
 from rayless.actors.api.actor import loads_by_value
-from rayless.actors.api.calls import call_encode_error
+from rayless.actors.api.calls import call_encode_error, call_limit_error
+from rayless.actors.api.keeper import SessionKeeper
 from rayless.actors.control.logs import print_lines
 from rayless.actors.errors import ActorDiedError, ClusterLostError
 from rayless.transport.client import Client
+from rayless.transport.codec import encode
 from rayless.transport.errors import (
     BrokenError,
+    LimitError,
     RaylessError,
     RemoteError,
     Timeout,
@@ -69,6 +79,12 @@ class Runtime:
         self.print_logs = True
         self.lost: ClusterLostError | None = None
         self._closed = False
+        self.keeper: SessionKeeper | None = None
+        self._resuming: asyncio.Task[None] | None = None
+        self._hb_timeout = 10.0
+        self._warming: asyncio.Future[None] | None = None
+        self.forgets = 0  # how many times the head forgot this connection (we then resume)
+        self.resumes = 0  # how many times the session was resumed on a new handshake
 
     async def start(self) -> Runtime:
         """Connect to the head and register this process's session.
@@ -80,7 +96,28 @@ class Runtime:
         hello = await self.head.request(("hello", self.info.session), timeout=30)
         node_timeout = float(hello.get("node_timeout", 10.0)) if isinstance(hello, dict) else 10.0
         timeout = max(1.0, node_timeout)
-        self.head.set_heartbeat(min(0.5, timeout / 4), timeout)
+        interval = min(0.5, timeout / 4)
+        self.head.set_heartbeat(interval, timeout)
+        self._hb_timeout = timeout
+        if "torch" in sys.modules and self._warming is None:
+            # the codec's tensor support imports tensordict (seconds): in a thread, not on
+            # this loop at the first tensor a call sends
+            self._warming = asyncio.ensure_future(asyncio.to_thread(_warm_codec))
+        if self.info.actor_id is None:  # a driver (an actor's session lives as long as it)
+            keeper = SessionKeeper(
+                self.info.address,
+                self.info.token,
+                self.info.session,
+                interval=interval,
+                timeout=timeout,
+            )
+            try:
+                await keeper.start()
+            except BaseException:
+                await keeper.aclose()
+                await self.head.aclose()
+                raise
+            self.keeper = keeper
         return self
 
     async def head_request(self, body: tuple[Any, ...], timeout: float | None = 60.0) -> Any:
@@ -89,13 +126,84 @@ class Runtime:
         Raises:
             ClusterLostError: the head is gone.
         """
-        if self.lost is not None:
-            raise self.lost
+        forgets = await self._session_ready()
+        try:
+            return await self.head.request(body, timeout=timeout)
+        except BrokenError:
+            if self.forgets == forgets:
+                raise
+        # the head had forgotten this connection and did not run the request: send it again
+        # once the session is resumed
+        await self._session_ready()
         return await self.head.request(body, timeout=timeout)
 
+    async def _session_ready(self) -> int:
+        """Wait for a resume under way; raise ClusterLostError if the cluster is lost; the
+        count of forgets so far."""
+        if self._resuming is not None:
+            await asyncio.shield(self._resuming)
+        if self.lost is not None:
+            raise self.lost
+        return self.forgets
+
     def _head_broken(self, reason: str) -> None:
-        """The head stopped answering: the cluster is gone; fail everything at once."""
-        if self._closed:
+        """The session with the head broke. The head forgot this connection (it expired it
+        while our loop was blocked), or the connection ended (the head may have dropped a
+        forgotten one): resume the session. The head stopped answering, or a resume finds
+        it gone: the cluster is lost; fail everything at once."""
+        if self._closed or self.lost is not None:
+            return
+        why = self.head.broke
+        if why == "forgotten":
+            self.forgets += 1
+        if why in ("forgotten", "lost"):
+            if self._resuming is None:
+                self._resuming = self.loop.create_task(self._resume(reason))
+            return
+        self._lose(reason)
+
+    async def _resume(self, reason: str) -> None:
+        """Handshake again (within the heartbeat timeout: a head that cannot answer that
+        fast counts as lost), re-introduce the session, and catch up on the actor events sent
+        while the head did not know this connection."""
+        try:
+            ids = [a for a, c in self.conns.items() if c.state != "dead"]
+            await self.head.connect(timeout=self._hb_timeout)
+            hello = await self.head.request(("hello", self.info.session, ids), timeout=30)
+        except RaylessError as exc:
+            self._lose(f"{reason}, and it could not be reached again: {exc}")
+        else:
+            records = hello.get("actors") if isinstance(hello, dict) else None
+            self._catch_up(records if isinstance(records, list) else [])
+            self.resumes += 1
+        finally:
+            self._resuming = None
+
+    def _catch_up(self, records: list[Any]) -> None:
+        """Apply the states of actors (head records) whose events we may have missed."""
+        for record in records:
+            if not isinstance(record, dict):
+                continue
+            actor_id = str(record.get("actor_id", ""))
+            conn = self.conns.get(actor_id)
+            if conn is None or conn.state == "dead":
+                continue
+            death = record.get("death") if isinstance(record.get("death"), dict) else {}
+            event = {**(death or {}), "actor_id": actor_id, "name": record.get("name")}
+            state = record.get("state")
+            if state == "dead":
+                self._on_event({**event, "ev": "died"})
+            elif state == "restarting" and conn.state == "alive":
+                self._on_event({**event, "ev": "restarting"})
+            elif state == "alive" and (
+                conn.state != "alive" or record.get("address") != conn.address
+            ):
+                if conn.state == "alive":  # it restarted meanwhile: its old calls are lost
+                    self._on_event({**event, "ev": "restarting"})
+                self._on_event({"ev": "ready", "actor_id": actor_id, **record})
+
+    def _lose(self, reason: str) -> None:
+        if self.lost is not None:
             return
         self.lost = ClusterLostError(
             f"the cluster's head at {self.info.address} is gone ({reason}); every call of "
@@ -113,6 +221,12 @@ class Runtime:
             return
         self._closed = True
         _RUNTIMES.pop(self.loop, None)
+        if self._resuming is not None:
+            self._resuming.cancel()
+        if self._warming is not None:
+            self._warming.cancel()  # (its thread finishes the import on its own)
+        if self.keeper is not None:
+            await self.keeper.aclose()
         conns = list(self.conns.values())
         for conn in conns:
             if conn.client is not None:
@@ -250,6 +364,8 @@ class Runtime:
             raise materialize(exc) from None
         except TypeError as exc:
             raise call_encode_error(exc, method) from None
+        except LimitError as exc:
+            raise call_limit_error(exc, method, args, kwargs) from None
         except (BrokenError, Timeout) as exc:
             if self.lost is not None:
                 raise self.lost from None
@@ -261,6 +377,13 @@ class Runtime:
                 f"{method}(...) of actor {conn.name!r} gave no result within {timeout}s "
                 "(the call was cancelled in the actor)"
             ) from None
+
+
+def _warm_codec() -> None:
+    """Load the codec's tensor support (worker thread): encode one small tensor."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        encode(torch.zeros(1))
 
 
 _RUNTIMES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = (
@@ -383,10 +506,15 @@ def fast_submit(
     if conn is None or conn.state != "alive" or conn.client is None:
         return None
     fut = conn.client.submit_nowait(("c", method, args, kwargs), timeout)
-    if fut is not None and fut.done() and isinstance(fut.exception(), TypeError):
-        failed: asyncio.Future[Any] = loop.create_future()  # an argument it cannot encode
-        failed.set_exception(call_encode_error(fut.exception(), method))  # type: ignore[arg-type]
-        return failed
+    if fut is not None and fut.done() and not fut.cancelled():
+        error = fut.exception()
+        if isinstance(error, (TypeError, LimitError)):  # not sent: an argument's fault
+            failed: asyncio.Future[Any] = loop.create_future()
+            if isinstance(error, TypeError):
+                failed.set_exception(call_encode_error(error, method))
+            else:
+                failed.set_exception(call_limit_error(error, method, args, kwargs))
+            return failed
     return fut
 
 

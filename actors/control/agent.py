@@ -274,13 +274,16 @@ class Agent:
     async def op_kill(self, peer: Peer, actor_id: str, reason: str = "killed") -> bool:
         """Stop an actor for good: SIGTERM, a grace period, SIGKILL; answers once it is gone.
 
-        An actor still starting (its spawn timed out at the head) is killed too: its process
-        must be gone before the head frees its resources.
+        An actor still starting (its spawn timed out at the head) is killed too, at once with
+        SIGKILL (it never served: there is nothing to finish gracefully, and the spawn's
+        timeout bounds the whole spawn): its process must be gone before the head frees its
+        resources.
         """
         proc = self.procs.get(actor_id)
         if proc is None or proc.state == "dead":
             return False
-        await self._terminate(proc, reason)
+        starting = proc.state == "starting"
+        await self._terminate(proc, reason, grace=0.0 if starting else self.kill_grace)
         if proc.pid is None and proc.ready is not None:  # still forking: wait for the process
             await asyncio.wait([proc.ready], timeout=self.kill_grace + 5.0)
         if proc.pid is not None and not proc.exited.is_set():
@@ -320,16 +323,20 @@ class Agent:
 
     # -- process lifecycle ---------------------------------------------------------------
 
-    async def _terminate(self, proc: ActorProc, reason: str) -> None:
+    async def _terminate(self, proc: ActorProc, reason: str, grace: float | None = None) -> None:
+        """SIGTERM, ``grace`` seconds (default ``kill_grace``; 0: none), SIGKILL."""
         proc.state = "stopping"
         proc.stop_reason = reason
         proc.max_restarts = proc.restarts
         pid = proc.pid
         if pid is None:
             return
+        grace = self.kill_grace if grace is None else grace
         try:
+            if grace <= 0:
+                raise asyncio.TimeoutError  # straight to SIGKILL
             os.kill(pid, signal.SIGTERM)
-            await asyncio.wait_for(proc.exited.wait(), self.kill_grace)
+            await asyncio.wait_for(proc.exited.wait(), grace)
         except ProcessLookupError:
             return
         except asyncio.TimeoutError:

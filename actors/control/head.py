@@ -56,6 +56,7 @@ class Head(HeadActors):
         self.names: dict[str, str] = {}
         self.sessions: dict[str, set[bytes]] = {}
         self._peer_session: dict[bytes, str] = {}
+        self._keepers: set[bytes] = set()  # connections that only hold a session alive
         self._orphan_timers: dict[str, asyncio.TimerHandle] = {}
         self.debug_endpoints: dict[str, dict[str, Any]] = {}  # actor id -> its debug listener
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -137,14 +138,51 @@ class Head(HeadActors):
 
     # -- sessions ------------------------------------------------------------------------
 
-    def op_hello(self, peer: Peer, session: str) -> dict[str, Any]:
-        """A driver or actor runtime introduces its session (the owner of what it spawns)."""
+    def op_hello(
+        self, peer: Peer, session: str, actor_ids: list[str] | None = None
+    ) -> dict[str, Any]:
+        """A driver or actor runtime introduces its session (the owner of what it spawns).
+
+        A runtime that resumes its session after the head forgot its connection names the
+        actors it talks to (``actor_ids``): the reply carries their records (``actors``), so
+        that it learns of the events it missed meanwhile.
+
+        Raises:
+            ProtocolError: malformed arguments.
+        """
+        if not isinstance(session, str) or not session:
+            raise ProtocolError("hello needs a session id")
+        if actor_ids is not None and not isinstance(actor_ids, list):
+            raise ProtocolError("hello's actor ids must be a list")
+        self._join(peer, session)
+        reply: dict[str, Any] = {"node_timeout": self.node_timeout}
+        if actor_ids:
+            records = (self.actors.get(str(a)) for a in actor_ids)
+            reply["actors"] = [r.public() for r in records if r is not None]
+        return reply
+
+    def op_keep_session(self, peer: Peer, session: str) -> bool:
+        """A driver's keeper connection (``actors.api.keeper``): it holds ``session`` alive
+        while it is heard, and gets no events or logs.
+
+        Raises:
+            ProtocolError: malformed arguments.
+        """
+        if not isinstance(session, str) or not session:
+            raise ProtocolError("keep_session needs a session id")
+        self._join(peer, session)
+        self._keepers.add(peer.routing_id)
+        return True
+
+    def _join(self, peer: Peer, session: str) -> None:
+        old = self._peer_session.get(peer.routing_id)
+        if old is not None and old != session:  # a connection belongs to one session
+            raise ProtocolError("this connection already belongs to another session")
         self.sessions.setdefault(session, set()).add(peer.routing_id)
         self._peer_session[peer.routing_id] = session
         timer = self._orphan_timers.pop(session, None)
         if timer is not None:
             timer.cancel()
-        return {"node_timeout": self.node_timeout}
 
     async def op_end_session(self, peer: Peer, session: str) -> int:
         """The session is over: kill every actor it owns; returns how many, once they are dead."""
@@ -157,6 +195,7 @@ class Head(HeadActors):
 
     def _peer_gone(self, peer: Peer) -> None:
         session = self._peer_session.pop(peer.routing_id, None)
+        self._keepers.discard(peer.routing_id)
         if session is None:
             return
         peers = self.sessions.get(session)
@@ -164,6 +203,11 @@ class Head(HeadActors):
             peers.discard(peer.routing_id)
             if not peers:
                 del self.sessions[session]
+                owner = self.actors.get(session)
+                if owner is not None and owner.state != "dead":
+                    # an actor's session: what it owns dies with it (``_mark_dead``), never
+                    # because its loop, held by a long method, went silent
+                    return
                 loop = asyncio.get_running_loop()
                 self._orphan_timers[session] = loop.call_later(
                     self.owner_grace, self._kill_owned, session, "its owner disconnected"
@@ -244,7 +288,8 @@ class Head(HeadActors):
 
     def _broadcast(self, ev: dict[str, Any]) -> None:
         for peer in self.server.peers:
-            if peer.routing_id in self._peer_session:
+            rid = peer.routing_id
+            if rid in self._peer_session and rid not in self._keepers:
                 self.server.send_oneway(peer, ("event", ev))
 
     def _forward_logs(self, batch: dict[str, Any]) -> None:
@@ -252,7 +297,8 @@ class Head(HeadActors):
         if record is None:
             return
         for rid in self.sessions.get(record.owner, ()):
-            self.server.send_oneway(rid, ("logs", batch))
+            if rid not in self._keepers:
+                self.server.send_oneway(rid, ("logs", batch))
 
 
 async def serve(address: str, token: str, node_timeout: float) -> None:

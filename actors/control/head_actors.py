@@ -20,7 +20,7 @@ from rayless.actors.errors import ActorDiedError, ActorNotFoundError, NameTakenE
 from rayless.placement.allocation import Allocation, NodeState, choose, release
 from rayless.placement.errors import PlacementError, ResourcesBusyError
 from rayless.transport.client import Client
-from rayless.transport.errors import ProtocolError, RaylessError
+from rayless.transport.errors import ProtocolError, RaylessError, Timeout
 from rayless.transport.peer import Peer
 
 log = logging.getLogger("rayless.head")
@@ -128,6 +128,11 @@ class HeadActors:
                 # its GPU while it finishes __init__ unknown to us.
                 await asyncio.shield(self._stop_starting(agent, record))
             self._mark_dead(record, {"reason": f"failed to start: {exc}"}, broadcast=False)
+            if isinstance(exc, Timeout):
+                raise Timeout(
+                    f"actor {record.name} did not start within its spawn timeout of "
+                    f"{spec.get('timeout', 120)}s; its process was killed"
+                ) from None
             raise
         if record.state == "dead":  # it died between starting and answering
             raise ActorDiedError(record.name, node=alloc.node_id, reason="died while starting")

@@ -60,6 +60,36 @@ class FailsOnRestart:
         return os.getpid()
 
 
+class SlowInitMarksTerm:
+    """Writes its pid, notes a SIGTERM in ``pid_file + '.term'``, takes ``seconds`` to
+    construct."""
+
+    def __init__(self, pid_file: str, seconds: float) -> None:
+        import signal
+        import threading
+
+        from rayless.actors.api.portal import home_loop
+
+        loop, installed = home_loop(), threading.Event()
+
+        def install() -> None:  # (the constructor runs in a worker thread; the loop handles
+            # signals, and this handler replaces the one that stops the actor)
+            loop.add_signal_handler(
+                signal.SIGTERM, lambda: Path(pid_file + ".term").write_text("SIGTERM")
+            )
+            installed.set()
+
+        loop.call_soon_threadsafe(install)
+        installed.wait(30)
+        Path(pid_file).write_text(str(os.getpid()))
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:  # a SIGTERM does not cut it short
+            time.sleep(0.05)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
 class SlowInit:
     """Writes its pid, then takes ``seconds`` to construct."""
 
@@ -69,3 +99,22 @@ class SlowInit:
 
     def pid(self) -> int:
         return os.getpid()
+
+
+class Parent:
+    """Spawns a child actor, then may hold its own loop."""
+
+    async def adopt(self) -> int:
+        from rayless import actors
+        from tests.integration.actor_classes import Counter
+
+        cluster = await actors.connect()
+        self.child = await cluster.spawn(Counter)
+        return int(await self.child.add(1))
+
+    async def hold(self, seconds: float) -> str:
+        time.sleep(seconds)  # a long synchronous step on the actor's loop
+        return "held"
+
+    async def child_add(self) -> int:
+        return int(await self.child.add(1))

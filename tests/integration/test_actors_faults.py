@@ -9,15 +9,18 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 import rayless.actors as actors
 from rayless.actors import ActorDiedError, Cluster
 from rayless.actors.launch.local import LocalProcesses
-from rayless.transport.errors import ClosedError
+from rayless.transport.errors import ClosedError, LimitError, Timeout
 from tests.integration.actor_classes import Counter
+from tests.integration.edge_classes import SlowInitMarksTerm
 
 pytestmark = pytest.mark.integration
 
@@ -211,3 +214,32 @@ def test_sync_facade() -> None:
             counter.add.call(1, timeout=30)
     with pytest.raises(ClosedError):
         cluster.nodes()
+
+
+async def test_a_spawn_past_its_timeout_kills_the_starting_process_at_once(
+    local_cluster: Cluster, tmp_path: Path
+) -> None:
+    warm = await local_cluster.spawn(Counter)  # the fork template is warm
+    await local_cluster.kill(warm)
+    pid_file = tmp_path / "pid"
+    with pytest.raises(Timeout, match="did not start within its spawn timeout of 8"):
+        await asyncio.wait_for(
+            local_cluster.spawn(SlowInitMarksTerm, str(pid_file), 120.0, timeout=8.0), 120
+        )
+    pid = int(pid_file.read_text())
+    assert _gone(pid)  # gone before the spawn raised
+    # killed with SIGKILL at once: no SIGTERM and grace period past the spawn's timeout
+    assert not Path(f"{pid_file}.term").exists()
+
+
+async def test_an_oversize_argument_fails_unsent_naming_the_argument(
+    local_cluster: Cluster,
+) -> None:
+    small = {"RAYLESS_MAX_MESSAGE_BYTES": str(2**20)}  # this actor takes at most 1 MiB
+    counter = await local_cluster.spawn(Counter, env=small)
+    assert await counter.add(1) == 1
+    with pytest.raises(LimitError, match=r"argument 0 of add\(\.\.\.\) holds 4194304 bytes"):
+        await counter.add(torch.zeros(2**20))
+    with pytest.raises(LimitError, match=r"keyword argument 'k' of add\(\.\.\.\) holds"):
+        await counter.add(k=[b"x" * 2**20, b"y" * 2**20])
+    assert await counter.add(1) == 2  # neither call reached the actor

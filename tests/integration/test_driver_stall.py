@@ -1,0 +1,159 @@
+"""A driver whose own event loop stalls past the cluster's node_timeout keeps its cluster.
+
+The head forgets a connection it has not heard for max(2 s, node_timeout); these clusters
+use node_timeout=1, and the drivers block their loop for 3-4 s (``time.sleep``, a first
+import of torch and tensordict), so the head has expired the loop's connection each time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from rayless.actors import ActorDiedError, Cluster
+from rayless.actors.api.runtime import get_runtime
+from tests.integration.actor_classes import Counter
+from tests.integration.edge_classes import Parent
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``pred`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.local_cluster(nodes=1, gpus_per_node=0, node_timeout=1.0, isolated=True)
+async def test_a_driver_blocked_past_node_timeout_keeps_its_actor_and_can_spawn(
+    local_cluster: Cluster,
+) -> None:
+    counter = await local_cluster.spawn(Counter)
+    assert await counter.add(1) == 1
+    runtime = await get_runtime()
+    time.sleep(3.0)  # the driver's own loop is blocked: the head expires its connection
+    assert await asyncio.wait_for(counter.add(1), 60) == 2  # the same actor, state kept
+    other = await asyncio.wait_for(local_cluster.spawn(Counter, 10), 120)
+    assert await asyncio.wait_for(other.add(1), 60) == 11
+    # the head had forgotten the loop's connection (or dropped it) and the runtime came back
+    assert runtime.lost is None and runtime.resumes >= 1
+    keeper = runtime.keeper
+    assert keeper is not None and keeper.registrations == 1  # heard all along
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.local_cluster(nodes=1, gpus_per_node=0, node_timeout=1.0, isolated=True)
+async def test_an_actor_that_died_while_the_driver_was_blocked_fails_its_calls(
+    local_cluster: Cluster,
+) -> None:
+    counter = await local_cluster.spawn(Counter)
+    pid = await counter.pid()
+    runtime = await get_runtime()
+    # killed once the head has forgotten the blocked loop's connection: its death event
+    # never reaches that connection; the resumed session learns it from the head
+    killer = threading.Timer(3.0, os.kill, (pid, signal.SIGKILL))
+    killer.start()
+    try:
+        time.sleep(5.0)
+    finally:
+        killer.join()
+    with pytest.raises(ActorDiedError) as info:
+        await asyncio.wait_for(counter.add(1), 30)  # never a hang
+    assert info.value.pid == pid
+    assert runtime.lost is None and runtime.resumes >= 1
+    await wait_until(lambda: runtime.conns[counter.actor_id].state == "dead", 30, "the death")
+    with pytest.raises(ActorDiedError):
+        await asyncio.wait_for(counter.add(1), 30)
+
+
+_FIRST_STORE_USE = textwrap.dedent(
+    """
+    import asyncio, sys, time
+    import rayless.actors as actors
+    import rayless.store
+    from rayless.actors.api.runtime import get_runtime
+
+    class Plain(actors.Actor):
+        def add(self, a, b):
+            return a + b
+
+    async def lag_probe(lags):
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            lags.append(now - last - 0.05)
+            last = now
+
+    async def main():
+        async with actors.Cluster.local(nodes=1, node_timeout=1.0) as cluster:
+            plain = await cluster.spawn(Plain)
+            assert await plain.add(1, 2) == 3
+            print("torch loaded before:", "torch" in sys.modules, flush=True)
+            lags = []
+            probe = asyncio.ensure_future(lag_probe(lags))
+            await asyncio.sleep(0.2)
+            store_cls = rayless.store.Store  # the first use: imports torch and tensordict
+            await asyncio.sleep(0.2)
+            probe.cancel()
+            print("store class:", store_cls.__name__, flush=True)
+            print(f"max loop lag: {max(lags):.2f}s", flush=True)
+            print("call:", await plain.add(2, 3), flush=True)
+            other = await cluster.spawn(Plain)
+            print("spawn:", await other.add(4, 5), flush=True)
+            runtime = await get_runtime()
+            print("lost:", runtime.lost is not None, flush=True)
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.timeout(240)
+def test_the_first_store_use_does_not_cost_the_driver_its_session(tmp_path: Path) -> None:
+    script = tmp_path / "driver.py"
+    script.write_text(_FIRST_STORE_USE)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RAYLESS_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env=env,
+        cwd=tmp_path,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "torch loaded before: False" in out  # the import happened on the running loop
+    lag = float(out.split("max loop lag: ")[1].split("s")[0])
+    print(f"the first Store use held the driver's loop for {lag:.2f}s")
+    assert "call: 5" in out and "spawn: 9" in out and "lost: False" in out, out
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.local_cluster(nodes=1, gpus_per_node=0, node_timeout=1.0, isolated=True)
+async def test_an_actor_whose_loop_is_held_keeps_the_actors_it_spawned(
+    local_cluster: Cluster,
+) -> None:
+    parent = await local_cluster.spawn(Parent)
+    assert await asyncio.wait_for(parent.adopt(), 120) == 1
+    # past the head's expiry of the parent's connection and the owner grace after it
+    assert await asyncio.wait_for(parent.hold(4.0), 60) == "held"
+    assert await asyncio.wait_for(parent.child_add(), 60) == 2
