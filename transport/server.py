@@ -84,8 +84,9 @@ class Server(RequestDispatch, ServerHandshake):
         handler: called with each :class:`Request`; returns the reply, or an awaitable of it.
             Exceptions travel back to the caller (non-rayless ones as RemoteError).
         on_oneway: called with (peer, body) for one-way messages.
-        on_peer_gone: called with a peer when it says BYE or expires.
-        peer_idle_timeout: forget peers silent for this long (clients heartbeat far more often).
+        on_peer_gone: called with a peer when it says BYE, its connection closes, or it expires.
+        peer_idle_timeout: forget ZeroMQ peers silent for this long (clients heartbeat far more
+            often); a same-host (UNIX path) peer is forgotten when its connection closes.
         device: where decoded CUDA tensors land (see ``codec.decode``).
         limits: bounds on peers and messages (default: ``Limits.from_env()``).
         curve: encrypt the connection with ZeroMQ CURVE, keys derived from the token (default:
@@ -462,6 +463,10 @@ class Server(RequestDispatch, ServerHandshake):
             return
         deadline = time.monotonic() - self._peer_idle_timeout
         for rid, peer in list(self._peers.items()):
+            # a same-host stream ends with its process (kill -9 included): while it is open the
+            # peer is alive, however long its loop is held; ZeroMQ peers expire when silent
+            if isinstance(peer.link, StreamPump):
+                continue
             if peer.last_seen < deadline and peer.inflight == 0:
                 self.stats["expired"] += 1
                 self._forget(rid)

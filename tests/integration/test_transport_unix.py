@@ -200,3 +200,27 @@ async def test_a_connection_lost_between_two_handshake_steps_is_a_broken_error()
         with pytest.raises(BrokenError, match="during the handshake"):
             await c.connect()
         await c.aclose()
+
+
+async def test_a_silent_same_host_peer_is_kept_while_its_connection_is_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A caller whose loop is held past the idle timeout (a driver in ``time.sleep``) kept
+    its UNIX connection open, yet was forgotten, and its next call broke; a ZeroMQ peer still
+    expires when silent (its connection may be half-open across a network)."""
+    async with Server(token=TOKEN, handler=lambda r: r.body, peer_idle_timeout=0.3) as srv:
+        quiet = Client(srv.address, token=TOKEN, heartbeat_interval=100, heartbeat_timeout=1000)
+        async with quiet:
+            assert quiet.via_unix and await quiet.request("a", timeout=10) == "a"
+            await asyncio.sleep(1.2)  # four sweeps of silence
+            assert len(srv.peers) == 1
+            assert await quiet.request("b", timeout=10) == "b"
+    monkeypatch.setenv("RAYLESS_UNIX", "0")
+    async with Server(token=TOKEN, handler=lambda r: r.body, peer_idle_timeout=0.3) as srv:
+        quiet = Client(srv.address, token=TOKEN, heartbeat_interval=100, heartbeat_timeout=1000)
+        async with quiet:
+            assert not quiet.via_unix and await quiet.request("a", timeout=10) == "a"
+            deadline = asyncio.get_running_loop().time() + 30
+            while srv.peers:
+                assert asyncio.get_running_loop().time() < deadline, "the ZeroMQ peer expired"
+                await asyncio.sleep(0.1)
