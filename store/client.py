@@ -186,6 +186,10 @@ class Store(DataPlane, StatusFace, KVFace):
         """
         own = cluster is None
         cluster = cluster or await connect()
+        # Inside an actor (or after this process joined a cluster) connect() gives a Cluster
+        # on the existing session; closing that one would make the process forget its
+        # cluster (the next connect raised ConnectError), so only a session of our own is ours.
+        own = own and cluster._owns_session
         try:
             controller = await cluster.get_actor(name)
             units = await controller.units()

@@ -12,8 +12,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+import rayless.actors as actors
 from rayless.actors import Cluster
-from rayless.store import Store
+from rayless.store import Store, SyncStore
 from rayless.store.loader import StreamingLoader
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_cluster(nodes=1)]
@@ -61,3 +62,30 @@ async def test_a_rank_asking_for_its_step_twice_gets_its_part_and_loses_nothing(
         later[r].step = 1
     rest = [x for r in range(2) for x in (await later[r].__anext__())[0]["x"].tolist()]
     assert sorted(step0 + rest) == list(range(8))  # every sample delivered to a rank, once
+
+
+class Reconnects(actors.Actor):
+    """An actor that opens, closes and opens again clients of a store."""
+
+    async def twice(self, name: str) -> list[int]:
+        sizes = []
+        for _ in range(2):
+            st = await Store.connect(name)
+            sizes.append(len(st.units))
+            await st.aclose()
+        return sizes
+
+    def twice_sync(self, name: str) -> list[int]:
+        sizes = []
+        for _ in range(2):
+            with SyncStore.connect(name) as st:
+                sizes.append(len(st.units))
+        return sizes
+
+
+async def test_connect_after_a_closed_client_inside_an_actor(local_cluster: Cluster) -> None:
+    st = await Store.create(local_cluster, num_units=2, name="tq-reconnect")
+    actor = await local_cluster.spawn(Reconnects)
+    assert await actor.twice("tq-reconnect") == [2, 2]  # before: ConnectError the 2nd time
+    assert await actor.twice_sync("tq-reconnect") == [2, 2]
+    await st.aclose()
