@@ -11,11 +11,12 @@ from collections.abc import Awaitable, Callable
 import pytest
 import torch
 from tensordict import TensorDict
+from torch.utils.data import DataLoader
 
 import rayless.actors as actors
 from rayless.actors import Cluster
-from rayless.store import Store, SyncStore
-from rayless.store.loader import StreamingLoader
+from rayless.store import Store, StoreTimeoutError, SyncStore
+from rayless.store.loader import StreamingDataset, StreamingLoader
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_cluster(nodes=1)]
 
@@ -88,4 +89,50 @@ async def test_connect_after_a_closed_client_inside_an_actor(local_cluster: Clus
     actor = await local_cluster.spawn(Reconnects)
     assert await actor.twice("tq-reconnect") == [2, 2]  # before: ConnectError the 2nd time
     assert await actor.twice_sync("tq-reconnect") == [2, 2]
+    await st.aclose()
+
+
+def _read(name: str, workers: int, epochs: int, timeout: float = 20) -> list[list[int]]:
+    """Read ``epochs`` epochs of 4 steps through a real DataLoader (blocking: in a thread)."""
+    with SyncStore.connect(name) as ss:
+        ds = StreamingDataset(ss, "p", ["x"], 2, task="train", steps=4, timeout=timeout)
+        loader = DataLoader(ds, batch_size=None, num_workers=workers)
+        out = []
+        for epoch in range(epochs):
+            ds.set_epoch(epoch)
+            seen = []
+            for td, meta in loader:
+                assert isinstance(td, TensorDict) and meta.size == td.batch_size[0] == 2
+                seen += td["x"].tolist()
+            out.append(seen)
+        return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+async def test_the_dataset_inside_a_real_dataloader(local_cluster: Cluster, workers: int) -> None:
+    # before: default collate failed on (TensorDict, BatchMeta); with workers it hung
+    st = await Store.create(local_cluster, num_units=2, name=f"tq-dl{workers}")
+    await st.put(td(16), "p")
+    epochs = await asyncio.to_thread(_read, f"tq-dl{workers}", workers, 2)
+    # epoch 2 is the next 4 steps (workers fetch their steps concurrently: any order inside)
+    assert [sorted(e) for e in epochs] == [list(range(8)), list(range(8, 16))]
+    assert (await st.consumption_status("p", "train"))["consumed"] == 16
+    await st.aclose()
+
+
+def _times_out(name: str, workers: int) -> None:
+    with SyncStore.connect(name) as ss:
+        ds = StreamingDataset(ss, "p", ["x"], 2, task="train", steps=2, timeout=1)
+        with pytest.raises(StoreTimeoutError):  # before, with workers: hung
+            list(DataLoader(ds, batch_size=None, num_workers=workers))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+async def test_the_datasets_timeout_fires_inside_a_dataloader(
+    local_cluster: Cluster, workers: int
+) -> None:
+    st = await Store.create(local_cluster, num_units=1, name=f"tq-dlt{workers}")
+    await st.put(td(1), "p")  # a step needs 2
+    await asyncio.to_thread(_times_out, f"tq-dlt{workers}", workers)
+    assert (await st.consumption_status("p", "train"))["consumed"] == 0
     await st.aclose()
