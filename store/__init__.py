@@ -34,9 +34,11 @@ if TYPE_CHECKING:
     from rayless.store.samplers import (
         GroupedSampler,
         RandomSampler,
+        SeqlenBalancedSampler,
         SequentialSampler,
         make_sampler,
     )
+    from rayless.store.loader import StreamingDataset, StreamingLoader
     from rayless.store.schema import FieldSchema
     from rayless.store.sync import SyncStore
     from rayless.store.weights import WeightSync
@@ -50,7 +52,10 @@ _LAZY = {
     "BatchMeta": "rayless.store.meta",
     "GroupedSampler": "rayless.store.samplers",
     "RandomSampler": "rayless.store.samplers",
+    "SeqlenBalancedSampler": "rayless.store.samplers",
     "SequentialSampler": "rayless.store.samplers",
+    "StreamingDataset": "rayless.store.loader",
+    "StreamingLoader": "rayless.store.loader",
     "make_sampler": "rayless.store.samplers",
     "FieldSchema": "rayless.store.schema",
     "SyncStore": "rayless.store.sync",
@@ -83,6 +88,7 @@ __all__ = [
     "PublisherLostError",
     "RandomSampler",
     "SchemaError",
+    "SeqlenBalancedSampler",
     "SequentialSampler",
     "StaleMetaError",
     "Store",
@@ -90,6 +96,8 @@ __all__ = [
     "StoreFullError",
     "StoreInputError",
     "StoreTimeoutError",
+    "StreamingDataset",
+    "StreamingLoader",
     "SyncStore",
     "SyncWeightSync",
     "UnitLostError",
