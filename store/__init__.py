@@ -30,6 +30,7 @@ from rayless.store.errors import (
 if TYPE_CHECKING:
     from rayless.store import samplers
     from rayless.store.client import DEFAULT_NAME, Store
+    from rayless.store.loader import StreamingDataset, StreamingLoader
     from rayless.store.meta import BatchMeta
     from rayless.store.samplers import (
         GroupedSampler,
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
         SequentialSampler,
         make_sampler,
     )
-    from rayless.store.loader import StreamingDataset, StreamingLoader
     from rayless.store.schema import FieldSchema
     from rayless.store.sync import SyncStore
     from rayless.store.weights import WeightSync
