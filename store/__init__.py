@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayless.store.errors import (
     CheckpointError,
+    CheckpointNotFoundError,
     ForeignMetaError,
     PartialResultError,
     PublisherLostError,
@@ -82,6 +83,7 @@ __all__ = [
     "BatchMeta",
     "FieldSchema",
     "CheckpointError",
+    "CheckpointNotFoundError",
     "ForeignMetaError",
     "GroupedSampler",
     "PartialResultError",

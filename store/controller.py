@@ -496,10 +496,10 @@ class StoreController(ControllerClears, ControllerStatus, ControllerKV, Actor):
         self.state.set_custom_meta(meta, custom)
 
     async def reset_consumption(
-        self, task: str, partition: str | None = None, meta: BatchMeta | None = None
+        self, task: str | None, partition: str | None = None, meta: BatchMeta | None = None
     ) -> None:
-        """Forget what ``task`` consumed (in ``partition`` or everywhere, or only ``meta``'s
-        samples); wakes waiters."""
+        """Forget what ``task`` (None: every task) consumed (in ``partition`` or everywhere,
+        or only ``meta``'s samples); wakes waiters."""
         self.state.reset_consumption(task, partition, meta)
         if meta is not None:
             for part in set(meta.partition_ids):
