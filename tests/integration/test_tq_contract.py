@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from torch.utils.data import DataLoader
 
 import rayless.actors as actors
 from rayless.actors import Cluster
-from rayless.store import Store, StoreTimeoutError, SyncStore
+from rayless.store import Store, StoreInputError, StoreTimeoutError, SyncStore
 from rayless.store.loader import StreamingDataset, StreamingLoader
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_cluster(nodes=1)]
@@ -136,3 +137,41 @@ async def test_the_datasets_timeout_fires_inside_a_dataloader(
     await asyncio.to_thread(_times_out, f"tq-dlt{workers}", workers)
     assert (await st.consumption_status("p", "train"))["consumed"] == 0
     await st.aclose()
+
+
+async def test_tq_status_kv_and_checkpoint_behaviours(
+    local_cluster: Cluster, tmp_path: Path
+) -> None:
+    st = await Store.create(local_cluster, num_units=2, name="tq-habits")
+    meta = await st.put(td(4), "p")
+    for task in ("a", "b"):
+        assert (await st.get_meta("p", ["x"], 4, task=task, timeout=5)).size == 4
+    await st.reset_consumption(None, "p")  # TQ: task None resets every task
+    for task in ("a", "b"):
+        assert (await st.consumption_status("p", task))["consumed"] == 0
+    await st.clear(meta.select([0, 1]))
+    await st.clear(meta.select([0, 1]))  # TQ: clearing cleared samples is a no-op
+    await st.clear(meta)  # the live rest goes, the cleared part is skipped
+    assert "p" not in await st.partitions() or not (await st.get_meta("p", ["x"], None)).size
+    assert await st.kv_list("never-made") == {}  # TQ: an unknown partition lists as {}
+    await st.kv_batch_put(["k0", "k1"], "kv", td(2))
+    await st.kv_clear(["k0", "nobody"], "kv")
+    await st.kv_clear(["k0"], "kv")  # cleared already: idempotent
+    await st.kv_clear(["k0"], "no-such-partition")
+    assert set((await st.kv_list("kv"))["kv"]) == {"k1"}
+    await st.kv_clear(["k1"], "kv")
+    assert await st.kv_list("kv") == {}  # a partition without keys lists as {}
+    await st.kv_batch_put(["k2"], "kv", td(1, 5))
+    await st.save_checkpoint(tmp_path / "ck", metadata={"step": 1000})
+    with pytest.raises(StoreInputError):
+        await st.save_checkpoint(tmp_path / "bad", metadata={"when": object()})
+    assert not (tmp_path / "bad").exists()
+    await st.aclose()
+    fresh = await Store.create(local_cluster, num_units=1, name="tq-habits2")
+    restored = await fresh.load_checkpoint(tmp_path / "ck")
+    assert restored.metadata == {"step": 1000} and len(restored["kv"]) == 1
+    for missing in (tmp_path / "nothing", tmp_path / "bad"):
+        with pytest.raises(FileNotFoundError) as err:
+            await fresh.load_checkpoint(missing)
+        assert isinstance(err.value, StoreInputError)
+    await fresh.aclose()
