@@ -9,9 +9,10 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from tensordict import TensorDict
+from tensordict import NonTensorData, NonTensorStack, TensorDict
 from torch.utils.data import DataLoader
 
 import rayless.actors as actors
@@ -175,3 +176,28 @@ async def test_tq_status_kv_and_checkpoint_behaviours(
             await fresh.load_checkpoint(missing)
         assert isinstance(err.value, StoreInputError)
     await fresh.aclose()
+
+
+async def test_per_sample_lists_numpy_arrays_and_bytes_round_trip(local_cluster: Cluster) -> None:
+    st = await Store.create(local_cluster, num_units=2, name="tq-values")
+    batch = td(3)
+    batch.set_non_tensor("info", [{"i": i} for i in range(3)])  # one dict per sample (TQ)
+    batch["raw"] = NonTensorStack(*[NonTensorData(bytes([i]) * 3) for i in range(3)])
+    arrays = [np.arange(i + 1, dtype=np.float32) for i in range(3)]  # differing shapes
+    batch["arr"] = NonTensorStack(*[NonTensorData(a) for a in arrays])
+    batch["dense_np"] = np.arange(6).reshape(3, 2)  # tensordict makes it a tensor
+    meta = await st.put(batch, "p")
+    got = await st.get(meta)
+    assert got["info"] == [{"i": 0}, {"i": 1}, {"i": 2}]  # before: the whole list per sample
+    assert got["raw"] == [b"\x00" * 3, b"\x01" * 3, b"\x02" * 3]
+    for back, sent in zip(got["arr"], arrays, strict=True):
+        assert isinstance(back, np.ndarray) and back.dtype == np.float32
+        assert back.tolist() == sent.tolist()
+    assert got["dense_np"].tolist() == [[0, 1], [2, 3], [4, 5]]
+    one = await st.get(meta.select([1]))
+    assert one["info"] == [{"i": 1}]
+    with pytest.raises(StoreInputError):  # object arrays would need pickle
+        bad = td(1)
+        bad["o"] = NonTensorStack(NonTensorData(np.array([object()], dtype=object)))
+        await st.put(bad, "p")
+    await st.aclose()
