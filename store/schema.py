@@ -177,8 +177,10 @@ def split_columns(td: Any, batch_size: int | None = None) -> dict[str, Column]:
         name = FIELD_SEP.join(path)
         if isinstance(value, (NonTensorData, NonTensorStack)):
             data = value.data if isinstance(value, NonTensorData) else None
-            per_sample = isinstance(data, (list, tuple)) and len(data) == n
-            rows = list(data) if per_sample else value.tolist()
+            if isinstance(data, (list, tuple)) and len(data) == n:
+                rows = list(data)
+            else:
+                rows = value.tolist()
             if not isinstance(rows, list) or len(rows) != n:
                 raise SchemaError(f"field {name!r}: non-tensor data must have one value per sample")
             for i, row in enumerate(rows):
