@@ -16,9 +16,10 @@ and stays light: it imports the error modules and nothing heavy (no torch, numpy
     ├── ActorDiedError, ActorNotFoundError, NameTakenError, StartError, ConnectError, LaunchError
     ├── BrokenError → ClusterLostError  (the head is gone)
     └── StoreError: StoreInputError (SchemaError, Unknown*Error, StaleMetaError,
-        ForeignMetaError, CheckpointError), StoreFullError (WriteTooLargeError), StoreTimeoutError,
-        UnitLostError (PartialResultError), WeightSyncError (WeightMismatchError,
-        WeightVersionError, WeightTimeoutError, PublisherLostError)
+        ForeignMetaError, CheckpointError (CheckpointNotFoundError)), StoreFullError
+        (WriteTooLargeError), StoreTimeoutError, UnitLostError (PartialResultError),
+        WeightSyncError (WeightMismatchError, WeightVersionError, WeightTimeoutError,
+        PublisherLostError)
 """
 
 from rayless.actors.errors import (
@@ -42,6 +43,7 @@ from rayless.placement.errors import (
 )
 from rayless.store.errors import (
     CheckpointError,
+    CheckpointNotFoundError,
     ForeignMetaError,
     PartialResultError,
     PublisherLostError,
@@ -87,6 +89,7 @@ __all__ = [
     "ClosedError",
     "ConnectError",
     "CheckpointError",
+    "CheckpointNotFoundError",
     "ForeignMetaError",
     "PartialResultError",
     "InsufficientResourcesError",

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayless.store.errors import (
     CheckpointError,
+    CheckpointNotFoundError,
     ForeignMetaError,
     PartialResultError,
     PublisherLostError,
@@ -30,10 +31,12 @@ from rayless.store.errors import (
 if TYPE_CHECKING:
     from rayless.store import samplers
     from rayless.store.client import DEFAULT_NAME, Store
+    from rayless.store.loader import StreamingDataset, StreamingLoader
     from rayless.store.meta import BatchMeta
     from rayless.store.samplers import (
         GroupedSampler,
         RandomSampler,
+        SeqlenBalancedSampler,
         SequentialSampler,
         make_sampler,
     )
@@ -50,7 +53,10 @@ _LAZY = {
     "BatchMeta": "rayless.store.meta",
     "GroupedSampler": "rayless.store.samplers",
     "RandomSampler": "rayless.store.samplers",
+    "SeqlenBalancedSampler": "rayless.store.samplers",
     "SequentialSampler": "rayless.store.samplers",
+    "StreamingDataset": "rayless.store.loader",
+    "StreamingLoader": "rayless.store.loader",
     "make_sampler": "rayless.store.samplers",
     "FieldSchema": "rayless.store.schema",
     "SyncStore": "rayless.store.sync",
@@ -77,12 +83,14 @@ __all__ = [
     "BatchMeta",
     "FieldSchema",
     "CheckpointError",
+    "CheckpointNotFoundError",
     "ForeignMetaError",
     "GroupedSampler",
     "PartialResultError",
     "PublisherLostError",
     "RandomSampler",
     "SchemaError",
+    "SeqlenBalancedSampler",
     "SequentialSampler",
     "StaleMetaError",
     "Store",
@@ -90,6 +98,8 @@ __all__ = [
     "StoreFullError",
     "StoreInputError",
     "StoreTimeoutError",
+    "StreamingDataset",
+    "StreamingLoader",
     "SyncStore",
     "SyncWeightSync",
     "UnitLostError",

@@ -3,7 +3,8 @@
 Layout::
 
     DIR/manifest.json          {"format": "rayless-store-checkpoint", "version": 1,
-                                "store_id": ..., "partitions": [{"name", "group_size",
+                                "store_id": ..., "metadata": {the caller's},
+                                "partitions": [{"name", "group_size",
                                 "consumed": {task: [sample numbers]}, "groups": [...]}]}
     DIR/p<i>-g<j>.pt           the data of one group of samples (those holding the same
                                fields), a TensorDict saved with torch.save
@@ -19,6 +20,11 @@ part-way clears the partitions it created, so it can be retried. Samples lost wi
 unit or in an unfinished put are not saved. Save while producers are quiet: a checkpoint is
 read partition by partition, not as one snapshot. Loading unpickles the data files
 (``torch.load(weights_only=False)``): load only checkpoints you wrote.
+
+``save(..., metadata={...})`` keeps the caller's JSON object (a step number, a time) in the
+manifest; a load returns it as ``Restored.metadata`` (TransferQueue's ``user_metadata``). A
+directory without a manifest raises CheckpointNotFoundError, which is also a
+``FileNotFoundError``.
 """
 
 from __future__ import annotations
@@ -35,26 +41,44 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from rayless.actors import ActorDiedError
-from rayless.store.errors import CheckpointError, StoreError, StoreInputError
+from rayless.store.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    StoreError,
+    StoreInputError,
+)
 from rayless.store.meta import BatchMeta
 from rayless.store.schema import estimate_plain_bytes, split_columns, tensor_bytes
 
 if TYPE_CHECKING:
     from rayless.store.client import Store
 
-__all__ = ["FORMAT", "CheckpointError", "load", "save"]
+__all__ = ["FORMAT", "CheckpointError", "Restored", "load", "save"]
 
 FORMAT = "rayless-store-checkpoint"
 VERSION = 1
+
+
+class Restored(dict[str, list[int]]):
+    """What a load returns: per partition, the new global index of each saved sample (in
+    saved order), and ``metadata``, the object given to ``save`` (``{}`` if none)."""
+
+    def __init__(self, indexes: Mapping[str, list[int]], metadata: Mapping[str, Any]) -> None:
+        super().__init__(indexes)
+        self.metadata: dict[str, Any] = dict(metadata)
 
 
 def _group_key(value: Any) -> Any:
     return tuple(_group_key(v) for v in value) if isinstance(value, list) else value
 
 
-async def save(store: Store, directory: Path) -> dict[str, Any]:
-    """Write every partition of ``store`` to ``directory`` (created; must be empty).
-    Returns the manifest. Raises StoreInputError for a non-empty directory."""
+async def save(
+    store: Store, directory: Path, metadata: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Write every partition of ``store`` to ``directory`` (created; must be empty), with the
+    caller's ``metadata`` (a JSON object). Returns the manifest. Raises StoreInputError for a
+    non-empty directory or metadata that is not a JSON object (nothing written then)."""
+    user = _metadata(metadata)
     directory.mkdir(parents=True, exist_ok=True)
     if any(directory.iterdir()):
         raise StoreInputError(f"checkpoint directory {str(directory)!r} is not empty")
@@ -62,6 +86,7 @@ async def save(store: Store, directory: Path) -> dict[str, Any]:
         "format": FORMAT,
         "version": VERSION,
         "store_id": store.store_id,
+        "metadata": user,
         "partitions": [],
     }
     for p_num, partition in enumerate(await store.partitions()):
@@ -213,6 +238,19 @@ def _load_group(directory: Path, g: Any, where: str) -> _Group:
     )
 
 
+def _metadata(metadata: Any) -> dict[str, Any]:
+    """``metadata`` as a plain JSON object. Raises StoreInputError for anything else."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping) or not all(isinstance(k, str) for k in metadata):
+        raise StoreInputError(f"metadata must be a dict with str keys, got {metadata!r}")
+    try:
+        plain: dict[str, Any] = json.loads(json.dumps(dict(metadata), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise StoreInputError(f"metadata must be JSON: {exc}") from None
+    return plain
+
+
 def _validate(directory: Path, manifest: Any, path: Path) -> list[_Part]:
     """Every partition of ``manifest``, checked and with its data files mapped. Raises
     CheckpointError naming the first problem."""
@@ -290,20 +328,27 @@ def _read(directory: Path) -> tuple[Any, Path]:
     path = directory / "manifest.json"
     try:
         return json.loads(path.read_text()), path
+    except FileNotFoundError as exc:
+        raise CheckpointNotFoundError(f"no checkpoint manifest at {str(path)!r}") from exc
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"no readable checkpoint manifest at {str(path)!r}: {exc}") from exc
 
 
-async def load(store: Store, directory: Path) -> dict[str, list[int]]:
+async def load(store: Store, directory: Path) -> Restored:
     """Restore the checkpoint in ``directory`` into ``store``; returns, per partition, the
-    new global index of each saved sample (in saved order).
+    new global index of each saved sample (in saved order), and the saved metadata.
 
-    Raises CheckpointError (a StoreInputError; nothing written) for a missing, foreign or
+    Raises CheckpointNotFoundError (also a FileNotFoundError) when ``directory`` holds no
+    manifest, CheckpointError (a StoreInputError; nothing written) for a foreign or
     malformed manifest, a missing or unloadable data file, a partition that already exists
     in ``store``, or units without room for the data. A failure while writing (a unit lost,
     a put refused) clears the partitions this load created and is raised as itself.
     """
-    parts = _validate(directory, *_read(directory))
+    manifest, path = _read(directory)
+    parts = _validate(directory, manifest, path)
+    user = manifest.get("metadata", {})
+    if not isinstance(user, Mapping):
+        raise CheckpointError(f"{str(path)!r}: 'metadata' is not an object")
     existing = set(await store.partitions())
     clash = [p.name for p in parts if p.name in existing]
     if clash:
@@ -311,7 +356,7 @@ async def load(store: Store, directory: Path) -> dict[str, list[int]]:
     await _check_room(store, parts)
     created: list[str] = []
     try:
-        return {p.name: await _restore(store, p, created) for p in parts}
+        return Restored({p.name: await _restore(store, p, created) for p in parts}, user)
     except Exception:
         for name in created:
             with contextlib.suppress(StoreError, ActorDiedError):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayless.actors import ActorHandle, Cluster, connect
 from rayless.actors.api.components import spawn_all
@@ -42,6 +42,9 @@ from rayless.store.local import LocalPlane
 from rayless.store.unit import StorageUnit
 from rayless.store.unit_local import reservation_ttl as _reservation_ttl
 from rayless.transport.errors import ClosedError, RaylessError
+
+if TYPE_CHECKING:
+    from rayless.store.checkpoint import Restored
 
 __all__ = ["DEFAULT_NAME", "PUT_TIMEOUT", "Store"]
 
@@ -186,6 +189,10 @@ class Store(DataPlane, StatusFace, KVFace):
         """
         own = cluster is None
         cluster = cluster or await connect()
+        # Inside an actor (or after this process joined a cluster) connect() gives a Cluster
+        # on the existing session; closing that one would make the process forget its
+        # cluster (the next connect raised ConnectError), so only a session of our own is ours.
+        own = own and cluster._owns_session
         try:
             controller = await cluster.get_actor(name)
             units = await controller.units()
@@ -257,17 +264,23 @@ class Store(DataPlane, StatusFace, KVFace):
         """Replace the env id → shard table (e.g. ``EpisodeTable.get_env_to_storage()``)."""
         await self.controller.set_env_shards(None if env_shards is None else dict(env_shards))
 
-    async def save_checkpoint(self, directory: str | Path) -> dict[str, Any]:
+    async def save_checkpoint(
+        self, directory: str | Path, *, metadata: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Save every partition (data, keys, groups, tags, production and consumption
-        status) to ``directory``; returns the manifest. See :mod:`rayless.store.checkpoint`."""
+        status) and ``metadata`` (a JSON object) to ``directory``; returns the manifest.
+        Raises StoreInputError (non-empty directory, metadata not JSON). See
+        :mod:`rayless.store.checkpoint`."""
         from rayless.store.checkpoint import save
 
-        return await save(self, Path(directory))
+        return await save(self, Path(directory), metadata)
 
-    async def load_checkpoint(self, directory: str | Path) -> dict[str, list[int]]:
+    async def load_checkpoint(self, directory: str | Path) -> Restored:
         """Restore a checkpoint into this store (any unit count); returns the new indexes
-        per partition. Raises CheckpointError (a StoreInputError: bad manifest, missing file,
-        partition exists, no room; nothing written); a load failing part-way is undone."""
+        per partition (a dict) with the saved ``metadata``. Raises CheckpointNotFoundError
+        (also a FileNotFoundError: no checkpoint there), CheckpointError (a
+        StoreInputError: bad manifest, missing file, partition exists, no room; nothing
+        written); a load failing part-way is undone."""
         from rayless.store.checkpoint import load
 
         return await load(self, Path(directory))

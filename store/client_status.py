@@ -58,10 +58,16 @@ class StatusFace:
         return result
 
     async def reset_consumption(
-        self, task: str = "default", partition: str | None = None, *, meta: BatchMeta | None = None
+        self,
+        task: str | None = "default",
+        partition: str | None = None,
+        *,
+        meta: BatchMeta | None = None,
     ) -> None:
-        """Make every sample unconsumed again for ``task`` (in ``partition`` or everywhere), or
-        only ``meta``'s samples (e.g. ``PartialResultError.meta``, to fetch them again)."""
+        """Make every sample unconsumed again for ``task`` (None: for every task) in
+        ``partition`` (None: everywhere), or only ``meta``'s samples (e.g.
+        ``PartialResultError.meta``, to fetch them again). Raises StoreInputError,
+        UnknownPartitionError."""
         checked = None if meta is None else self._check_meta(meta)
         await self.controller.reset_consumption(task, partition, checked)
 

@@ -309,10 +309,11 @@ class StoreController(ControllerClears, ControllerStatus, ControllerKV, Actor):
         its batch back if it was served; a served batch is leased until :meth:`ack_fetch`
         and handed back if no ack comes within ``lease_after`` s (the caller died).
         ``share`` ``(key, consumers)``: the first call with ``key`` fetches the batch, every
-        call with it gets the same batch (the streaming loader's ranks) until ``consumers``
-        of them acknowledged it (``ack_fetch(fetch_id, positions)``: the positions each
-        read); positions nobody acknowledged within ``lease_after`` s of the fetch go back
-        to the task and the key is forgotten (a consumer died). A call without
+        call with it gets the same batch (the streaming loader's ranks) for ``lease_after``
+        s; it is done once ``consumers`` distinct consumers acknowledged it
+        (``ack_fetch(fetch_id, positions, consumer)``: the positions each read) and every
+        position was read; if it is not done by then, the positions nobody acknowledged go
+        back to the task (a consumer died). Then the key is forgotten. A call without
         ``fetch_id`` counts as an ack of the whole batch when it is answered.
         """
         check_timeout(timeout)
@@ -457,11 +458,18 @@ class StoreController(ControllerClears, ControllerStatus, ControllerKV, Actor):
         self._wake(lease.partition)
         return len(back)
 
-    async def ack_fetch(self, fetch_id: str, positions: Sequence[int] | None = None) -> None:
+    async def ack_fetch(
+        self,
+        fetch_id: str,
+        positions: Sequence[int] | None = None,
+        consumer: str | None = None,
+    ) -> None:
         """The caller received the batch of ``fetch_id``: it stays consumed. For a shared
-        batch, ``positions`` are those the caller read (None: all). Raises StoreInputError
-        for positions outside the batch."""
-        if not self.shares.ack(fetch_id, None if positions is None else list(positions)):
+        batch, ``positions`` are those the caller read (None: all) and ``consumer`` names
+        the reader (a rank: one that asks again counts once; None: the fetch id). Raises
+        StoreInputError for positions outside the batch or a bad consumer."""
+        got = None if positions is None else list(positions)
+        if not self.shares.ack(fetch_id, got, consumer):
             self.fetches.unlease(fetch_id)
 
     async def check_readable(self, meta: BatchMeta) -> None:
@@ -488,10 +496,10 @@ class StoreController(ControllerClears, ControllerStatus, ControllerKV, Actor):
         self.state.set_custom_meta(meta, custom)
 
     async def reset_consumption(
-        self, task: str, partition: str | None = None, meta: BatchMeta | None = None
+        self, task: str | None, partition: str | None = None, meta: BatchMeta | None = None
     ) -> None:
-        """Forget what ``task`` consumed (in ``partition`` or everywhere, or only ``meta``'s
-        samples); wakes waiters."""
+        """Forget what ``task`` (None: every task) consumed (in ``partition`` or everywhere,
+        or only ``meta``'s samples); wakes waiters."""
         self.state.reset_consumption(task, partition, meta)
         if meta is not None:
             for part in set(meta.partition_ids):

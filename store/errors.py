@@ -13,6 +13,7 @@ leaves the store exactly as it was::
     │   ├── StaleMetaError             a BatchMeta naming samples that were cleared since
     │   ├── ForeignMetaError           a BatchMeta made by another store
     │   └── CheckpointError            a checkpoint that cannot be loaded (nothing written)
+    │       └── CheckpointNotFoundError (FileNotFoundError)  no checkpoint in that directory
     ├── StoreFullError                 a storage unit's byte capacity would be exceeded
     │   └── WriteTooLargeError         a write larger than the unit's whole capacity (never fits)
     ├── StoreTimeoutError (TimeoutError) a fetch's batch was not ready within its timeout
@@ -34,6 +35,7 @@ from rayless.transport.errors import RaylessError
 
 __all__ = [
     "CheckpointError",
+    "CheckpointNotFoundError",
     "ForeignMetaError",
     "PartialResultError",
     "SchemaError",
@@ -90,6 +92,13 @@ class ForeignMetaError(StoreInputError, wire="rayless.ForeignMetaError"):
 class CheckpointError(StoreInputError, wire="rayless.CheckpointError"):
     """A checkpoint that cannot be loaded into this store (a malformed manifest, a missing or
     unloadable data file, a partition that exists, units without room); nothing was written."""
+
+
+class CheckpointNotFoundError(
+    CheckpointError, FileNotFoundError, wire="rayless.CheckpointNotFoundError"
+):
+    """No checkpoint manifest in the directory given to ``load_checkpoint`` (also a
+    ``FileNotFoundError``, as TransferQueue raises); nothing was written."""
 
 
 class StoreFullError(StoreError, wire="rayless.StoreFullError"):

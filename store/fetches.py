@@ -10,9 +10,13 @@ waits at all.
 
 A *shared* batch (``get_meta(share=(key, consumers))``, the streaming loader's step) is
 fetched once and handed to every call with its key; it is leased the same way, by part:
-each consumer acknowledges the positions it read (``ack_fetch(fetch_id, positions)``). Once
-``consumers`` acks came the batch is done and its key forgotten; when they have not come
-``lease_after`` seconds after it was served (a rank died, or never asked), the positions
+each consumer acknowledges the positions it read (``ack_fetch(fetch_id, positions,
+consumer)``). The batch is *done* once ``consumers`` distinct consumers acknowledged and every
+position was acknowledged by one of them: a consumer that asks again (a restarted rank, a
+second pass) counts once, so it never takes another rank's turn (TransferQueue's samplers
+cache a step per rank the same way). A done batch stays with its key until ``lease_after``
+seconds after it was served, so asking again within that time still returns it; then the key
+is forgotten. When a batch is not done by then (a rank died, or never asked), the positions
 nobody acknowledged go back to the task and the key is forgotten (a later call with it
 fetches a new batch). Delivery is at least once: a consumer slower than the lease may see
 its part again in another batch. Nothing here does I/O.
@@ -153,7 +157,7 @@ class Share:
     served: float | None = None  # when the batch was chosen (its lease starts)
     indexes: tuple[int, ...] = ()
     consumes: bool = True  # a fetch, not a peek: what nobody acked goes back
-    acked: int = 0
+    acked: set[str] = field(default_factory=set)  # the consumers that acknowledged
     delivered: set[int] = field(default_factory=set)  # positions some consumer acknowledged
     given: set[str] = field(default_factory=set)  # fetch ids handed the batch, not acked yet
 
@@ -194,10 +198,19 @@ class Shares:
             share.given.add(fetch_id)
             self._by_fetch[fetch_id] = share
 
-    def ack(self, fetch_id: str, positions: Sequence[int] | None = None) -> bool:
-        """``fetch_id`` read ``positions`` of its shared batch (None: all of it); the share is
-        done after ``consumers`` acks. False if ``fetch_id`` holds no share (never did, or
-        its lease expired). Raises StoreInputError for positions outside the batch."""
+    def done(self, share: Share) -> bool:
+        """Whether every consumer of ``share`` acknowledged and every position was read."""
+        return len(share.acked) >= share.consumers and len(share.delivered) >= len(share.indexes)
+
+    def ack(
+        self, fetch_id: str, positions: Sequence[int] | None = None, consumer: str | None = None
+    ) -> bool:
+        """``fetch_id`` read ``positions`` of its shared batch (None: all of it) for
+        ``consumer`` (None: the fetch id; one consumer asking again counts once). False if
+        ``fetch_id`` holds no share (never did, or its lease expired). Raises StoreInputError
+        for positions outside the batch or a consumer that is not a non-empty str."""
+        if consumer is not None and (not isinstance(consumer, str) or not consumer):
+            raise StoreInputError(f"consumer must be a non-empty str, got {consumer!r}")
         share = self._by_fetch.get(fetch_id)
         if share is None:
             return False
@@ -213,9 +226,7 @@ class Shares:
         del self._by_fetch[fetch_id]
         share.given.discard(fetch_id)
         share.delivered |= got
-        share.acked += 1
-        if share.acked >= share.consumers:
-            self.drop(share)
+        share.acked.add(fetch_id if consumer is None else consumer)
         return True
 
     def cancel(self, fetch_id: str) -> bool:
@@ -242,8 +253,9 @@ class Shares:
             self.drop(share)
 
     def expired(self, now: float | None = None) -> list[tuple[Share, list[int]]]:
-        """Drop the shares served ``lease_after`` s ago or more and not done; returns each
-        with the indexes of the positions no consumer acknowledged (to hand back)."""
+        """Drop the shares served ``lease_after`` s ago or more; returns each with the
+        indexes of the positions no consumer acknowledged (to hand back; none for a done
+        share or a peek)."""
         t = time.monotonic() if now is None else now
         out = []
         while self._served:
@@ -252,11 +264,11 @@ class Shares:
                 break
             self.drop(share)
             back = [i for p, i in enumerate(share.indexes) if p not in share.delivered]
-            if not share.consumes:
+            if not share.consumes or self.done(share):
                 back = []
             out.append((share, back))
         return out
 
     def held(self) -> int:
-        """How many shared batches are held (waiting, or served and not done)."""
+        """How many shared batches are held (waiting, or served within their lease)."""
         return len(self._by_key)

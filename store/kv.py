@@ -143,8 +143,8 @@ class KVFace:
         return result
 
     async def kv_list(self, partition_id: str | None = None) -> dict[str, dict[str, Any]]:
-        """``{partition: {key: tags}}`` of one partition or of every partition with keys.
-        Raises UnknownPartitionError."""
+        """``{partition: {key: tags}}`` of one partition or of every partition with keys;
+        ``{}`` for an unknown partition or one without keys."""
         result: dict[str, dict[str, Any]] = await self.controller.kv_list(partition_id)
         return result
 

@@ -7,7 +7,11 @@ for ``td["obs", "image"]``). Each field has one of four kinds:
 - ``jagged`` / ``strided``: a nested tensor (``torch.nested``, that layout); samples differ in
   shape. Its schema's shape holds ``None`` for every dimension that varies.
 - ``non_tensor``: per-sample plain values (``NonTensorStack``/``NonTensorData``); only values
-  msgpack can carry (None, bool, int, float, str, bytes, lists/tuples and str-keyed dicts).
+  the transport carries without pickle (None, bool, int, float, str, bytes, numpy arrays of
+  a non-object dtype, lists/tuples and str-keyed dicts of them). A ``NonTensorData`` holding
+  a list or tuple with one entry per sample (``td.set_non_tensor("k", [...])``) is one
+  value per sample, as in TransferQueue; any other ``NonTensorData`` is the same value for
+  every sample.
 
 :class:`FieldSchema` (in :mod:`rayless.store.fields`) travels as a plain dict (``to_dict``/
 ``from_dict``); :class:`DataUpdate` (in :mod:`rayless.store.updates`) is the notification a
@@ -23,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import tensordict
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
@@ -91,6 +96,12 @@ class Column:
 def check_plain(value: Any, where: str = "value", _depth: int = 0) -> None:
     """Raise SchemaError unless ``value`` is made only of values msgpack carries."""
     if isinstance(value, _PLAIN_SCALARS):
+        return
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            raise SchemaError(
+                f"{where} is a numpy array of Python objects (only pickle carries it)"
+            )
         return
     if _depth >= _MAX_DEPTH:
         raise SchemaError(f"{where} is nested too deeply")
@@ -165,7 +176,11 @@ def split_columns(td: Any, batch_size: int | None = None) -> dict[str, Column]:
             raise SchemaError(f"key {path!r}: key parts must be non-empty and contain no '.'")
         name = FIELD_SEP.join(path)
         if isinstance(value, (NonTensorData, NonTensorStack)):
-            rows = value.tolist()
+            data = value.data if isinstance(value, NonTensorData) else None
+            if isinstance(data, (list, tuple)) and len(data) == n:
+                rows = list(data)
+            else:
+                rows = value.tolist()
             if not isinstance(rows, list) or len(rows) != n:
                 raise SchemaError(f"field {name!r}: non-tensor data must have one value per sample")
             for i, row in enumerate(rows):
@@ -316,6 +331,8 @@ def estimate_plain_bytes(value: Any, _depth: int = 0) -> int:
     """A rough size in bytes of a plain value (what a non-tensor row costs a unit)."""
     if isinstance(value, (str, bytes)):
         return 16 + len(value)
+    if isinstance(value, np.ndarray):
+        return 64 + int(value.nbytes)
     if isinstance(value, (list, tuple)) and _depth < _MAX_DEPTH:
         return 16 + sum(estimate_plain_bytes(v, _depth + 1) for v in value)
     if isinstance(value, dict) and _depth < _MAX_DEPTH:

@@ -10,9 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 
-from rayless.store.errors import (
-    StoreInputError,
-)
+from rayless.store.errors import ForeignMetaError, StoreInputError
 from rayless.store.meta import BatchMeta
 from rayless.store.state_metas import StateMetas
 from rayless.store.state_records import (
@@ -28,13 +26,33 @@ class StateClears(StateMetas):
 
     def clear(self, meta: BatchMeta) -> ClearPlan:
         """Remove ``meta``'s samples (hidden at once); the plan names the rows units delete.
+        Samples cleared already are skipped (clearing twice is a no-op, as in
+        TransferQueue). The indexes become reusable only through :meth:`release`.
 
-        The indexes become reusable only through :meth:`release`. Raises check_meta's errors.
+        Raises StoreInputError (not a BatchMeta, a forged shard), ForeignMetaError; nothing
+        is removed then.
         """
-        self.check_meta(meta)
-        plan = ClearPlan()
+        if not isinstance(meta, BatchMeta):
+            raise StoreInputError(f"expected a BatchMeta, got {type(meta).__name__}")
+        if meta.store_id != self.store_id:
+            raise ForeignMetaError(f"the meta comes from store {meta.store_id!r}")
+        live: dict[str, list[int]] = {}
         for part_id, positions in _positions_by_partition(meta).items():
-            self._remove(part_id, [meta.global_indexes[p] for p in positions], plan)
+            part = self._partitions.get(part_id)
+            for p in positions:
+                index, shard = meta.global_indexes[p], meta.shards[p]
+                sample = part.samples.get(index) if part is not None else None
+                if sample is None or sample.generation != meta.generations[p]:
+                    continue  # cleared already (its index may be another sample's now)
+                if shard != sample.shard:
+                    raise StoreInputError(
+                        f"the meta puts sample {index} of {part_id!r} on shard {shard!r}; it "
+                        f"lives on shard {sample.shard} (a forged or corrupted meta)"
+                    )
+                live.setdefault(part_id, []).append(index)
+        plan = ClearPlan()
+        for part_id, indexes in live.items():
+            self._remove(part_id, indexes, plan)
         return plan
 
     def clear_partition(self, partition: str) -> ClearPlan:

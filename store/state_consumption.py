@@ -123,20 +123,27 @@ class StateConsumption(StateMetas):
         return self._meta(partition, part, list(chosen), names)
 
     def reset_consumption(
-        self, task: str, partition: str | None = None, meta: BatchMeta | None = None
+        self, task: str | None, partition: str | None = None, meta: BatchMeta | None = None
     ) -> None:
-        """Forget what ``task`` consumed, in ``partition`` or in every partition; with ``meta``
-        only its samples (e.g. the live part of a get that lost a unit) become unconsumed."""
-        _check_name(task, "task")
+        """Forget what ``task`` (None: every task, as TransferQueue) consumed, in
+        ``partition`` or in every partition; with ``meta`` only its samples (e.g. the live
+        part of a get that lost a unit) become unconsumed."""
+        if task is not None:
+            _check_name(task, "task")
         if meta is not None:
             self.check_meta(meta)
             if partition is not None and set(meta.partition_ids) - {partition}:
                 raise StoreInputError(f"the meta's samples are not all in {partition!r}")
             for part_id, positions in _positions_by_partition(meta).items():
-                consumed = self._partitions[part_id].consumed.get(task)
-                if consumed is not None:
-                    consumed.difference_update(meta.global_indexes[p] for p in positions)
+                consumed = self._partitions[part_id].consumed
+                sets = list(consumed.values()) if task is None else [consumed.get(task)]
+                for done in sets:
+                    if done is not None:
+                        done.difference_update(meta.global_indexes[p] for p in positions)
             return
         parts = [self._part(partition)] if partition is not None else self._partitions.values()
         for part in parts:
-            part.consumed.pop(task, None)
+            if task is None:
+                part.consumed.clear()
+            else:
+                part.consumed.pop(task, None)

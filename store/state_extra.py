@@ -146,9 +146,12 @@ class StateExtras:
         return self._meta(partition, part, idx, names)
 
     def kv_list(self, partition: str | None = None) -> dict[str, dict[str, dict[str, Any]]]:
-        """``{partition: {key: tags}}`` (one partition, or every one that has keys)."""
+        """``{partition: {key: tags}}`` (one partition, or every one that has keys); an
+        unknown partition or one without keys lists as ``{}`` (as in TransferQueue)."""
         if partition is not None:
-            part = self._part(partition)
+            part = self._partitions.get(partition)
+            if part is None or not part.keys:
+                return {}
             return {partition: {k: dict(part.samples[i].custom) for k, i in part.keys.items()}}
         return {
             name: {k: dict(p.samples[i].custom) for k, i in p.keys.items()}

@@ -24,6 +24,7 @@ from tensordict import TensorDict, TensorDictBase
 from rayless.actors import ActorHandle, Cluster
 from rayless.actors.api.portal import run_sync
 from rayless.actors.api.sync import SyncCluster
+from rayless.store.checkpoint import Restored
 from rayless.store.client import DEFAULT_NAME, PUT_TIMEOUT, Store
 from rayless.store.fetches import check_timeout
 from rayless.store.kv import KVBatchMeta
@@ -220,7 +221,11 @@ class SyncStore:
         return self._run(self.store.consumption_status(partition, task))
 
     def reset_consumption(
-        self, task: str = "default", partition: str | None = None, *, meta: BatchMeta | None = None
+        self,
+        task: str | None = "default",
+        partition: str | None = None,
+        *,
+        meta: BatchMeta | None = None,
     ) -> None:
         """``Store.reset_consumption``."""
         self._run(self.store.reset_consumption(task, partition, meta=meta))
@@ -241,11 +246,13 @@ class SyncStore:
         """``Store.metrics``."""
         return self._run(self.store.metrics())
 
-    def save_checkpoint(self, directory: str | Path) -> dict[str, Any]:
+    def save_checkpoint(
+        self, directory: str | Path, *, metadata: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
         """``Store.save_checkpoint``."""
-        return self._run(self.store.save_checkpoint(directory), None)
+        return self._run(self.store.save_checkpoint(directory, metadata=metadata), None)
 
-    def load_checkpoint(self, directory: str | Path) -> dict[str, list[int]]:
+    def load_checkpoint(self, directory: str | Path) -> Restored:
         """``Store.load_checkpoint``."""
         return self._run(self.store.load_checkpoint(directory), None)
 

@@ -105,3 +105,14 @@ def test_make_sampler_specs() -> None:
     for bad in ("grouped", {"name": "grouped", "m": 2}, {"name": "nope"}, 42, {"n": 2}):
         with pytest.raises(StoreInputError):
             make_sampler(bad)  # type: ignore[arg-type]
+
+
+def test_the_loader_and_its_samplers_are_exported_from_rayless_store() -> None:
+    import rayless.store as store
+    from rayless.store.loader import StreamingDataset, StreamingLoader
+    from rayless.store.samplers import SeqlenBalancedSampler
+
+    assert store.SeqlenBalancedSampler is SeqlenBalancedSampler
+    assert store.StreamingLoader is StreamingLoader
+    assert store.StreamingDataset is StreamingDataset
+    assert {"SeqlenBalancedSampler", "StreamingLoader", "StreamingDataset"} <= set(store.__all__)

@@ -1,5 +1,6 @@
-"""Shares: shared batches are done after every consumer's ack, and hand back on lease expiry
-exactly the positions nobody acknowledged."""
+"""Shares: shared batches are done after every consumer's ack (a consumer asking again counts
+once), stay with their key for their lease, and hand back on lease expiry exactly the
+positions nobody acknowledged."""
 
 from __future__ import annotations
 
@@ -29,10 +30,36 @@ def test_a_share_is_done_after_every_consumers_ack() -> None:
     share = _share(shares, "k", 2, [10, 11, 12, 13])
     shares.give(share, "a")
     shares.give(share, "b")
-    assert shares.ack("a", [0, 1]) and shares.get(("p", "t", "k")) is share
-    assert shares.ack("b", [2, 3]) and shares.get(("p", "t", "k")) is None
-    assert not shares.ack("a") and shares.held() == 0
-    assert shares.expired(now=float("inf")) == []
+    assert shares.ack("a", [0, 1]) and not shares.done(share)
+    assert shares.ack("b", [2, 3]) and shares.done(share)
+    assert not shares.ack("a") and shares.get(("p", "t", "k")) is share  # held for its lease
+    ((gone, back),) = shares.expired(now=float("inf"))
+    assert gone is share and back == [] and shares.held() == 0
+
+
+def test_a_consumer_asking_again_counts_once() -> None:
+    shares = Shares(lease_after=10.0)
+    share = _share(shares, "k", 2, [10, 11, 12, 13])
+    for fetch_id in ("a1", "a2"):  # rank 0 asks twice
+        shares.give(share, fetch_id)
+        assert shares.ack(fetch_id, [0, 1], "0.0")
+    assert not shares.done(share)  # before: done, and rank 1's part was lost
+    shares.give(share, "b")
+    assert shares.ack("b", [2, 3], "1.0") and shares.done(share)
+    with pytest.raises(StoreInputError):
+        shares.ack("b", [2, 3], "")
+
+
+def test_all_consumers_acked_but_a_part_unread_hands_it_back() -> None:
+    shares = Shares(lease_after=10.0)
+    share = _share(shares, "k", 2, [10, 11, 12, 13])
+    shares.give(share, "a")
+    shares.give(share, "b")
+    shares.ack("a", [0, 1])
+    shares.ack("b", [0, 1])  # two readers of one part: the other part is nobody's
+    assert not shares.done(share)
+    ((_, back),) = shares.expired(now=float("inf"))
+    assert back == [12, 13]
 
 
 def test_an_expired_share_hands_back_what_nobody_acknowledged() -> None:
@@ -67,4 +94,4 @@ def test_positions_outside_the_batch_are_refused() -> None:
         shares.ack("a", [2])
     with pytest.raises(StoreInputError):
         shares.give(share, "")
-    assert shares.ack("a", [1]) and shares.held() == 0
+    assert shares.ack("a", [1]) and not shares.done(share)  # position 0 is nobody's yet
