@@ -192,7 +192,7 @@ class Store(DataPlane, StatusFace, KVFace):
         # Inside an actor (or after this process joined a cluster) connect() gives a Cluster
         # on the existing session; closing that one would make the process forget its
         # cluster (the next connect raised ConnectError), so only a session of our own is ours.
-        own = own and cluster._owns_session
+        own = own and cluster.owns_session
         try:
             controller = await cluster.get_actor(name)
             units = await controller.units()

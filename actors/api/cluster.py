@@ -258,8 +258,14 @@ class Cluster:
                 await close_runtimes()
             if self._local is not None:
                 await asyncio.to_thread(self._local.stop)
-            if context._current is self.info:
-                context.set_current(None)
+            if self._owns_session and context._current is self.info:
+                context.set_current(None)  # a joined cluster leaves the process's own alone
+
+    @property
+    def owns_session(self) -> bool:
+        """Whether this handle's session is its own (a driver's): ``aclose`` then ends it and
+        kills its actors; a handle joined inside an actor shares the actor's and leaves it."""
+        return self._owns_session
 
     async def __aenter__(self) -> Cluster:
         return self

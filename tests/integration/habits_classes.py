@@ -111,3 +111,18 @@ class Shadowing(Actor):
 
     def address(self) -> str:
         return "221B Baker Street"
+
+
+class Joiner(Actor):
+    """Joins its own cluster from inside an actor, closes the handle, joins again."""
+
+    async def join_twice(self) -> int:
+        from rayless.actors import connect
+
+        first = await connect()
+        owned = getattr(first, "owns_session", False)
+        await first.aclose()
+        second = await connect()  # before: ConnectError "not connected to a rayless cluster"
+        nodes = len(await second.nodes())
+        await second.aclose()
+        return -1 if owned else nodes

@@ -15,7 +15,7 @@ import rayless.actors as actors
 from rayless.actors import Cluster
 from rayless.actors.launch.local import LocalProcesses
 from rayless.errors import RemoteError, Timeout
-from tests.integration.habits_classes import Adder, Reward, Shadowing
+from tests.integration.habits_classes import Adder, Joiner, Reward, Shadowing
 
 pytestmark = pytest.mark.integration
 
@@ -91,3 +91,11 @@ async def test_spawn_refuses_an_empty_name_and_names_a_bad_argument_as_the_calle
             await local_cluster.spawn(Reward, name=bad)
     with pytest.raises(TypeError, match=r"^argument 0 \['a'\]: cannot encode set \(calling Adder"):
         await local_cluster.spawn(Adder, {"a": {1}})
+
+
+async def test_an_actor_can_join_its_cluster_again_after_closing_a_joined_handle(
+    local_cluster: Cluster,
+) -> None:
+    h = await local_cluster.spawn(Joiner)
+    assert await h.join_twice() >= 1  # a joined handle owns no session and leaves it alone
+    assert await h.join_twice() >= 1
