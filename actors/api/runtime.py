@@ -382,8 +382,11 @@ def _materialize_any(exc: BaseException) -> BaseException:
 def fast_submit(
     handle: Any, method: str, args: tuple[Any, ...], kwargs: Any, timeout: float | None = None
 ) -> Any:
-    """A future of the call when this loop's runtime already talks to the live actor, else
-    None (the caller then takes the full path that connects, waits for restarts, etc.)."""
+    """A future of the call when this loop's runtime already talks to the live actor and no
+    timeout is given, else None (the caller then takes the full path that connects, waits for
+    restarts, and says what became of a call that timed out)."""
+    if timeout is not None:
+        return None
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
