@@ -8,12 +8,18 @@ process and no published file behind; ...
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
 from rayless.actors import Cluster
+from rayless.actors.launch.procs import first_line
 from rayless.errors import Timeout
 from tests.integration.week2_classes import Slow
 
@@ -50,3 +56,96 @@ async def test_timed_out_def_calls_keep_their_slots_until_they_return(
     # queued were dropped without running
     assert counts["peak"] == 2 and counts["finished"] == 2
     assert await h.work(0.0) == "done"
+
+
+DRIVER = """
+import asyncio, os, sys
+from rayless.actors import Cluster
+from rayless.actors.launch.procs import first_line
+from tests.integration.week2_classes import Parent
+
+async def main():
+    async with Cluster.local(nodes=1) as cluster:
+        h = await cluster.spawn(Parent)
+        print("READY", await h.child_pid(), flush=True)
+        await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every descendant it has now."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return [pid, *(p.pid for p in proc.children(recursive=True))]
+    except psutil.Error:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def wait_until_sync(
+    pred: Callable[[], bool], timeout: float = 30.0, what: str = "condition"
+) -> None:
+    """Poll ``pred`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
+def test_a_signalled_driver_leaves_no_process_and_no_published_file(
+    sig: signal.Signals, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "RAYLESS_RUNTIME_DIR": str(run_dir), "PYTHONUNBUFFERED": "1"}
+    root = Path(__file__).resolve().parents[2]
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    pids: list[int] = []
+    try:
+        line = first_line(driver, "the driver", timeout=180)
+        assert line.startswith("READY"), f"driver printed {line!r}"
+        sleeper = int(line.split()[1])
+        pids = sorted({*_tree(driver.pid), sleeper})
+        assert len(pids) >= 6  # driver, head, zygote, agent, actor, its sleep
+        assert sorted(p.name for p in run_dir.iterdir())  # published while it runs
+        driver.send_signal(sig)
+        driver.wait(120)
+        wait_until_sync(
+            lambda: not [p for p in pids if _alive(p)],
+            timeout=60,
+            what=f"every process of the tree to exit after {sig.name}: "
+            f"{[p for p in pids if _alive(p)]}",
+        )
+        wait_until_sync(
+            lambda: not list(run_dir.glob("cluster-*")),
+            timeout=30,
+            what=f"the published files to go after {sig.name}",
+        )
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        if driver.stdout is not None:
+            driver.stdout.close()
