@@ -149,3 +149,36 @@ def test_a_signalled_driver_leaves_no_process_and_no_published_file(
             driver.wait()
         if driver.stdout is not None:
             driver.stdout.close()
+
+
+def test_a_launch_without_a_driver_exits_128_plus_signal_and_writes_no_logs_here(
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_TOKEN")}
+    env.update(RAYLESS_RUNTIME_DIR=str(run_dir), PYTHONUNBUFFERED="1")
+    argv = [sys.executable, "-m", "rayless.cli", "launch", "--nnodes", "1", "--node-rank", "0"]
+    argv += ["--master-addr", "127.0.0.1", "--master-port", str(port), "--node-ip", "127.0.0.1"]
+    argv += ["--fake-gpus", "0", "--grace", "5"]
+    launch = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE)
+    try:
+        first = first_line(launch, "the launch", timeout=60)
+        assert first.startswith("[rayless launch] rank 0: actor logs in ")
+        log_dir = Path(first.rsplit(" ", 1)[1])
+        assert log_dir.parent == run_dir / "logs" and log_dir.is_dir()
+        assert "all 1 nodes joined" in first_line(launch, "the launch", timeout=120)
+        launch.send_signal(signal.SIGINT)
+        assert launch.wait(60) == 128 + signal.SIGINT  # as with a driver (before: 0)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+            launch.wait()
+        if launch.stdout is not None:
+            launch.stdout.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no ./rayless-logs
+    assert not log_dir.exists()  # nothing was logged: removed
