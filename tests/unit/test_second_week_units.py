@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from rayless.actors.api.components import slots_of
+from rayless.actors.api.runtime import materialize
+from rayless.transport import codec
+from rayless.transport.errors import RemoteError
 from rayless.errors import PlacementError
 from rayless.placement import ComponentScheduling, ResourcePoolPlanner, Scheduling
 
@@ -32,3 +37,22 @@ def test_an_unknown_component_lists_the_plans_components() -> None:
         slots_of(planner, "actor")
     with pytest.raises(PlacementError, match=r"scheduling key 'train_worker' packs as 'train'"):
         slots_of(planner, "train_worker")
+
+
+class ShapeError(ValueError):
+    """An exception with attributes, as a user's code raises them."""
+
+
+def test_exception_attributes_keep_tuples_and_name_what_was_not_sent() -> None:
+    exc = ShapeError("bad shape", (3, 4))
+    exc.shape = (3, 4)  # type: ignore[attr-defined]
+    exc.nested = {"dims": (1, [2, (3,)])}  # type: ignore[attr-defined]
+    exc.lock = threading.Lock()  # type: ignore[attr-defined]
+    sent = RemoteError.from_exception(exc, "a")
+    back = materialize(codec.decode(codec.encode(sent)))
+    assert isinstance(back, ShapeError)
+    assert back.args == ("bad shape", (3, 4))
+    assert back.shape == (3, 4)  # type: ignore[attr-defined]
+    assert back.nested == {"dims": (1, [2, (3,)])}  # type: ignore[attr-defined]
+    assert not hasattr(back, "lock")
+    assert "attribute 'lock' (lock) not sent" in str(back)
