@@ -8,10 +8,10 @@ import pytest
 
 from rayless.actors.api.components import slots_of
 from rayless.actors.api.runtime import materialize
-from rayless.transport import codec
-from rayless.transport.errors import RemoteError
 from rayless.errors import PlacementError
 from rayless.placement import ComponentScheduling, ResourcePoolPlanner, Scheduling
+from rayless.transport import codec
+from rayless.transport.errors import RemoteError
 
 
 def _planner() -> ResourcePoolPlanner:
