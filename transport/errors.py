@@ -109,11 +109,12 @@ class RemoteError(RaylessError, wire="rayless.RemoteError"):
     """An exception raised inside an actor (or any request handler), re-raised at the caller.
 
     Carries the remote type's qualified name (``remote_type``), its message, the remote
-    traceback text and the actor's name. ``args`` are the original exception's args (each
-    one plain-encodable, else its ``repr``), ``remote_attrs`` its public plain-encodable
-    attributes (tuples stay tuples; the message names each attribute that was not sent), and ``remote_class`` the class pickled by value where the actor layer ships
-    it (classes of a driver's ``__main__``). Where the original type can be found at the
-    caller, the raised object is also an instance of it (see ``actors``).
+    traceback text and the actor's name. ``args`` are the original exception's args (each one
+    plain-encodable, else its ``repr``), ``remote_attrs`` its public plain-encodable attributes
+    (tuples stay tuples; the message names each attribute that was not sent), and
+    ``remote_class`` the class pickled by value where the actor layer ships it (classes of a
+    driver's ``__main__``). Where the original type can be found at the caller, the raised
+    object is also an instance of it (see ``actors``).
     """
 
     def __init__(
