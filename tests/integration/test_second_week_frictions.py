@@ -182,3 +182,36 @@ def test_a_launch_without_a_driver_exits_128_plus_signal_and_writes_no_logs_here
             launch.stdout.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no ./rayless-logs
     assert not log_dir.exists()  # nothing was logged: removed
+
+
+BY_VALUE_DRIVER = """
+import asyncio, os
+from rayless.actors import Cluster
+
+class Faulty:
+    def boom(self):
+        raise ValueError("boom")  # the line a traceback should show
+
+async def main():
+    async with Cluster.local(nodes=1) as cluster:
+        h = await cluster.spawn(Faulty)
+        os.unlink(__file__)  # from now on the actor has the source only as shipped
+        try:
+            await h.boom()
+        except ValueError as exc:
+            print(exc.remote_traceback, flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_class_shipped_by_value_keeps_its_file_and_lines(tmp_path: Path) -> None:
+    script = tmp_path / "driver.py"
+    script.write_text(BY_VALUE_DRIVER)
+    env = {**os.environ, "RAYLESS_RUNTIME_DIR": str(tmp_path / "run")}
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert f'File "{script}", line 7, in boom' in done.stdout, done.stdout  # not <dynamic-code>
+    assert 'raise ValueError("boom")  # the line a traceback should show' in done.stdout
