@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 
 from rayless.actors import Cluster
+from rayless.actors.launch.local import LocalProcesses
 from rayless.actors.launch.procs import first_line
 from rayless.errors import Timeout
+from rayless.store import Store
 from tests.integration.week2_classes import Slow
 
 pytestmark = pytest.mark.integration
@@ -61,6 +63,7 @@ async def test_timed_out_def_calls_keep_their_slots_until_they_return(
 DRIVER = """
 import asyncio, os, sys
 from rayless.actors import Cluster
+from rayless.actors.launch.local import LocalProcesses
 from rayless.actors.launch.procs import first_line
 from tests.integration.week2_classes import Parent
 
@@ -215,3 +218,44 @@ def test_a_class_shipped_by_value_keeps_its_file_and_lines(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr
     assert f'File "{script}", line 7, in boom' in done.stdout, done.stdout  # not <dynamic-code>
     assert 'raise ValueError("boom")  # the line a traceback should show' in done.stdout
+
+
+CLI_IMPORTS = """
+import sys
+import rayless.cli
+code = rayless.cli.main(sys.argv[1:])
+heavy = sorted(m for m in ("torch", "tensordict", "numpy") if m in sys.modules)
+print("HEAVY", heavy, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``rayless ARGS`` in a fresh interpreter that reports the heavy modules it imported."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    return subprocess.run(
+        [sys.executable, "-c", CLI_IMPORTS, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=clean,
+    )
+
+
+async def test_cli_paths_import_only_what_they_use_and_a_missing_actor_fails_at_once(
+    local_cluster: Cluster, local_cluster_processes: LocalProcesses, tmp_path: Path
+) -> None:
+    await Store.create(local_cluster, num_units=1, name="w2-store")
+    token = tmp_path / "token"
+    token.write_text(local_cluster_processes.token + "\n")
+    token.chmod(0o600)
+    base = ("--address", local_cluster_processes.address, "--token-file", str(token))
+    out = await asyncio.to_thread(_cli, "status", *base, "--store", "w2-store")
+    assert out.returncode == 0, out.stderr
+    assert "store w2-store" in out.stdout and "w2-store-unit-0" in out.stdout
+    assert "HEAVY []" in out.stderr  # before: torch and tensordict, ~5 s of imports
+    # --timeout 600 is how long a starting actor may take to show up; one the head does not
+    # know fails at once (before: only after the whole timeout, past this call's 120 s)
+    out = await asyncio.to_thread(_cli, "stack", *base, "--timeout", "600", "nope")
+    assert out.returncode == 1 and "no live actor named 'nope'" in out.stderr, out.stderr
+    assert "HEAVY []" in out.stderr
