@@ -31,21 +31,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 async def store_metrics(
     address: str, token: str, names: list[str], timeout: float
 ) -> list[dict[str, Any]]:
-    """Each named store's ``Store.metrics()``. Raises StatusError."""
+    """Each named store's ``Store.metrics()``, asked of its controller and units directly
+    (the store's client, and torch with it, is never imported). Raises StatusError."""
     from rayless.actors.api.cluster import connect
     from rayless.actors.api.runtime import close_runtimes
-    from rayless.store.client import Store
+    from rayless.store.metrics import collect
 
     cluster = None
     try:
         cluster = await asyncio.wait_for(connect(address, token=token), timeout)
         out = []
         for name in names:
-            store = await asyncio.wait_for(Store.connect(name, cluster), timeout)
-            metrics = await asyncio.wait_for(store.metrics(), timeout)
-            metrics["name"] = name
+            controller = await asyncio.wait_for(cluster.get_actor(name), timeout)
+            units, store_id = await asyncio.wait_for(
+                asyncio.gather(controller.units(), controller.store_id()), timeout
+            )
+            metrics = await asyncio.wait_for(collect(controller, units, store_id, name), timeout)
             out.append(metrics)
-            await store.aclose()
         return out
     except asyncio.TimeoutError:
         raise cluster_status.StatusError(f"no answer within {timeout:g}s") from None

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rayless.store.meta import BatchMeta
+from rayless.store.metrics import collect
 
 if TYPE_CHECKING:
     from rayless.actors import ActorHandle
@@ -84,36 +85,8 @@ class StatusFace:
     async def metrics(self) -> dict[str, Any]:
         """The controller's and every unit's counters (see :mod:`rayless.store.metrics`:
         ``render_text``, ``prometheus``)."""
-        ctl: dict[str, Any] = await self.controller.metrics()
-        infos = {u["unit_id"]: u for u in ctl.get("units", [])}
-        live = [u for u in self.units if infos.get(u["unit_id"], u).get("alive")]
-        stats = await asyncio.gather(
-            *[u["handle"].stats() for u in live if u.get("handle") is not None],
-            return_exceptions=True,
-        )
-        by_id = {s["unit_id"]: s for s in stats if isinstance(s, dict)}
-        units = []
-        for unit_id, info in infos.items():
-            s = by_id.get(unit_id, {})
-            units.append(
-                {
-                    "unit_id": unit_id,
-                    "node_id": info.get("node_id"),
-                    "alive": bool(info.get("alive")) and unit_id in by_id,
-                    "device": info.get("device"),
-                    "bytes_used": s.get("used_bytes", 0),
-                    "capacity_bytes": info.get("capacity_bytes"),
-                    "rows": sum((s.get("rows") or {}).values()),
-                    "puts": s.get("puts", {}),
-                    "gets": s.get("gets", {}),
-                }
-            )
-        return {
-            "name": getattr(self._controller, "name", None),
-            "store_id": self.store_id,
-            "controller": ctl,
-            "units": units,
-        }
+        name = getattr(self._controller, "name", None)
+        return await collect(self.controller, self.units, self.store_id, name)
 
     async def stats(self) -> dict[str, Any]:
         """The controller's counts and each live unit's bytes and rows."""

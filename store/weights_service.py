@@ -135,7 +135,11 @@ class WeightRegistry(Actor):
     async def retire(self, pid: int) -> None:
         """The publisher ``pid`` closed its client: pulls fail until a new publish."""
         if any(p["pid"] == pid for p in self.publishers.values()) and not self.lost:
-            self.lost = f"the publisher of {self.name!r} (pid {pid}) closed its client"
+            self.lost = (
+                f"the publisher of {self.name!r} (pid {pid}) closed its client, and its "
+                "versions with it (a publisher keeps its client open while its weights are "
+                "pulled)"
+            )
             self.entries.clear()
             async with self.changed:
                 self.changed.notify_all()

@@ -40,7 +40,10 @@ def _block(sync: SyncCluster | None, aw: Awaitable[T], timeout: float | None) ->
 
 
 class SyncWeightSync:
-    """Blocking versions of :class:`WeightSync`'s methods; a context manager (``close``)."""
+    """Blocking versions of :class:`WeightSync`'s methods; a context manager (``close``).
+
+    ``with SyncWeightSync.connect(...) as ws:`` suits a subscriber; a publisher's versions end
+    when its client closes, so a trainer keeps one client for the whole run."""
 
     def __init__(self, ws: WeightSync, sync: SyncCluster | None = None) -> None:
         self.ws = ws
@@ -63,7 +66,8 @@ class SyncWeightSync:
         return cls(_block(sync, WeightSync.connect(name, inner, **options), DEFAULT_TIMEOUT), sync)
 
     def close(self) -> None:
-        """``WeightSync.aclose`` (idempotent)."""
+        """``WeightSync.aclose`` (idempotent). A publisher's versions end with it: pulls then
+        raise PublisherLostError (keep a publisher's client open for the run)."""
         _block(self._sync, self.ws.aclose(), DEFAULT_TIMEOUT)
 
     def __enter__(self) -> SyncWeightSync:

@@ -109,11 +109,12 @@ class RemoteError(RaylessError, wire="rayless.RemoteError"):
     """An exception raised inside an actor (or any request handler), re-raised at the caller.
 
     Carries the remote type's qualified name (``remote_type``), its message, the remote
-    traceback text and the actor's name. ``args`` are the original exception's args (each
-    one plain-encodable, else its ``repr``), ``remote_attrs`` its public plain-encodable
-    attributes, and ``remote_class`` the class pickled by value where the actor layer ships
-    it (classes of a driver's ``__main__``). Where the original type can be found at the
-    caller, the raised object is also an instance of it (see ``actors``).
+    traceback text and the actor's name. ``args`` are the original exception's args (each one
+    plain-encodable, else its ``repr``), ``remote_attrs`` its public plain-encodable attributes
+    (tuples stay tuples; the message names each attribute that was not sent), and
+    ``remote_class`` the class pickled by value where the actor layer ships it (classes of a
+    driver's ``__main__``). Where the original type can be found at the caller, the raised
+    object is also an instance of it (see ``actors``).
     """
 
     def __init__(
@@ -142,14 +143,17 @@ class RemoteError(RaylessError, wire="rayless.RemoteError"):
         """``exc`` described with plain values: type name, message, traceback, args, attrs."""
         kind = type(exc)
         tb = "".join(traceback_module.format_exception(kind, exc, exc.__traceback__))
-        attrs = {
-            k: v
-            for k, v in vars(exc).items()
-            if isinstance(k, str) and not k.startswith("_") and _is_plain(v)
+        public = {
+            k: v for k, v in vars(exc).items() if isinstance(k, str) and not k.startswith("_")
         }
+        attrs = {k: v for k, v in public.items() if _is_plain(v)}
+        message = str(exc)
+        dropped = [f"{k!r} ({type(v).__qualname__})" for k, v in public.items() if k not in attrs]
+        if dropped:  # said, not silently lost
+            message += f" [attribute {', '.join(dropped)} not sent: only plain values travel]"
         return cls(
             f"{kind.__module__}.{kind.__qualname__}",
-            str(exc),
+            message,
             tb,
             actor,
             args=tuple(v if _is_plain(v) else repr(v) for v in exc.args),
@@ -179,9 +183,12 @@ def _is_plain(value: Any, depth: int = 0) -> bool:
 
 
 def _plain(value: Any) -> Any:
+    """``value`` with anything but plain values, lists, tuples and dicts as its ``repr``."""
     if isinstance(value, _PLAIN):
         return value
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, tuple):  # kept a tuple: the codec carries tuples as such
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}

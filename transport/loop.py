@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -27,10 +29,25 @@ def uvloop_enabled() -> bool:
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(main)`` on a uvloop loop when available."""
+    """``asyncio.run(main)`` on a uvloop loop when available.
+
+    When ``main`` ends, the signal wakeup fd is dropped before the loop closes: asyncio's
+    ``close()`` closes its self-pipe first and resets the wakeup fd only afterwards, so a
+    signal arriving in between (a SIGTERM to a process already shutting down) printed
+    "Exception ignored when trying to write to the signal wakeup fd: [Errno 9] Bad file
+    descriptor". Signals that arrive from then on are ignored: the process is exiting.
+    """
     if uvloop_enabled():
         import uvloop
 
-        result: T = uvloop.run(main)
+        result: T = uvloop.run(_then_drop_wakeup_fd(main))
         return result
-    return asyncio.run(main)
+    return asyncio.run(_then_drop_wakeup_fd(main))
+
+
+async def _then_drop_wakeup_fd(main: Coroutine[Any, Any, T]) -> T:
+    try:
+        return await main
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(-1)

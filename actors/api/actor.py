@@ -1,13 +1,14 @@
 """The ``Actor`` base class, and how an actor class travels to the process that runs it.
 
 An importable class travels by name (``module``, ``qualname``): the actor process imports it.
-A class defined in the driver's ``__main__`` — a script with or without the ``__main__``
-guard, a script read from stdin, ``python -c``, IPython or Jupyter — travels by value: the
-spawn request carries it pickled with cloudpickle (with the functions and globals of
-``__main__`` it references; imported modules still travel by name). The actor process
-unpickles it and never runs the driver's script. Code travels only in the spawn request,
-between peers that passed the token handshake (docs/security.md); arguments, results and
-store data never travel as pickle.
+A class defined in the driver's ``__main__`` — a script with or without the ``__main__`` guard,
+a script read from stdin, ``python -c``, IPython or Jupyter — travels by value: the spawn
+request carries it pickled with cloudpickle (with the functions and globals of ``__main__`` it
+references; imported modules still travel by name) and the source lines of its file, so that
+tracebacks, ``rayless stack`` and pdb in the actor show the driver's file and lines. The actor
+process unpickles it and never runs the driver's script. Code travels only in the spawn
+request, between peers that passed the token handshake (docs/security.md); arguments, results
+and store data never travel as pickle.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import contextvars
 import importlib
 import inspect
+import linecache
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,23 +147,65 @@ class ClassRef:
         return obj
 
 
+_SHIPPED = "rayless.by-value.1"  # marks a payload that carries source lines
+_MAX_SOURCE = 4 << 20  # bytes of source shipped per file at most
+
+
 def dumps_by_value(obj: Any) -> bytes:
-    """``obj`` (a class of ``__main__``) pickled by value with cloudpickle.
+    """``obj`` (a class of ``__main__``) pickled by value with cloudpickle, with the source
+    lines of the files its code comes from.
+
+    Its code keeps its file name (cloudpickle would write ``<dynamic-code>``), and the
+    receiver puts the lines into ``linecache``, so tracebacks, ``rayless stack`` and pdb's
+    ``l`` show the driver's file and source there too.
 
     Raises:
         TypeError: it (or a global it references) cannot be pickled.
     """
+    import io
+    import pickle
+
     import cloudpickle
 
+    filenames: set[str] = set()
+
+    class _Pickler(cloudpickle.Pickler):
+        def reducer_override(self, value: Any) -> Any:
+            if type(value) is types.CodeType:
+                filenames.add(value.co_filename)
+                rebuild, args = self.dispatch_table[types.CodeType](value)
+                keep = value.co_filename
+                return rebuild, tuple(keep if a == "<dynamic-code>" else a for a in args)
+            return super().reducer_override(value)
+
+    buf = io.BytesIO()
     try:
-        return bytes(cloudpickle.dumps(obj))
+        _Pickler(buf, protocol=pickle.DEFAULT_PROTOCOL).dump(obj)
     except Exception as exc:
         name = getattr(obj, "__qualname__", type(obj).__qualname__)
         raise TypeError(f"cannot ship {name} of __main__ by value: {exc}") from exc
+    sources: dict[str, list[str]] = {}
+    for filename in sorted(filenames):
+        lines = linecache.getlines(filename)
+        if lines and sum(map(len, lines)) <= _MAX_SOURCE:
+            sources[filename] = lines
+    return pickle.dumps((_SHIPPED, buf.getvalue(), sources), protocol=pickle.DEFAULT_PROTOCOL)
 
 
 def loads_by_value(data: bytes) -> Any:
-    """Unpickle what :func:`dumps_by_value` made. Only for bytes from an authenticated peer."""
+    """Unpickle what :func:`dumps_by_value` made, registering its source lines in
+    ``linecache`` (never evicted: they are the lines the driver runs). Only for bytes from an
+    authenticated peer."""
+    import pickle
+
     import cloudpickle
 
-    return cloudpickle.loads(data)
+    shipped = pickle.loads(data)
+    if not (isinstance(shipped, tuple) and len(shipped) == 3 and shipped[0] == _SHIPPED):
+        return shipped  # plain cloudpickle (a payload without sources)
+    _, payload, sources = shipped
+    for filename, lines in dict(sources).items():
+        if isinstance(filename, str):  # the lines the driver runs, even where its file is not
+            text = [str(line) for line in lines]
+            linecache.cache[filename] = (sum(map(len, text)), None, text, filename)
+    return cloudpickle.loads(payload)

@@ -66,14 +66,21 @@ def slots_of(plan: Any, component: str) -> list[WorkerSlot]:
     """
     if hasattr(plan, "pack") and callable(plan.pack):
         plan = plan.pack()
-    if hasattr(plan, "for_component"):
-        slots = list(plan.for_component(component))
-    elif isinstance(plan, Iterable):
-        slots = [s for s in plan if isinstance(s, WorkerSlot) and s.component == component]
-    else:
+    if hasattr(plan, "slots"):
+        plan = plan.slots
+    if not isinstance(plan, Iterable):
         raise TypeError(f"expected a planner, a Packing or WorkerSlots, got {type(plan)}")
+    every = [s for s in plan if isinstance(s, WorkerSlot)]
+    slots = [s for s in every if s.component == component]
     if not slots:
-        raise PlacementError(f"the plan has no workers for component {component!r}")
+        names = sorted({s.component for s in every})
+        hint = ""
+        if component.removesuffix("_worker") in names:  # the scheduling key, not the component
+            hint = f" (the scheduling key {component!r} packs as {component[:-7]!r})"
+        listed = ", ".join(map(repr, names)) or "none"
+        raise PlacementError(
+            f"the plan has no workers for component {component!r}{hint}; its components: {listed}"
+        )
     return sorted(slots, key=lambda s: s.worker_id)
 
 

@@ -94,6 +94,36 @@ async def endpoints(address: str, token: str, timeout: float) -> list[dict[str, 
         await client.aclose()
 
 
+async def exists(address: str, token: str, name: str, timeout: float) -> bool:
+    """Whether the head knows a live or starting actor whose name or id is ``name``.
+
+    Raises:
+        DebugCliError: the head did not answer, or rejected the token.
+    """
+    from rayless.actors.errors import ActorNotFoundError
+    from rayless.transport.client import Client
+
+    client = Client(address, token=token, name="rayless-debug", connect_timeout=timeout)
+    try:
+        await client.connect()
+        for op in ("get_actor", "actor_info"):
+            try:
+                record = await client.request((op, name), timeout=timeout)
+            except ActorNotFoundError:
+                continue
+            if isinstance(record, dict) and record.get("state") != "dead":
+                return True
+        return False
+    except AuthError:
+        raise DebugCliError(f"the head at {address} rejected the token (wrong token?)") from None
+    except (TransportTimeout, asyncio.TimeoutError):
+        raise DebugCliError(f"no answer from the head at {address} within {timeout:g}s") from None
+    except RaylessError as exc:
+        raise DebugCliError(f"{type(exc).__name__} from the head at {address}: {exc}") from None
+    finally:
+        await client.aclose()
+
+
 def open_actor(record: dict[str, Any], token: str, command: str, timeout: float) -> LineSocket:
     """A connection to an actor's debug listener that sent ``command``.
 
@@ -292,12 +322,17 @@ def run_stack(args: argparse.Namespace) -> int:
         address, token = status.resolve(args)
         timeout = float(args.timeout)
         deadline = time.monotonic() + timeout
+        first_miss = True
         while True:
             records = asyncio.run(endpoints(address, token, timeout))
             if args.name:
                 records = [r for r in records if args.name in (r["name"], r["actor_id"])]
             if records or not args.name:
                 break
+            if first_miss:  # no such actor at all: say so now, not after the timeout
+                first_miss = False
+                if not asyncio.run(exists(address, token, args.name, timeout)):
+                    raise DebugCliError(f"no live actor named {args.name!r}")
             if time.monotonic() > deadline:  # a new actor registers its listener shortly
                 raise DebugCliError(f"no live actor named {args.name!r}")
             time.sleep(POLL)

@@ -185,7 +185,7 @@ class ActorMethod(Generic[P, R]):
 
         ``timeout``: seconds each call may take; past it the call raises Timeout and is
         cancelled in the actor (an async method's task is cancelled; a queued sync call is
-        dropped, a running one finishes without holding its concurrency slot).
+        dropped, a running one runs to completion and keeps its concurrency slot until it returns).
 
         Raises:
             ValueError: ``timeout`` is not a positive number.

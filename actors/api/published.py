@@ -2,11 +2,12 @@
 find them without an address (as Ray's ``address="auto"`` does).
 
 ``Cluster.local()`` writes two files into a per-user runtime directory and removes them at
-close: ``cluster-<head pid>.json`` (address, head pid and start time, driver pid) and
-``cluster-<head pid>.token`` (the token, mode 0600, usable as ``--token-file``). The directory
-is ``$RAYLESS_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/rayless``, else ``/tmp/rayless-<uid>``;
-it is created with mode 0700 and used only when this user owns it and nobody else can read
-it. Nothing in it is trusted on its name alone:
+close (its head removes them too when it exits, so a driver killed by a signal, even SIGKILL,
+leaves none behind): ``cluster-<head pid>.json`` (address, head pid and start time, driver pid)
+and ``cluster-<head pid>.token`` (the token, mode 0600, usable as ``--token-file``). The
+directory is ``$RAYLESS_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/rayless``, else
+``/tmp/rayless-<uid>``; it is created with mode 0700 and used only when this user owns it and
+nobody else can read it. Nothing in it is trusted on its name alone:
 
 * a directory that is a symbolic link or belongs to another user is neither written nor read;
 * a directory that other users can write is refused: :func:`discover` raises ConnectError

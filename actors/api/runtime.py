@@ -351,7 +351,8 @@ class Runtime:
             ActorDiedError: the actor died before or during the call.
             RemoteError: the method raised (also an instance of the original exception type
                 where that type is loaded here).
-            Timeout: no result within ``timeout`` seconds (the call is cancelled in the actor).
+            Timeout: no result within ``timeout`` seconds (an async method is cancelled in the
+                actor; a queued def call is dropped, a running one runs to completion).
             TypeError: an argument cannot be encoded (named as ``argument 0 ['a']``).
         """
         conn = self.conns.get(handle.actor_id) or self._conn_for(handle)
@@ -375,7 +376,7 @@ class Runtime:
                 raise await self._why_unreachable(conn) from None
             raise Timeout(
                 f"{method}(...) of actor {conn.name!r} gave no result within {timeout}s "
-                "(the call was cancelled in the actor)"
+                f"({_after_timeout((handle.methods or {}).get(method))})"
             ) from None
 
 
@@ -384,6 +385,17 @@ def _warm_codec() -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         encode(torch.zeros(1))
+
+
+def _after_timeout(is_async: bool | None) -> str:
+    """What became of a call that timed out, by kind of method (None: unknown)."""
+    if is_async:
+        return "the call was cancelled in the actor"
+    sync = (
+        "a def method cannot be cancelled: if it had started it runs to completion and "
+        "keeps its max_concurrency slot until it returns; if it was queued it was dropped"
+    )
+    return sync if is_async is False else f"an async method was cancelled in the actor; {sync}"
 
 
 _RUNTIMES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = (
@@ -493,8 +505,11 @@ def _materialize_any(exc: BaseException) -> BaseException:
 def fast_submit(
     handle: Any, method: str, args: tuple[Any, ...], kwargs: Any, timeout: float | None = None
 ) -> Any:
-    """A future of the call when this loop's runtime already talks to the live actor, else
-    None (the caller then takes the full path that connects, waits for restarts, etc.)."""
+    """A future of the call when this loop's runtime already talks to the live actor and no
+    timeout is given, else None (the caller then takes the full path that connects, waits for
+    restarts, and says what became of a call that timed out)."""
+    if timeout is not None:
+        return None
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from rayless.actors.api import context
+from rayless.actors.api import context, published
 from rayless.actors.control.head_actors import ActorRecord, HeadActors
 from rayless.placement.allocation import NodeState
 from rayless.placement.errors import PlacementError
@@ -325,7 +325,10 @@ def main() -> None:
             "[NODE_TIMEOUT]"
         )
     timeout = float(sys.argv[2]) if len(sys.argv) == 3 else 5.0
-    loop.run(serve(sys.argv[1], token, timeout))
+    try:
+        loop.run(serve(sys.argv[1], token, timeout))
+    finally:  # an embedded cluster's entry, if its driver died without removing it
+        published.unpublish(str(published.runtime_dir() / f"cluster-{os.getpid()}.json"))
 
 
 if __name__ == "__main__":

@@ -15,10 +15,13 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """Ask the kernel to send ``sig`` to this process when its parent dies (Linux only).
 
-    Exits at once if the parent is already gone (the race the kernel call cannot close).
+    SIGTERM by default: a head, node agent or zygote whose driver or launch died (killed by
+    any signal, ``kill -9`` included) shuts down as on a stop, and takes its actors and what
+    they started along (a SIGKILL would leave those behind). Exits at once if the parent is
+    already gone (the race the kernel call cannot close).
     """
     parent = os.getppid()
     try:

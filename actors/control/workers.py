@@ -7,10 +7,9 @@ was spawned with one (Ray's threaded actors). Threads start on demand.
 Cancellation is best effort, as in Ray: Python cannot stop a running thread safely.
 
 * A queued call whose caller gave up (timed out, cancelled) is dropped without running.
-* A running call finishes and its result is discarded, but its slot is given back at once:
-  the next call starts on another thread, so an abandoned call never holds the actor's
-  concurrency. At most ``concurrency`` such extra threads run; past that, new calls wait
-  for an abandoned one to return.
+* A running call runs to completion (its result is discarded) and keeps its slot until it
+  returns, so at most ``concurrency`` calls ever run at once, abandoned ones included (as
+  Ray's ``max_concurrency``); later calls wait for a slot.
 
 The loop is woken once per batch of finished calls (not once per call, as with
 ``run_in_executor``), which keeps many in-flight sync calls cheap on few cores.
@@ -63,9 +62,7 @@ class SyncWorker:
         self._name = name
         self._torch_threads = threads
         self.concurrency = concurrency
-        self._max_threads = 2 * concurrency  # the extra ones replace abandoned calls
-        self._active = 0  # slots held
-        self._busy = 0  # jobs handed to the threads and not yet back (abandoned ones too)
+        self._active = 0  # slots held: jobs handed to the threads and not yet back
         self._threads: list[threading.Thread] = []
         self._waiting: collections.deque[_Job] = collections.deque()
         self._work: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -76,7 +73,7 @@ class SyncWorker:
 
     @property
     def running(self) -> int:
-        """Calls holding a slot now (started, and their caller still waits)."""
+        """Calls holding a slot now (started and not yet returned, abandoned ones too)."""
         return self._active
 
     @property
@@ -86,7 +83,7 @@ class SyncWorker:
 
     def submit(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
         """Queue ``fn()``; a future of its result on the loop. Cancelling the future drops
-        the call if it has not started, and frees its slot if it has."""
+        the call if it has not started; a started one keeps its slot until it returns."""
         fut: asyncio.Future[Any] = self._loop.create_future()
         job = _Job(fut, fn)
         fut.add_done_callback(lambda _: self._on_fut_done(job))
@@ -101,9 +98,8 @@ class SyncWorker:
                 continue
             self._active += 1
             job.slot = True
-            if self._busy >= len(self._threads) and len(self._threads) < self._max_threads:
+            if self._active > len(self._threads):
                 self._start_thread()
-            self._busy += 1
             self._work.put(job)
 
     def _start_thread(self) -> None:
@@ -114,13 +110,8 @@ class SyncWorker:
         thread.start()
 
     def _on_fut_done(self, job: _Job) -> None:
-        if not job.fut.cancelled():
-            return
-        job.cancelled = True
-        if job.slot:  # running (or about to): give its slot to the next call
-            job.slot = False
-            self._active -= 1
-            self._pump()
+        if job.fut.cancelled():
+            job.cancelled = True  # queued: dropped; running: its slot is freed when it returns
 
     def _run(self) -> None:
         apply_torch_threads(self._torch_threads)
@@ -150,7 +141,6 @@ class SyncWorker:
             done, self._done = self._done, []
             self._posted = False
         for job, ok, value in done:
-            self._busy -= 1
             if job.slot:
                 job.slot = False
                 self._active -= 1

@@ -45,7 +45,7 @@ class LaunchConfig:
     rdzv_timeout: float = 300.0
     node_timeout: float = 10.0
     grace: float = 10.0
-    log_dir: str = "rayless-logs"
+    log_dir: str | None = None  # None: a fresh private directory of this launch (node.py)
 
     @property
     def address(self) -> str:
@@ -172,7 +172,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rdzv-timeout", type=float, default=300.0, help="seconds to join")
     parser.add_argument("--node-timeout", type=float, default=10.0, help="heartbeat timeout")
     parser.add_argument("--grace", type=float, default=10.0, help="seconds before SIGKILL")
-    parser.add_argument("--log-dir", default="rayless-logs", help="actor log files")
+    parser.add_argument(
+        "--log-dir",
+        default=None,
+        help="directory of the actors' log files (default: a fresh private directory "
+        "<runtime dir>/logs/launch-*, the runtime dir being $RAYLESS_RUNTIME_DIR, else "
+        "$XDG_RUNTIME_DIR/rayless, else /tmp/rayless-<uid>; printed at start, removed at the "
+        "end when every log in it is empty)",
+    )
     parser.add_argument(
         "driver",
         nargs=argparse.REMAINDER,

@@ -12,7 +12,11 @@ Other ranks wait for the head's port, start a node agent that registers its rank
 when the head shuts the cluster down (1 when the cluster failed). SIGINT/SIGTERM/SIGHUP on a
 rank stop every process of ours on that node; on rank 0 the driver gets the signal first, then
 the cluster is shut down (exit 128 + signal). Without a driver command, rank 0 keeps the
-cluster up until it is signalled (exit 0).
+cluster up until it is signalled (exit 128 + signal too).
+
+Actor logs go to ``--log-dir``, else to a fresh private directory of this launch under
+``<runtime dir>/logs`` (see ``actors.api.published``), printed at start and removed at the end
+when every log in it is empty; nothing is written into the working directory.
 
 Defaults come from torchrun's MASTER_ADDR/MASTER_PORT/NODE_RANK/NNODES, else Slurm's (see
 :func:`env_defaults`), so ``srun python scripts/launch.py --token-file F -- train.py`` works:
@@ -50,13 +54,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import socket
+import stat
 import sys
+import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import replace
 
-from rayless.actors.api import context
+from rayless.actors.api import context, published
 from rayless.actors.launch.addresses import claim_node_id, head_bind_address, ip_towards
 from rayless.actors.launch.config import (
     DEFAULT_PORT,
@@ -87,10 +94,10 @@ def _run_rank0(cfg: LaunchConfig, token: str, stop: StopFlag, procs: NodeProcess
     procs.start_agent()
     asyncio.run(rendezvous(cfg, token, stop, procs))
     print(f"[rayless launch] all {cfg.nnodes} nodes joined {cfg.address}", flush=True)
-    if not cfg.command:  # serve until signalled
+    if not cfg.command:  # serve until signalled, then exit as the signal asks
         while not stop.wait(0.5):
             procs.check_alive()
-        return 0
+        return 128 + stop.signum
     token_file = DriverTokenFile(cfg, token)
     try:
         env = {context.ENV_ADDRESS: cfg.address, context.ENV_TOKEN_FILE: token_file.path}
@@ -127,6 +134,10 @@ def launch(cfg: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     stop.install()
     procs: NodeProcesses | None = None
     claim: socket.socket | None = None
+    own_logs = cfg.log_dir is None
+    if own_logs:
+        cfg = replace(cfg, log_dir=fresh_log_dir(cfg.node_rank))
+    print(f"[rayless launch] rank {cfg.node_rank}: actor logs in {cfg.log_dir}", flush=True)
     try:
         node_id, claim = claim_node_id(cfg)
         cfg = replace(cfg, node_id=node_id)
@@ -154,7 +165,47 @@ def launch(cfg: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
             procs.stop_all(natural)
         if claim is not None:
             claim.close()
+        if own_logs and cfg.log_dir is not None:
+            remove_if_empty(cfg.log_dir)
         stop.uninstall()
+
+
+def fresh_log_dir(rank: int) -> str:
+    """A new private (0700) directory for this launch's actor logs, under
+    ``<runtime dir>/logs`` where that directory is this user's and nobody else can write it,
+    else under the system's temporary directory."""
+    parent = published.runtime_dir() / "logs"
+    trusted = False
+    try:
+        for path in (parent.parent, parent):
+            path.mkdir(mode=0o700, exist_ok=True)
+            info = os.lstat(path)
+            trusted = (
+                stat.S_ISDIR(info.st_mode)
+                and info.st_uid == os.getuid()
+                and not info.st_mode & 0o022
+            )
+            if not trusted:
+                break
+    except OSError:
+        trusted = False
+    return tempfile.mkdtemp(prefix=f"launch-rank{rank}-", dir=str(parent) if trusted else None)
+
+
+def remove_if_empty(log_dir: str) -> None:
+    """Remove a launch's log directory when no log in it has a byte; else say where it is."""
+    try:
+        empty = all(
+            os.path.getsize(os.path.join(top, name)) == 0
+            for top, _, names in os.walk(log_dir)
+            for name in names
+        )
+    except OSError:
+        empty = False
+    if empty:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    else:
+        print(f"[rayless launch] actor logs kept in {log_dir}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -273,7 +273,8 @@ class NodeProcesses:
         """
         cfg = self.cfg
         args = ["-m", "rayless.actors.control.agent", cfg.address, "--rank", str(cfg.node_rank)]
-        args += ["--zygote", "auto", "--log-dir", os.path.abspath(cfg.log_dir)]
+        log_dir = os.path.abspath(cfg.log_dir or ".")  # launch() always sets one
+        args += ["--zygote", "auto", "--log-dir", log_dir]
         args += ["--head-timeout", str(cfg.node_timeout)]
         if cfg.node_ip:
             args += ["--ip", cfg.node_ip]

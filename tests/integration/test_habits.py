@@ -53,7 +53,7 @@ async def test_handle_default_timeout_and_gather_timeout_cancel(local_cluster: C
         blocker.with_timeout(0)
 
 
-async def test_sync_calls_queued_are_dropped_running_ones_free_their_slot(
+async def test_sync_calls_queued_are_dropped_running_ones_keep_their_slot(
     local_cluster: Cluster,
 ) -> None:
     blocker = await local_cluster.spawn(Blocker)  # def methods one at a time
@@ -64,12 +64,15 @@ async def test_sync_calls_queued_are_dropped_running_ones_free_their_slot(
     assert await asyncio.wait_for(running, 30) == "a"
     assert await blocker.hold("c") == "c"
     assert await blocker.ran() == ["a", "c"]
-    # a running call whose caller gave up no longer holds the only slot
+    # a running call whose caller gave up keeps the only slot until it returns (as in Ray)
     other = await local_cluster.spawn(Blocker)
-    with pytest.raises(Timeout):
+    with pytest.raises(Timeout, match="def method cannot be cancelled"):
         await other.hold.options(timeout=0.3)("x")
-    assert await asyncio.wait_for(other.quick(), 20) == "quick"  # while "x" still blocks
+    later = other.hold("y")  # waits for "x" to return
+    assert await other.ran() == ["x"]
     await other.let_go()
+    assert await asyncio.wait_for(later, 30) == "y"
+    assert await other.ran() == ["x", "y"]
 
 
 async def test_def_methods_run_on_threads_with_max_concurrency(local_cluster: Cluster) -> None:

@@ -30,9 +30,12 @@ async def test_one_slot_runs_calls_in_order_and_drops_cancelled_queued_ones() ->
     worker.stop()
 
 
-async def test_an_abandoned_running_call_gives_its_slot_back() -> None:
-    worker = SyncWorker(asyncio.get_running_loop(), "t")
+async def test_an_abandoned_running_call_keeps_its_slot_until_it_returns() -> None:
+    """As Ray's max_concurrency: a running def call cannot be stopped, so it counts until it
+    returns; a call after it waits (it does not start on an extra thread)."""
+    worker = SyncWorker(asyncio.get_running_loop(), "t", concurrency=2)
     gate = threading.Event()
+    ran: list[str] = []
 
     async def start_stuck() -> asyncio.Future[bool]:
         started = threading.Event()
@@ -40,17 +43,15 @@ async def test_an_abandoned_running_call_gives_its_slot_back() -> None:
         assert await asyncio.to_thread(started.wait, 20)
         return fut
 
-    stuck = await start_stuck()
-    stuck.cancel()
-    assert await asyncio.wait_for(worker.submit(lambda: "next"), 10) == "next"
-    assert worker.threads == 2  # a second thread took the freed slot
-    # at most `concurrency` extra threads: with both stuck, a third call starts no thread
-    (await start_stuck()).cancel()
-    third = worker.submit(lambda: "third")
-    assert worker.threads == 2 and worker.running == 1
+    for _ in range(2):
+        (await start_stuck()).cancel()
+    later = worker.submit(lambda: ran.append("later") or "later")
+    assert worker.running == 2 and worker.threads == 2  # queued: no third thread
+    await asyncio.sleep(0)
+    assert ran == []
     gate.set()
-    assert await asyncio.wait_for(third, 10) == "third"
-    assert worker.running == 0
+    assert await asyncio.wait_for(later, 10) == "later"
+    assert worker.running == 0 and worker.threads == 2
     worker.stop()
 
 
