@@ -159,7 +159,7 @@ def _chunk(value: Any, n: int) -> list[Any]:
     if getattr(value, "batch_size", None) is not None and hasattr(value, "split"):
         size = batch_len(value) // n
         return list(value.split(size, dim=0)) if size else [value[0:0] for _ in range(n)]
-    return list(value.chunk(chunks=n))
+    return list(value.chunk(n))  # DataProto.chunk(chunks), BatchMeta.chunk(n)
 
 
 def _pad(value: Any, padding: int) -> Any:

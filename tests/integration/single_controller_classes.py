@@ -194,3 +194,136 @@ class CriticRole(Worker):
     def compute_values(self, data: TensorDict) -> TensorDict:
         self.steps += 1
         return TensorDict({"v": data["a"].float() * self.scale}, batch_size=data.batch_size)
+
+
+class StoreWorker(Worker):
+    """Store-aware dispatch: a rank gets its part of a BatchMeta and fetches the data itself."""
+
+    def __init__(self, store_name: str) -> None:
+        super().__init__()
+        self.store_name = store_name
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    async def double(self, meta: Any) -> Any:
+        from rayless import store
+
+        st = await store.Store.connect(self.store_name)
+        try:
+            data = await st.get(meta, fields=["x"])
+            out = TensorDict(
+                {"y": data["x"] * 2, "rank": torch.full((len(meta),), self.rank)},
+                batch_size=data.batch_size,
+            )
+            return await st.put(out, meta=meta)
+        finally:
+            await st.aclose()
+
+
+OBS, ACTIONS = 4, 2
+
+
+def _init_dist() -> None:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+
+
+def _all_reduce_grads(module: torch.nn.Module, world_size: int) -> None:
+    import torch.distributed as dist
+
+    for p in module.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad /= world_size
+
+
+class PPOActor(Worker):
+    """A tiny policy: generates actions, computes log-probs, takes PPO steps (gloo DP)."""
+
+    def __init__(self, lr: float = 0.5, trainable: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.policy = torch.nn.Linear(OBS, ACTIONS)
+        self.opt = torch.optim.SGD(self.policy.parameters(), lr=lr)
+        self.trainable = trainable
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        _init_dist()
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: TensorDict) -> TensorDict:
+        gen = torch.Generator().manual_seed(1000 + self.rank)
+        with torch.no_grad():
+            logits = self.policy(prompts["obs"])
+            actions = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen).squeeze(-1)
+            logp = torch.log_softmax(logits, -1).gather(-1, actions[:, None]).squeeze(-1)
+        out = prompts.clone()
+        out["actions"] = actions
+        out["old_log_probs"] = logp
+        return out
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, batch: TensorDict) -> TensorDict:
+        with torch.no_grad():
+            logp = torch.log_softmax(self.policy(batch["obs"]), -1)
+            picked = logp.gather(-1, batch["actions"][:, None]).squeeze(-1)
+        return TensorDict({"ref_log_probs": picked}, batch_size=batch.batch_size)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
+    def update_actor(self, batch: TensorDict) -> dict[str, float]:
+        logp = torch.log_softmax(self.policy(batch["obs"]), -1)
+        logp = logp.gather(-1, batch["actions"][:, None]).squeeze(-1)
+        ratio = torch.exp(logp - batch["old_log_probs"])
+        adv = batch["advantages"]
+        loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()
+        kl = (logp - batch["ref_log_probs"]).mean()
+        self.opt.zero_grad()
+        (loss + 0.01 * kl).backward()
+        _all_reduce_grads(self.policy, self.world_size)
+        self.opt.step()
+        return {"loss": loss.item(), "rank": float(self.rank)}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def weights(self) -> list[float]:
+        return torch.cat([p.detach().flatten() for p in self.policy.parameters()]).tolist()
+
+
+class PPOCritic(Worker):
+    """A fused role: the value function (gloo DP over the fused group)."""
+
+    def __init__(self, lr: float = 0.1) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.value = torch.nn.Linear(OBS, 1)
+        self.opt = torch.optim.SGD(self.value.parameters(), lr=lr)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        _init_dist()
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, batch: TensorDict) -> TensorDict:
+        with torch.no_grad():
+            v = self.value(batch["obs"]).squeeze(-1)
+        return TensorDict({"values": v}, batch_size=batch.batch_size)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
+    def update_critic(self, batch: TensorDict) -> dict[str, float]:
+        loss = ((self.value(batch["obs"]).squeeze(-1) - batch["returns"]) ** 2).mean()
+        self.opt.zero_grad()
+        loss.backward()
+        _all_reduce_grads(self.value, self.world_size)
+        self.opt.step()
+        return {"vf_loss": loss.item()}
+
+
+class PPOReward(Worker):
+    """A fused role: the reward model (action 1 is right when obs[0] > 0)."""
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_rewards(self, batch: TensorDict) -> TensorDict:
+        right = (batch["obs"][:, 0] > 0).long()
+        reward = (batch["actions"] == right).float()
+        return TensorDict({"rewards": reward}, batch_size=batch.batch_size)
