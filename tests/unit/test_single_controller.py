@@ -60,6 +60,10 @@ class DecoratedWorker(Worker):
     async def padded(self, data: TensorDict) -> TensorDict:
         return data
 
+    @register(Dispatch.RANK_ZERO)
+    def leader(self) -> int:
+        return self.rank
+
     def plain(self) -> int:
         return 1
 
@@ -265,6 +269,8 @@ def test_a_group_binds_only_registered_methods() -> None:
     assert [a[0]["a"].tolist() for _, a, _ in plan] == [[0, 1], [2, 3]] and padding == 0
     plan, _ = wg._plan(wg.rank_zero, (), {})
     assert [h.name for h, _, _ in plan] == ["w-0"]
+    plan, _ = wg._plan(wg.leader, (), {})  # Dispatch.RANK_ZERO: rank 0 only, its result
+    assert [h.name for h, _, _ in plan] == ["w-0"] and wg._finish(wg.leader, [7], 0) == 7
     with pytest.raises(ValueError, match="5 rows does not split evenly over 2"):
         wg._plan(wg.dp_compute, (td(5),), {})
     plan, padding = wg._plan(wg.padded, (td(5),), {})
