@@ -45,6 +45,8 @@ from rayless.single_controller.resource_pool import ResourcePool
 
 _OWNED: set[asyncio.Future[Any]] = set()  # group calls started by .submit(): held until done
 ROLE_METHOD = "execute_role"  # the FusedWorker method that runs a role's method
+# verl's RayWorkerGroup arguments that mean nothing here (accepted so ported code runs)
+_VERL_EXTRAS = frozenset({"device_name", "ray_wait_register_center_timeout"})
 
 
 class ClassWithInitArgs:
@@ -127,9 +129,14 @@ class GroupMethod:
 class WorkerGroup:
     """N ranks of a Worker class on a resource pool (verl's ``RayWorkerGroup``).
 
+    ``call_timeout``: seconds every call to a rank may take (past it: Timeout, and the call is
+    cancelled in the rank); None waits as long as the call runs (a dead rank still fails its
+    calls at once with ActorDiedError).
+
     Raises (constructor):
         TypeError: a pool without a ``SyncCluster`` as ``cluster`` (async code: use
             :meth:`create`), or neither a pool nor detached workers.
+        ValueError: ``call_timeout`` is not a positive number.
         PlacementError: the pool does not fit the live cluster.
         RemoteError: a rank's constructor raised (the other ranks are killed).
     """
@@ -145,8 +152,12 @@ class WorkerGroup:
         worker_handles: Sequence[ActorHandle[Any]] | None = None,
         *,
         cluster: Any = None,
+        call_timeout: float | None = None,
         **kwargs: Any,
     ) -> None:
+        unknown = sorted(set(kwargs) - _VERL_EXTRAS)
+        if unknown:
+            raise TypeError(f"WorkerGroup() got unexpected keyword arguments {unknown}")
         self.ray_cls_with_init = ray_cls_with_init
         self.name_prefix = name_prefix if name_prefix is not None else secrets.token_hex(3)
         self.resource_pool = resource_pool
@@ -178,6 +189,8 @@ class WorkerGroup:
             handles = run(_lookup(inner, list(worker_names)))
         else:
             raise TypeError("give a resource_pool, worker_handles or worker_names")
+        if call_timeout is not None:
+            handles = [h.with_timeout(call_timeout) for h in handles]
         self._workers: list[ActorHandle[Any]] = handles
         self._worker_names = [h.name for h in handles]
         if ray_cls_with_init is not None:
@@ -193,6 +206,7 @@ class WorkerGroup:
         *,
         cluster: Cluster,
         name_prefix: str | None = None,
+        call_timeout: float | None = None,
     ) -> WorkerGroup:
         """The awaitable constructor: spawn the ranks on ``cluster`` (a ``Cluster``).
 
@@ -200,7 +214,13 @@ class WorkerGroup:
         """
         prefix = name_prefix if name_prefix is not None else secrets.token_hex(3)
         handles = await _spawn_workers(cluster, resource_pool, ray_cls_with_init, prefix)
-        wg = cls(None, ray_cls_with_init, name_prefix=prefix, worker_handles=handles)
+        wg = cls(
+            None,
+            ray_cls_with_init,
+            name_prefix=prefix,
+            worker_handles=handles,
+            call_timeout=call_timeout,
+        )
         wg.resource_pool = resource_pool
         return wg
 

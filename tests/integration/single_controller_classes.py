@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -74,6 +75,11 @@ class TestActor(Worker):
             "pid": os.getpid(),
             **{k: os.environ.get(k) for k in keys},
         }
+
+    @register(Dispatch.ONE_TO_ALL)
+    async def nap(self, seconds: float) -> int:
+        await asyncio.sleep(seconds)
+        return self.rank
 
     @register(Dispatch.ONE_TO_ALL)
     def fail_on(self, rank: int) -> int:

@@ -22,6 +22,7 @@ from rayless.single_controller import (
     create_colocated_worker_cls,
     split_resource_pool,
 )
+from rayless.transport import Timeout
 from tests.integration.single_controller_classes import (
     ActorRole,
     CriticRole,
@@ -105,6 +106,18 @@ def test_worker_group_basics(groups: Groups) -> None:
         wg.foo  # noqa: B018  (not registered: execute_all_sync("foo") only)
     with pytest.raises(ValueError, match="rank 2 refuses"):  # a rank's error, as itself
         wg.fail_on(2)
+
+
+def test_call_timeout_bounds_every_rank_call(groups: Groups) -> None:
+    wg = groups.group(
+        groups.pool([2], use_gpu=False), ClassWithInitArgs(TestActor, x=0), call_timeout=2.0
+    )
+    assert wg.nap(0) == [0, 1]
+    with pytest.raises(Timeout):
+        wg.nap(600)
+    with pytest.raises(TypeError, match="unexpected keyword arguments"):
+        WorkerGroup(None, None, worker_handles=wg.workers, colour="red")
+    WorkerGroup(None, None, worker_handles=wg.workers, device_name="cuda")  # verl's, accepted
 
 
 def test_ranks_get_their_env_and_one_gpu_each_over_two_nodes(groups: Groups) -> None:

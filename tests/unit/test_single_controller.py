@@ -5,6 +5,7 @@ tests, re-expressed)."""
 from __future__ import annotations
 
 import pickle
+import uuid
 
 import pytest
 import torch
@@ -125,11 +126,12 @@ def test_register_dispatch_mode_adds_a_named_mode_once() -> None:
     def collect(wg, out):
         return sum(out)
 
-    mode = register_dispatch_mode("SUM_ALL_TEST", dispatch, collect)
-    assert Dispatch.SUM_ALL_TEST is mode  # type: ignore[attr-defined]
+    name = f"SUM_ALL_{uuid.uuid4().hex}"
+    mode = register_dispatch_mode(name, dispatch, collect)
+    assert getattr(Dispatch, name) is mode and mode.name == name
     assert get_predefined_dispatch_fn(mode)["collect_fn"] is collect
     with pytest.raises(ValueError, match="already exists"):
-        register_dispatch_mode("SUM_ALL_TEST", dispatch, collect)
+        register_dispatch_mode(name, dispatch, collect)
 
 
 def test_one_to_all_and_dp_compute() -> None:
