@@ -1,0 +1,533 @@
+"""verl's ``WorkerGroup``: one handle on N ranks of a Worker class, with group methods.
+
+``WorkerGroup(resource_pool, ClassWithInitArgs(Cls, *args, **kwargs), cluster=sync_cluster)``
+spawns one actor per bundle of the pool (``spawn_group`` on the pool's slots, with the
+torch.distributed environment) and binds every ``@register`` method of ``Cls`` as a group
+method: ``wg.compute(batch)`` dispatches the arguments over the ranks, calls them, and
+collects the results (``rayless.single_controller.decorator``). A method without
+``@register`` is no group method (AttributeError naming those that are); call it on every rank
+with ``execute_all_sync(name, ...)``.
+
+Two faces over the same group:
+
+* blocking, for verl's plain synchronous driver code: ``wg.compute(x)`` returns the result
+  (``blocking=False`` methods: a ``concurrent.futures.Future`` of it, which
+  ``SyncCluster.get`` accepts); ``wg.compute.remote(x)`` is always a future.
+* awaitable, for async code: ``await wg.compute.aio(x)``; ``wg.compute.submit(x)`` is an
+  ``asyncio.Future``; ``await WorkerGroup.create(pool, cia, cluster=cluster)`` builds one.
+
+A future of an earlier group call passed as an argument is resolved before the dispatch.
+Module-level functions passed as arguments travel by name (``FunctionRef``), never pickled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import secrets
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rayless.actors import ActorHandle, Cluster, gather
+from rayless.single_controller.decorator import (
+    PADDING_SIZE_KEY,
+    Dispatch,
+    Execute,
+    FunctionRef,
+    MethodAttrs,
+    method_attrs,
+    resolve_mode,
+    trim,
+)
+from rayless.single_controller.resource_pool import ResourcePool
+
+_OWNED: set[asyncio.Future[Any]] = set()  # group calls started by .submit(): held until done
+ROLE_METHOD = "execute_role"  # the FusedWorker method that runs a role's method
+# verl's RayWorkerGroup arguments that mean nothing here (accepted so ported code runs)
+_VERL_EXTRAS = frozenset({"device_name", "ray_wait_register_center_timeout"})
+
+
+class ClassWithInitArgs:
+    """A worker class with its constructor arguments, for a group to spawn (verl's
+    ``RayClassWithInitArgs``). ``update_options`` takes ``cluster.spawn`` options
+    (``max_restarts``, ``max_concurrency``, ``env``, ``timeout``, ...)."""
+
+    def __init__(self, cls: type, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(cls, type):
+            raise TypeError(f"ClassWithInitArgs needs a class, got {cls!r}")
+        self.cls = cls
+        self.args = args
+        self.kwargs = kwargs
+        self.fused_worker_used = False
+        self.raw_cls_dict: dict[str, type] = {}
+        self._options: dict[str, Any] = {}
+
+    def update_options(self, options: dict[str, Any]) -> None:
+        """Add spawn options for every rank."""
+        self._options.update(options)
+
+    def __call__(self) -> Any:
+        """An instance built here, in this process (verl's base behaviour)."""
+        return self.cls(*self.args, **self.kwargs)
+
+
+class GroupMethod:
+    """A registered method bound to a group: call it (blocking face) or ``await .aio()``."""
+
+    __slots__ = ("attrs", "collect_fn", "dispatch_fn", "method", "role", "wg")
+
+    def __init__(self, wg: WorkerGroup, method: str, attrs: MethodAttrs, role: str | None) -> None:
+        self.wg = wg
+        self.method = method
+        self.attrs = attrs
+        self.role = role
+        self.dispatch_fn, self.collect_fn = resolve_mode(attrs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run it on the ranks; the collected result (``blocking=False``: a future of it).
+
+        Raises:
+            RuntimeError: an event loop runs in this thread (use ``await .aio(...)``).
+            ValueError / TypeError: the dispatch refused the arguments (an uneven batch...).
+            RemoteError / ActorDiedError: a rank raised or died (the first in rank order).
+        """
+        future = self.remote(*args, **kwargs)
+        return future if not self.attrs.blocking else future.result()
+
+    def remote(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        """Start it on the ranks; a ``concurrent.futures.Future`` of the collected result.
+
+        Raises:
+            RuntimeError: an event loop runs in this thread.
+        """
+        _no_loop(f"{self.method}(...)")
+        args, kwargs = _resolve_sync(args, kwargs)
+        calls, padding = self.wg._plan(self, args, kwargs)
+        futures = [self.wg._send(h, self.method, self.role, a, k) for h, a, k in calls]
+        return _combine(futures, lambda outs: self.wg._finish(self, outs, padding))
+
+    async def aio(self, *args: Any, **kwargs: Any) -> Any:
+        """The awaitable face: run it on the ranks and return the collected result."""
+        args, kwargs = await _resolve_async(args, kwargs)
+        calls, padding = self.wg._plan(self, args, kwargs)
+        outs = await gather([self.wg._send(h, self.method, self.role, a, k) for h, a, k in calls])
+        return self.wg._finish(self, outs, padding)
+
+    def submit(self, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        """Start :meth:`aio` now (inside a running loop); an ``asyncio.Future`` of it."""
+        task = asyncio.ensure_future(self.aio(*args, **kwargs))
+        _OWNED.add(task)
+        task.add_done_callback(_OWNED.discard)
+        return task
+
+    def __repr__(self) -> str:
+        return f"<group method {self.method} of {self.wg!r}>"
+
+
+class WorkerGroup:
+    """N ranks of a Worker class on a resource pool (verl's ``RayWorkerGroup``).
+
+    ``call_timeout``: seconds every call to a rank may take (past it: Timeout, and the call is
+    cancelled in the rank); None waits as long as the call runs (a dead rank still fails its
+    calls at once with ActorDiedError).
+
+    Raises (constructor):
+        TypeError: a pool without a ``SyncCluster`` as ``cluster`` (async code: use
+            :meth:`create`), or neither a pool nor detached workers.
+        ValueError: ``call_timeout`` is not a positive number.
+        PlacementError: the pool does not fit the live cluster.
+        RemoteError: a rank's constructor raised (the other ranks are killed).
+    """
+
+    def __init__(
+        self,
+        resource_pool: ResourcePool | None = None,
+        ray_cls_with_init: ClassWithInitArgs | None = None,
+        bin_pack: bool = True,
+        name_prefix: str | None = None,
+        detached: bool = False,
+        worker_names: Sequence[str] | None = None,
+        worker_handles: Sequence[ActorHandle[Any]] | None = None,
+        *,
+        cluster: Any = None,
+        call_timeout: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        unknown = sorted(set(kwargs) - _VERL_EXTRAS)
+        if unknown:
+            raise TypeError(f"WorkerGroup() got unexpected keyword arguments {unknown}")
+        self.ray_cls_with_init = ray_cls_with_init
+        self.name_prefix = name_prefix if name_prefix is not None else secrets.token_hex(3)
+        self.resource_pool = resource_pool
+        self.fused_worker_used = bool(ray_cls_with_init and ray_cls_with_init.fused_worker_used)
+        self.sub_cls_name = ""
+        self._role: str | None = None
+        self._methods: dict[str, GroupMethod] = {}
+        if resource_pool is not None:
+            if ray_cls_with_init is None:
+                raise TypeError("a worker group on a resource pool needs ray_cls_with_init")
+            run = getattr(cluster, "run", None)
+            inner = getattr(cluster, "cluster", None)
+            if not callable(run) or not isinstance(inner, Cluster):
+                raise TypeError(
+                    "WorkerGroup(resource_pool, ...) needs cluster=<a SyncCluster>; in async "
+                    "code use `await WorkerGroup.create(pool, cls_with_init, cluster=cluster)`"
+                )
+            handles = run(_spawn_workers(inner, resource_pool, ray_cls_with_init, self.name_prefix))
+        elif worker_handles is not None:
+            handles = list(worker_handles)
+        elif worker_names is not None:
+            run = getattr(cluster, "run", None)
+            inner = getattr(cluster, "cluster", None)
+            if not callable(run) or not isinstance(inner, Cluster):
+                raise TypeError(
+                    "from_detached(worker_names=...) needs cluster=<a SyncCluster> to look the "
+                    "names up; in async code use `await WorkerGroup.afrom_detached(...)`"
+                )
+            handles = run(_lookup(inner, list(worker_names)))
+        else:
+            raise TypeError("give a resource_pool, worker_handles or worker_names")
+        if call_timeout is not None:
+            handles = [h.with_timeout(call_timeout) for h in handles]
+        self._workers: list[ActorHandle[Any]] = handles
+        self._worker_names = [h.name for h in handles]
+        if ray_cls_with_init is not None:
+            self._bind(ray_cls_with_init)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    async def create(
+        cls,
+        resource_pool: ResourcePool,
+        ray_cls_with_init: ClassWithInitArgs,
+        *,
+        cluster: Cluster,
+        name_prefix: str | None = None,
+        call_timeout: float | None = None,
+    ) -> WorkerGroup:
+        """The awaitable constructor: spawn the ranks on ``cluster`` (a ``Cluster``).
+
+        Raises: as the constructor.
+        """
+        prefix = name_prefix if name_prefix is not None else secrets.token_hex(3)
+        handles = await _spawn_workers(cluster, resource_pool, ray_cls_with_init, prefix)
+        wg = cls(
+            None,
+            ray_cls_with_init,
+            name_prefix=prefix,
+            worker_handles=handles,
+            call_timeout=call_timeout,
+        )
+        wg.resource_pool = resource_pool
+        return wg
+
+    @classmethod
+    def from_detached(
+        cls,
+        name_prefix: str | None = None,
+        worker_names: Sequence[str] | None = None,
+        worker_handles: Sequence[ActorHandle[Any]] | None = None,
+        ray_cls_with_init: ClassWithInitArgs | None = None,
+        *,
+        cluster: Any = None,
+    ) -> WorkerGroup:
+        """A group over running workers: their handles, or their names (then ``cluster``, a
+        SyncCluster, looks them up). Works in any process, another actor's included.
+
+        Raises:
+            ActorNotFoundError: a name is not a live actor.
+        """
+        return cls(
+            None,
+            ray_cls_with_init,
+            name_prefix=name_prefix,
+            worker_names=worker_names,
+            worker_handles=worker_handles,
+            cluster=cluster,
+        )
+
+    @classmethod
+    async def afrom_detached(
+        cls,
+        worker_names: Sequence[str],
+        ray_cls_with_init: ClassWithInitArgs | None = None,
+        *,
+        cluster: Cluster,
+        name_prefix: str | None = None,
+    ) -> WorkerGroup:
+        """:meth:`from_detached` by names, awaitable (``cluster``: a ``Cluster``, e.g.
+        ``await actors.connect()`` inside an actor).
+
+        Raises:
+            ActorNotFoundError: a name is not a live actor.
+        """
+        handles = await _lookup(cluster, list(worker_names))
+        return cls(None, ray_cls_with_init, name_prefix=name_prefix, worker_handles=handles)
+
+    def _bind(self, cia: ClassWithInitArgs) -> None:
+        if cia.fused_worker_used:
+            for key, role_cls in cia.raw_cls_dict.items():
+                for name, attrs in method_attrs(role_cls).items():
+                    self._bind_one(f"{key}_{name}", GroupMethod(self, name, attrs, key))
+        for name, attrs in method_attrs(cia.cls).items():
+            self._bind_one(name, GroupMethod(self, name, attrs, None))
+
+    def _bind_one(self, name: str, method: GroupMethod) -> None:
+        self._methods[name] = method
+        setattr(self, name, method)
+
+    def spawn(self, prefix_set: Sequence[str] | set[str]) -> dict[str, WorkerGroup]:
+        """Role views: for each prefix, a group on the same workers whose ``{prefix}_m``
+        methods are its ``m`` (verl's ``spawn``; for fused workers, the role's methods run
+        in the shared processes).
+
+        Raises:
+            ValueError: a prefix no bound method has.
+        """
+        views = {}
+        for prefix in prefix_set:
+            view = copy.copy(self)
+            view.__dict__ = {k: v for k, v in self.__dict__.items() if k not in self._methods}
+            view._methods = {}
+            lead = f"{prefix}_"
+            for name, method in self._methods.items():
+                if name.startswith(lead):
+                    bound = GroupMethod(view, method.method, method.attrs, method.role)
+                    view._bind_one(name.removeprefix(lead), bound)
+            if not view._methods:
+                raise ValueError(f"no group method starts with {lead!r} (prefixes are roles)")
+            view.sub_cls_name = prefix if self.fused_worker_used else ""
+            view._role = prefix if self.fused_worker_used else None
+            views[prefix] = view
+        return views
+
+    # -------------------------------------------------------------------- properties
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks."""
+        return len(self._workers)
+
+    @property
+    def workers(self) -> list[ActorHandle[Any]]:
+        """The ranks' handles, in rank order."""
+        return list(self._workers)
+
+    @property
+    def worker_names(self) -> list[str]:
+        """The ranks' actor names, in rank order (``from_detached`` takes them)."""
+        return list(self._worker_names)
+
+    @property
+    def method_names(self) -> list[str]:
+        """The group methods (registered methods) of this group."""
+        return sorted(self._methods)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        methods = self.__dict__.get("_methods", {})
+        listed = ", ".join(sorted(methods)) or "none"
+        raise AttributeError(
+            f"worker group {self.__dict__.get('name_prefix')!r} has no group method {name!r}: "
+            f"only @register methods are; its group methods: {listed}. Call an unregistered "
+            f"method with execute_all_sync({name!r}, ...)"
+        )
+
+    def __repr__(self) -> str:
+        role = f", role={self._role!r}" if self._role else ""
+        return f"WorkerGroup({self.name_prefix!r}, world_size={self.world_size}{role})"
+
+    # --------------------------------------------------------------------- execution
+
+    def _plan(
+        self, gm: GroupMethod, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[list[tuple[ActorHandle[Any], tuple[Any, ...], dict[str, Any]]], int]:
+        d_args, d_kwargs = gm.dispatch_fn(self, *args, **kwargs)
+        d_kwargs = dict(d_kwargs)
+        padding = int(d_kwargs.pop(PADDING_SIZE_KEY, 0))
+        rank_zero = (
+            gm.attrs.execute_mode is Execute.RANK_ZERO
+            or gm.attrs.dispatch_mode is Dispatch.RANK_ZERO
+        )
+        if rank_zero:
+            return [(self._workers[0], tuple(d_args), d_kwargs)], padding
+        return self._per_rank(tuple(d_args), d_kwargs), padding
+
+    def _per_rank(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[tuple[ActorHandle[Any], tuple[Any, ...], dict[str, Any]]]:
+        """verl's rule: when every argument is a list of one item per rank, rank i gets item
+        i of each; otherwise every rank gets the arguments as they are."""
+        n = len(self._workers)
+        values = [*args, *kwargs.values()]
+        if values and all(isinstance(v, (list, tuple)) and len(v) == n for v in values):
+            return [
+                (h, tuple(a[i] for a in args), {k: v[i] for k, v in kwargs.items()})
+                for i, h in enumerate(self._workers)
+            ]
+        return [(h, args, kwargs) for h in self._workers]
+
+    def _finish(self, gm: GroupMethod, outs: list[Any], padding: int) -> Any:
+        rank_zero = (
+            gm.attrs.execute_mode is Execute.RANK_ZERO
+            or gm.attrs.dispatch_mode is Dispatch.RANK_ZERO
+        )
+        output = gm.collect_fn(self, outs[0] if rank_zero else outs)
+        return trim(output, padding)
+
+    def _send(
+        self,
+        handle: ActorHandle[Any],
+        method: str,
+        role: str | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        args = tuple(_by_name(a) for a in args)
+        kwargs = {k: _by_name(v) for k, v in kwargs.items()}
+        if role is not None:
+            return getattr(handle, ROLE_METHOD).remote(role, method, *args, **kwargs)
+        return getattr(handle, method).remote(*args, **kwargs)
+
+    def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Start ``method_name`` on every rank (lists of one item per rank are split); the
+        futures in rank order (``concurrent.futures`` from threads, ``asyncio`` in a loop)."""
+        return [
+            self._send(h, method_name, self._role, a, k) for h, a, k in self._per_rank(args, kwargs)
+        ]
+
+    execute_all = execute_all_async
+
+    def execute_all_sync(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Run ``method_name`` on every rank and return the results in rank order.
+
+        Raises:
+            RuntimeError: an event loop runs in this thread (use :meth:`aexecute_all`).
+        """
+        _no_loop(f"execute_all_sync({method_name!r})")
+        return [f.result() for f in self.execute_all_async(method_name, *args, **kwargs)]
+
+    async def aexecute_all(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """:meth:`execute_all_sync`, awaitable."""
+        return await gather(self.execute_all_async(method_name, *args, **kwargs))
+
+    def execute_rank_zero_async(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
+        """Start ``method_name`` on rank 0; its future."""
+        return self._send(self._workers[0], method_name, self._role, args, kwargs)
+
+    execute_rank_zero = execute_rank_zero_async
+
+    def execute_rank_zero_sync(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``method_name`` on rank 0 and return its result.
+
+        Raises:
+            RuntimeError: an event loop runs in this thread (use :meth:`aexecute_rank_zero`).
+        """
+        _no_loop(f"execute_rank_zero_sync({method_name!r})")
+        return self.execute_rank_zero_async(method_name, *args, **kwargs).result()
+
+    async def aexecute_rank_zero(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`execute_rank_zero_sync`, awaitable."""
+        return await self.execute_rank_zero_async(method_name, *args, **kwargs)
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+async def _spawn_workers(
+    cluster: Cluster, pool: ResourcePool, cia: ClassWithInitArgs, prefix: str
+) -> list[ActorHandle[Any]]:
+    """Spawn one rank of ``cia`` per bundle of ``pool`` (choosing its bundles first)."""
+    if not pool.resolved and (pool._parent is None or not pool._parent.resolved):
+        pool.choose(cluster.address, await cluster.nodes())
+    slots = pool.slots(prefix)
+    options = dict(cia._options)
+    env = {"WG_PREFIX": prefix, "WG_BACKEND": "rayless", **dict(options.pop("env", None) or {})}
+    return await cluster.spawn_group(
+        cia.cls,
+        len(slots),
+        *cia.args,
+        plan=slots,
+        component=prefix,
+        torch_distributed=True,
+        name_prefix=prefix,
+        env=env,
+        **options,
+        **cia.kwargs,
+    )
+
+
+async def _lookup(cluster: Cluster, names: list[str]) -> list[ActorHandle[Any]]:
+    return list(await asyncio.gather(*(cluster.get_actor(n) for n in names)))
+
+
+def _by_name(value: Any) -> Any:
+    if callable(value) and getattr(value, "__code__", None) is not None:
+        return FunctionRef.of(value)
+    return value
+
+
+def _no_loop(what: str) -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(
+        f"{what} blocks; an event loop runs in this thread, so await the group's awaitable "
+        "face instead (`await wg.method.aio(...)`, `await wg.aexecute_all(...)`)"
+    )
+
+
+def _resolve_sync(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    if any(isinstance(a, concurrent.futures.Future) for a in (*args, *kwargs.values())):
+        args = tuple(a.result() if isinstance(a, concurrent.futures.Future) else a for a in args)
+        kwargs = {
+            k: v.result() if isinstance(v, concurrent.futures.Future) else v
+            for k, v in kwargs.items()
+        }
+    return args, kwargs
+
+
+async def _resolve_async(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    async def one(v: Any) -> Any:
+        if isinstance(v, concurrent.futures.Future):
+            return await asyncio.wrap_future(v)
+        if isinstance(v, asyncio.Future):
+            return await v
+        return v
+
+    kinds = (concurrent.futures.Future, asyncio.Future)
+    if any(isinstance(a, kinds) for a in (*args, *kwargs.values())):
+        args = tuple([await one(a) for a in args])
+        kwargs = {k: await one(v) for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def _combine(
+    futures: list[concurrent.futures.Future[Any]], finish: Callable[[list[Any]], Any]
+) -> concurrent.futures.Future[Any]:
+    """One future of ``finish(results)`` once every future is done (the first error in rank
+    order, if any)."""
+    out: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def done(_: concurrent.futures.Future[Any]) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        try:
+            out.set_result(finish([f.result() for f in futures]))
+        except BaseException as exc:
+            out.set_exception(exc)
+
+    if not futures:
+        out.set_result(finish([]))
+    for f in futures:
+        f.add_done_callback(done)
+    return out
