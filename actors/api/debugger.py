@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import selectors
@@ -31,12 +32,16 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from rayless.actors.api import status
 from rayless.actors.control.debug import LineSocket, client_handshake
 from rayless.transport.errors import AuthError, RaylessError
 from rayless.transport.errors import Timeout as TransportTimeout
+
+if TYPE_CHECKING:
+    from rayless.transport.client import Client
 
 POLL = 0.2
 
@@ -71,8 +76,9 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
 # -- talking to the head and the actors ----------------------------------------------------
 
 
-async def endpoints(address: str, token: str, timeout: float) -> list[dict[str, Any]]:
-    """Every live actor's record with its ``debug_address``.
+@contextlib.asynccontextmanager
+async def _head(address: str, token: str, timeout: float) -> AsyncIterator[Client]:
+    """A connected client of the head; its errors become DebugCliError naming the head.
 
     Raises:
         DebugCliError: the head did not answer, or rejected the token.
@@ -82,8 +88,7 @@ async def endpoints(address: str, token: str, timeout: float) -> list[dict[str, 
     client = Client(address, token=token, name="rayless-debug", connect_timeout=timeout)
     try:
         await client.connect()
-        found: list[dict[str, Any]] = await client.request(("debug_endpoints",), timeout=timeout)
-        return found
+        yield client
     except AuthError:
         raise DebugCliError(f"the head at {address} rejected the token (wrong token?)") from None
     except (TransportTimeout, asyncio.TimeoutError):
@@ -92,6 +97,17 @@ async def endpoints(address: str, token: str, timeout: float) -> list[dict[str, 
         raise DebugCliError(f"{type(exc).__name__} from the head at {address}: {exc}") from None
     finally:
         await client.aclose()
+
+
+async def endpoints(address: str, token: str, timeout: float) -> list[dict[str, Any]]:
+    """Every live actor's record with its ``debug_address``.
+
+    Raises:
+        DebugCliError: the head did not answer, or rejected the token.
+    """
+    async with _head(address, token, timeout) as client:
+        found: list[dict[str, Any]] = await client.request(("debug_endpoints",), timeout=timeout)
+    return found
 
 
 async def exists(address: str, token: str, name: str, timeout: float) -> bool:
@@ -101,11 +117,8 @@ async def exists(address: str, token: str, name: str, timeout: float) -> bool:
         DebugCliError: the head did not answer, or rejected the token.
     """
     from rayless.actors.errors import ActorNotFoundError
-    from rayless.transport.client import Client
 
-    client = Client(address, token=token, name="rayless-debug", connect_timeout=timeout)
-    try:
-        await client.connect()
+    async with _head(address, token, timeout) as client:
         for op in ("get_actor", "actor_info"):
             try:
                 record = await client.request((op, name), timeout=timeout)
@@ -113,15 +126,7 @@ async def exists(address: str, token: str, name: str, timeout: float) -> bool:
                 continue
             if isinstance(record, dict) and record.get("state") != "dead":
                 return True
-        return False
-    except AuthError:
-        raise DebugCliError(f"the head at {address} rejected the token (wrong token?)") from None
-    except (TransportTimeout, asyncio.TimeoutError):
-        raise DebugCliError(f"no answer from the head at {address} within {timeout:g}s") from None
-    except RaylessError as exc:
-        raise DebugCliError(f"{type(exc).__name__} from the head at {address}: {exc}") from None
-    finally:
-        await client.aclose()
+    return False
 
 
 def open_actor(record: dict[str, Any], token: str, command: str, timeout: float) -> LineSocket:
