@@ -19,6 +19,7 @@ from rayless.actors import ActorDiedError, Cluster
 from rayless.demo.grpo_config import GrpoConfig, load_grpo_config
 from rayless.demo.grpo_pipeline import STAGES, GrpoIteration, GrpoPipeline
 from rayless.demo.grpo_report import grpo_summary_text, write_grpo_report
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -36,12 +37,7 @@ def _descendants(pid: int | None = None) -> set[int]:
 
 
 async def _until_gone(pids: set[int], timeout: float = 30.0) -> set[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = {p for p in pids if not _gone(p)}
-        if not left:
-            return left
-        await asyncio.sleep(0.1)
+    await eventually(lambda: all(_gone(p) for p in pids), timeout=timeout, interval=0.1)
     return {p for p in pids if not _gone(p)}
 
 
