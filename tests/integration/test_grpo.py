@@ -21,7 +21,8 @@ from rayless.demo.grpo_pipeline import STAGES, GrpoIteration, GrpoPipeline
 from rayless.demo.grpo_report import grpo_summary_text, write_grpo_report
 from tests.waiting import eventually
 
-pytestmark = pytest.mark.integration
+# xdist_group: the demos' training runs are CPU-bound: one at a time, beside the waiting tests
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("training")]
 
 
 def _gone(pid: int) -> bool:

@@ -14,7 +14,8 @@ from rayless.demo.config import load_config
 from rayless.demo.pipeline import Pipeline
 from rayless.demo.report import summary_text, write_report
 
-pytestmark = pytest.mark.integration
+# xdist_group: the demos' training runs are CPU-bound: one at a time, beside the waiting tests
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("training")]
 
 
 @pytest.mark.local_cluster(nodes=2, gpus_per_node=2)
