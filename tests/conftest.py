@@ -31,7 +31,11 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[_RUNTIME_ENV] = path
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the runtime directory once the shared clusters stopped (the rayless plugin's
+    sessionfinish); not at unconfigure, which an xdist worker may not reach before its
+    controller ends it."""
     while _made:
         shutil.rmtree(_made.pop(), ignore_errors=True)
 

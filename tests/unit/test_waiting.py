@@ -211,6 +211,7 @@ def _run_pytest(tmp_path: Path, body: str, *args: str, scale: str = "1") -> str:
 
 
 PROBE = """
+    import os
     import time
 
     import pytest
@@ -221,17 +222,32 @@ PROBE = """
         time.sleep(4)
 
 
-    def test_fine() -> None:
-        pass
+    @pytest.mark.parametrize("k", range(6))
+    def test_fine(k: int, worker_id: str) -> None:
+        with open(os.environ["PROBE_RECORD"], "a") as f:
+            f.write(f"{worker_id} {os.environ['RAYLESS_RUNTIME_DIR']}\\n")
 """
 
 
-def test_pytest_timeout_applies_per_test_under_xdist(tmp_path: Path) -> None:
+def test_pytest_timeout_applies_per_test_under_xdist_and_workers_own_their_runtime_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = tmp_path / "record.txt"
+    monkeypatch.setenv("PROBE_RECORD", str(record))
     out = _run_pytest(tmp_path, PROBE, "-n", "2")
-    assert "1 failed, 1 passed" in out, out
+    assert "1 failed, 6 passed" in out, out
     assert "Timeout (>1.0s)" in out, out
+    seen = {tuple(line.split(" ", 1)) for line in record.read_text().splitlines()}
+    workers = {w for w, _ in seen}
+    dirs = {d for _, d in seen}
+    assert workers <= {"gw0", "gw1"} and len(dirs) == len(workers), seen  # one dir per worker
+    assert os.environ.get("RAYLESS_RUNTIME_DIR") not in dirs
+    assert not any(os.path.exists(d) for d in dirs), dirs  # removed at the end
 
 
-def test_the_scale_stretches_pytest_timeouts(tmp_path: Path) -> None:
+def test_the_scale_stretches_pytest_timeouts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PROBE_RECORD", str(tmp_path / "record.txt"))
     out = _run_pytest(tmp_path, PROBE, "-n", "0", scale="5")
-    assert "2 passed" in out, out  # 1 s x 5 outlasts the 4 s sleep
+    assert "7 passed" in out, out  # 1 s x 5 outlasts the 4 s sleep
