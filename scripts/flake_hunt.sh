@@ -51,9 +51,9 @@ for i in $(seq 1 "$N"); do
   (cd "$clone" && timeout "$PER_RUN" bash -c "$CMD") > "$OUT/run-$i.log" 2>&1
   rc=$?
   set -e
-  echo "run $i: exit $rc in $(( $(date +%s) - start )) s: $(grep -E '^=+ .*(passed|failed|error).* =+$' "$OUT/run-$i.log" | tail -1)"
+  echo "run $i: exit $rc in $(( $(date +%s) - start )) s: $(grep -E '(passed|failed|error).* in [0-9.]+s' "$OUT/run-$i.log" | tail -1)"
   if [ "$rc" = 124 ]; then
-    echo "TIMEOUT run-$i - the whole run passed ${PER_RUN} s" >> "$OUT/failures.txt"
+    echo "run-$i TIMEOUT (the-whole-run) - it ran past FLAKE_TIMEOUT=${PER_RUN} s" >> "$OUT/failures.txt"
   fi
   grep -E '^(FAILED|ERROR) ' "$OUT/run-$i.log" | sed "s/^/run-$i /" >> "$OUT/failures.txt" || true
   rm -rf "$clone/.venv"  # the venv is the big part; the clone stays for reading
