@@ -11,15 +11,10 @@ from rayless.demo.config import load_config
 from rayless.store import UnitLostError
 from tests.chaos.scenarios import descendants, pipeline_chaos, until
 
-# xdist_group: the demos' training runs are CPU-bound: one at a time, beside the waiting tests
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.chaos,
-    pytest.mark.timeout(300),
-    pytest.mark.xdist_group("training"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.timeout(300)]
 
 
+@pytest.mark.xdist_group("training")  # CPU-bound: one training test at a time
 async def test_pipeline_survives_worker_kills_and_names_a_lost_unit() -> None:
     before = descendants()
     cfg = load_config()

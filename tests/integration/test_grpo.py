@@ -21,8 +21,10 @@ from rayless.demo.grpo_pipeline import STAGES, GrpoIteration, GrpoPipeline
 from rayless.demo.grpo_report import grpo_summary_text, write_grpo_report
 from tests.waiting import eventually
 
-# xdist_group: the demos' training runs are CPU-bound: one at a time, beside the waiting tests
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("training")]
+pytestmark = pytest.mark.integration
+# the demos' training runs are CPU-bound: one at a time (one xdist worker), beside the tests
+# that mostly wait
+TRAINING = pytest.mark.xdist_group("training")
 
 
 def _gone(pid: int) -> bool:
@@ -50,6 +52,7 @@ def _short(mode: str, iterations: int) -> GrpoConfig:
     return cfg
 
 
+@TRAINING
 async def test_short_grpo_learns_moves_whole_groups_and_leaves_nothing(tmp_path: Path) -> None:
     before = _descendants()
     cfg = _short("sync", 30)
@@ -98,6 +101,7 @@ async def test_short_grpo_learns_moves_whole_groups_and_leaves_nothing(tmp_path:
     assert "Time per stage" in grpo_summary_text(result)
 
 
+@TRAINING
 @pytest.mark.local_cluster(nodes=2, gpus_per_node=2)
 async def test_async_grpo_stays_within_staleness(local_cluster: Cluster) -> None:
     cfg = _short("async", 8)
