@@ -68,9 +68,9 @@ def _fail(what: str, timeout: float, last: Any) -> WaitTimeout:
 
 async def wait_until(
     pred: Callable[[], T | Awaitable[T]],
-    *,
     timeout: float,
     what: str,
+    *,
     interval: float = 0.01,
 ) -> T:
     """Poll ``pred()`` (awaited if it returns an awaitable) every ``interval`` s until it is
@@ -91,9 +91,9 @@ async def wait_until(
 
 def wait_until_sync(
     pred: Callable[[], T],
-    *,
     timeout: float,
     what: str,
+    *,
     interval: float = 0.05,
 ) -> T:
     """:func:`wait_until` for synchronous code: blocks this thread between polls."""
