@@ -286,11 +286,7 @@ RESULT = len(socks)
 
 
 async def _until(pred: Any, timeout: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not pred():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
+    await wait_until(pred, timeout, what, interval=0.05)
 
 
 async def test_idle_strangers_cannot_fill_the_unix_path() -> None:
