@@ -29,7 +29,7 @@ from rayless.store import (
     UnknownPartitionError,
     WriteTooLargeError,
 )
-from tests.waiting import wait_until
+from tests.waiting import scaled, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_cluster(nodes=2, gpus_per_node=2)]
 
@@ -301,12 +301,14 @@ async def test_a_producer_killed_mid_put_leaves_no_torn_put(local_cluster: Clust
     pids = {a["actor_id"]: a["pid"] for n in await local_cluster.nodes() for a in n["actors"]}
     os.kill(int(pids[writer.actor_id]), signal.SIGKILL)  # no chance to undo its put
     with pytest.raises(actors.ActorDiedError):
-        await call
+        await asyncio.wait_for(call, scaled(30))
     # before the fix the 4 rows on unit 0 were ready (and readable) for good
-    ready = await st.get_meta("rollout", ["obs"], None, task="t")
+    ready = await st.get_meta("rollout", ["obs"], None, task="t", timeout=scaled(30))
     assert len(ready) == 16 and set(ready.shards) == {1}
     assert (await st.production_status("rollout"))["fields"]["obs"] == 16
-    assert await st.controller.reclaim(0.0) == 8  # the torn put is reclaimed like an unwritten one
+    # every step has its deadline: a stalled reclaim fails here, naming itself
+    reclaimed = await asyncio.wait_for(st.controller.reclaim(0.0), scaled(30))
+    assert reclaimed == 8  # the torn put is reclaimed like an unwritten one
     assert await rows_on_unit0() == 0
 
 
