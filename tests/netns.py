@@ -14,8 +14,9 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from dataclasses import dataclass, field
+
+from tests.waiting import eventually_sync
 
 
 def sh(*args: str) -> None:
@@ -124,9 +125,7 @@ class Net:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        deadline = time.monotonic() + 5
-        while any(ns_pids(ns) for ns in self.names) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually_sync(lambda: not any(ns_pids(ns) for ns in self.names), timeout=5)
         for ns in self.names:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)

@@ -29,6 +29,7 @@ from rayless.demo.config import PipelineConfig
 from rayless.demo.pipeline import Pipeline, RunResult
 from rayless.store import Store, StoreError, StoreInputError, UnitLostError
 from tests.integration.actor_classes import Counter
+from tests.waiting import eventually
 
 POLL = 0.01
 
@@ -47,16 +48,8 @@ def descendants() -> set[int]:
 
 
 async def until(predicate: Callable[[], Any], timeout: float, interval: float = POLL) -> bool:
-    """Poll ``predicate`` (sync or async) until it is true or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return True
-        await asyncio.sleep(interval)
-    return False
+    """Whether ``predicate`` (sync or async) comes true within ``timeout`` s."""
+    return await eventually(predicate, timeout=timeout, interval=interval)
 
 
 def summary(times: list[float]) -> dict[str, float]:
@@ -148,7 +141,7 @@ async def _acked_writer(
 ) -> None:
     """Put small batches into ``stores`` until ``stop``; remember every put that returned."""
     k = 0
-    while not stop.is_set() and k < 100_000:
+    while not stop.is_set() and k < 100_000:  # not a wait: a load generator, stopped by `stop`
         k += 1
         for st in stores:
             td = TensorDict({"v": torch.full((4, 3), float(k))}, [4])
@@ -245,7 +238,7 @@ async def pipeline_chaos(
         run = asyncio.ensure_future(pipeline.run())
         lost_units: set[str] = set()
         await _first(started.wait(), asyncio.sleep(first_kill_after), run)
-        for i in range(actor_kills):
+        for i in range(actor_kills):  # not a wait: the kill schedule, stopped by the run
             if run.done():
                 break
             records = await _records(cluster)
@@ -382,11 +375,14 @@ class Snapshot:
     rss_mb: float
 
     @classmethod
-    def take(cls) -> Snapshot:
-        """Measure now (rayless shared-memory segments are /dev/shm/rayless-*)."""
+    def take(cls, pids: set[int] | None = None) -> Snapshot:
+        """Measure now (rayless shared-memory segments are /dev/shm/rayless-<creator pid>-*):
+        with ``pids``, only the segments those processes and this one made (other test
+        processes on the machine may hold theirs), else all of them."""
         me = psutil.Process()
+        prefixes = tuple(f"rayless-{p}-" for p in {*pids, os.getpid()}) if pids else ("rayless-",)
         try:
-            shm = sum(1 for n in os.listdir("/dev/shm") if n.startswith("rayless-"))
+            shm = sum(1 for n in os.listdir("/dev/shm") if n.startswith(prefixes))
         except OSError:
             shm = 0
         return cls(
@@ -400,8 +396,9 @@ class Snapshot:
         )
 
 
-async def start_stop_cycle(nodes: int = 1) -> None:
-    """Start a local cluster, spawn an actor, call it, store a batch, stop everything."""
+async def start_stop_cycle(nodes: int = 1, seen: set[int] | None = None) -> None:
+    """Start a local cluster, spawn an actor, call it, store a batch, stop everything; adds the
+    pids of this process's descendants while it ran to ``seen``."""
     async with Cluster.local(nodes=nodes) as cluster:
         counter = await cluster.spawn(Counter, 1)
         if await counter.add(1) != 2:
@@ -410,6 +407,8 @@ async def start_stop_cycle(nodes: int = 1) -> None:
         meta = await st.put(TensorDict({"x": torch.arange(1024.0)}, [1024]), partition="p")
         if (await st.get(meta))["x"].sum().item() != sum(range(1024)):
             raise AssertionError("the store returned wrong data")
+        if seen is not None:
+            seen |= descendants()
 
 
 def growth(first: Snapshot, last: Snapshot) -> dict[str, float]:

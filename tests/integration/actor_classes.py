@@ -141,7 +141,10 @@ class Shapeshifter(Actor):
     def everywhere(self) -> str:
         return "here"
 
-    if "pytest" not in sys.modules:  # not in the test driver, but where actors load it
+    # Loaded in a rayless process (an actor, or the fork template that preloads actor modules
+    # for it), not in the test driver. Not "pytest not in sys.modules": the template has pytest
+    # once it preloaded a test module whose actor class ran before (xdist orders vary).
+    if getattr(sys.modules["__main__"].__spec__, "name", "").startswith("rayless.actors."):
 
         def only_in_the_actor(self) -> str:
             return "there"

@@ -24,14 +24,14 @@ class Debuggee:
     def spin_until(self, started: str, path: str) -> str:
         with open(started, "w"):
             pass
-        while not os.path.exists(path):
+        while not os.path.exists(path):  # not a wait: the test's stack dump looks at this loop
             time.sleep(0.01)
         return "done"
 
     async def await_until(self, started: str, path: str) -> str:
         with open(started, "w"):
             pass
-        while not os.path.exists(path):
+        while not os.path.exists(path):  # not a wait: the test's stack dump looks at this loop
             await asyncio.sleep(0.01)
         return "done"
 

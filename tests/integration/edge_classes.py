@@ -83,7 +83,7 @@ class SlowInitMarksTerm:
         installed.wait(30)
         Path(pid_file).write_text(str(os.getpid()))
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:  # a SIGTERM does not cut it short
+        while time.monotonic() < deadline:  # not a wait: a SIGTERM does not cut it short
             time.sleep(0.05)
 
     def pid(self) -> int:

@@ -24,6 +24,7 @@ from tests.integration.actor_classes import (
     Relay,
     Shapeshifter,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -204,11 +205,16 @@ async def test_actor_output_reaches_the_driver_and_a_log_file(
 ) -> None:
     printer = await local_cluster.spawn(Printer, name="talker")
     await printer.say("hello from the actor")
-    for _ in range(50):
-        await asyncio.sleep(0.1)
-        err = capsys.readouterr().err
-        if "hello from the actor" in err:
-            break
+    err = ""
+
+    def printed() -> bool:
+        nonlocal err
+        err += capsys.readouterr().err
+        return "hello from the actor" in err
+
+    await wait_until(
+        printed, timeout=5, what="the actor's line on the driver's stderr", interval=0.1
+    )
     assert "(talker pid=" in err and "hello from the actor" in err
 
 

@@ -22,6 +22,7 @@ from rayless.actors.errors import ClusterLostError
 from rayless.actors.launch.local import LocalProcesses
 from rayless.transport.errors import BrokenError, RaylessError
 from tests.integration.edge_classes import FailsOnRestart, Holder, SlowInit
+from tests.waiting import eventually, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -34,12 +35,7 @@ def _gone(pid: int) -> bool:
 
 
 async def _until(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.05)
-    return predicate()
+    return await eventually(predicate, timeout=timeout, interval=0.05)
 
 
 @pytest.mark.timeout(120)
@@ -52,11 +48,13 @@ async def test_an_async_method_holding_the_loop_is_reported_not_punished(
     assert await holder.ping() == "pong"  # still alive, still serving
     log = await holder.own_log()
     assert "event loop held for" in log and "'hold'" in log, log
-    deadline = time.monotonic() + 20  # the watcher reports the end within a tick or two
-    while "free again after" not in log and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
+
+    async def freed() -> bool:  # the watcher reports the end within a tick or two
+        nonlocal log
         log = await holder.own_log()
-    assert "free again after" in log, log
+        return "free again after" in log
+
+    await wait_until(freed, timeout=20, what="the watcher's 'free again after' line", interval=0.1)
     assert "node agent lost" not in log, log
 
 
@@ -77,10 +75,10 @@ async def test_a_call_waiting_for_a_restart_that_dies_fails_at_once(
                     return str(a["state"])
         return None
 
-    deadline = time.monotonic() + 30
-    while await state() != "restarting" and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
-    assert await state() == "restarting"
+    async def restarting() -> bool:
+        return await state() == "restarting"
+
+    await wait_until(restarting, timeout=30, what="the actor's state 'restarting'", interval=0.02)
     started = time.monotonic()
     with pytest.raises(ActorDiedError):
         # Before the fix this call waited for the restart for 120 s.

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -21,6 +22,7 @@ from rayless.actors.launch.local import LocalProcesses
 from rayless.transport.errors import ClosedError, LimitError, Timeout
 from tests.integration.actor_classes import Counter
 from tests.integration.edge_classes import SlowInitMarksTerm
+from tests.waiting import eventually, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -32,13 +34,8 @@ def _gone(pid: int) -> bool:
         return True
 
 
-async def _until(predicate: object, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        await asyncio.sleep(0.05)
-    return False
+async def _until(predicate: Callable[[], object], timeout: float) -> bool:
+    return await eventually(predicate, timeout=timeout, interval=0.05)
 
 
 async def test_kill_9_fails_pending_and_later_calls_fast(local_cluster: Cluster) -> None:
@@ -87,14 +84,14 @@ async def test_max_restarts_brings_the_actor_back(local_cluster: Cluster) -> Non
 
 
 async def _call_after_restart(counter: actors.ActorHandle, old_pid: int) -> int:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    async def restarted() -> bool:
         try:
-            if await counter.pid() != old_pid:
-                return int(await counter.add(1))
+            return bool(await counter.pid() != old_pid)
         except ActorDiedError:
-            await asyncio.sleep(0.05)
-    raise AssertionError("the actor did not come back")
+            return False
+
+    await wait_until(restarted, timeout=30, what="the actor back with a new pid", interval=0.05)
+    return int(await counter.add(1))
 
 
 @pytest.mark.local_cluster(nodes=2, gpus_per_node=1, node_timeout=1.0, isolated=True)

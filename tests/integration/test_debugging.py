@@ -16,6 +16,7 @@ import pytest
 from rayless.actors import Cluster
 from rayless.actors.launch.local import LocalProcesses
 from tests.integration.debug_classes import Debuggee, PausedAtStart
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -99,11 +100,8 @@ async def _stack(env: dict[str, str], *args: str) -> subprocess.CompletedProcess
 
 
 async def _wait_for(path: Path) -> None:
-    for _ in range(6000):  # the method says it started by creating the file
-        if path.exists():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{path} never appeared")
+    # the method says it started by creating the file
+    await wait_until(path.exists, timeout=120, what=f"{path} to appear", interval=0.02)
 
 
 async def test_rayless_stack_shows_the_running_method(

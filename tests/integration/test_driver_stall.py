@@ -26,6 +26,7 @@ from rayless.actors import ActorDiedError, Cluster
 from rayless.actors.api.runtime import get_runtime
 from tests.integration.actor_classes import Counter
 from tests.integration.edge_classes import Parent
+from tests.waiting import wait_until as _wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -33,12 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 async def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``pred`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
+    """``tests.waiting.wait_until``, polling every 50 ms."""
+    await _wait_until(pred, timeout, what, interval=0.05)
 
 
 @pytest.fixture(params=["same-host", "zeromq"])

@@ -19,8 +19,12 @@ from rayless.actors import ActorDiedError, Cluster
 from rayless.demo.grpo_config import GrpoConfig, load_grpo_config
 from rayless.demo.grpo_pipeline import STAGES, GrpoIteration, GrpoPipeline
 from rayless.demo.grpo_report import grpo_summary_text, write_grpo_report
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
+# the demos' training runs are CPU-bound: one at a time (one xdist worker), beside the tests
+# that mostly wait
+TRAINING = pytest.mark.xdist_group("training")
 
 
 def _gone(pid: int) -> bool:
@@ -36,12 +40,7 @@ def _descendants(pid: int | None = None) -> set[int]:
 
 
 async def _until_gone(pids: set[int], timeout: float = 30.0) -> set[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = {p for p in pids if not _gone(p)}
-        if not left:
-            return left
-        await asyncio.sleep(0.1)
+    await eventually(lambda: all(_gone(p) for p in pids), timeout=timeout, interval=0.1)
     return {p for p in pids if not _gone(p)}
 
 
@@ -53,6 +52,7 @@ def _short(mode: str, iterations: int) -> GrpoConfig:
     return cfg
 
 
+@TRAINING
 async def test_short_grpo_learns_moves_whole_groups_and_leaves_nothing(tmp_path: Path) -> None:
     before = _descendants()
     cfg = _short("sync", 30)
@@ -101,6 +101,7 @@ async def test_short_grpo_learns_moves_whole_groups_and_leaves_nothing(tmp_path:
     assert "Time per stage" in grpo_summary_text(result)
 
 
+@TRAINING
 @pytest.mark.local_cluster(nodes=2, gpus_per_node=2)
 async def test_async_grpo_stays_within_staleness(local_cluster: Cluster) -> None:
     cfg = _short("async", 8)

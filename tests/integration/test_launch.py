@@ -19,6 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.waiting import eventually_sync, wait_until_sync
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,12 +72,11 @@ def marked(mark: str) -> list[str]:
 
 
 def assert_none_left(*marks: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    left = [p for m in marks for p in marked(m)]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = [p for m in marks for p in marked(m)]
-    assert left == [], "left running:\n" + "\n".join(left)
+    def left() -> list[str]:
+        return [p for m in marks for p in marked(m)]
+
+    if not eventually_sync(lambda: not left(), timeout=timeout, interval=0.2):
+        assert left() == [], "left running:\n" + "\n".join(left())
 
 
 class Node:
@@ -110,11 +111,15 @@ class Node:
         return self.log.read_text()
 
     def wait_for(self, text: str, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.output():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+        def seen() -> bool:
+            if text in self.output():
+                return True
+            if self.proc.poll() is not None:
                 pytest.fail(f"no {text!r} from rank (exit {self.proc.poll()}):\n{self.output()}")
-            time.sleep(0.1)
+            return False
+
+        if not eventually_sync(seen, timeout=timeout, interval=0.1):
+            pytest.fail(f"no {text!r} from rank in {timeout} s:\n{self.output()}")
 
     def wait(self, timeout: float = 60.0) -> int:
         try:
@@ -269,9 +274,12 @@ def test_a_node_id_taken_on_this_host_fails_at_once(tmp_path: Path, driver: Path
     rank0 = Node(tmp_path, 0, 2, port, "--", str(driver), "done", env=env, node_id="same")
     rank1: Node | None = None
     try:
-        deadline = time.monotonic() + 60
-        while "control.agent" not in " ".join(marked(rank0.mark)) and time.monotonic() < deadline:
-            time.sleep(0.1)  # rank 0 holds its id once its agent runs
+        wait_until_sync(  # rank 0 holds its id once its agent runs
+            lambda: "control.agent" in " ".join(marked(rank0.mark)),
+            timeout=60,
+            what="rank 0's node agent",
+            interval=0.1,
+        )
         started = time.monotonic()
         rank1 = Node(tmp_path, 1, 2, port, "--", str(driver), "done", env=env, node_id="same")
         assert rank1.wait(30) == 1, rank1.output()

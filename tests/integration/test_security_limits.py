@@ -34,6 +34,7 @@ from rayless.transport.protocol import (
 from rayless.transport.server import Server
 from tests.integration.actor_classes import Counter
 from tests.integration.test_security import _dealer, _handshake, _reply
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -112,7 +113,7 @@ async def test_a_stranger_cannot_make_an_endpoint_hold_more_than_the_preauth_bou
         done = threading.Event()
 
         def sample() -> None:  # psutil's RSS every 5 ms while the attack runs
-            while not done.is_set():
+            while not done.is_set():  # not a wait: a sampler that runs until `done`
                 peak[0] = max(peak[0], server.memory_info().rss)
                 time.sleep(0.005)
 
@@ -124,11 +125,13 @@ async def test_a_stranger_cannot_make_an_endpoint_hold_more_than_the_preauth_bou
                 stranger.send(blob, copy=False)
             stats: dict[str, Any] = {}
             async with Client(address, token=token) as client:
-                for _ in range(200):  # wait (at most ~20 s) until all four were cut off
+
+                async def all_cut() -> bool:  # all four strangers cut off
+                    nonlocal stats
                     stats = await client.request("__stats__", timeout=10)
-                    if stats.get("preauth_bytes", 0) >= 4:
-                        break
-                    await asyncio.sleep(0.1)
+                    return bool(stats.get("preauth_bytes", 0) >= 4)
+
+                await wait_until(all_cut, timeout=20, what="4 preauth cuts", interval=0.1)
                 assert await client.request(("still", "serving"), timeout=10) == (
                     "still",
                     "serving",
@@ -188,18 +191,19 @@ async def test_unauthenticated_connections_are_dropped_after_the_handshake_timeo
         try:
             assert await asyncio.to_thread(hello_only, half_open) is Kind.CHALLENGE
             assert srv._pending
-            for _ in range(100):  # wait (at most ~10 s) for the half-open one to be cut
-                if srv.stats["handshake_timeout"] >= 2 and not srv._pending:
-                    break
-                await asyncio.sleep(0.1)
+            await wait_until(
+                lambda: srv.stats["handshake_timeout"] >= 2 and not srv._pending,
+                timeout=10,
+                what="the half-open connection to be cut",
+                interval=0.1,
+            )
             assert srv.stats["handshake_timeout"] >= 2, dict(srv.stats)
             assert not srv._pending  # the HELLO's state went with its connection
         finally:
             half_open.close(linger=0)
-        for _ in range(50):
-            if me.num_fds() <= fds_before:
-                break
-            await asyncio.sleep(0.1)
+        await wait_until(
+            lambda: me.num_fds() <= fds_before, timeout=5, what="the fds back", interval=0.1
+        )
         assert me.num_fds() <= fds_before
         # the authenticated client outlived the timeout several times over
         assert await client.request("after", timeout=5) == "after"
@@ -282,11 +286,7 @@ RESULT = len(socks)
 
 
 async def _until(pred: Any, timeout: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not pred():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
+    await wait_until(pred, timeout, what, interval=0.05)
 
 
 async def test_idle_strangers_cannot_fill_the_unix_path() -> None:

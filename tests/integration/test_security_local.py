@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from rayless.actors.control.debug import DebugServer, client_handshake
 from rayless.actors.launch.local import LocalProcesses
 from rayless.errors import AuthError, ConnectError
 from tests.integration.edge_classes import Holder
+from tests.waiting import wait_until_sync
 
 pytestmark = pytest.mark.integration
 
@@ -42,12 +42,8 @@ needs_other_uid = pytest.mark.skipif(
 
 
 def wait_until(pred: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    """Poll ``pred`` until it holds; fail the test naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
+    """``tests.waiting.wait_until_sync`` with this module's defaults."""
+    wait_until_sync(pred, timeout, what, interval=0.05)
 
 
 def as_nobody(code: str, *args: str) -> subprocess.CompletedProcess[str]:

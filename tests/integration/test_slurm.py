@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,8 +30,10 @@ import psutil
 import pytest
 
 from tests.netns import Net, cannot_make_namespaces, ns_pids
+from tests.waiting import eventually_sync
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+# xdist_group: the SSH and Slurm tests build network namespaces and bridges (machine-wide)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150), pytest.mark.xdist_group("netns")]
 
 REPO = Path(__file__).resolve().parents[2]
 MARK = "RAYLESS_TEST_SLURM_MARK"
@@ -96,8 +97,8 @@ class Slurm:
                 keep |= {c.pid for c in psutil.Process(d.pid).children(recursive=True)}
             except psutil.Error:
                 pass
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def scan() -> list[str]:
             left = []
             for ns in self.net.names:
                 for pid in ns_pids(ns) - keep:
@@ -107,9 +108,10 @@ class Slurm:
                             left.append(f"{ns} {pid}: {' '.join(proc.cmdline())}")
                     except psutil.Error:
                         continue
-            if not left or time.monotonic() > deadline:
-                return left
-            time.sleep(0.2)
+            return left
+
+        eventually_sync(lambda: not scan(), timeout=timeout, interval=0.2)
+        return scan()
 
     def log(self) -> str:
         return "\n".join(
@@ -131,10 +133,9 @@ def marked(mark: str) -> list[str]:
 
 
 def assert_none_left(mark: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (left := marked(mark)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert left == [], "left running:\n" + "\n".join(left)
+    if not eventually_sync(lambda: not marked(mark), timeout=timeout, interval=0.2):
+        left = marked(mark)
+        assert left == [], "left running:\n" + "\n".join(left)
 
 
 def _cannot_run() -> str | None:
@@ -195,9 +196,10 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
 
 def _wait_idle(slurm: Slurm, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
     states = ""
-    while time.monotonic() < deadline:
+
+    def idle() -> bool:
+        nonlocal states
         for d in slurm.daemons:
             if d.poll() is not None:
                 pytest.fail(f"a Slurm daemon exited ({d.args}):\n{slurm.log()}")
@@ -209,10 +211,10 @@ def _wait_idle(slurm: Slurm, timeout: float = 60.0) -> None:
             env=slurm.env("-"),
         )
         states = result.stdout + result.stderr
-        if result.returncode == 0 and states.count("idle") == len(slurm.nodes()):
-            return
-        time.sleep(0.3)
-    pytest.fail(f"the Slurm nodes did not come up: {states}\n{slurm.log()}")
+        return result.returncode == 0 and states.count("idle") == len(slurm.nodes())
+
+    if not eventually_sync(idle, timeout=timeout, interval=0.3):
+        pytest.fail(f"the Slurm nodes did not come up: {states}\n{slurm.log()}")
 
 
 @pytest.fixture(scope="module")
@@ -237,11 +239,14 @@ def slurm() -> Iterator[Slurm]:
         munge_argv += [f"--key-file={d}/munge.key", f"--pid-file={d}/munged.pid"]
         munge_argv += [f"--log-file={d}/munged.log", f"--seed-file={d}/munged.seed"]
         munged = subprocess.Popen(munge_argv, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while not (d / "munge.sock").exists():
-            if munged.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"munged did not start:\n{slurm.log()}")
-            time.sleep(0.05)
+
+        def munge_up() -> bool:
+            if munged.poll() is not None:
+                pytest.fail(f"munged exited:\n{slurm.log()}")
+            return (d / "munge.sock").exists()
+
+        if not eventually_sync(munge_up, timeout=20):
+            pytest.fail(f"munged did not start:\n{slurm.log()}")
         daemons = [["slurmctld", "-D", "-i", "-f", str(slurm.conf)]]
         daemons += [["slurmd", "-D", "-f", str(slurm.conf)]] * len(slurm.nodes())
         for k, argv in enumerate(daemons):
@@ -349,11 +354,16 @@ def test_the_docs_sbatch_example_two_jobs_at_once_and_scancel(
             ids.append(int(proc.stdout.readline().split(";")[0]))
             jobs.append(proc)
         outs = [tmp_path / f"job-{i}.out" for i in ids]
-        deadline = time.monotonic() + 90
-        while not all(o.exists() and "ACTORS" in o.read_text() for o in outs):
-            if time.monotonic() > deadline or any(j.poll() is not None for j in jobs):
+
+        def all_up() -> bool:
+            if all(o.exists() and "ACTORS" in o.read_text() for o in outs):
+                return True
+            if any(j.poll() is not None for j in jobs):
                 pytest.fail("\n".join(o.read_text() for o in outs if o.exists()) + slurm.log())
-            time.sleep(0.2)
+            return False
+
+        if not eventually_sync(all_up, timeout=90, interval=0.2):
+            pytest.fail("\n".join(o.read_text() for o in outs if o.exists()) + slurm.log())
         for job_id, out in zip(ids, outs, strict=True):
             text = out.read_text()
             assert _actors_line(slurm) in text, text

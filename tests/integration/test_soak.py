@@ -18,14 +18,15 @@ async def test_start_stop_cycles_leak_no_process_fd_thread_or_shm_segment() -> N
     def ours() -> set[int]:
         return descendants() - baseline
 
-    await start_stop_cycle()  # warm-up: ZeroMQ's context and I/O threads, imports, caches
+    seen: set[int] = set()  # the cycles' processes: only their shm segments count
+    await start_stop_cycle(seen=seen)  # warm-up: ZeroMQ's context and I/O threads, imports
     assert await until(lambda: not ours(), 20), ours()
-    first = Snapshot.take()
+    first = Snapshot.take(seen)
     snapshots = [first]
     for _ in range(CYCLES):
-        await start_stop_cycle()
+        await start_stop_cycle(seen=seen)
         assert await until(lambda: not ours(), 20), f"left behind: {ours()}"
-        snapshots.append(Snapshot.take())
+        snapshots.append(Snapshot.take(seen))
     grew = growth(first, snapshots[-1])
     assert grew["children"] == 0, snapshots
     assert grew["fds"] <= 0, snapshots

@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +21,10 @@ from pathlib import Path
 import pytest
 
 from tests.netns import Net, cannot_make_namespaces, ns_pids, sh
+from tests.waiting import eventually_sync, wait_until_sync
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+# xdist_group: the SSH and Slurm tests build network namespaces and bridges (machine-wide)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.xdist_group("netns")]
 
 REPO = Path(__file__).resolve().parents[2]
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -75,8 +76,8 @@ class Hosts:
         import psutil
 
         sshd_pids = {p.pid for p in self.sshd}
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def scan() -> dict[str, list[str]]:
             left: dict[str, list[str]] = {}
             for ns in self.net.names:
                 for pid in ns_pids(ns) - sshd_pids:
@@ -90,9 +91,19 @@ class Hosts:
                     if "sshd" in cmd and "actors" not in cmd:  # a closing ssh session
                         continue
                     left.setdefault(ns, []).append(f"{pid}: {cmd}")
-            if not left or time.monotonic() > deadline:
-                return left
-            time.sleep(0.3)
+            return left
+
+        eventually_sync(lambda: not scan(), timeout=timeout, interval=0.3)
+        return scan()
+
+
+def _accepts(addr: str) -> bool:
+    """Whether ``addr``:22 accepts a TCP connection now."""
+    try:
+        socket.create_connection((addr, 22), timeout=1).close()
+    except OSError:
+        return False
+    return True
 
 
 def _cannot_run() -> str | None:
@@ -139,15 +150,12 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
             cmd = ["ip", "netns", "exec", ns, SSHD, "-D", "-e", "-f", str(config)]
             hosts.sshd.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
         for addr in hosts.addrs:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    socket.create_connection((addr, 22), timeout=1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
+            wait_until_sync(
+                lambda addr=addr: _accepts(addr),
+                timeout=20,
+                what=f"sshd at {addr}:22",
+                interval=0.1,
+            )
         yield hosts
     finally:
         _teardown(hosts)

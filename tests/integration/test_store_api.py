@@ -19,6 +19,7 @@ from rayless.store import (
     UnknownKeyError,
 )
 from rayless.transport.errors import ClosedError
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_cluster(nodes=2, gpus_per_node=2)]
 
@@ -107,8 +108,11 @@ async def test_waiting_fetch_never_blocks_other_clients(local_cluster: Cluster) 
     st = await Store.create(local_cluster, num_units=2, name="wait-store")
     other = await Store.connect("wait-store", local_cluster)
     fetch = asyncio.ensure_future(st.get_meta("p", ["x"], 4, task="learner", timeout=60))
-    while (await other.stats())["waiting_fetches"] < 1:
-        await asyncio.sleep(0.01)
+
+    async def fetch_waits() -> bool:
+        return bool((await other.stats())["waiting_fetches"] >= 1)
+
+    await wait_until(fetch_waits, timeout=30, what="the fetch to wait at the controller")
     meta = await other.put(TensorDict({"x": torch.arange(2)}, [2]), partition="p")
     assert not fetch.done()  # the put returned while the fetch still waits
     peek = await other.get_meta("p", ["x"], 2, task="other", mode="peek", timeout=0)

@@ -29,6 +29,7 @@ from rayless.store import (
     UnknownPartitionError,
     WriteTooLargeError,
 )
+from tests.waiting import scaled, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_cluster(nodes=2, gpus_per_node=2)]
 
@@ -188,8 +189,11 @@ async def test_client_killed_mid_put_leaves_nothing_ready(local_cluster: Cluster
     # The writer's put waits for room on a full unit; kill the writer while it waits.
     await st.put(TensorDict({"obs": torch.ones(8, 64)}, [8]), partition="rollout")
     call = writer.put_plain.submit(32, 30.0)  # fits the capacity, not the free room
-    while (await st.stats())["unwritten"] == 0:
-        await asyncio.sleep(0.01)
+
+    async def unwritten() -> int:
+        return int((await st.stats())["unwritten"])
+
+    await wait_until(unwritten, timeout=30, what="the writer's allocation (stats 'unwritten')")
     await local_cluster.kill(writer)
     with pytest.raises(actors.ActorDiedError):
         await call
@@ -202,8 +206,10 @@ def _with_shards(meta: BatchMeta, shards: list[int]) -> BatchMeta:
 
 
 async def _wait_lost(st: Store, shard: int) -> None:
-    while (await st.controller.units())[shard]["alive"]:
-        await asyncio.sleep(0.01)
+    async def lost() -> bool:
+        return not (await st.controller.units())[shard]["alive"]
+
+    await wait_until(lost, timeout=30, what=f"the controller to mark unit {shard} lost")
 
 
 async def test_a_get_spanning_a_lost_unit_returns_the_live_part(local_cluster: Cluster) -> None:
@@ -285,17 +291,24 @@ async def test_a_producer_killed_mid_put_leaves_no_torn_put(local_cluster: Clust
         stats = await st.stats()
         return int(stats["unit_stats"][0]["rows"].get("rollout", 0))
 
-    while await rows_on_unit0() < 4:
-        await asyncio.sleep(0.01)
+    async def unit0_wrote() -> bool:
+        if call.done():  # the put ended before unit 0 held its rows: show why
+            await call
+            raise AssertionError("the writer's put returned although unit 1 has no room")
+        return await rows_on_unit0() >= 4
+
+    await wait_until(unit0_wrote, timeout=60, what="unit 0's 4 rows of the writer's put")
     pids = {a["actor_id"]: a["pid"] for n in await local_cluster.nodes() for a in n["actors"]}
     os.kill(int(pids[writer.actor_id]), signal.SIGKILL)  # no chance to undo its put
     with pytest.raises(actors.ActorDiedError):
-        await call
+        await asyncio.wait_for(call, scaled(30))
     # before the fix the 4 rows on unit 0 were ready (and readable) for good
-    ready = await st.get_meta("rollout", ["obs"], None, task="t")
+    ready = await st.get_meta("rollout", ["obs"], None, task="t", timeout=scaled(30))
     assert len(ready) == 16 and set(ready.shards) == {1}
     assert (await st.production_status("rollout"))["fields"]["obs"] == 16
-    assert await st.controller.reclaim(0.0) == 8  # the torn put is reclaimed like an unwritten one
+    # every step has its deadline: a stalled reclaim fails here, naming itself
+    reclaimed = await asyncio.wait_for(st.controller.reclaim(0.0), scaled(30))
+    assert reclaimed == 8  # the torn put is reclaimed like an unwritten one
     assert await rows_on_unit0() == 0
 
 

@@ -27,6 +27,7 @@ from rayless.store import (
     local_maps,
 )
 from tests.integration.fence_classes import Writer
+from tests.waiting import wait_until as _wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -34,17 +35,8 @@ MIB = 1 << 20
 
 
 async def wait_until(pred: Callable[[], Any], timeout: float, what: str) -> None:
-    """Poll ``pred`` (sync or async) until true; fail naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"waited {timeout} s for {what}")
-        await asyncio.sleep(0.05)
+    """``tests.waiting.wait_until``, polling every 50 ms."""
+    await _wait_until(pred, timeout, what, interval=0.05)
 
 
 async def _stats(st: Store, shard: int = 0) -> dict[str, Any]:

@@ -3,10 +3,8 @@ once the step's lease expires, and a replacement rank can join and read it."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -17,6 +15,7 @@ import rayless.actors as actors
 from rayless.actors import Cluster
 from rayless.store import Store
 from rayless.store.loader import StreamingLoader
+from tests.waiting import wait_until as _wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_cluster(nodes=1)]
 
@@ -26,12 +25,8 @@ N = 64  # samples; 2 per rank and step, 2 ranks: 16 steps
 async def wait_until(
     pred: Callable[[], Awaitable[bool]], timeout: float = 60.0, what: str = "a condition"
 ) -> None:
-    """Poll ``pred`` until it is true; AssertionError naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not await pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
+    """``tests.waiting.wait_until`` with this module's defaults."""
+    await _wait_until(pred, timeout, what, interval=0.05)
 
 
 def loader(st: Store, dp_rank: int, start_step: int = 0) -> StreamingLoader:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from rayless.actors import Cluster
 from rayless.store import Store, StoreError, StoreInputError, StoreTimeoutError
 from rayless.store.loader import StreamingLoader
 from rayless.store.metrics import prometheus, render_text
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_cluster(nodes=2)]
 
@@ -25,12 +28,8 @@ def td(n: int, start: int = 0) -> TensorDict:
     return TensorDict({"x": torch.arange(start, start + n)}, [n])
 
 
-async def until(cond, what: str, tries: int = 2000) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(tries):
-        if await cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
+async def until(cond: Callable[[], Any], what: str, timeout: float = 20.0) -> None:
+    await wait_until(cond, timeout=timeout, what=what)
 
 
 async def test_a_fetch_cancelled_by_its_caller_consumes_nothing(local_cluster: Cluster) -> None:

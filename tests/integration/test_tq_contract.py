@@ -5,7 +5,6 @@ brings with them, on a real local cluster."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import rayless.actors as actors
 from rayless.actors import Cluster
 from rayless.store import Store, StoreInputError, StoreTimeoutError, SyncStore
 from rayless.store.loader import StreamingDataset, StreamingLoader
+from tests.waiting import wait_until as _wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_cluster(nodes=1)]
 
@@ -26,12 +26,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.local_cluster(nodes=1)]
 async def wait_until(
     pred: Callable[[], Awaitable[bool]], timeout: float = 60.0, what: str = "a condition"
 ) -> None:
-    """Poll ``pred`` until it is true; AssertionError naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not await pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
+    """``tests.waiting.wait_until`` with this module's defaults."""
+    await _wait_until(pred, timeout, what, interval=0.05)
 
 
 def td(n: int, start: int = 0) -> TensorDict:

@@ -11,6 +11,7 @@ from rayless.transport.client import Client
 from rayless.transport.errors import Timeout
 from rayless.transport.protocol import new_token
 from rayless.transport.server import Request, Server
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 TOKEN = new_token()
@@ -75,12 +76,7 @@ async def test_timeout_and_cancel_reach_a_cancellable_server() -> None:
 
 
 async def _until(check: Any, timeout: float = 20.0) -> bool:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
+    return await eventually(check, timeout=timeout)
 
 
 async def test_a_server_not_cancellable_lets_the_handler_run() -> None:

@@ -35,6 +35,7 @@ from rayless.transport.protocol import (
     pack_control,
 )
 from rayless.transport.server import Request, Server
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 TOKEN = new_token()
@@ -329,12 +330,16 @@ async def test_restarted_server_gets_a_fresh_handshake() -> None:
     try:
         assert await client.request(1) == 1
         await srv.aclose()
-        for _ in range(100):  # ZeroMQ releases the port on its I/O thread, shortly after close
+
+        async def rebound() -> bool:  # ZeroMQ releases the port on its I/O thread after close
+            nonlocal srv
             try:
                 srv = await Server(address, token=TOKEN, handler=handler).start()
-                break
             except zmq.ZMQError:
-                await asyncio.sleep(0.05)
+                return False
+            return True
+
+        await wait_until(rebound, timeout=5, what=f"{address} bindable again", interval=0.05)
         outcome: list[Any] = []
         for _ in range(50):
             try:

@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 
+import psutil
 import pytest
 import torch
 
@@ -34,9 +35,16 @@ def _segments_of(pid: int) -> list[str]:
 
 
 def _weight_segments() -> set[str]:
-    """Every weight-sync segment in /dev/shm (other rayless segments have no such header)."""
+    """The weight-sync segments in /dev/shm made by this process or its descendants (other
+    rayless segments have no such header; other test processes' are not ours to count)."""
+    ours = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
     found = set()
     for name in os.listdir(shm.SHM_DIR):
+        parts = name.split("-")
+        if len(parts) < 3 or parts[0] != "rayless" or not parts[1].isdigit():
+            continue
+        if int(parts[1]) not in ours:
+            continue
         try:
             with open(os.path.join(shm.SHM_DIR, name), "rb") as f:
                 if f.read(8) == b"RLSEG001":
@@ -119,9 +127,14 @@ async def test_the_cross_host_path_feeds_one_relay_per_node(local_cluster: Clust
             await ws.publish(state(v, torch.bfloat16), version=v)
             for sub in subs:
                 assert await sub.pull(v) == (v, [float(v)])
-        assert len(_weight_segments() - before) >= 3  # the publisher's and two relays'
+        made = _weight_segments() - before
+        assert len(made) >= 3  # the publisher's and two relays'
     # the relays unlink theirs in teardown when the sync is closed
-    assert await until(lambda: not _weight_segments() - before, 20), _weight_segments() - before
+
+    def left() -> set[str]:
+        return {n for n in made if os.path.exists(os.path.join(shm.SHM_DIR, n))}
+
+    assert await until(lambda: not left(), 20), left()
 
 
 async def test_a_publisher_killed_with_sigkill_fails_pulls_and_leaves_no_segment(

@@ -28,3 +28,11 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert final in [ln.strip() for ln in ci], (final, "not in .ci/run")
     assert "pip install -q torch==2.13.0" in ci
     assert any("-e '.[test]'" in ln for ln in ci)
+
+
+def test_ci_lists_the_slowest_tests_and_runs_in_parallel() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'PYTEST_ADDOPTS="--durations=15' in ci
+    ini = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^addopts = ".*-n \d+ --dist loadgroup', ini, re.M), "xdist options"
+    assert '"pytest-xdist' in ini
