@@ -23,6 +23,7 @@ from rayless.actors.launch.local import LocalProcesses
 from rayless.actors.launch.procs import first_line
 from rayless.errors import Timeout
 from rayless.store import Store
+from tests import waiting
 from tests.integration.week2_classes import Slow
 
 pytestmark = pytest.mark.integration
@@ -32,11 +33,7 @@ async def wait_until(
     pred: Callable[[], Awaitable[bool]], timeout: float = 30.0, what: str = "condition"
 ) -> None:
     """Poll the async ``pred`` until it is true; fail naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not await pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
+    await waiting.wait_until(pred, timeout, what)
 
 
 async def test_timed_out_def_calls_keep_their_slots_until_they_return(
@@ -101,11 +98,7 @@ def wait_until_sync(
     pred: Callable[[], bool], timeout: float = 30.0, what: str = "condition"
 ) -> None:
     """Poll ``pred`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+    waiting.wait_until_sync(pred, timeout, what)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
@@ -290,7 +283,7 @@ def test_a_signal_while_a_loop_closes_writes_to_no_closed_wakeup_fd() -> None:
         try:
             assert first_line(proc, "the loop", timeout=60) == "up"
             deadline = time.monotonic() + 30
-            while proc.poll() is None and time.monotonic() < deadline:
+            while proc.poll() is None and time.monotonic() < deadline:  # not a wait: signals
                 try:  # signals all through the loop's end (a few hundred)
                     os.kill(proc.pid, signal.SIGINT)
                 except ProcessLookupError:
