@@ -126,6 +126,19 @@ class GroupMethod:
         return f"<group method {self.method} of {self.wg!r}>"
 
 
+def _sync_face(cluster: Any, need: str) -> tuple[Callable[[Any], Any], Cluster]:
+    """``(cluster.run, cluster.cluster)`` of a SyncCluster, for the blocking constructors.
+
+    Raises:
+        TypeError: ``cluster`` is not a SyncCluster (``need`` says what to do instead).
+    """
+    run = getattr(cluster, "run", None)
+    inner = getattr(cluster, "cluster", None)
+    if not callable(run) or not isinstance(inner, Cluster):
+        raise TypeError(need)
+    return run, inner
+
+
 class WorkerGroup:
     """N ranks of a Worker class on a resource pool (verl's ``RayWorkerGroup``).
 
@@ -168,24 +181,20 @@ class WorkerGroup:
         if resource_pool is not None:
             if ray_cls_with_init is None:
                 raise TypeError("a worker group on a resource pool needs ray_cls_with_init")
-            run = getattr(cluster, "run", None)
-            inner = getattr(cluster, "cluster", None)
-            if not callable(run) or not isinstance(inner, Cluster):
-                raise TypeError(
-                    "WorkerGroup(resource_pool, ...) needs cluster=<a SyncCluster>; in async "
-                    "code use `await WorkerGroup.create(pool, cls_with_init, cluster=cluster)`"
-                )
+            run, inner = _sync_face(
+                cluster,
+                "WorkerGroup(resource_pool, ...) needs cluster=<a SyncCluster>; in async "
+                "code use `await WorkerGroup.create(pool, cls_with_init, cluster=cluster)`",
+            )
             handles = run(_spawn_workers(inner, resource_pool, ray_cls_with_init, self.name_prefix))
         elif worker_handles is not None:
             handles = list(worker_handles)
         elif worker_names is not None:
-            run = getattr(cluster, "run", None)
-            inner = getattr(cluster, "cluster", None)
-            if not callable(run) or not isinstance(inner, Cluster):
-                raise TypeError(
-                    "from_detached(worker_names=...) needs cluster=<a SyncCluster> to look the "
-                    "names up; in async code use `await WorkerGroup.afrom_detached(...)`"
-                )
+            run, inner = _sync_face(
+                cluster,
+                "from_detached(worker_names=...) needs cluster=<a SyncCluster> to look the "
+                "names up; in async code use `await WorkerGroup.afrom_detached(...)`",
+            )
             handles = run(_lookup(inner, list(worker_names)))
         else:
             raise TypeError("give a resource_pool, worker_handles or worker_names")

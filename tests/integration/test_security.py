@@ -317,6 +317,17 @@ def _unix_rids(n: int) -> list[str]:
     return [(b"\x01unix" + i.to_bytes(8, "little")).hex() for i in range(1, n + 1)]
 
 
+async def _claim_as_stranger(address: str, rid: bytes) -> None:
+    """A stranger sends a request with routing id ``rid``; it must be rejected."""
+    from tests.integration.strangers import run_stranger
+
+    targets = [
+        {"name": "server", "address": address, "rids": [rid.hex()], "frames": _request_frames("x")}
+    ]
+    run = await asyncio.to_thread(run_stranger, _SPOOF, {"targets": targets, "wait_ms": 5000})
+    _assert_all_rejected(run.result)
+
+
 def _assert_all_rejected(found: list[list[Any]]) -> None:
     for name, reply in found:
         assert reply is not None, f"{name}: no answer to a spoofed routing id"
@@ -329,7 +340,6 @@ def _assert_all_rejected(found: list[list[Any]]) -> None:
 async def test_a_spoofed_same_host_routing_id_is_rejected_and_reaches_no_handler(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tests.integration.strangers import run_stranger
 
     token = new_token()
     handler = _Recorder()
@@ -340,16 +350,7 @@ async def test_a_spoofed_same_host_routing_id_is_rejected_and_reaches_no_handler
         assert client.via_unix  # the session runs on the same-host path
         assert await client.request("mine", timeout=10) == "mine"
         rid = srv.peers[0].routing_id
-        targets = [
-            {
-                "name": "server",
-                "address": srv.address,
-                "rids": [rid.hex()],
-                "frames": _request_frames("stolen"),
-            }
-        ]
-        run = await asyncio.to_thread(run_stranger, _SPOOF, {"targets": targets, "wait_ms": 5000})
-        _assert_all_rejected(run.result)
+        await _claim_as_stranger(srv.address, rid)
         assert handler.calls == ["mine"], "a spoofed request reached the handler"
         assert srv.stats["unbound"] >= 1
         assert await client.request("still mine", timeout=10) == "still mine"
@@ -360,7 +361,6 @@ async def test_a_closed_sessions_routing_id_is_not_served_to_a_new_connection(
 ) -> None:
     """A ZeroMQ session whose connection closed without BYE: another connection that claims
     its routing id is a stranger (before, it was served as the session until it expired)."""
-    from tests.integration.strangers import run_stranger
 
     monkeypatch.setenv("RAYLESS_UNIX", "0")
     token = new_token()
@@ -377,16 +377,7 @@ async def test_a_closed_sessions_routing_id_is_not_served_to_a_new_connection(
         client._pump.sock.close(linger=0)  # gone without a word (kill -9 of a process)
         client._pump = None
         await client.aclose()
-        targets = [
-            {
-                "name": "server",
-                "address": srv.address,
-                "rids": [rid.hex()],
-                "frames": _request_frames("stolen"),
-            }
-        ]
-        run = await asyncio.to_thread(run_stranger, _SPOOF, {"targets": targets, "wait_ms": 5000})
-        _assert_all_rejected(run.result)
+        await _claim_as_stranger(srv.address, rid)
         assert handler.calls == ["mine"], "a request on another connection reached the handler"
         assert srv.peers == []
 
