@@ -24,9 +24,10 @@ from rayless.actors import ActorDiedError, Cluster, RaylessError, connect
 from rayless.actors.api.context import ENV_ADDRESS
 from rayless.demo.config import DEFAULT_CONFIG, load_config
 from rayless.demo.grpo_config import CONFIG_DIR, GrpoConfig, is_grpo_config, load_grpo_config
-from rayless.demo.pipeline import Pipeline
-from rayless.demo.report import default_out_dir, print_progress, summary_text, write_report
 from rayless.transport import loop
+
+# The pipelines and reports import torch and tensordict (seconds on a loaded machine): they are
+# imported once the config is valid, so a bad config is reported at once.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +68,8 @@ async def _main(args: argparse.Namespace) -> int:
     if args.time_limit is not None:
         cfg.run.time_limit_s = args.time_limit
     cfg.validate()
+    from rayless.demo.report import default_out_dir
+
     out_dir = Path(args.output_dir) if args.output_dir else default_out_dir(cfg)
     if os.environ.get(ENV_ADDRESS):
         cluster = await connect()
@@ -85,6 +88,9 @@ async def _main(args: argparse.Namespace) -> int:
 async def _run(cfg: Any, cluster: Cluster, out_dir: Path) -> int:
     if isinstance(cfg, GrpoConfig):
         return await _run_grpo(cfg, cluster, out_dir)
+    from rayless.demo.pipeline import Pipeline
+    from rayless.demo.report import print_progress, summary_text, write_report
+
     pipeline = Pipeline(cfg, cluster, on_iteration=print_progress)
 
     def started() -> str:

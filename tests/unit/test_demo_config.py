@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +201,22 @@ def test_load_errors_name_the_file(tmp_path: Path) -> None:
     bad.write_text("- 1\n")
     with pytest.raises(ValueError, match="mapping at the top level"):
         load_config(bad)
+
+
+def test_a_bad_config_is_reported_before_torch_is_imported(tmp_path: Path) -> None:
+    # importing torch and tensordict took 26 s of a loaded 2-core machine before the error
+    from rayless.demo.grpo_config import load_grpo_config
+
+    shipped = load_grpo_config().to_dict()
+    shipped["algo"]["group_size"] = 1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(shipped))
+    code = (
+        "import sys\n"
+        "from rayless.demo.main import main\n"
+        f"rc = main(['--config', {str(bad)!r}])\n"
+        "print(rc, sorted(m for m in ('torch', 'tensordict') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "algo.group_size" in out.stderr, out.stderr
+    assert out.stdout.split() == ["1", "[]"], out.stdout
