@@ -17,7 +17,10 @@ train -> weight sync per iteration, measured stage by stage.
    (``sync``) every rollout worker pulls it. ``async`` keeps up to ``max_staleness``
    iterations of rollouts in flight ahead of training.
 
-All samples go through one partition: a stage only ever sees the samples new to its task.
+Each iteration's samples go through a partition of their own (``grpo-<k>``, as TransferQueue's
+users keep a partition per global step): the reference worker and the train ranks of iteration
+``k`` read only rollout ``k``'s groups, however the rollouts in flight interleave, so a step's
+staleness is bounded by ``max_staleness``; the partition is dropped once trained on.
 """
 
 from __future__ import annotations
@@ -36,7 +39,12 @@ from rayless.actors.api.components import cluster_info, slots_of
 from rayless.demo import grpo_task as task
 from rayless.demo.grpo_config import GrpoConfig
 from rayless.demo.grpo_trainer import GrpoTrainWorker
-from rayless.demo.grpo_workers import ReferenceWorker, RewardWorker, RolloutWorker
+from rayless.demo.grpo_workers import (
+    ReferenceWorker,
+    RewardWorker,
+    RolloutWorker,
+    iteration_partition,
+)
 from rayless.demo.pipeline import plan
 from rayless.placement import EpisodeTable
 from rayless.store import Store, WeightSync
@@ -63,6 +71,7 @@ class GrpoIteration:
     loss: float
     kl: float
     groups: int = 0  # whole groups trained on (all ranks)
+    rollouts: list[int] = field(default_factory=list)  # the iterations whose rollouts it read
     group_sizes: list[int] = field(default_factory=list)  # distinct sizes the ranks saw
     stage_s: dict[str, float] = field(default_factory=dict)
     # (stage, start, end) in seconds since the run started, for the timeline
@@ -319,6 +328,7 @@ class GrpoPipeline:
                     references.pop(it),
                     asyncio.gather(*(t.train(it) for t in self.trains)),
                 )
+                await self.store.clear_partition(iteration_partition(PARTITION, it))
                 version = it + 1
                 publish = await self.trains[0].publish_weights(version)
                 pulls: list[dict[str, float]] = []
@@ -435,6 +445,7 @@ class GrpoPipeline:
             loss=sum(float(t["loss"]) for t in train) / n,
             kl=sum(float(t["kl"]) for t in train) / n,
             groups=sum(int(t["groups"]) for t in train),
+            rollouts=sorted({int(k) for t in train for k in t["rollouts"]}),
             group_sizes=sorted({int(g) for t in train for g in t["group_sizes"]}),
             stage_s=stage_s,
             intervals=intervals,

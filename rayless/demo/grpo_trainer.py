@@ -24,6 +24,7 @@ from rayless.demo.grpo_workers import (
     FETCH_TIMEOUT,
     algo_of,
     in_thread,
+    iteration_partition,
     padded,
     policy_of,
 )
@@ -73,7 +74,7 @@ class GrpoTrainWorker(Actor):
         self.optimizer: Any = None
         self.store: Any = None
         self.weights: Any = None
-        self.loader: Any = None
+        self.sampler: dict[str, Any] = {}
 
     def free_port(self) -> tuple[str, int]:
         """An address of this node and a free TCP port on it (for MASTER_ADDR/PORT)."""
@@ -95,24 +96,16 @@ class GrpoTrainWorker(Actor):
 
     async def setup(self) -> None:
         from rayless.store import Store, WeightSync
-        from rayless.store.loader import StreamingLoader
 
         self.store = await Store.connect(self.store_name)
         a = self.algo
-        sampler: dict[str, Any] = {"name": "grouped", "n": a.group_size}
+        self.sampler = {"name": "grouped", "n": a.group_size}
         if a.sampler == "seqlen_balanced":
-            sampler = {"name": "seqlen_balanced", "dp_size": self.world_size, "n": a.group_size}
-        self.loader = StreamingLoader(
-            self.store,
-            self.partition,
-            TRAIN_FIELDS,
-            self.batch_size // self.world_size,
-            task="train",
-            dp_rank=self.rank,
-            dp_size=self.world_size,
-            sampler=sampler,
-            timeout=FETCH_TIMEOUT,
-        )
+            self.sampler = {
+                "name": "seqlen_balanced",
+                "dp_size": self.world_size,
+                "n": a.group_size,
+            }
         if self.rank == 0:
             self.weights = await WeightSync.connect(self.weights_name, cuda_ipc=False)
 
@@ -146,8 +139,22 @@ class GrpoTrainWorker(Actor):
 
     async def train(self, iteration: int) -> dict[str, Any]:
         """Read this rank's part of the next global batch and take the GRPO step(s)."""
+        from rayless.store.loader import StreamingLoader
+
         t0 = time.time()
-        td, meta = await self.loader.__anext__()
+        loader = StreamingLoader(  # the iteration's own partition: its rollout's groups only
+            self.store,
+            iteration_partition(self.partition, iteration),
+            TRAIN_FIELDS,
+            self.batch_size // self.world_size,
+            task="train",
+            dp_rank=self.rank,
+            dp_size=self.world_size,
+            sampler=self.sampler,
+            start_step=iteration,
+            timeout=FETCH_TIMEOUT,
+        )
+        td, meta = await loader.__anext__()
         t1 = time.time()
         groups = [str(c["group"]) for c in meta.custom_meta]
         sizes: dict[str, int] = {}
@@ -199,6 +206,7 @@ class GrpoTrainWorker(Actor):
             "mean_length": float(td["lengths"].float().mean()),
             # the right answers' length: the prompt's digits and the stop token
             "answer_length": float(((td["prompts"] < task.NUM_DIGITS).sum(1) + 1).float().mean()),
+            "rollouts": sorted({int(c["iteration"]) for c in meta.custom_meta}),
             "min_version": int(versions.min()),
             "max_version": int(versions.max()),
             "fetch": {"start": t0, "end": t1},

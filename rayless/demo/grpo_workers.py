@@ -1,7 +1,7 @@
 """The GRPO demo's actors: rollout, reward, reference and train workers.
 
 Every sample is one response; the stages add its fields column-wise to the same samples of
-one store partition:
+its iteration's store partition (:func:`iteration_partition`):
 
 =============  =========================  ===============================================
 field          written by                 what
@@ -46,6 +46,12 @@ from rayless.demo.grpo_config import GrpoAlgoConfig
 from rayless.demo.grpo_model import TinyGPT, generate, response_logprobs
 from rayless.demo.workers import worker_device
 from rayless.transport.errors import RaylessError
+
+
+def iteration_partition(base: str, iteration: int) -> str:
+    """The store partition that holds iteration ``iteration``'s samples (``base-k``)."""
+    return f"{base}-{iteration}"
+
 
 FETCH_TIMEOUT = 300.0  # a stage waiting longer than this for its samples gives up
 PULL_TIMEOUT = 300.0
@@ -175,11 +181,19 @@ class RolloutWorker(Actor):
         )
         groups = [f"r{self.index}-i{iteration}-p{i // a.group_size}" for i in range(n)]
         custom = [
-            {"group": g, "total_lengths": int(prompts.shape[1] + lengths[i])}
+            {
+                "group": g,
+                "iteration": iteration,
+                "total_lengths": int(prompts.shape[1] + lengths[i]),
+            }
             for i, g in enumerate(groups)
         ]
         meta = await self.store.put(
-            td, self.partition, env_ids=[self.env_id] * n, group_ids=groups, custom_meta=custom
+            td,
+            iteration_partition(self.partition, iteration),
+            env_ids=[self.env_id] * n,
+            group_ids=groups,
+            custom_meta=custom,
         )
         t_route = time.time()
         scorer = await self.router.aselect_policy(self.env_id)
@@ -306,7 +320,7 @@ class ReferenceWorker(Actor):
         """Fetch one iteration's worth of new samples (whole groups), put their reference
         log-probs; the interval."""
         meta = await self.store.get_meta(
-            self.partition,
+            iteration_partition(self.partition, iteration),
             ["prompts", "responses", "lengths"],
             self.batch_size,
             task="reference",
