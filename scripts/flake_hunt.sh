@@ -66,16 +66,37 @@ if [ ! -s "$OUT/failures.txt" ]; then
   echo "  no test failed in $N run(s)"
   exit 0
 fi
-python3 - "$OUT/failures.txt" <<'EOF'
-import collections, sys
+python3 - "$OUT" <<'EOF'
+import collections, pathlib, re, sys
+
+out = pathlib.Path(sys.argv[1])
+
+
+def first_error(run: str, test: str) -> str:
+    """The first "E   ..." line of the test's failure section in the run's log (the -ra
+    summary leaves the message out when the line is long or under xdist)."""
+    log = (out / f"{run}.log").read_text(encoding="utf-8", errors="replace").splitlines()
+    name = test.rsplit("::", 1)[-1]
+    header = re.compile(r"^_{3,} .*" + re.escape(name) + r".* _{3,}$")
+    inside = False
+    for line in log:
+        if header.match(line):
+            inside = True
+        elif inside and line.startswith("E "):
+            return line[1:].strip()
+        elif inside and line.startswith("_____") and name not in line:
+            break
+    return "(no error line in the log)"
+
 
 count, first = collections.Counter(), {}
-for line in open(sys.argv[1], encoding="utf-8", errors="replace"):
-    _run, kind, rest = line.rstrip("\n").split(" ", 2)
+for line in open(out / "failures.txt", encoding="utf-8", errors="replace"):
+    run, kind, rest = line.rstrip("\n").split(" ", 2)
     test, _, message = rest.partition(" - ")
     key = f"{kind} {test}"
     count[key] += 1
-    first.setdefault(key, message)
+    if key not in first:
+        first[key] = message.strip() or (first_error(run, test) if "::" in test else "")
 for key, n in count.most_common():
     print(f"  {n}x {key}\n      {first[key][:300]}")
 EOF
