@@ -37,6 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 from rayless.actors.api import status
 from rayless.actors.control.debug import LineSocket, client_handshake
+from rayless.actors.control.messages import (
+    ActorState,
+    ActorView,
+    DebugEndpoints,
+    GetActor,
+    LookupActor,
+)
 from rayless.transport.errors import AuthError, RaylessError
 from rayless.transport.errors import Timeout as TransportTimeout
 
@@ -106,7 +113,7 @@ async def endpoints(address: str, token: str, timeout: float) -> list[dict[str, 
         DebugCliError: the head did not answer, or rejected the token.
     """
     async with _head(address, token, timeout) as client:
-        found: list[dict[str, Any]] = await client.request(("debug_endpoints",), timeout=timeout)
+        found: list[dict[str, Any]] = await client.request(DebugEndpoints(), timeout=timeout)
     return found
 
 
@@ -119,12 +126,12 @@ async def exists(address: str, token: str, name: str, timeout: float) -> bool:
     from rayless.actors.errors import ActorNotFoundError
 
     async with _head(address, token, timeout) as client:
-        for op in ("get_actor", "actor_info"):
+        for ask in (GetActor(name), LookupActor(name)):
             try:
-                record = await client.request((op, name), timeout=timeout)
+                record = await client.request(ask, timeout=timeout)
             except ActorNotFoundError:
                 continue
-            if isinstance(record, dict) and record.get("state") != "dead":
+            if isinstance(record, ActorView) and record.state is not ActorState.DEAD:
                 return True
     return False
 

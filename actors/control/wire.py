@@ -1,0 +1,210 @@
+"""Typed control-plane messages: frozen dataclasses registered with the codec, and dispatch.
+
+:func:`message` registers a frozen dataclass with the codec's explicit extension table
+(``transport.codec.register_extension``) under a stable wire name: it travels as an extension
+record ``[name, [field values...]]`` inside the ordinary msgpack envelope. Decoding looks the
+name up in that table only (a peer can never name any other class), then checks every field
+against the dataclass's annotations (str, int, float, bool, bytes, None, unions, ``list``,
+``tuple``, ``dict``, Enums by value, other registered messages, ``RaylessError``, ``Any``):
+a malformed message raises ProtocolError, which the receiving server answers as a typed
+error reply (a request) or drops and counts (a one-way message).
+
+:class:`Handlers` is a dispatch table keyed by message type: exactly the types a process
+answers, each with its handler; anything else is a ProtocolError naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, Union
+
+from rayless.transport.codec import register_extension
+from rayless.transport.errors import ProtocolError, RaylessError
+
+__all__ = ["MESSAGES", "Handlers", "message"]
+
+M = TypeVar("M")
+P = TypeVar("P")  # who sent it, as the receiver knows them (a server's Peer; None on a client)
+_Check = Callable[[Any], Any]  # returns the value as the field holds it, or raises _Bad
+MESSAGES: dict[str, type] = {}  # wire name -> class: every message this process can decode
+_NAMES: dict[type, str] = {}
+log = logging.getLogger("rayless.control")
+
+
+class _Bad(Exception):
+    """A field value of the wrong type (turned into a ProtocolError naming the field)."""
+
+
+def message(name: str) -> Callable[[type[M]], type[M]]:
+    """Register a frozen dataclass as the control message called ``name`` on the wire.
+
+    Raises:
+        TypeError: the class is not a frozen dataclass, or a field's type is not supported.
+        ValueError: ``name`` is taken by another class.
+    """
+
+    def register(cls: type[M]) -> type[M]:
+        params = getattr(cls, "__dataclass_params__", None)
+        if params is None or not params.frozen:
+            raise TypeError(f"{cls.__qualname__} must be a frozen dataclass")
+        hints = typing.get_type_hints(cls)
+        fields = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        checks = [_checker(hints[f], f"{cls.__qualname__}.{f}") for f in fields]
+        enums = [i for i, f in enumerate(fields) if _is_enum_field(hints[f])]
+
+        def to_state(obj: Any) -> list[Any]:
+            values = [getattr(obj, f) for f in fields]
+            for i in enums:
+                if isinstance(values[i], enum.Enum):
+                    values[i] = values[i].value
+            return values
+
+        def from_state(state: Any) -> Any:
+            if type(state) is not list or len(state) != len(fields):
+                raise ProtocolError(f"malformed {name} message: expected {len(fields)} fields")
+            values = {}
+            for field, check, value in zip(fields, checks, state, strict=True):
+                try:
+                    values[field] = check(value)
+                except _Bad as exc:
+                    raise ProtocolError(f"malformed {name} message: {field} {exc}") from None
+            return cls(**values)
+
+        register_extension(cls, name, to_state, from_state)
+        MESSAGES[name] = cls
+        _NAMES[cls] = name
+        return cls
+
+    return register
+
+
+def _is_enum_field(hint: Any) -> bool:
+    args = typing.get_args(hint) if _is_union(hint) else (hint,)
+    return any(isinstance(a, type) and issubclass(a, enum.Enum) for a in args)
+
+
+def _is_union(hint: Any) -> bool:
+    return typing.get_origin(hint) is Union or isinstance(hint, types.UnionType)
+
+
+def _checker(hint: Any, where: str) -> _Check:
+    """The function that checks (and, for Enums, converts) a decoded value of type ``hint``."""
+    if hint is Any:
+        return lambda v: v
+    if hint is None or hint is type(None):
+        return _exact(type(None))
+    if _is_union(hint):
+        options = [_checker(a, where) for a in typing.get_args(hint)]
+
+        def union(v: Any) -> Any:
+            for check in options:
+                try:
+                    return check(v)
+                except _Bad:
+                    pass
+            raise _Bad(f"has the wrong type {type(v).__name__}")
+
+        return union
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is list:
+        item = _checker(args[0], where)
+        return lambda v: [item(x) for x in _exact(list)(v)]
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            each = _checker(args[0], where)
+            return lambda v: tuple(each(x) for x in _exact(tuple)(v))
+        fixed = [_checker(a, where) for a in args]
+
+        def fixed_tuple(v: Any) -> Any:
+            if type(v) is not tuple or len(v) != len(fixed):
+                raise _Bad(f"must be a tuple of {len(fixed)}")
+            return tuple(check(x) for check, x in zip(fixed, v, strict=True))
+
+        return fixed_tuple
+    if origin is dict:
+        key, val = _checker(args[0], where), _checker(args[1], where)
+        return lambda v: {key(k): val(x) for k, x in _exact(dict)(v).items()}
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        enum_cls = hint
+
+        def member(v: Any) -> Any:
+            if isinstance(v, enum_cls):
+                return v
+            try:
+                return enum_cls(v)
+            except (ValueError, TypeError):
+                raise _Bad(f"is not a {enum_cls.__name__}: {v!r:.60}") from None
+
+        return member
+    if hint is float:
+        return lambda v: float(v) if type(v) is int else _exact(float)(v)
+    if hint in (str, int, bool, bytes):
+        return _exact(hint)
+    if isinstance(hint, type) and (hint in _NAMES or issubclass(hint, RaylessError)):
+        return _instance(hint)
+    raise TypeError(f"{where}: unsupported message field type {hint!r}")
+
+
+def _exact(kind: type) -> _Check:
+    def check(v: Any) -> Any:
+        if type(v) is not kind:
+            raise _Bad(f"must be {kind.__name__}, not {type(v).__name__}")
+        return v
+
+    return check
+
+
+def _instance(kind: type) -> _Check:
+    def check(v: Any) -> Any:
+        if not isinstance(v, kind):
+            raise _Bad(f"must be {kind.__name__}, not {type(v).__name__}")
+        return v
+
+    return check
+
+
+def describe(body: object) -> str:
+    """How an unexpected body is named in an error: its message name, or a short repr."""
+    name = _NAMES.get(type(body))
+    return name if name is not None else f"{body!r:.100}"
+
+
+class Handlers(Generic[P]):
+    """A dispatch table keyed by message type: ``who`` (``head``, ``agent``...) answers the
+    messages of exactly the types given to :meth:`on`; ``P`` is what each handler learns of
+    the sender (a server's ``Peer``)."""
+
+    def __init__(self, who: str) -> None:
+        self.who = who
+        self._table: dict[type, Callable[[P, Any], Any]] = {}
+
+    def on(self, cls: type[M], handler: Callable[[P, M], object]) -> None:
+        """Answer messages of exactly type ``cls`` with ``handler(peer, message)``."""
+        self._table[cls] = handler
+
+    def handle(self, peer: P, body: object) -> Any:
+        """Run the handler of ``body``'s type and return what it returns.
+
+        Raises:
+            ProtocolError: ``body`` is no message this table answers (unknown, or malformed).
+        """
+        handler = self._table.get(type(body))
+        if handler is None:
+            if type(body) in _NAMES:
+                raise ProtocolError(f"unknown {self.who} request {describe(body)}")
+            raise ProtocolError(f"malformed {self.who} request {describe(body)}")
+        return handler(peer, body)
+
+    def oneway(self, peer: P, body: object) -> None:
+        """Run the handler of a one-way message; one of an unknown type is logged and dropped
+        (a one-way message has no reply to carry an error)."""
+        handler = self._table.get(type(body))
+        if handler is None:
+            log.debug("%s dropped an unexpected one-way message %s", self.who, describe(body))
+            return
+        handler(peer, body)
