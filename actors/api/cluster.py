@@ -29,7 +29,6 @@ from rayless.actors.api.lifecycle import Opening
 from rayless.actors.api.runtime import Runtime, close_runtimes, get_runtime, materialize
 from rayless.actors.api.sync import DEFAULT_TIMEOUT, SyncCluster
 from rayless.actors.control.messages import (
-    ActorView,
     EndSession,
     GetActor,
     Kill,
@@ -41,23 +40,12 @@ from rayless.actors.control.messages import (
 from rayless.actors.errors import ConnectError
 from rayless.actors.launch.local import LocalProcesses
 from rayless.transport import codec
-from rayless.transport.errors import ClosedError, ProtocolError, RaylessError, RemoteError
+from rayless.transport.errors import ClosedError, RaylessError, RemoteError
 
 A = TypeVar("A")
 # what a spawn may take past its timeout: the head's own reply (it stops a process that did
 # not start in time with SIGKILL, at once, and answers)
 _HEAD_MARGIN = 5.0
-
-
-def _view(record: object) -> ActorView:
-    """The head's answer to a spawn or lookup, checked.
-
-    Raises:
-        ProtocolError: the head answered something else (another rayless version).
-    """
-    if not isinstance(record, ActorView):
-        raise ProtocolError(f"the head answered with {type(record).__name__}, not an actor record")
-    return record
 
 
 class Cluster:
@@ -204,7 +192,7 @@ class Cluster:
             )
         except RemoteError as exc:  # the constructor or setup raised
             raise materialize(exc) from None
-        return ActorHandle.from_record(_view(record))  # its methods, as the process reported
+        return ActorHandle.from_record(record)  # its methods, as the actor process reported
 
     async def spawn_group(self, cls: type, n: int, *args: Any, **kwargs: Any) -> list[ActorHandle]:
         """Spawn ``n`` actors of ``cls`` as one group (see ``actors.group.spawn_group``).
@@ -227,7 +215,7 @@ class Cluster:
     async def kill(self, handle: ActorHandle[Any]) -> bool:
         """Kill the actor for good (no restart); False if it was already dead."""
         runtime = await self._runtime()
-        return bool(await runtime.head_request(Kill(handle.actor_id)))
+        return await runtime.head_request(Kill(handle.actor_id))
 
     async def get_actor(self, name: str) -> ActorHandle[Any]:
         """The live actor called ``name``.
@@ -236,13 +224,12 @@ class Cluster:
             ActorNotFoundError: no live actor has that name.
         """
         runtime = await self._runtime()
-        return ActorHandle.from_record(_view(await runtime.head_request(GetActor(name))))
+        return ActorHandle.from_record(await runtime.head_request(GetActor(name)))
 
     async def nodes(self) -> list[dict[str, Any]]:
         """Every node: its resources (GPUs free/used), actors, restarts."""
         runtime = await self._runtime()
-        result: list[dict[str, Any]] = await runtime.head_request(ListNodes())
-        return result
+        return await runtime.head_request(ListNodes())
 
     async def shutdown(self) -> None:
         """Stop the whole cluster (head, agents, actors)."""

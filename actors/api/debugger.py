@@ -39,11 +39,11 @@ from rayless.actors.api import status
 from rayless.actors.control.debug import LineSocket, client_handshake
 from rayless.actors.control.messages import (
     ActorState,
-    ActorView,
     DebugEndpoints,
     GetActor,
     LookupActor,
 )
+from rayless.actors.control.wire import ask
 from rayless.transport.errors import AuthError, RaylessError
 from rayless.transport.errors import Timeout as TransportTimeout
 
@@ -113,8 +113,7 @@ async def endpoints(address: str, token: str, timeout: float) -> list[dict[str, 
         DebugCliError: the head did not answer, or rejected the token.
     """
     async with _head(address, token, timeout) as client:
-        found: list[dict[str, Any]] = await client.request(DebugEndpoints(), timeout=timeout)
-    return found
+        return await ask(client, DebugEndpoints(), timeout=timeout)
 
 
 async def exists(address: str, token: str, name: str, timeout: float) -> bool:
@@ -126,12 +125,13 @@ async def exists(address: str, token: str, name: str, timeout: float) -> bool:
     from rayless.actors.errors import ActorNotFoundError
 
     async with _head(address, token, timeout) as client:
-        for ask in (GetActor(name), LookupActor(name)):
+        lookups: tuple[GetActor | LookupActor, ...] = (GetActor(name), LookupActor(name))
+        for lookup in lookups:
             try:
-                record = await client.request(ask, timeout=timeout)
+                record = await ask(client, lookup, timeout=timeout)
             except ActorNotFoundError:
                 continue
-            if isinstance(record, ActorView) and record.state is not ActorState.DEAD:
+            if record.state is not ActorState.DEAD:
                 return True
     return False
 

@@ -136,7 +136,7 @@ async def spawn_group(
             raise PlacementError(f"node {ranks_nodes[0]!r} of rank 0 is not alive")
         if master_port is None:
             runtime = await get_runtime()
-            master_port = int(await runtime.head_request(FreePortOn(ranks_nodes[0])))
+            master_port = await runtime.head_request(FreePortOn(ranks_nodes[0]))
         envs = torch_env(ranks_nodes, ips[ranks_nodes[0]], master_port)
 
     async def one(rank: int) -> ActorHandle:

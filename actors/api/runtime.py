@@ -24,7 +24,7 @@ import math
 import sys
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from rayless.actors.api import context
 from rayless.actors.api.actor import loads_by_value
@@ -37,12 +37,11 @@ from rayless.actors.control.messages import (
     ActorView,
     EventKind,
     Hello,
-    HelloReply,
     LogLines,
     LookupActor,
     NodeDied,
 )
-from rayless.actors.control.wire import Handlers
+from rayless.actors.control.wire import Handlers, Request, ask
 from rayless.actors.errors import ActorDiedError, ClusterLostError
 from rayless.transport.client import Client
 from rayless.transport.codec import encode
@@ -56,6 +55,7 @@ from rayless.transport.errors import (
 )
 
 RESTART_WAIT = 120.0
+R = TypeVar("R")
 ALIVE, RESTARTING, DEAD = ActorState.ALIVE, ActorState.RESTARTING, ActorState.DEAD
 
 
@@ -110,9 +110,8 @@ class Runtime:
         its agents): its loss fails every call of this runtime at once with ClusterLostError.
         """
         await self.head.connect()
-        hello = await self.head.request(Hello(self.info.session), timeout=30)
-        node_timeout = hello.node_timeout if isinstance(hello, HelloReply) else 10.0
-        timeout = max(1.0, node_timeout)
+        hello = await ask(self.head, Hello(self.info.session), timeout=30)
+        timeout = max(1.0, hello.node_timeout)
         interval = min(0.5, timeout / 4)
         self.head.set_heartbeat(interval, timeout)
         self._hb_timeout = timeout
@@ -137,22 +136,23 @@ class Runtime:
             self.keeper = keeper
         return self
 
-    async def head_request(self, body: object, timeout: float | None = 60.0) -> Any:
-        """A request to the head.
+    async def head_request(self, body: Request[R], timeout: float | None = 60.0) -> R:
+        """A request to the head; its reply, checked.
 
         Raises:
             ClusterLostError: the head is gone.
+            ProtocolError: the head answered with something else than ``body`` gets.
         """
         forgets = await self._session_ready()
         try:
-            return await self.head.request(body, timeout=timeout)
+            return await ask(self.head, body, timeout=timeout)
         except BrokenError:
             if self.forgets == forgets:
                 raise
         # the head had forgotten this connection and did not run the request: send it again
         # once the session is resumed
         await self._session_ready()
-        return await self.head.request(body, timeout=timeout)
+        return await ask(self.head, body, timeout=timeout)
 
     async def _session_ready(self) -> int:
         """Wait for a resume under way; raise ClusterLostError if the cluster is lost; the
@@ -186,11 +186,11 @@ class Runtime:
         try:
             ids = tuple(a for a, c in self.conns.items() if c.state is not DEAD)
             await self.head.connect(timeout=self._hb_timeout)
-            hello = await self.head.request(Hello(self.info.session, ids), timeout=30)
+            hello = await ask(self.head, Hello(self.info.session, ids), timeout=30)
         except RaylessError as exc:
             self._lose(f"{reason}, and it could not be reached again: {exc}")
         else:
-            self._catch_up(hello.actors if isinstance(hello, HelloReply) else ())
+            self._catch_up(hello.actors)
             self.resumes += 1
         finally:
             self._resuming = None
@@ -345,8 +345,6 @@ class Runtime:
             info = await self.head_request(LookupActor(conn.actor_id), timeout=10)
         except RaylessError as exc:
             return ActorDiedError(conn.name, node=conn.node, reason=f"unreachable ({exc})")
-        if not isinstance(info, ActorView):
-            return ActorDiedError(conn.name, node=conn.node, reason="unreachable")
         if info.state is ALIVE and info.address != conn.address:
             conn.address = info.address
             return BrokenError(f"actor {conn.name} moved; retry the call")

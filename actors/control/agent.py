@@ -36,7 +36,6 @@ from rayless.actors.control.messages import (
     FreePort,
     LogLines,
     NodeHeartbeat,
-    NodeRegistered,
     ProcState,
     Ready,
     RegisterNode,
@@ -48,7 +47,7 @@ from rayless.actors.control.messages import (
 )
 from rayless.actors.control.process_util import die_with_parent, setup_logging
 from rayless.actors.control.spawner import ProcessSpawner, Spawner, ZygoteSpawner
-from rayless.actors.control.wire import Handlers
+from rayless.actors.control.wire import Handlers, ask
 from rayless.actors.errors import ActorDiedError, ActorNotFoundError
 from rayless.placement import NodeInfo, discover_node_async
 from rayless.transport import loop
@@ -143,9 +142,8 @@ class Agent:
         info = self.node.to_dict()
         if self.rank is not None:  # the launch rank, so a rendezvous can name missing ranks
             info["rank"] = self.rank
-        reply = await self.head.request(RegisterNode(info, self.server.address), timeout=30)
-        if isinstance(reply, NodeRegistered):
-            self.head_timeout = reply.node_timeout
+        reply = await ask(self.head, RegisterNode(info, self.server.address), timeout=30)
+        self.head_timeout = reply.node_timeout
         self._spawn_task(self._heartbeat())
         self._spawn_task(self.tailer.run())
         return self

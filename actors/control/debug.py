@@ -55,6 +55,7 @@ from types import FrameType
 from typing import Any
 
 from rayless.actors.control.messages import DebugRegister
+from rayless.actors.control.wire import ask
 from rayless.transport import protocol
 from rayless.transport.errors import AuthError, ProtocolError
 from rayless.transport.ratelog import RateLimitedLog
@@ -503,7 +504,7 @@ def _register(head_address: str, token: str, registration: DebugRegister) -> Non
 
     async def go() -> None:
         async with Client(head_address, token=token, name="debug-register") as client:
-            await client.request(registration, timeout=30)
+            await ask(client, registration, timeout=30)
 
     try:
         asyncio.run(go())

@@ -49,7 +49,7 @@ from rayless.actors.control.messages import (
     Shutdown,
     Spawn,
 )
-from rayless.actors.control.wire import Handlers
+from rayless.actors.control.wire import Handlers, ask
 from rayless.placement.allocation import NodeState
 from rayless.placement.errors import PlacementError
 from rayless.transport import loop
@@ -145,7 +145,7 @@ class Head(HeadActors):
 
     async def _stop_agent(self, client: Client) -> None:
         try:
-            await client.request(Shutdown(), timeout=10)
+            await ask(client, Shutdown(), timeout=10)
         except RaylessError:
             pass
         await client.aclose()
@@ -290,7 +290,7 @@ class Head(HeadActors):
         node = self.nodes.get(node_id)
         if agent is None or node is None or not node.alive:
             raise PlacementError(f"node {node_id!r} is not alive in this cluster")
-        return int(await agent.request(FreePort(), timeout=10))
+        return await ask(agent, FreePort(), timeout=10)
 
     def op_shutdown(self, peer: Peer, msg: Shutdown) -> str:
         """Shut the whole cluster down (after replying)."""

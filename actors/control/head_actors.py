@@ -30,14 +30,14 @@ from rayless.actors.control.messages import (
     Spawn,
     SpawnSpec,
     StartActor,
-    Started,
     StopActor,
 )
+from rayless.actors.control.wire import ask
 from rayless.actors.errors import ActorDiedError, ActorNotFoundError, NameTakenError
 from rayless.placement.allocation import Allocation, NodeState, choose, release
 from rayless.placement.errors import PlacementError, ResourcesBusyError
 from rayless.transport.client import Client
-from rayless.transport.errors import ProtocolError, RaylessError, Timeout
+from rayless.transport.errors import RaylessError, Timeout
 from rayless.transport.peer import Peer
 
 log = logging.getLogger("rayless.head")
@@ -141,11 +141,9 @@ class HeadActors:
             if agent is None:
                 raise PlacementError(f"node {alloc.node_id} has no agent connection")
             env = {"CUDA_VISIBLE_DEVICES": alloc.cuda_visible_devices}
-            reply = await agent.request(
-                StartActor(actor_id, record.name, spec, env), timeout=spec.timeout
+            reply = await ask(
+                agent, StartActor(actor_id, record.name, spec, env), timeout=spec.timeout
             )
-            if not isinstance(reply, Started):
-                raise ProtocolError(f"the agent answered a spawn with {type(reply).__name__}")
         except BaseException as exc:
             if isinstance(exc, ActorDiedError):
                 exc.actor = record.name
@@ -258,7 +256,7 @@ class HeadActors:
 
     async def _stop_starting(self, agent: Client, record: ActorRecord) -> None:
         try:
-            await agent.request(StopActor(record.actor_id, "its spawn timed out"), timeout=30)
+            await ask(agent, StopActor(record.actor_id, "its spawn timed out"), timeout=30)
         except RaylessError as exc:
             log.warning("could not stop %s after its spawn failed: %s", record.name, exc)
 
@@ -267,7 +265,7 @@ class HeadActors:
         record.max_restarts = record.restarts  # no more restarts
         if agent is not None:
             try:
-                await agent.request(StopActor(record.actor_id, reason), timeout=30)
+                await ask(agent, StopActor(record.actor_id, reason), timeout=30)
             except RaylessError as exc:
                 log.warning("kill of %s failed: %s", record.name, exc)
         if record.state is not ActorState.DEAD:

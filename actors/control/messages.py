@@ -18,7 +18,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayless.actors.control.wire import message
+from rayless.actors.control.wire import Request, message
 from rayless.transport.errors import RaylessError
 
 __all__ = [
@@ -178,15 +178,6 @@ class LogLines:
 # -- sessions (drivers and actor runtimes → head) -----------------------------------------
 
 
-@message("ctl.Hello")
-@dataclass(frozen=True)
-class Hello:
-    """A runtime introduces its session; one that resumes names the actors it talks to."""
-
-    session: str
-    actor_ids: tuple[str, ...] = ()
-
-
 @message("ctl.HelloReply")
 @dataclass(frozen=True)
 class HelloReply:
@@ -196,18 +187,33 @@ class HelloReply:
     actors: tuple[ActorView, ...] = ()
 
 
+@message("ctl.Hello")
+@dataclass(frozen=True)
+class Hello(Request[HelloReply]):
+    """A runtime introduces its session; one that resumes names the actors it talks to."""
+
+    reply = HelloReply
+
+    session: str
+    actor_ids: tuple[str, ...] = ()
+
+
 @message("ctl.KeepSession")
 @dataclass(frozen=True)
-class KeepSession:
+class KeepSession(Request[bool]):
     """A driver's keeper connection holds ``session`` alive (it gets no events). → bool"""
+
+    reply = bool
 
     session: str
 
 
 @message("ctl.EndSession")
 @dataclass(frozen=True)
-class EndSession:
+class EndSession(Request[int]):
     """The session is over: kill what it owns. → how many actors"""
+
+    reply = int
 
     session: str
 
@@ -217,40 +223,50 @@ class EndSession:
 
 @message("ctl.Spawn")
 @dataclass(frozen=True)
-class Spawn:
+class Spawn(Request[ActorView]):
     """Place and start an actor. → :class:`ActorView` once it serves"""
+
+    reply = ActorView
 
     spec: SpawnSpec
 
 
 @message("ctl.GetActor")
 @dataclass(frozen=True)
-class GetActor:
+class GetActor(Request[ActorView]):
     """The live actor called ``name``. → :class:`ActorView`"""
+
+    reply = ActorView
 
     name: str
 
 
 @message("ctl.LookupActor")
 @dataclass(frozen=True)
-class LookupActor:
+class LookupActor(Request[ActorView]):
     """An actor's record, in any state. → :class:`ActorView`"""
+
+    reply = ActorView
 
     actor_id: str
 
 
 @message("ctl.Kill")
 @dataclass(frozen=True)
-class Kill:
+class Kill(Request[bool]):
     """Kill an actor for good. → False if it was already dead"""
+
+    reply = bool
 
     actor_id: str
 
 
 @message("ctl.DebugRegister")
 @dataclass(frozen=True)
-class DebugRegister:
+class DebugRegister(Request[bool]):
     """An actor process's debug listener (``actors.control.debug``). → True"""
+
+    reply = bool
 
     actor_id: str
     address: str
@@ -259,20 +275,13 @@ class DebugRegister:
 
 @message("ctl.DebugEndpoints")
 @dataclass(frozen=True)
-class DebugEndpoints:
+class DebugEndpoints(Request[list[dict[str, Any]]]):
     """The debug listeners of live actors. → list of records with ``debug_address``"""
+
+    reply = list
 
 
 # -- the cluster (→ head) -----------------------------------------------------------------
-
-
-@message("ctl.RegisterNode")
-@dataclass(frozen=True)
-class RegisterNode:
-    """A node agent joins: its discovery record (``NodeInfo.to_dict``) and address."""
-
-    info: dict[str, Any]
-    agent_address: str
 
 
 @message("ctl.NodeRegistered")
@@ -283,24 +292,41 @@ class NodeRegistered:
     node_timeout: float
 
 
+@message("ctl.RegisterNode")
+@dataclass(frozen=True)
+class RegisterNode(Request[NodeRegistered]):
+    """A node agent joins: its discovery record (``NodeInfo.to_dict``) and address."""
+
+    reply = NodeRegistered
+
+    info: dict[str, Any]
+    agent_address: str
+
+
 @message("ctl.ListNodes")
 @dataclass(frozen=True)
-class ListNodes:
+class ListNodes(Request[list[dict[str, Any]]]):
     """Every node with its resources and actors. → list of status dicts"""
+
+    reply = list
 
 
 @message("ctl.FreePortOn")
 @dataclass(frozen=True)
-class FreePortOn:
+class FreePortOn(Request[int]):
     """A TCP port free now on node ``node_id`` (the head asks its agent). → int"""
+
+    reply = int
 
     node_id: str
 
 
 @message("ctl.Shutdown")
 @dataclass(frozen=True)
-class Shutdown:
+class Shutdown(Request[str]):
     """Stop the cluster (to the head) or the node (to an agent), after replying. → str"""
+
+    reply = str
 
 
 @message("ctl.NodeHeartbeat")
@@ -314,17 +340,6 @@ class NodeHeartbeat:
 # -- node agents (head and actor processes → agent) ---------------------------------------
 
 
-@message("ctl.StartActor")
-@dataclass(frozen=True)
-class StartActor:
-    """Start an actor process (head → agent). → :class:`Started` once it serves"""
-
-    actor_id: str
-    name: str
-    spec: SpawnSpec
-    env_res: dict[str, str]  # what its resources set: CUDA_VISIBLE_DEVICES
-
-
 @message("ctl.Started")
 @dataclass(frozen=True)
 class Started:
@@ -335,10 +350,25 @@ class Started:
     methods: dict[str, bool] | None
 
 
+@message("ctl.StartActor")
+@dataclass(frozen=True)
+class StartActor(Request[Started]):
+    """Start an actor process (head → agent). → :class:`Started` once it serves"""
+
+    reply = Started
+
+    actor_id: str
+    name: str
+    spec: SpawnSpec
+    env_res: dict[str, str]  # what its resources set: CUDA_VISIBLE_DEVICES
+
+
 @message("ctl.StopActor")
 @dataclass(frozen=True)
-class StopActor:
+class StopActor(Request[bool]):
     """Stop an actor for good: SIGTERM, grace, SIGKILL (head → agent). → False if gone"""
+
+    reply = bool
 
     actor_id: str
     reason: str
@@ -346,22 +376,18 @@ class StopActor:
 
 @message("ctl.FreePort")
 @dataclass(frozen=True)
-class FreePort:
+class FreePort(Request[int]):
     """A TCP port free now on the agent's address (head → agent). → int"""
+
+    reply = int
 
 
 @message("ctl.AgentStatus")
 @dataclass(frozen=True)
-class AgentStatus:
+class AgentStatus(Request[dict[str, Any]]):
     """The node's actors and their processes. → status dict"""
 
-
-@message("ctl.Bootstrap")
-@dataclass(frozen=True)
-class Bootstrap:
-    """A starting actor process asks its agent what to run. → :class:`Boot`"""
-
-    actor_id: str
+    reply = dict
 
 
 @message("ctl.Boot")
@@ -375,10 +401,22 @@ class Boot:
     sys_path: tuple[str, ...]
 
 
+@message("ctl.Bootstrap")
+@dataclass(frozen=True)
+class Bootstrap(Request[Boot]):
+    """A starting actor process asks its agent what to run. → :class:`Boot`"""
+
+    reply = Boot
+
+    actor_id: str
+
+
 @message("ctl.Ready")
 @dataclass(frozen=True)
-class Ready:
+class Ready(Request[None]):
     """A started actor process serves (actor process → agent). → None"""
+
+    reply = type(None)
 
     actor_id: str
     address: str
@@ -388,8 +426,10 @@ class Ready:
 
 @message("ctl.Failed")
 @dataclass(frozen=True)
-class Failed:
+class Failed(Request[None]):
     """A starting actor's constructor or ``setup`` raised ``error``. → None"""
+
+    reply = type(None)
 
     actor_id: str
     error: RaylessError

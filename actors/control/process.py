@@ -36,6 +36,7 @@ from rayless.actors.api.portal import set_home_loop
 from rayless.actors.control import debug
 from rayless.actors.control.messages import Boot, Bootstrap, Failed, Ready
 from rayless.actors.control.process_util import setup_logging
+from rayless.actors.control.wire import ask
 from rayless.actors.control.workers import Exiting as _Exiting
 from rayless.actors.control.workers import SyncWorker, apply_torch_threads
 from rayless.actors.errors import StartError
@@ -387,18 +388,16 @@ async def _actor_main(given: str | None) -> int:
     await agent.connect()
     host: ActorHost | None = None
     try:
-        spec = await agent.request(Bootstrap(actor_id), timeout=60)
-        if not isinstance(spec, Boot):
-            raise StartError(f"actor {name}: the agent answered Bootstrap with {spec!r:.100}")
+        spec = await ask(agent, Bootstrap(actor_id), timeout=60)
         host = ActorHost(spec, name, token, env.get(context.ENV_NODE_IP, "127.0.0.1"), stop)
         try:
             address = await host.start()
         except BaseException as exc:
             traceback.print_exc()
-            await agent.request(Failed(actor_id, remote_error(exc, name)), timeout=10)
+            await ask(agent, Failed(actor_id, remote_error(exc, name)), timeout=10)
             return 1
         # the class's methods as loaded here: the handles everyone gets are strict about them
-        await agent.request(Ready(actor_id, address, os.getpid(), host.methods), timeout=10)
+        await ask(agent, Ready(actor_id, address, os.getpid(), host.methods), timeout=10)
         debug.announce()  # `rayless debug`/`stack` find this actor's listener from now on
         # From here the agent is watched by pid (watch_parent), never by heartbeats: a method
         # that holds this loop for minutes must not look like a lost agent.

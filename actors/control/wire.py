@@ -10,7 +10,9 @@ a malformed message raises ProtocolError, which the receiving server answers as 
 error reply (a request) or drops and counts (a one-way message).
 
 :class:`Handlers` is a dispatch table keyed by message type: exactly the types a process
-answers, each with its handler; anything else is a ProtocolError naming it.
+answers, each with its handler; anything else is a ProtocolError naming it. A request
+message derives from :class:`Request` ``[R]``, the type of its reply: :func:`ask` sends one
+and returns an ``R`` (checked), so that mypy checks what senders do with replies.
 """
 
 from __future__ import annotations
@@ -21,19 +23,52 @@ import logging
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar, Union
+from typing import Any, ClassVar, Generic, TypeVar, Union, cast
 
+from rayless.transport.client import Client
 from rayless.transport.codec import register_extension
 from rayless.transport.errors import ProtocolError, RaylessError
 
-__all__ = ["MESSAGES", "Handlers", "message"]
+__all__ = ["MESSAGES", "Handlers", "Request", "ask", "check_reply", "message"]
 
 M = TypeVar("M")
+R = TypeVar("R", covariant=True)
 P = TypeVar("P")  # who sent it, as the receiver knows them (a server's Peer; None on a client)
 _Check = Callable[[Any], Any]  # returns the value as the field holds it, or raises _Bad
 MESSAGES: dict[str, type] = {}  # wire name -> class: every message this process can decode
 _NAMES: dict[type, str] = {}
 log = logging.getLogger("rayless.control")
+
+
+class Request(Generic[R]):
+    """Base of a request message whose reply is an ``R``; ``reply`` is the class a reply
+    must be an instance of (``type(None)`` for no reply value)."""
+
+    __slots__ = ()
+    reply: ClassVar[type] = object
+
+
+def check_reply(msg: Request[R], reply: object) -> R:
+    """``reply``, once it is the kind of answer ``msg`` gets.
+
+    Raises:
+        ProtocolError: it is not (a peer of another rayless version).
+    """
+    if not isinstance(reply, msg.reply):
+        raise ProtocolError(
+            f"{describe(msg)} was answered with {type(reply).__name__}, not {msg.reply.__name__}"
+        )
+    return cast(R, reply)
+
+
+async def ask(client: Client, msg: Request[R], *, timeout: float | None = 60.0) -> R:
+    """Send request ``msg`` and return its reply, checked.
+
+    Raises:
+        ProtocolError: the reply is not of the kind ``msg`` gets.
+        RaylessError: whatever the request raised (the handler's error, as itself).
+    """
+    return check_reply(msg, await client.request(msg, timeout=timeout))
 
 
 class _Bad(Exception):
@@ -186,6 +221,11 @@ class Handlers(Generic[P]):
     def on(self, cls: type[M], handler: Callable[[P, M], object]) -> None:
         """Answer messages of exactly type ``cls`` with ``handler(peer, message)``."""
         self._table[cls] = handler
+
+    @property
+    def types(self) -> frozenset[type]:
+        """The message types this table answers."""
+        return frozenset(self._table)
 
     def handle(self, peer: P, body: object) -> Any:
         """Run the handler of ``body``'s type and return what it returns.

@@ -12,7 +12,11 @@ import pytest
 
 from rayless.actors.control import messages as m
 from rayless.actors.control import zygote_messages as z
-from rayless.actors.control.wire import MESSAGES, Handlers, message
+from rayless.actors.control.agent import Agent
+from rayless.actors.control.head import Head
+from rayless.actors.control.spawner import ProcessSpawner
+from rayless.actors.control.wire import MESSAGES, Handlers, check_reply, message
+from rayless.placement import discover_node
 from rayless.transport import codec
 from rayless.transport._registry import EXT, MARK
 from rayless.transport.errors import ProtocolError, RemoteError
@@ -213,3 +217,25 @@ def test_zygote_frames_hold_one_codec_header() -> None:
     assert z.unpack(framed[4:]) == z.Forked(3, 44)
     with pytest.raises(ProtocolError):
         z.unpack(b"\xc1")  # not msgpack
+
+
+async def test_the_head_and_agents_answer_exactly_their_requests(tmp_path: Any) -> None:
+    head = Head("t" * 32)
+    assert head.requests.types == set(m.HEAD_REQUESTS)
+    assert head.oneways.types == {m.NodeHeartbeat, m.ActorEvent, m.LogLines}
+    node = discover_node(fake_gpus=1, node_id="n0", ip="127.0.0.1")
+    agent = Agent(head.address, "t" * 32, node, spawner=ProcessSpawner(), log_dir=str(tmp_path))
+    assert agent.requests.types == set(m.AGENT_REQUESTS)
+    await agent.head.aclose()
+    await agent.server.aclose()
+    await head.server.aclose()
+
+
+def test_a_reply_of_the_wrong_kind_is_a_protocol_error() -> None:
+    assert check_reply(m.Kill("a1"), False) is False
+    assert check_reply(m.Ready("a1", "tcp://x:1", 9, {}), None) is None
+    assert check_reply(m.Spawn(SPEC), VIEW) is VIEW
+    with pytest.raises(ProtocolError, match=r"ctl\.Spawn was answered with dict, not ActorView"):
+        check_reply(m.Spawn(SPEC), VIEW.as_dict())  # the untyped record of before
+    with pytest.raises(ProtocolError, match="answered with str, not NoneType"):
+        check_reply(m.Ready("a1", "tcp://x:1", 9, {}), "ok")
