@@ -134,7 +134,7 @@ async def test_head_and_agent_errors_arrive_typed(local_cluster: Cluster) -> Non
     # not a message at all (the untyped form of before), and a message with a field of the
     # wrong type (refused as it is decoded, before any handler runs)
     with pytest.raises(ProtocolError, match="malformed head request"):
-        await runtime.head_request(("actor_info", "no-such-id"))
+        await runtime.head_request(("actor_info", "no-such-id"))  # type: ignore[arg-type]
     with pytest.raises(ProtocolError, match=r"malformed ctl\.LookupActor message: actor_id"):
         await runtime.head_request(LookupActor(7))  # type: ignore[arg-type]
     assert await runtime.head_request(Kill("no-such-id")) is False  # the head still serves
