@@ -217,6 +217,7 @@ class Handlers(Generic[P]):
     def __init__(self, who: str) -> None:
         self.who = who
         self._table: dict[type, Callable[[P, Any], Any]] = {}
+        self.dropped = 0  # one-way messages of a type this table does not answer
 
     def on(self, cls: type[M], handler: Callable[[P, M], object]) -> None:
         """Answer messages of exactly type ``cls`` with ``handler(peer, message)``."""
@@ -241,10 +242,11 @@ class Handlers(Generic[P]):
         return handler(peer, body)
 
     def oneway(self, peer: P, body: object) -> None:
-        """Run the handler of a one-way message; one of an unknown type is logged and dropped
-        (a one-way message has no reply to carry an error)."""
+        """Run the handler of a one-way message; one of an unknown type is counted, logged and
+        dropped (a one-way message has no reply to carry an error)."""
         handler = self._table.get(type(body))
         if handler is None:
+            self.dropped += 1
             log.debug("%s dropped an unexpected one-way message %s", self.who, describe(body))
             return
         handler(peer, body)

@@ -207,7 +207,9 @@ def test_dispatch_goes_by_type_and_names_what_it_does_not_answer() -> None:
         table.handle("p", ("kill", "a1"))
     table.oneway("p", ("kill", "a1"))  # a one-way message has no reply: dropped
     table.oneway("p", m.Bootstrap("a1"))
-    assert seen == [("p", "a1")]
+    assert seen == [("p", "a1")] and table.dropped == 2
+    table.oneway("p", m.Kill("a2"))
+    assert seen == [("p", "a1"), ("p", "a2")] and table.dropped == 2
 
 
 def test_zygote_frames_hold_one_codec_header() -> None:
