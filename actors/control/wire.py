@@ -90,6 +90,8 @@ def message(name: str) -> Callable[[type[M]], type[M]]:
         hints = typing.get_type_hints(cls)
         fields = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
         checks = [_checker(hints[f], f"{cls.__qualname__}.{f}") for f in fields]
+        plain = [_plain(hints[f]) or frozenset() for f in fields]
+        spec = list(zip(fields, plain, checks, strict=True))
         enums = [i for i, f in enumerate(fields) if _is_enum_field(hints[f])]
 
         def to_state(obj: Any) -> list[Any]:
@@ -102,13 +104,16 @@ def message(name: str) -> Callable[[type[M]], type[M]]:
         def from_state(state: Any) -> Any:
             if type(state) is not list or len(state) != len(fields):
                 raise ProtocolError(f"malformed {name} message: expected {len(fields)} fields")
-            values = {}
-            for field, check, value in zip(fields, checks, state, strict=True):
+            values = []
+            for (field, exact, check), value in zip(spec, state, strict=True):
+                if type(value) in exact:  # the common case: no call
+                    values.append(value)
+                    continue
                 try:
-                    values[field] = check(value)
+                    values.append(check(value))
                 except _Bad as exc:
                     raise ProtocolError(f"malformed {name} message: {field} {exc}") from None
-            return cls(**values)
+            return cls(*values)
 
         register_extension(cls, name, to_state, from_state)
         MESSAGES[name] = cls
@@ -127,12 +132,37 @@ def _is_union(hint: Any) -> bool:
     return typing.get_origin(hint) is Union or isinstance(hint, types.UnionType)
 
 
+_PLAIN = (str, int, bool, bytes, float, type(None))  # checked by exact type
+
+
+def _plain(hint: Any) -> frozenset[type] | None:
+    """The exact types a value of ``hint`` may have when that is all there is to check
+    (``str``, ``int | None``...); None for anything else."""
+    options = typing.get_args(hint) if _is_union(hint) else (hint,)
+    options = tuple(type(None) if a is None else a for a in options)
+    if all(a in _PLAIN for a in options):
+        return frozenset(options)
+    return None
+
+
 def _checker(hint: Any, where: str) -> _Check:
-    """The function that checks (and, for Enums, converts) a decoded value of type ``hint``."""
+    """The function that checks (and, for Enums and ints given as floats, converts) a decoded
+    value of type ``hint``; values of a plain type pass through without a call per item."""
     if hint is Any:
         return lambda v: v
-    if hint is None or hint is type(None):
-        return _exact(type(None))
+    plain = _plain(hint)
+    if plain is not None:
+        widen = float in plain and int not in plain  # an int is a valid float
+        expected = " | ".join(sorted(t.__name__ for t in plain))
+
+        def exact(v: Any) -> Any:
+            if type(v) in plain:
+                return v
+            if widen and type(v) is int:
+                return float(v)
+            raise _Bad(f"must be {expected}, not {type(v).__name__}")
+
+        return exact
     if _is_union(hint):
         options = [_checker(a, where) for a in typing.get_args(hint)]
 
@@ -146,13 +176,9 @@ def _checker(hint: Any, where: str) -> _Check:
 
         return union
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is list:
-        item = _checker(args[0], where)
-        return lambda v: [item(x) for x in _exact(list)(v)]
+    if origin is list or (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
+        return _sequence(origin, args[0], where)
     if origin is tuple:
-        if len(args) == 2 and args[1] is Ellipsis:
-            each = _checker(args[0], where)
-            return lambda v: tuple(each(x) for x in _exact(tuple)(v))
         fixed = [_checker(a, where) for a in args]
 
         def fixed_tuple(v: Any) -> Any:
@@ -162,8 +188,7 @@ def _checker(hint: Any, where: str) -> _Check:
 
         return fixed_tuple
     if origin is dict:
-        key, val = _checker(args[0], where), _checker(args[1], where)
-        return lambda v: {key(k): val(x) for k, x in _exact(dict)(v).items()}
+        return _mapping(args[0], args[1], where)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         enum_cls = hint
 
@@ -176,20 +201,42 @@ def _checker(hint: Any, where: str) -> _Check:
                 raise _Bad(f"is not a {enum_cls.__name__}: {v!r:.60}") from None
 
         return member
-    if hint is float:
-        return lambda v: float(v) if type(v) is int else _exact(float)(v)
-    if hint in (str, int, bool, bytes):
-        return _exact(hint)
     if isinstance(hint, type) and (hint in _NAMES or issubclass(hint, RaylessError)):
         return _instance(hint)
     raise TypeError(f"{where}: unsupported message field type {hint!r}")
 
 
-def _exact(kind: type) -> _Check:
+def _sequence(kind: type[list[Any]] | type[tuple[Any, ...]], item_hint: Any, where: str) -> _Check:
+    """A ``list[X]`` or ``tuple[X, ...]`` checker."""
+    plain = _plain(item_hint)
+    item = _checker(item_hint, where)
+    name = kind.__name__
+
     def check(v: Any) -> Any:
         if type(v) is not kind:
-            raise _Bad(f"must be {kind.__name__}, not {type(v).__name__}")
-        return v
+            raise _Bad(f"must be {name}, not {type(v).__name__}")
+        if plain is not None and all(type(x) in plain for x in v):
+            return v
+        return kind(item(x) for x in v)
+
+    return check
+
+
+def _mapping(key_hint: Any, value_hint: Any, where: str) -> _Check:
+    """A ``dict[K, V]`` checker."""
+    plain_k, plain_v = _plain(key_hint), _plain(value_hint)
+    key, val = _checker(key_hint, where), _checker(value_hint, where)
+
+    def check(v: Any) -> Any:
+        if type(v) is not dict:
+            raise _Bad(f"must be dict, not {type(v).__name__}")
+        if (
+            plain_k is not None
+            and plain_v is not None
+            and all(type(k) in plain_k and type(x) in plain_v for k, x in v.items())
+        ):
+            return v
+        return {key(k): val(x) for k, x in v.items()}
 
     return check
 
