@@ -28,6 +28,15 @@ from rayless.actors.api.handle import ActorHandle, check_method_names
 from rayless.actors.api.lifecycle import Opening
 from rayless.actors.api.runtime import Runtime, close_runtimes, get_runtime, materialize
 from rayless.actors.api.sync import DEFAULT_TIMEOUT, SyncCluster
+from rayless.actors.control.messages import (
+    EndSession,
+    GetActor,
+    Kill,
+    ListNodes,
+    Shutdown,
+    Spawn,
+    SpawnSpec,
+)
 from rayless.actors.errors import ConnectError
 from rayless.actors.launch.local import LocalProcesses
 from rayless.transport import codec
@@ -157,29 +166,29 @@ class Cluster:
             init = codec.encode((args, kwargs), root="init")
         except TypeError as exc:  # named in the caller's terms: argument 0 ['a']
             raise call_encode_error(exc, f"{cls.__qualname__}()", args_at="[0]") from None
-        spec = {
-            "cls": ref.to_wire(),
-            "cls_name": cls.__qualname__,
-            "init": [bytes(f) for f in init],
-            "name": name,
-            "node": node,
-            "gpus": gpus,
-            "cpus": cpus,
-            "gpu_indices": list(gpu_indices) if gpu_indices is not None else None,
-            "max_restarts": max_restarts,
-            "max_concurrency": max_concurrency,
-            "env": dict(env or {}),
-            "owner": self.info.session,
-            "methods": methods,
-            "cwd": os.getcwd(),
-            "sys_path": [p for p in sys.path if p],
-            "timeout": timeout,
-            "wait_for_resources": float(wait_for_resources),
-        }
+        spec = SpawnSpec(
+            cls=(ref.module, ref.qualname, ref.pickled),
+            cls_name=cls.__qualname__,
+            init=tuple(bytes(f) for f in init),
+            owner=self.info.session,
+            name=name,
+            node=node,
+            gpus=float(gpus),
+            cpus=float(cpus),
+            gpu_indices=tuple(int(i) for i in gpu_indices) if gpu_indices is not None else None,
+            max_restarts=int(max_restarts),
+            max_concurrency=None if max_concurrency is None else int(max_concurrency),
+            env={str(k): str(v) for k, v in (env or {}).items()},
+            methods=methods,
+            cwd=os.getcwd(),
+            sys_path=tuple(p for p in sys.path if p),
+            timeout=float(timeout),
+            wait_for_resources=float(wait_for_resources),
+        )
         runtime = await self._runtime()
         try:
             record = await runtime.head_request(
-                ("spawn", spec), timeout=timeout + wait_for_resources + _HEAD_MARGIN
+                Spawn(spec), timeout=timeout + wait_for_resources + _HEAD_MARGIN
             )
         except RemoteError as exc:  # the constructor or setup raised
             raise materialize(exc) from None
@@ -206,7 +215,7 @@ class Cluster:
     async def kill(self, handle: ActorHandle[Any]) -> bool:
         """Kill the actor for good (no restart); False if it was already dead."""
         runtime = await self._runtime()
-        return bool(await runtime.head_request(("kill", handle.actor_id)))
+        return await runtime.head_request(Kill(handle.actor_id))
 
     async def get_actor(self, name: str) -> ActorHandle[Any]:
         """The live actor called ``name``.
@@ -215,19 +224,18 @@ class Cluster:
             ActorNotFoundError: no live actor has that name.
         """
         runtime = await self._runtime()
-        return ActorHandle.from_record(await runtime.head_request(("get_actor", name)))
+        return ActorHandle.from_record(await runtime.head_request(GetActor(name)))
 
     async def nodes(self) -> list[dict[str, Any]]:
         """Every node: its resources (GPUs free/used), actors, restarts."""
         runtime = await self._runtime()
-        result: list[dict[str, Any]] = await runtime.head_request(("nodes",))
-        return result
+        return await runtime.head_request(ListNodes())
 
     async def shutdown(self) -> None:
         """Stop the whole cluster (head, agents, actors)."""
         runtime = await self._runtime()
         try:
-            await runtime.head_request(("shutdown",), timeout=30)
+            await runtime.head_request(Shutdown(), timeout=30)
         except RaylessError:
             pass
 
@@ -246,7 +254,7 @@ class Cluster:
                 await self.shutdown()
             elif self._owns_session:
                 runtime = await get_runtime()
-                await runtime.head_request(("end_session", self.info.session), timeout=30)
+                await runtime.head_request(EndSession(self.info.session), timeout=30)
         except RaylessError:
             pass
         finally:

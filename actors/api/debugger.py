@@ -37,6 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 from rayless.actors.api import status
 from rayless.actors.control.debug import LineSocket, client_handshake
+from rayless.actors.control.messages import (
+    ActorState,
+    DebugEndpoints,
+    GetActor,
+    LookupActor,
+)
+from rayless.actors.control.wire import ask
 from rayless.transport.errors import AuthError, RaylessError
 from rayless.transport.errors import Timeout as TransportTimeout
 
@@ -106,8 +113,7 @@ async def endpoints(address: str, token: str, timeout: float) -> list[dict[str, 
         DebugCliError: the head did not answer, or rejected the token.
     """
     async with _head(address, token, timeout) as client:
-        found: list[dict[str, Any]] = await client.request(("debug_endpoints",), timeout=timeout)
-    return found
+        return await ask(client, DebugEndpoints(), timeout=timeout)
 
 
 async def exists(address: str, token: str, name: str, timeout: float) -> bool:
@@ -119,12 +125,13 @@ async def exists(address: str, token: str, name: str, timeout: float) -> bool:
     from rayless.actors.errors import ActorNotFoundError
 
     async with _head(address, token, timeout) as client:
-        for op in ("get_actor", "actor_info"):
+        lookups: tuple[GetActor | LookupActor, ...] = (GetActor(name), LookupActor(name))
+        for lookup in lookups:
             try:
-                record = await client.request((op, name), timeout=timeout)
+                record = await ask(client, lookup, timeout=timeout)
             except ActorNotFoundError:
                 continue
-            if isinstance(record, dict) and record.get("state") != "dead":
+            if record.state is not ActorState.DEAD:
                 return True
     return False
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayless.actors.api.components import slots_of, spawn_all
 from rayless.actors.api.runtime import get_runtime
+from rayless.actors.control.messages import FreePortOn
 from rayless.placement.errors import PlacementError
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ async def spawn_group(
             raise PlacementError(f"node {ranks_nodes[0]!r} of rank 0 is not alive")
         if master_port is None:
             runtime = await get_runtime()
-            master_port = int(await runtime.head_request(("free_port", ranks_nodes[0])))
+            master_port = await runtime.head_request(FreePortOn(ranks_nodes[0]))
         envs = torch_env(ranks_nodes, ips[ranks_nodes[0]], master_port)
 
     async def one(rank: int) -> ActorHandle:

@@ -32,6 +32,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 from rayless.actors.api.calls import has_futures, resolve_futures
 from rayless.actors.api.portal import run_sync, submit_sync
 from rayless.actors.api.runtime import fast_submit, get_runtime
+from rayless.actors.control.messages import ActorView
 from rayless.transport.codec import register_extension
 from rayless.transport.errors import Timeout
 
@@ -73,16 +74,10 @@ class ActorHandle(Generic[T]):
         self.node_id = node_id
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> ActorHandle[Any]:
+    def from_record(cls, record: ActorView) -> ActorHandle[Any]:
         """A handle from the head's record of an actor."""
-        methods = record.get("methods")
         return ActorHandle(
-            str(record["actor_id"]),
-            str(record["name"]),
-            str(record.get("address", "")),
-            str(record.get("cls", "")),
-            None if methods is None else {str(k): bool(v) for k, v in dict(methods).items()},
-            record.get("node_id"),
+            record.actor_id, record.name, record.address, record.cls, record.methods, record.node_id
         )
 
     def with_timeout(self, seconds: float | None) -> ActorHandle[T]:

@@ -18,6 +18,8 @@ import concurrent.futures
 import logging
 import threading
 
+from rayless.actors.control.messages import KeepSession
+from rayless.actors.control.wire import ask
 from rayless.transport.client import Client
 from rayless.transport.errors import RaylessError
 
@@ -123,7 +125,7 @@ class SessionKeeper:
 
     async def _register(self, client: Client) -> None:
         await client.connect()
-        await client.request(("keep_session", self.session), timeout=30)
+        await ask(client, KeepSession(self.session), timeout=30)
         self.registrations += 1
 
     async def _register_again(self, client: Client, stop: asyncio.Event) -> None:

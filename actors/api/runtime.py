@@ -23,14 +23,25 @@ import builtins
 import math
 import sys
 import weakref
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 from rayless.actors.api import context
 from rayless.actors.api.actor import loads_by_value
 from rayless.actors.api.calls import call_encode_error, call_limit_error
 from rayless.actors.api.keeper import SessionKeeper
 from rayless.actors.control.logs import print_lines
+from rayless.actors.control.messages import (
+    ActorEvent,
+    ActorState,
+    ActorView,
+    EventKind,
+    Hello,
+    LogLines,
+    LookupActor,
+    NodeDied,
+)
+from rayless.actors.control.wire import Handlers, Request, ask
 from rayless.actors.errors import ActorDiedError, ClusterLostError
 from rayless.transport.client import Client
 from rayless.transport.codec import encode
@@ -44,6 +55,8 @@ from rayless.transport.errors import (
 )
 
 RESTART_WAIT = 120.0
+R = TypeVar("R")
+ALIVE, RESTARTING, DEAD = ActorState.ALIVE, ActorState.RESTARTING, ActorState.DEAD
 
 
 @dataclass
@@ -52,7 +65,7 @@ class _ActorConn:
     name: str
     address: str
     node: str | None
-    state: str = "alive"
+    state: ActorState = ALIVE
     client: Client | None = None
     death: ActorDiedError | None = None
     # set while the actor serves, and once it is dead for good (waiters then read ``state``)
@@ -85,6 +98,10 @@ class Runtime:
         self._warming: asyncio.Future[None] | None = None
         self.forgets = 0  # how many times the head forgot this connection (we then resume)
         self.resumes = 0  # how many times the session was resumed on a new handshake
+        self._pushes: Handlers[None] = Handlers("runtime")  # what the head pushes
+        self._pushes.on(ActorEvent, lambda _, ev: self._on_event(ev))
+        self._pushes.on(LogLines, lambda _, batch: self._print_logs(batch))
+        self._pushes.on(NodeDied, lambda _, died: None)  # its actors' DIED events came first
 
     async def start(self) -> Runtime:
         """Connect to the head and register this process's session.
@@ -93,9 +110,8 @@ class Runtime:
         its agents): its loss fails every call of this runtime at once with ClusterLostError.
         """
         await self.head.connect()
-        hello = await self.head.request(("hello", self.info.session), timeout=30)
-        node_timeout = float(hello.get("node_timeout", 10.0)) if isinstance(hello, dict) else 10.0
-        timeout = max(1.0, node_timeout)
+        hello = await ask(self.head, Hello(self.info.session), timeout=30)
+        timeout = max(1.0, hello.node_timeout)
         interval = min(0.5, timeout / 4)
         self.head.set_heartbeat(interval, timeout)
         self._hb_timeout = timeout
@@ -120,22 +136,23 @@ class Runtime:
             self.keeper = keeper
         return self
 
-    async def head_request(self, body: tuple[Any, ...], timeout: float | None = 60.0) -> Any:
-        """A request to the head.
+    async def head_request(self, body: Request[R], timeout: float | None = 60.0) -> R:
+        """A request to the head; its reply, checked.
 
         Raises:
             ClusterLostError: the head is gone.
+            ProtocolError: the head answered with something else than ``body`` gets.
         """
         forgets = await self._session_ready()
         try:
-            return await self.head.request(body, timeout=timeout)
+            return await ask(self.head, body, timeout=timeout)
         except BrokenError:
             if self.forgets == forgets:
                 raise
         # the head had forgotten this connection and did not run the request: send it again
         # once the session is resumed
         await self._session_ready()
-        return await self.head.request(body, timeout=timeout)
+        return await ask(self.head, body, timeout=timeout)
 
     async def _session_ready(self) -> int:
         """Wait for a resume under way; raise ClusterLostError if the cluster is lost; the
@@ -167,40 +184,44 @@ class Runtime:
         fast counts as lost), re-introduce the session, and catch up on the actor events sent
         while the head did not know this connection."""
         try:
-            ids = [a for a, c in self.conns.items() if c.state != "dead"]
+            ids = tuple(a for a, c in self.conns.items() if c.state is not DEAD)
             await self.head.connect(timeout=self._hb_timeout)
-            hello = await self.head.request(("hello", self.info.session, ids), timeout=30)
+            hello = await ask(self.head, Hello(self.info.session, ids), timeout=30)
         except RaylessError as exc:
             self._lose(f"{reason}, and it could not be reached again: {exc}")
         else:
-            records = hello.get("actors") if isinstance(hello, dict) else None
-            self._catch_up(records if isinstance(records, list) else [])
+            self._catch_up(hello.actors)
             self.resumes += 1
         finally:
             self._resuming = None
 
-    def _catch_up(self, records: list[Any]) -> None:
+    def _catch_up(self, records: tuple[ActorView, ...]) -> None:
         """Apply the states of actors (head records) whose events we may have missed."""
         for record in records:
-            if not isinstance(record, dict):
+            conn = self.conns.get(record.actor_id)
+            if conn is None or conn.state is DEAD:
                 continue
-            actor_id = str(record.get("actor_id", ""))
-            conn = self.conns.get(actor_id)
-            if conn is None or conn.state == "dead":
-                continue
-            death = record.get("death") if isinstance(record.get("death"), dict) else {}
-            event = {**(death or {}), "actor_id": actor_id, "name": record.get("name")}
-            state = record.get("state")
-            if state == "dead":
-                self._on_event({**event, "ev": "died"})
-            elif state == "restarting" and conn.state == "alive":
-                self._on_event({**event, "ev": "restarting"})
-            elif state == "alive" and (
-                conn.state != "alive" or record.get("address") != conn.address
+            death = record.death or ActorEvent(EventKind.DIED, record.actor_id)
+            died = replace(death, actor_id=record.actor_id, name=record.name)
+            if record.state is DEAD:
+                self._on_event(replace(died, kind=EventKind.DIED))
+            elif record.state is RESTARTING and conn.state is ALIVE:
+                self._on_event(replace(died, kind=EventKind.RESTARTING))
+            elif record.state is ALIVE and (
+                conn.state is not ALIVE or record.address != conn.address
             ):
-                if conn.state == "alive":  # it restarted meanwhile: its old calls are lost
-                    self._on_event({**event, "ev": "restarting"})
-                self._on_event({"ev": "ready", "actor_id": actor_id, **record})
+                if conn.state is ALIVE:  # it restarted meanwhile: its old calls are lost
+                    self._on_event(replace(died, kind=EventKind.RESTARTING))
+                self._on_event(
+                    ActorEvent(
+                        EventKind.READY,
+                        record.actor_id,
+                        name=record.name,
+                        node=record.node_id,
+                        pid=record.pid,
+                        address=record.address,
+                    )
+                )
 
     def _lose(self, reason: str) -> None:
         if self.lost is not None:
@@ -210,7 +231,7 @@ class Runtime:
             "this cluster fails. Start or connect to a cluster again."
         )
         for conn in self.conns.values():
-            conn.state, conn.death = "dead", None
+            conn.state, conn.death = DEAD, None
             conn.alive.set()  # wake calls waiting for a restart
             if conn.client is not None:
                 conn.client.fail_pending(self.lost)
@@ -235,33 +256,32 @@ class Runtime:
 
     # -- events ----------------------------------------------------------------------------
 
-    def _on_oneway(self, body: Any) -> None:
-        if not isinstance(body, tuple) or len(body) != 2 or not isinstance(body[1], dict):
-            return
-        if body[0] == "event":
-            self._on_event(body[1])
-        elif body[0] == "logs" and self.print_logs:
-            print_lines(body[1])
+    def _on_oneway(self, body: object) -> None:
+        self._pushes.oneway(None, body)  # (a client's pushes come from its one server)
 
-    def _on_event(self, ev: dict[str, Any]) -> None:
-        actor_id = str(ev.get("actor_id", ""))
-        kind = ev.get("ev")
+    def _print_logs(self, batch: LogLines) -> None:
+        if self.print_logs:
+            print_lines(batch)
+
+    def _on_event(self, ev: ActorEvent) -> None:
+        actor_id = ev.actor_id
+        kind = ev.kind
         conn = self.conns.get(actor_id)
         if conn is None:
-            if kind != "died":
+            if kind is not EventKind.DIED:
                 return
-            conn = self.conns[actor_id] = _ActorConn(actor_id, str(ev.get("name")), "", None)
-        if kind in ("died", "restarting"):
+            conn = self.conns[actor_id] = _ActorConn(actor_id, ev.name, "", None)
+        if kind is EventKind.DIED or kind is EventKind.RESTARTING:
             death = ActorDiedError(
-                str(ev.get("name", conn.name)),
-                pid=ev.get("pid"),
-                exitcode=ev.get("exitcode"),
-                node=ev.get("node", conn.node),
-                reason=str(ev.get("reason", "")),
+                ev.name or conn.name,
+                pid=ev.pid,
+                exitcode=ev.exitcode,
+                node=ev.node or conn.node,
+                reason=ev.reason,
             )
-            conn.state = "dead" if kind == "died" else "restarting"
+            conn.state = DEAD if kind is EventKind.DIED else RESTARTING
             conn.death = death
-            if kind == "died":
+            if kind is EventKind.DIED:
                 conn.alive.set()  # wake calls waiting for a restart: it will never come
             else:
                 conn.alive.clear()
@@ -269,8 +289,8 @@ class Runtime:
             if client is not None:
                 client.fail_pending(death)
                 self.loop.create_task(client.aclose())
-        elif kind == "ready":
-            conn.state, conn.address, conn.death = "alive", str(ev.get("address")), None
+        elif kind is EventKind.READY:
+            conn.state, conn.address, conn.death = ALIVE, ev.address, None
             conn.alive.set()
 
     # -- calls -----------------------------------------------------------------------------
@@ -286,14 +306,14 @@ class Runtime:
     async def _ready_client(self, conn: _ActorConn) -> Client:
         if self.lost is not None:
             raise self.lost
-        if conn.state == "restarting":
+        if conn.state is RESTARTING:
             try:
                 await asyncio.wait_for(conn.alive.wait(), RESTART_WAIT)
             except asyncio.TimeoutError:
                 raise conn.death or ActorDiedError(conn.name, reason="restart timed out") from None
         if self.lost is not None:
             raise self.lost
-        if conn.state == "dead":
+        if conn.state is DEAD:
             raise conn.death or ActorDiedError(conn.name)
         async with conn.lock:
             client = conn.client
@@ -322,19 +342,19 @@ class Runtime:
     async def _why_unreachable(self, conn: _ActorConn) -> RaylessError:
         """Ask the head what became of an actor we cannot reach."""
         try:
-            info = await self.head_request(("actor_info", conn.actor_id), timeout=10)
+            info = await self.head_request(LookupActor(conn.actor_id), timeout=10)
         except RaylessError as exc:
             return ActorDiedError(conn.name, node=conn.node, reason=f"unreachable ({exc})")
-        death = info.get("death") or {}
-        if info.get("state") == "alive" and info.get("address") != conn.address:
-            conn.address = info["address"]
+        if info.state is ALIVE and info.address != conn.address:
+            conn.address = info.address
             return BrokenError(f"actor {conn.name} moved; retry the call")
+        death = info.death
         return ActorDiedError(
             conn.name,
-            pid=death.get("pid", info.get("pid")),
-            exitcode=death.get("exitcode"),
-            node=info.get("node_id"),
-            reason=str(death.get("reason", "unreachable")),
+            pid=info.pid if death is None else death.pid,
+            exitcode=None if death is None else death.exitcode,
+            node=info.node_id,
+            reason="unreachable" if death is None else death.reason,
         )
 
     async def call(
@@ -357,7 +377,7 @@ class Runtime:
         """
         conn = self.conns.get(handle.actor_id) or self._conn_for(handle)
         client = conn.client
-        if client is None or not client.ready or conn.state != "alive":
+        if client is None or not client.ready or conn.state is not ALIVE:
             client = await self._ready_client(conn)
         try:
             return await client.request(("c", method, args, kwargs), timeout=timeout)
@@ -518,7 +538,7 @@ def fast_submit(
     if runtime is None:
         return None
     conn = runtime.conns.get(handle.actor_id)
-    if conn is None or conn.state != "alive" or conn.client is None:
+    if conn is None or conn.state is not ALIVE or conn.client is None:
         return None
     fut = conn.client.submit_nowait(("c", method, args, kwargs), timeout)
     if fut is not None and fut.done() and not fut.cancelled():

@@ -26,13 +26,33 @@ from typing import Any
 
 from rayless.actors.api import context
 from rayless.actors.control.logs import LogTailer
+from rayless.actors.control.messages import (
+    ActorEvent,
+    AgentStatus,
+    Boot,
+    Bootstrap,
+    EventKind,
+    Failed,
+    FreePort,
+    LogLines,
+    NodeHeartbeat,
+    ProcState,
+    Ready,
+    RegisterNode,
+    Shutdown,
+    SpawnSpec,
+    StartActor,
+    Started,
+    StopActor,
+)
 from rayless.actors.control.process_util import die_with_parent, setup_logging
 from rayless.actors.control.spawner import ProcessSpawner, Spawner, ZygoteSpawner
+from rayless.actors.control.wire import Handlers, ask
 from rayless.actors.errors import ActorDiedError, ActorNotFoundError
 from rayless.placement import NodeInfo, discover_node_async
 from rayless.transport import loop
 from rayless.transport.client import Client
-from rayless.transport.errors import ProtocolError, RaylessError
+from rayless.transport.errors import RaylessError
 from rayless.transport.server import Peer, Request, Server
 from rayless.transport.shm import cleanup_stale, reap
 
@@ -46,15 +66,15 @@ class ActorProc:
 
     actor_id: str
     name: str
-    spec: dict[str, Any]
+    spec: SpawnSpec
     env: dict[str, str]
     log_path: str
     max_restarts: int
     restarts: int = 0
     pid: int | None = None
-    state: str = "starting"  # starting → alive → (restarting →)* stopping/dead
+    state: ProcState = ProcState.STARTING  # → alive → (restarting →)* stopping/dead
     address: str = ""
-    ready: asyncio.Future[dict[str, Any]] | None = None
+    ready: asyncio.Future[Started] | None = None
     stop_reason: str = ""
     exited: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -104,6 +124,15 @@ class Agent:
         self.tailer = LogTailer(self._send_logs)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self.requests: Handlers[Peer] = Handlers("agent")
+        self.requests.on(StartActor, self.op_spawn)
+        self.requests.on(Bootstrap, self.op_bootstrap)
+        self.requests.on(Ready, self.op_ready)
+        self.requests.on(Failed, self.op_failed)
+        self.requests.on(StopActor, self.op_kill)
+        self.requests.on(AgentStatus, self.op_status)
+        self.requests.on(FreePort, self.op_free_port)
+        self.requests.on(Shutdown, self.op_shutdown)
 
     async def __aenter__(self) -> Agent:
         os.makedirs(self.log_dir, exist_ok=True)
@@ -113,8 +142,8 @@ class Agent:
         info = self.node.to_dict()
         if self.rank is not None:  # the launch rank, so a rendezvous can name missing ranks
             info["rank"] = self.rank
-        reply = await self.head.request(("register_node", info, self.server.address), timeout=30)
-        self.head_timeout = float(reply.get("node_timeout", self.head_timeout))
+        reply = await ask(self.head, RegisterNode(info, self.server.address), timeout=30)
+        self.head_timeout = reply.node_timeout
         self._spawn_task(self._heartbeat())
         self._spawn_task(self.tailer.run())
         return self
@@ -142,7 +171,9 @@ class Agent:
         self.stopped.set()
 
     async def _stop_all(self, reason: str) -> None:
-        procs = [p for p in self.procs.values() if p.pid is not None and p.state != "dead"]
+        procs = [
+            p for p in self.procs.values() if p.pid is not None and p.state is not ProcState.DEAD
+        ]
         await asyncio.gather(*(self._terminate(p, reason) for p in procs))
 
     async def _heartbeat(self) -> None:
@@ -157,7 +188,7 @@ class Agent:
             if self.head.ready:
                 lost_since = None
                 try:
-                    self.head.send_oneway(("node_heartbeat", self.node.node_id))
+                    self.head.send_oneway(NodeHeartbeat(self.node.node_id))
                 except RaylessError:
                     pass
                 continue
@@ -177,20 +208,18 @@ class Agent:
     # -- requests ------------------------------------------------------------------------
 
     def _handle(self, req: Request) -> Any:
-        body = req.body
-        if not isinstance(body, tuple) or not body or not isinstance(body[0], str):
-            raise ProtocolError(f"malformed agent request {body!r:.100}")
-        method = getattr(self, f"op_{body[0]}", None)
-        if method is None:
-            raise ProtocolError(f"unknown agent operation {body[0]!r}")
-        return method(req.peer, *body[1:])
+        """Answer a request by its message type (``messages.AGENT_REQUESTS``).
 
-    async def op_spawn(self, peer: Peer, actor_id: str, spec: dict[str, Any]) -> dict[str, Any]:
+        Raises:
+            ProtocolError: an unknown or malformed request.
+        """
+        return self.requests.handle(req.peer, req.body)
+
+    async def op_spawn(self, peer: Peer, msg: StartActor) -> Started:
         """Start an actor and answer once it serves (or failed to start)."""
-        name = str(spec["name"])
-        env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
-        env.update({str(k): str(v) for k, v in (spec.get("env_res") or {}).items()})
-        cpus = float(spec.get("cpus", 1) or 0)
+        actor_id, name, spec = msg.actor_id, msg.name, msg.spec
+        env = {**spec.env, **msg.env_res}
+        cpus = spec.cpus
         env["RAYLESS_CPUS"] = f"{cpus:g}"
         env.setdefault("OMP_NUM_THREADS", str(max(1, int(cpus))))  # as Ray does
         env.update(
@@ -211,67 +240,65 @@ class Agent:
             spec=spec,
             env=env,
             log_path=os.path.join(self.log_dir, f"{safe}-{actor_id}.log"),
-            max_restarts=int(spec.get("max_restarts", 0)),
+            max_restarts=spec.max_restarts,
         )
         self.procs[actor_id] = proc
-        module = spec["cls"][0]
+        module = spec.cls[0]
         if module not in ("__main__", "__mp_main__"):
             await self.spawner.preload(module)
         return await self._start(proc)
 
-    async def _start(self, proc: ActorProc) -> dict[str, Any]:
+    async def _start(self, proc: ActorProc) -> Started:
         proc.ready = asyncio.get_running_loop().create_future()
         proc.exited = asyncio.Event()
-        pid = await self.spawner.spawn(proc.env, proc.log_path, proc.spec.get("cwd"))
+        pid = await self.spawner.spawn(proc.env, proc.log_path, proc.spec.cwd)
         proc.pid = pid
         self.by_pid[pid] = proc
         self.tailer.watch(proc.actor_id, proc.name, pid, self.node.node_id, proc.log_path)
-        if proc.state == "stopping":  # killed while the spawner was forking it
+        if proc.state is ProcState.STOPPING:  # killed while the spawner was forking it
             _signal(pid, signal.SIGKILL)
         return await proc.ready
 
-    def op_bootstrap(self, peer: Peer, actor_id: str) -> dict[str, Any]:
-        """What a starting actor process needs: its class, init args and limits."""
-        proc = self.procs.get(actor_id)
-        if proc is None:
-            raise ActorNotFoundError(f"unknown actor {actor_id!r}")
-        spec = proc.spec
-        return {
-            "cls": spec["cls"],
-            "init": spec["init"],
-            "max_concurrency": spec.get("max_concurrency"),
-            "sys_path": spec.get("sys_path") or [],
-        }
+    def op_bootstrap(self, peer: Peer, msg: Bootstrap) -> Boot:
+        """What a starting actor process needs: its class, init args and limits.
 
-    def op_ready(
-        self,
-        peer: Peer,
-        actor_id: str,
-        address: str,
-        pid: int,
-        methods: dict[str, bool] | None = None,
-    ) -> None:
+        Raises:
+            ActorNotFoundError: this agent starts no such actor.
+        """
+        proc = self.procs.get(msg.actor_id)
+        if proc is None:
+            raise ActorNotFoundError(f"unknown actor {msg.actor_id!r}")
+        spec = proc.spec
+        return Boot(spec.cls, spec.init, spec.max_concurrency, spec.sys_path)
+
+    def op_ready(self, peer: Peer, msg: Ready) -> None:
         """A started actor serves at ``address``; ``methods``: its class's public methods."""
-        proc = self.procs.get(actor_id)
+        proc = self.procs.get(msg.actor_id)
         if proc is None:
             return
-        proc.address, proc.state = address, "alive"
-        result: dict[str, Any] = {"address": address, "pid": pid}
-        if isinstance(methods, dict):
-            result["methods"] = methods
+        proc.address, proc.state = msg.address, ProcState.ALIVE
+        started = Started(msg.address, msg.pid, msg.methods)
         if proc.ready is not None and not proc.ready.done():
-            proc.ready.set_result(result)
+            proc.ready.set_result(started)
         if proc.restarts > 0:
-            self._event({"ev": "ready", "actor_id": actor_id, **result, "restarts": proc.restarts})
+            self._event(
+                ActorEvent(
+                    EventKind.READY,
+                    msg.actor_id,
+                    pid=msg.pid,
+                    restarts=proc.restarts,
+                    address=msg.address,
+                )
+            )
 
-    def op_failed(self, peer: Peer, actor_id: str, error: BaseException) -> None:
+    def op_failed(self, peer: Peer, msg: Failed) -> None:
         """A starting actor's constructor or ``setup`` raised ``error``."""
-        proc = self.procs.get(actor_id)
+        proc = self.procs.get(msg.actor_id)
         if proc is not None and proc.ready is not None and not proc.ready.done():
-            proc.stop_reason = f"failed to start: {error}"
-            proc.ready.set_exception(error)
+            proc.stop_reason = f"failed to start: {msg.error}"
+            proc.ready.set_exception(msg.error)
 
-    async def op_kill(self, peer: Peer, actor_id: str, reason: str = "killed") -> bool:
+    async def op_kill(self, peer: Peer, msg: StopActor) -> bool:
         """Stop an actor for good: SIGTERM, a grace period, SIGKILL; answers once it is gone.
 
         An actor still starting (its spawn timed out at the head) is killed too, at once with
@@ -279,11 +306,11 @@ class Agent:
         timeout bounds the whole spawn): its process must be gone before the head frees its
         resources.
         """
-        proc = self.procs.get(actor_id)
-        if proc is None or proc.state == "dead":
+        proc = self.procs.get(msg.actor_id)
+        if proc is None or proc.state is ProcState.DEAD:
             return False
-        starting = proc.state == "starting"
-        await self._terminate(proc, reason, grace=0.0 if starting else self.kill_grace)
+        starting = proc.state is ProcState.STARTING
+        await self._terminate(proc, msg.reason, grace=0.0 if starting else self.kill_grace)
         if proc.pid is None and proc.ready is not None:  # still forking: wait for the process
             await asyncio.wait([proc.ready], timeout=self.kill_grace + 5.0)
         if proc.pid is not None and not proc.exited.is_set():
@@ -293,7 +320,7 @@ class Agent:
                 log.error("actor %s (pid %s) outlived its kill", proc.name, proc.pid)
         return True
 
-    def op_status(self, peer: Peer) -> dict[str, Any]:
+    def op_status(self, peer: Peer, msg: AgentStatus) -> dict[str, Any]:
         """This node's actors and their processes."""
         return {
             "node": self.node.to_dict(),
@@ -302,7 +329,7 @@ class Agent:
                     "actor_id": p.actor_id,
                     "name": p.name,
                     "pid": p.pid,
-                    "state": p.state,
+                    "state": p.state.value,
                     "restarts": p.restarts,
                     "log": p.log_path,
                 }
@@ -310,13 +337,13 @@ class Agent:
             ],
         }
 
-    def op_free_port(self, peer: Peer) -> int:
+    def op_free_port(self, peer: Peer, msg: FreePort) -> int:
         """A TCP port free on this node's address right now (for torch.distributed groups)."""
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((self.node.ip, 0))
             return int(sock.getsockname()[1])
 
-    def op_shutdown(self, peer: Peer) -> str:
+    def op_shutdown(self, peer: Peer, msg: Shutdown) -> str:
         """Stop every actor and exit (after replying)."""
         asyncio.get_running_loop().call_soon(lambda: self._spawn_task(self.aclose()))
         return "shutting down"
@@ -325,7 +352,7 @@ class Agent:
 
     async def _terminate(self, proc: ActorProc, reason: str, grace: float | None = None) -> None:
         """SIGTERM, ``grace`` seconds (default ``kill_grace``; 0: none), SIGKILL."""
-        proc.state = "stopping"
+        proc.state = ProcState.STOPPING
         proc.stop_reason = reason
         proc.max_restarts = proc.restarts
         pid = proc.pid
@@ -367,18 +394,18 @@ class Agent:
         starting = proc.ready is not None and not proc.ready.done()
         first_start = starting and proc.restarts == 0  # a failed spawn is not restarted
         can_restart = proc.restarts < proc.max_restarts and not self._closed
-        if proc.state != "stopping" and can_restart and not first_start:
+        if proc.state is not ProcState.STOPPING and can_restart and not first_start:
             proc.restarts += 1
-            proc.state = "restarting"
+            proc.state = ProcState.RESTARTING
             self._event(
-                {
-                    "ev": "restarting",
-                    "actor_id": proc.actor_id,
-                    "pid": pid,
-                    "exitcode": code,
-                    "restarts": proc.restarts,
-                    "reason": f"restarting ({proc.restarts}/{proc.max_restarts})",
-                }
+                ActorEvent(
+                    EventKind.RESTARTING,
+                    proc.actor_id,
+                    pid=pid,
+                    exitcode=code,
+                    restarts=proc.restarts,
+                    reason=f"restarting ({proc.restarts}/{proc.max_restarts})",
+                )
             )
             if starting and proc.ready is not None:
                 proc.ready.cancel()  # the previous restart's wait ends here
@@ -387,33 +414,33 @@ class Agent:
             except BaseException as exc:  # it will exit and come back here
                 log.warning("restart of %s failed: %s", proc.name, exc)
             return
-        proc.state = "dead"
+        proc.state = ProcState.DEAD
         if starting and proc.ready is not None:
             proc.ready.set_exception(died)
         self._event(
-            {
-                "ev": "died",
-                "actor_id": proc.actor_id,
-                "pid": pid,
-                "exitcode": code,
-                "reason": proc.stop_reason,
-                "restarts": proc.restarts,
-            }
+            ActorEvent(
+                EventKind.DIED,
+                proc.actor_id,
+                pid=pid,
+                exitcode=code,
+                reason=proc.stop_reason,
+                restarts=proc.restarts,
+            )
         )
         self.tailer.forget(proc.actor_id)
         self.procs.pop(proc.actor_id, None)
 
-    def _event(self, ev: dict[str, Any]) -> None:
+    def _event(self, ev: ActorEvent) -> None:
         if self.head.ready:
             try:
-                self.head.send_oneway(("actor_event", ev))
+                self.head.send_oneway(ev)
             except RaylessError:
                 pass
 
-    def _send_logs(self, batch: dict[str, Any]) -> None:
+    def _send_logs(self, batch: LogLines) -> None:
         if self.head.ready:
             try:
-                self.head.send_oneway(("logs", batch))
+                self.head.send_oneway(batch)
             except RaylessError:
                 pass
 

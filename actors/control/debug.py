@@ -54,6 +54,8 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from rayless.actors.control.messages import DebugRegister
+from rayless.actors.control.wire import ask
 from rayless.transport import protocol
 from rayless.transport.errors import AuthError, ProtocolError
 from rayless.transport.ratelog import RateLimitedLog
@@ -480,11 +482,11 @@ def install(
     _server = server
     if "PYTHONBREAKPOINT" not in os.environ:
         sys.breakpointhook = _hook
-    _announcement = (head_address, token, actor_id, {"address": address, "pid": os.getpid()})
+    _announcement = (head_address, token, DebugRegister(actor_id, address, os.getpid()))
     return server
 
 
-_announcement: tuple[str, str, str, dict[str, Any]] | None = None
+_announcement: tuple[str, str, DebugRegister] | None = None
 
 
 def announce() -> None:
@@ -496,13 +498,13 @@ def announce() -> None:
         threading.Thread(target=_register, args=announcement, daemon=True).start()
 
 
-def _register(head_address: str, token: str, actor_id: str, info: dict[str, Any]) -> None:
+def _register(head_address: str, token: str, registration: DebugRegister) -> None:
     from rayless.transport.client import Client
     from rayless.transport.errors import RaylessError
 
     async def go() -> None:
         async with Client(head_address, token=token, name="debug-register") as client:
-            await client.request(("debug_register", actor_id, info), timeout=30)
+            await ask(client, registration, timeout=30)
 
     try:
         asyncio.run(go())

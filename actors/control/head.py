@@ -26,6 +26,30 @@ from typing import Any
 
 from rayless.actors.api import context, published
 from rayless.actors.control.head_actors import ActorRecord, HeadActors
+from rayless.actors.control.messages import (
+    ActorEvent,
+    ActorState,
+    DebugEndpoints,
+    DebugRegister,
+    EndSession,
+    FreePort,
+    FreePortOn,
+    GetActor,
+    Hello,
+    HelloReply,
+    KeepSession,
+    Kill,
+    ListNodes,
+    LogLines,
+    LookupActor,
+    NodeDied,
+    NodeHeartbeat,
+    NodeRegistered,
+    RegisterNode,
+    Shutdown,
+    Spawn,
+)
+from rayless.actors.control.wire import Handlers, ask
 from rayless.placement.allocation import NodeState
 from rayless.placement.errors import PlacementError
 from rayless.transport import loop
@@ -34,6 +58,7 @@ from rayless.transport.errors import ProtocolError, RaylessError
 from rayless.transport.server import Peer, Request, Server
 
 log = logging.getLogger("rayless.head")
+DEAD = ActorState.DEAD
 
 
 class Head(HeadActors):
@@ -72,6 +97,24 @@ class Head(HeadActors):
             peer_idle_timeout=max(2.0, node_timeout),
         )
         self._sweeper: asyncio.Task[None] | None = None
+        self.requests: Handlers[Peer] = Handlers("head")
+        self.requests.on(Hello, self.op_hello)
+        self.requests.on(KeepSession, self.op_keep_session)
+        self.requests.on(EndSession, self.op_end_session)
+        self.requests.on(RegisterNode, self.op_register_node)
+        self.requests.on(ListNodes, self.op_nodes)
+        self.requests.on(FreePortOn, self.op_free_port)
+        self.requests.on(Shutdown, self.op_shutdown)
+        self.requests.on(Spawn, self.op_spawn)
+        self.requests.on(GetActor, self.op_get_actor)
+        self.requests.on(LookupActor, self.op_actor_info)
+        self.requests.on(Kill, self.op_kill)
+        self.requests.on(DebugRegister, self.op_debug_register)
+        self.requests.on(DebugEndpoints, self.op_debug_endpoints)
+        self.oneways: Handlers[Peer] = Handlers("head")
+        self.oneways.on(NodeHeartbeat, self._on_heartbeat)
+        self.oneways.on(ActorEvent, lambda peer, ev: self._on_actor_event(ev))
+        self.oneways.on(LogLines, lambda peer, batch: self._forward_logs(batch))
 
     async def __aenter__(self) -> Head:
         await self.server.start()
@@ -102,7 +145,7 @@ class Head(HeadActors):
 
     async def _stop_agent(self, client: Client) -> None:
         try:
-            await client.request(("shutdown",), timeout=10)
+            await ask(client, Shutdown(), timeout=10)
         except RaylessError:
             pass
         await client.aclose()
@@ -115,32 +158,24 @@ class Head(HeadActors):
     # -- dispatch --------------------------------------------------------------------------
 
     def _handle(self, req: Request) -> Any:
-        body = req.body
-        if not isinstance(body, tuple) or not body or not isinstance(body[0], str):
-            raise ProtocolError(f"malformed head request {body!r:.100}")
-        op = body[0]
-        method = getattr(self, f"op_{op}", None)
-        if method is None:
-            raise ProtocolError(f"unknown head operation {op!r}")
-        return method(req.peer, *body[1:])
+        """Answer a request by its message type (``messages.HEAD_REQUESTS``).
 
-    def _oneway(self, peer: Peer, body: Any) -> None:
-        if not isinstance(body, tuple) or not body:
-            return
-        if body[0] == "node_heartbeat" and len(body) >= 2:
-            node = self.nodes.get(str(body[1]))
-            if node is not None and node.alive:
-                node.last_heartbeat = time.monotonic()
-        elif body[0] == "actor_event" and len(body) == 2 and isinstance(body[1], dict):
-            self._on_actor_event(body[1])
-        elif body[0] == "logs" and len(body) == 2 and isinstance(body[1], dict):
-            self._forward_logs(body[1])
+        Raises:
+            ProtocolError: an unknown or malformed request.
+        """
+        return self.requests.handle(req.peer, req.body)
+
+    def _oneway(self, peer: Peer, body: object) -> None:
+        self.oneways.oneway(peer, body)
+
+    def _on_heartbeat(self, peer: Peer, beat: NodeHeartbeat) -> None:
+        node = self.nodes.get(beat.node_id)
+        if node is not None and node.alive:
+            node.last_heartbeat = time.monotonic()
 
     # -- sessions ------------------------------------------------------------------------
 
-    def op_hello(
-        self, peer: Peer, session: str, actor_ids: list[str] | None = None
-    ) -> dict[str, Any]:
+    def op_hello(self, peer: Peer, msg: Hello) -> HelloReply:
         """A driver or actor runtime introduces its session (the owner of what it spawns).
 
         A runtime that resumes its session after the head forgot its connection names the
@@ -148,29 +183,24 @@ class Head(HeadActors):
         that it learns of the events it missed meanwhile.
 
         Raises:
-            ProtocolError: malformed arguments.
+            ProtocolError: an empty session id.
         """
-        if not isinstance(session, str) or not session:
+        if not msg.session:
             raise ProtocolError("hello needs a session id")
-        if actor_ids is not None and not isinstance(actor_ids, list):
-            raise ProtocolError("hello's actor ids must be a list")
-        self._join(peer, session)
-        reply: dict[str, Any] = {"node_timeout": self.node_timeout}
-        if actor_ids:
-            records = (self.actors.get(str(a)) for a in actor_ids)
-            reply["actors"] = [r.public() for r in records if r is not None]
-        return reply
+        self._join(peer, msg.session)
+        records = (self.actors.get(a) for a in msg.actor_ids)
+        return HelloReply(self.node_timeout, tuple(r.public() for r in records if r is not None))
 
-    def op_keep_session(self, peer: Peer, session: str) -> bool:
+    def op_keep_session(self, peer: Peer, msg: KeepSession) -> bool:
         """A driver's keeper connection (``actors.api.keeper``): it holds ``session`` alive
         while it is heard, and gets no events or logs.
 
         Raises:
-            ProtocolError: malformed arguments.
+            ProtocolError: an empty session id.
         """
-        if not isinstance(session, str) or not session:
+        if not msg.session:
             raise ProtocolError("keep_session needs a session id")
-        self._join(peer, session)
+        self._join(peer, msg.session)
         self._keepers.add(peer.routing_id)
         return True
 
@@ -184,9 +214,9 @@ class Head(HeadActors):
         if timer is not None:
             timer.cancel()
 
-    async def op_end_session(self, peer: Peer, session: str) -> int:
+    async def op_end_session(self, peer: Peer, msg: EndSession) -> int:
         """The session is over: kill every actor it owns; returns how many, once they are dead."""
-        owned = [a for a in self.actors.values() if a.owner == session and a.state != "dead"]
+        owned = [a for a in self.actors.values() if a.owner == msg.session and a.state is not DEAD]
         await asyncio.gather(
             *(self._kill(a, "its owner ended the session") for a in owned),
             return_exceptions=True,
@@ -204,7 +234,7 @@ class Head(HeadActors):
             if not peers:
                 del self.sessions[session]
                 owner = self.actors.get(session)
-                if owner is not None and owner.state != "dead":
+                if owner is not None and owner.state is not DEAD:
                     # an actor's session: what it owns dies with it (``_mark_dead``), never
                     # because its loop, held by a long method, went silent
                     return
@@ -215,7 +245,7 @@ class Head(HeadActors):
 
     def _kill_owned(self, session: str, reason: str) -> int:
         self._orphan_timers.pop(session, None)
-        owned = [a for a in self.actors.values() if a.owner == session and a.state != "dead"]
+        owned = [a for a in self.actors.values() if a.owner == session and a.state is not DEAD]
         for record in owned:
             self._spawn_task(self._kill(record, reason))
         # what those actors owned goes too (their sessions are their actor ids)
@@ -223,11 +253,10 @@ class Head(HeadActors):
 
     # -- nodes ---------------------------------------------------------------------------
 
-    async def op_register_node(
-        self, peer: Peer, info: dict[str, Any], agent_address: str
-    ) -> dict[str, Any]:
+    async def op_register_node(self, peer: Peer, msg: RegisterNode) -> NodeRegistered:
         """A node agent joins (or re-joins) the cluster."""
-        node = NodeState.create(info, agent_address, time.monotonic())
+        agent_address = msg.agent_address
+        node = NodeState.create(msg.info, agent_address, time.monotonic())
         old = self.agents.pop(node.node_id, None)
         if old is not None:
             await old.aclose()
@@ -237,28 +266,33 @@ class Head(HeadActors):
         self.agents[node.node_id] = client
         self._resources_changed()
         log.info("node %s joined (%d GPUs)", node.node_id, len(node.gpu_indices))
-        return {"node_timeout": self.node_timeout}
+        return NodeRegistered(self.node_timeout)
 
-    def op_nodes(self, peer: Peer) -> list[dict[str, Any]]:
+    def op_nodes(self, peer: Peer, msg: ListNodes) -> list[dict[str, Any]]:
         """Every node with its resources and actors."""
         out = []
         for node in self.nodes.values():
             summary = node.summary()
             summary["actors"] = [
-                self.actors[a].public() for a in summary["actors"] if a in self.actors
+                self.actors[a].public().as_dict() for a in summary["actors"] if a in self.actors
             ]
             out.append(summary)
         return out
 
-    async def op_free_port(self, peer: Peer, node_id: str) -> int:
-        """A TCP port free right now on ``node_id`` (asked of its agent)."""
+    async def op_free_port(self, peer: Peer, msg: FreePortOn) -> int:
+        """A TCP port free right now on ``node_id`` (asked of its agent).
+
+        Raises:
+            PlacementError: no such live node.
+        """
+        node_id = msg.node_id
         agent = self.agents.get(node_id)
         node = self.nodes.get(node_id)
         if agent is None or node is None or not node.alive:
             raise PlacementError(f"node {node_id!r} is not alive in this cluster")
-        return int(await agent.request(("free_port",), timeout=10))
+        return await ask(agent, FreePort(), timeout=10)
 
-    def op_shutdown(self, peer: Peer) -> str:
+    def op_shutdown(self, peer: Peer, msg: Shutdown) -> str:
         """Shut the whole cluster down (after replying)."""
         asyncio.get_running_loop().call_soon(lambda: self._spawn_task(self.aclose()))
         return "shutting down"
@@ -280,25 +314,25 @@ class Head(HeadActors):
             self._spawn_task(client.aclose())
         for actor_id in list(node.actors):
             record = self.actors.get(actor_id)
-            if record is not None and record.state != "dead":
-                self._mark_dead(record, {"reason": f"node {node.node_id} died ({reason})"})
-        self._broadcast({"ev": "node_died", "node_id": node.node_id, "reason": reason})
+            if record is not None and record.state is not DEAD:
+                self._mark_dead(record, f"node {node.node_id} died ({reason})")
+        self._broadcast(NodeDied(node.node_id, reason))
 
     # -- events --------------------------------------------------------------------------
 
-    def _broadcast(self, ev: dict[str, Any]) -> None:
+    def _broadcast(self, ev: ActorEvent | NodeDied) -> None:
         for peer in self.server.peers:
             rid = peer.routing_id
             if rid in self._peer_session and rid not in self._keepers:
-                self.server.send_oneway(peer, ("event", ev))
+                self.server.send_oneway(peer, ev)
 
-    def _forward_logs(self, batch: dict[str, Any]) -> None:
-        record = self.actors.get(str(batch.get("actor_id")))
+    def _forward_logs(self, batch: LogLines) -> None:
+        record = self.actors.get(batch.actor_id)
         if record is None:
             return
         for rid in self.sessions.get(record.owner, ()):
             if rid not in self._keepers:
-                self.server.send_oneway(rid, ("logs", batch))
+                self.server.send_oneway(rid, batch)
 
 
 async def serve(address: str, token: str, node_timeout: float) -> None:

@@ -13,14 +13,31 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from rayless.actors.control.messages import (
+    ActorEvent,
+    ActorState,
+    ActorView,
+    DebugEndpoints,
+    DebugRegister,
+    EventKind,
+    GetActor,
+    Kill,
+    LookupActor,
+    NodeDied,
+    Spawn,
+    SpawnSpec,
+    StartActor,
+    StopActor,
+)
+from rayless.actors.control.wire import ask
 from rayless.actors.errors import ActorDiedError, ActorNotFoundError, NameTakenError
 from rayless.placement.allocation import Allocation, NodeState, choose, release
 from rayless.placement.errors import PlacementError, ResourcesBusyError
 from rayless.transport.client import Client
-from rayless.transport.errors import ProtocolError, RaylessError, Timeout
+from rayless.transport.errors import RaylessError, Timeout
 from rayless.transport.peer import Peer
 
 log = logging.getLogger("rayless.head")
@@ -37,31 +54,31 @@ class ActorRecord:
     alloc: Allocation
     max_restarts: int
     methods: dict[str, bool]
-    state: str = "pending"
+    state: ActorState = ActorState.PENDING
     address: str = ""
     pid: int | None = None
     restarts: int = 0
-    death: dict[str, Any] | None = None
+    death: ActorEvent | None = None
     env: dict[str, str] = field(default_factory=dict)
 
-    def public(self) -> dict[str, Any]:
-        """Plain values for lookups, handles and status."""
-        return {
-            "actor_id": self.actor_id,
-            "name": self.name,
-            "cls": self.cls,
-            "node_id": self.alloc.node_id,
-            "gpus": self.alloc.cuda_visible_devices,
-            "gpu_shares": [list(g) for g in self.alloc.gpus],
-            "cpus": self.alloc.cpus,
-            "state": self.state,
-            "address": self.address,
-            "pid": self.pid,
-            "restarts": self.restarts,
-            "max_restarts": self.max_restarts,
-            "methods": self.methods,
-            "death": self.death,
-        }
+    def public(self) -> ActorView:
+        """The record as lookups, handles and status see it."""
+        return ActorView(
+            actor_id=self.actor_id,
+            name=self.name,
+            cls=self.cls,
+            node_id=self.alloc.node_id,
+            gpus=self.alloc.cuda_visible_devices,
+            gpu_shares=tuple((int(i), float(f)) for i, f in self.alloc.gpus),
+            cpus=float(self.alloc.cpus),
+            state=self.state,
+            address=self.address,
+            pid=self.pid,
+            restarts=self.restarts,
+            max_restarts=self.max_restarts,
+            methods=dict(self.methods),
+            death=self.death,
+        )
 
 
 class HeadActors:
@@ -80,17 +97,25 @@ class HeadActors:
 
         def _kill_owned(self, session: str, reason: str) -> int: ...
 
-        def _broadcast(self, ev: dict[str, Any]) -> None: ...
+        def _broadcast(self, ev: ActorEvent | NodeDied) -> None: ...
 
-    async def op_spawn(self, peer: Peer, spec: dict[str, Any]) -> dict[str, Any]:
-        """Place an actor, have its node start it, and return its record once it serves."""
-        name = spec.get("name")
+    async def op_spawn(self, peer: Peer, msg: Spawn) -> ActorView:
+        """Place an actor, have its node start it, and return its record once it serves.
+
+        Raises:
+            NameTakenError: a live actor has the name asked for.
+            PlacementError, ResourcesBusyError: it cannot be placed.
+            Timeout: it did not serve within the spec's timeout (its process was killed).
+            ActorDiedError, RemoteError: it died or its constructor raised while starting.
+        """
+        spec = msg.spec
+        name = spec.name
         if name is not None and name in self.names:
             existing = self.actors.get(self.names[name])
-            if existing is not None and existing.state != "dead":
+            if existing is not None and existing.state is not ActorState.DEAD:
                 raise NameTakenError(f"an actor named {name!r} already exists")
         alloc = await self._place(spec)
-        gone = spec.get("wait_for_resources") and str(spec.get("owner", "")) not in self.sessions
+        gone = spec.wait_for_resources and spec.owner not in self.sessions
         if gone or (name is not None and name in self.names):  # changed while we waited
             release(self.nodes, alloc)
             self._resources_changed()
@@ -100,12 +125,12 @@ class HeadActors:
         actor_id = uuid.uuid4().hex[:12]
         record = ActorRecord(
             actor_id=actor_id,
-            name=name or f"{spec.get('cls_name', 'actor')}-{actor_id[:6]}",
-            cls=str(spec.get("cls_name", "?")),
-            owner=str(spec.get("owner", "")),
+            name=name or f"{spec.cls_name or 'actor'}-{actor_id[:6]}",
+            cls=spec.cls_name or "?",
+            owner=spec.owner,
             alloc=alloc,
-            max_restarts=int(spec.get("max_restarts", 0)),
-            methods=dict(spec.get("methods", {})),
+            max_restarts=spec.max_restarts,
+            methods=dict(spec.methods),
         )
         self.actors[actor_id] = record
         self.names[record.name] = actor_id  # generated names are unique too
@@ -116,9 +141,8 @@ class HeadActors:
             if agent is None:
                 raise PlacementError(f"node {alloc.node_id} has no agent connection")
             env = {"CUDA_VISIBLE_DEVICES": alloc.cuda_visible_devices}
-            reply = await agent.request(
-                ("spawn", actor_id, {**spec, "name": record.name, "env_res": env}),
-                timeout=spec.get("timeout", 120),
+            reply = await ask(
+                agent, StartActor(actor_id, record.name, spec, env), timeout=spec.timeout
             )
         except BaseException as exc:
             if isinstance(exc, ActorDiedError):
@@ -127,21 +151,21 @@ class HeadActors:
                 # Its resources are freed only once it is gone, so that nothing else lands on
                 # its GPU while it finishes __init__ unknown to us.
                 await asyncio.shield(self._stop_starting(agent, record))
-            self._mark_dead(record, {"reason": f"failed to start: {exc}"}, broadcast=False)
+            self._mark_dead(record, f"failed to start: {exc}", broadcast=False)
             if isinstance(exc, Timeout):
                 raise Timeout(
                     f"actor {record.name} did not start within its spawn timeout of "
-                    f"{spec.get('timeout', 120)}s; its process was killed"
+                    f"{spec.timeout:g}s; its process was killed"
                 ) from None
             raise
-        if record.state == "dead":  # it died between starting and answering
+        if record.state is ActorState.DEAD:  # it died between starting and answering
             raise ActorDiedError(record.name, node=alloc.node_id, reason="died while starting")
-        record.state, record.address, record.pid = "alive", reply["address"], reply["pid"]
-        if isinstance(reply.get("methods"), dict):  # as the actor process loaded its class
-            record.methods = {str(k): bool(v) for k, v in reply["methods"].items()}
+        record.state, record.address, record.pid = ActorState.ALIVE, reply.address, reply.pid
+        if reply.methods is not None:  # as the actor process loaded its class
+            record.methods = dict(reply.methods)
         return record.public()
 
-    async def _place(self, spec: dict[str, Any]) -> Allocation:
+    async def _place(self, spec: SpawnSpec) -> Allocation:
         """Choose (and reserve) where a spawn runs; with ``wait_for_resources`` seconds, wait
         for busy GPUs to be freed (woken by each release or node join, never polling).
 
@@ -149,9 +173,8 @@ class HeadActors:
             PlacementError: infeasible (at once, waiting or not).
             ResourcesBusyError: still busy after the wait (naming the request and the wait).
         """
-        gpu_indices = spec.get("gpu_indices")
-        gpus, cpus = spec.get("gpus", 0), spec.get("cpus", 1)
-        wait = float(spec.get("wait_for_resources") or 0.0)
+        gpus, cpus = spec.gpus, spec.cpus
+        wait = spec.wait_for_resources
         deadline = time.monotonic() + wait
         while True:
             try:
@@ -159,8 +182,8 @@ class HeadActors:
                     self.nodes,
                     gpus,
                     cpus,
-                    node=spec.get("node"),
-                    gpu_indices=tuple(gpu_indices) if gpu_indices is not None else None,
+                    node=spec.node,
+                    gpu_indices=spec.gpu_indices,
                 )
             except ResourcesBusyError as exc:
                 left = deadline - time.monotonic()
@@ -169,7 +192,7 @@ class HeadActors:
                 if left <= 0:
                     raise ResourcesBusyError(
                         f"waited {wait:g}s (wait_for_resources) for gpus={gpus}, cpus={cpus}"
-                        f"{'' if spec.get('node') is None else ' on ' + str(spec['node'])} "
+                        f"{'' if spec.node is None else ' on ' + spec.node} "
                         f"and they stayed busy: {exc}"
                     ) from None
                 freed = self._freed
@@ -183,51 +206,57 @@ class HeadActors:
         self._freed.set()
         self._freed = asyncio.Event()
 
-    def op_get_actor(self, peer: Peer, name: str) -> dict[str, Any]:
-        """The live actor called ``name``."""
-        actor_id = self.names.get(name)
+    def op_get_actor(self, peer: Peer, msg: GetActor) -> ActorView:
+        """The live actor called ``name``.
+
+        Raises:
+            ActorNotFoundError: no live actor has that name.
+        """
+        actor_id = self.names.get(msg.name)
         record = self.actors.get(actor_id) if actor_id else None
-        if record is None or record.state == "dead":
-            raise ActorNotFoundError(f"no live actor named {name!r}")
+        if record is None or record.state is ActorState.DEAD:
+            raise ActorNotFoundError(f"no live actor named {msg.name!r}")
         return record.public()
 
-    def op_actor_info(self, peer: Peer, actor_id: str) -> dict[str, Any]:
-        """The record of an actor (any state)."""
-        record = self.actors.get(actor_id)
+    def op_actor_info(self, peer: Peer, msg: LookupActor) -> ActorView:
+        """The record of an actor (any state).
+
+        Raises:
+            ActorNotFoundError: the head never knew that actor.
+        """
+        record = self.actors.get(msg.actor_id)
         if record is None:
-            raise ActorNotFoundError(f"unknown actor {actor_id!r}")
+            raise ActorNotFoundError(f"unknown actor {msg.actor_id!r}")
         return record.public()
 
-    def op_debug_register(self, peer: Peer, actor_id: str, info: dict[str, Any]) -> bool:
+    def op_debug_register(self, peer: Peer, msg: DebugRegister) -> bool:
         """An actor process's debug listener (``actors.control.debug``): its address and pid."""
-        if not isinstance(info, dict) or not isinstance(info.get("address"), str):
-            raise ProtocolError("malformed debug registration")
-        self.debug_endpoints[str(actor_id)] = {"address": info["address"], "pid": info.get("pid")}
+        self.debug_endpoints[msg.actor_id] = {"address": msg.address, "pid": msg.pid}
         return True
 
-    def op_debug_endpoints(self, peer: Peer) -> list[dict[str, Any]]:
+    def op_debug_endpoints(self, peer: Peer, msg: DebugEndpoints) -> list[dict[str, Any]]:
         """The debug listeners of live or starting actors, with each actor's record (dead
         ones forgotten)."""
         found = []
         for actor_id, info in list(self.debug_endpoints.items()):
             record = self.actors.get(actor_id)
-            if record is None or record.state == "dead":
+            if record is None or record.state is ActorState.DEAD:
                 del self.debug_endpoints[actor_id]
             elif record.pid in (None, info["pid"]):  # (None: still starting)
-                found.append({**record.public(), "debug_address": info["address"]})
+                found.append({**record.public().as_dict(), "debug_address": info["address"]})
         return found
 
-    async def op_kill(self, peer: Peer, actor_id: str) -> bool:
+    async def op_kill(self, peer: Peer, msg: Kill) -> bool:
         """Kill an actor for good (no restart). False if it was already dead."""
-        record = self.actors.get(actor_id)
-        if record is None or record.state == "dead":
+        record = self.actors.get(msg.actor_id)
+        if record is None or record.state is ActorState.DEAD:
             return False
         await self._kill(record, "killed by request")
         return True
 
     async def _stop_starting(self, agent: Client, record: ActorRecord) -> None:
         try:
-            await agent.request(("kill", record.actor_id, "its spawn timed out"), timeout=30)
+            await ask(agent, StopActor(record.actor_id, "its spawn timed out"), timeout=30)
         except RaylessError as exc:
             log.warning("could not stop %s after its spawn failed: %s", record.name, exc)
 
@@ -236,35 +265,41 @@ class HeadActors:
         record.max_restarts = record.restarts  # no more restarts
         if agent is not None:
             try:
-                await agent.request(("kill", record.actor_id, reason), timeout=30)
+                await ask(agent, StopActor(record.actor_id, reason), timeout=30)
             except RaylessError as exc:
                 log.warning("kill of %s failed: %s", record.name, exc)
-        if record.state != "dead":
-            self._mark_dead(record, {"reason": reason})
+        if record.state is not ActorState.DEAD:
+            self._mark_dead(record, reason)
 
-    def _on_actor_event(self, ev: dict[str, Any]) -> None:
-        record = self.actors.get(str(ev.get("actor_id")))
+    def _on_actor_event(self, ev: ActorEvent) -> None:
+        """An agent's event about one of its actors: update the record, tell every session."""
+        record = self.actors.get(ev.actor_id)
         if record is None:
             return
-        kind = ev.get("ev")
-        if kind == "restarting":
-            record.state = "restarting"
-            record.restarts = int(ev.get("restarts", record.restarts + 1))
+        ev = replace(ev, name=record.name, node=record.alloc.node_id)
+        if ev.kind is EventKind.RESTARTING:
+            record.state = ActorState.RESTARTING
+            record.restarts = ev.restarts
             record.death = ev
-            self._broadcast({**ev, "name": record.name})
-        elif kind == "ready":
-            record.state, record.address, record.pid = "alive", ev["address"], ev.get("pid")
-            self._broadcast({**ev, "name": record.name})
-        elif kind == "died":
+            self._broadcast(ev)
+        elif ev.kind is EventKind.READY:
+            record.state, record.address, record.pid = ActorState.ALIVE, ev.address, ev.pid
+            self._broadcast(ev)
+        else:
             self._mark_dead(record, ev)
 
     def _mark_dead(
-        self, record: ActorRecord, info: dict[str, Any], *, broadcast: bool = True
+        self, record: ActorRecord, death: str | ActorEvent, *, broadcast: bool = True
     ) -> None:
-        if record.state == "dead":
+        """``death``: the agent's DIED event, or why the head declared the actor dead."""
+        if record.state is ActorState.DEAD:
             return
-        record.state = "dead"
-        record.death = {**info, "node": record.alloc.node_id, "name": record.name}
+        if isinstance(death, str):
+            death = ActorEvent(EventKind.DIED, record.actor_id, reason=death)
+        record.state = ActorState.DEAD
+        record.death = replace(
+            death, kind=EventKind.DIED, name=record.name, node=record.alloc.node_id
+        )
         release(self.nodes, record.alloc)
         self._resources_changed()
         node = self.nodes.get(record.alloc.node_id)
@@ -273,7 +308,7 @@ class HeadActors:
         if self.names.get(record.name) == record.actor_id:
             del self.names[record.name]
         if broadcast:
-            self._broadcast({"ev": "died", "actor_id": record.actor_id, **record.death})
+            self._broadcast(record.death)
         self._kill_owned(record.actor_id, f"its owner actor {record.name} died")
 
 

@@ -13,7 +13,9 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TextIO
+
+from rayless.actors.control.messages import LogLines
 
 MAX_LINE = 8192
 MAX_LINES_PER_TICK = 2000
@@ -33,7 +35,7 @@ class _Watched:
 class LogTailer:
     """Follows actors' log files and hands new lines to ``send``."""
 
-    def __init__(self, send: Callable[[dict[str, Any]], None], interval: float = 0.1) -> None:
+    def __init__(self, send: Callable[[LogLines], None], interval: float = 0.1) -> None:
         self._send = send
         self._interval = interval
         self._files: dict[str, _Watched] = {}
@@ -88,23 +90,13 @@ class LogTailer:
             lines.append(w.partial)
             w.partial = b""
         if lines:
-            text = [ln[:MAX_LINE].decode("utf-8", "replace") for ln in lines]
-            self._send(
-                {
-                    "actor_id": w.actor_id,
-                    "name": w.name,
-                    "pid": w.pid,
-                    "node": w.node,
-                    "lines": text,
-                }
-            )
+            text = tuple(ln[:MAX_LINE].decode("utf-8", "replace") for ln in lines)
+            self._send(LogLines(w.actor_id, w.name, w.pid, w.node, text))
 
 
-def print_lines(batch: dict[str, Any], stream: TextIO | None = None) -> None:
+def print_lines(batch: LogLines, stream: TextIO | None = None) -> None:
     """Print a forwarded batch of an actor's lines with Ray's prefix."""
     out = stream or sys.stderr
-    prefix = f"({batch.get('name')} pid={batch.get('pid')} node={batch.get('node')}) "
-    lines = batch.get("lines") or []
-    if isinstance(lines, list):
-        out.write("".join(prefix + str(line) + "\n" for line in lines))
-        out.flush()
+    prefix = f"({batch.name} pid={batch.pid} node={batch.node}) "
+    out.write("".join(prefix + line + "\n" for line in batch.lines))
+    out.flush()

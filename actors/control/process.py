@@ -34,7 +34,9 @@ from rayless.actors.api import context
 from rayless.actors.api.actor import _CALLER, ClassRef, by_value, dumps_by_value, public_methods
 from rayless.actors.api.portal import set_home_loop
 from rayless.actors.control import debug
+from rayless.actors.control.messages import Boot, Bootstrap, Failed, Ready
 from rayless.actors.control.process_util import setup_logging
+from rayless.actors.control.wire import ask
 from rayless.actors.control.workers import Exiting as _Exiting
 from rayless.actors.control.workers import SyncWorker, apply_torch_threads
 from rayless.actors.errors import StartError
@@ -197,7 +199,7 @@ class ActorHost:
 
     def __init__(
         self,
-        spec: dict[str, Any],
+        spec: Boot,
         name: str,
         token: str,
         bind_ip: str,
@@ -213,7 +215,7 @@ class ActorHost:
         self.methods: dict[str, bool] = {}
         self.worker: SyncWorker | None = None
         self.worker_loop = asyncio.get_running_loop()  # where sync methods report an exit
-        limit = spec.get("max_concurrency")
+        limit = spec.max_concurrency
         self.semaphore = asyncio.Semaphore(int(limit or DEFAULT_MAX_CONCURRENCY))
         # def methods: one at a time unless max_concurrency was given (Ray's threaded actors)
         self.sync_concurrency = int(limit or 1)
@@ -228,11 +230,11 @@ class ActorHost:
         if threshold > 0:
             self.monitor = LoopMonitor(loop, self.name, threshold)
             self.monitor.start()
-        for path in reversed(self.spec.get("sys_path") or []):  # the driver's import path
-            if isinstance(path, str) and path not in sys.path and os.path.isdir(path):
+        for path in reversed(self.spec.sys_path):  # the driver's import path
+            if path not in sys.path and os.path.isdir(path):
                 sys.path.insert(0, path)
-        cls = ClassRef.from_wire(self.spec["cls"]).load()
-        args, kwargs = codec.decode(self.spec["init"])
+        cls = ClassRef.from_wire(self.spec.cls).load()
+        args, kwargs = codec.decode(self.spec.init)
         self.methods = public_methods(cls)
         self.instance = await self.worker.submit(functools.partial(cls, *args, **kwargs))
         await self._lifecycle("setup")
@@ -386,16 +388,16 @@ async def _actor_main(given: str | None) -> int:
     await agent.connect()
     host: ActorHost | None = None
     try:
-        spec = await agent.request(("bootstrap", actor_id), timeout=60)
+        spec = await ask(agent, Bootstrap(actor_id), timeout=60)
         host = ActorHost(spec, name, token, env.get(context.ENV_NODE_IP, "127.0.0.1"), stop)
         try:
             address = await host.start()
         except BaseException as exc:
             traceback.print_exc()
-            await agent.request(("failed", actor_id, remote_error(exc, name)), timeout=10)
+            await ask(agent, Failed(actor_id, remote_error(exc, name)), timeout=10)
             return 1
         # the class's methods as loaded here: the handles everyone gets are strict about them
-        await agent.request(("ready", actor_id, address, os.getpid(), host.methods), timeout=10)
+        await ask(agent, Ready(actor_id, address, os.getpid(), host.methods), timeout=10)
         debug.announce()  # `rayless debug`/`stack` find this actor's listener from now on
         # From here the agent is watched by pid (watch_parent), never by heartbeats: a method
         # that holds this loop for minutes must not look like a lost agent.

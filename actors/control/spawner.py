@@ -17,21 +17,32 @@ import logging
 import os
 import shutil
 import signal
-import struct
 import sys
 import tempfile
 from collections.abc import Callable
-from typing import Any, Protocol
-
-import msgpack
+from typing import Protocol
 
 from rayless.actors.api import context
 from rayless.actors.control.process_util import kill_group
+from rayless.actors.control.wire import Handlers
+from rayless.actors.control.zygote_messages import (
+    LENGTH,
+    MAX_FRAME,
+    Exited,
+    Fork,
+    Forked,
+    ForkFailed,
+    Preload,
+    Preloaded,
+    ZygoteMessage,
+    pack,
+    unpack,
+)
 from rayless.actors.errors import StartError
+from rayless.transport.errors import ProtocolError
 
 log = logging.getLogger("rayless.agent")
 OnExit = Callable[[int, int], None]
-_LEN = struct.Struct(">I")
 
 
 class Spawner(Protocol):
@@ -120,14 +131,19 @@ class ZygoteSpawner:
         self._tmpdir: str | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
-        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._waiting: dict[int, asyncio.Future[Forked | ForkFailed]] = {}
         self._tags = itertools.count(1)
-        self._preloaded: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._preloaded: dict[str, asyncio.Future[Preloaded]] = {}
         self._pids: set[int] = set()
         self._on_exit: OnExit = lambda pid, code: None
         self._task: asyncio.Task[None] | None = None
         self._fallback: ProcessSpawner | None = None
         self._closing = False
+        self._replies: Handlers[None] = Handlers("zygote client")
+        self._replies.on(Forked, self._on_fork)
+        self._replies.on(ForkFailed, self._on_fork)
+        self._replies.on(Exited, self._on_exited)
+        self._replies.on(Preloaded, self._on_preloaded)
 
     async def start(self, on_exit: OnExit) -> None:
         self._on_exit = on_exit
@@ -167,28 +183,30 @@ class ZygoteSpawner:
         try:
             while True:
                 header = await self._reader.readexactly(4)
-                (size,) = _LEN.unpack(header)
-                msg = msgpack.unpackb(await self._reader.readexactly(size), raw=False)
-                self._dispatch(msg)
+                (size,) = LENGTH.unpack(header)
+                if size > MAX_FRAME:
+                    raise ProtocolError(f"a zygote frame of {size} bytes")
+                self._replies.handle(None, unpack(await self._reader.readexactly(size)))
+        except ProtocolError as exc:
+            log.error("the zygote sent what this agent cannot read (%s)", exc)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             self._lost()
 
-    def _dispatch(self, msg: dict[str, Any]) -> None:
-        op = msg.get("op")
-        if op in ("forked", "fork_failed"):
-            fut = self._waiting.pop(int(msg.get("tag", -1)), None)
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
-        elif op == "exit":
-            pid = int(msg["pid"])
-            self._pids.discard(pid)
-            self._on_exit(pid, int(msg["code"]))
-        elif op == "preloaded":
-            fut = self._preloaded.get(str(msg.get("module")))
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
+    def _on_fork(self, _: None, msg: Forked | ForkFailed) -> None:
+        fut = self._waiting.pop(msg.tag, None)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+    def _on_exited(self, _: None, msg: Exited) -> None:
+        self._pids.discard(msg.pid)
+        self._on_exit(msg.pid, msg.code)
+
+    def _on_preloaded(self, _: None, msg: Preloaded) -> None:
+        fut = self._preloaded.get(msg.module)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
 
     def _lost(self) -> None:
         """The zygote is gone: its children died with it; report them, fall back."""
@@ -202,11 +220,10 @@ class ZygoteSpawner:
             self._on_exit(pid, -signal.SIGKILL)
         self._writer = None
 
-    def _send(self, msg: dict[str, Any]) -> None:
+    def _send(self, msg: ZygoteMessage) -> None:
         if self._writer is None:
             raise StartError("no zygote")
-        body = msgpack.packb(msg)
-        self._writer.write(_LEN.pack(len(body)) + body)
+        self._writer.write(pack(msg))
 
     async def spawn(self, env: dict[str, str], log_path: str, cwd: str | None) -> int:
         if self._writer is None:
@@ -215,15 +232,14 @@ class ZygoteSpawner:
                 await self._fallback.start(self._on_exit)
             return await self._fallback.spawn(env, log_path, cwd)
         tag = next(self._tags)
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Forked | ForkFailed] = asyncio.get_running_loop().create_future()
         self._waiting[tag] = fut
-        msg = {"op": "fork", "tag": tag, "env": env, "log": log_path, "cwd": cwd}
-        self._send({**msg, "token": self._token})  # over the zygote's private socket
+        self._send(Fork(tag, env, log_path, cwd, self._token))  # over the private socket
         # the first fork may wait for the zygote's warm-up (torch imports): allow for it
         reply = await asyncio.wait_for(fut, max(30.0, self._start_timeout))
-        if reply.get("op") != "forked":
-            raise StartError(f"the zygote could not fork: {reply.get('error')}")
-        pid = int(reply["pid"])
+        if isinstance(reply, ForkFailed):
+            raise StartError(f"the zygote could not fork: {reply.error}")
+        pid = reply.pid
         self._pids.add(pid)
         return pid
 
@@ -234,13 +250,13 @@ class ZygoteSpawner:
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
             self._preloaded[module] = fut
-            self._send({"op": "preload", "module": module})
+            self._send(Preload(module))
         try:
             reply = await asyncio.wait_for(asyncio.shield(fut), 60)
         except asyncio.TimeoutError:
             return
-        if not reply.get("ok"):
-            log.info("zygote could not preload %s: %s", module, reply.get("error"))
+        if not reply.ok:
+            log.info("zygote could not preload %s: %s", module, reply.error)
 
     async def aclose(self) -> None:
         self._closing = True

@@ -6,13 +6,15 @@ One zygote serves every node agent on its host over a private UNIX socket (in a 
 directory). It never creates a ZeroMQ context, threads or a CUDA context, so forking it is
 safe; each child sets its own environment (CUDA_VISIBLE_DEVICES first) before touching CUDA.
 
-Protocol: length-prefixed (4 bytes, big endian) msgpack maps.
-    agent → zygote  {"op": "fork", "tag": T, "env": {...}, "log": PATH, "token": TOKEN}
-                    {"op": "preload", "module": NAME}
-    zygote → agent  {"op": "forked", "tag": T, "pid": P} / {"op": "fork_failed", "tag", "error"}
-                    {"op": "exit", "pid": P, "code": C}   (C < 0: killed by signal -C)
-                    {"op": "preloaded", "module", "ok", "error"}
-A connection that closes takes its children with it (SIGKILL). The zygote itself is started
+Protocol: length-prefixed (4 bytes, big endian) codec headers of the typed messages of
+``actors.control.zygote_messages``:
+    agent → zygote  Fork(tag, env, log, cwd, token) / Preload(module)
+    zygote → agent  Forked(tag, pid) / ForkFailed(tag, error)
+                    Exited(pid, code)   (code < 0: killed by signal -code)
+                    Preloaded(module, ok, error)
+A frame that does not decode, or a message of another type, closes the connection (the
+socket is private to the host's agents: such a peer is broken, not hostile). A connection
+that closes takes its children with it (SIGKILL). The zygote itself is started
 without the token (its environment, inherited by every fork, never holds one); a forked child
 gets the token of its fork request in memory, never in its environment.
 
@@ -38,13 +40,10 @@ import os
 import selectors
 import signal
 import socket
-import struct
 import sys
 import time
 import traceback
 from typing import Any
-
-import msgpack
 
 from rayless.actors.control.process_util import (
     become_subreaper,
@@ -52,16 +51,23 @@ from rayless.actors.control.process_util import (
     kill_group,
     kill_orphans,
 )
+from rayless.actors.control.wire import Handlers
+from rayless.actors.control.zygote_messages import (
+    LENGTH,
+    MAX_FRAME,
+    Exited,
+    Fork,
+    Forked,
+    ForkFailed,
+    Preload,
+    Preloaded,
+    ZygoteMessage,
+    pack,
+    unpack,
+)
+from rayless.transport.errors import ProtocolError
 
 PRELOAD = ("torch", "tensordict", "rayless.transport.codec", "rayless.actors.control.process")
-_LEN = struct.Struct(">I")
-MAX_FRAME = 16 * 2**20
-
-
-def pack(msg: dict[str, Any]) -> bytes:
-    """One framed message."""
-    body: bytes = msgpack.packb(msg)
-    return _LEN.pack(len(body)) + body
 
 
 class _Conn:
@@ -70,24 +76,27 @@ class _Conn:
         self.buf = bytearray()
         self.children: set[int] = set()
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: ZygoteMessage) -> None:
         try:
             self.sock.sendall(pack(msg))
         except OSError:
             pass
 
-    def messages(self) -> list[dict[str, Any]]:
+    def messages(self) -> list[object]:
+        """The whole messages received so far.
+
+        Raises:
+            ProtocolError: a frame too large, or one that does not decode.
+        """
         out = []
         while len(self.buf) >= 4:
-            (size,) = _LEN.unpack_from(self.buf)
+            (size,) = LENGTH.unpack_from(self.buf)
             if size > MAX_FRAME:
-                raise ValueError("frame too large")
+                raise ProtocolError("frame too large")
             if len(self.buf) < 4 + size:
                 break
-            msg = msgpack.unpackb(bytes(self.buf[4 : 4 + size]), raw=False)
+            out.append(unpack(bytes(self.buf[4 : 4 + size])))
             del self.buf[: 4 + size]
-            if isinstance(msg, dict):
-                out.append(msg)
         return out
 
 
@@ -104,6 +113,9 @@ class Zygote:
         self.running = True
         self.preloaded = False
         self.warming = False
+        self.requests: Handlers[_Conn] = Handlers("zygote")
+        self.requests.on(Fork, self._fork)
+        self.requests.on(Preload, self._preload)
 
     def start(self) -> None:
         """Bind the socket and handle signals (the heavy imports come later: :meth:`warm_up`,
@@ -186,11 +198,11 @@ class Zygote:
         except Exception:
             return self._drop(conn)
         for msg in messages:
-            op = msg.get("op")
-            if op == "fork":
-                self._fork(conn, msg)
-            elif op == "preload":
-                self._preload(conn, str(msg.get("module", "")))
+            try:
+                self.requests.handle(conn, msg)
+            except ProtocolError as exc:
+                print(f"rayless zygote: {exc}; closing the connection", file=sys.stderr)
+                return self._drop(conn)
 
     def _drop(self, conn: _Conn) -> None:
         self.sel.unregister(conn.sock)
@@ -199,22 +211,22 @@ class Zygote:
         for pid in conn.children:  # an agent that goes takes its actors along
             kill_group(pid)
 
-    def _preload(self, conn: _Conn, module: str) -> None:
+    def _preload(self, conn: _Conn, msg: Preload) -> None:
         try:
-            importlib.import_module(module)
+            importlib.import_module(msg.module)
             ok, error = True, ""
         except BaseException as exc:  # a user module may raise anything, even SystemExit
             ok, error = False, f"{type(exc).__name__}: {exc}"
-        conn.send({"op": "preloaded", "module": module, "ok": ok, "error": error})
+        conn.send(Preloaded(msg.module, ok, error))
 
-    def _fork(self, conn: _Conn, msg: dict[str, Any]) -> None:
-        tag = msg.get("tag")
+    def _fork(self, conn: _Conn, msg: Fork) -> None:
+        tag = msg.tag
         if not self.preloaded:  # lazy mode: the first fork pays for the heavy imports
             self._preload_all()
         try:
             pid = os.fork()
         except OSError as exc:
-            conn.send({"op": "fork_failed", "tag": tag, "error": str(exc)})
+            conn.send(ForkFailed(tag, str(exc)))
             return
         if pid == 0:  # the child: never returns
             code = 1
@@ -222,8 +234,7 @@ class Zygote:
                 self._become_child(msg)
                 from rayless.actors.control.process import child_main
 
-                token = msg.get("token")
-                code = child_main(token if isinstance(token, str) else None)
+                code = child_main(msg.token or None)
             except BaseException:
                 traceback.print_exc()
             finally:
@@ -232,9 +243,9 @@ class Zygote:
                 os._exit(code)
         conn.children.add(pid)
         self.owner[pid] = conn
-        conn.send({"op": "forked", "tag": tag, "pid": pid})
+        conn.send(Forked(tag, pid))
 
-    def _become_child(self, msg: dict[str, Any]) -> None:
+    def _become_child(self, msg: Fork) -> None:
         os.setpgid(0, 0)  # lead a process group: the actor's children join it
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
@@ -246,20 +257,19 @@ class Zygote:
         os.close(self.wake_r)
         os.close(self.wake_w)
         die_with_parent(signal.SIGKILL)
-        log = msg.get("log")
-        if isinstance(log, str) and log:
+        log = msg.log
+        if log:
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             os.close(fd)
         sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
         sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
-        env = msg.get("env") or {}
-        os.environ.update({str(k): str(v) for k, v in env.items()})
+        os.environ.update(msg.env)
         for name in ("RAYLESS_TOKEN", "RAYLESS_TOKEN_FILE", "RAYLESS_TOKEN_FD"):
             os.environ.pop(name, None)  # the token comes in the fork request only
-        cwd = msg.get("cwd")
-        if isinstance(cwd, str) and os.path.isdir(cwd):
+        cwd = msg.cwd
+        if cwd is not None and os.path.isdir(cwd):
             os.chdir(cwd)
 
     def _reap(self) -> None:
@@ -276,7 +286,7 @@ class Zygote:
             kill_orphans(set(self.owner))  # (an orphan's own children are orphans too)
             if conn is not None:
                 conn.children.discard(pid)
-                conn.send({"op": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+                conn.send(Exited(pid, os.waitstatus_to_exitcode(status)))
 
 
 def main() -> None:

@@ -9,6 +9,8 @@ import socket
 import time
 from typing import Any
 
+from rayless.actors.control.messages import ListNodes, Shutdown
+from rayless.actors.control.wire import ask
 from rayless.actors.errors import LaunchError
 from rayless.actors.launch.config import LaunchConfig
 from rayless.actors.launch.procs import NodeProcesses, StopFlag
@@ -32,7 +34,7 @@ async def rendezvous(
             procs.check_alive()
             if stop.is_set():
                 raise LaunchError(f"stopped during the rendezvous ({stop.reason})")
-            nodes = [n for n in await client.request(("nodes",), timeout=30) if n.get("alive")]
+            nodes = [n for n in await ask(client, ListNodes(), timeout=30) if n.get("alive")]
             ranks: dict[int, str] = {}
             for node in nodes:
                 rank = node.get("rank")
@@ -67,7 +69,7 @@ async def request_shutdown(address: str, token: str) -> None:
 
     try:
         async with Client(address, token=token, name="launch", connect_timeout=5) as client:
-            await client.request(("shutdown",), timeout=10)
+            await ask(client, Shutdown(), timeout=10)
     except RaylessError:
         pass
 

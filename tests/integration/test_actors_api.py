@@ -12,6 +12,14 @@ import torch
 import rayless.actors as actors
 from rayless.actors import ActorDiedError, Cluster, PlacementError, RemoteError
 from rayless.actors.api.runtime import get_runtime
+from rayless.actors.control.messages import (
+    AgentStatus,
+    Bootstrap,
+    Kill,
+    LookupActor,
+    Spawn,
+    SpawnSpec,
+)
 from rayless.actors.launch.local import LocalProcesses
 from rayless.errors import ActorNotFoundError, ConnectError, NameTakenError, ProtocolError
 from rayless.transport.client import Client
@@ -119,17 +127,29 @@ async def test_names_are_unique_and_looked_up(local_cluster: Cluster) -> None:
 async def test_head_and_agent_errors_arrive_typed(local_cluster: Cluster) -> None:
     runtime = await get_runtime()
     with pytest.raises(ActorNotFoundError, match="unknown actor"):
-        await runtime.head_request(("actor_info", "no-such-id"))
-    with pytest.raises(ProtocolError, match="unknown head operation"):
-        await runtime.head_request(("no_such_op",))
+        await runtime.head_request(LookupActor("no-such-id"))
+    # a message of the control plane that the head does not answer
+    with pytest.raises(ProtocolError, match=r"unknown head request ctl\.Bootstrap"):
+        await runtime.head_request(Bootstrap("x"))
+    # not a message at all (the untyped form of before), and a message with a field of the
+    # wrong type (refused as it is decoded, before any handler runs)
+    with pytest.raises(ProtocolError, match="malformed head request"):
+        await runtime.head_request(("actor_info", "no-such-id"))  # type: ignore[arg-type]
+    with pytest.raises(ProtocolError, match=r"malformed ctl\.LookupActor message: actor_id"):
+        await runtime.head_request(LookupActor(7))  # type: ignore[arg-type]
+    assert await runtime.head_request(Kill("no-such-id")) is False  # the head still serves
     counter = await local_cluster.spawn(Counter)
     address = (await counter.env("RAYLESS_AGENT_ADDRESS"))["RAYLESS_AGENT_ADDRESS"]
     assert address
     async with Client(address, token=local_cluster.token, name="test") as agent:
         with pytest.raises(ActorNotFoundError, match="unknown actor"):
-            await agent.request(("bootstrap", "no-such-id"), timeout=10)
+            await agent.request(Bootstrap("no-such-id"), timeout=10)
         with pytest.raises(ProtocolError, match="malformed agent request"):
             await agent.request("not a tuple", timeout=10)
+        with pytest.raises(ProtocolError, match=r"unknown agent request ctl\.Spawn"):
+            await agent.request(Spawn(SpawnSpec(("m", "C", None), "C", (), "x")), timeout=10)
+        status = await agent.request(AgentStatus(), timeout=10)
+        assert {a["name"]: a["state"] for a in status["actors"]}[counter.name] == "alive"
 
 
 async def test_connect_without_an_address_is_a_connect_error(

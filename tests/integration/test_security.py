@@ -24,6 +24,7 @@ import zmq
 from tensordict import TensorDict
 
 from rayless.actors import Cluster
+from rayless.actors.control.messages import AgentStatus, ListNodes, Spawn, SpawnSpec
 from rayless.actors.launch.local import LocalProcesses
 from rayless.store import Store
 from rayless.transport import codec
@@ -126,7 +127,7 @@ async def test_fuzz_every_endpoint_keeps_it_serving_with_bounded_memory(
 
     async def agent_status() -> Any:
         async with Client(agent_address, token=procs.token) as client:
-            return await client.request(("status",), timeout=10)
+            return await client.request(AgentStatus(), timeout=10)
 
     async def read_back() -> bool:
         return bool((await st.get(meta))["x"].tolist() == list(range(6)))
@@ -189,7 +190,7 @@ async def test_wrong_token_and_another_clusters_token_are_rejected_counted_and_l
     # A real cluster's head refuses another cluster's token.
     with pytest.raises(AuthError):
         async with Client(local_cluster_processes.address, token=other, connect_timeout=5) as c:
-            await c.request(("nodes",), timeout=5)
+            await c.request(ListNodes(), timeout=5)
 
 
 async def test_no_token_and_replayed_handshakes_reach_nothing() -> None:
@@ -398,28 +399,18 @@ async def test_spoofed_routing_ids_reach_no_endpoint_of_a_cluster(
     agent_address = (await counter.env("RAYLESS_AGENT_ADDRESS"))["RAYLESS_AGENT_ADDRESS"]
     marker = tmp_path / "pwned"
     os.chmod(tmp_path, 0o777)
-    spec = {
-        "cls": ["subprocess", "Popen", None],
-        "cls_name": "Popen",
-        "init": [bytes(f) for f in codec.encode(((["/bin/sh", "-c", f"id > {marker}"],), {}))],
-        "name": None,
-        "node": None,
-        "gpus": 0,
-        "cpus": 0,
-        "gpu_indices": None,
-        "max_restarts": 0,
-        "max_concurrency": None,
-        "env": {},
-        "owner": "x",
-        "methods": {},
-        "cwd": "/",
-        "sys_path": [],
-        "timeout": 30,
-        "wait_for_resources": 0.0,
-    }
+    spec = SpawnSpec(
+        cls=("subprocess", "Popen", None),
+        cls_name="Popen",
+        init=tuple(bytes(f) for f in codec.encode(((["/bin/sh", "-c", f"id > {marker}"],), {}))),
+        owner="x",
+        cpus=0.0,
+        cwd="/",
+        timeout=30.0,
+    )
     targets = [
-        {"name": "head", "address": procs.address, "frames": _request_frames(("spawn", spec))},
-        {"name": "agent", "address": agent_address, "frames": _request_frames(("status",))},
+        {"name": "head", "address": procs.address, "frames": _request_frames(Spawn(spec))},
+        {"name": "agent", "address": agent_address, "frames": _request_frames(AgentStatus())},
         {"name": "actor", "address": counter.address, "frames": _request_frames(("add", 100))},
         {
             "name": "controller",

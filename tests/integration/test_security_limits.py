@@ -18,6 +18,7 @@ import pytest
 import zmq
 
 from rayless.actors import Cluster
+from rayless.actors.control.messages import ListNodes
 from rayless.transport import codec
 from rayless.transport.client import Client
 from rayless.transport.errors import LimitError, Timeout
@@ -259,7 +260,7 @@ async def test_a_whole_cluster_configured_from_the_environment(
         monkeypatch.delenv("RAYLESS_CURVE")
         with pytest.raises(Timeout):  # the head speaks CURVE only
             async with Client(cluster.address, token=cluster.token, connect_timeout=1) as c:
-                await c.request(("nodes",), timeout=1)
+                await c.request(ListNodes(), timeout=1)
     assert os.environ.get("RAYLESS_CURVE") is None
 
 

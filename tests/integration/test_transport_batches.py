@@ -124,7 +124,7 @@ async def test_an_old_client_is_refused_with_a_clear_error(
 ) -> None:
     async with Server(token=TOKEN, handler=_echo) as srv:
         monkeypatch.setattr(client_hs, "PROTOCOL", 1)
-        with pytest.raises(ProtocolError, match=r"version 1.*speaks 2.*same rayless version"):
+        with pytest.raises(ProtocolError, match=r"version 1.*speaks 3.*same rayless version"):
             await Client(srv.address, token=TOKEN, connect_timeout=60).connect()
         assert srv.stats["version_mismatch"] == 1
         monkeypatch.undo()

@@ -1,0 +1,444 @@
+"""The control plane's messages: drivers and actor runtimes ↔ head ↔ node agents ↔ actor
+processes.
+
+Every request, reply, one-way message and event of this conversation is a frozen dataclass
+registered with the codec (``actors.control.wire.message``) under a stable wire name
+(``ctl.<Name>``); docs/protocol.md lists them. Status replies (``ListNodes``,
+``AgentStatus``, ``DebugEndpoints``) are plain data for people and the CLI.
+
+Who answers what: the head (``actors.control.head``) every request in :data:`HEAD_REQUESTS`,
+a node agent (``actors.control.agent``) those in :data:`AGENT_REQUESTS`; the head hears
+:class:`NodeHeartbeat`, :class:`ActorEvent` and :class:`LogLines` one-way from its agents,
+and pushes :class:`ActorEvent`, :class:`NodeDied` and :class:`LogLines` to sessions.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from rayless.actors.control.wire import Request, message
+from rayless.transport.errors import RaylessError
+
+__all__ = [
+    "AGENT_REQUESTS", "HEAD_REQUESTS", "ActorEvent", "ActorState", "ActorView", "AgentStatus",
+    "Bootstrap", "Boot", "DebugEndpoints", "DebugRegister", "EndSession", "EventKind",
+    "Failed", "FreePort", "FreePortOn", "GetActor", "Hello", "HelloReply", "KeepSession",
+    "Kill", "ListNodes", "LogLines", "LookupActor", "NodeDied", "NodeHeartbeat",
+    "NodeRegistered", "ProcState", "Ready", "RegisterNode", "Shutdown", "Spawn", "SpawnSpec",
+    "StartActor", "Started", "StopActor",
+]  # fmt: skip
+
+
+class ActorState(str, enum.Enum):
+    """An actor's state as the head and the runtimes know it."""
+
+    PENDING = "pending"  # placed, its process starting
+    ALIVE = "alive"
+    RESTARTING = "restarting"  # its process died and a new one is starting
+    DEAD = "dead"  # for good
+
+
+class ProcState(str, enum.Enum):
+    """An actor process's state as its node agent supervises it."""
+
+    STARTING = "starting"
+    ALIVE = "alive"
+    RESTARTING = "restarting"
+    STOPPING = "stopping"  # killed on purpose: not restarted
+    DEAD = "dead"
+
+
+class EventKind(str, enum.Enum):
+    """What happened to an actor (:class:`ActorEvent`)."""
+
+    READY = "ready"  # a restarted process serves (at ``address``)
+    RESTARTING = "restarting"  # its process died; a new one is starting
+    DIED = "died"  # for good
+
+
+# -- the spawn spec -----------------------------------------------------------------------
+
+
+@message("ctl.SpawnSpec")
+@dataclass(frozen=True)
+class SpawnSpec:
+    """What a driver asks of a spawn, passed on by the head to the node agent and, in part
+    (:class:`Boot`), to the actor process.
+
+    ``cls`` is ``(module, qualname, cloudpickled class or None)`` (``actors.api.actor.
+    ClassRef``); ``init`` the codec frames of ``(args, kwargs)``; ``methods`` the class's
+    public methods as the driver sees them (name → is async).
+    """
+
+    cls: tuple[str, str, bytes | None]
+    cls_name: str
+    init: tuple[bytes, ...]
+    owner: str
+    name: str | None = None
+    node: str | None = None
+    gpus: float = 0.0
+    cpus: float = 1.0
+    gpu_indices: tuple[int, ...] | None = None
+    max_restarts: int = 0
+    max_concurrency: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    methods: dict[str, bool] = field(default_factory=dict)
+    cwd: str | None = None
+    sys_path: tuple[str, ...] = ()
+    timeout: float = 120.0
+    wait_for_resources: float = 0.0
+
+
+# -- records and events -------------------------------------------------------------------
+
+
+@message("ctl.ActorEvent")
+@dataclass(frozen=True)
+class ActorEvent:
+    """An actor's process started again (``READY``), died and restarts (``RESTARTING``), or
+    died for good (``DIED``): from its agent to the head, and from the head to sessions (then
+    with ``name`` and ``node`` filled in)."""
+
+    kind: EventKind
+    actor_id: str
+    name: str = ""
+    node: str | None = None
+    pid: int | None = None
+    exitcode: int | None = None
+    restarts: int = 0
+    reason: str = ""
+    address: str = ""  # READY: where it serves now
+
+
+@message("ctl.NodeDied")
+@dataclass(frozen=True)
+class NodeDied:
+    """The head declared a node dead (head → sessions; its actors' DIED events came first)."""
+
+    node_id: str
+    reason: str
+
+
+@message("ctl.ActorView")
+@dataclass(frozen=True)
+class ActorView:
+    """The head's record of an actor, as it answers lookups, spawns and session resumes."""
+
+    actor_id: str
+    name: str
+    cls: str
+    node_id: str
+    gpus: str  # its CUDA_VISIBLE_DEVICES
+    gpu_shares: tuple[tuple[int, float], ...]
+    cpus: float
+    state: ActorState
+    address: str
+    pid: int | None
+    restarts: int
+    max_restarts: int
+    methods: dict[str, bool]
+    death: ActorEvent | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values, for status output (``Cluster.nodes``, ``rayless status``)."""
+        death = self.death
+        return {
+            "actor_id": self.actor_id,
+            "name": self.name,
+            "cls": self.cls,
+            "node_id": self.node_id,
+            "gpus": self.gpus,
+            "gpu_shares": [list(g) for g in self.gpu_shares],
+            "cpus": self.cpus,
+            "state": self.state.value,
+            "address": self.address,
+            "pid": self.pid,
+            "restarts": self.restarts,
+            "max_restarts": self.max_restarts,
+            "methods": dict(self.methods),
+            "death": None if death is None else {"reason": death.reason, "pid": death.pid,
+                                                 "exitcode": death.exitcode},
+        }  # fmt: skip
+
+
+@message("ctl.LogLines")
+@dataclass(frozen=True)
+class LogLines:
+    """New lines of an actor's output: agent → head → the actor's owner."""
+
+    actor_id: str
+    name: str
+    pid: int
+    node: str
+    lines: tuple[str, ...]
+
+
+# -- sessions (drivers and actor runtimes → head) -----------------------------------------
+
+
+@message("ctl.HelloReply")
+@dataclass(frozen=True)
+class HelloReply:
+    """The head's answer to :class:`Hello`: its node timeout, the named actors' records."""
+
+    node_timeout: float
+    actors: tuple[ActorView, ...] = ()
+
+
+@message("ctl.Hello")
+@dataclass(frozen=True)
+class Hello(Request[HelloReply]):
+    """A runtime introduces its session; one that resumes names the actors it talks to."""
+
+    reply = HelloReply
+
+    session: str
+    actor_ids: tuple[str, ...] = ()
+
+
+@message("ctl.KeepSession")
+@dataclass(frozen=True)
+class KeepSession(Request[bool]):
+    """A driver's keeper connection holds ``session`` alive (it gets no events). → bool"""
+
+    reply = bool
+
+    session: str
+
+
+@message("ctl.EndSession")
+@dataclass(frozen=True)
+class EndSession(Request[int]):
+    """The session is over: kill what it owns. → how many actors"""
+
+    reply = int
+
+    session: str
+
+
+# -- actors (→ head) ----------------------------------------------------------------------
+
+
+@message("ctl.Spawn")
+@dataclass(frozen=True)
+class Spawn(Request[ActorView]):
+    """Place and start an actor. → :class:`ActorView` once it serves"""
+
+    reply = ActorView
+
+    spec: SpawnSpec
+
+
+@message("ctl.GetActor")
+@dataclass(frozen=True)
+class GetActor(Request[ActorView]):
+    """The live actor called ``name``. → :class:`ActorView`"""
+
+    reply = ActorView
+
+    name: str
+
+
+@message("ctl.LookupActor")
+@dataclass(frozen=True)
+class LookupActor(Request[ActorView]):
+    """An actor's record, in any state. → :class:`ActorView`"""
+
+    reply = ActorView
+
+    actor_id: str
+
+
+@message("ctl.Kill")
+@dataclass(frozen=True)
+class Kill(Request[bool]):
+    """Kill an actor for good. → False if it was already dead"""
+
+    reply = bool
+
+    actor_id: str
+
+
+@message("ctl.DebugRegister")
+@dataclass(frozen=True)
+class DebugRegister(Request[bool]):
+    """An actor process's debug listener (``actors.control.debug``). → True"""
+
+    reply = bool
+
+    actor_id: str
+    address: str
+    pid: int | None
+
+
+@message("ctl.DebugEndpoints")
+@dataclass(frozen=True)
+class DebugEndpoints(Request[list[dict[str, Any]]]):
+    """The debug listeners of live actors. → list of records with ``debug_address``"""
+
+    reply = list
+
+
+# -- the cluster (→ head) -----------------------------------------------------------------
+
+
+@message("ctl.NodeRegistered")
+@dataclass(frozen=True)
+class NodeRegistered:
+    """The head's answer to :class:`RegisterNode`."""
+
+    node_timeout: float
+
+
+@message("ctl.RegisterNode")
+@dataclass(frozen=True)
+class RegisterNode(Request[NodeRegistered]):
+    """A node agent joins: its discovery record (``NodeInfo.to_dict``) and address."""
+
+    reply = NodeRegistered
+
+    info: dict[str, Any]
+    agent_address: str
+
+
+@message("ctl.ListNodes")
+@dataclass(frozen=True)
+class ListNodes(Request[list[dict[str, Any]]]):
+    """Every node with its resources and actors. → list of status dicts"""
+
+    reply = list
+
+
+@message("ctl.FreePortOn")
+@dataclass(frozen=True)
+class FreePortOn(Request[int]):
+    """A TCP port free now on node ``node_id`` (the head asks its agent). → int"""
+
+    reply = int
+
+    node_id: str
+
+
+@message("ctl.Shutdown")
+@dataclass(frozen=True)
+class Shutdown(Request[str]):
+    """Stop the cluster (to the head) or the node (to an agent), after replying. → str"""
+
+    reply = str
+
+
+@message("ctl.NodeHeartbeat")
+@dataclass(frozen=True)
+class NodeHeartbeat:
+    """One-way, agent → head: the node is alive."""
+
+    node_id: str
+
+
+# -- node agents (head and actor processes → agent) ---------------------------------------
+
+
+@message("ctl.Started")
+@dataclass(frozen=True)
+class Started:
+    """An actor process serves at ``address``; ``methods`` as its class loaded there."""
+
+    address: str
+    pid: int
+    methods: dict[str, bool] | None
+
+
+@message("ctl.StartActor")
+@dataclass(frozen=True)
+class StartActor(Request[Started]):
+    """Start an actor process (head → agent). → :class:`Started` once it serves"""
+
+    reply = Started
+
+    actor_id: str
+    name: str
+    spec: SpawnSpec
+    env_res: dict[str, str]  # what its resources set: CUDA_VISIBLE_DEVICES
+
+
+@message("ctl.StopActor")
+@dataclass(frozen=True)
+class StopActor(Request[bool]):
+    """Stop an actor for good: SIGTERM, grace, SIGKILL (head → agent). → False if gone"""
+
+    reply = bool
+
+    actor_id: str
+    reason: str
+
+
+@message("ctl.FreePort")
+@dataclass(frozen=True)
+class FreePort(Request[int]):
+    """A TCP port free now on the agent's address (head → agent). → int"""
+
+    reply = int
+
+
+@message("ctl.AgentStatus")
+@dataclass(frozen=True)
+class AgentStatus(Request[dict[str, Any]]):
+    """The node's actors and their processes. → status dict"""
+
+    reply = dict
+
+
+@message("ctl.Boot")
+@dataclass(frozen=True)
+class Boot:
+    """What an actor process runs: its class, init frames, limit and the driver's path."""
+
+    cls: tuple[str, str, bytes | None]
+    init: tuple[bytes, ...]
+    max_concurrency: int | None
+    sys_path: tuple[str, ...]
+
+
+@message("ctl.Bootstrap")
+@dataclass(frozen=True)
+class Bootstrap(Request[Boot]):
+    """A starting actor process asks its agent what to run. → :class:`Boot`"""
+
+    reply = Boot
+
+    actor_id: str
+
+
+@message("ctl.Ready")
+@dataclass(frozen=True)
+class Ready(Request[None]):
+    """A started actor process serves (actor process → agent). → None"""
+
+    reply = type(None)
+
+    actor_id: str
+    address: str
+    pid: int
+    methods: dict[str, bool]
+
+
+@message("ctl.Failed")
+@dataclass(frozen=True)
+class Failed(Request[None]):
+    """A starting actor's constructor or ``setup`` raised ``error``. → None"""
+
+    reply = type(None)
+
+    actor_id: str
+    error: RaylessError
+
+
+HEAD_REQUESTS: tuple[type, ...] = (
+    Hello, KeepSession, EndSession, Spawn, GetActor, LookupActor, Kill, DebugRegister,
+    DebugEndpoints, RegisterNode, ListNodes, FreePortOn, Shutdown,
+)  # fmt: skip
+AGENT_REQUESTS: tuple[type, ...] = (
+    StartActor, StopActor, FreePort, Shutdown, AgentStatus, Bootstrap, Ready, Failed,
+)  # fmt: skip
