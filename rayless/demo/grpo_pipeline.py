@@ -296,6 +296,9 @@ class GrpoPipeline:
     async def run(self) -> GrpoResult:
         """GRPO until the held-out reward reaches the target, or the iteration/time limit."""
         cfg, algo = self.cfg, self.cfg.algo
+        store = self.store
+        if store is None:
+            raise RuntimeError("GrpoPipeline.run() needs setup() first")
         ahead = algo.max_staleness if cfg.policy.rollout_mode == "async" else 0
         start = time.perf_counter()
         self._t0 = time.time()
@@ -328,7 +331,7 @@ class GrpoPipeline:
                     references.pop(it),
                     asyncio.gather(*(t.train(it) for t in self.trains)),
                 )
-                await self.store.clear_partition(iteration_partition(PARTITION, it))
+                await store.clear_partition(iteration_partition(PARTITION, it))
                 version = it + 1
                 publish = await self.trains[0].publish_weights(version)
                 pulls: list[dict[str, float]] = []
