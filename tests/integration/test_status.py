@@ -7,7 +7,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -78,17 +77,14 @@ async def test_wrong_token_exits_1_with_a_message(
     assert len(out.stderr.strip().splitlines()) == 1
 
 
-def test_unreachable_head_exits_1_quickly(tmp_path: Path) -> None:
+def test_unreachable_head_exits_1_after_its_timeout(tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    start = time.monotonic()
     out = _status("--address", f"tcp://127.0.0.1:{port}", "--token", "y" * 32, "--timeout", "1")
-    elapsed = time.monotonic() - start
     assert out.returncode == 1
     assert "no answer from the head" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
-    assert elapsed < 15  # 1 s of waiting plus an interpreter start on a busy machine
 
 
 def test_missing_token_exits_1() -> None:
