@@ -30,6 +30,7 @@ from rayless.actors.api import context
 from rayless.actors.api.actor import loads_by_value
 from rayless.actors.api.calls import call_encode_error, call_limit_error
 from rayless.actors.api.keeper import SessionKeeper
+from rayless.actors.control.death import death_details
 from rayless.actors.control.logs import print_lines
 from rayless.actors.errors import ActorDiedError, ClusterLostError
 from rayless.transport.client import Client
@@ -258,6 +259,7 @@ class Runtime:
                 exitcode=ev.get("exitcode"),
                 node=ev.get("node", conn.node),
                 reason=str(ev.get("reason", "")),
+                **death_details(ev),
             )
             conn.state = "dead" if kind == "died" else "restarting"
             conn.death = death
@@ -335,6 +337,7 @@ class Runtime:
             exitcode=death.get("exitcode"),
             node=info.get("node_id"),
             reason=str(death.get("reason", "unreachable")),
+            **death_details(death),
         )
 
     async def call(
