@@ -26,7 +26,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayless.actors.api import context
+from rayless.actors.api import context, timeline
 from rayless.actors.api.actor import loads_by_value
 from rayless.actors.api.calls import call_encode_error, call_limit_error
 from rayless.actors.api.keeper import SessionKeeper
@@ -362,8 +362,12 @@ class Runtime:
         client = conn.client
         if client is None or not client.ready or conn.state != "alive":
             client = await self._ready_client(conn)
+        span = timeline.call_span(conn.name, method)  # None: this process records no spans
         try:
-            return await client.request(("c", method, args, kwargs), timeout=timeout)
+            if span is None:
+                return await client.request(("c", method, args, kwargs), timeout=timeout)
+            body = ("c", method, args, kwargs, span.flow)
+            return await span.wrap(client.request(body, timeout=timeout))
         except RemoteError as exc:
             raise materialize(exc) from None
         except TypeError as exc:
@@ -523,7 +527,11 @@ def fast_submit(
     conn = runtime.conns.get(handle.actor_id)
     if conn is None or conn.state != "alive" or conn.client is None:
         return None
-    fut = conn.client.submit_nowait(("c", method, args, kwargs), timeout)
+    span = timeline.call_span(conn.name, method)  # None: this process records no spans
+    body = ("c", method, args, kwargs) if span is None else ("c", method, args, kwargs, span.flow)
+    fut = conn.client.submit_nowait(body, timeout)
+    if span is not None and fut is not None:
+        fut.add_done_callback(span.done)
     if fut is not None and fut.done() and not fut.cancelled():
         error = fut.exception()
         if isinstance(error, (TypeError, LimitError)):  # not sent: an argument's fault

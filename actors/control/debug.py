@@ -17,6 +17,7 @@ The protocol, one line each way, then the command's answer::
     S: OK <server proof, hex>      (or "ERR <why>", and the connection closes)
 
 Commands: ``stack`` (the text of every thread's stack and every asyncio task's, then close),
+``timeline [SINCE_NS]`` (this process's timeline spans, ``actors.api.timeline.dump``),
 ``list`` (a JSON list of the breakpoints paused in this process, then close) and ``attach
 ID`` (``READY``, then the pdb session of breakpoint ID over the connection).
 
@@ -54,6 +55,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from rayless.actors.api import timeline
 from rayless.transport import protocol
 from rayless.transport.errors import AuthError, ProtocolError
 from rayless.transport.ratelog import RateLimitedLog
@@ -405,6 +407,8 @@ class DebugServer:
             with self._lock:
                 pauses = [p.public() for p in self.pauses.values()]
             conn.send_line(json.dumps(pauses))
+        elif command == "timeline" or command.startswith("timeline "):
+            conn.sock.sendall(timeline.dump(command.removeprefix("timeline")).encode("utf-8"))
         elif command.startswith("attach "):
             try:
                 wanted = int(command.split()[1])
