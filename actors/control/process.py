@@ -32,6 +32,7 @@ from typing import Any
 
 from rayless.actors.api import context, timeline
 from rayless.actors.api.actor import _CALLER, ClassRef, by_value, dumps_by_value, public_methods
+from rayless.actors.api.callstats import STATS
 from rayless.actors.api.portal import set_home_loop
 from rayless.actors.control import debug
 from rayless.actors.control.process_util import setup_logging
@@ -224,6 +225,7 @@ class ActorHost:
         """Build the instance, run ``setup``, start serving; returns the address."""
         loop = asyncio.get_running_loop()
         self.worker = SyncWorker(loop, self.name, torch_threads(), self.sync_concurrency)
+        STATS.watch(self)  # the queue depth of the cluster's metrics
         threshold = _float_env("RAYLESS_LOOP_WARN_S", 2.0)
         if threshold > 0:
             self.monitor = LoopMonitor(loop, self.name, threshold)
@@ -270,6 +272,7 @@ class ActorHost:
             )
             raise remote_error(missing, self.name)
         fn = getattr(self.instance, method)
+        STATS.call(method)
         if timeline.RECORDER.enabled:
             fn = timeline.traced_method(fn, method, body[4] if len(body) == 5 else 0, is_async)
         caller = req.peer.routing_id.hex()
@@ -297,6 +300,7 @@ class ActorHost:
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # KeyboardInterrupt, GeneratorExit...: a reply too
+                STATS.error(fn.__name__)
                 raise remote_error(exc, self.name) from None
             finally:
                 if self.monitor is not None:
@@ -311,6 +315,7 @@ class ActorHost:
             self.worker_loop.call_soon_threadsafe(self.exit, fn.__name__, exit_code(exc))
             raise _Exiting from None
         except BaseException as exc:  # KeyboardInterrupt, GeneratorExit...: a reply too
+            STATS.error(fn.__name__)
             raise remote_error(exc, self.name) from None
         finally:
             _CALLER.reset(reset)
