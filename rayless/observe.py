@@ -28,7 +28,7 @@ from rayless.actors.api import context
 from rayless.actors.api import status as cluster_status
 from rayless.transport.errors import RaylessError
 
-__all__ = ["exposition", "snapshot"]
+__all__ = ["exposition", "snapshot", "snapshot_of"]
 
 STORE_CLASS = "StoreController"
 WEIGHTS_CLASS = "WeightRegistry"
@@ -56,44 +56,18 @@ def _actor_stats(records: list[dict[str, Any]], token: str, timeout: float) -> d
 async def snapshot(
     address: str, token: str, *, stores: Iterable[str] = (), timeout: float = 10.0
 ) -> dict[str, Any]:
-    """The cluster now: ``nodes`` (with their ``actors``), ``stats`` (per actor id),
-    ``stores`` (``Store.metrics()`` each), ``weights`` (name → info), ``time``.
+    """The cluster now, in a session of its own (:func:`snapshot_of`).
 
     Raises:
         StatusError: the head did not answer, rejected the token, or the address is bad.
     """
     from rayless.actors.api.cluster import connect
-    from rayless.actors.api.debugger import DebugCliError, endpoints
     from rayless.actors.api.runtime import close_runtimes
 
     cluster = None
     try:
         cluster = await asyncio.wait_for(connect(address, token=token), timeout)
-        nodes = await asyncio.wait_for(cluster.nodes(), timeout)
-        actors = [a for n in nodes for a in n.get("actors", [])]
-        try:
-            listeners = await endpoints(address, token, timeout)
-        except DebugCliError:
-            listeners = []
-        stats = await asyncio.to_thread(_actor_stats, listeners, token, timeout)
-        names = list(stores) or [
-            a["name"] for a in actors if a.get("cls") == STORE_CLASS and a.get("state") == "alive"
-        ]
-        store_metrics = []
-        for name in names:
-            store_metrics.append(await _store(cluster, name, timeout))
-        weights = {}
-        for a in actors:
-            if a.get("cls") == WEIGHTS_CLASS and a.get("state") == "alive":
-                handle = await asyncio.wait_for(cluster.get_actor(a["name"]), timeout)
-                weights[a["name"]] = await asyncio.wait_for(handle.info(), timeout)
-        return {
-            "time": time.time(),
-            "nodes": nodes,
-            "stats": stats,
-            "stores": store_metrics,
-            "weights": weights,
-        }
+        return await snapshot_of(cluster, stores=stores, timeout=timeout)
     except asyncio.TimeoutError:
         raise cluster_status.StatusError(f"no answer within {timeout:g}s") from None
     except RaylessError as exc:
@@ -106,6 +80,50 @@ async def snapshot(
                 pass
         await close_runtimes()
         context.set_current(None)
+
+
+async def snapshot_of(
+    cluster: Any, *, stores: Iterable[str] = (), timeout: float = 10.0
+) -> dict[str, Any]:
+    """The cluster now, through the connected ``cluster``: ``nodes`` (with their
+    ``actors``), ``stats`` (per actor id), ``stores`` (``Store.metrics()`` each),
+    ``weights`` (name → info), ``time``.
+
+    Raises:
+        RaylessError, asyncio.TimeoutError: the head or an actor did not answer.
+    """
+    from rayless.actors.api.debugger import DebugCliError, endpoints
+
+    address, token = cluster.info.address, cluster.info.token
+    nodes = await asyncio.wait_for(cluster.nodes(), timeout)
+    actors = [a for n in nodes for a in n.get("actors", [])]
+    try:
+        listeners = await endpoints(address, token, timeout)
+    except DebugCliError:
+        listeners = []
+    stats = await asyncio.to_thread(_actor_stats, listeners, token, timeout)
+    names = list(stores) or [
+        a["name"] for a in actors if a.get("cls") == STORE_CLASS and a.get("state") == "alive"
+    ]
+    store_metrics = [await _store(cluster, name, timeout) for name in names]
+    weights = {}
+    for a in actors:
+        if a.get("cls") == WEIGHTS_CLASS and a.get("state") == "alive":
+            handle = await asyncio.wait_for(cluster.get_actor(a["name"]), timeout)
+            info = await asyncio.wait_for(handle.info(), timeout)
+            weights[a["name"]] = {
+                "latest": info.get("latest"),
+                "relays": {
+                    str(k): getattr(v, "name", str(v)) for k, v in info.get("relays", {}).items()
+                },
+            }
+    return {
+        "time": time.time(),
+        "nodes": nodes,
+        "stats": stats,
+        "stores": store_metrics,
+        "weights": weights,
+    }
 
 
 async def _store(cluster: Any, name: str, timeout: float) -> dict[str, Any]:
