@@ -188,8 +188,8 @@ def _samples(snap: dict[str, Any]) -> Iterable[tuple[str, dict[str, Any], float]
         for g in n.get("gpus") or []:
             gpu = {**node, "gpu": g.get("index")}
             yield "rayless_gpu_used_share", gpu, max(0.0, 1.0 - float(g.get("free", 0.0)))
-            if g.get("memory"):
-                yield "rayless_gpu_memory_bytes", gpu, int(g["memory"])
+            if g.get("memory_bytes"):
+                yield "rayless_gpu_memory_bytes", gpu, int(g["memory_bytes"])
         for a in n.get("actors") or []:
             state = str(a.get("state"))
             by_state[state] = by_state.get(state, 0) + 1

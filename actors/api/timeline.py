@@ -14,8 +14,8 @@ Recorded, each as one span (start and end on the wall clock, in ns):
 The ring holds the last ``RAYLESS_TIMELINE_SPANS`` spans (default 100,000) of a process; a span
 costs a few hundred bytes, so memory is bounded whatever the job's length. Recording is off
 unless ``RAYLESS_TIMELINE=1`` in the environment the cluster's processes start with (about
-2-3 µs of CPU per actor call, both sides together: 15-20% of a pipelined call, see
-docs/observability.md); off, each hook is one attribute test. The gatherer
+3-4 µs of CPU per actor call, both sides together: 20-25% of a pipelined call, see
+docs/observability.md and scripts/bench_timeline.py); off, each hook is one attribute test. The gatherer
 (``rayless.actors.api.trace``) reads each actor's ring through its debug listener and writes
 one Chrome trace-event file.
 """

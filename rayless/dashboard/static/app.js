@@ -27,7 +27,7 @@ function render(s) {
       n.node_id, { v: n.alive ? "yes" : "NO", cls: n.alive ? "alive" : "dead" },
       (n.cpus_used || 0) + " / " + (n.cpus || 0), (n.gpus_free || 0) + " / " + (n.gpus_total || 0),
       (n.gpus || []).map(g => g.index + ":" + (1 - (g.free || 0)).toFixed(2)).join(" ") || "-",
-      (n.gpus || []).map(g => g.memory ? (g.memory / 2 ** 30).toFixed(0) + " GiB" : "?").join(" ") || "-",
+      (n.gpus || []).map(g => g.memory_bytes ? (g.memory_bytes / 2 ** 30).toFixed(0) + " GiB" : "?").join(" ") || "-",
     ] })));
   const stats = s.stats || {};
   const actors = [].concat(...nodes.map(n => n.actors || []));
