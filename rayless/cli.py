@@ -23,7 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "debug": ("rayless.actors.api.debugger", "attach this terminal to an actor at breakpoint()"),
     "stack": ("rayless.actors.api.stack", "print every thread's Python stack of live actors"),
     "timeline": (
-        "rayless.actors.api.trace",
+        "rayless.actors.api.timeline_cli",
         "write every actor's recent calls, store and weight operations as a Chrome trace",
     ),
     "dashboard": ("rayless.dashboard", "serve a live page of a running cluster (127.0.0.1)"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from typing import Any
 
 __all__ = ["STATS", "CallStats", "dump"]
@@ -18,14 +19,16 @@ class CallStats:
     """Calls and errors per method, and a probe of the actor's queues."""
 
     def __init__(self) -> None:
-        self.calls: dict[str, int] = {}
-        self.errors: dict[str, int] = {}
+        self.calls: dict[str, int] = {}  # updated on the actor's loop only
+        self.errors: dict[str, int] = {}  # from the loop and the def methods' threads
+        self._lock = threading.Lock()
         self._host: Any = None
 
     def reset(self) -> None:
         """Start from zero (a forked child)."""
         self.calls.clear()
         self.errors.clear()
+        self._lock = threading.Lock()
         self._host = None
 
     def watch(self, host: Any) -> None:
@@ -37,8 +40,9 @@ class CallStats:
         self.calls[method] = self.calls.get(method, 0) + 1
 
     def error(self, method: str) -> None:
-        """Count one call of ``method`` that raised."""
-        self.errors[method] = self.errors.get(method, 0) + 1
+        """Count one call of ``method`` that raised (from any thread)."""
+        with self._lock:
+            self.errors[method] = self.errors.get(method, 0) + 1
 
     def queues(self) -> dict[str, int]:
         """``queued`` (waiting to start) and ``running`` calls now."""
@@ -56,12 +60,9 @@ class CallStats:
 
     def snapshot(self) -> dict[str, Any]:
         """Plain values: the counters, the queues, the pid."""
-        return {
-            "pid": os.getpid(),
-            "calls": dict(self.calls),
-            "errors": dict(self.errors),
-            **self.queues(),
-        }
+        with self._lock:
+            errors = dict(self.errors)
+        return {"pid": os.getpid(), "calls": dict(self.calls), "errors": errors, **self.queues()}
 
 
 STATS = CallStats()

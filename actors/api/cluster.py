@@ -228,7 +228,7 @@ class Cluster:
         returns the path. See ``rayless.actors.api.trace``.
 
         Raises:
-            DebugCliError: the head did not answer. OSError: ``path`` cannot be written.
+            RaylessError: the head did not answer. OSError: ``path`` cannot be written.
         """
         from rayless.actors.api import trace
 

@@ -1,8 +1,6 @@
-"""``rayless timeline`` and ``Cluster.timeline(path)``: gather every process's timeline spans
-(``actors.api.timeline``) into one Chrome trace-event file (Perfetto, chrome://tracing).
-
-    rayless timeline                       write timeline.json: every live actor's spans
-    rayless timeline -o trace.json --since 60    only the last minute
+"""Gather every process's timeline spans (``actors.api.timeline``) into one Chrome
+trace-event file (Perfetto, chrome://tracing): ``Cluster.timeline(path)`` and ``rayless
+timeline`` (``actors.api.timeline_cli``).
 
 The gatherer asks the head for the actors' debug listeners (as ``rayless stack`` does) and
 reads each one's ring (the ``timeline`` command, authenticated with the cluster token both
@@ -21,20 +19,20 @@ that reading's whole duration (processes of one host share one clock: no correct
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import heapq
 import json
 import os
-import sys
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayless.actors.api import status, timeline
+from rayless.actors.api import timeline
+from rayless.actors.control.debug import LineSocket, client_handshake
 from rayless.transport.errors import RaylessError
 
-__all__ = ["Gathered", "add_arguments", "chrome_trace", "gather", "run", "write_trace"]
+__all__ = ["Gathered", "chrome_trace", "gather", "write_trace"]
 
 
 @dataclass
@@ -49,12 +47,42 @@ class Gathered:
     errors: list[str] = field(default_factory=list)
 
 
+def _open(record: dict[str, Any], token: str, command: str, timeout: float) -> LineSocket:
+    """A connection to an actor's debug listener that sent ``command`` (as ``rayless stack``).
+
+    Raises:
+        OSError: the listener cannot be reached. AuthError, ProtocolError: bad handshake.
+    """
+    host, _, port = str(record["debug_address"]).removeprefix("tcp://").rpartition(":")
+    sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+    try:
+        return client_handshake(sock, token, command)
+    except BaseException:
+        sock.close()
+        raise
+
+
+async def _endpoints(address: str, token: str, timeout: float) -> list[dict[str, Any]]:
+    """Every live actor's record with its ``debug_address``, asked of the head.
+
+    Raises:
+        RaylessError: the head did not answer (Timeout) or rejected the token (AuthError).
+    """
+    from rayless.transport.client import Client
+
+    client = Client(address, token=token, name="rayless-timeline", connect_timeout=timeout)
+    try:
+        await client.connect()
+        found: list[dict[str, Any]] = await client.request(("debug_endpoints",), timeout=timeout)
+        return found
+    finally:
+        await client.aclose()
+
+
 def _read_one(record: dict[str, Any], token: str, since_ns: int, timeout: float) -> Gathered:
     """Read one actor's ring through its debug listener (blocking; run in a thread)."""
-    from rayless.actors.api.debugger import open_actor
-
     t0 = time.time_ns()
-    conn = open_actor(record, token, f"timeline {since_ns}", timeout)
+    conn = _open(record, token, f"timeline {since_ns}", timeout)
     try:
         header = json.loads(conn.readline(limit=1 << 16))
         t1 = time.time_ns()
@@ -81,11 +109,9 @@ async def gather(
     the trace's ``otherData.unreachable``).
 
     Raises:
-        DebugCliError: the head did not answer, or rejected the token.
+        RaylessError: the head did not answer (Timeout) or rejected the token (AuthError).
     """
-    from rayless.actors.api.debugger import endpoints
-
-    records = await endpoints(address, token, timeout)
+    records = await _endpoints(address, token, timeout)
 
     def read_all() -> tuple[list[Gathered], list[str]]:
         got, missed = [], []
@@ -218,33 +244,3 @@ def write_trace(path: str | os.PathLike[str], gathered: list[Gathered]) -> str:
         json.dump(chrome_trace(gathered), f)
     os.replace(tmp, target)
     return target
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``rayless timeline``'s options to ``parser``."""
-    status.add_cluster_arguments(parser)
-    parser.add_argument("-o", "--output", default="timeline.json", help="the trace file to write")
-    parser.add_argument(
-        "--since", type=float, default=None, metavar="SECONDS", help="only the last SECONDS"
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run ``rayless timeline``; returns the exit code."""
-    from rayless.actors.api.debugger import DebugCliError
-
-    try:
-        address, token = status.resolve(args)
-        since = 0 if args.since is None else time.time_ns() - int(args.since * 1e9)
-        got = asyncio.run(gather(address, token, since_ns=since, timeout=float(args.timeout)))
-        path = write_trace(args.output, got)
-    except (DebugCliError, status.StatusError, OSError) as exc:
-        print(f"rayless timeline: {exc}", file=sys.stderr)
-        return 1
-    spans = sum(len(g.spans) for g in got)
-    procs = sum(1 for g in got if not g.errors)
-    print(f"wrote {path}: {spans} spans of {procs} processes (open it in ui.perfetto.dev)")
-    for g in got:
-        for line in g.errors:
-            print(f"rayless timeline: no answer from {line}", file=sys.stderr)
-    return 0

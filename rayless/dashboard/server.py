@@ -123,14 +123,13 @@ class Dashboard:
 
     async def _timeline(self) -> dict[str, Any]:
         from rayless.actors.api import trace
-        from rayless.actors.api.debugger import DebugCliError
 
         now = time.time_ns()
         since = now - int(TIMELINE_WINDOW_S * 1e9)
         info = self.cluster.info
         try:
             got = await trace.gather(info.address, info.token, since_ns=since, timeout=self.timeout)
-        except DebugCliError:
+        except (RaylessError, OSError):
             return {"now_ns": now, "window_s": TIMELINE_WINDOW_S, "processes": []}
         processes = []
         for g in got:

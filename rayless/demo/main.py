@@ -158,12 +158,10 @@ async def _write_timeline(cluster: Cluster, out_dir: Path) -> Path | None:
     reported, never fatal."""
     if not timeline.enabled():
         return None
-    from rayless.actors.api.debugger import DebugCliError
-
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         return Path(await cluster.timeline(out_dir / "timeline.json"))
-    except (DebugCliError, RaylessError, OSError) as exc:
+    except (RaylessError, OSError) as exc:
         print(f"rayless demo: no timeline.json ({type(exc).__name__}: {exc})", file=sys.stderr)
         return None
 
