@@ -195,3 +195,25 @@ async def test_rayless_timeline_cli_writes_the_trace_and_since_filters(
     assert not [label for label in names.values() if label.startswith("driver")]
     _, recent = _by(cli("--since", "0.000001"))  # the actor's call is older than that
     assert not [e for e in recent if e.get("name") == "square"]
+
+
+async def test_weight_publish_and_pull_are_spans(traced_cluster: Cluster, tmp_path: Path) -> None:
+    from rayless.store import WeightSync
+    from tests.integration.weights_classes import state
+
+    async with WeightSync.create(traced_cluster, name="tl-weights") as ws:
+        await ws.publish(state(3), version=3)
+        target = state(0)
+        assert await ws.pull(target, 3) == 3
+        path = await traced_cluster.timeline(tmp_path / "weights.json")
+    trace = json.loads(Path(path).read_text())
+    check_trace_format(trace)
+    names, events = _by(trace)
+    (driver,) = [p for p, label in names.items() if label.startswith("driver ")]
+    mine = [e for e in events if e["ph"] == "X" and e["pid"] == driver and e["cat"] == "weights"]
+    (publish,) = [e for e in mine if e["name"] == "publish"]
+    nbytes = sum(t.nbytes for t in state(3).values())
+    assert publish["args"]["version"] == 3 and publish["args"]["bytes"] == nbytes
+    assert publish["args"]["tensors"] == len(state(3))
+    (pull,) = [e for e in mine if e["name"] == "pull"]
+    assert pull["args"]["version"] == 3
