@@ -51,6 +51,11 @@ def _missing() -> str | None:
 
 @pytest.fixture
 async def cluster(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Cluster]:
+    """A 2-node cluster recording its timeline; skips first, naming what is missing, without
+    chromium, playwright or aiohttp."""
+    missing = _missing()
+    if missing:
+        pytest.skip(missing)
     monkeypatch.setenv(timeline.ENV, "1")  # the page's timeline has spans to show
     timeline.RECORDER.reset()
     async with Cluster.local(nodes=2, gpus_per_node=2) as c:
@@ -109,9 +114,6 @@ def _get(url: str) -> tuple[int, str]:
 async def test_dashboard_page_shows_actors_and_partitions_live(
     cluster: Cluster, dashboard: str, tmp_path: Path
 ) -> None:
-    missing = _missing()
-    if missing:
-        pytest.skip(missing)
     from playwright.async_api import async_playwright
 
     peer = await cluster.spawn(Peer, name="dash-peer", node="node-1", gpus=1)
