@@ -213,9 +213,14 @@ class OomWatch:
         return ExitCause(f"{text}, {OOM_CAUSE} ({'; '.join(evidence)})", oom=True)
 
 
-def death_details(ev: Mapping[str, Any]) -> dict[str, Any]:
+def death_details(ev: Any) -> dict[str, Any]:
     """The ``cause``, ``log_tail`` and ``log`` of a death event (the agent's ``died`` or
-    ``restarting``), checked, as keyword arguments of :class:`ActorDiedError`."""
-    tail = ev.get("log_tail")
+    ``restarting``: a mapping, or a message object with those attributes), checked, as
+    keyword arguments of :class:`ActorDiedError`."""
+
+    def get(key: str) -> Any:
+        return ev.get(key) if isinstance(ev, Mapping) else getattr(ev, key, None)
+
+    tail = get("log_tail")
     lines = [str(line) for line in tail[-LOG_TAIL_LINES:]] if isinstance(tail, list) else []
-    return {"cause": str(ev.get("cause") or ""), "log_tail": lines, "log": str(ev.get("log") or "")}
+    return {"cause": str(get("cause") or ""), "log_tail": lines, "log": str(get("log") or "")}
