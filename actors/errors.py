@@ -34,7 +34,10 @@ __all__ = [
 class ActorDiedError(RaylessError, wire="rayless.ActorDiedError"):
     """The actor's process is gone; every pending and later call fails with this.
 
-    Attributes name the actor, its pid and node, and how it ended (exit code or signal).
+    Attributes name the actor, its pid and node, and how it ended: ``exitcode`` (negative: a
+    signal), ``cause`` (the node agent's words for it, e.g. "killed by SIGKILL, killed by the
+    kernel's OOM killer (...)"), ``log_tail`` (the last lines of its log) and ``log`` (the
+    log file's path on its node). The message says all of them.
     """
 
     def __init__(
@@ -45,12 +48,18 @@ class ActorDiedError(RaylessError, wire="rayless.ActorDiedError"):
         exitcode: int | None = None,
         node: str | None = None,
         reason: str = "",
+        cause: str = "",
+        log_tail: list[str] | None = None,
+        log: str = "",
     ) -> None:
         self.actor = actor
         self.pid = pid
         self.exitcode = exitcode
         self.node = node
         self.reason = reason
+        self.cause = cause
+        self.log_tail = list(log_tail or [])
+        self.log = log
         super().__init__(self._describe())
 
     def _describe(self) -> str:
@@ -62,7 +71,9 @@ class ActorDiedError(RaylessError, wire="rayless.ActorDiedError"):
             where.append(f"node {self.node}")
         if where:
             parts.append(f"({', '.join(where)})")
-        if self.exitcode is not None:
+        if self.cause:
+            parts.append(self.cause)
+        elif self.exitcode is not None:
             if self.exitcode < 0:
                 try:
                     name = signal.Signals(-self.exitcode).name
@@ -73,7 +84,12 @@ class ActorDiedError(RaylessError, wire="rayless.ActorDiedError"):
                 parts.append(f"with exit code {self.exitcode}")
         if self.reason:
             parts.append(f": {self.reason}")
-        return " ".join(parts).replace(" :", ":")
+        text = " ".join(parts).replace(" :", ":")
+        if self.log_tail:
+            path = f" ({self.log})" if self.log else ""
+            lines = "".join(f"\n    {line}" for line in self.log_tail)
+            text += f"\n  last {len(self.log_tail)} lines of its log{path}:{lines}"
+        return text
 
 
 class ActorNotFoundError(RaylessError, ValueError, wire="rayless.ActorNotFoundError"):

@@ -22,6 +22,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "debug": ("rayless.actors.api.debugger", "attach this terminal to an actor at breakpoint()"),
     "stack": ("rayless.actors.api.stack", "print every thread's Python stack of live actors"),
+    "timeline": (
+        "rayless.actors.api.timeline_cli",
+        "write every actor's recent calls, store and weight operations as a Chrome trace",
+    ),
+    "dashboard": ("rayless.dashboard", "serve a live page of a running cluster (127.0.0.1)"),
     "launch": ("rayless.actors.launch.node", "start rayless on this node, torchrun-style"),
     "ssh-launch": ("rayless.actors.launch.ssh", "start rayless on many hosts over SSH"),
 }

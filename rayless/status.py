@@ -1,6 +1,7 @@
 """``rayless status``: the cluster report of ``rayless.actors.api.status``, plus, with
 ``--store NAME`` (repeatable), each named store's units, partitions, consumers and waiting
-fetches (``--prometheus``: the stores' metrics in the Prometheus text format instead).
+fetches (``--prometheus``: the whole cluster's metrics in the Prometheus text format instead,
+``rayless.observe``: nodes, GPUs, actors, calls per method, every store, weight syncs).
 
 It lives here, not in the actors layer, because the store sits above the actors.
 """
@@ -24,7 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--store", action="append", metavar="NAME", help="also report this store (repeatable)"
     )
     parser.add_argument(
-        "--prometheus", action="store_true", help="print the stores' metrics as Prometheus text"
+        "--prometheus",
+        action="store_true",
+        help="print the whole cluster's metrics (nodes, actors, calls, stores) as Prometheus text",
     )
 
 
@@ -71,6 +74,17 @@ def run(args: argparse.Namespace) -> int:
         code = cluster_status.run(args)
         if code or not names:
             return code
+    if prom:  # the whole cluster: nodes, GPUs, actors, calls, stores, weights
+        from rayless.observe import exposition, snapshot
+
+        try:
+            address, token = cluster_status.resolve(args)
+            snap = asyncio.run(snapshot(address, token, stores=names, timeout=float(args.timeout)))
+        except cluster_status.StatusError as exc:
+            print(f"rayless status: {exc}", file=sys.stderr)
+            return 1
+        sys.stdout.write(exposition(snap))
+        return 0
     from rayless.store.metrics import prometheus, render_text
 
     try:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from tensordict import TensorDict, TensorDictBase
 
 from rayless.actors import ActorDiedError, ActorHandle
+from rayless.actors.api.timeline import store_span, traced
 from rayless.store.errors import (
     ForeignMetaError,
     StoreError,
@@ -103,6 +104,7 @@ class DataPlane:
 
     # -- data plane ----------------------------------------------------------------------
 
+    @traced("store", "put", store_span)
     async def put(
         self,
         td: TensorDictBase,
@@ -242,6 +244,7 @@ class DataPlane:
                 out[int(unit["shard"])] = (count, reserved)
         return out
 
+    @traced("store", "get_meta", store_span)
     async def get_meta(
         self,
         partition: str,
@@ -311,6 +314,7 @@ class DataPlane:
 
         future.add_done_callback(done)
 
+    @traced("store", "get", store_span)
     async def get(
         self,
         meta: BatchMeta,

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from rayless.actors.api.timeline import store_span, traced
 from rayless.store.meta import BatchMeta
 from rayless.store.metrics import collect
 
@@ -35,10 +36,12 @@ class StatusFace:
 
         def _check_meta(self, meta: Any) -> BatchMeta: ...
 
+    @traced("store", "clear", store_span)
     async def clear(self, meta: BatchMeta) -> None:
         """Remove ``meta``'s samples; their indexes are reused. Raises Foreign/StaleMetaError."""
         await self.controller.clear(self._check_meta(meta))
 
+    @traced("store", "clear_partition", store_span)
     async def clear_partition(self, partition: str) -> None:
         """Remove a whole partition. Raises UnknownPartitionError."""
         await self.controller.clear_partition(partition)

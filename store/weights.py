@@ -40,6 +40,7 @@ import torch
 from rayless.actors import ActorHandle, Cluster, connect
 from rayless.actors.api.components import spawn_all
 from rayless.actors.api.lifecycle import opener
+from rayless.actors.api.timeline import traced, weights_span
 from rayless.store import segments
 from rayless.store.errors import WeightSyncError
 from rayless.store.weights_layout import (
@@ -208,6 +209,7 @@ class WeightSync:
 
     # -- publish -------------------------------------------------------------------------
 
+    @traced("weights", "publish", weights_span)
     async def publish(
         self,
         state: Mapping[str, Any],
@@ -349,6 +351,7 @@ class WeightSync:
 
     # -- pull ----------------------------------------------------------------------------
 
+    @traced("weights", "pull", weights_span)
     async def pull(
         self,
         target: Any,

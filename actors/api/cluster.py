@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from rayless.actors.api import context, published
+from rayless.actors.api import context, published, timeline
 from rayless.actors.api.actor import ClassRef, public_methods
 from rayless.actors.api.calls import call_encode_error
 from rayless.actors.api.components import spawn_component
@@ -119,6 +121,7 @@ class Cluster:
             raise ClosedError("this cluster handle is closed")
         return await get_runtime()
 
+    @timeline.traced("spawn", "spawn", lambda a, kw, r: _spawn_span(a, kw, r))
     async def spawn(
         self,
         cls: type[A],
@@ -225,6 +228,23 @@ class Cluster:
         """
         runtime = await self._runtime()
         return ActorHandle.from_record(await runtime.head_request(GetActor(name)))
+
+    async def timeline(
+        self, path: str | os.PathLike[str] = "timeline.json", *, since: float | None = None
+    ) -> str:
+        """Write the timeline of every live actor and of this process (``since``: only the
+        last seconds) to ``path`` as Chrome trace-event JSON (open it in ui.perfetto.dev);
+        returns the path. See ``rayless.actors.api.trace``.
+
+        Raises:
+            RaylessError: the head did not answer. OSError: ``path`` cannot be written.
+        """
+        from rayless.actors.api import trace
+
+        await self._runtime()
+        since_ns = 0 if since is None else time.time_ns() - int(since * 1e9)
+        got = await trace.gather(self.info.address, self.info.token, since_ns=since_ns, local=True)
+        return await asyncio.to_thread(trace.write_trace, path, got)
 
     async def nodes(self) -> list[dict[str, Any]]:
         """Every node: its resources (GPUs free/used), actors, restarts."""
@@ -354,3 +374,12 @@ async def _connect(address: str | None, token: str | None) -> Cluster:
     context.set_current(info)
     await get_runtime()
     return Cluster(info)
+
+
+def _spawn_span(args: tuple[Any, ...], kwargs: Mapping[str, Any], handle: Any) -> dict[str, Any]:
+    """The arguments of a spawn's timeline span: the class, and the actor and its node."""
+    cls = args[0] if args else None
+    info: dict[str, Any] = {"class": getattr(cls, "__qualname__", str(cls))}
+    if handle is not None:
+        info.update(actor=handle.name, node=handle.node_id)
+    return info

@@ -26,10 +26,11 @@ import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from rayless.actors.api import context
+from rayless.actors.api import context, timeline
 from rayless.actors.api.actor import loads_by_value
 from rayless.actors.api.calls import call_encode_error, call_limit_error
 from rayless.actors.api.keeper import SessionKeeper
+from rayless.actors.control.death import death_details
 from rayless.actors.control.logs import print_lines
 from rayless.actors.control.messages import (
     ActorEvent,
@@ -278,6 +279,7 @@ class Runtime:
                 exitcode=ev.exitcode,
                 node=ev.node or conn.node,
                 reason=ev.reason,
+                **death_details(ev),
             )
             conn.state = DEAD if kind is EventKind.DIED else RESTARTING
             conn.death = death
@@ -355,6 +357,7 @@ class Runtime:
             exitcode=None if death is None else death.exitcode,
             node=info.node_id,
             reason="unreachable" if death is None else death.reason,
+            **death_details(death),
         )
 
     async def call(
@@ -379,8 +382,12 @@ class Runtime:
         client = conn.client
         if client is None or not client.ready or conn.state is not ALIVE:
             client = await self._ready_client(conn)
+        span = timeline.call_span(conn.name, method)  # None: this process records no spans
         try:
-            return await client.request(("c", method, args, kwargs), timeout=timeout)
+            if span is None:
+                return await client.request(("c", method, args, kwargs), timeout=timeout)
+            body = ("c", method, args, kwargs, span.flow)
+            return await span.wrap(client.request(body, timeout=timeout))
         except RemoteError as exc:
             raise materialize(exc) from None
         except TypeError as exc:
@@ -540,7 +547,11 @@ def fast_submit(
     conn = runtime.conns.get(handle.actor_id)
     if conn is None or conn.state is not ALIVE or conn.client is None:
         return None
-    fut = conn.client.submit_nowait(("c", method, args, kwargs), timeout)
+    span = timeline.call_span(conn.name, method)  # None: this process records no spans
+    body = ("c", method, args, kwargs) if span is None else ("c", method, args, kwargs, span.flow)
+    fut = conn.client.submit_nowait(body, timeout)
+    if span is not None and fut is not None:
+        fut.add_done_callback(span.done)
     if fut is not None and fut.done() and not fut.cancelled():
         error = fut.exception()
         if isinstance(error, (TypeError, LimitError)):  # not sent: an argument's fault

@@ -96,6 +96,10 @@ class SyncCluster:
         """Every node with its resources and actors."""
         return self.run(self.cluster.nodes())
 
+    def timeline(self, path: str = "timeline.json", *, since: float | None = None) -> str:
+        """Write the cluster's timeline to ``path`` (as ``Cluster.timeline``)."""
+        return self.run(self.cluster.timeline(path, since=since))
+
     def submit(
         self, handle: ActorHandle[Any], method: str, *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[Any]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayless.actors.api import context
+from rayless.actors.control.death import OomWatch, log_tail
 from rayless.actors.control.logs import LogTailer
 from rayless.actors.control.messages import (
     ActorEvent,
@@ -77,6 +78,7 @@ class ActorProc:
     ready: asyncio.Future[Started] | None = None
     stop_reason: str = ""
     exited: asyncio.Event = field(default_factory=asyncio.Event)
+    log_start: int = 0  # where the current process's part of the log file begins
 
 
 class Agent:
@@ -122,6 +124,7 @@ class Agent:
             connect_timeout=head_timeout * 4,
         )
         self.tailer = LogTailer(self._send_logs)
+        self.oom = OomWatch()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         self.requests: Handlers[Peer] = Handlers("agent")
@@ -251,9 +254,12 @@ class Agent:
     async def _start(self, proc: ActorProc) -> Started:
         proc.ready = asyncio.get_running_loop().create_future()
         proc.exited = asyncio.Event()
+        with contextlib.suppress(OSError):
+            proc.log_start = os.path.getsize(proc.log_path)
         pid = await self.spawner.spawn(proc.env, proc.log_path, proc.spec.cwd)
         proc.pid = pid
         self.by_pid[pid] = proc
+        self.oom.started(pid)
         self.tailer.watch(proc.actor_id, proc.name, pid, self.node.node_id, proc.log_path)
         if proc.state is ProcState.STOPPING:  # killed while the spawner was forking it
             _signal(pid, signal.SIGKILL)
@@ -388,8 +394,17 @@ class Agent:
         await self.tailer.final(proc.actor_id)
         with contextlib.suppress(OSError):  # its shared memory (a SIGKILL skipped its exit)
             await asyncio.to_thread(reap, pid)
+        cause = await asyncio.to_thread(self.oom.cause, pid, code)
+        tail = await asyncio.to_thread(log_tail, proc.log_path, proc.log_start)
         died = ActorDiedError(
-            proc.name, pid=pid, exitcode=code, node=self.node.node_id, reason=proc.stop_reason
+            proc.name,
+            pid=pid,
+            exitcode=code,
+            node=self.node.node_id,
+            reason=proc.stop_reason,
+            cause=cause.text,
+            log_tail=tail,
+            log=proc.log_path,
         )
         starting = proc.ready is not None and not proc.ready.done()
         first_start = starting and proc.restarts == 0  # a failed spawn is not restarted
@@ -405,6 +420,10 @@ class Agent:
                     exitcode=code,
                     restarts=proc.restarts,
                     reason=f"restarting ({proc.restarts}/{proc.max_restarts})",
+                    cause=cause.text,
+                    oom=cause.oom,
+                    log_tail=tail,
+                    log=proc.log_path,
                 )
             )
             if starting and proc.ready is not None:
@@ -425,6 +444,10 @@ class Agent:
                 exitcode=code,
                 reason=proc.stop_reason,
                 restarts=proc.restarts,
+                cause=cause.text,
+                oom=cause.oom,
+                log_tail=tail,
+                log=proc.log_path,
             )
         )
         self.tailer.forget(proc.actor_id)

@@ -17,6 +17,8 @@ The protocol, one line each way, then the command's answer::
     S: OK <server proof, hex>      (or "ERR <why>", and the connection closes)
 
 Commands: ``stack`` (the text of every thread's stack and every asyncio task's, then close),
+``timeline [SINCE_NS]`` (this process's timeline spans, ``actors.api.timeline.dump``),
+``metrics`` (its calls and errors per method and queue depth, ``actors.api.callstats.dump``),
 ``list`` (a JSON list of the breakpoints paused in this process, then close) and ``attach
 ID`` (``READY``, then the pdb session of breakpoint ID over the connection).
 
@@ -54,6 +56,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from rayless.actors.api import callstats, timeline
 from rayless.actors.control.messages import DebugRegister
 from rayless.actors.control.wire import ask
 from rayless.transport import protocol
@@ -407,6 +410,10 @@ class DebugServer:
             with self._lock:
                 pauses = [p.public() for p in self.pauses.values()]
             conn.send_line(json.dumps(pauses))
+        elif command == "metrics":
+            conn.sock.sendall(callstats.dump().encode("utf-8"))
+        elif command == "timeline" or command.startswith("timeline "):
+            conn.sock.sendall(timeline.dump(command.removeprefix("timeline")).encode("utf-8"))
         elif command.startswith("attach "):
             try:
                 wanted = int(command.split()[1])

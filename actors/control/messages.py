@@ -110,6 +110,10 @@ class ActorEvent:
     restarts: int = 0
     reason: str = ""
     address: str = ""  # READY: where it serves now
+    cause: str = ""  # RESTARTING, DIED: the agent's words for the exit (signal, OOM killer)
+    oom: bool = False  # the kernel's OOM killer ended it (``actors.control.death``)
+    log_tail: list[str] = field(default_factory=list)  # the last lines of its log
+    log: str = ""  # its log file's path on its node
 
 
 @message("ctl.NodeDied")
@@ -159,7 +163,8 @@ class ActorView:
             "max_restarts": self.max_restarts,
             "methods": dict(self.methods),
             "death": None if death is None else {"reason": death.reason, "pid": death.pid,
-                                                 "exitcode": death.exitcode},
+                                                 "exitcode": death.exitcode,
+                                                 "cause": death.cause, "oom": death.oom},
         }  # fmt: skip
 
 

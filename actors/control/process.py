@@ -30,8 +30,9 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from rayless.actors.api import context
+from rayless.actors.api import context, timeline
 from rayless.actors.api.actor import _CALLER, ClassRef, by_value, dumps_by_value, public_methods
+from rayless.actors.api.callstats import STATS
 from rayless.actors.api.portal import set_home_loop
 from rayless.actors.control import debug
 from rayless.actors.control.messages import Boot, Bootstrap, Failed, Ready
@@ -226,6 +227,7 @@ class ActorHost:
         """Build the instance, run ``setup``, start serving; returns the address."""
         loop = asyncio.get_running_loop()
         self.worker = SyncWorker(loop, self.name, torch_threads(), self.sync_concurrency)
+        STATS.watch(self)  # the queue depth of the cluster's metrics
         threshold = _float_env("RAYLESS_LOOP_WARN_S", 2.0)
         if threshold > 0:
             self.monitor = LoopMonitor(loop, self.name, threshold)
@@ -261,9 +263,9 @@ class ActorHost:
     def dispatch(self, req: Request) -> Any:
         """Route one call to the instance (an awaitable for the server to finish)."""
         body = req.body
-        if type(body) is not tuple or len(body) != 4 or body[0] != "c":
+        if type(body) is not tuple or len(body) not in (4, 5) or body[0] != "c":
             raise ProtocolError(f"malformed call {body!r:.100}")
-        _, method, args, kwargs = body
+        _, method, args, kwargs = body[:4]  # a 5th: the caller's timeline flow id
         is_async = self.methods.get(method) if isinstance(method, str) else None
         if is_async is None:
             missing = AttributeError(
@@ -272,6 +274,9 @@ class ActorHost:
             )
             raise remote_error(missing, self.name)
         fn = getattr(self.instance, method)
+        STATS.call(method)
+        if timeline.RECORDER.enabled:
+            fn = timeline.traced_method(fn, method, body[4] if len(body) == 5 else 0, is_async)
         caller = req.peer.routing_id.hex()
         if is_async:
             return self._run_async(fn, args, kwargs, caller)
@@ -297,6 +302,7 @@ class ActorHost:
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # KeyboardInterrupt, GeneratorExit...: a reply too
+                STATS.error(fn.__name__)
                 raise remote_error(exc, self.name) from None
             finally:
                 if self.monitor is not None:
@@ -311,6 +317,7 @@ class ActorHost:
             self.worker_loop.call_soon_threadsafe(self.exit, fn.__name__, exit_code(exc))
             raise _Exiting from None
         except BaseException as exc:  # KeyboardInterrupt, GeneratorExit...: a reply too
+            STATS.error(fn.__name__)
             raise remote_error(exc, self.name) from None
         finally:
             _CALLER.reset(reset)
@@ -361,6 +368,7 @@ async def _actor_main(given: str | None) -> int:
     head = env.get(context.ENV_ADDRESS, "")
     context.set_current(context.ClusterInfo(head, token, session=actor_id, actor_id=actor_id))
     apply_torch_threads(torch_threads())
+    timeline.RECORDER.reset()  # RAYLESS_TIMELINE as this actor's environment says (after a fork)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     set_home_loop(loop)  # `.call()` from the sync methods' worker thread runs here

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rayless.actors import ActorDiedError, Cluster, RaylessError, connect
+from rayless.actors.api import timeline
 from rayless.actors.api.context import ENV_ADDRESS
 from rayless.demo.config import DEFAULT_CONFIG, load_config
 from rayless.demo.grpo_config import CONFIG_DIR, GrpoConfig, is_grpo_config, load_grpo_config
@@ -75,6 +76,9 @@ async def _main(args: argparse.Namespace) -> int:
         cluster = await connect()
         print(f"joined the cluster at {cluster.address}")
         return await _run(cfg, cluster, out_dir)
+    # the demo records its timeline (timeline.json beside report.png) unless told not to
+    os.environ.setdefault(timeline.ENV, "1")
+    timeline.RECORDER.reset()
     fake = cfg.cluster.fake_gpus_per_node
     print(
         f"starting an embedded cluster: {cfg.cluster.num_nodes} nodes"
@@ -99,7 +103,7 @@ async def _run(cfg: Any, cluster: Cluster, out_dir: Path) -> int:
             f"training ({cfg.policy.rollout_mode} mode)"
         )
 
-    return await _drive(pipeline, None, started, summary_text, write_report, cfg, out_dir)
+    return await _drive(pipeline, None, started, summary_text, write_report, cfg, out_dir, cluster)
 
 
 async def _run_grpo(cfg: GrpoConfig, cluster: Cluster, out_dir: Path) -> int:
@@ -117,7 +121,7 @@ async def _run_grpo(cfg: GrpoConfig, cluster: Cluster, out_dir: Path) -> int:
 
     first = "planning, spawning, warm start (supervised) ..."
     return await _drive(
-        pipeline, first, started, grpo_summary_text, write_grpo_report, cfg, out_dir
+        pipeline, first, started, grpo_summary_text, write_grpo_report, cfg, out_dir, cluster
     )
 
 
@@ -129,15 +133,19 @@ async def _drive(
     write: Callable[[Any, Path, Any], dict[str, Path]],
     cfg: Any,
     out_dir: Path,
+    cluster: Cluster,
 ) -> int:
     """Set up and run either demo's pipeline, always closing it; print the summary and write
-    the report. Exit codes: 0 solved, 2 not solved, 1 a worker died (named)."""
+    the report (and timeline.json, gathered before the workers stop, when the cluster
+    records one). Exit codes: 0 solved, 2 not solved, 1 a worker died (named)."""
+    trace: Path | None = None
     try:
         if first:
             print(first, flush=True)
         await pipeline.setup()
         print(started(), flush=True)
         result = await pipeline.run()
+        trace = await _write_timeline(cluster, out_dir)
     except ActorDiedError as exc:
         print(f"\na worker died: {exc}", file=sys.stderr)
         return 1
@@ -145,8 +153,23 @@ async def _drive(
         await pipeline.aclose()
     print(summary(result))
     paths = write(result, out_dir, cfg)
+    if trace is not None:
+        paths["timeline"] = trace
     print("\nreport: " + ", ".join(str(p) for p in paths.values()))
     return 0 if result.solved else 2
+
+
+async def _write_timeline(cluster: Cluster, out_dir: Path) -> Path | None:
+    """Write ``out_dir/timeline.json`` when this process records a timeline; a failure is
+    reported, never fatal."""
+    if not timeline.enabled():
+        return None
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return Path(await cluster.timeline(out_dir / "timeline.json"))
+    except (RaylessError, OSError) as exc:
+        print(f"rayless demo: no timeline.json ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return None
 
 
 def run(args: argparse.Namespace) -> int:

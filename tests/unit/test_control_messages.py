@@ -13,9 +13,11 @@ import pytest
 from rayless.actors.control import messages as m
 from rayless.actors.control import zygote_messages as z
 from rayless.actors.control.agent import Agent
+from rayless.actors.control.death import death_details
 from rayless.actors.control.head import Head
 from rayless.actors.control.spawner import ProcessSpawner
 from rayless.actors.control.wire import MESSAGES, Handlers, check_reply, message
+from rayless.actors.errors import ActorDiedError
 from rayless.placement import discover_node
 from rayless.transport import codec
 from rayless.transport._registry import EXT, MARK
@@ -35,7 +37,11 @@ SPEC = m.SpawnSpec(
     cwd="/tmp",
     sys_path=("/a", "/b"),
 )
-DEATH = m.ActorEvent(m.EventKind.DIED, "a1", name="learner", node="n0", pid=9, exitcode=-9)
+DEATH = m.ActorEvent(
+    m.EventKind.DIED, "a1", name="learner", node="n0", pid=9, exitcode=-9,
+    cause="killed by SIGKILL, killed by the kernel's OOM killer (...)", oom=True,
+    log_tail=["loading", "allocating"], log="/tmp/logs/learner.log",
+)  # fmt: skip
 VIEW = m.ActorView(
     "a1", "learner", "Learner", "n0", "0", ((0, 0.5),), 1.0, m.ActorState.DEAD, "tcp://x:1",
     9, 0, 2, {"step": True}, DEATH,
@@ -102,6 +108,14 @@ def test_enums_travel_as_their_values_and_come_back_as_members() -> None:
     assert m.ActorState.DEAD == "dead" and VIEW.as_dict()["state"] == "dead"
 
 
+def test_a_death_event_carries_why_to_the_caller_error() -> None:
+    back = codec.decode(codec.encode(DEATH))
+    error = ActorDiedError("learner", pid=back.pid, exitcode=back.exitcode, **death_details(back))
+    assert back.oom is True and error.log_tail == ["loading", "allocating"]
+    assert "OOM killer" in str(error) and "/tmp/logs/learner.log" in str(error)
+    assert VIEW.as_dict()["death"]["cause"] == DEATH.cause  # what the dashboard shows
+
+
 def test_an_error_field_arrives_as_itself() -> None:
     back = codec.decode(codec.encode(m.Failed("a1", RemoteError("builtins.KeyError", "boom"))))
     assert type(back) is m.Failed and isinstance(back.error, RemoteError)
@@ -122,7 +136,17 @@ def test_an_error_field_arrives_as_itself() -> None:
         ("ctl.Started", ["tcp://x", True, None], "pid must be int, not bool"),
         ("ctl.Started", ["tcp://x", 1, {"f": "yes"}], "methods"),
         ("ctl.Started", ["tcp://x", 1, {1: True}], "methods"),
-        ("ctl.ActorEvent", ["exploded", "a1", "", None, None, None, 0, "", ""], "EventKind"),
+        (
+            "ctl.ActorEvent",
+            ["exploded", "a1", "", None, None, None, 0, "", "", "", False, [], ""],
+            "EventKind",
+        ),
+        (
+            "ctl.ActorEvent",
+            ["died", "a1", "", None, None, None, 0, "", "", "", False, [3], ""],
+            "log_tail",
+        ),
+        ("ctl.ActorEvent", ["died", "a1", "", None, None, None, 0, "", ""], "expected 13 fields"),
         ("zyg.Exited", [1, 2.5], "code must be int"),
         ("ctl.Spawn", [["x"]], "spec must be SpawnSpec, not list"),
         ("ctl.Failed", ["a1", "not an error"], "error must be RaylessError"),

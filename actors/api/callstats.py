@@ -1,0 +1,74 @@
+"""Counters of one actor process's calls, for the cluster's metrics (``rayless status
+--prometheus``, the dashboard): calls and errors per method since the process started, and
+its queue depth now (calls waiting for a ``def`` slot or the async concurrency limit, calls
+running). Always on: one dict update per call. Read through the debug listener's
+``metrics`` command (:func:`dump`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any
+
+__all__ = ["STATS", "CallStats", "dump"]
+
+
+class CallStats:
+    """Calls and errors per method, and a probe of the actor's queues."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}  # updated on the actor's loop only
+        self.errors: dict[str, int] = {}  # from the loop and the def methods' threads
+        self._lock = threading.Lock()
+        self._host: Any = None
+
+    def reset(self) -> None:
+        """Start from zero (a forked child)."""
+        self.calls.clear()
+        self.errors.clear()
+        self._lock = threading.Lock()
+        self._host = None
+
+    def watch(self, host: Any) -> None:
+        """Report the queues of ``host`` (the process's ``ActorHost``)."""
+        self._host = host
+
+    def call(self, method: str) -> None:
+        """Count one call of ``method``."""
+        self.calls[method] = self.calls.get(method, 0) + 1
+
+    def error(self, method: str) -> None:
+        """Count one call of ``method`` that raised (from any thread)."""
+        with self._lock:
+            self.errors[method] = self.errors.get(method, 0) + 1
+
+    def queues(self) -> dict[str, int]:
+        """``queued`` (waiting to start) and ``running`` calls now."""
+        host = self._host
+        if host is None:
+            return {"queued": 0, "running": 0}
+        worker = getattr(host, "worker", None)
+        queued = len(getattr(worker, "_waiting", ()) or ())
+        running = int(getattr(worker, "running", 0) or 0)
+        semaphore = getattr(host, "semaphore", None)
+        queued += len(getattr(semaphore, "_waiters", None) or ())
+        monitor = getattr(host, "monitor", None)
+        running += len(getattr(monitor, "running", ()) or ())
+        return {"queued": queued, "running": running}
+
+    def snapshot(self) -> dict[str, Any]:
+        """Plain values: the counters, the queues, the pid."""
+        with self._lock:
+            errors = dict(self.errors)
+        return {"pid": os.getpid(), "calls": dict(self.calls), "errors": errors, **self.queues()}
+
+
+STATS = CallStats()
+os.register_at_fork(after_in_child=STATS.reset)
+
+
+def dump() -> str:
+    """The debug listener's ``metrics`` answer: one JSON line of :meth:`CallStats.snapshot`."""
+    return json.dumps(STATS.snapshot()) + "\n"

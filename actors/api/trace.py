@@ -1,0 +1,247 @@
+"""Gather every process's timeline spans (``actors.api.timeline``) into one Chrome
+trace-event file (Perfetto, chrome://tracing): ``Cluster.timeline(path)`` and ``rayless
+timeline`` (``actors.api.timeline_cli``).
+
+The gatherer asks the head for the actors' debug listeners (as ``rayless stack`` does) and
+reads each one's ring (the ``timeline`` command, authenticated with the cluster token both
+ways); ``Cluster.timeline`` adds the calling process's own spans (the driver's calls).
+
+The file: one process track per actor (and the driver), named ``NAME (node N, pid P)``; in
+it one thread track per lane (``calls``: the calls it made; ``async``: its async methods;
+a ``def`` method's worker thread; ``put``/``get``... store and weight operations), spans
+that overlap in a lane spread over numbered tracks; complete events (``ph: X``, ``ts`` and
+``dur`` in µs from the earliest span), and a flow arrow (``ph: s`` → ``ph: f``) from each
+call to the method it ran. Clocks: each node's offset to this process's clock is measured
+on reading the rings (the answer's clock against the midpoint of the request, the
+reading with the shortest round trip of the node wins) and applied when it is larger than
+that reading's whole duration (processes of one host share one clock: no correction).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rayless.actors.api import timeline
+from rayless.actors.control.debug import LineSocket, client_handshake
+from rayless.actors.control.messages import DebugEndpoints
+from rayless.actors.control.wire import ask
+from rayless.transport.errors import RaylessError
+
+__all__ = ["Gathered", "chrome_trace", "gather", "write_trace"]
+
+
+@dataclass
+class Gathered:
+    """One process's spans as read: who it is, its spans, and its clock's offset (ns)."""
+
+    process: dict[str, Any]
+    spans: list[list[Any]]
+    offset_ns: int = 0
+    rtt_ns: int = 0
+    node: str = ""
+    errors: list[str] = field(default_factory=list)
+
+
+def _open(record: dict[str, Any], token: str, command: str, timeout: float) -> LineSocket:
+    """A connection to an actor's debug listener that sent ``command`` (as ``rayless stack``).
+
+    Raises:
+        OSError: the listener cannot be reached. AuthError, ProtocolError: bad handshake.
+    """
+    host, _, port = str(record["debug_address"]).removeprefix("tcp://").rpartition(":")
+    sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+    try:
+        return client_handshake(sock, token, command)
+    except BaseException:
+        sock.close()
+        raise
+
+
+async def _endpoints(address: str, token: str, timeout: float) -> list[dict[str, Any]]:
+    """Every live actor's record with its ``debug_address``, asked of the head.
+
+    Raises:
+        RaylessError: the head did not answer (Timeout) or rejected the token (AuthError).
+    """
+    from rayless.transport.client import Client
+
+    client = Client(address, token=token, name="rayless-timeline", connect_timeout=timeout)
+    try:
+        await client.connect()
+        return await ask(client, DebugEndpoints(), timeout=timeout)
+    finally:
+        await client.aclose()
+
+
+def _read_one(record: dict[str, Any], token: str, since_ns: int, timeout: float) -> Gathered:
+    """Read one actor's ring through its debug listener (blocking; run in a thread)."""
+    t0 = time.time_ns()
+    conn = _open(record, token, f"timeline {since_ns}", timeout)
+    try:
+        header = json.loads(conn.readline(limit=1 << 16))
+        t1 = time.time_ns()
+        chunks = [conn.buffer]
+        while True:
+            chunk = conn.sock.recv(1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        conn.sock.close()
+    spans = json.loads(b"".join(chunks).decode("utf-8", "replace") or "[]")
+    offset = int(header.get("now_ns", 0)) - (t0 + t1) // 2
+    process = dict(header.get("process") or {})
+    node = str(process.get("node") or record.get("node_id") or "")
+    return Gathered(process, spans, offset, t1 - t0, node)
+
+
+async def gather(
+    address: str, token: str, *, since_ns: int = 0, timeout: float = 10.0, local: bool = False
+) -> list[Gathered]:
+    """Every live actor's spans ending at or after ``since_ns`` (and this process's when
+    ``local``), clocks aligned per node. An actor that does not answer is skipped (named in
+    the trace's ``otherData.unreachable``).
+
+    Raises:
+        RaylessError: the head did not answer (Timeout) or rejected the token (AuthError).
+    """
+    records = await _endpoints(address, token, timeout)
+
+    def read_all() -> tuple[list[Gathered], list[str]]:
+        got, missed = [], []
+        for record in records:
+            try:
+                got.append(_read_one(record, token, since_ns, timeout))
+            except (OSError, ValueError, RaylessError) as exc:
+                missed.append(f"{record.get('name')}: {type(exc).__name__}: {exc}")
+        return got, missed
+
+    got, missed = await asyncio.to_thread(read_all)
+    _align(got)
+    if local:
+        spans = [list(s) for s in timeline.RECORDER.snapshot(since_ns)]
+        got.insert(0, Gathered(timeline.process_info(), spans))
+    if missed:
+        got.append(Gathered({"name": "unreachable"}, [], errors=missed))
+    return got
+
+
+def _align(got: list[Gathered]) -> None:
+    """One offset per node: the reading with the shortest round trip; zero when within its
+    uncertainty (the whole time of the reading: connect, handshake and answer)."""
+    best: dict[str, Gathered] = {}
+    for g in got:
+        if g.node not in best or g.rtt_ns < best[g.node].rtt_ns:
+            best[g.node] = g
+    for g in got:
+        ref = best[g.node]
+        g.offset_ns = ref.offset_ns if abs(ref.offset_ns) > ref.rtt_ns else 0
+
+
+def _lanes(spans: list[list[Any]]) -> list[tuple[str, int]]:
+    """For each span (in order), its (lane name, track number within the lane): spans of a
+    lane that overlap go to different tracks (the fewest, by start time)."""
+    out: list[tuple[str, int]] = [("", 0)] * len(spans)
+    by_lane: dict[str, list[int]] = {}
+    for i, s in enumerate(spans):
+        by_lane.setdefault(str(s[4]), []).append(i)
+    for lane, idx in by_lane.items():
+        idx.sort(key=lambda i: spans[i][2])
+        free: list[tuple[int, int]] = []  # (end of its last span, track)
+        tracks = 0
+        for i in idx:
+            start, end = spans[i][2], spans[i][3]
+            if free and free[0][0] <= start:
+                _, track = heapq.heappop(free)
+            else:
+                track, tracks = tracks, tracks + 1
+            heapq.heappush(free, (end, track))
+            out[i] = (lane, track)
+    return out
+
+
+def chrome_trace(gathered: list[Gathered]) -> dict[str, Any]:
+    """The Chrome trace-event JSON object of ``gathered`` (see the module docstring)."""
+    events: list[dict[str, Any]] = []
+    starts = [s[2] - g.offset_ns for g in gathered for s in g.spans]
+    t0 = min(starts) if starts else time.time_ns()
+    flows_out: dict[int, tuple[int, int, float]] = {}  # flow id -> (pid, tid, ts)
+    flows_in: dict[int, tuple[int, int, float]] = {}
+    unreachable: list[str] = []
+    for pid, g in enumerate(gathered, start=1):
+        unreachable.extend(g.errors)
+        if not g.spans and g.errors:
+            continue
+        p = g.process
+        label = f"{p.get('name', '?')} (node {p.get('node') or '-'}, pid {p.get('pid', '?')})"
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": label}})
+        events.append(
+            {"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}}
+        )
+        tids: dict[tuple[str, int], int] = {}
+        for s, key in zip(g.spans, _lanes(g.spans), strict=True):
+            cat, name, start, end, _, args, flow_out, flow_in = s
+            tid = tids.get(key)
+            if tid is None:
+                tid = tids[key] = len(tids) + 1
+                lane = key[0] if key[1] == 0 else f"{key[0]} #{key[1] + 1}"
+                events.append(
+                    {
+                        "ph": "M",
+                        "name": "thread_name",
+                        "pid": pid,
+                        "tid": tid,
+                        "args": {"name": lane},
+                    }
+                )
+            ts = (start - g.offset_ns - t0) / 1000
+            info = dict(args or {})
+            info.setdefault("pid", p.get("pid"))
+            info.setdefault("node", p.get("node"))
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": cat,
+                    "name": name,
+                    "pid": pid,
+                    "tid": tid,
+                    "ts": ts,
+                    "dur": max(0.0, (end - start) / 1000),
+                    "args": info,
+                }
+            )
+            if flow_out:
+                flows_out[int(flow_out)] = (pid, tid, ts)
+            if flow_in:
+                flows_in[int(flow_in)] = (pid, tid, ts)
+    for fid, (pid, tid, ts) in flows_out.items():
+        end = flows_in.get(fid)
+        if end is None:
+            continue
+        common = {"cat": "call", "name": "call", "id": fid}
+        events.append({"ph": "s", "pid": pid, "tid": tid, "ts": ts, **common})
+        events.append(
+            {"ph": "f", "bp": "e", "pid": end[0], "tid": end[1], "ts": max(ts, end[2]), **common}
+        )
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"t0_unix_ns": t0, "unreachable": unreachable},
+    }
+
+
+def write_trace(path: str | os.PathLike[str], gathered: list[Gathered]) -> str:
+    """Write the trace of ``gathered`` to ``path`` (atomically); returns the path."""
+    target = os.fspath(path)
+    tmp = f"{target}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(chrome_trace(gathered), f)
+    os.replace(tmp, target)
+    return target

@@ -1,0 +1,29 @@
+"""Actor classes for tests/integration/test_timeline.py: two actors that call each other."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+class Peer:
+    """Calls another Peer, answers its calls; ``fail`` raises."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    async def pong(self, x: int) -> int:
+        return x + 1
+
+    def square(self, x: int) -> int:
+        return x * x
+
+    def fail(self) -> None:
+        raise ValueError("failing on purpose")
+
+    async def ping(self, other: Any, n: int) -> int:
+        total = 0
+        for i in range(n):
+            total += await other.pong(i)
+            total += await other.square(i)
+        return total

@@ -1,0 +1,87 @@
+"""The timeline's ring and its Chrome trace export (rayless.actors.api.timeline, .trace),
+without processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from rayless.actors.api import timeline
+from rayless.actors.api.trace import Gathered, _align, chrome_trace
+
+
+def test_the_ring_is_bounded_and_filters_by_end_time() -> None:
+    rec = timeline.Recorder(capacity=3, on=True)
+    for i in range(5):
+        rec.add("store", "put", i * 10, i * 10 + 5, "store")
+    assert [s[2] for s in rec.snapshot()] == [20, 30, 40]  # the oldest two fell out
+    assert [s[2] for s in rec.snapshot(since_ns=36)] == [40]
+    assert rec.flow_id() != rec.flow_id()
+
+
+def test_off_records_nothing_and_on_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(timeline.ENV, raising=False)
+    assert not timeline.Recorder().enabled  # off by default (see docs/observability.md)
+    monkeypatch.setenv(timeline.ENV, "1")
+    assert timeline.Recorder().enabled
+    monkeypatch.setenv(timeline.ENV, "0")
+    assert not timeline.Recorder().enabled
+
+
+def test_traced_records_arguments_and_failures(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timeline, "RECORDER", timeline.Recorder(on=True))
+
+    class Client:
+        @timeline.traced("store", "clear_partition", timeline.store_span)
+        async def clear_partition(self, partition: str, fail: bool = False) -> None:
+            if fail:
+                raise KeyError(partition)
+
+    asyncio.run(Client().clear_partition("p1"))
+    with pytest.raises(KeyError):
+        asyncio.run(Client().clear_partition("p2", fail=True))
+    first, second = timeline.RECORDER.snapshot()
+    assert first[:2] == ("store", "clear_partition") and first[5] == {"partition": "p1"}
+    assert second[5] == {"partition": "p2", "error": "KeyError: 'p2'"}
+
+
+def _gathered(name: str, spans: list[list[object]], node: str = "n0") -> Gathered:
+    return Gathered({"name": name, "node": node, "pid": 1}, spans, node=node)
+
+
+def test_overlapping_spans_of_a_lane_get_tracks_of_their_own_and_flows_link() -> None:
+    caller = _gathered(
+        "driver",
+        [
+            ["call", "a.m", 1_000, 9_000, "calls", {"actor": "a"}, 77, 0],
+            ["call", "a.m", 2_000, 3_000, "calls", {"actor": "a"}, 78, 0],  # overlaps
+            ["call", "a.m", 9_500, 9_900, "calls", {"actor": "a"}, 79, 0],  # fits a track
+        ],
+    )
+    actor = _gathered("a", [["method", "m", 2_500, 2_900, "async", {}, 0, 78]], node="n1")
+    trace = chrome_trace([caller, actor])
+    json.dumps(trace)
+    xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    tids = [e["tid"] for e in xs if e["pid"] == 1]
+    assert tids[0] != tids[1] and tids[2] in tids[:2]  # two tracks are enough
+    lanes = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert lanes == {"calls", "calls #2", "async"}
+    (s,) = [e for e in trace["traceEvents"] if e["ph"] == "s"]
+    (f,) = [e for e in trace["traceEvents"] if e["ph"] == "f"]
+    assert s["id"] == f["id"] == 78 and s["pid"] == 1 and f["pid"] == 2 and f["bp"] == "e"
+    assert min(e["ts"] for e in xs) == 0 and s["ts"] == 1.0  # µs from the earliest span
+
+
+def test_clock_offsets_apply_per_node_only_beyond_the_reading_uncertainty() -> None:
+    near = Gathered({}, [], offset_ns=400, rtt_ns=1_000, node="n0")  # within its round trip
+    far1 = Gathered({}, [], offset_ns=5_000_000, rtt_ns=2_000, node="n1")
+    far2 = Gathered({}, [], offset_ns=5_000_900, rtt_ns=9_000, node="n1")  # a worse reading
+    _align([near, far1, far2])
+    assert near.offset_ns == 0
+    assert far1.offset_ns == far2.offset_ns == 5_000_000
+    span = ["method", "m", 10_000_000, 10_001_000, "async", {}, 0, 0]
+    trace = chrome_trace([Gathered({"name": "x"}, [span], offset_ns=5_000_000)])
+    (x,) = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert trace["otherData"]["t0_unix_ns"] == 5_000_000 and x["ts"] == 0
