@@ -25,6 +25,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from rayless.transport.counters import COUNTERS
+
 
 def apply_torch_threads(n: int) -> None:
     """Set torch's thread count for the calling thread (it is per thread), if torch is loaded."""
@@ -100,6 +102,7 @@ class SyncWorker:
             job.slot = True
             if self._active > len(self._threads):
                 self._start_thread()
+            COUNTERS.thread_handoffs += 1
             self._work.put(job)
 
     def _start_thread(self) -> None:
@@ -107,6 +110,7 @@ class SyncWorker:
             target=self._run, name=f"actor-{self._name}-{len(self._threads)}", daemon=True
         )
         self._threads.append(thread)
+        COUNTERS.thread_starts += 1
         thread.start()
 
     def _on_fut_done(self, job: _Job) -> None:
@@ -128,8 +132,11 @@ class SyncWorker:
                     outcome = (job, False, exc)
             job.fn = _noop  # drop references to the arguments at once
             with self._lock:
+                COUNTERS.def_calls += 1
                 self._done.append(outcome)
                 post, self._posted = not self._posted, True
+                if post:
+                    COUNTERS.loop_wakeups += 1
             if post:
                 try:
                     self._loop.call_soon_threadsafe(self._deliver)
