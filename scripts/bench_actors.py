@@ -31,22 +31,30 @@ Our calls run on ``Cluster.local(nodes=1)``; all our bench actors ask for ``cpus
 node advertises this machine's 2 CPUs). Ray runs in a subprocess of this script (its own
 event loop and signal handling never meet ours) and always ends with ``ray.shutdown()``.
 Goals (ours / Ray): sync ≥ 3x, async ≥ 5x, 64 MiB tensor ≥ 5x, spawn ≤ 1/3, PSS ≤ 1/3;
-start-up ≤ 1 s. Memory is measured with both zygote modes (eager warm-up, the default, and
-lazy).
+start-up ≤ 1 s; pipelined ``def`` ≥ 0.8x pipelined ``async def``. Memory is measured with both
+zygote modes (eager warm-up, the default, and lazy).
 
-    python scripts/bench_actors.py [--quick] [--skip-ray] [--repeats 3] [--json OUT]
+``--load N`` then measures the call rows (1:1 sync, pipelined, n:n) again, both sides, with N
+CPU-burning processes (``while 1: pass``) beside them, and prints that table too: speed that
+holds only on an idle machine is not a result. The burners are killed at the end, also on
+Ctrl-C or SIGTERM (and die with this script if it is killed outright).
+
+    python scripts/bench_actors.py [--quick] [--skip-ray] [--repeats 3] [--load 2] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +66,8 @@ from bench_actors_report import (
     N_PAIRS,
     N_SPAWN,
     build_rows,
+    call_rows,
+    def_vs_async,
     median,
     percentile,
     print_table,
@@ -254,18 +264,22 @@ async def ours_spawn(cluster: Any) -> float:
     return elapsed
 
 
-async def run_ours(s: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
-    """Every row on our side; values are medians over ``s.repeats`` runs."""
+async def run_ours(
+    s: Sizes, log: Callable[[str], None], calls_only: bool = False
+) -> dict[str, Any]:
+    """Every row on our side (only the call rows with ``calls_only``); values are medians
+    over ``s.repeats`` runs."""
     from rayless.actors import Cluster
 
     res: dict[str, Any] = {}
-    for preload in ("eager", "lazy"):
-        log(f"ours: idle memory of Cluster.local(nodes=2, zygote_preload={preload!r})")
-        res["memory" if preload == "eager" else "memory_lazy"] = await ours_memory(preload)
-    log("ours: start-up of Cluster.local(nodes=1) [+ Store.create(num_units=2)]")
     reps = range(s.repeats)
-    res["startup"] = median([await ours_startup(False) for _ in reps])
-    res["startup_store"] = median([await ours_startup(True) for _ in reps])
+    if not calls_only:
+        for preload in ("eager", "lazy"):
+            log(f"ours: idle memory of Cluster.local(nodes=2, zygote_preload={preload!r})")
+            res["memory" if preload == "eager" else "memory_lazy"] = await ours_memory(preload)
+        log("ours: start-up of Cluster.local(nodes=1) [+ Store.create(num_units=2)]")
+        res["startup"] = median([await ours_startup(False) for _ in reps])
+        res["startup_store"] = median([await ours_startup(True) for _ in reps])
     log("ours: starting Cluster.local(nodes=1)")
     async with Cluster.local(nodes=1) as cluster:
         target = await cluster.spawn(Target, cpus=0)
@@ -284,6 +298,8 @@ async def run_ours(s: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
             res[name] = median([await ours_nn(callers, targets, meth, s) for _ in reps])
         for h in [*callers, *targets]:
             await cluster.kill(h)
+        if calls_only:
+            return res
         for mib in s.tensor_mib:
             log(f"ours: tensor {mib} MiB")
             iters = s.tensor_iters[mib]
@@ -298,8 +314,9 @@ async def run_ours(s: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
 # -- Ray's side (run in a subprocess: ``--ray-part``) ----------------------------------------
 
 
-def run_ray(s: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
-    """Every row on Ray's side; values are medians over ``s.repeats`` runs."""
+def run_ray(s: Sizes, log: Callable[[str], None], calls_only: bool = False) -> dict[str, Any]:
+    """Every row on Ray's side (only the call rows with ``calls_only``); values are medians
+    over ``s.repeats`` runs."""
     import logging
 
     import ray
@@ -341,9 +358,10 @@ def run_ray(s: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     try:
         res["init_s"] = time.perf_counter() - t0
-        log("ray: waiting for an idle, stable process set")
-        wait_stable(os.getpid())
-        res["memory"] = tree_memory([c.pid for c in psutil.Process().children()])
+        if not calls_only:
+            log("ray: waiting for an idle, stable process set")
+            wait_stable(os.getpid())
+            res["memory"] = tree_memory([c.pid for c in psutil.Process().children()])
 
         target = RayTarget.remote()  # type: ignore[attr-defined]
         get(target.ping.remote())
@@ -395,6 +413,9 @@ def run_ray(s: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
         res["nn"] = median([nn_once() for _ in reps])
         for h in [*callers, *targets]:
             ray.kill(h)
+        if calls_only:
+            ray.kill(target)
+            return res
 
         for mib in s.tensor_mib:
             log(f"ray: tensor {mib} MiB")
@@ -433,7 +454,9 @@ def run_ray(s: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
     return res
 
 
-def ray_subprocess(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any] | None:
+def ray_subprocess(
+    args: argparse.Namespace, log: Callable[[str], None], calls_only: bool = False
+) -> dict[str, Any] | None:
     """Run Ray's side in a child process; its results, or None (with a message) on failure."""
     cmd = [
         sys.executable,
@@ -444,6 +467,8 @@ def ray_subprocess(args: argparse.Namespace, log: Callable[[str], None]) -> dict
     ]
     if args.quick:
         cmd.append("--quick")
+    if calls_only:
+        cmd.append("--calls-only")
     try:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, timeout=RAY_TIMEOUT, text=True)
     except subprocess.TimeoutExpired:
@@ -457,6 +482,39 @@ def ray_subprocess(args: argparse.Namespace, log: Callable[[str], None]) -> dict
     return None
 
 
+# The burner sets PR_SET_PDEATHSIG first (prctl option 1): it dies with this script even if
+# the script is killed outright, then spins.
+BURNER = "import ctypes, signal\nctypes.CDLL(None).prctl(1, signal.SIGKILL)\nwhile 1: pass"
+
+
+@contextlib.contextmanager
+def cpu_load(n: int, log: Callable[[str], None]) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``n`` CPU-burning processes beside the benchmark while the block runs; killed at its
+    end, whatever ends it (Ctrl-C and SIGTERM included)."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(n):
+            procs.append(subprocess.Popen([sys.executable, "-c", BURNER], stdin=subprocess.DEVNULL))
+        log(f"load: {n} CPU-burning processes {[p.pid for p in procs]}")
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+        if procs:
+            log(f"load: {len(procs)} burners killed")
+
+
+def _load_avg() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f}"
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # finally blocks run: the burners are killed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, run both sides, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -465,28 +523,62 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--repeats", type=int, default=0, help="runs per row (median); default 3, 1 with --quick"
     )
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also measure the call rows with N CPU-burning processes beside them",
+    )
     parser.add_argument("--json", metavar="OUT", help="also write the raw results to OUT")
     parser.add_argument("--ray-part", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--calls-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeats < 0:
         parser.error("--repeats must be >= 0")
+    if args.load < 0:
+        parser.error("--load must be >= 0")
     s = sizes_for(args.quick, args.repeats or None)
 
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     if args.ray_part:
-        print("RAY_RESULT " + json.dumps(run_ray(s, log)), flush=True)
+        print("RAY_RESULT " + json.dumps(run_ray(s, log, args.calls_only)), flush=True)
         return 0
+    signal.signal(signal.SIGTERM, _sigterm)
+    load_before = _load_avg()
     ours = asyncio.run(run_ours(s, log))
     ray = None if args.skip_ray else ray_subprocess(args, log)
+    load_after = _load_avg()
+    loaded: tuple[dict[str, Any], dict[str, Any] | None, str, str] | None = None
+    if args.load:
+        with cpu_load(args.load, log):
+            before = _load_avg()
+            ours_l = asyncio.run(run_ours(s, log, calls_only=True))
+            ray_l = None if args.skip_ray else ray_subprocess(args, log, calls_only=True)
+            loaded = (ours_l, ray_l, before, _load_avg())
     rows = build_rows(ours, ray, s)
     print()
     print(
         f"rayless vs Ray 2.60 — {os.cpu_count()} CPUs, repeats={s.repeats} (medians), "
-        f"window={s.window}"
+        f"window={s.window}; {load_before} before, {load_after} after"
     )
     print_table(rows)
+    print(def_vs_async(ours))
+    if loaded is not None:
+        ours_l, ray_l, before, after = loaded
+        rows += [
+            dataclasses.replace(r, name=f"{r.name} [load {args.load}]")
+            for r in call_rows(ours_l, ray_l, s)
+        ]
+        print()
+        print(
+            f"the call rows with {args.load} CPU-burning processes beside them; "
+            f"{before} at the start, {after} at the end"
+        )
+        print_table(call_rows(ours_l, ray_l, s))
+        print(def_vs_async(ours_l))
     print()
     print(f"memory, ours ({ours['memory']['count']:.0f} processes): {ours['memory']['names']}")
     if ray is not None:
@@ -494,7 +586,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ray.init() took {ray['init_s']:.2f}s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"ours": ours, "ray": ray, "sizes": s.__dict__}, f, indent=1, default=str)
+            raw: dict[str, Any] = {"ours": ours, "ray": ray, "sizes": s.__dict__}
+            if loaded is not None:
+                raw["load"] = {"n": args.load, "ours": loaded[0], "ray": loaded[1]}
+            json.dump(raw, f, indent=1, default=str)
     misses = [r.name for r in rows if r.verdict() == "MISS"]
     print(f"\n{len(misses)} goal(s) missed" + (": " + "; ".join(misses) if misses else ""))
     return 0
