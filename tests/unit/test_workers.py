@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
+from typing import Any
 
 import pytest
 
@@ -89,8 +91,8 @@ async def test_queued_calls_run_back_to_back_while_the_loop_is_busy() -> None:
     before = COUNTERS.snapshot()
     ran: list[int] = []
     last = threading.Event()
-    futs = [worker.submit(lambda i=i: ran.append(i) or i) for i in range(2)]
-    futs.append(worker.submit(lambda: ran.append(2) or last.set() or 2))
+    futs = [worker.submit(functools.partial(_record, ran, i)) for i in range(2)]
+    futs.append(worker.submit(functools.partial(_record, ran, 2, last)))
     assert last.wait(20), f"queued calls did not run while the loop was held: ran {ran}"
     assert await asyncio.wait_for(asyncio.gather(*futs), 20) == [0, 1, 2]
     after = COUNTERS.snapshot()
@@ -102,7 +104,7 @@ async def test_queued_calls_run_back_to_back_while_the_loop_is_busy() -> None:
 async def test_calls_run_in_submission_order() -> None:
     worker = SyncWorker(asyncio.get_running_loop(), "t")
     ran: list[int] = []
-    futs = [worker.submit(lambda i=i: ran.append(i) or i) for i in range(500)]
+    futs = [worker.submit(functools.partial(_record, ran, i)) for i in range(500)]
     assert await asyncio.wait_for(asyncio.gather(*futs), 30) == list(range(500))
     assert ran == list(range(500)) and worker.threads == 1
     worker.stop()
@@ -111,7 +113,7 @@ async def test_calls_run_in_submission_order() -> None:
 async def test_stop_cancels_queued_calls_and_refuses_new_ones() -> None:
     worker = SyncWorker(asyncio.get_running_loop(), "t")
     gate, started = threading.Event(), threading.Event()
-    running = worker.submit(lambda: started.set() or gate.wait(20))
+    running = worker.submit(functools.partial(_record, [], True, started, gate))
     assert await asyncio.to_thread(started.wait, 20)
     queued = worker.submit(lambda: "never")
     worker.stop()
@@ -120,3 +122,19 @@ async def test_stop_cancels_queued_calls_and_refuses_new_ones() -> None:
         await worker.submit(lambda: None)
     gate.set()
     assert await asyncio.wait_for(running, 20) is True  # the running call finished
+    assert worker.running == 0
+
+
+def _record(
+    ran: list[Any],
+    value: Any,
+    then: threading.Event | None = None,
+    gate: threading.Event | None = None,
+) -> Any:
+    """Append ``value`` to ``ran``, set ``then``, wait for ``gate``; return ``value``."""
+    ran.append(value)
+    if then is not None:
+        then.set()
+    if gate is not None:
+        gate.wait(20)
+    return value
