@@ -29,7 +29,10 @@ Rows (each measured ``--repeats`` times, the median is reported):
 
 Our calls run on ``Cluster.local(nodes=1)``; all our bench actors ask for ``cpus=0`` (the
 node advertises this machine's 2 CPUs). Ray runs in a subprocess of this script (its own
-event loop and signal handling never meet ours) and always ends with ``ray.shutdown()``.
+event loop and signal handling never meet ours) that is started first and stays up, and always
+ends with ``ray.shutdown()``; the call rows alternate, repeat by repeat (ours ``async def``,
+ours ``def``, Ray's), so that on a shared machine both sides see the same load; Ray's other
+rows run at the end.
 Goals (ours / Ray): sync ≥ 3x, async ≥ 5x, 64 MiB tensor ≥ 5x, spawn ≤ 1/3, PSS ≤ 1/3;
 start-up ≤ 1 s; pipelined ``def`` ≥ 0.8x pipelined ``async def``. Memory is measured with both
 zygote modes (eager warm-up, the default, and lazy).
@@ -265,13 +268,21 @@ async def ours_spawn(cluster: Any) -> float:
 
 
 async def run_ours(
-    s: Sizes, log: Callable[[str], None], calls_only: bool = False
-) -> dict[str, Any]:
-    """Every row on our side (only the call rows with ``calls_only``); values are medians
-    over ``s.repeats`` runs."""
+    s: Sizes, log: Callable[[str], None], ray: RayPeer | None, calls_only: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every row on our side (only the call rows with ``calls_only``), and Ray's call rows,
+    measured in turn with ours, repeat by repeat (both see the same machine); values are
+    medians over ``s.repeats`` runs."""
     from rayless.actors import Cluster
 
     res: dict[str, Any] = {}
+    ray_runs: dict[str, list[Any]] = {"sync": [], "pipe": [], "nn": []}
+
+    async def ray_row(name: str) -> None:
+        if ray is not None:
+            log(f"ray: {name}")
+            ray_runs[name].append(await ray.row(name))
+
     reps = range(s.repeats)
     if not calls_only:
         for preload in ("eager", "lazy"):
@@ -283,23 +294,41 @@ async def run_ours(
     log("ours: starting Cluster.local(nodes=1)")
     async with Cluster.local(nodes=1) as cluster:
         target = await cluster.spawn(Target, cpus=0)
-        reps = range(s.repeats)
-        for name, m in (("sync_async_def", target.aping), ("sync_def", target.ping)):
-            log(f"ours: 1:1 sync ({name})")
-            runs = [await ours_sync(m, s.sync_calls) for _ in reps]
-            res[name] = {k: median([r[k] for r in runs]) for k in runs[0]}
-        for name, m in (("pipe_async_def", target.aping), ("pipe_def", target.ping)):
-            log(f"ours: 1:1 pipelined ({name})")
-            res[name] = median([await ours_pipelined(m, s.pipelined_calls, s.window) for _ in reps])
-        log("ours: n:n")
+        methods = {"async_def": target.aping, "def": target.ping}
+        sync: dict[str, list[dict[str, float]]] = {k: [] for k in methods}
+        pipe: dict[str, list[float]] = {k: [] for k in methods}
+        nn: dict[str, list[float]] = {k: [] for k in methods}
+        for _ in reps:
+            for kind, m in methods.items():
+                log(f"ours: 1:1 sync ({kind})")
+                sync[kind].append(await ours_sync(m, s.sync_calls))
+            await ray_row("sync")
+        for _ in reps:
+            for kind, m in methods.items():
+                log(f"ours: 1:1 pipelined ({kind})")
+                pipe[kind].append(await ours_pipelined(m, s.pipelined_calls, s.window))
+            await ray_row("pipe")
         callers = await asyncio.gather(*[cluster.spawn(Caller, cpus=0) for _ in range(N_PAIRS)])
         targets = await asyncio.gather(*[cluster.spawn(Target, cpus=0) for _ in range(N_PAIRS)])
-        for name, meth in (("nn_async_def", "aping"), ("nn_def", "ping")):
-            res[name] = median([await ours_nn(callers, targets, meth, s) for _ in reps])
+        for _ in reps:
+            for kind, meth in (("async_def", "aping"), ("def", "ping")):
+                log(f"ours: n:n ({kind})")
+                nn[kind].append(await ours_nn(callers, targets, meth, s))
+            await ray_row("nn")
         for h in [*callers, *targets]:
             await cluster.kill(h)
+        for kind in methods:
+            res[f"sync_{kind}"] = {k: median([r[k] for r in sync[kind]]) for k in sync[kind][0]}
+            res[f"pipe_{kind}"] = median(pipe[kind])
+            res[f"nn_{kind}"] = median(nn[kind])
+        ray_res: dict[str, Any] = {}
+        if ray is not None:
+            runs = ray_runs["sync"]
+            ray_res["sync"] = {k: median([r[k] for r in runs]) for k in runs[0]}
+            ray_res["pipe"] = median(ray_runs["pipe"])
+            ray_res["nn"] = median(ray_runs["nn"])
         if calls_only:
-            return res
+            return res, ray_res
         for mib in s.tensor_mib:
             log(f"ours: tensor {mib} MiB")
             iters = s.tensor_iters[mib]
@@ -308,115 +337,126 @@ async def run_ours(
             )
         log("ours: spawn")
         res["spawn"] = median([await ours_spawn(cluster) for _ in reps])
-    return res
+    return res, ray_res
 
 
 # -- Ray's side (run in a subprocess: ``--ray-part``) ----------------------------------------
 
 
-def run_ray(s: Sizes, log: Callable[[str], None], calls_only: bool = False) -> dict[str, Any]:
-    """Every row on Ray's side (only the call rows with ``calls_only``); values are medians
-    over ``s.repeats`` runs."""
-    import logging
+class RaySide:
+    """Ray's actors and the measurement of each row on them (in the ``--ray-part`` child)."""
 
-    import ray
+    def __init__(self, s: Sizes, log: Callable[[str], None]) -> None:
+        import logging
 
-    @ray.remote
-    class RayTarget:
-        def ping(self) -> int:
-            return 1
+        import ray
 
-        def take(self, t: Any) -> int:
-            return int(t.numel())
+        @ray.remote
+        class RayTarget:
+            def ping(self) -> int:
+                return 1
 
-        def take_np(self, a: Any) -> int:
-            return int(torch.from_numpy(a).numel())
+            def take(self, t: Any) -> int:
+                return int(t.numel())
 
-    @ray.remote
-    class RayPing:  # no torch reference: its workers need not import torch
-        def ping(self) -> int:
-            return 1
+            def take_np(self, a: Any) -> int:
+                return int(torch.from_numpy(a).numel())
 
-    @ray.remote
-    class RayCaller:
-        async def run(self, target: Any, n: int, window: int) -> float:
-            start = time.perf_counter()
-            done = 0
-            while done < n:
-                k = min(window, n - done)
-                await asyncio.gather(*[target.ping.remote() for _ in range(k)])
-                done += k
-            return time.perf_counter() - start
+        @ray.remote
+        class RayPing:  # no torch reference: its workers need not import torch
+            def ping(self) -> int:
+                return 1
 
-    def get(x: Any) -> Any:
-        return ray.get(x, timeout=120)
+        @ray.remote
+        class RayCaller:
+            async def run(self, target: Any, n: int, window: int) -> float:
+                start = time.perf_counter()
+                done = 0
+                while done < n:
+                    k = min(window, n - done)
+                    await asyncio.gather(*[target.ping.remote() for _ in range(k)])
+                    done += k
+                return time.perf_counter() - start
 
-    res: dict[str, Any] = {}
-    reps = range(s.repeats)
-    log("ray: ray.init(num_cpus=8, include_dashboard=False)")
-    t0 = time.perf_counter()
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
-    try:
-        res["init_s"] = time.perf_counter() - t0
-        if not calls_only:
-            log("ray: waiting for an idle, stable process set")
-            wait_stable(os.getpid())
-            res["memory"] = tree_memory([c.pid for c in psutil.Process().children()])
+        self.ray, self.s, self.log = ray, s, log
+        self.RayPing = RayPing
+        log("ray: ray.init(num_cpus=8, include_dashboard=False)")
+        t0 = time.perf_counter()
+        ray.init(
+            num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR
+        )
+        self.init_s = time.perf_counter() - t0
+        log("ray: waiting for an idle, stable process set")
+        wait_stable(os.getpid())
+        self.memory = tree_memory([c.pid for c in psutil.Process().children()])
+        self.target = RayTarget.remote()  # type: ignore[attr-defined]
+        self.get(self.target.ping.remote())
+        self.callers = [RayCaller.remote() for _ in range(N_PAIRS)]  # type: ignore[attr-defined]
+        self.targets = [RayPing.remote() for _ in range(N_PAIRS)]  # type: ignore[attr-defined]
+        self._warm = False
 
-        target = RayTarget.remote()  # type: ignore[attr-defined]
-        get(target.ping.remote())
+    def get(self, x: Any) -> Any:
+        """``ray.get`` with the benchmark's deadline."""
+        return self.ray.get(x, timeout=120)
 
-        def sync_once() -> dict[str, float]:
-            for _ in range(min(200, s.sync_calls)):
-                get(target.ping.remote())
-            lat: list[float] = []
-            start = time.perf_counter()
-            for _ in range(s.sync_calls):
-                t = time.perf_counter()
-                get(target.ping.remote())
-                lat.append(time.perf_counter() - t)
-            total = time.perf_counter() - start
-            return {
-                "rate": s.sync_calls / total,
-                "p50_us": percentile(lat, 0.5) * 1e6,
-                "p99_us": percentile(lat, 0.99) * 1e6,
-            }
+    def warm(self) -> None:
+        """One round of every call row, unmeasured (workers started, connections made)."""
+        if self._warm:
+            return
+        self._warm = True
+        s = self.s
+        for _ in range(min(200, s.sync_calls)):
+            self.get(self.target.ping.remote())
+        self.pipe_once(2 * s.window)
+        pairs = zip(self.callers, self.targets, strict=True)
+        self.get([c.run.remote(t, s.window, s.window) for c, t in pairs])
 
-        log("ray: 1:1 sync")
-        runs = [sync_once() for _ in reps]
-        res["sync"] = {k: median([r[k] for r in runs]) for k in runs[0]}
+    def sync_once(self) -> dict[str, float]:
+        """One call in flight: calls/s, p50 and p99 latency (µs)."""
+        self.warm()
+        n = self.s.sync_calls
+        lat: list[float] = []
+        start = time.perf_counter()
+        for _ in range(n):
+            t = time.perf_counter()
+            self.get(self.target.ping.remote())
+            lat.append(time.perf_counter() - t)
+        total = time.perf_counter() - start
+        return {
+            "rate": n / total,
+            "p50_us": percentile(lat, 0.5) * 1e6,
+            "p99_us": percentile(lat, 0.99) * 1e6,
+        }
 
-        def pipe_once(n: int) -> float:
-            start = time.perf_counter()
-            done = 0
-            while done < n:
-                k = min(s.window, n - done)
-                get([target.ping.remote() for _ in range(k)])
-                done += k
-            return n / (time.perf_counter() - start)
+    def pipe_once(self, n: int = 0) -> float:
+        """Calls/s with ``window`` in flight to one actor."""
+        s = self.s
+        n = n or s.pipelined_calls
+        start = time.perf_counter()
+        done = 0
+        while done < n:
+            k = min(s.window, n - done)
+            self.get([self.target.ping.remote() for _ in range(k)])
+            done += k
+        return n / (time.perf_counter() - start)
 
-        log("ray: 1:1 pipelined")
-        pipe_once(2 * s.window)
-        res["pipe"] = median([pipe_once(s.pipelined_calls) for _ in reps])
+    def nn_once(self) -> float:
+        """Calls/s of N_PAIRS async caller actors each pipelining to its own target."""
+        self.warm()
+        n = self.s.nn_calls_per_caller
+        start = time.perf_counter()
+        pairs = zip(self.callers, self.targets, strict=True)
+        self.get([c.run.remote(t, n, self.s.window) for c, t in pairs])
+        return N_PAIRS * n / (time.perf_counter() - start)
 
-        log("ray: n:n")
-        callers = [RayCaller.remote() for _ in range(N_PAIRS)]  # type: ignore[attr-defined]
-        targets = [RayPing.remote() for _ in range(N_PAIRS)]  # type: ignore[attr-defined]
-        get([c.run.remote(t, s.window, s.window) for c, t in zip(callers, targets, strict=True)])
-
-        def nn_once() -> float:
-            start = time.perf_counter()
-            n = s.nn_calls_per_caller
-            get([c.run.remote(t, n, s.window) for c, t in zip(callers, targets, strict=True)])
-            return N_PAIRS * n / (time.perf_counter() - start)
-
-        res["nn"] = median([nn_once() for _ in reps])
-        for h in [*callers, *targets]:
+    def other_rows(self) -> dict[str, Any]:
+        """Memory, tensors and spawn (medians over ``repeats``)."""
+        ray, s, log, get = self.ray, self.s, self.log, self.get
+        reps = range(s.repeats)
+        res: dict[str, Any] = {"init_s": self.init_s, "memory": self.memory}
+        for h in [*self.callers, *self.targets]:
             ray.kill(h)
-        if calls_only:
-            ray.kill(target)
-            return res
-
+        self.callers, self.targets = [], []
         for mib in s.tensor_mib:
             log(f"ray: tensor {mib} MiB")
             t = torch.ones(mib * MiB // 4)
@@ -431,15 +471,17 @@ def run_ray(s: Sizes, log: Callable[[str], None], calls_only: bool = False) -> d
                     get(method.remote(value))
                 return iters * t.nbytes / (time.perf_counter() - start) / 1e6
 
-            res[f"tensor_{mib}"] = median([tensor_once(target.take, t, t, iters) for _ in reps])
+            res[f"tensor_{mib}"] = median(
+                [tensor_once(self.target.take, t, t, iters) for _ in reps]
+            )
             res[f"tensor_np_{mib}"] = median(
-                [tensor_once(target.take_np, a, t, iters) for _ in reps]
+                [tensor_once(self.target.take_np, a, t, iters) for _ in reps]
             )
             del t, a
 
         def spawn_once() -> float:
             start = time.perf_counter()
-            fresh = [RayPing.remote() for _ in range(N_SPAWN)]  # type: ignore[attr-defined]
+            fresh = [self.RayPing.remote() for _ in range(N_SPAWN)]  # type: ignore[attr-defined]
             get([h.ping.remote() for h in fresh])
             elapsed = time.perf_counter() - start
             for h in fresh:
@@ -448,38 +490,82 @@ def run_ray(s: Sizes, log: Callable[[str], None], calls_only: bool = False) -> d
 
         log("ray: spawn")
         res["spawn"] = median([spawn_once() for _ in reps])
-        ray.kill(target)
-    finally:
-        ray.shutdown()
-    return res
+        return res
+
+    def close(self) -> None:
+        """``ray.shutdown()``."""
+        self.ray.shutdown()
 
 
-def ray_subprocess(
-    args: argparse.Namespace, log: Callable[[str], None], calls_only: bool = False
-) -> dict[str, Any] | None:
-    """Run Ray's side in a child process; its results, or None (with a message) on failure."""
-    cmd = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--ray-part",
-        "--repeats",
-        str(args.repeats or 0),
-    ]
-    if args.quick:
-        cmd.append("--quick")
-    if calls_only:
-        cmd.append("--calls-only")
+def serve_ray(s: Sizes, log: Callable[[str], None]) -> int:
+    """The ``--ray-part`` child: answer one row per line of stdin (``sync``, ``pipe``, ``nn``,
+    ``other``; ``quit`` ends it) with a ``RAY_ROW <json>`` line, so that the parent can
+    alternate Ray's measurements with its own (both then see the same machine)."""
+    side = RaySide(s, log)
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, timeout=RAY_TIMEOUT, text=True)
-    except subprocess.TimeoutExpired:
-        log(f"ray: no result within {RAY_TIMEOUT:.0f}s")
-        return None
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("RAY_RESULT "):
-            result: dict[str, Any] = json.loads(line[len("RAY_RESULT ") :])
-            return result
-    log(f"ray: the child exited with {proc.returncode} and no result")
-    return None
+        rows: dict[str, Callable[[], Any]] = {
+            "sync": side.sync_once,
+            "pipe": side.pipe_once,
+            "nn": side.nn_once,
+            "other": side.other_rows,
+        }
+        print("RAY_READY", flush=True)
+        for line in sys.stdin:
+            name = line.strip()
+            if name == "quit":
+                break
+            print("RAY_ROW " + json.dumps(rows[name]()), flush=True)
+    finally:
+        side.close()
+    return 0
+
+
+class RayPeer:
+    """The parent's end of the ``--ray-part`` child (``serve_ray``)."""
+
+    def __init__(self, args: argparse.Namespace, log: Callable[[str], None]) -> None:
+        cmd = [sys.executable, os.path.abspath(__file__), "--ray-part"]
+        cmd += ["--repeats", str(args.repeats or 0)] + (["--quick"] if args.quick else [])
+        self.log = log
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._read("RAY_READY")
+
+    def _read(self, prefix: str) -> str:
+        assert self.proc.stdout is not None  # internal invariant: opened with PIPE
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line[len(prefix) :]
+        raise RuntimeError(f"ray: the child exited ({self.proc.wait()}) before {prefix}")
+
+    def row_sync(self, name: str) -> Any:
+        """One measurement of row ``name`` (blocking)."""
+        assert self.proc.stdin is not None  # internal invariant: opened with PIPE
+        self.proc.stdin.write(name + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self._read("RAY_ROW "))
+
+    async def row(self, name: str) -> Any:
+        """One measurement of row ``name``, within RAY_TIMEOUT (the child is killed past it).
+
+        Raises:
+            TimeoutError: no result in time.
+        """
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self.row_sync, name), RAY_TIMEOUT)
+        except asyncio.TimeoutError:
+            self.proc.kill()
+            raise
+
+    def close(self) -> None:
+        """Tell the child to quit (ray.shutdown); kill it if it does not within 60 s."""
+        try:
+            if self.proc.stdin is not None and self.proc.poll() is None:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+            self.proc.wait(60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
 
 
 # The burner sets PR_SET_PDEATHSIG first (prctl option 1): it dies with this script even if
@@ -532,7 +618,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", metavar="OUT", help="also write the raw results to OUT")
     parser.add_argument("--ray-part", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--calls-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeats < 0:
         parser.error("--repeats must be >= 0")
@@ -544,20 +629,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     if args.ray_part:
-        print("RAY_RESULT " + json.dumps(run_ray(s, log, args.calls_only)), flush=True)
-        return 0
+        return serve_ray(s, log)
     signal.signal(signal.SIGTERM, _sigterm)
     load_before = _load_avg()
-    ours = asyncio.run(run_ours(s, log))
-    ray = None if args.skip_ray else ray_subprocess(args, log)
-    load_after = _load_avg()
+    peer = None if args.skip_ray else RayPeer(args, log)
     loaded: tuple[dict[str, Any], dict[str, Any] | None, str, str] | None = None
-    if args.load:
-        with cpu_load(args.load, log):
-            before = _load_avg()
-            ours_l = asyncio.run(run_ours(s, log, calls_only=True))
-            ray_l = None if args.skip_ray else ray_subprocess(args, log, calls_only=True)
-            loaded = (ours_l, ray_l, before, _load_avg())
+    try:
+        ours, ray_calls = asyncio.run(run_ours(s, log, peer))
+        load_after = _load_avg()
+        if args.load:
+            with cpu_load(args.load, log):
+                before = _load_avg()
+                ours_l, ray_l = asyncio.run(run_ours(s, log, peer, calls_only=True))
+                loaded = (ours_l, ray_l if peer is not None else None, before, _load_avg())
+        ray = None if peer is None else {**ray_calls, **peer.row_sync("other")}
+    finally:
+        if peer is not None:
+            peer.close()
     rows = build_rows(ours, ray, s)
     print()
     print(
@@ -567,17 +655,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(rows)
     print(def_vs_async(ours))
     if loaded is not None:
-        ours_l, ray_l, before, after = loaded
+        ours_l, ray_lo, before, after = loaded
         rows += [
             dataclasses.replace(r, name=f"{r.name} [load {args.load}]")
-            for r in call_rows(ours_l, ray_l, s)
+            for r in call_rows(ours_l, ray_lo, s)
         ]
         print()
         print(
             f"the call rows with {args.load} CPU-burning processes beside them; "
             f"{before} at the start, {after} at the end"
         )
-        print_table(call_rows(ours_l, ray_l, s))
+        print_table(call_rows(ours_l, ray_lo, s))
         print(def_vs_async(ours_l))
     print()
     print(f"memory, ours ({ours['memory']['count']:.0f} processes): {ours['memory']['names']}")
