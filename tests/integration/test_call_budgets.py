@@ -23,12 +23,12 @@ N_SYNC = 300
 
 # per call, pipelined (WINDOW in flight); docs/performance.md, "Call budgets"
 PIPELINED = {
-    "actor.loop_wakeups": 0.2,  # def: worker thread -> loop
-    "actor.thread_handoffs": 0.2,  # def: loop -> worker thread
-    "actor.socket_sends": 0.2,  # replies
-    "actor.socket_reads": 0.2,  # requests
-    "driver.socket_sends": 0.2,
-    "driver.socket_reads": 0.2,
+    "actor.loop_wakeups": 0.1,  # def: worker thread -> loop
+    "actor.thread_handoffs": 0.1,  # def: loop -> worker thread
+    "actor.socket_sends": 0.1,  # replies
+    "actor.socket_reads": 0.1,  # requests
+    "driver.socket_sends": 0.1,
+    "driver.socket_reads": 0.1,
 }
 # per call, one call in flight: each message is its own send and wake-up, one hand-off each way
 SYNC = {
