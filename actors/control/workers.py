@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import queue
 import sys
 import threading
 from collections.abc import Callable
@@ -71,7 +72,7 @@ class SyncWorker:
         self._threads: list[threading.Thread] = []
         # guarded by ``_lock``: the queue, the threads' states, the finished calls
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
+        self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()  # one token wakes a sleeper
         self._waiting: collections.deque[_Job] = collections.deque()
         self._asleep = 0  # threads waiting for work and not yet woken
         self._busy = 0  # threads running a call: the slots held
@@ -103,7 +104,7 @@ class SyncWorker:
             if self._asleep:
                 self._asleep -= 1  # counted as woken now: the next submit wakes another
                 COUNTERS.thread_handoffs += 1
-                self._wake.notify()
+                self._bell.put(None)
             elif self._busy + len(self._waiting) > len(self._threads) < self.concurrency:
                 start = True  # every thread busy (or about to be): one more, up to the limit
         if start:
@@ -123,16 +124,21 @@ class SyncWorker:
         lock, waiting = self._lock, self._waiting
         while True:
             with lock:
-                while not waiting:
+                if not waiting:
                     if self._stopped:
                         return
                     self._asleep += 1
-                    self._wake.wait()
-                job = waiting.popleft()
-                if job.fut.cancelled():  # the caller gave up before it started: dropped
-                    job.fn = _noop
-                    continue
-                self._busy += 1
+                    job = None
+                else:
+                    job = waiting.popleft()
+                    # read on this thread: a cancel on the loop after this starts it anyway
+                    if job.fut.cancelled():  # the caller gave up before it started: dropped
+                        job.fn = _noop
+                        continue
+                    self._busy += 1
+            if job is None:
+                self._bell.get()  # until a submit (or stop) rings: then look again
+                continue
             try:
                 outcome: tuple[_Job, bool, Any] = (job, True, job.fn())
             except BaseException as exc:  # delivered to the caller, never lost
@@ -173,8 +179,9 @@ class SyncWorker:
             self._stopped = True
             dropped = list(self._waiting)
             self._waiting.clear()
+            for _ in range(self._asleep):
+                self._bell.put(None)
             self._asleep = 0
-            self._wake.notify_all()
         for job in dropped:
             job.fut.cancel()
 
