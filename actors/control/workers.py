@@ -78,6 +78,7 @@ class SyncWorker:
         self._busy = 0  # threads running a call: the slots held
         self._done: list[tuple[_Job, bool, Any]] = []
         self._posted = False  # a delivery is scheduled on the loop
+        self._to_wake = 0  # sleepers taken by submits, woken by the scheduled ``_ring``
         self._stopped = False  # stop() ran
 
     @property
@@ -102,14 +103,25 @@ class SyncWorker:
                 return fut
             self._waiting.append(_Job(fut, fn))
             if self._asleep:
-                self._asleep -= 1  # counted as woken now: the next submit wakes another
-                COUNTERS.thread_handoffs += 1
-                self._bell.put(None)
+                self._asleep -= 1  # this sleeper is taken: the next submit wakes another
+                self._to_wake += 1
+                if self._to_wake == 1:  # rung once the callback queuing calls has returned
+                    self._loop.call_soon(self._ring)
             elif self._busy + len(self._waiting) > len(self._threads) < self.concurrency:
                 start = True  # every thread busy (or about to be): one more, up to the limit
         if start:
             self._start_thread()
         return fut
+
+    def _ring(self) -> None:
+        """Wake the sleepers that submits took, on the loop once the callback that queued
+        calls (e.g. a whole batch of requests) has returned: the threads then find them all
+        queued, and do not fight the loop for the GIL while it is still queuing them."""
+        with self._lock:
+            wake, self._to_wake = self._to_wake, 0
+            COUNTERS.thread_handoffs += wake
+            for _ in range(wake):
+                self._bell.put(None)
 
     def _start_thread(self) -> None:
         thread = threading.Thread(
@@ -179,9 +191,9 @@ class SyncWorker:
             self._stopped = True
             dropped = list(self._waiting)
             self._waiting.clear()
-            for _ in range(self._asleep):
+            for _ in range(self._asleep + self._to_wake):
                 self._bell.put(None)
-            self._asleep = 0
+            self._asleep = self._to_wake = 0
         for job in dropped:
             job.fut.cancel()
 

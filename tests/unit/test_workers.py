@@ -84,8 +84,8 @@ def test_concurrency_must_be_positive() -> None:
 
 async def test_queued_calls_run_back_to_back_while_the_loop_is_busy() -> None:
     """The thread takes the next queued call itself: with the loop held (here: blocked in a
-    plain wait), three queued calls all run, after one wake-up of the thread; their results
-    then reach the loop in one batch."""
+    plain wait) once it has rung the thread, three queued calls all run, after one wake-up of
+    the thread; their results then reach the loop in one batch."""
     worker = SyncWorker(asyncio.get_running_loop(), "t")
     await worker.submit(lambda: None)  # the thread is started and asleep
     before = COUNTERS.snapshot()
@@ -93,6 +93,7 @@ async def test_queued_calls_run_back_to_back_while_the_loop_is_busy() -> None:
     last = threading.Event()
     futs = [worker.submit(functools.partial(_record, ran, i)) for i in range(2)]
     futs.append(worker.submit(functools.partial(_record, ran, 2, last)))
+    await asyncio.sleep(0)  # the wake-up is rung once the callback that queued them returns
     assert last.wait(20), f"queued calls did not run while the loop was held: ran {ran}"
     assert await asyncio.wait_for(asyncio.gather(*futs), 20) == [0, 1, 2]
     after = COUNTERS.snapshot()
