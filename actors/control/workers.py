@@ -5,11 +5,15 @@ after another, in order, so plain classes need no locks), ``max_concurrency`` wh
 was spawned with one (Ray's threaded actors). Threads start on demand.
 
 Calls queue for the threads, which take them back to back without going through the loop:
-the loop wakes a thread only when one sleeps (a thread that finishes a call takes the next
-queued one itself), and a thread wakes the loop only for the first result of a batch (the
-loop then delivers every result finished by the time it runs). With calls pipelined to a
-busy actor, both hand-offs cost far less than one per call (``transport.counters`` counts
-them; docs/performance.md has the budget).
+a thread that finishes a call takes the next queued one itself; the loop wakes a thread only
+when one sleeps, once per loop callback that queued calls (a whole batch of requests read
+from a socket); and a thread wakes the loop only for the first result of a batch (the loop
+then delivers every result finished by the time it runs). With calls pipelined to an actor,
+both hand-offs cost far less than one per call (``transport.counters`` counts them;
+docs/performance.md has the budget).
+
+The threads read a queued call's future (``cancelled()``) without the loop: a cancel that
+comes after a thread has taken the call lets it run.
 
 Cancellation is best effort, as in Ray: Python cannot stop a running thread safely.
 
