@@ -29,24 +29,35 @@ Rows (each measured ``--repeats`` times, the median is reported):
 
 Our calls run on ``Cluster.local(nodes=1)``; all our bench actors ask for ``cpus=0`` (the
 node advertises this machine's 2 CPUs). Ray runs in a subprocess of this script (its own
-event loop and signal handling never meet ours) and always ends with ``ray.shutdown()``.
+event loop and signal handling never meet ours) that is started first and stays up, and always
+ends with ``ray.shutdown()``; the call rows alternate, repeat by repeat (ours ``async def``,
+ours ``def``, Ray's), so that on a shared machine both sides see the same load; Ray's other
+rows run at the end.
 Goals (ours / Ray): sync ≥ 3x, async ≥ 5x, 64 MiB tensor ≥ 5x, spawn ≤ 1/3, PSS ≤ 1/3;
-start-up ≤ 1 s. Memory is measured with both zygote modes (eager warm-up, the default, and
-lazy).
+start-up ≤ 1 s; pipelined ``def`` ≥ 0.8x pipelined ``async def``. Memory is measured with both
+zygote modes (eager warm-up, the default, and lazy).
 
-    python scripts/bench_actors.py [--quick] [--skip-ray] [--repeats 3] [--json OUT]
+``--load N`` then measures the call rows (1:1 sync, pipelined, n:n) again, both sides, with N
+CPU-burning processes (``while 1: pass``) beside them, and prints that table too: speed that
+holds only on an idle machine is not a result. The burners are killed at the end, also on
+Ctrl-C or SIGTERM (and die with this script if it is killed outright).
+
+    python scripts/bench_actors.py [--quick] [--skip-ray] [--repeats 3] [--load 2] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +69,8 @@ from bench_actors_report import (
     N_PAIRS,
     N_SPAWN,
     build_rows,
+    call_rows,
+    def_vs_async,
     median,
     percentile,
     print_table,
@@ -254,36 +267,68 @@ async def ours_spawn(cluster: Any) -> float:
     return elapsed
 
 
-async def run_ours(s: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
-    """Every row on our side; values are medians over ``s.repeats`` runs."""
+async def run_ours(
+    s: Sizes, log: Callable[[str], None], ray: RayPeer | None, calls_only: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every row on our side (only the call rows with ``calls_only``), and Ray's call rows,
+    measured in turn with ours, repeat by repeat (both see the same machine); values are
+    medians over ``s.repeats`` runs."""
     from rayless.actors import Cluster
 
     res: dict[str, Any] = {}
-    for preload in ("eager", "lazy"):
-        log(f"ours: idle memory of Cluster.local(nodes=2, zygote_preload={preload!r})")
-        res["memory" if preload == "eager" else "memory_lazy"] = await ours_memory(preload)
-    log("ours: start-up of Cluster.local(nodes=1) [+ Store.create(num_units=2)]")
+    ray_runs: dict[str, list[Any]] = {"sync": [], "pipe": [], "nn": []}
+
+    async def ray_row(name: str) -> None:
+        if ray is not None:
+            log(f"ray: {name}")
+            ray_runs[name].append(await ray.row(name))
+
     reps = range(s.repeats)
-    res["startup"] = median([await ours_startup(False) for _ in reps])
-    res["startup_store"] = median([await ours_startup(True) for _ in reps])
+    if not calls_only:
+        for preload in ("eager", "lazy"):
+            log(f"ours: idle memory of Cluster.local(nodes=2, zygote_preload={preload!r})")
+            res["memory" if preload == "eager" else "memory_lazy"] = await ours_memory(preload)
+        log("ours: start-up of Cluster.local(nodes=1) [+ Store.create(num_units=2)]")
+        res["startup"] = median([await ours_startup(False) for _ in reps])
+        res["startup_store"] = median([await ours_startup(True) for _ in reps])
     log("ours: starting Cluster.local(nodes=1)")
     async with Cluster.local(nodes=1) as cluster:
         target = await cluster.spawn(Target, cpus=0)
-        reps = range(s.repeats)
-        for name, m in (("sync_async_def", target.aping), ("sync_def", target.ping)):
-            log(f"ours: 1:1 sync ({name})")
-            runs = [await ours_sync(m, s.sync_calls) for _ in reps]
-            res[name] = {k: median([r[k] for r in runs]) for k in runs[0]}
-        for name, m in (("pipe_async_def", target.aping), ("pipe_def", target.ping)):
-            log(f"ours: 1:1 pipelined ({name})")
-            res[name] = median([await ours_pipelined(m, s.pipelined_calls, s.window) for _ in reps])
-        log("ours: n:n")
+        methods = {"async_def": target.aping, "def": target.ping}
+        sync: dict[str, list[dict[str, float]]] = {k: [] for k in methods}
+        pipe: dict[str, list[float]] = {k: [] for k in methods}
+        nn: dict[str, list[float]] = {k: [] for k in methods}
+        for _ in reps:
+            for kind, m in methods.items():
+                log(f"ours: 1:1 sync ({kind})")
+                sync[kind].append(await ours_sync(m, s.sync_calls))
+            await ray_row("sync")
+        for _ in reps:
+            for kind, m in methods.items():
+                log(f"ours: 1:1 pipelined ({kind})")
+                pipe[kind].append(await ours_pipelined(m, s.pipelined_calls, s.window))
+            await ray_row("pipe")
         callers = await asyncio.gather(*[cluster.spawn(Caller, cpus=0) for _ in range(N_PAIRS)])
         targets = await asyncio.gather(*[cluster.spawn(Target, cpus=0) for _ in range(N_PAIRS)])
-        for name, meth in (("nn_async_def", "aping"), ("nn_def", "ping")):
-            res[name] = median([await ours_nn(callers, targets, meth, s) for _ in reps])
+        for _ in reps:
+            for kind, meth in (("async_def", "aping"), ("def", "ping")):
+                log(f"ours: n:n ({kind})")
+                nn[kind].append(await ours_nn(callers, targets, meth, s))
+            await ray_row("nn")
         for h in [*callers, *targets]:
             await cluster.kill(h)
+        for kind in methods:
+            res[f"sync_{kind}"] = {k: median([r[k] for r in sync[kind]]) for k in sync[kind][0]}
+            res[f"pipe_{kind}"] = median(pipe[kind])
+            res[f"nn_{kind}"] = median(nn[kind])
+        ray_res: dict[str, Any] = {}
+        if ray is not None:
+            runs = ray_runs["sync"]
+            ray_res["sync"] = {k: median([r[k] for r in runs]) for k in runs[0]}
+            ray_res["pipe"] = median(ray_runs["pipe"])
+            ray_res["nn"] = median(ray_runs["nn"])
+        if calls_only:
+            return res, ray_res
         for mib in s.tensor_mib:
             log(f"ours: tensor {mib} MiB")
             iters = s.tensor_iters[mib]
@@ -292,110 +337,126 @@ async def run_ours(s: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
             )
         log("ours: spawn")
         res["spawn"] = median([await ours_spawn(cluster) for _ in reps])
-    return res
+    return res, ray_res
 
 
 # -- Ray's side (run in a subprocess: ``--ray-part``) ----------------------------------------
 
 
-def run_ray(s: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
-    """Every row on Ray's side; values are medians over ``s.repeats`` runs."""
-    import logging
+class RaySide:
+    """Ray's actors and the measurement of each row on them (in the ``--ray-part`` child)."""
 
-    import ray
+    def __init__(self, s: Sizes, log: Callable[[str], None]) -> None:
+        import logging
 
-    @ray.remote
-    class RayTarget:
-        def ping(self) -> int:
-            return 1
+        import ray
 
-        def take(self, t: Any) -> int:
-            return int(t.numel())
+        @ray.remote
+        class RayTarget:
+            def ping(self) -> int:
+                return 1
 
-        def take_np(self, a: Any) -> int:
-            return int(torch.from_numpy(a).numel())
+            def take(self, t: Any) -> int:
+                return int(t.numel())
 
-    @ray.remote
-    class RayPing:  # no torch reference: its workers need not import torch
-        def ping(self) -> int:
-            return 1
+            def take_np(self, a: Any) -> int:
+                return int(torch.from_numpy(a).numel())
 
-    @ray.remote
-    class RayCaller:
-        async def run(self, target: Any, n: int, window: int) -> float:
-            start = time.perf_counter()
-            done = 0
-            while done < n:
-                k = min(window, n - done)
-                await asyncio.gather(*[target.ping.remote() for _ in range(k)])
-                done += k
-            return time.perf_counter() - start
+        @ray.remote
+        class RayPing:  # no torch reference: its workers need not import torch
+            def ping(self) -> int:
+                return 1
 
-    def get(x: Any) -> Any:
-        return ray.get(x, timeout=120)
+        @ray.remote
+        class RayCaller:
+            async def run(self, target: Any, n: int, window: int) -> float:
+                start = time.perf_counter()
+                done = 0
+                while done < n:
+                    k = min(window, n - done)
+                    await asyncio.gather(*[target.ping.remote() for _ in range(k)])
+                    done += k
+                return time.perf_counter() - start
 
-    res: dict[str, Any] = {}
-    reps = range(s.repeats)
-    log("ray: ray.init(num_cpus=8, include_dashboard=False)")
-    t0 = time.perf_counter()
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
-    try:
-        res["init_s"] = time.perf_counter() - t0
+        self.ray, self.s, self.log = ray, s, log
+        self.RayPing = RayPing
+        log("ray: ray.init(num_cpus=8, include_dashboard=False)")
+        t0 = time.perf_counter()
+        ray.init(
+            num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR
+        )
+        self.init_s = time.perf_counter() - t0
         log("ray: waiting for an idle, stable process set")
         wait_stable(os.getpid())
-        res["memory"] = tree_memory([c.pid for c in psutil.Process().children()])
+        self.memory = tree_memory([c.pid for c in psutil.Process().children()])
+        self.target = RayTarget.remote()  # type: ignore[attr-defined]
+        self.get(self.target.ping.remote())
+        self.callers = [RayCaller.remote() for _ in range(N_PAIRS)]  # type: ignore[attr-defined]
+        self.targets = [RayPing.remote() for _ in range(N_PAIRS)]  # type: ignore[attr-defined]
+        self._warm = False
 
-        target = RayTarget.remote()  # type: ignore[attr-defined]
-        get(target.ping.remote())
+    def get(self, x: Any) -> Any:
+        """``ray.get`` with the benchmark's deadline."""
+        return self.ray.get(x, timeout=120)
 
-        def sync_once() -> dict[str, float]:
-            for _ in range(min(200, s.sync_calls)):
-                get(target.ping.remote())
-            lat: list[float] = []
-            start = time.perf_counter()
-            for _ in range(s.sync_calls):
-                t = time.perf_counter()
-                get(target.ping.remote())
-                lat.append(time.perf_counter() - t)
-            total = time.perf_counter() - start
-            return {
-                "rate": s.sync_calls / total,
-                "p50_us": percentile(lat, 0.5) * 1e6,
-                "p99_us": percentile(lat, 0.99) * 1e6,
-            }
+    def warm(self) -> None:
+        """One round of every call row, unmeasured (workers started, connections made)."""
+        if self._warm:
+            return
+        self._warm = True
+        s = self.s
+        for _ in range(min(200, s.sync_calls)):
+            self.get(self.target.ping.remote())
+        self.pipe_once(2 * s.window)
+        pairs = zip(self.callers, self.targets, strict=True)
+        self.get([c.run.remote(t, s.window, s.window) for c, t in pairs])
 
-        log("ray: 1:1 sync")
-        runs = [sync_once() for _ in reps]
-        res["sync"] = {k: median([r[k] for r in runs]) for k in runs[0]}
+    def sync_once(self) -> dict[str, float]:
+        """One call in flight: calls/s, p50 and p99 latency (µs)."""
+        self.warm()
+        n = self.s.sync_calls
+        lat: list[float] = []
+        start = time.perf_counter()
+        for _ in range(n):
+            t = time.perf_counter()
+            self.get(self.target.ping.remote())
+            lat.append(time.perf_counter() - t)
+        total = time.perf_counter() - start
+        return {
+            "rate": n / total,
+            "p50_us": percentile(lat, 0.5) * 1e6,
+            "p99_us": percentile(lat, 0.99) * 1e6,
+        }
 
-        def pipe_once(n: int) -> float:
-            start = time.perf_counter()
-            done = 0
-            while done < n:
-                k = min(s.window, n - done)
-                get([target.ping.remote() for _ in range(k)])
-                done += k
-            return n / (time.perf_counter() - start)
+    def pipe_once(self, n: int = 0) -> float:
+        """Calls/s with ``window`` in flight to one actor."""
+        s = self.s
+        n = n or s.pipelined_calls
+        start = time.perf_counter()
+        done = 0
+        while done < n:
+            k = min(s.window, n - done)
+            self.get([self.target.ping.remote() for _ in range(k)])
+            done += k
+        return n / (time.perf_counter() - start)
 
-        log("ray: 1:1 pipelined")
-        pipe_once(2 * s.window)
-        res["pipe"] = median([pipe_once(s.pipelined_calls) for _ in reps])
+    def nn_once(self) -> float:
+        """Calls/s of N_PAIRS async caller actors each pipelining to its own target."""
+        self.warm()
+        n = self.s.nn_calls_per_caller
+        start = time.perf_counter()
+        pairs = zip(self.callers, self.targets, strict=True)
+        self.get([c.run.remote(t, n, self.s.window) for c, t in pairs])
+        return N_PAIRS * n / (time.perf_counter() - start)
 
-        log("ray: n:n")
-        callers = [RayCaller.remote() for _ in range(N_PAIRS)]  # type: ignore[attr-defined]
-        targets = [RayPing.remote() for _ in range(N_PAIRS)]  # type: ignore[attr-defined]
-        get([c.run.remote(t, s.window, s.window) for c, t in zip(callers, targets, strict=True)])
-
-        def nn_once() -> float:
-            start = time.perf_counter()
-            n = s.nn_calls_per_caller
-            get([c.run.remote(t, n, s.window) for c, t in zip(callers, targets, strict=True)])
-            return N_PAIRS * n / (time.perf_counter() - start)
-
-        res["nn"] = median([nn_once() for _ in reps])
-        for h in [*callers, *targets]:
+    def other_rows(self) -> dict[str, Any]:
+        """Memory, tensors and spawn (medians over ``repeats``)."""
+        ray, s, log, get = self.ray, self.s, self.log, self.get
+        reps = range(s.repeats)
+        res: dict[str, Any] = {"init_s": self.init_s, "memory": self.memory}
+        for h in [*self.callers, *self.targets]:
             ray.kill(h)
-
+        self.callers, self.targets = [], []
         for mib in s.tensor_mib:
             log(f"ray: tensor {mib} MiB")
             t = torch.ones(mib * MiB // 4)
@@ -410,15 +471,17 @@ def run_ray(s: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
                     get(method.remote(value))
                 return iters * t.nbytes / (time.perf_counter() - start) / 1e6
 
-            res[f"tensor_{mib}"] = median([tensor_once(target.take, t, t, iters) for _ in reps])
+            res[f"tensor_{mib}"] = median(
+                [tensor_once(self.target.take, t, t, iters) for _ in reps]
+            )
             res[f"tensor_np_{mib}"] = median(
-                [tensor_once(target.take_np, a, t, iters) for _ in reps]
+                [tensor_once(self.target.take_np, a, t, iters) for _ in reps]
             )
             del t, a
 
         def spawn_once() -> float:
             start = time.perf_counter()
-            fresh = [RayPing.remote() for _ in range(N_SPAWN)]  # type: ignore[attr-defined]
+            fresh = [self.RayPing.remote() for _ in range(N_SPAWN)]  # type: ignore[attr-defined]
             get([h.ping.remote() for h in fresh])
             elapsed = time.perf_counter() - start
             for h in fresh:
@@ -427,34 +490,115 @@ def run_ray(s: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
 
         log("ray: spawn")
         res["spawn"] = median([spawn_once() for _ in reps])
-        ray.kill(target)
-    finally:
-        ray.shutdown()
-    return res
+        return res
+
+    def close(self) -> None:
+        """``ray.shutdown()``."""
+        self.ray.shutdown()
 
 
-def ray_subprocess(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any] | None:
-    """Run Ray's side in a child process; its results, or None (with a message) on failure."""
-    cmd = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--ray-part",
-        "--repeats",
-        str(args.repeats or 0),
-    ]
-    if args.quick:
-        cmd.append("--quick")
+def serve_ray(s: Sizes, log: Callable[[str], None]) -> int:
+    """The ``--ray-part`` child: answer one row per line of stdin (``sync``, ``pipe``, ``nn``,
+    ``other``; ``quit`` ends it) with a ``RAY_ROW <json>`` line, so that the parent can
+    alternate Ray's measurements with its own (both then see the same machine)."""
+    side = RaySide(s, log)
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, timeout=RAY_TIMEOUT, text=True)
-    except subprocess.TimeoutExpired:
-        log(f"ray: no result within {RAY_TIMEOUT:.0f}s")
-        return None
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("RAY_RESULT "):
-            result: dict[str, Any] = json.loads(line[len("RAY_RESULT ") :])
-            return result
-    log(f"ray: the child exited with {proc.returncode} and no result")
-    return None
+        rows: dict[str, Callable[[], Any]] = {
+            "sync": side.sync_once,
+            "pipe": side.pipe_once,
+            "nn": side.nn_once,
+            "other": side.other_rows,
+        }
+        print("RAY_READY", flush=True)
+        for line in sys.stdin:
+            name = line.strip()
+            if name == "quit":
+                break
+            print("RAY_ROW " + json.dumps(rows[name]()), flush=True)
+    finally:
+        side.close()
+    return 0
+
+
+class RayPeer:
+    """The parent's end of the ``--ray-part`` child (``serve_ray``)."""
+
+    def __init__(self, args: argparse.Namespace, log: Callable[[str], None]) -> None:
+        cmd = [sys.executable, os.path.abspath(__file__), "--ray-part"]
+        cmd += ["--repeats", str(args.repeats or 0)] + (["--quick"] if args.quick else [])
+        self.log = log
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._read("RAY_READY")
+
+    def _read(self, prefix: str) -> str:
+        assert self.proc.stdout is not None  # internal invariant: opened with PIPE
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line[len(prefix) :]
+        raise RuntimeError(f"ray: the child exited ({self.proc.wait()}) before {prefix}")
+
+    def row_sync(self, name: str) -> Any:
+        """One measurement of row ``name`` (blocking)."""
+        assert self.proc.stdin is not None  # internal invariant: opened with PIPE
+        self.proc.stdin.write(name + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self._read("RAY_ROW "))
+
+    async def row(self, name: str) -> Any:
+        """One measurement of row ``name``, within RAY_TIMEOUT (the child is killed past it).
+
+        Raises:
+            TimeoutError: no result in time.
+        """
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self.row_sync, name), RAY_TIMEOUT)
+        except asyncio.TimeoutError:
+            self.proc.kill()
+            raise
+
+    def close(self) -> None:
+        """Tell the child to quit (ray.shutdown); kill it if it does not within 60 s."""
+        try:
+            if self.proc.stdin is not None and self.proc.poll() is None:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+            self.proc.wait(60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+# The burner sets PR_SET_PDEATHSIG first (prctl option 1): it dies with this script even if
+# the script is killed outright, then spins.
+BURNER = "import ctypes, signal\nctypes.CDLL(None).prctl(1, signal.SIGKILL)\nwhile 1: pass"
+
+
+@contextlib.contextmanager
+def cpu_load(n: int, log: Callable[[str], None]) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``n`` CPU-burning processes beside the benchmark while the block runs; killed at its
+    end, whatever ends it (Ctrl-C and SIGTERM included)."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(n):
+            procs.append(subprocess.Popen([sys.executable, "-c", BURNER], stdin=subprocess.DEVNULL))
+        log(f"load: {n} CPU-burning processes {[p.pid for p in procs]}")
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+        if procs:
+            log(f"load: {len(procs)} burners killed")
+
+
+def _load_avg() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f}"
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # finally blocks run: the burners are killed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -465,28 +609,64 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--repeats", type=int, default=0, help="runs per row (median); default 3, 1 with --quick"
     )
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also measure the call rows with N CPU-burning processes beside them",
+    )
     parser.add_argument("--json", metavar="OUT", help="also write the raw results to OUT")
     parser.add_argument("--ray-part", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeats < 0:
         parser.error("--repeats must be >= 0")
+    if args.load < 0:
+        parser.error("--load must be >= 0")
     s = sizes_for(args.quick, args.repeats or None)
 
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     if args.ray_part:
-        print("RAY_RESULT " + json.dumps(run_ray(s, log)), flush=True)
-        return 0
-    ours = asyncio.run(run_ours(s, log))
-    ray = None if args.skip_ray else ray_subprocess(args, log)
+        return serve_ray(s, log)
+    signal.signal(signal.SIGTERM, _sigterm)
+    load_before = _load_avg()
+    peer = None if args.skip_ray else RayPeer(args, log)
+    loaded: tuple[dict[str, Any], dict[str, Any] | None, str, str] | None = None
+    try:
+        ours, ray_calls = asyncio.run(run_ours(s, log, peer))
+        load_after = _load_avg()
+        if args.load:
+            with cpu_load(args.load, log):
+                before = _load_avg()
+                ours_l, ray_l = asyncio.run(run_ours(s, log, peer, calls_only=True))
+                loaded = (ours_l, ray_l if peer is not None else None, before, _load_avg())
+        ray = None if peer is None else {**ray_calls, **peer.row_sync("other")}
+    finally:
+        if peer is not None:
+            peer.close()
     rows = build_rows(ours, ray, s)
     print()
     print(
         f"rayless vs Ray 2.60 — {os.cpu_count()} CPUs, repeats={s.repeats} (medians), "
-        f"window={s.window}"
+        f"window={s.window}; {load_before} before, {load_after} after"
     )
     print_table(rows)
+    print(def_vs_async(ours))
+    if loaded is not None:
+        ours_l, ray_lo, before, after = loaded
+        rows += [
+            dataclasses.replace(r, name=f"{r.name} [load {args.load}]")
+            for r in call_rows(ours_l, ray_lo, s)
+        ]
+        print()
+        print(
+            f"the call rows with {args.load} CPU-burning processes beside them; "
+            f"{before} at the start, {after} at the end"
+        )
+        print_table(call_rows(ours_l, ray_lo, s))
+        print(def_vs_async(ours_l))
     print()
     print(f"memory, ours ({ours['memory']['count']:.0f} processes): {ours['memory']['names']}")
     if ray is not None:
@@ -494,7 +674,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ray.init() took {ray['init_s']:.2f}s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"ours": ours, "ray": ray, "sizes": s.__dict__}, f, indent=1, default=str)
+            raw: dict[str, Any] = {"ours": ours, "ray": ray, "sizes": s.__dict__}
+            if loaded is not None:
+                raw["load"] = {"n": args.load, "ours": loaded[0], "ray": loaded[1]}
+            json.dump(raw, f, indent=1, default=str)
     misses = [r.name for r in rows if r.verdict() == "MISS"]
     print(f"\n{len(misses)} goal(s) missed" + (": " + "; ".join(misses) if misses else ""))
     return 0

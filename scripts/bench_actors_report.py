@@ -136,11 +136,11 @@ def _fmt(v: float | None) -> str:
     return f"{v:.2f}"
 
 
-def build_rows(ours: dict[str, Any], ray: dict[str, Any] | None, s: Any) -> list[Row]:
-    """The table's rows from both result dicts."""
+def call_rows(ours: dict[str, Any], ray: dict[str, Any] | None, s: Any) -> list[Row]:
+    """The rows of actor calls (1:1 sync, pipelined, n:n) from both result dicts."""
     r = ray or {}
     rs = r.get("sync", {})
-    rows = [
+    return [
         Row(
             "1:1 sync, async def (calls/s)",
             "calls/s",
@@ -186,6 +186,19 @@ def build_rows(ours: dict[str, Any], ray: dict[str, Any] | None, s: Any) -> list
             ">=5",
         ),
     ]
+
+
+def def_vs_async(ours: dict[str, Any]) -> str:
+    """A line comparing pipelined ``def`` with pipelined ``async def`` (goal: >= 0.8)."""
+    ratio = ours["pipe_def"] / ours["pipe_async_def"]
+    verdict = "PASS" if ratio >= 0.8 else "MISS"
+    return f"pipelined def / pipelined async def: {ratio:.2f} (goal ≥ 0.8)  {verdict}"
+
+
+def build_rows(ours: dict[str, Any], ray: dict[str, Any] | None, s: Any) -> list[Row]:
+    """The table's rows from both result dicts."""
+    r = ray or {}
+    rows = call_rows(ours, ray, s)
     for mib in s.tensor_mib:
         goal = ">=5" if mib == 64 else ""
         rows.append(

@@ -25,6 +25,7 @@ from typing import Any, cast
 
 import zmq
 
+from rayless.transport.counters import COUNTERS
 from rayless.transport.errors import ClosedError, ProtocolError
 from rayless.transport.protocol import is_batch, pack_batch, split_batch
 
@@ -45,6 +46,7 @@ def send_frames(sock: zmq.Socket[Any], frames: Sequence[Any], flags: int = 0) ->
     Raises:
         zmq.Again: the first frame could not be queued (HWM reached); nothing was sent.
     """
+    COUNTERS.socket_sends += 1
     last = len(frames) - 1
     for i, frame in enumerate(frames):
         more = SNDMORE if i < last else 0
@@ -162,6 +164,7 @@ class SocketPump:
                         self._recv_one(batch)
                     progressed = True
                     if batch:
+                        COUNTERS.socket_reads += 1
                         self._on_batch(batch)
                     if self._closed:
                         return

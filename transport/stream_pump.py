@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rayless.transport.counters import COUNTERS
 from rayless.transport.errors import ClosedError
 
 log = logging.getLogger("rayless.transport")
@@ -166,6 +167,7 @@ class StreamPump:
             self._write(bufs, total)
 
     def _write(self, bufs: list[Any], total: int) -> None:
+        COUNTERS.socket_sends += 1
         try:
             sent = self.sock.sendmsg(bufs)
         except (BlockingIOError, InterruptedError):
@@ -192,6 +194,7 @@ class StreamPump:
     def _on_writable(self) -> None:
         out = self._out
         while out:
+            COUNTERS.socket_sends += 1
             try:
                 sent = self.sock.sendmsg(list(itertools.islice(out, _COALESCE_BUFS)))
             except (BlockingIOError, InterruptedError):
@@ -230,6 +233,7 @@ class StreamPump:
         except ValueError as exc:
             self._lose(str(exc))
         if msgs and not self._closed:
+            COUNTERS.socket_reads += 1
             self._on_batch(msgs)
             if not self._closed:  # what the handlers answered leaves together
                 self._flush_pending()

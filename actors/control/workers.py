@@ -4,15 +4,23 @@
 after another, in order, so plain classes need no locks), ``max_concurrency`` when the actor
 was spawned with one (Ray's threaded actors). Threads start on demand.
 
+Calls queue for the threads, which take them back to back without going through the loop:
+a thread that finishes a call takes the next queued one itself; the loop wakes a thread only
+when one sleeps, once per loop callback that queued calls (a whole batch of requests read
+from a socket); and a thread wakes the loop only for the first result of a batch (the loop
+then delivers every result finished by the time it runs). With calls pipelined to an actor,
+both hand-offs cost far less than one per call (``transport.counters`` counts them;
+docs/performance.md has the budget).
+
+The threads read a queued call's future (``cancelled()``) without the loop: a cancel that
+comes after a thread has taken the call lets it run.
+
 Cancellation is best effort, as in Ray: Python cannot stop a running thread safely.
 
 * A queued call whose caller gave up (timed out, cancelled) is dropped without running.
 * A running call runs to completion (its result is discarded) and keeps its slot until it
   returns, so at most ``concurrency`` calls ever run at once, abandoned ones included (as
   Ray's ``max_concurrency``); later calls wait for a slot.
-
-The loop is woken once per batch of finished calls (not once per call, as with
-``run_in_executor``), which keeps many in-flight sync calls cheap on few cores.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from rayless.transport.counters import COUNTERS
+
 
 def apply_torch_threads(n: int) -> None:
     """Set torch's thread count for the calling thread (it is per thread), if torch is loaded."""
@@ -34,13 +44,11 @@ def apply_torch_threads(n: int) -> None:
 
 
 class _Job:
-    __slots__ = ("cancelled", "fn", "fut", "slot")
+    __slots__ = ("fn", "fut")
 
     def __init__(self, fut: asyncio.Future[Any], fn: Callable[[], Any]) -> None:
         self.fut = fut
         self.fn = fn
-        self.cancelled = False  # the caller gave up (set on the loop, read by the thread)
-        self.slot = False  # holds one of the ``concurrency`` slots
 
 
 class SyncWorker:
@@ -51,6 +59,9 @@ class SyncWorker:
         name: names the threads (``actor-NAME-i``).
         threads: torch intra-op threads for each worker thread.
         concurrency: calls that may run at once.
+
+    Raises:
+        ValueError: ``concurrency`` is below 1.
     """
 
     def __init__(
@@ -62,19 +73,22 @@ class SyncWorker:
         self._name = name
         self._torch_threads = threads
         self.concurrency = concurrency
-        self._active = 0  # slots held: jobs handed to the threads and not yet back
         self._threads: list[threading.Thread] = []
-        self._waiting: collections.deque[_Job] = collections.deque()
-        self._work: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._done: list[tuple[_Job, bool, Any]] = []
+        # guarded by ``_lock``: the queue, the threads' states, the finished calls
         self._lock = threading.Lock()
-        self._posted = False
+        self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()  # one token wakes a sleeper
+        self._waiting: collections.deque[_Job] = collections.deque()
+        self._asleep = 0  # threads waiting for work and not yet woken
+        self._busy = 0  # threads running a call: the slots held
+        self._done: list[tuple[_Job, bool, Any]] = []
+        self._posted = False  # a delivery is scheduled on the loop
+        self._to_wake = 0  # sleepers taken by submits, woken by the scheduled ``_ring``
         self._stopped = False  # stop() ran
 
     @property
     def running(self) -> int:
         """Calls holding a slot now (started and not yet returned, abandoned ones too)."""
-        return self._active
+        return self._busy
 
     @property
     def threads(self) -> int:
@@ -83,53 +97,76 @@ class SyncWorker:
 
     def submit(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
         """Queue ``fn()``; a future of its result on the loop. Cancelling the future drops
-        the call if it has not started; a started one keeps its slot until it returns."""
+        the call if it has not started; a started one keeps its slot until it returns.
+        After :meth:`stop` the future fails with RuntimeError."""
         fut: asyncio.Future[Any] = self._loop.create_future()
-        job = _Job(fut, fn)
-        fut.add_done_callback(lambda _: self._on_fut_done(job))
-        self._waiting.append(job)
-        self._pump()
+        start = False
+        with self._lock:
+            if self._stopped:
+                fut.set_exception(RuntimeError(f"actor {self._name}: its worker has stopped"))
+                return fut
+            self._waiting.append(_Job(fut, fn))
+            if self._asleep:
+                self._asleep -= 1  # this sleeper is taken: the next submit wakes another
+                self._to_wake += 1
+                if self._to_wake == 1:  # rung once the callback queuing calls has returned
+                    self._loop.call_soon(self._ring)
+            elif self._busy + len(self._waiting) > len(self._threads) < self.concurrency:
+                start = True  # every thread busy (or about to be): one more, up to the limit
+        if start:
+            self._start_thread()
         return fut
 
-    def _pump(self) -> None:
-        while self._active < self.concurrency and self._waiting:
-            job = self._waiting.popleft()
-            if job.cancelled:
-                continue
-            self._active += 1
-            job.slot = True
-            if self._active > len(self._threads):
-                self._start_thread()
-            self._work.put(job)
+    def _ring(self) -> None:
+        """Wake the sleepers that submits took, on the loop once the callback that queued
+        calls (e.g. a whole batch of requests) has returned: the threads then find them all
+        queued, and do not fight the loop for the GIL while it is still queuing them."""
+        with self._lock:
+            wake, self._to_wake = self._to_wake, 0
+            COUNTERS.thread_handoffs += wake
+            for _ in range(wake):
+                self._bell.put(None)
 
     def _start_thread(self) -> None:
         thread = threading.Thread(
             target=self._run, name=f"actor-{self._name}-{len(self._threads)}", daemon=True
         )
         self._threads.append(thread)
+        COUNTERS.thread_starts += 1
         thread.start()
-
-    def _on_fut_done(self, job: _Job) -> None:
-        if job.fut.cancelled():
-            job.cancelled = True  # queued: dropped; running: its slot is freed when it returns
 
     def _run(self) -> None:
         apply_torch_threads(self._torch_threads)
+        lock, waiting = self._lock, self._waiting
         while True:
-            job = self._work.get()
+            with lock:
+                if not waiting:
+                    if self._stopped:
+                        return
+                    self._asleep += 1
+                    job = None
+                else:
+                    job = waiting.popleft()
+                    # read on this thread: a cancel on the loop after this starts it anyway
+                    if job.fut.cancelled():  # the caller gave up before it started: dropped
+                        job.fn = _noop
+                        continue
+                    self._busy += 1
             if job is None:
-                return
-            if job.cancelled:  # the caller gave up before it started
-                outcome: tuple[_Job, bool, Any] = (job, False, None)
-            else:
-                try:
-                    outcome = (job, True, job.fn())
-                except BaseException as exc:  # delivered to the caller, never lost
-                    outcome = (job, False, exc)
+                self._bell.get()  # until a submit (or stop) rings: then look again
+                continue
+            try:
+                outcome: tuple[_Job, bool, Any] = (job, True, job.fn())
+            except BaseException as exc:  # delivered to the caller, never lost
+                outcome = (job, False, exc)
             job.fn = _noop  # drop references to the arguments at once
-            with self._lock:
+            with lock:
+                self._busy -= 1
+                COUNTERS.def_calls += 1
                 self._done.append(outcome)
                 post, self._posted = not self._posted, True
+                if post:
+                    COUNTERS.loop_wakeups += 1
             if post:
                 try:
                     self._loop.call_soon_threadsafe(self._deliver)
@@ -141,25 +178,28 @@ class SyncWorker:
             done, self._done = self._done, []
             self._posted = False
         for job, ok, value in done:
-            if job.slot:
-                job.slot = False
-                self._active -= 1
             fut = job.fut
             if fut.done() or isinstance(value, Exiting):  # Exiting: the actor exits, no reply
                 continue
             if ok:
                 fut.set_result(value)
-            elif value is not None:
+            else:
                 fut.set_exception(value)
-        self._pump()
 
     def stop(self) -> None:
-        """Let the threads finish their current calls and exit. Idempotent."""
-        if self._stopped:
-            return
-        self._stopped = True
-        for _ in self._threads:
-            self._work.put(None)
+        """Let the threads finish their current calls and exit; queued calls are cancelled
+        without running. Idempotent; call it on the loop."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            dropped = list(self._waiting)
+            self._waiting.clear()
+            for _ in range(self._asleep + self._to_wake):
+                self._bell.put(None)
+            self._asleep = self._to_wake = 0
+        for job in dropped:
+            job.fut.cancel()
 
 
 class Exiting(BaseException):

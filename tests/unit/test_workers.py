@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
+from typing import Any
 
 import pytest
 
 from rayless.actors.control.workers import SyncWorker
+from rayless.transport.counters import COUNTERS
 from tests.waiting import wait_until
 
 
@@ -77,3 +80,62 @@ async def test_concurrency_runs_calls_on_that_many_threads_at_once() -> None:
 def test_concurrency_must_be_positive() -> None:
     with pytest.raises(ValueError):
         SyncWorker(asyncio.new_event_loop(), "t", concurrency=0)
+
+
+async def test_queued_calls_run_back_to_back_while_the_loop_is_busy() -> None:
+    """The thread takes the next queued call itself: with the loop held (here: blocked in a
+    plain wait) once it has rung the thread, three queued calls all run, after one wake-up of
+    the thread; their results then reach the loop in one batch."""
+    worker = SyncWorker(asyncio.get_running_loop(), "t")
+    await worker.submit(lambda: None)  # the thread is started and asleep
+    before = COUNTERS.snapshot()
+    ran: list[int] = []
+    last = threading.Event()
+    futs = [worker.submit(functools.partial(_record, ran, i)) for i in range(2)]
+    futs.append(worker.submit(functools.partial(_record, ran, 2, last)))
+    await asyncio.sleep(0)  # the wake-up is rung once the callback that queued them returns
+    assert last.wait(20), f"queued calls did not run while the loop was held: ran {ran}"
+    assert await asyncio.wait_for(asyncio.gather(*futs), 20) == [0, 1, 2]
+    after = COUNTERS.snapshot()
+    assert after["thread_handoffs"] - before["thread_handoffs"] <= 1  # 0: it had not slept yet
+    assert after["loop_wakeups"] - before["loop_wakeups"] == 1
+    worker.stop()
+
+
+async def test_calls_run_in_submission_order() -> None:
+    worker = SyncWorker(asyncio.get_running_loop(), "t")
+    ran: list[int] = []
+    futs = [worker.submit(functools.partial(_record, ran, i)) for i in range(500)]
+    assert await asyncio.wait_for(asyncio.gather(*futs), 30) == list(range(500))
+    assert ran == list(range(500)) and worker.threads == 1
+    worker.stop()
+
+
+async def test_stop_cancels_queued_calls_and_refuses_new_ones() -> None:
+    worker = SyncWorker(asyncio.get_running_loop(), "t")
+    gate, started = threading.Event(), threading.Event()
+    running = worker.submit(functools.partial(_record, [], True, started, gate))
+    assert await asyncio.to_thread(started.wait, 20)
+    queued = worker.submit(lambda: "never")
+    worker.stop()
+    assert queued.cancelled()
+    with pytest.raises(RuntimeError, match="stopped"):
+        await worker.submit(lambda: None)
+    gate.set()
+    assert await asyncio.wait_for(running, 20) is True  # the running call finished
+    assert worker.running == 0
+
+
+def _record(
+    ran: list[Any],
+    value: Any,
+    then: threading.Event | None = None,
+    gate: threading.Event | None = None,
+) -> Any:
+    """Append ``value`` to ``ran``, set ``then``, wait for ``gate``; return ``value``."""
+    ran.append(value)
+    if then is not None:
+        then.set()
+    if gate is not None:
+        gate.wait(20)
+    return value
