@@ -9,9 +9,14 @@ Each data update (or unit loss, or clear) wakes the waiters of that partition, w
 The controller also applies clear plans on the units before releasing the indexes, watches
 every unit (a pending ``watch`` call that fails when the unit dies marks its samples lost) and
 reclaims allocations that were never written within ``reclaim_after`` seconds (a client
-killed mid-put), so their indexes are reused. The clears and the reaper live in
-:mod:`store.controller_clears`, status and metrics in :mod:`store.controller_status`, the KV
-face and checkpoint calls in :mod:`store.controller_kv` (mixins of this actor).
+killed mid-put), so their indexes are reused.
+
+A clear hides samples at once, deletes their rows on the units, then releases the indexes
+(:meth:`ControllerState.clear` and :meth:`ControllerState.release` keep the two phases). The
+reaper runs every ``REAP_INTERVAL`` s: it reclaims allocations never written within
+``reclaim_after`` s, aborts column-wise puts that never finished, and hands back the batches
+of fetch leases that expired (their caller died before its ack), and the parts of shared
+batches that no consumer acknowledged within the lease (a streaming-loader rank died).
 """
 
 from __future__ import annotations
@@ -25,11 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rayless.actors import Actor, ActorDiedError, ActorHandle
-from rayless.store.controller_clears import REAP_INTERVAL as REAP_INTERVAL
-from rayless.store.controller_clears import ControllerClears
-from rayless.store.controller_kv import ControllerKV
-from rayless.store.controller_state import ControllerState
-from rayless.store.controller_status import ControllerStatus
+from rayless.store.controller_state import ClearPlan, ControllerState
 from rayless.store.errors import StoreError, StoreInputError, StoreTimeoutError, UnitLostError
 from rayless.store.fetches import Fetches, Share, Shares, Waiter, check_timeout
 from rayless.store.meta import BatchMeta
@@ -52,7 +53,10 @@ def _schemas(data: Mapping[str, Any] | None) -> dict[str, FieldSchema]:
     return {k: FieldSchema.from_dict(v) for k, v in (data or {}).items()}
 
 
-class StoreController(ControllerClears, ControllerStatus, ControllerKV, Actor):
+REAP_INTERVAL = 1.0
+
+
+class StoreController(Actor):
     """The store's controller: partitions, indexes, statuses, schemas, waiting fetches."""
 
     def __init__(
@@ -371,7 +375,7 @@ class StoreController(ControllerClears, ControllerStatus, ControllerKV, Actor):
                     f"for task {task!r} did not arrive within {timeout or 0}s"
                 )
             if loop.time() >= next_log:
-                log.warning("store %s: %s", self.state.store_id, self.describe(waiter)["text"])
+                log.warning("store %s: %s", self.state.store_id, self._describe(waiter)["text"])
                 next_log = loop.time() + self.wait_log_interval
             event = self._events.setdefault(partition, asyncio.Event())
             waiter.event = event
@@ -508,6 +512,192 @@ class StoreController(ControllerClears, ControllerStatus, ControllerKV, Actor):
             self._wake_all()
         else:
             self._wake(partition)
+
+    # -- clears, reclaim and expiry --------------------------------------------------------
+
+    async def _apply(self, plan: ClearPlan) -> None:
+        units = self.state.units()
+        calls = []
+        for shard, rows in plan.shards.items():
+            info = units[shard]
+            handle = self.handles.get(info.unit_id)
+            if info.alive and handle is not None:
+                calls.append(handle.delete(rows))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        for res in results:
+            if isinstance(res, BaseException) and not isinstance(res, ActorDiedError):
+                raise res
+        self.state.release(plan.indexes)
+
+    async def clear(self, meta: BatchMeta) -> None:
+        """Remove ``meta``'s samples (hidden at once; rows deleted; indexes then reusable)."""
+        await self._cleared(meta, self.state.clear(meta))
+
+    async def _cleared(self, meta: BatchMeta, plan: ClearPlan) -> None:
+        for index in plan.indexes:
+            self._unwritten.pop(index, None)
+        for partition in set(meta.partition_ids):
+            self._wake(partition)
+        await self._apply(plan)
+
+    async def clear_partition(self, partition: str) -> None:
+        """Remove a whole partition. Raises UnknownPartitionError."""
+        plan = self.state.clear_partition(partition)
+        self.shares.drop_partition(partition)
+        for index in plan.indexes:
+            self._unwritten.pop(index, None)
+        self._wake(partition)
+        await self._apply(plan)
+
+    async def _reaper(self) -> None:
+        while True:
+            await asyncio.sleep(min(REAP_INTERVAL, self.reclaim_after))
+            await self.reclaim()
+            await self._expire_column_puts()
+            for lease in self.fetches.expired():
+                self.state.unconsume(lease.task, lease.partition, lease.indexes)
+                self._wake(lease.partition)
+            for share, back in self.shares.expired():
+                partition, task, _ = share.key
+                if back:
+                    self.state.unconsume(task, partition, back)
+                self._wake(partition)
+
+    async def reclaim(self, older_than: float | None = None) -> int:
+        """Clear samples allocated more than ``older_than`` s ago (default ``reclaim_after``)
+        and never written (a client died mid-put); returns how many."""
+        limit = self.reclaim_after if older_than is None else older_than
+        now = time.monotonic()
+        stale: dict[str, list[tuple[int, int]]] = {}
+        for index, (partition, gen, t) in list(self._unwritten.items()):
+            if now - t >= limit:
+                stale.setdefault(partition, []).append((index, gen))
+        count = 0
+        for partition, items in stale.items():
+            try:
+                meta = self.state.meta_of(partition, [i for i, _ in items])
+            except StoreError:
+                for i, _ in items:
+                    self._unwritten.pop(i, None)
+                continue
+            with contextlib.suppress(StoreError):
+                await self.clear(meta)
+                count += len(items)
+        return count
+
+    async def _expire_column_puts(self, older_than: float | None = None) -> int:
+        """Abort column-wise puts begun more than ``reclaim_after`` s ago and not finished (a
+        client died mid-put): their rows are deleted on the units. Returns how many."""
+        limit = self.reclaim_after if older_than is None else older_than
+        now = time.monotonic()
+        stale = [p for p, t in self._column_started.items() if now - t >= limit]
+        for put_id in stale:
+            del self._column_started[put_id]
+            with contextlib.suppress(StoreError, ActorDiedError):
+                await self._delete_fields(self.state.abort_column_put(put_id))
+        return len(stale)
+
+    # -- status and metrics ----------------------------------------------------------------
+
+    def _describe(self, waiter: Waiter) -> dict[str, Any]:
+        """What a waiting fetch waits for: partition, fields (missing ones), ready vs asked."""
+        exists = waiter.partition in self.state.partitions()
+        missing: list[str] = []
+        ready = 0
+        if exists:
+            status = self.state.production_status(waiter.partition)["fields"]
+            missing = [f for f in waiter.fields if f not in status]
+            with contextlib.suppress(StoreError):
+                ready = len(self.state.ready_indexes(waiter.partition, waiter.fields, waiter.task))
+        waited = time.monotonic() - waiter.since
+        asked = "all" if waiter.batch_size is None else waiter.batch_size
+        where = "exists" if exists else "does not exist yet"
+        text = (
+            f"a fetch waits {waited:.0f}s for partition {waiter.partition!r} ({where}), fields "
+            f"{waiter.fields}"
+            + (f" (not written yet: {missing})" if missing else "")
+            + f", task {waiter.task!r}: {ready} ready of {asked} asked"
+        )
+        return {
+            "partition": waiter.partition,
+            "exists": exists,
+            "fields": list(waiter.fields),
+            "missing_fields": missing,
+            "task": waiter.task,
+            "ready": ready,
+            "asked": waiter.batch_size,
+            "waited_s": round(waited, 3),
+            "text": text,
+        }
+
+    async def waiting(self) -> list[dict[str, Any]]:
+        """Every waiting fetch, described (see :meth:`_describe`)."""
+        return [self._describe(w) for w in self.fetches.waiters()]
+
+    async def partitions(self) -> list[str]:
+        """Existing partitions."""
+        return self.state.partitions()
+
+    async def production_status(self, partition: str) -> dict[str, Any]:
+        """Samples, ready count per field, schemas of ``partition``."""
+        return self.state.production_status(partition)
+
+    async def consumption_status(self, partition: str, task: str) -> dict[str, int]:
+        """Samples and how many ``task`` consumed in ``partition``."""
+        return self.state.consumption_status(partition, task)
+
+    async def metrics(self) -> dict[str, Any]:
+        """Counters for monitoring: puts/fetches (total, per second), waiting fetches,
+        partitions with their samples and consumers per task, units."""
+        consumers = self.state.consumers()
+        return {
+            "store_id": self.state.store_id,
+            "puts": self._puts.snapshot(),
+            "fetches": self._served.snapshot(),
+            "waiting": await self.waiting(),
+            "leased": self.fetches.leased(),
+            "partitions": {
+                p: {
+                    "samples": self.state.production_status(p)["samples"],
+                    "consumers": consumers.get(p, {}),
+                }
+                for p in self.state.partitions()
+            },
+            "units": [u.to_dict() for u in self.state.units()],
+        }
+
+    async def stats(self) -> dict[str, Any]:
+        """Monitoring counts (partitions, allocated, free, units, waiting partitions)."""
+        return {
+            **self.state.stats(),
+            "unwritten": len(self._unwritten),
+            "waiting_fetches": self._waiting,
+        }
+
+    # -- KV keys and checkpoints -----------------------------------------------------------
+
+    async def kv_lookup(self, partition: str, keys: Sequence[str]) -> list[Any]:
+        """``[meta of the existing keys, positions of the missing ones]``."""
+        meta, missing = self.state.kv_lookup(partition, list(keys))
+        return [meta, missing]
+
+    async def kv_meta(
+        self, partition: str, keys: Sequence[str], fields: Sequence[str] | None = None
+    ) -> BatchMeta:
+        """The meta of existing ``keys`` (see ControllerState.kv_meta)."""
+        return self.state.kv_meta(partition, list(keys), None if fields is None else list(fields))
+
+    async def kv_list(self, partition: str | None = None) -> dict[str, Any]:
+        """``{partition: {key: tags}}``."""
+        return self.state.kv_list(partition)
+
+    async def export_partition(self, partition: str) -> dict[str, Any]:
+        """A partition's samples and statuses for a checkpoint (no data)."""
+        return self.state.export_partition(partition)
+
+    async def mark_consumed(self, task: str, meta: BatchMeta) -> None:
+        """Mark ``meta``'s samples consumed by ``task`` (checkpoint restore)."""
+        self.state.mark_consumed(task, meta)
 
 
 def _hashable(value: Any) -> Any:

@@ -25,9 +25,8 @@ from rayless.actors import ActorHandle, Cluster
 from rayless.actors.api.portal import run_sync
 from rayless.actors.api.sync import SyncCluster
 from rayless.store.checkpoint import Restored
-from rayless.store.client import DEFAULT_NAME, PUT_TIMEOUT, Store
+from rayless.store.client import DEFAULT_NAME, PUT_TIMEOUT, KVBatchMeta, Store
 from rayless.store.fetches import check_timeout
-from rayless.store.kv import KVBatchMeta
 from rayless.store.meta import BatchMeta
 
 __all__ = ["SyncStore"]
