@@ -29,37 +29,37 @@ from rayless.store.errors import (
 )
 
 if TYPE_CHECKING:
-    from rayless.store import samplers
-    from rayless.store.client import DEFAULT_NAME, Store
-    from rayless.store.loader import StreamingDataset, StreamingLoader
-    from rayless.store.meta import BatchMeta
-    from rayless.store.samplers import (
+    from rayless.store.client.loader import StreamingDataset, StreamingLoader
+    from rayless.store.client.store import DEFAULT_NAME, Store
+    from rayless.store.client.sync import SyncStore
+    from rayless.store.controller import samplers
+    from rayless.store.controller.samplers import (
         GroupedSampler,
         RandomSampler,
         SeqlenBalancedSampler,
         SequentialSampler,
         make_sampler,
     )
-    from rayless.store.schema import FieldSchema
-    from rayless.store.sync import SyncStore
+    from rayless.store.data.meta import BatchMeta
+    from rayless.store.data.schema import FieldSchema
     from rayless.store.weights import WeightSync
     from rayless.store.weights_sync import SyncWeightSync
 
 # The rest loads on first use, so that ``rayless.store.errors`` (and ``rayless.errors``) stay
 # light: the store's client imports torch and tensordict.
 _LAZY = {
-    "DEFAULT_NAME": "rayless.store.client",
-    "Store": "rayless.store.client",
-    "BatchMeta": "rayless.store.meta",
-    "GroupedSampler": "rayless.store.samplers",
-    "RandomSampler": "rayless.store.samplers",
-    "SeqlenBalancedSampler": "rayless.store.samplers",
-    "SequentialSampler": "rayless.store.samplers",
-    "StreamingDataset": "rayless.store.loader",
-    "StreamingLoader": "rayless.store.loader",
-    "make_sampler": "rayless.store.samplers",
-    "FieldSchema": "rayless.store.schema",
-    "SyncStore": "rayless.store.sync",
+    "DEFAULT_NAME": "rayless.store.client.store",
+    "Store": "rayless.store.client.store",
+    "BatchMeta": "rayless.store.data.meta",
+    "GroupedSampler": "rayless.store.controller.samplers",
+    "RandomSampler": "rayless.store.controller.samplers",
+    "SeqlenBalancedSampler": "rayless.store.controller.samplers",
+    "SequentialSampler": "rayless.store.controller.samplers",
+    "StreamingDataset": "rayless.store.client.loader",
+    "StreamingLoader": "rayless.store.client.loader",
+    "make_sampler": "rayless.store.controller.samplers",
+    "FieldSchema": "rayless.store.data.schema",
+    "SyncStore": "rayless.store.client.sync",
     "WeightSync": "rayless.store.weights",
     "SyncWeightSync": "rayless.store.weights_sync",
 }
@@ -69,7 +69,7 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     if name == "samplers":
-        return importlib.import_module("rayless.store.samplers")
+        return importlib.import_module("rayless.store.controller.samplers")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'rayless.store' has no attribute {name!r}")

@@ -178,7 +178,8 @@ class Segment:
     @property
     def fence(self) -> int:
         """The writers' fence: a writer that was handed slots under one fence copies into them
-        only while the header still holds it (``rayless.store.columns``; 0 when never set)."""
+        only while the header still holds it (``rayless.store.samehost.columns``; 0 when never
+        set)."""
         return int(struct.unpack_from("<q", self.mapping, _FENCE_AT)[0])
 
     def _set_fence(self, fence: int) -> None:

@@ -95,7 +95,7 @@ class GrpoTrainWorker(Actor):
 
     async def setup(self) -> None:
         from rayless.store import Store, WeightSync
-        from rayless.store.loader import StreamingLoader
+        from rayless.store.client.loader import StreamingLoader
 
         self.store = await Store.connect(self.store_name)
         a = self.algo

@@ -17,7 +17,7 @@ from tensordict import TensorDict
 
 from rayless.actors import Cluster
 from rayless.store import Store, StoreError, StoreInputError, StoreTimeoutError
-from rayless.store.loader import StreamingLoader
+from rayless.store.client.loader import StreamingLoader
 from rayless.store.metrics import prometheus, render_text
 from tests.waiting import wait_until
 

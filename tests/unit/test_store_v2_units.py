@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from rayless.store.controller_state import ControllerState
+from rayless.store.controller.fetches import Fetches, check_timeout
+from rayless.store.controller.samplers import SeqlenBalancedSampler, balanced_split, make_sampler
+from rayless.store.controller.state import ControllerState
+from rayless.store.data.schema import DataUpdate, FieldSchema
 from rayless.store.errors import StoreInputError, UnknownKeyError
-from rayless.store.fetches import Fetches, check_timeout
 from rayless.store.metrics import RateMeter, prometheus, render_text
-from rayless.store.samplers import SeqlenBalancedSampler, balanced_split, make_sampler
-from rayless.store.schema import DataUpdate, FieldSchema
 
 X = FieldSchema.from_dict(
     {"kind": "dense", "dtype": "int64", "shape": [], "device": "cpu", "is_nested": False}

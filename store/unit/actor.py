@@ -1,4 +1,4 @@
-"""StorageUnit: the actor that holds one shard (a :class:`~store.shard.ShardStorage`).
+"""StorageUnit: the actor that holds one shard (a :class:`~store.unit.shard.ShardStorage`).
 
 At ``setup`` it registers with the controller (the handshake: id, node, device, capacity).
 A ``write`` stores the rows (``index_copy_`` into its columns, never keeping the receive
@@ -8,7 +8,7 @@ controller refuses the notification the rows written for new fields are deleted 
 A write over capacity waits (up to its timeout) for deletes to free room, then raises
 StoreFullError; a write larger than the whole capacity raises WriteTooLargeError at once.
 On a CUDA unit the columns live on ``cuda:0`` (the GPU the unit was given); a CPU unit keeps
-its dense columns in shared memory for same-host clients (:mod:`rayless.store.unit_local`).
+its dense columns in shared memory for same-host clients (:mod:`rayless.store.samehost.unit`).
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ import torch
 
 from rayless.actors import Actor, ActorHandle
 from rayless.actors.api.context import ENV_NODE_ID
-from rayless.store.columns import ShmDense, drain_pool
-from rayless.store.columns_cuda import CudaDense
+from rayless.store.data.meta import BatchMeta  # noqa: F401  (registers BatchMeta with the codec)
+from rayless.store.data.schema import DataUpdate, FieldSchema
 from rayless.store.errors import StoreFullError, WriteTooLargeError
-from rayless.store.meta import BatchMeta  # noqa: F401  (registers BatchMeta with the codec)
 from rayless.store.metrics import RateMeter
-from rayless.store.schema import DataUpdate, FieldSchema
-from rayless.store.shard import ShardStorage, _Dense
-from rayless.store.unit_local import LocalUnit, shm_columns_enabled
-from rayless.store.unit_local import reservation_ttl as _reservation_ttl
+from rayless.store.samehost.columns import ShmDense, drain_pool
+from rayless.store.samehost.columns_cuda import CudaDense
+from rayless.store.samehost.unit import LocalUnit, shm_columns_enabled
+from rayless.store.samehost.unit import reservation_ttl as _reservation_ttl
+from rayless.store.unit.shard import ShardStorage, _Dense
 
 __all__ = ["StorageUnit", "unit_device"]
 
@@ -47,7 +47,7 @@ T = TypeVar("T")
 
 class StorageUnit(LocalUnit, Actor):
     """One storage unit: a shard of every partition and of the KV face (same-host methods:
-    :class:`~rayless.store.unit_local.LocalUnit`)."""
+    :class:`~rayless.store.samehost.unit.LocalUnit`)."""
 
     def __init__(
         self,
@@ -106,7 +106,7 @@ class StorageUnit(LocalUnit, Actor):
         put_id: int | None = None,
     ) -> None:
         """Store ``td`` as samples ``indexes`` of ``partition``; return after the controller's ACK.
-        ``put_id``: the column-wise put this write belongs to (store.column_puts).
+        ``put_id``: the column-wise put this write belongs to (store.controller.column_puts).
 
         Raises SchemaError/StoreInputError (bad data), StoreFullError (still no room after
         ``timeout`` seconds of waiting for deletes), the controller's refusal (rows rolled back).

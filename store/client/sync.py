@@ -1,4 +1,5 @@
-"""SyncStore: the blocking face of :class:`~rayless.store.client.Store` for plain threaded code.
+"""SyncStore: the blocking face of :class:`~rayless.store.client.store.Store` for plain threaded
+code.
 
 It shares the actors layer's one sync mechanism (``rayless.actors.api.portal``): given a
 ``SyncCluster`` every call runs on that facade's portal; otherwise on the process's home loop
@@ -24,10 +25,10 @@ from tensordict import TensorDict, TensorDictBase
 from rayless.actors import ActorHandle, Cluster
 from rayless.actors.api.portal import run_sync
 from rayless.actors.api.sync import SyncCluster
-from rayless.store.checkpoint import Restored
-from rayless.store.client import DEFAULT_NAME, PUT_TIMEOUT, KVBatchMeta, Store
-from rayless.store.fetches import check_timeout
-from rayless.store.meta import BatchMeta
+from rayless.store.client.checkpoint import Restored
+from rayless.store.client.store import DEFAULT_NAME, PUT_TIMEOUT, KVBatchMeta, Store
+from rayless.store.controller.fetches import check_timeout
+from rayless.store.data.meta import BatchMeta
 
 __all__ = ["SyncStore"]
 

@@ -30,7 +30,7 @@ Clearing is two-phase so that an index is never reused while a unit still holds 
 the units deleted the rows, :meth:`ControllerState.release` makes the indexes reusable.
 
 The records (units, partitions, samples, staged puts, clear plans) live in
-:mod:`store.state_records`.
+:mod:`store.controller.records`.
 """
 
 from __future__ import annotations
@@ -40,22 +40,8 @@ import uuid
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
-from rayless.store.column_puts import ColumnPuts
-from rayless.store.errors import (
-    ForeignMetaError,
-    SchemaError,
-    StaleMetaError,
-    StoreError,
-    StoreInputError,
-    UnitLostError,
-    UnknownFieldError,
-    UnknownKeyError,
-    UnknownPartitionError,
-)
-from rayless.store.meta import NO_CUSTOM, BatchMeta
-from rayless.store.samplers import Sampler, make_sampler
-from rayless.store.schema import DataUpdate, FieldSchema, check_plain
-from rayless.store.state_records import (
+from rayless.store.controller.column_puts import ColumnPuts
+from rayless.store.controller.records import (
     _NO_CUSTOM,
     ClearPlan,
     EnvShards,
@@ -67,8 +53,22 @@ from rayless.store.state_records import (
     _Sample,
     _Staging,
 )
-from rayless.store.state_records import (
+from rayless.store.controller.records import (
     MODES as MODES,
+)
+from rayless.store.controller.samplers import Sampler, make_sampler
+from rayless.store.data.meta import NO_CUSTOM, BatchMeta
+from rayless.store.data.schema import DataUpdate, FieldSchema, check_plain
+from rayless.store.errors import (
+    ForeignMetaError,
+    SchemaError,
+    StaleMetaError,
+    StoreError,
+    StoreInputError,
+    UnitLostError,
+    UnknownFieldError,
+    UnknownKeyError,
+    UnknownPartitionError,
 )
 
 __all__ = ["ClearPlan", "ControllerState", "EnvShards", "UnitInfo"]
@@ -750,8 +750,8 @@ class ControllerState:
     def begin_column_put(
         self, meta: BatchMeta, schemas: Mapping[str, FieldSchema]
     ) -> tuple[int, dict[str, dict[str, list[int]]]]:
-        """:meth:`check_put`, then stage the put (see :mod:`store.column_puts`): its id (for
-        the units' data updates) and the rows it adds. Raises check_put's errors."""
+        """:meth:`check_put`, then stage the put (see :mod:`store.controller.column_puts`): its id
+        (for the units' data updates) and the rows it adds. Raises check_put's errors."""
         fresh = self.check_put(meta, schemas)
         samples = {
             (p, i): g

@@ -3,7 +3,7 @@
 A field is a leaf of a TensorDict named by its key path joined with :data:`FIELD_SEP`; its
 schema (kind, dtype, per-sample shape, device) travels as a plain dict (``to_dict``/
 ``from_dict``) and merges with the schema of newly written data (:meth:`FieldSchema.merged`).
-:mod:`rayless.store.schema` re-exports everything here.
+:mod:`rayless.store.data.schema` re-exports everything here.
 """
 
 from __future__ import annotations

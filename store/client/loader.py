@@ -11,8 +11,8 @@ controller's shared fetch ``share=(f"{task}#{k}", dp_size * replicas)``), then r
 part of it: disjoint parts for the ``dp_size`` ranks, the same part for the ``replicas``
 ranks of one tensor/sequence-parallel group (pass the same ``dp_rank`` on each). The parts
 are contiguous, or balanced in total tokens with a
-:class:`~rayless.store.samplers.SeqlenBalancedSampler` (its ``dp_size`` must match); every
-rank computes the same split. A step's batch stays assigned to it even if a rank's fetch is
+:class:`~rayless.store.controller.samplers.SeqlenBalancedSampler` (its ``dp_size`` must match);
+every rank computes the same split. A step's batch stays assigned to it even if a rank's fetch is
 cancelled or times out: asking again for the same step returns the same part, for as long
 as the step is held (``lease_after`` seconds after its fetch), as TransferQueue's samplers
 cache a step per rank. A rank that asks again (a restart, a second read) counts once: it
@@ -54,10 +54,10 @@ from tensordict import TensorDict
 from torch.utils.data import IterableDataset, get_worker_info
 
 from rayless.actors.api.portal import Portal
-from rayless.store.client import Store
+from rayless.store.client.store import Store
+from rayless.store.controller.samplers import make_sampler
+from rayless.store.data.meta import BatchMeta
 from rayless.store.errors import PartialResultError, StoreInputError
-from rayless.store.meta import BatchMeta
-from rayless.store.samplers import make_sampler
 
 __all__ = ["Batch", "StreamingDataset", "StreamingLoader", "rank_part"]
 

@@ -1,7 +1,8 @@
 """The storage unit's side of the same-host data plane (mixed into :class:`StorageUnit`).
 
-A CPU unit keeps its dense columns in shared memory (:mod:`rayless.store.columns`). A client on
-the same host (:mod:`rayless.store.local`) then moves only control messages over the socket:
+A CPU unit keeps its dense columns in shared memory (:mod:`rayless.store.samehost.columns`). A
+client on the same host (:mod:`rayless.store.samehost.plane`) then moves only control messages
+over the socket:
 
 * put: :meth:`LocalUnit.reserve` checks the dense fields' schemas and the room, grows the
   columns and hands out fresh slots (segment names, slot numbers and the column's writers'
@@ -27,8 +28,7 @@ from typing import Any
 import torch
 
 from rayless.actors import current_caller
-from rayless.store.columns import ShmDense, row_bytes_of
-from rayless.store.columns_cuda import CudaDense, cuda_uuid
+from rayless.store.data.schema import DataUpdate, FieldSchema
 from rayless.store.errors import (
     SchemaError,
     StoreError,
@@ -36,8 +36,9 @@ from rayless.store.errors import (
     StoreInputError,
     WriteTooLargeError,
 )
-from rayless.store.schema import DataUpdate, FieldSchema
-from rayless.store.shard import ShardStorage, _check_indexes, _check_partition, _Rows
+from rayless.store.samehost.columns import ShmDense, row_bytes_of
+from rayless.store.samehost.columns_cuda import CudaDense, cuda_uuid
+from rayless.store.unit.shard import ShardStorage, _check_indexes, _check_partition, _Rows
 from rayless.transport.protocol import host_id
 
 __all__ = ["RESERVATION_TTL", "LocalUnit", "reservation_ttl", "shm_columns_enabled"]

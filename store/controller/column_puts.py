@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from rayless.store.data.schema import DataUpdate
 from rayless.store.errors import StoreInputError
-from rayless.store.schema import DataUpdate
 
 __all__ = ["ColumnPut", "ColumnPuts"]
 

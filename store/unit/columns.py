@@ -3,7 +3,7 @@
 :class:`_Dense` holds a dense field as slots of one preallocated tensor (``index_copy_`` in,
 ``index_select`` out, growth by doubling within a byte budget, freed slots reused). :class:`_Rows`
 holds a nested or non-tensor field as one entry per sample with its size in bytes.
-:class:`~rayless.store.shard.ShardStorage` keeps one of these per partition x field.
+:class:`~rayless.store.unit.shard.ShardStorage` keeps one of these per partition x field.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from rayless.store.schema import Column, FieldSchema, estimate_plain_bytes, tensor_bytes
+from rayless.store.data.schema import Column, FieldSchema, estimate_plain_bytes, tensor_bytes
 
 __all__: list[str] = []
 

@@ -16,8 +16,7 @@ from typing import Any
 
 import torch
 
-from rayless.store.errors import SchemaError
-from rayless.store.schema import (
+from rayless.store.data.schema import (
     FIELD_SEP,
     Column,
     FieldSchema,
@@ -26,6 +25,7 @@ from rayless.store.schema import (
     shapes_from_wire,
     shapes_to_wire,
 )
+from rayless.store.errors import SchemaError
 
 __all__ = ["PACKED", "is_packed", "pack_columns", "unpack_columns"]
 

@@ -1,8 +1,8 @@
 """The client's same-host data plane: puts and gets straight into and out of a unit's segments.
 
 A unit on this host (same :func:`~rayless.transport.protocol.host_id`, the transport's peer
-host check) whose dense columns live in shared memory (:mod:`rayless.store.columns`) is written
-and read without its bytes crossing the socket:
+host check) whose dense columns live in shared memory (:mod:`rayless.store.samehost.columns`) is
+written and read without its bytes crossing the socket:
 
 * put: ``reserve`` (control message) → the client copies each dense field's rows into the
   reserved slots (one copy per byte, in a thread) → ``commit`` carrying the other fields
@@ -16,7 +16,7 @@ and read without its bytes crossing the socket:
 
 A new put reserves its rows while the controller allocates its samples (``reserve_ahead``).
 CUDA units on this host whose GPU this process sees work the same way with their columns
-opened by CUDA IPC and device-to-device copies (:mod:`rayless.store.local_cuda`; no views).
+opened by CUDA IPC and device-to-device copies (:mod:`rayless.store.samehost.plane_cuda`; no views).
 Units on other hosts, CUDA units this process cannot open and ``RAYLESS_STORE_LOCAL=0`` keep
 the socket path; so do gets that meet lost samples or errors (the socket path raises the
 typed errors).
@@ -33,17 +33,17 @@ import torch
 from tensordict import TensorDict
 
 from rayless.actors import ActorDiedError
+from rayless.store.data.meta import BatchMeta
+from rayless.store.data.packed import pack_columns
+from rayless.store.data.rows import target_device
+from rayless.store.data.schema import Column, FieldSchema, assemble, field_key
 from rayless.store.errors import StoreError, StoreInputError, UnitLostError
-from rayless.store.local_cuda import ready_events, run_copies
-from rayless.store.local_maps import LocalMaps, _Mapped
-from rayless.store.meta import BatchMeta
-from rayless.store.packed import pack_columns
-from rayless.store.results import result as _result
-from rayless.store.rows import target_device
-from rayless.store.schema import Column, FieldSchema, assemble, field_key
-from rayless.store.slots import gather_rows as _rows
-from rayless.store.slots import run_of as _run
-from rayless.store.slots import scatter_rows as _scatter
+from rayless.store.samehost.maps import LocalMaps, _Mapped
+from rayless.store.samehost.plane_cuda import ready_events, run_copies
+from rayless.store.samehost.results import result as _result
+from rayless.store.samehost.slots import gather_rows as _rows
+from rayless.store.samehost.slots import run_of as _run
+from rayless.store.samehost.slots import scatter_rows as _scatter
 
 __all__ = ["LocalPlane"]
 
@@ -52,7 +52,8 @@ _RETRIES = 1000
 
 class LocalPlane(LocalMaps):
     """One client's same-host plane: puts into and gets out of local units' columns (the
-    bookkeeping of units, mappings and leases is :class:`~rayless.store.local_maps.LocalMaps`)."""
+    bookkeeping of units, mappings and leases is
+    :class:`~rayless.store.samehost.maps.LocalMaps`)."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -5,9 +5,10 @@ through torch's caching allocator). A client on the same host that sees that GPU
 column once per allocation (:meth:`CudaDense.export` hands out a CUDA IPC share: torch's
 ``reduce_tensor``; the client's ``open_ipc`` caches the mapping) and then moves a put's rows
 into reserved slots, and a get's rows out of their slots, with one device-to-device copy per
-byte; only control messages cross the socket (:mod:`rayless.store.local_cuda`).
+byte; only control messages cross the socket (:mod:`rayless.store.samehost.plane_cuda`).
 
-Readers never see bytes change under them by the lease design of :mod:`rayless.store.columns`,
+Readers never see bytes change under them by the lease design of
+:mod:`rayless.store.samehost.columns`,
 unchanged: copy-on-write slots, quarantine, reclaim only under an exclusive ``flock`` taken
 without waiting, a generation a reader checks under its shared lease. GPU memory cannot be
 ``flock``-ed, so each column has a small *lease segment* in ``/dev/shm`` (a header, no
@@ -28,7 +29,7 @@ from typing import Any
 
 import torch
 
-from rayless.store.columns import ShmDense, forget
+from rayless.store.samehost.columns import ShmDense, forget
 from rayless.store.segments import Segment
 
 __all__ = ["LEASE_BYTES", "CudaDense", "cuda_uuid"]

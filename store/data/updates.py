@@ -3,7 +3,7 @@ on the wire.
 
 :class:`DataUpdate` travels as a plain dict (``to_dict``/``from_dict``); :func:`shapes_to_wire`
 packs per-sample shapes into one flat list when they share a rank (:func:`shapes_from_wire`,
-:func:`known_shapes` rebuild them). :mod:`rayless.store.schema` re-exports everything here.
+:func:`known_shapes` rebuild them). :mod:`rayless.store.data.schema` re-exports everything here.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayless.store.data.fields import FieldSchema
 from rayless.store.errors import StoreInputError
-from rayless.store.fields import FieldSchema
 
 __all__ = ["DataUpdate", "known_shapes", "shapes_from_wire", "shapes_to_wire"]
 
@@ -31,7 +31,9 @@ class DataUpdate:
     indexes: list[int]
     schemas: dict[str, FieldSchema]
     sample_shapes: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
-    put_id: int | None = None  # a column-wise put's id (store.column_puts), None otherwise
+    put_id: int | None = (
+        None  # a column-wise put's id (store.controller.column_puts), None otherwise
+    )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values for the wire."""

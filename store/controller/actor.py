@@ -1,4 +1,4 @@
-"""StoreController: the actor around :class:`~store.controller_state.ControllerState`.
+"""StoreController: the actor around :class:`~store.controller.state.ControllerState`.
 
 Every method is async and runs on the actor's loop, so a ``get_meta`` that waits for data is
 just a coroutine parked on its partition's event: other clients' puts, notifications and
@@ -30,12 +30,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rayless.actors import Actor, ActorDiedError, ActorHandle
-from rayless.store.controller_state import ClearPlan, ControllerState
+from rayless.store.controller.fetches import Fetches, Share, Shares, Waiter, check_timeout
+from rayless.store.controller.state import ClearPlan, ControllerState
+from rayless.store.data.meta import BatchMeta
+from rayless.store.data.schema import DataUpdate, FieldSchema
 from rayless.store.errors import StoreError, StoreInputError, StoreTimeoutError, UnitLostError
-from rayless.store.fetches import Fetches, Share, Shares, Waiter, check_timeout
-from rayless.store.meta import BatchMeta
 from rayless.store.metrics import RateMeter
-from rayless.store.schema import DataUpdate, FieldSchema
 
 __all__ = ["StoreController"]
 
@@ -233,7 +233,7 @@ class StoreController(Actor):
         return self.state.check_put(meta, _schemas(schemas))
 
     async def begin_column_put(self, meta: BatchMeta, schemas: Mapping[str, Any]) -> dict[str, Any]:
-        """:meth:`check_put`, then stage an atomic column-wise put (store.column_puts):
+        """:meth:`check_put`, then stage an atomic column-wise put (store.controller.column_puts):
         ``{"put_id": pass it to the units' writes, "fresh": the rows it adds}``."""
         put_id, fresh = self.state.begin_column_put(meta, _schemas(schemas))
         self._column_started[put_id] = time.monotonic()

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from rayless.store.schema import Column, FieldSchema, assemble, merge_parts
+from rayless.store.data.schema import Column, FieldSchema, assemble, merge_parts
 
 __all__ = ["target_device", "merge", "place", "take"]
 

@@ -1,7 +1,7 @@
-"""The client's CUDA side of the same-host data plane (used by :mod:`rayless.store.local`).
+"""The client's CUDA side of the same-host data plane (used by :mod:`rayless.store.samehost.plane`).
 
-A CUDA unit exports each dense column by CUDA IPC (:mod:`rayless.store.columns_cuda`); a client
-that sees the unit's GPU opens the share once per column allocation and keeps it mapped (the
+A CUDA unit exports each dense column by CUDA IPC (:mod:`rayless.store.samehost.columns_cuda`); a
+client that sees the unit's GPU opens the share once per column allocation and keeps it mapped (the
 mapping is given back when the column moves on or the client closes). Copies between the
 client's tensors and the unit's slots are one device-to-device copy per byte, issued in a
 worker thread after the caller's streams reached the point where the copy was asked for, and

@@ -32,6 +32,15 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from rayless.store.data.packed import is_packed, unpack_columns
+from rayless.store.data.schema import (
+    Column,
+    DataUpdate,
+    FieldSchema,
+    assemble,
+    split_columns,
+    tensor_bytes,
+)
 from rayless.store.errors import (
     SchemaError,
     StoreFullError,
@@ -41,20 +50,11 @@ from rayless.store.errors import (
     UnknownPartitionError,
     WriteTooLargeError,
 )
-from rayless.store.packed import is_packed, unpack_columns
-from rayless.store.schema import (
-    Column,
-    DataUpdate,
-    FieldSchema,
-    assemble,
-    split_columns,
-    tensor_bytes,
-)
-from rayless.store.shard_columns import _close, _Col, _Dense, _row_sizes, _Rows
+from rayless.store.unit.columns import _close, _Col, _Dense, _row_sizes, _Rows
 
 __all__ = ["KV_PARTITION", "ShardStorage", "kv_shard_of"]
 
-# _Dense and _Rows live in store/shard_columns.py; unit.py, unit_local.py and columns.py import
+# _Dense and _Rows live in store/unit/columns.py; unit.py, unit_local.py and columns.py import
 # them from here.
 
 KV_PARTITION = "\x00kv"
@@ -103,7 +103,7 @@ class ShardStorage:
         self.unit_id = unit_id
         self.device = torch.device(device)
         self.capacity_bytes = capacity_bytes
-        self.dense_type = dense_type  # store.columns.ShmDense: columns in shared memory
+        self.dense_type = dense_type  # store.samehost.columns.ShmDense: columns in shared memory
         self._parts: dict[str, dict[str, _Col]] = {}
         self._kv_rows: dict[str, int] = {}
         self._kv_free: list[int] = []

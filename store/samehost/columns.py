@@ -2,8 +2,8 @@
 
 A CPU storage unit keeps each dense column's tensor in one :class:`~rayless.store.segments.Segment`
 (``/dev/shm/rayless-<pid>-<serial>-<hex>``: the agent's sweep removes it after kill -9, the
-unit unlinks it at exit). Same-host clients map it (:mod:`rayless.store.local`): a put's rows
-are copied by the client straight into slots the unit reserved for them, a get's rows are
+unit unlinks it at exit). Same-host clients map it (:mod:`rayless.store.samehost.plane`): a put's
+rows are copied by the client straight into slots the unit reserved for them, a get's rows are
 copied straight out of their slots.
 
 Readers never see bytes change under them (the lease design):
@@ -43,9 +43,9 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from rayless.store import segments
-from rayless.store.schema import FieldSchema
+from rayless.store.data.schema import FieldSchema
 from rayless.store.segments import HEADER, Segment
-from rayless.store.shard import _Dense
+from rayless.store.unit.shard import _Dense
 
 __all__ = ["POOL_MAX_BYTES", "ShmDense", "drain_pool", "forget", "row_bytes_of", "tensor_on"]
 

@@ -9,11 +9,11 @@ import torch
 from tensordict import TensorDict
 
 from rayless.actors import ActorDiedError
+from rayless.store.data.fields import FieldSchema
+from rayless.store.data.meta import BatchMeta
+from rayless.store.data.rows import merge, place
+from rayless.store.data.schema import assemble
 from rayless.store.errors import PartialResultError, UnitLostError
-from rayless.store.fields import FieldSchema
-from rayless.store.meta import BatchMeta
-from rayless.store.rows import merge, place
-from rayless.store.schema import assemble
 
 __all__ = ["empty_batch", "partial_result"]
 

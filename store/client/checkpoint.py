@@ -41,17 +41,17 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from rayless.actors import ActorDiedError
+from rayless.store.data.meta import BatchMeta
+from rayless.store.data.schema import estimate_plain_bytes, split_columns, tensor_bytes
 from rayless.store.errors import (
     CheckpointError,
     CheckpointNotFoundError,
     StoreError,
     StoreInputError,
 )
-from rayless.store.meta import BatchMeta
-from rayless.store.schema import estimate_plain_bytes, split_columns, tensor_bytes
 
 if TYPE_CHECKING:
-    from rayless.store.client import Store
+    from rayless.store.client.store import Store
 
 __all__ = ["FORMAT", "CheckpointError", "Restored", "load", "save"]
 

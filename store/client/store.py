@@ -15,8 +15,8 @@ anyway, and die with it); a connected client's ``aclose()`` only detaches. ``shu
 the explicit form: kill the store now, raising StoreError for a client that does not own it.
 
 A put splits the TensorDict per storage unit (one frame per tensor per unit) and writes all
-units in parallel (same-host units through :class:`~rayless.store.local.LocalPlane`, with their
-rows reserved while the controller allocates the samples); each unit ACKs only after the
+units in parallel (same-host units through :class:`~rayless.store.samehost.plane.LocalPlane`, with
+their rows reserved while the controller allocates the samples); each unit ACKs only after the
 controller recorded its data. ``get_meta`` asks the controller for a BatchMeta (waiting fetches,
 samplers). A get reads only the units holding the meta's samples, in parallel, while the
 controller checks the meta, then merges in order and moves the fields to their device. A dead
@@ -56,7 +56,13 @@ from tensordict import TensorDict, TensorDictBase
 from rayless.actors import ActorDiedError, ActorHandle, Cluster, connect
 from rayless.actors.api.components import spawn_all
 from rayless.actors.api.lifecycle import opener
-from rayless.store.controller import StoreController
+from rayless.store.controller.actor import StoreController
+from rayless.store.controller.fetches import check_timeout
+from rayless.store.data.meta import BatchMeta
+from rayless.store.data.packed import pack_columns
+from rayless.store.data.partial import partial_result
+from rayless.store.data.rows import merge, place, take
+from rayless.store.data.schema import Column, merge_parts, split_columns
 from rayless.store.errors import (
     ForeignMetaError,
     StoreError,
@@ -65,21 +71,15 @@ from rayless.store.errors import (
     UnknownFieldError,
     UnknownPartitionError,
 )
-from rayless.store.fetches import check_timeout
-from rayless.store.local import LocalPlane
-from rayless.store.meta import BatchMeta
 from rayless.store.metrics import collect
-from rayless.store.packed import pack_columns
-from rayless.store.partial import partial_result
-from rayless.store.rows import merge, place, take
-from rayless.store.schema import Column, merge_parts, split_columns
-from rayless.store.shard import kv_shard_of
-from rayless.store.unit import StorageUnit
-from rayless.store.unit_local import reservation_ttl as _reservation_ttl
+from rayless.store.samehost.plane import LocalPlane
+from rayless.store.samehost.unit import reservation_ttl as _reservation_ttl
+from rayless.store.unit.actor import StorageUnit
+from rayless.store.unit.shard import kv_shard_of
 from rayless.transport.errors import ClosedError, RaylessError
 
 if TYPE_CHECKING:
-    from rayless.store.checkpoint import Restored
+    from rayless.store.client.checkpoint import Restored
 
 __all__ = ["DEFAULT_NAME", "PUT_TIMEOUT", "KVBatchMeta", "Store"]
 
@@ -352,8 +352,8 @@ class Store:
         """Save every partition (data, keys, groups, tags, production and consumption
         status) and ``metadata`` (a JSON object) to ``directory``; returns the manifest.
         Raises StoreInputError (non-empty directory, metadata not JSON). See
-        :mod:`rayless.store.checkpoint`."""
-        from rayless.store.checkpoint import save
+        :mod:`rayless.store.client.checkpoint`."""
+        from rayless.store.client.checkpoint import save
 
         return await save(self, Path(directory), metadata)
 
@@ -363,7 +363,7 @@ class Store:
         (also a FileNotFoundError: no checkpoint there), CheckpointError (a
         StoreInputError: bad manifest, missing file, partition exists, no room; nothing
         written); a load failing part-way is undone."""
-        from rayless.store.checkpoint import load
+        from rayless.store.client.checkpoint import load
 
         return await load(self, Path(directory))
 
@@ -623,7 +623,8 @@ class Store:
         """The data of ``meta``'s samples (``fields``: a subset) as one TensorDict.
 
         From units on this host the bytes are copied once, out of their shared memory;
-        ``zero_copy=True`` returns views of it where it can (see :mod:`rayless.store.local`).
+        ``zero_copy=True`` returns views of it where it can (see
+        :mod:`rayless.store.samehost.plane`).
 
         Same keys, dtypes, shapes, nesting as put; each field on its put-time device where this
         process has it (else the CPU), or on ``device``. Raises ForeignMetaError, StaleMetaError,

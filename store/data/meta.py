@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rayless.store.data.schema import FieldSchema, check_plain, shapes_from_wire, shapes_to_wire
 from rayless.store.errors import ForeignMetaError, StoreInputError, UnknownFieldError
-from rayless.store.schema import FieldSchema, check_plain, shapes_from_wire, shapes_to_wire
 
 __all__ = ["BatchMeta"]
 

@@ -4,7 +4,7 @@
 keeps their column segments mapped (at most ``_MAX_OPEN`` unleased ones), takes and releases
 shared leases on them (a segment's generation checked), opens CUDA columns from their IPC shares
 and builds the column tensors (or zero-copy views that hold a lease of their own) that
-:class:`~rayless.store.local.LocalPlane`'s puts and gets copy into and out of.
+:class:`~rayless.store.samehost.plane.LocalPlane`'s puts and gets copy into and out of.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from rayless.actors import ActorDiedError
-from rayless.store.columns import forget, tensor_on
-from rayless.store.local_cuda import open_column, visible_device
-from rayless.store.schema import Column, FieldSchema
+from rayless.store.data.schema import Column, FieldSchema
+from rayless.store.samehost.columns import forget, tensor_on
+from rayless.store.samehost.plane_cuda import open_column, visible_device
 from rayless.store.segments import HEADER, Segment, Superseded
 from rayless.transport.protocol import host_id
 

@@ -13,8 +13,8 @@ for ``td["obs", "image"]``). Each field has one of four kinds:
   value per sample, as in TransferQueue; any other ``NonTensorData`` is the same value for
   every sample.
 
-:class:`FieldSchema` (in :mod:`rayless.store.fields`) travels as a plain dict (``to_dict``/
-``from_dict``); :class:`DataUpdate` (in :mod:`rayless.store.updates`) is the notification a
+:class:`FieldSchema` (in :mod:`rayless.store.data.fields`) travels as a plain dict (``to_dict``/
+``from_dict``); :class:`DataUpdate` (in :mod:`rayless.store.data.updates`) is the notification a
 storage unit sends the controller after a write. This module re-exports both.
 """
 
@@ -32,8 +32,7 @@ import tensordict
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
-from rayless.store.errors import SchemaError, StoreInputError
-from rayless.store.fields import (
+from rayless.store.data.fields import (
     FIELD_SEP,
     KINDS,
     STORABLE_DTYPES,
@@ -43,7 +42,8 @@ from rayless.store.fields import (
     dtype_name,
     field_key,
 )
-from rayless.store.updates import DataUpdate, known_shapes, shapes_from_wire, shapes_to_wire
+from rayless.store.data.updates import DataUpdate, known_shapes, shapes_from_wire, shapes_to_wire
+from rayless.store.errors import SchemaError, StoreInputError
 
 __all__ = [
     "FIELD_SEP",
@@ -65,8 +65,8 @@ __all__ = [
     "split_columns",
     "tensor_bytes",
 ]
-# FieldSchema, the dtypes and field names live in store/fields.py; DataUpdate and the wire form
-# of per-sample shapes in store/updates.py. Both are re-exported here (and _storable, private,
+# FieldSchema, the dtypes and field names live in store/data/fields.py; DataUpdate and the wire form
+# of per-sample shapes in store/data/updates.py. Both are re-exported here (and _storable, private,
 # is imported from here by packed.py and the tests).
 
 _PLAIN_SCALARS = (str, bytes, int, float, bool, type(None))
