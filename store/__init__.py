@@ -10,7 +10,6 @@ from rayless.store.errors import (
     CheckpointNotFoundError,
     ForeignMetaError,
     PartialResultError,
-    PublisherLostError,
     SchemaError,
     StaleMetaError,
     StoreError,
@@ -21,10 +20,6 @@ from rayless.store.errors import (
     UnknownFieldError,
     UnknownKeyError,
     UnknownPartitionError,
-    WeightMismatchError,
-    WeightSyncError,
-    WeightTimeoutError,
-    WeightVersionError,
     WriteTooLargeError,
 )
 
@@ -42,8 +37,6 @@ if TYPE_CHECKING:
     )
     from rayless.store.data.meta import BatchMeta
     from rayless.store.data.schema import FieldSchema
-    from rayless.store.weights import WeightSync
-    from rayless.store.weights_sync import SyncWeightSync
 
 # The rest loads on first use, so that ``rayless.store.errors`` (and ``rayless.errors``) stay
 # light: the store's client imports torch and tensordict.
@@ -60,8 +53,6 @@ _LAZY = {
     "make_sampler": "rayless.store.controller.samplers",
     "FieldSchema": "rayless.store.data.schema",
     "SyncStore": "rayless.store.client.sync",
-    "WeightSync": "rayless.store.weights",
-    "SyncWeightSync": "rayless.store.weights_sync",
 }
 
 
@@ -87,7 +78,6 @@ __all__ = [
     "ForeignMetaError",
     "GroupedSampler",
     "PartialResultError",
-    "PublisherLostError",
     "RandomSampler",
     "SchemaError",
     "SeqlenBalancedSampler",
@@ -101,16 +91,10 @@ __all__ = [
     "StreamingDataset",
     "StreamingLoader",
     "SyncStore",
-    "SyncWeightSync",
     "UnitLostError",
     "UnknownFieldError",
     "UnknownKeyError",
     "UnknownPartitionError",
-    "WeightMismatchError",
-    "WeightSync",
-    "WeightSyncError",
-    "WeightTimeoutError",
-    "WeightVersionError",
     "WriteTooLargeError",
     "make_sampler",
     "samplers",

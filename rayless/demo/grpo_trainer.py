@@ -94,8 +94,9 @@ class GrpoTrainWorker(Actor):
         return backend
 
     async def setup(self) -> None:
-        from rayless.store import Store, WeightSync
+        from rayless.store import Store
         from rayless.store.client.loader import StreamingLoader
+        from rayless.weights import WeightSync
 
         self.store = await Store.connect(self.store_name)
         a = self.algo

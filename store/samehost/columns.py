@@ -1,6 +1,7 @@
 """Dense columns in shared memory: what same-host clients write into and read from directly.
 
-A CPU storage unit keeps each dense column's tensor in one :class:`~rayless.store.segments.Segment`
+A CPU storage unit keeps each dense column's tensor in one
+:class:`~rayless.transport.segments.Segment`
 (``/dev/shm/rayless-<pid>-<serial>-<hex>``: the agent's sweep removes it after kill -9, the
 unit unlinks it at exit). Same-host clients map it (:mod:`rayless.store.samehost.plane`): a put's
 rows are copied by the client straight into slots the unit reserved for them, a get's rows are
@@ -42,10 +43,10 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from rayless.store import segments
 from rayless.store.data.schema import FieldSchema
-from rayless.store.segments import HEADER, Segment
 from rayless.store.unit.shard import _Dense
+from rayless.transport import segments
+from rayless.transport.segments import HEADER, Segment
 
 __all__ = ["POOL_MAX_BYTES", "ShmDense", "drain_pool", "forget", "row_bytes_of", "tensor_on"]
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from rayless.store.samehost.columns import ShmDense, forget
-from rayless.store.segments import Segment
+from rayless.transport.segments import Segment
 
 __all__ = ["LEASE_BYTES", "CudaDense", "cuda_uuid"]
 

@@ -22,8 +22,8 @@ from rayless.actors import ActorDiedError
 from rayless.store.data.schema import Column, FieldSchema
 from rayless.store.samehost.columns import forget, tensor_on
 from rayless.store.samehost.plane_cuda import open_column, visible_device
-from rayless.store.segments import HEADER, Segment, Superseded
 from rayless.transport.protocol import host_id
+from rayless.transport.segments import HEADER, Segment, Superseded
 
 __all__ = ["LocalMaps"]
 

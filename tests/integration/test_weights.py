@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from rayless.actors import Cluster
-from rayless.store import (
+from rayless.store import segments
+from rayless.transport import shm
+from rayless.weights import (
     PublisherLostError,
     WeightMismatchError,
     WeightSync,
     WeightTimeoutError,
     WeightVersionError,
-    segments,
 )
-from rayless.transport import shm
 from tests.chaos.scenarios import until
 from tests.integration.weights_classes import DistMember, Publisher, Subscriber, state
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from rayless.actors import Actor
-from rayless.store import SyncWeightSync, WeightSync
+from rayless.weights import SyncWeightSync, WeightSync
 
 SHAPES = {"layer.weight": (64, 32), "layer.bias": (64,), "head.weight": (8, 64), "steps": ()}
 

@@ -1,4 +1,4 @@
-"""SyncWeightSync: the blocking face of :class:`~rayless.store.weights.WeightSync`.
+"""SyncWeightSync: the blocking face of :class:`~rayless.weights.client.WeightSync`.
 
 Like ``SyncStore``, it runs every call on the actors layer's one sync mechanism (a
 ``SyncCluster``'s portal, or the process's home loop inside an actor)::
@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from rayless.actors import Cluster
 from rayless.actors.api.portal import run_sync
 from rayless.actors.api.sync import SyncCluster
-from rayless.store.weights import WeightSync
+from rayless.weights.client import WeightSync
 
 __all__ = ["SyncWeightSync"]
 

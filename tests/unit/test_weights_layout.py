@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rayless.store.errors import WeightMismatchError
-from rayless.store.weights_layout import (
+from rayless.weights.errors import WeightMismatchError
+from rayless.weights.layout import (
     bucket_sizes,
     check,
     make_layout,

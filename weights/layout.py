@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from rayless.store.errors import WeightMismatchError
+from rayless.weights.errors import WeightMismatchError
 
 __all__ = ["bucket_sizes", "make_layout", "read_into", "targets_of", "write_from"]
 

@@ -22,16 +22,16 @@ from typing import Any
 import torch
 
 from rayless.actors import Actor, ActorHandle
-from rayless.store import segments
-from rayless.store.errors import (
+from rayless.transport import segments
+from rayless.transport.protocol import host_id
+from rayless.transport.shm import pid_alive
+from rayless.weights.errors import (
     PublisherLostError,
-    StoreInputError,
+    WeightInputError,
     WeightSyncError,
     WeightTimeoutError,
     WeightVersionError,
 )
-from rayless.transport.protocol import host_id
-from rayless.transport.shm import pid_alive
 
 __all__ = ["WeightRegistry", "WeightRelay", "location"]
 
@@ -90,14 +90,14 @@ class WeightRegistry(Actor):
         (location, relay) pairs to feed. A version is complete once every shard announced it.
 
         Raises WeightVersionError unless ``version`` is above every complete version and every
-        version this shard began; StoreInputError for a bad shard.
+        version this shard began; WeightInputError for a bad shard.
         """
         if not isinstance(version, int) or isinstance(version, bool) or version <= self.latest:
             raise WeightVersionError(
                 f"version {version!r} is not above the newest published version {self.latest}"
             )
         if not (isinstance(num_shards, int) and num_shards >= 1 and 0 <= shard < num_shards):
-            raise StoreInputError(f"bad shard {shard!r} of {num_shards!r}")
+            raise WeightInputError(f"bad shard {shard!r} of {num_shards!r}")
         if version <= self.begun.get(shard, -1):
             raise WeightVersionError(
                 f"shard {shard} already published version {self.begun[shard]} (not below it)"

@@ -9,7 +9,7 @@
 session). Paths, chosen per pair (docs/weights.md):
 
 * same host, CPU: the publisher writes each version once into a shared-memory segment
-  (``rayless.store.segments``: double buffered with leases); each subscriber copies straight
+  (``rayless.transport.segments``: double buffered with leases); each subscriber copies straight
   from it into its tensors: one memcpy per subscriber, no socket transfer.
 * same host, CUDA (every published tensor on CUDA and ``cuda_ipc``): flattened buckets of
   ``bucket_bytes`` on the publisher's GPU, shared by CUDA IPC; one device-to-device copy per
@@ -17,7 +17,7 @@ session). Paths, chosen per pair (docs/weights.md):
 * other hosts: one transfer per host, in 64 MiB pieces (two in flight), to that host's relay,
   which serves the host's subscribers by the same-host CPU path.
 * ``group=`` (a torch.distributed group between trainer and rollout workers): the buckets are
-  broadcast over it (gloo: CPU, NCCL: GPU); a collective, see ``rayless.store.weights_dist``.
+  broadcast over it (gloo: CPU, NCCL: GPU); a collective, see ``rayless.weights.dist``.
 
 Semantics: versions are monotonic (WeightVersionError otherwise); a pull never sees a
 half-written version and a slow subscriber skips to the newest; dtypes are converted on the
@@ -40,9 +40,11 @@ import torch
 from rayless.actors import ActorHandle, Cluster, connect
 from rayless.actors.api.components import spawn_all
 from rayless.actors.api.lifecycle import opener
-from rayless.store import segments
-from rayless.store.errors import WeightSyncError
-from rayless.store.weights_layout import (
+from rayless.transport import segments
+from rayless.transport.errors import ClosedError, ProtocolError, RaylessError
+from rayless.transport.protocol import host_id
+from rayless.weights.errors import WeightSyncError
+from rayless.weights.layout import (
     Layout,
     bucket_sizes,
     check,
@@ -52,9 +54,7 @@ from rayless.store.weights_layout import (
     tensors_of,
     write_from,
 )
-from rayless.store.weights_service import WeightRegistry, WeightRelay, location
-from rayless.transport.errors import ClosedError, ProtocolError, RaylessError
-from rayless.transport.protocol import host_id
+from rayless.weights.service import WeightRegistry, WeightRelay, location
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "WeightSync"]
 
@@ -230,7 +230,7 @@ class WeightSync:
         instead, and only that group's members get it (each calls ``pull(group=...)``).
 
         Raises WeightVersionError unless ``version`` is above every version published (and
-        every version this shard published), StoreInputError for a bad shard, OSError when
+        every version this shard published), WeightInputError for a bad shard, OSError when
         shared memory is exhausted, ClosedError once closed.
         """
         self._check_open()
@@ -267,7 +267,7 @@ class WeightSync:
     ) -> None:
         import torch.distributed as dist
 
-        from rayless.store import weights_dist
+        from rayless.weights import dist as weights_dist
 
         rank = dist.get_rank() if src is None else src
         await asyncio.to_thread(weights_dist.send, tensors, layout, version, rank, group)
@@ -401,7 +401,7 @@ class WeightSync:
         group: Any,
         src: int,
     ) -> int:
-        from rayless.store import weights_dist
+        from rayless.weights import dist as weights_dist
 
         async with self._pulling:
             t0 = time.perf_counter()

@@ -3,7 +3,7 @@
 The transport's segments (``rayless.transport.shm``) carry one message and die when read. The
 segments here live on: a writer fills one, *commits* it with a version, and any number of
 readers on the host copy out of it, many times; the writer then rewrites it for a later
-version. Weight sync (``rayless.store.weights``) uses them, and any storage unit can (a column
+version. Weight sync (``rayless.weights.client``) uses them, and any storage unit can (a column
 that readers map instead of receiving it over the socket).
 
 API (all of it synchronous; run big copies in a thread):
@@ -38,7 +38,6 @@ import mmap
 import os
 import stat
 import struct
-import threading
 from collections.abc import Iterator
 
 from rayless.transport import shm as _tshm
@@ -52,7 +51,6 @@ _HDR = struct.Struct("<8sqq")  # magic, committed version (-1: being written), p
 _FENCE_AT = _HDR.size  # then the writers' fence (see ``Segment.fence``)
 _UNCOMMITTED = -1
 _OWNED: set[str] = set()  # segments this process created and has not unlinked yet
-_GUARD = threading.Lock()
 
 
 class Superseded(Exception):
@@ -116,11 +114,8 @@ class Segment:
 
         Raises OSError when ``/dev/shm`` cannot hold it (ENOSPC, no shared memory).
         """
-        with _GUARD:
-            _tshm._State.serial += 1
-            serial = _tshm._State.serial
-        name = f"rayless-{os.getpid()}-{serial}-{os.urandom(4).hex()}"
-        fd = os.open(_path(name), _tshm._CREATE, 0o600)
+        name = _tshm.new_name()
+        fd = os.open(_path(name), _tshm.CREATE_FLAGS, 0o600)
         _OWNED.add(name)
         try:
             size = HEADER + max(1, payload_bytes)
@@ -145,7 +140,7 @@ class Segment:
         if type(name) is not str or not _tshm.NAME.fullmatch(name):
             raise ProtocolError(f"bad shared memory segment name {name!r}")
         try:
-            fd = os.open(_path(name), _tshm._OPEN)
+            fd = os.open(_path(name), _tshm.OPEN_FLAGS)
         except FileNotFoundError:
             raise Superseded(f"segment {name} is gone") from None
         except OSError as exc:

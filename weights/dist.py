@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 import torch
 
-from rayless.store.weights_layout import Layout, bucket_sizes, write_from
+from rayless.weights.layout import Layout, bucket_sizes, write_from
 
 __all__ = ["receive", "send"]
 
