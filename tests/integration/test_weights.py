@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rayless.actors import Cluster
-from rayless.store import segments
+from rayless.transport import segments
 from rayless.transport import shm
 from rayless.weights import (
     PublisherLostError,
