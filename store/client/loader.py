@@ -57,6 +57,7 @@ from rayless.actors.api.portal import Portal
 from rayless.store.client.store import Store
 from rayless.store.controller.samplers import make_sampler
 from rayless.store.data.meta import BatchMeta
+from rayless.store.data.requests import FetchRequest
 from rayless.store.errors import PartialResultError, StoreInputError
 
 __all__ = ["Batch", "StreamingDataset", "StreamingLoader", "rank_part"]
@@ -170,17 +171,17 @@ class StreamingLoader:
         fetch_id = uuid.uuid4().hex
         controller = self.store.controller
         try:
-            whole: BatchMeta = await controller.get_meta(
+            request = FetchRequest(
                 self.partition,
-                self.fields,
+                tuple(self.fields),
                 self.batch_size * self.dp_size,
                 self.task,
                 "fetch",
                 self._spec,
                 self.timeout,
-                fetch_id,
-                [f"{self.task}#{step}", self.dp_size * self.replicas],
             )
+            share = [f"{self.task}#{step}", self.dp_size * self.replicas]
+            whole: BatchMeta = await controller.get_meta(request, fetch_id, share)
         except asyncio.CancelledError:
             self.store._note(controller.cancel_fetch(fetch_id))
             raise

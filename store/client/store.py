@@ -61,6 +61,7 @@ from rayless.store.controller.fetches import check_timeout
 from rayless.store.data.meta import BatchMeta
 from rayless.store.data.packed import pack_columns
 from rayless.store.data.partial import partial_result
+from rayless.store.data.requests import FetchRequest, PutOptions
 from rayless.store.data.rows import merge, place, take
 from rayless.store.data.schema import Column, merge_parts, split_columns
 from rayless.store.errors import (
@@ -436,6 +437,7 @@ class Store:
         n = int(td.batch_size[0])
         schemas = {name: col.schema for name, col in columns.items()}
         wire = {name: s.to_dict() for name, s in schemas.items()}
+        options = PutOptions.of(env_ids, group_ids, custom_meta, keys, group_size)
         new = meta is None
         fresh: dict[str, Any] = {}
         put_id: int | None = None
@@ -443,25 +445,16 @@ class Store:
         if meta is None:
             if partition is None:
                 raise StoreInputError("put needs a partition (or the meta of existing samples)")
-            if env_ids is None and isinstance(partition, str):
+            if options.env_ids is None and isinstance(partition, str):
                 ahead = await self._reserve_ahead(partition, n, columns, wire, timeout)
             try:
-                meta = await self.controller.allocate(
-                    partition,
-                    n,
-                    wire,
-                    None if env_ids is None else list(env_ids),
-                    None if group_ids is None else list(group_ids),
-                    None if custom_meta is None else [dict(c) for c in custom_meta],
-                    None if keys is None else list(keys),
-                    group_size,
-                )
+                meta = await self.controller.allocate(partition, n, wire, options)
             except BaseException:
                 for shard, (_, reserved) in ahead.items():
                     self._plane.drop_later(self.units[shard]["handle"], reserved)
                 raise
         else:
-            if keys is not None or group_size is not None or group_ids is not None:
+            if options.for_new_samples:
                 raise StoreInputError("keys/group_ids/group_size apply to new samples only")
             meta = self._check_meta(meta)
             if meta.size != n:
@@ -570,30 +563,14 @@ class Store:
         drops it, or hands its batch back if it was already served.
         """
         check_timeout(timeout)
+        request = FetchRequest(
+            partition, tuple(fields), batch_size, task, mode, _sampler_spec(sampler), timeout
+        )
         if share is not None:
-            return await self.controller.get_meta(
-                partition,
-                list(fields),
-                batch_size,
-                task,
-                mode,
-                _sampler_spec(sampler),
-                timeout,
-                None,
-                list(share),
-            )
+            return await self.controller.get_meta(request, None, list(share))
         fetch_id = uuid.uuid4().hex
         try:
-            meta: BatchMeta = await self.controller.get_meta(
-                partition,
-                list(fields),
-                batch_size,
-                task,
-                mode,
-                _sampler_spec(sampler),
-                timeout,
-                fetch_id,
-            )
+            meta: BatchMeta = await self.controller.get_meta(request, fetch_id)
         except asyncio.CancelledError:
             self._note(self._controller.cancel_fetch(fetch_id))
             raise

@@ -33,6 +33,7 @@ from rayless.actors import Actor, ActorDiedError, ActorHandle
 from rayless.store.controller.fetches import Fetches, Share, Shares, Waiter, check_timeout
 from rayless.store.controller.state import ClearPlan, ControllerState
 from rayless.store.data.meta import BatchMeta
+from rayless.store.data.requests import FetchRequest, PutOptions
 from rayless.store.data.schema import DataUpdate, FieldSchema
 from rayless.store.errors import StoreError, StoreInputError, StoreTimeoutError, UnitLostError
 from rayless.store.metrics import RateMeter
@@ -188,21 +189,23 @@ class StoreController(Actor):
         partition: str,
         n: int,
         schemas: Mapping[str, Any] | None = None,
-        env_ids: Sequence[str] | None = None,
-        group_ids: Sequence[Any] | None = None,
-        custom_meta: Sequence[Mapping[str, Any]] | None = None,
-        keys: Sequence[str] | None = None,
-        group_size: int | None = None,
+        options: PutOptions | None = None,
     ) -> BatchMeta:
-        """Allocate ``n`` samples for a put of fields ``schemas``; see ControllerState.allocate.
+        """Allocate ``n`` samples for a put of fields ``schemas`` with ``options``; see
+        ControllerState.allocate. Raises its errors, StoreInputError for options that are not
+        PutOptions.
 
         Without ``env_ids`` each live unit gets one contiguous block of the batch. The put is
         atomic: its samples become ready together once every unit wrote its part (a put torn
         by a producer's death never shows, and is reclaimed like an unwritten allocation).
         """
-        groups = None if group_ids is None else [_hashable(g) for g in group_ids]
+        if options is None:
+            options = PutOptions()
+        if not isinstance(options, PutOptions):
+            raise StoreInputError(f"allocate needs PutOptions, got {type(options).__name__}")
+        groups = None if options.group_ids is None else [_hashable(g) for g in options.group_ids]
         shards = None
-        if env_ids is None and isinstance(n, int) and n > 0:
+        if options.env_ids is None and isinstance(n, int) and n > 0:
             alive = [u.shard for u in self.state.units() if u.alive]
             if alive:  # one contiguous block per unit: each unit's rows go as one frame
                 m = len(alive)  # unit k gets positions ceil(k n / m) .. ceil((k+1) n / m) - 1
@@ -212,14 +215,14 @@ class StoreController(Actor):
         meta = self.state.allocate(
             partition,
             n,
-            env_ids=env_ids,
+            env_ids=options.env_ids,
             group_ids=groups,
-            custom_meta=custom_meta,
+            custom_meta=options.custom_meta,
             schemas=_schemas(schemas),
             placement=shards,
             atomic=True,
-            keys=None if keys is None else list(keys),
-            group_size=group_size,
+            keys=options.keys,
+            group_size=options.group_size,
         )
         entry = (partition, meta.generations[0] if n else 0, time.monotonic())
         self._unwritten.update(dict.fromkeys(meta.global_indexes, entry))  # one serial
@@ -291,17 +294,12 @@ class StoreController(Actor):
 
     async def get_meta(
         self,
-        partition: str,
-        fields: Sequence[str],
-        batch_size: int | None = None,
-        task: str = "default",
-        mode: str = "fetch",
-        sampler: Any = None,
-        timeout: float | None = None,
+        request: FetchRequest,
         fetch_id: str | None = None,
         share: Sequence[Any] | None = None,
     ) -> BatchMeta:
-        """A batch of ready samples (see ControllerState.try_fetch), waiting up to ``timeout``.
+        """A batch of ready samples (see ControllerState.try_fetch), waiting up to the
+        request's ``timeout``.
 
         ``timeout`` None waits as long as it takes, 0 does not wait. Raises StoreTimeoutError
         when the batch is not ready in time, UnitLostError (naming the unit) when a unit that
@@ -320,35 +318,30 @@ class StoreController(Actor):
         back to the task (a consumer died). Then the key is forgotten. A call without
         ``fetch_id`` counts as an ack of the whole batch when it is answered.
         """
-        check_timeout(timeout)
+        if not isinstance(request, FetchRequest):
+            raise StoreInputError(f"get_meta needs a FetchRequest, got {type(request).__name__}")
+        check_timeout(request.timeout)
         if share is not None:
-            return await self._shared_fetch(
-                partition, fields, batch_size, task, mode, sampler, timeout, share, fetch_id
-            )
-        waiter = self.fetches.wait(fetch_id, partition, list(fields), batch_size, task)
+            return await self._shared_fetch(request, share, fetch_id)
+        waiter = self.fetches.wait(fetch_id, request)
         try:
-            meta = await self._fetch(
-                partition, fields, batch_size, task, mode, sampler, timeout, waiter
-            )
+            meta = await self._fetch(request, waiter)
         finally:
             self.fetches.done(waiter)
-        if mode == "fetch" and meta.size:
+        if request.mode == "fetch" and meta.size:
             self._served.add(meta.size)
             if fetch_id is not None:
-                self.fetches.lease(fetch_id, task, partition, meta.global_indexes)
+                self.fetches.lease(fetch_id, request.task, request.partition, meta.global_indexes)
         return meta
 
-    async def _fetch(
-        self,
-        partition: str,
-        fields: Sequence[str],
-        batch_size: int | None,
-        task: str,
-        mode: str,
-        sampler: Any,
-        timeout: float | None,
-        waiter: Waiter,
-    ) -> BatchMeta:
+    async def _fetch(self, request: FetchRequest, waiter: Waiter) -> BatchMeta:
+        partition, fields, batch_size, task = (
+            request.partition,
+            request.fields,
+            request.batch_size,
+            request.task,
+        )
+        timeout = request.timeout
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         losses = self.state.loss_count(partition) if isinstance(partition, str) else 0
@@ -357,7 +350,7 @@ class StoreController(Actor):
             if waiter.cancelled:
                 raise StoreTimeoutError(f"the fetch {waiter.fetch_id} was cancelled by its caller")
             meta = self.state.try_fetch(
-                partition, fields, batch_size, task=task, sampler=sampler, mode=mode
+                partition, fields, batch_size, task=task, sampler=request.sampler, mode=request.mode
             )
             if meta is not None:
                 return meta
@@ -389,16 +382,7 @@ class StoreController(Actor):
                 self._waiting -= 1
 
     async def _shared_fetch(
-        self,
-        partition: str,
-        fields: Sequence[str],
-        batch_size: int | None,
-        task: str,
-        mode: str,
-        sampler: Any,
-        timeout: float | None,
-        share: Sequence[Any],
-        fetch_id: str | None,
+        self, request: FetchRequest, share: Sequence[Any], fetch_id: str | None
     ) -> BatchMeta:
         if (
             len(share) != 2
@@ -410,19 +394,18 @@ class StoreController(Actor):
             raise StoreInputError(f"share must be (key: str, consumers: int >= 1), got {share!r}")
         if fetch_id is not None and (not isinstance(fetch_id, str) or not fetch_id):
             raise StoreInputError(f"fetch_id must be a non-empty str, got {fetch_id!r}")
-        key = (partition, task, share[0])
+        key = (request.partition, request.task, share[0])
+        fetching = request.mode == "fetch"
         entry = self.shares.get(key)
         if entry is None:
-            waiter = self.fetches.wait(None, partition, list(fields), batch_size, task)
+            waiter = self.fetches.wait(None, request)
 
             async def run() -> BatchMeta:
                 try:
-                    got = await self._fetch(
-                        partition, fields, batch_size, task, mode, sampler, timeout, waiter
-                    )
+                    got = await self._fetch(request, waiter)
                 finally:
                     self.fetches.done(waiter)
-                if mode == "fetch":
+                if fetching:
                     self._served.add(got.size)
                 return got
 
@@ -433,7 +416,7 @@ class StoreController(Actor):
                 if f.cancelled() or f.exception() is not None:
                     self.shares.drop(entry)  # the next call with the key fetches again
                 else:
-                    self.shares.serve(entry, f.result().global_indexes, mode == "fetch")
+                    self.shares.serve(entry, f.result().global_indexes, fetching)
 
             future.add_done_callback(finished)
         meta: BatchMeta = await asyncio.shield(entry.future)
@@ -601,31 +584,34 @@ class StoreController(Actor):
 
     def _describe(self, waiter: Waiter) -> dict[str, Any]:
         """What a waiting fetch waits for: partition, fields (missing ones), ready vs asked."""
-        exists = waiter.partition in self.state.partitions()
+        request = waiter.request
+        exists = request.partition in self.state.partitions()
         missing: list[str] = []
         ready = 0
         if exists:
-            status = self.state.production_status(waiter.partition)["fields"]
-            missing = [f for f in waiter.fields if f not in status]
+            status = self.state.production_status(request.partition)["fields"]
+            missing = [f for f in request.fields if f not in status]
             with contextlib.suppress(StoreError):
-                ready = len(self.state.ready_indexes(waiter.partition, waiter.fields, waiter.task))
+                ready = len(
+                    self.state.ready_indexes(request.partition, request.fields, request.task)
+                )
         waited = time.monotonic() - waiter.since
-        asked = "all" if waiter.batch_size is None else waiter.batch_size
+        asked = "all" if request.batch_size is None else request.batch_size
         where = "exists" if exists else "does not exist yet"
         text = (
-            f"a fetch waits {waited:.0f}s for partition {waiter.partition!r} ({where}), fields "
-            f"{waiter.fields}"
+            f"a fetch waits {waited:.0f}s for partition {request.partition!r} ({where}), fields "
+            f"{request.fields}"
             + (f" (not written yet: {missing})" if missing else "")
-            + f", task {waiter.task!r}: {ready} ready of {asked} asked"
+            + f", task {request.task!r}: {ready} ready of {asked} asked"
         )
         return {
-            "partition": waiter.partition,
+            "partition": request.partition,
             "exists": exists,
-            "fields": list(waiter.fields),
+            "fields": list(request.fields),
             "missing_fields": missing,
-            "task": waiter.task,
+            "task": request.task,
             "ready": ready,
-            "asked": waiter.batch_size,
+            "asked": request.batch_size,
             "waited_s": round(waited, 3),
             "text": text,
         }

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayless.store.data.requests import FetchRequest
 from rayless.store.errors import StoreInputError
 
 __all__ = ["Fetches", "Lease", "Share", "Shares", "Waiter", "check_timeout"]
@@ -53,10 +54,7 @@ class Waiter:
 
     serial: int
     fetch_id: str | None
-    partition: str
-    fields: list[str]
-    batch_size: int | None
-    task: str
+    request: FetchRequest
     since: float = field(default_factory=time.monotonic)
     cancelled: bool = False
     event: asyncio.Event | None = None
@@ -83,16 +81,9 @@ class Fetches:
         self._leases: dict[str, Lease] = {}
         self._early: OrderedDict[str, None] = OrderedDict()
 
-    def wait(
-        self,
-        fetch_id: str | None,
-        partition: str,
-        fields: list[str],
-        batch_size: int | None,
-        task: str,
-    ) -> Waiter:
+    def wait(self, fetch_id: str | None, request: FetchRequest) -> Waiter:
         """Register a fetch (already cancelled if its cancel came first)."""
-        waiter = Waiter(next(self._serial), fetch_id, partition, fields, batch_size, task)
+        waiter = Waiter(next(self._serial), fetch_id, request)
         if fetch_id is not None:
             if self._early.pop(fetch_id, 0) is None:
                 waiter.cancelled = True

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from rayless.actors import Cluster
-from rayless.transport import segments
-from rayless.transport import shm
+from rayless.transport import segments, shm
 from rayless.weights import (
     PublisherLostError,
     WeightMismatchError,
