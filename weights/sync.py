@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from rayless.actors import Cluster
-from rayless.actors.api.blocking import DEFAULT_TIMEOUT, BlockingFace, block, split
+from rayless.actors.api.blocking import BlockingFace
 from rayless.actors.api.sync import SyncCluster
 from rayless.weights.client import WeightSync
 
@@ -40,15 +40,11 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
     @classmethod
     def create(cls, cluster: Cluster | SyncCluster, *args: Any, **kwargs: Any) -> SyncWeightSync:
         """``WeightSync.create`` (same arguments and errors)."""
-        inner, sync = split(cluster)
-        if inner is None:
-            raise TypeError("create needs a cluster")
-        return cls(block(sync, WeightSync.create(inner, *args, **kwargs), DEFAULT_TIMEOUT), sync)
+        return cls._open(cluster, lambda inner: WeightSync.create(inner, *args, **kwargs))
 
     @classmethod
     def connect(
         cls, name: str = "weights", cluster: Cluster | SyncCluster | None = None, **options: Any
     ) -> SyncWeightSync:
         """``WeightSync.connect`` (same arguments and errors)."""
-        inner, sync = split(cluster)
-        return cls(block(sync, WeightSync.connect(name, inner, **options), DEFAULT_TIMEOUT), sync)
+        return cls._open(cluster, lambda inner: WeightSync.connect(name, inner, **options))

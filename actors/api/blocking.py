@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_TIMEOUT", "SLACK", "BlockingFace", "public_members", "split"]
 
 T = TypeVar("T")
+F = TypeVar("F", bound="BlockingFace")
 DEFAULT_TIMEOUT = 300.0
 SLACK = 30.0  # beyond a call's own timeout, for the round trips around it
 RENAMED = {"aclose": "close"}
@@ -129,6 +130,17 @@ class BlockingFace:
     def __init__(self, inner: Any, sync: SyncCluster | None = None) -> None:
         self._inner = inner
         self._sync = sync
+
+    @classmethod
+    def _open(
+        cls: type[F],
+        cluster: Cluster | SyncCluster | None,
+        opener: Callable[[Any], Awaitable[Any]],
+    ) -> F:
+        """A face over what ``opener(the async cluster)`` opens, run on ``cluster``'s portal
+        (the home loop for a ``Cluster`` or None), within ``DEFAULT_TIMEOUT``."""
+        inner, sync = split(cluster)
+        return cls(block(sync, opener(inner), DEFAULT_TIMEOUT), sync)
 
     def __getattr__(self, name: str) -> Any:
         """A public attribute of the wrapped object (``store_id``, ``version``), read through."""

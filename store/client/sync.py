@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from rayless.actors import Cluster
-from rayless.actors.api.blocking import DEFAULT_TIMEOUT, BlockingFace, block, split
+from rayless.actors.api.blocking import BlockingFace
 from rayless.actors.api.sync import SyncCluster
 from rayless.store.client.store import DEFAULT_NAME, Store
 
@@ -42,15 +42,11 @@ class SyncStore(BlockingFace, face=Store):
     @classmethod
     def create(cls, cluster: Cluster | SyncCluster, *args: Any, **kwargs: Any) -> SyncStore:
         """Create a store on ``cluster`` (arguments and errors as ``Store.create``)."""
-        inner, sync = split(cluster)
-        if inner is None:
-            raise TypeError("create needs a cluster")
-        return cls(block(sync, Store.create(inner, *args, **kwargs), DEFAULT_TIMEOUT), sync)
+        return cls._open(cluster, lambda inner: Store.create(inner, *args, **kwargs))
 
     @classmethod
     def connect(
         cls, name: str = DEFAULT_NAME, cluster: Cluster | SyncCluster | None = None
     ) -> SyncStore:
         """A client of a running store by its controller's name (see ``Store.connect``)."""
-        inner, sync = split(cluster)
-        return cls(block(sync, Store.connect(name, inner), DEFAULT_TIMEOUT), sync)
+        return cls._open(cluster, lambda inner: Store.connect(name, inner))
