@@ -131,6 +131,11 @@ class BlockingFace:
         self._inner = inner
         self._sync = sync
 
+    def run(self, aw: Awaitable[T], timeout: float | None = DEFAULT_TIMEOUT) -> T:
+        """Run any awaitable where this face runs its calls and wait up to ``timeout`` s
+        (None: as long as it takes). Raises what ``aw`` raises, Timeout when it passes."""
+        return block(self._sync, aw, timeout)
+
     @classmethod
     def _open(
         cls: type[F],

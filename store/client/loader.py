@@ -261,7 +261,7 @@ class StreamingDataset(IterableDataset[Batch]):
         info = get_worker_info()
         if info is None:
             self._epoch_range(self.loader)
-            yield from self._steps(lambda aw: self.sync_store._run(aw, None), self.loader, 1)
+            yield from self._steps(lambda aw: self.sync_store.run(aw, None), self.loader, 1)
             return
         portal, loader = self._worker_loader()
         steps, first = loader.steps, self._base is None
