@@ -600,7 +600,7 @@ class StoreController(Actor):
         where = "exists" if exists else "does not exist yet"
         text = (
             f"a fetch waits {waited:.0f}s for partition {request.partition!r} ({where}), fields "
-            f"{request.fields}"
+            f"{list(request.fields)}"
             + (f" (not written yet: {missing})" if missing else "")
             + f", task {request.task!r}: {ready} ready of {asked} asked"
         )
