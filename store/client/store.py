@@ -74,8 +74,8 @@ from rayless.store.errors import (
 )
 from rayless.store.metrics import collect
 from rayless.store.samehost.plane import LocalPlane
-from rayless.store.samehost.unit import reservation_ttl as _reservation_ttl
 from rayless.store.unit.actor import StorageUnit
+from rayless.store.unit.actor import reservation_ttl as _reservation_ttl
 from rayless.store.unit.shard import kv_shard_of
 from rayless.transport.errors import ClosedError, RaylessError
 

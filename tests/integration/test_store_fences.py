@@ -25,7 +25,7 @@ from rayless.store import (
     StoreError,
     UnitLostError,
 )
-from rayless.store.samehost import maps as local_maps
+from rayless.store.samehost import plane as local_maps
 from tests.integration.fence_classes import Writer
 from tests.waiting import wait_until as _wait_until
 

@@ -13,8 +13,7 @@ from tensordict import TensorDict
 from rayless.store.data.schema import FieldSchema
 from rayless.store.errors import StoreFullError, StoreInputError
 from rayless.store.samehost.columns import ShmDense
-from rayless.store.samehost.unit import reservation_ttl
-from rayless.store.unit.actor import StorageUnit
+from rayless.store.unit.actor import StorageUnit, reservation_ttl
 from rayless.store.unit.shard import ShardStorage
 from rayless.transport.errors import error_from_state, error_to_state
 from rayless.transport.segments import Segment
