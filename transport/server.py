@@ -84,9 +84,6 @@ def _error_payload(exc: BaseException) -> list[Any]:
     return codec.encode(exc)
 
 
-log = logging.getLogger("rayless.transport")
-
-
 class Server:
     """A ROUTER endpoint answering authenticated requests. Use ``async with``.
 
