@@ -2,8 +2,9 @@
 
 One root, :class:`RaylessError`; each layer defines its own children (transport:
 ``rayless.transport.errors``, placement: ``rayless.placement.errors``, actors:
-``rayless.actors.errors``, store: ``rayless.store.errors``). This module only re-exports them
-and stays light: it imports the error modules and nothing heavy (no torch, numpy, tensordict).
+``rayless.actors.errors``, store: ``rayless.store.errors``, weight sync:
+``rayless.weights.errors``). This module only re-exports them and stays light: it imports the
+error modules and nothing heavy (no torch, numpy, tensordict).
 
     RaylessError
     ├── TransportError: ClosedError, BrokenError, AuthError, ProtocolError (LimitError), Timeout
@@ -15,11 +16,11 @@ and stays light: it imports the error modules and nothing heavy (no torch, numpy
     │   └── ResourcesBusyError         feasible, but the GPUs are taken right now
     ├── ActorDiedError, ActorNotFoundError, NameTakenError, StartError, ConnectError, LaunchError
     ├── BrokenError → ClusterLostError  (the head is gone)
-    └── StoreError: StoreInputError (SchemaError, Unknown*Error, StaleMetaError,
-        ForeignMetaError, CheckpointError (CheckpointNotFoundError)), StoreFullError
-        (WriteTooLargeError), StoreTimeoutError, UnitLostError (PartialResultError),
-        WeightSyncError (WeightMismatchError, WeightVersionError, WeightTimeoutError,
-        PublisherLostError)
+    ├── StoreError: StoreInputError (SchemaError, Unknown*Error, StaleMetaError,
+    │   ForeignMetaError, CheckpointError (CheckpointNotFoundError)), StoreFullError
+    │   (WriteTooLargeError), StoreTimeoutError, UnitLostError (PartialResultError)
+    └── WeightSyncError: WeightInputError (ValueError; WeightMismatchError, WeightVersionError),
+        WeightTimeoutError (TimeoutError), PublisherLostError
 """
 
 from rayless.actors.errors import (
@@ -46,7 +47,6 @@ from rayless.store.errors import (
     CheckpointNotFoundError,
     ForeignMetaError,
     PartialResultError,
-    PublisherLostError,
     SchemaError,
     StaleMetaError,
     StoreError,
@@ -57,10 +57,6 @@ from rayless.store.errors import (
     UnknownFieldError,
     UnknownKeyError,
     UnknownPartitionError,
-    WeightMismatchError,
-    WeightSyncError,
-    WeightTimeoutError,
-    WeightVersionError,
     WriteTooLargeError,
 )
 from rayless.transport.errors import (
@@ -73,6 +69,14 @@ from rayless.transport.errors import (
     RemoteError,
     Timeout,
     TransportError,
+)
+from rayless.weights.errors import (
+    PublisherLostError,
+    WeightInputError,
+    WeightMismatchError,
+    WeightSyncError,
+    WeightTimeoutError,
+    WeightVersionError,
 )
 
 __all__ = [
@@ -112,6 +116,7 @@ __all__ = [
     "TransportError",
     "UnitLostError",
     "PublisherLostError",
+    "WeightInputError",
     "WeightMismatchError",
     "WeightSyncError",
     "WeightTimeoutError",

@@ -60,7 +60,7 @@ class Sub(Actor):
         self.ws: Any = None
 
     async def setup(self) -> None:
-        from rayless.store import WeightSync
+        from rayless.weights import WeightSync
 
         self.ws = await WeightSync.connect(self.name, cuda_ipc=True)
 
@@ -95,7 +95,7 @@ class Pub(Actor):
         self.ws: Any = None
 
     async def setup(self) -> None:
-        from rayless.store import WeightSync
+        from rayless.weights import WeightSync
 
         self.ws = await WeightSync.connect(self.name, cuda_ipc=True)
 
@@ -137,7 +137,7 @@ def copy_gbps(nbytes: int, device: str) -> float:
 
 async def _ours(device: str, reps: int, per_node: bool, plain: bool) -> dict[str, Any]:
     from rayless.actors import Cluster
-    from rayless.store import WeightSync
+    from rayless.weights import WeightSync
 
     res: dict[str, Any] = {}
     cuda = device == "cuda"

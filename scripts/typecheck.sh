@@ -12,5 +12,5 @@ for f in rayless/*; do
   case "$(basename "$f")" in __pycache__) continue ;; esac
   ln -s "$PWD/$f" "$root/rayless/"
 done
-for p in transport placement actors store; do ln -s "$PWD/$p" "$root/rayless/$p"; done
+for p in transport placement actors store weights; do ln -s "$PWD/$p" "$root/rayless/$p"; done
 exec mypy "$@" "$root/rayless"

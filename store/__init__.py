@@ -10,7 +10,6 @@ from rayless.store.errors import (
     CheckpointNotFoundError,
     ForeignMetaError,
     PartialResultError,
-    PublisherLostError,
     SchemaError,
     StaleMetaError,
     StoreError,
@@ -21,47 +20,39 @@ from rayless.store.errors import (
     UnknownFieldError,
     UnknownKeyError,
     UnknownPartitionError,
-    WeightMismatchError,
-    WeightSyncError,
-    WeightTimeoutError,
-    WeightVersionError,
     WriteTooLargeError,
 )
 
 if TYPE_CHECKING:
-    from rayless.store import samplers
-    from rayless.store.client import DEFAULT_NAME, Store
-    from rayless.store.loader import StreamingDataset, StreamingLoader
-    from rayless.store.meta import BatchMeta
-    from rayless.store.samplers import (
+    from rayless.store.client.loader import StreamingDataset, StreamingLoader
+    from rayless.store.client.store import DEFAULT_NAME, Store
+    from rayless.store.client.sync import SyncStore
+    from rayless.store.controller import samplers
+    from rayless.store.controller.samplers import (
         GroupedSampler,
         RandomSampler,
         SeqlenBalancedSampler,
         SequentialSampler,
         make_sampler,
     )
-    from rayless.store.schema import FieldSchema
-    from rayless.store.sync import SyncStore
-    from rayless.store.weights import WeightSync
-    from rayless.store.weights_sync import SyncWeightSync
+    from rayless.store.data.meta import BatchMeta
+    from rayless.store.data.schema import FieldSchema
 
 # The rest loads on first use, so that ``rayless.store.errors`` (and ``rayless.errors``) stay
 # light: the store's client imports torch and tensordict.
 _LAZY = {
-    "DEFAULT_NAME": "rayless.store.client",
-    "Store": "rayless.store.client",
-    "BatchMeta": "rayless.store.meta",
-    "GroupedSampler": "rayless.store.samplers",
-    "RandomSampler": "rayless.store.samplers",
-    "SeqlenBalancedSampler": "rayless.store.samplers",
-    "SequentialSampler": "rayless.store.samplers",
-    "StreamingDataset": "rayless.store.loader",
-    "StreamingLoader": "rayless.store.loader",
-    "make_sampler": "rayless.store.samplers",
-    "FieldSchema": "rayless.store.schema",
-    "SyncStore": "rayless.store.sync",
-    "WeightSync": "rayless.store.weights",
-    "SyncWeightSync": "rayless.store.weights_sync",
+    "DEFAULT_NAME": "rayless.store.client.store",
+    "Store": "rayless.store.client.store",
+    "BatchMeta": "rayless.store.data.meta",
+    "GroupedSampler": "rayless.store.controller.samplers",
+    "RandomSampler": "rayless.store.controller.samplers",
+    "SeqlenBalancedSampler": "rayless.store.controller.samplers",
+    "SequentialSampler": "rayless.store.controller.samplers",
+    "StreamingDataset": "rayless.store.client.loader",
+    "StreamingLoader": "rayless.store.client.loader",
+    "make_sampler": "rayless.store.controller.samplers",
+    "FieldSchema": "rayless.store.data.schema",
+    "SyncStore": "rayless.store.client.sync",
 }
 
 
@@ -69,7 +60,7 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     if name == "samplers":
-        return importlib.import_module("rayless.store.samplers")
+        return importlib.import_module("rayless.store.controller.samplers")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'rayless.store' has no attribute {name!r}")
@@ -87,7 +78,6 @@ __all__ = [
     "ForeignMetaError",
     "GroupedSampler",
     "PartialResultError",
-    "PublisherLostError",
     "RandomSampler",
     "SchemaError",
     "SeqlenBalancedSampler",
@@ -101,16 +91,10 @@ __all__ = [
     "StreamingDataset",
     "StreamingLoader",
     "SyncStore",
-    "SyncWeightSync",
     "UnitLostError",
     "UnknownFieldError",
     "UnknownKeyError",
     "UnknownPartitionError",
-    "WeightMismatchError",
-    "WeightSync",
-    "WeightSyncError",
-    "WeightTimeoutError",
-    "WeightVersionError",
     "WriteTooLargeError",
     "make_sampler",
     "samplers",

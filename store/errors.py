@@ -17,13 +17,8 @@ leaves the store exactly as it was::
     ├── StoreFullError                 a storage unit's byte capacity would be exceeded
     │   └── WriteTooLargeError         a write larger than the unit's whole capacity (never fits)
     ├── StoreTimeoutError (TimeoutError) a fetch's batch was not ready within its timeout
-    ├── UnitLostError                  a storage unit is gone, and the samples it held with it
-    │   └── PartialResultError         a get lost some samples; it carries the live part
-    └── WeightSyncError                weight sync (``rayless.store.weights``) cannot serve
-        ├── WeightMismatchError (StoreInputError)  a tensor's name or shape differs; ``tensor``
-        ├── WeightVersionError (StoreInputError)   a publish whose version is not the newest
-        ├── WeightTimeoutError (TimeoutError)      no version >= min_version in time
-        └── PublisherLostError                     the publisher died (kill -9, crash)
+    └── UnitLostError                  a storage unit is gone, and the samples it held with it
+        └── PartialResultError         a get lost some samples; it carries the live part
 """
 
 from __future__ import annotations
@@ -45,11 +40,6 @@ __all__ = [
     "StoreInputError",
     "StoreTimeoutError",
     "UnitLostError",
-    "PublisherLostError",
-    "WeightMismatchError",
-    "WeightSyncError",
-    "WeightTimeoutError",
-    "WeightVersionError",
     "UnknownFieldError",
     "WriteTooLargeError",
     "UnknownKeyError",
@@ -164,31 +154,3 @@ class PartialResultError(UnitLostError, wire="rayless.PartialResultError"):
         self.meta = meta
         self.lost = lost
         self.units = list(units) or [unit]
-
-
-class WeightSyncError(StoreError, wire="rayless.WeightSyncError"):
-    """Weight sync cannot serve a publish or a pull; the classes below say why."""
-
-
-class WeightMismatchError(WeightSyncError, StoreInputError, wire="rayless.WeightMismatchError"):
-    """A tensor whose name or shape differs between the published weights and the target.
-
-    ``tensor`` names it; nothing was copied.
-    """
-
-    def __init__(self, tensor: str, problem: str = "") -> None:
-        self.tensor = tensor
-        self.problem = problem
-        super().__init__(f"tensor {tensor!r} {problem}" if problem else f"tensor {tensor!r}")
-
-
-class WeightVersionError(WeightSyncError, StoreInputError, wire="rayless.WeightVersionError"):
-    """A publish whose version is not above the newest one published (versions are monotonic)."""
-
-
-class WeightTimeoutError(WeightSyncError, TimeoutError, wire="rayless.WeightTimeoutError"):
-    """No version >= ``min_version`` was published within the pull's timeout."""
-
-
-class PublisherLostError(WeightSyncError, wire="rayless.PublisherLostError"):
-    """The publisher died (crash, kill -9); pulls fail until a new publisher publishes."""

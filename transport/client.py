@@ -12,9 +12,8 @@ the requests that break failed never ran there, so the owner may send them again
 (the connection ended), ``"silent"`` (no heartbeat within the timeout) or ``"rejected"``.
 
 This module holds the socket (ZeroMQ, or the same-host UNIX path of ``transport.stream``),
-the session's lifecycle, the routing of received messages and heartbeats. Its parts:
-``transport.client_requests`` (requests, their timeouts and cancellation) and
-``transport.client_handshake`` (the client's side of the handshake, the session's states).
+the session's lifecycle and states, the client's side of the handshake, requests (their
+timeouts and cancellation), the routing of received messages and heartbeats.
 """
 
 from __future__ import annotations
@@ -31,24 +30,33 @@ import msgpack
 import zmq
 
 from rayless.transport import codec, stream
-from rayless.transport.client_handshake import _BROKEN, _CLOSED, _NEW, _READY, ClientHandshake
-from rayless.transport.client_requests import ClientRequests
 from rayless.transport.errors import (
+    AuthError,
     BrokenError,
     ClosedError,
+    LimitError,
     ProtocolError,
     RaylessError,
     Timeout,
 )
 from rayless.transport.protocol import (
+    PROTOCOL,
     Kind,
     Limits,
     RejectCode,
     as_token,
+    check_outgoing,
+    check_version,
+    client_proof,
     curve_enabled,
     curve_server_keys,
     envelope,
+    host_id,
+    new_nonce,
     open_envelope,
+    peer_bounds,
+    proofs_match,
+    server_proof,
 )
 from rayless.transport.pump import Frames, SocketPump
 from rayless.transport.stream_pump import StreamPump
@@ -58,7 +66,12 @@ log = logging.getLogger("rayless.transport")
 Broke = Literal["forgotten", "lost", "silent", "rejected"]
 
 
-class Client(ClientRequests, ClientHandshake):
+# a client's session: not yet handshaken, authenticated, broken (the next request handshakes
+# again), closed for good
+_NEW, _READY, _BROKEN, _CLOSED = "new", "ready", "broken", "closed"
+
+
+class Client:
     """A DEALER endpoint with an authenticated session to one server. Use ``async with``.
 
     Args:
@@ -405,6 +418,212 @@ class Client(ClientRequests, ClientHandshake):
                 except RaylessError:
                     pass
         self._schedule_heartbeat()
+
+    # -- requests --------------------------------------------------------------------------
+
+    async def request(self, body: Any, *, timeout: float | None = None) -> Any:
+        """Send ``body`` and wait for the reply.
+
+        Raises:
+            Timeout: no reply within ``timeout`` seconds.
+            ClosedError / BrokenError: the client closed, or the session broke.
+            TypeError: ``body`` cannot be encoded.
+            RaylessError or RemoteError: whatever the server's handler raised.
+        """
+        if self._state != _READY:
+            await self.connect()
+        elif self._pump is not None and self._pump.queued >= self.limits.send_queue:
+            await self.wait_room(timeout)
+        req_id, fut = self._send_request(body, timeout)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self._abandon(req_id)
+            raise
+
+    def submit(self, body: Any, *, timeout: float | None = None) -> asyncio.Future[Any]:
+        """Send ``body`` now and return a future of the reply (the session must be ready).
+
+        Raises:
+            ClosedError / BrokenError: the client is closed, or its session is not ready.
+            TypeError: ``body`` cannot be encoded.
+        """
+        if self._state != _READY:
+            if self._state == _CLOSED:
+                raise ClosedError(f"client {self.name} is closed")
+            raise BrokenError(f"no session with {self.address}: {self._broken_reason or 'new'}")
+        req_id, fut = self._send_request(body, timeout)
+        fut.add_done_callback(lambda f: self._abandon(req_id) if f.cancelled() else None)
+        return fut
+
+    def submit_nowait(self, body: Any, timeout: float | None = None) -> asyncio.Future[Any] | None:
+        """The fastest submit: a future of the reply, or None when the session is not ready
+        or the send queue is backed up (then use :meth:`request`). An encoding error comes
+        back inside the future. Cancelling the future cancels the request at the server."""
+        if self._state != _READY or (self._pump is not None and self._pump.queued):
+            return None
+        try:
+            req_id, fut = self._send_request(body, timeout)
+        except Exception as exc:
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
+        fut.add_done_callback(lambda f: self._abandon(req_id) if f.cancelled() else None)
+        return fut
+
+    def _check_size(self, frames: list[Any]) -> None:
+        """Raise LimitError for a message that we or the server would refuse."""
+        check_outgoing(frames, self._bounds, self.peer_name or self.address)
+
+    def _send_request(self, body: Any, timeout: float | None) -> tuple[int, asyncio.Future[Any]]:
+        frames = codec.encode(
+            body, cuda_ipc=self.same_host, shm=self.same_host, allow_pickle=self._allow_pickle
+        )
+        self._check_size(frames)
+        req_id = next(self._ids)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        timer = None
+        if timeout is not None:
+            timer = loop.call_later(timeout, self._expire, req_id, timeout)
+        self._pending[req_id] = (fut, timer)
+        assert self._pump is not None  # internal invariant: READY implies an open socket
+        self._pump.send(envelope(Kind.REQUEST, req_id, frames))
+        self._last_send = time.monotonic()
+        return req_id, fut
+
+    def send_oneway(self, body: Any) -> None:
+        """Send a one-way message (no reply).
+
+        Raises:
+            ClosedError / BrokenError: the client is closed, or its session is not ready.
+            TypeError: ``body`` cannot be encoded.
+        """
+        if self._state != _READY or self._pump is None:
+            raise (ClosedError if self._state == _CLOSED else BrokenError)(
+                f"no session with {self.address}"
+            )
+        frames = codec.encode(
+            body, cuda_ipc=self.same_host, shm=self.same_host, allow_pickle=self._allow_pickle
+        )
+        self._check_size(frames)
+        self._pump.send(envelope(Kind.ONEWAY, 0, frames))
+        self._last_send = time.monotonic()
+
+    def _forget(self, req_id: int) -> None:
+        entry = self._pending.pop(req_id, None)
+        if entry is not None and entry[1] is not None:
+            entry[1].cancel()
+
+    def _abandon(self, req_id: int) -> None:
+        """Forget a request the caller gave up on and tell the server to cancel it (CANCEL)."""
+        entry = self._pending.pop(req_id, None)
+        if entry is None:
+            return  # answered already, or failed with the session
+        if entry[1] is not None:
+            entry[1].cancel()
+        if self._state == _READY and self._pump is not None:
+            try:
+                self._pump.send(envelope(Kind.CANCEL, req_id))
+            except (RaylessError, zmq.ZMQError):  # closing: nothing to cancel any more
+                pass
+
+    def _expire(self, req_id: int, timeout: float) -> None:
+        entry = self._pending.get(req_id)
+        if entry is not None and not entry[0].done():
+            entry[0].set_exception(
+                Timeout(f"no reply from {self.peer_name or self.address} within {timeout:g}s")
+            )
+        self._abandon(req_id)
+
+    def fail_pending(self, exc: RaylessError) -> None:
+        """Fail every request waiting for a reply with ``exc`` (a higher layer knows why).
+
+        Used by the actor runtime when the head reports that the peer's process died, which
+        it learns long before a heartbeat could time out.
+        """
+        self._fail_all(exc)
+
+    def _fail_all(self, exc: RaylessError) -> None:
+        pending, self._pending = self._pending, {}
+        for fut, timer in pending.values():
+            if timer is not None:
+                timer.cancel()
+            if not fut.done():
+                fut.set_exception(exc)
+
+    # -- handshake (see ``transport.protocol``) --------------------------------------------
+
+    async def _do_handshake(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        nonce_c = new_nonce()
+        hello = {
+            "v": PROTOCOL,  # a server of another revision refuses us with a clear error
+            "nonce": nonce_c,
+            "name": self.name,
+            "host": host_id(),
+            "limits": self.limits.advertised(),  # the server checks its replies against them
+        }
+        deadline = time.monotonic() + timeout
+        self.hello_answered = False
+        kind, body = await self._exchange(loop, Kind.HELLO, hello, deadline, timeout)
+        self.hello_answered = True  # the server is there and talks to us
+        if kind is not Kind.CHALLENGE:
+            raise self._rejection(body)
+        check_version(body.get("v"), f"the server at {self.address}")
+        nonce_s = body.get("nonce")
+        if not isinstance(nonce_s, bytes):
+            raise ProtocolError(f"server at {self.address} sent a malformed CHALLENGE")
+        server_ok = proofs_match(server_proof(self._token, nonce_c, nonce_s), body.get("proof"))
+        # Answer even when the server's proof failed, so that the server (ours, with another
+        # token) can count and log the failed attempt; our proof reveals nothing of the token.
+        proof = client_proof(self._token, nonce_s, nonce_c)
+        kind, welcome = await self._exchange(loop, Kind.AUTH, {"proof": proof}, deadline, timeout)
+        if not server_ok:
+            raise AuthError(f"server at {self.address} could not prove it knows the token")
+        if kind is not Kind.WELCOME:
+            raise self._rejection(welcome)
+        limits = body.get("limits")
+        self._bounds = self._merge_bounds(limits if isinstance(limits, dict) else {})
+        if self._pump is not None:  # a coalesced batch must stay under the server's bound
+            self._pump.batch_limit = min(self._pump.batch_limit, self._bounds[0])
+        self.peer_name = str(body.get("name", ""))
+        self.peer_host = str(body.get("host", ""))
+        self.same_host = self.peer_host == host_id()
+        self._last_recv = time.monotonic()
+        self._state = _READY
+
+    def _merge_bounds(self, advertised: dict[str, Any]) -> tuple[int, int, int]:
+        return peer_bounds(self.limits, advertised)
+
+    async def _exchange(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        kind: Kind,
+        body: dict[str, Any],
+        deadline: float,
+        timeout: float,
+    ) -> tuple[Kind, dict[str, Any]]:
+        if self._pump is None:  # the stream ended between two steps (the peer went away)
+            if self._state == _CLOSED:
+                raise ClosedError(f"client {self.name} was closed during the handshake")
+            raise BrokenError(f"{self.address}: the connection was lost during the handshake")
+        self._handshake = loop.create_future()
+        self._pump.send(envelope(kind, 0, [msgpack.packb(body)]))
+        try:
+            return await asyncio.wait_for(self._handshake, max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise Timeout(f"no handshake with {self.address} within {timeout:.1f}s") from None
+        finally:
+            self._handshake = None
+
+    def _rejection(self, body: dict[str, Any]) -> RaylessError:
+        code, reason = body.get("code"), body.get("reason", "rejected")
+        if code == RejectCode.LIMIT:
+            return LimitError(f"{self.address} refused the connection: {reason}")
+        if code == RejectCode.PROTOCOL:
+            return ProtocolError(f"{self.address} refused the handshake: {reason}")
+        return AuthError(f"{self.address} rejected us: {reason} (wrong cluster token?)")
 
 
 __all__ = ["Client"]

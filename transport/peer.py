@@ -1,7 +1,7 @@
 """What a server's handlers are given: the authenticated :class:`Peer` and each :class:`Request`.
 
-Kept apart from ``transport.server`` so that the server's parts (request dispatch in
-``transport.dispatch``, the handshake in ``transport.server_handshake``) can name them too.
+Kept apart from ``transport.server`` so that handlers can name them without importing the
+server.
 """
 
 from __future__ import annotations

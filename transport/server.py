@@ -9,25 +9,26 @@ A server made ``cancellable`` cancels a handler's task when its caller sends CAN
 out or was cancelled).
 
 This module holds the socket's lifecycle, sending and replies, the routing of each received
-message, and peer bookkeeping (expiry). Its parts: ``transport.peer`` (:class:`Peer`,
-:class:`Request`), ``transport.dispatch`` (running handlers, CANCEL, one-way messages) and
-``transport.server_handshake`` (the server's side of the handshake).
+message, the server's side of the handshake, the dispatch of requests (handlers inline or as
+owned tasks, CANCEL, one-way messages) and peer bookkeeping (expiry). What handlers are given
+(:class:`Peer`, :class:`Request`) lives in ``transport.peer``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
+import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgpack
 import zmq
 
 from rayless.transport import codec
-from rayless.transport.dispatch import RequestDispatch
 from rayless.transport.errors import (
     AuthError,
     ClosedError,
@@ -39,20 +40,28 @@ from rayless.transport.errors import (
 from rayless.transport.gate import Gate, Link
 from rayless.transport.peer import Handler, OnewayHandler, Peer, Request
 from rayless.transport.protocol import (
+    HANDSHAKE_MAX,
+    PROTOCOL,
     Kind,
     Limits,
     RejectCode,
     as_token,
     check_outgoing,
+    check_version,
+    client_proof,
     curve_enabled,
     curve_server_keys,
     envelope,
+    frames_nbytes,
     host_id,
+    new_nonce,
     open_envelope,
+    peer_bounds,
+    proofs_match,
+    server_proof,
 )
 from rayless.transport.pump import Frames, SocketPump
 from rayless.transport.ratelog import RateLimitedLog
-from rayless.transport.server_handshake import ServerHandshake
 from rayless.transport.stream import unix_name
 from rayless.transport.stream_pump import StreamPump
 from rayless.transport.unix_listener import UNIX_RID_PREFIX, UnixListener
@@ -75,7 +84,7 @@ def _error_payload(exc: BaseException) -> list[Any]:
     return codec.encode(exc)
 
 
-class Server(RequestDispatch, ServerHandshake):
+class Server:
     """A ROUTER endpoint answering authenticated requests. Use ``async with``.
 
     Args:
@@ -471,6 +480,228 @@ class Server(RequestDispatch, ServerHandshake):
                 self.stats["expired"] += 1
                 self._forget(rid)
         self._schedule_sweep()
+
+    # -- dispatch of REQUEST, CANCEL and ONEWAY --------------------------------------------
+
+    def _decode(self, peer: Peer, frames: Frames) -> Any:
+        size = sum(len(f) for f in frames)
+        if size > self.limits.max_message_bytes:
+            raise LimitError(f"message of {size} bytes exceeds {self.limits.max_message_bytes}")
+        if frames and len(frames[0]) > self.limits.max_header_bytes:
+            raise LimitError(f"header exceeds {self.limits.max_header_bytes} bytes")
+        return codec.decode(frames, device=self._device, allow_pickle=self._allow_pickle)
+
+    def _on_request(self, peer: Peer, req_id: int, frames: Frames) -> None:
+        self.stats["requests"] += 1
+        if peer.inflight >= self.limits.max_inflight_per_peer:
+            self.stats["over_limit"] += 1
+            limit = self.limits.max_inflight_per_peer
+            return self._reply_error(
+                peer, req_id, LimitError(f"more than {limit} requests in flight")
+            )
+        try:
+            body = self._decode(peer, frames)
+        except LimitError as exc:
+            self.stats["over_limit"] += 1
+            self._drop("limit", str(exc), peer.routing_id)
+            return self._reply_error(peer, req_id, exc)
+        except (ProtocolError, TypeError, ValueError) as exc:
+            self._drop("decode", f"undecodable request: {exc}", peer.routing_id)
+            return self._reply_error(peer, req_id, ProtocolError(f"undecodable request: {exc}"))
+        request = Request(peer, body, req_id)
+        try:
+            result = self._handler(request)
+        except Exception as exc:
+            return self._reply_error(peer, req_id, exc)
+        if inspect.isawaitable(result):
+            peer.inflight += 1
+            key = (peer.routing_id, req_id)
+            task = asyncio.ensure_future(self._finish(peer, req_id, result))
+            self._tasks.add(task)
+            self._running[key] = task
+            task.add_done_callback(functools.partial(self._finished, peer, key, result))
+        else:
+            self._reply(peer, req_id, result)
+
+    async def _finish(self, peer: Peer, req_id: int, pending: Awaitable[Any]) -> None:
+        try:
+            value = await pending
+        except asyncio.CancelledError:
+            # cancelled by the caller (CANCEL: it forgot the request) or by our own close
+            if not self._closed and (peer.routing_id, req_id) in self._running:
+                self._reply_error(peer, req_id, ClosedError("request was cancelled"))
+            raise
+        except Exception as exc:
+            self._reply_error(peer, req_id, exc)
+        else:
+            self._reply(peer, req_id, value)
+
+    def _finished(
+        self, peer: Peer, key: tuple[bytes, int], pending: Awaitable[Any], task: asyncio.Task[None]
+    ) -> None:
+        """A handler task ended (also one cancelled before it ever ran)."""
+        self._tasks.discard(task)
+        peer.inflight -= 1
+        if self._running.get(key) is task:
+            del self._running[key]
+        if task.cancelled():  # a handler the task never awaited must not linger
+            if isinstance(pending, asyncio.Future):
+                pending.cancel()
+            elif inspect.iscoroutine(pending):
+                pending.close()
+
+    def _on_cancel(self, peer: Peer, req_id: int) -> None:
+        """The caller gave up on a request: cancel its handler task (no reply is sent)."""
+        if not self._cancellable:
+            self.stats["cancel_ignored"] += 1
+            return
+        task = self._running.pop((peer.routing_id, req_id), None)
+        if task is not None:
+            self.stats["cancelled"] += 1
+            task.cancel()
+
+    def _on_oneway_msg(self, peer: Peer, frames: Frames) -> None:
+        self.stats["oneway"] += 1
+        if self._on_oneway is None:
+            return self._drop("oneway", "no one-way handler", peer.routing_id)
+        try:
+            body = self._decode(peer, frames)
+        except (ProtocolError, TypeError, ValueError) as exc:
+            return self._drop("decode", f"undecodable one-way message: {exc}", peer.routing_id)
+        try:
+            result = self._on_oneway(peer, body)
+        except Exception:
+            log.exception("%s: one-way handler failed", self.name)
+            return
+        if inspect.isawaitable(result):
+            task = asyncio.ensure_future(self._run_oneway(result))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run_oneway(self, pending: Awaitable[Any]) -> None:
+        try:
+            await pending
+        except Exception:
+            log.exception("%s: one-way handler failed", self.name)
+
+    # -- handshake: HELLO, AUTH and what comes before --------------------------------------
+
+    def _on_stranger(self, rid: bytes, fd: int, link: object, msg: Frames) -> None:
+        """A message of a peer that has not authenticated on connection ``link`` (descriptor
+        ``fd`` for a ROUTER connection, -1 on the same-host path; see ``transport.gate``).
+        Only a handshake message is parsed; a BATCH is not split (``_may_split``)."""
+        gate = self._gate if fd >= 0 else None
+        if gate is not None and (len(msg) > 3 or frames_nbytes(msg) > HANDSHAKE_MAX + 512):
+            gate.oversized(fd)  # bigger than a handshake: no more of that
+        try:
+            kind, req_id, frames = open_envelope(msg, 1)
+        except ProtocolError as exc:
+            return self._drop("control", str(exc), rid)
+        if kind is Kind.HELLO:
+            if gate is not None:
+                gate.hello(fd, rid)
+            return self._on_hello(rid, frames, link)
+        if kind is Kind.AUTH:
+            if self._on_auth(rid, frames, link) and gate is not None:
+                gate.authenticated(fd)
+            return None
+        if kind in (Kind.REQUEST, Kind.PING, Kind.ONEWAY):
+            # a peer we forgot (expired, or a reconnect): tell it to start over
+            self.stats["unauthenticated"] += 1
+            self._reject(rid, RejectCode.NEED_HANDSHAKE, "no session; handshake first", req_id)
+            return None
+        self._drop("handshake", f"{kind.name} before the handshake", rid)
+
+    def _handshake_body(self, frames: Frames) -> dict[str, Any]:
+        if len(frames) != 1 or len(frames[0]) > HANDSHAKE_MAX:
+            raise ProtocolError("malformed handshake message")
+        body = msgpack.unpackb(bytes(frames[0]), raw=False)
+        if not isinstance(body, dict):
+            raise ProtocolError("handshake body is not a map")
+        return body
+
+    def _on_hello(self, rid: bytes, frames: Frames, link: object) -> None:
+        try:
+            body = self._handshake_body(frames)
+            nonce_c = body.get("nonce")
+            if not isinstance(nonce_c, bytes) or len(nonce_c) != 32:
+                raise ProtocolError("bad client nonce")
+        except Exception as exc:
+            self._drop("handshake", f"bad HELLO: {exc}", rid)
+            return self._reject(rid, RejectCode.PROTOCOL, "malformed HELLO")
+        try:
+            check_version(body.get("v"), f"peer {str(body.get('name', '?'))[:200]!r}")
+        except ProtocolError as exc:  # another rayless version: say so, do not time out
+            self.stats["version_mismatch"] += 1
+            self._ratelog.warning("version", "%s: refused a handshake: %s", self.name, exc)
+            return self._reject(rid, RejectCode.PROTOCOL, str(exc))
+        if len(self._peers) >= self.limits.max_peers:
+            self.stats["rejected_limit"] += 1
+            return self._reject(rid, RejectCode.LIMIT, f"server has {self.limits.max_peers} peers")
+        nonce_s = new_nonce()
+        self._pending[rid] = (nonce_c, nonce_s, body, link)
+        self._pending.move_to_end(rid)
+        while len(self._pending) > self.limits.max_pending_handshakes:
+            self._pending.popitem(last=False)
+        reply = {
+            "nonce": nonce_s,
+            "proof": server_proof(self._token, nonce_c, nonce_s),
+            "name": self.name,
+            "host": self._host,
+            "limits": self.limits.advertised(),
+            "v": PROTOCOL,
+        }
+        self._send(rid, envelope(Kind.CHALLENGE, 0, [msgpack.packb(reply)]))
+
+    def _on_auth(self, rid: bytes, frames: Frames, link: object) -> bool:
+        """Check an AUTH that came on connection ``link``; whether the peer is now
+        authenticated (bound to ``link``: its messages count only when they come on it)."""
+        pending = self._pending.pop(rid, None)
+        if pending is not None and pending[3] is not link:  # another connection's HELLO
+            pending = None
+        if pending is None:
+            self._drop("handshake", "AUTH without a HELLO", rid)
+            self._reject(rid, RejectCode.NEED_HANDSHAKE, "AUTH without HELLO")
+            return False
+        nonce_c, nonce_s, hello, _ = pending
+        try:
+            body = self._handshake_body(frames)
+            ok = proofs_match(client_proof(self._token, nonce_s, nonce_c), body.get("proof"))
+        except Exception:
+            ok = False
+        if not ok:
+            self.stats["auth_failures"] += 1
+            self._ratelog.warning(
+                "auth", "%s: rejected peer %r: wrong cluster token", self.name, hello.get("name")
+            )
+            self._reject(rid, RejectCode.AUTH, "authentication failed")
+            return False
+        host = str(hello.get("host", ""))
+        self._peers[rid] = Peer(
+            routing_id=rid,
+            name=str(hello.get("name", "?"))[:200],
+            host=host,
+            same_host=host == self._host,
+            last_seen=time.monotonic(),
+            bounds=peer_bounds(self.limits, hello.get("limits")),
+            link=link,
+        )
+        if isinstance(link, Link):
+            link.rid = rid
+        self.stats["peers_accepted"] += 1
+        self._send(rid, envelope(Kind.WELCOME, 0, [msgpack.packb({})]))
+        return True
+
+    def _on_gate_drop(self, reason: str, rid: bytes | None) -> None:
+        """A connection left without authenticating: forget its half-open handshake."""
+        if rid is not None:
+            self._pending.pop(rid, None)
+        if reason == "disconnected":  # the peer went away by itself
+            return
+        self.stats[reason] += 1
+        self._ratelog.warning(
+            reason, "%s: dropped an unauthenticated connection %r (%s)", self.name, rid, reason
+        )
 
 
 __all__ = ["AuthError", "Peer", "Request", "Server"]

@@ -25,6 +25,7 @@ import mmap
 import os
 import re
 import stat
+import threading
 import time
 from typing import Any
 
@@ -39,8 +40,9 @@ NAME = re.compile(r"rayless-([0-9]+)-[0-9]+-[0-9a-f]+", re.ASCII)
 # Below ~8 MiB, creating, mapping and unlinking a segment costs as much as the socket copy
 # (measured: a tie from 1 to 16 MiB, then 1.5-2x faster at 64-256 MiB).
 _DEFAULT_MIN = 8 << 20
-_CREATE = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
-_OPEN = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
+# how a segment is created (new, private to this user, never through a link) and opened
+CREATE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
+OPEN_FLAGS = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
@@ -62,6 +64,9 @@ def _min_bytes() -> int:
 SHM_MIN_BYTES = _min_bytes()
 
 LIVE: dict[str, float] = {}  # segments this process created: name -> time.monotonic() at birth
+
+
+_NAME_LOCK = threading.Lock()
 
 
 class _State:
@@ -91,16 +96,24 @@ def _unlink(name: str) -> None:
         pass
 
 
+def new_name() -> str:
+    """A fresh segment name of this process, ``rayless-<pid>-<serial>-<hex>`` (what
+    :data:`NAME` matches and the sweeps parse). Thread-safe."""
+    with _NAME_LOCK:
+        _State.serial += 1
+        serial = _State.serial
+    return f"rayless-{os.getpid()}-{serial}-{os.urandom(4).hex()}"
+
+
 def write(view: memoryview) -> str | None:
     """Copy the bytes of ``view`` into a new segment and return its name.
 
     Returns None when shared memory cannot be used (no or read-only ``/dev/shm``, ENOSPC...):
     the caller then sends the buffer as a frame. Raises nothing else.
     """
-    _State.serial += 1
-    name = f"rayless-{os.getpid()}-{_State.serial}-{os.urandom(4).hex()}"
+    name = new_name()
     try:
-        fd = os.open(os.path.join(SHM_DIR, name), _CREATE, 0o600)
+        fd = os.open(os.path.join(SHM_DIR, name), CREATE_FLAGS, 0o600)
     except OSError as exc:
         _unavailable(exc)
         return None
@@ -142,7 +155,7 @@ def open_segment(name: Any, size: Any) -> memoryview:
         raise ProtocolError(f"bad shared memory segment size {size!r}")
     path = os.path.join(SHM_DIR, name)
     try:
-        fd = os.open(path, _OPEN)
+        fd = os.open(path, OPEN_FLAGS)
     except OSError as exc:
         raise ProtocolError(f"shared memory segment {name}: {exc.strerror}") from None
     try:

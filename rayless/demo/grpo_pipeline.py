@@ -47,7 +47,8 @@ from rayless.demo.grpo_workers import (
 )
 from rayless.demo.pipeline import plan
 from rayless.placement import EpisodeTable
-from rayless.store import Store, WeightSync
+from rayless.store import Store
+from rayless.weights import WeightSync
 
 STAGES = ("rollout", "reward", "reference", "train", "weight_sync")
 LANES = (*STAGES, "eval")  # the timeline also shows the held-out evaluations

@@ -95,7 +95,8 @@ class GrpoTrainWorker(Actor):
         return backend
 
     async def setup(self) -> None:
-        from rayless.store import Store, WeightSync
+        from rayless.store import Store
+        from rayless.weights import WeightSync
 
         self.store = await Store.connect(self.store_name)
         a = self.algo
@@ -139,7 +140,7 @@ class GrpoTrainWorker(Actor):
 
     async def train(self, iteration: int) -> dict[str, Any]:
         """Read this rank's part of the next global batch and take the GRPO step(s)."""
-        from rayless.store.loader import StreamingLoader
+        from rayless.store.client.loader import StreamingLoader
 
         t0 = time.time()
         loader = StreamingLoader(  # the iteration's own partition: its rollout's groups only

@@ -125,7 +125,8 @@ class RolloutWorker(Actor):
 
     async def setup(self) -> None:
         from rayless.placement import create_router
-        from rayless.store import Store, WeightSync
+        from rayless.store import Store
+        from rayless.weights import WeightSync
 
         self.store = await Store.connect(self.store_name)
         self.weights = await WeightSync.connect(self.weights_name, cuda_ipc=False)
@@ -300,7 +301,8 @@ class ReferenceWorker(Actor):
         self.weights: Any = None
 
     async def setup(self) -> None:
-        from rayless.store import Store, WeightSync
+        from rayless.store import Store
+        from rayless.weights import WeightSync
 
         self.store = await Store.connect(self.store_name)
         self.weights = await WeightSync.connect(self.weights_name, cuda_ipc=False)

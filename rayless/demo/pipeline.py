@@ -8,7 +8,7 @@
    ranks form a torch.distributed group (gloo on CPU, nccl on GPU).
 4. Iterate: env workers roll out through eval workers (router) into the store; train ranks
    fetch their shard's samples and update; rank 0 publishes its weights with a version to
-   the run's weight sync (``rayless.store.WeightSync``: shared memory on a host, a relay per
+   the run's weight sync (``rayless.weights.WeightSync``: shared memory on a host, a relay per
    other host) and every eval worker pulls them in place. ``sync`` mode waits for the new
    weights before the next rollout; ``async`` keeps up to ``algo.max_staleness`` rollouts
    ahead of training.
@@ -34,7 +34,8 @@ from rayless.demo.config import PipelineConfig, WorkerConfig
 from rayless.demo.rollout import ReturnTracker
 from rayless.demo.workers import EnvWorker, EvalWorker, TrainWorker
 from rayless.placement import ComponentScheduling, EpisodeTable, ResourcePoolPlanner, Scheduling
-from rayless.store import Store, WeightSync
+from rayless.store import Store
+from rayless.weights import WeightSync
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 * :class:`EvalWorker` holds a copy of the policy and answers ``act(obs)`` for a batch of
   observations; ``pull_weights`` loads a new version from the run's weight sync
-  (``rayless.store.WeightSync``, published by train rank 0 after every update).
+  (``rayless.weights.WeightSync``, published by train rank 0 after every update).
 * :class:`EnvWorker` steps a vectorised CartPole, sends each step's observations to an eval
   worker chosen by the router (node affinity by default), computes GAE with the rollout's
   values and puts the transitions into its storage shard's partition of the store.
@@ -128,7 +128,7 @@ class EvalWorker(Actor):
 
     async def setup(self) -> None:
         if self.weights_name is not None:
-            from rayless.store import WeightSync
+            from rayless.weights import WeightSync
 
             self.weights = await WeightSync.connect(self.weights_name, cuda_ipc=False)
 
@@ -311,7 +311,7 @@ class TrainWorker(Actor):
 
         self.store = await Store.connect(self.store_name)
         if self.weights_name is not None and self.rank == 0:
-            from rayless.store import WeightSync
+            from rayless.weights import WeightSync
 
             # CPU shared memory: eval workers on other GPUs (or none) can always read it
             self.weights_sync = await WeightSync.connect(self.weights_name, cuda_ipc=False)

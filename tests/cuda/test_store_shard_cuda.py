@@ -6,8 +6,8 @@ import pytest
 import torch
 from tensordict import NonTensorStack, TensorDict
 
-from rayless.store.schema import merge_parts, split_columns
-from rayless.store.shard import ShardStorage
+from rayless.store.data.schema import merge_parts, split_columns
+from rayless.store.unit.shard import ShardStorage
 
 pytestmark = pytest.mark.cuda
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rayless.actors import Cluster
-from rayless.store import PublisherLostError, WeightSync, WeightSyncError
+from rayless.weights import PublisherLostError, WeightSync, WeightSyncError
 from tests.integration.weights_classes import Publisher, Subscriber
 
 pytestmark = [

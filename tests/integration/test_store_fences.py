@@ -24,8 +24,8 @@ from rayless.store import (
     Store,
     StoreError,
     UnitLostError,
-    local_maps,
 )
+from rayless.store.samehost import plane as local_maps
 from tests.integration.fence_classes import Writer
 from tests.waiting import wait_until as _wait_until
 

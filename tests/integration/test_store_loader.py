@@ -14,7 +14,7 @@ from tensordict import TensorDict
 import rayless.actors as actors
 from rayless.actors import Cluster
 from rayless.store import Store
-from rayless.store.loader import StreamingLoader
+from rayless.store.client.loader import StreamingLoader
 from tests.waiting import wait_until as _wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_cluster(nodes=1)]

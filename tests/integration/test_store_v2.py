@@ -17,7 +17,8 @@ from tensordict import TensorDict
 
 from rayless.actors import Cluster
 from rayless.store import Store, StoreError, StoreInputError, StoreTimeoutError
-from rayless.store.loader import StreamingLoader
+from rayless.store.client.loader import StreamingLoader
+from rayless.store.data.requests import FetchRequest
 from rayless.store.metrics import prometheus, render_text
 from tests.waiting import wait_until
 
@@ -47,7 +48,7 @@ async def test_a_fetch_cancelled_by_its_caller_consumes_nothing(local_cluster: C
     # a served batch whose caller cancelled goes back; an acknowledged one stays consumed
     fid = "manual"
     await st.put(td(2, 10), partition="q")
-    served = await st.controller.get_meta("q", ["x"], 2, "t", "fetch", None, 5, fid)
+    served = await st.controller.get_meta(FetchRequest("q", ("x",), 2, "t", timeout=5), fid)
     assert served.size == 2 and await st.controller.cancel_fetch(fid) == 2
     assert (await st.get_meta("q", ["x"], 2, task="t", timeout=5)).size == 2
     assert (await st.consumption_status("q", "t"))["consumed"] == 2

@@ -198,7 +198,7 @@ async def test_rayless_timeline_cli_writes_the_trace_and_since_filters(
 
 
 async def test_weight_publish_and_pull_are_spans(traced_cluster: Cluster, tmp_path: Path) -> None:
-    from rayless.store import WeightSync
+    from rayless.weights import WeightSync
     from tests.integration.weights_classes import state
 
     async with WeightSync.create(traced_cluster, name="tl-weights") as ws:

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 import rayless.actors as actors
 from rayless.actors import Cluster
 from rayless.store import Store, StoreInputError, StoreTimeoutError, SyncStore
-from rayless.store.loader import StreamingDataset, StreamingLoader
+from rayless.store.client.loader import StreamingDataset, StreamingLoader
 from tests.waiting import wait_until as _wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_cluster(nodes=1)]

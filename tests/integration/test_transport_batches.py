@@ -15,8 +15,8 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rayless.transport import client_handshake as client_hs
-from rayless.transport import server_handshake as server_hs
+from rayless.transport import client as client_hs
+from rayless.transport import server as server_hs
 from rayless.transport.client import Client
 from rayless.transport.errors import ProtocolError
 from rayless.transport.protocol import (

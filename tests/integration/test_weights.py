@@ -11,15 +11,14 @@ import pytest
 import torch
 
 from rayless.actors import Cluster
-from rayless.store import (
+from rayless.transport import segments, shm
+from rayless.weights import (
     PublisherLostError,
     WeightMismatchError,
     WeightSync,
     WeightTimeoutError,
     WeightVersionError,
-    segments,
 )
-from rayless.transport import shm
 from tests.chaos.scenarios import until
 from tests.integration.weights_classes import DistMember, Publisher, Subscriber, state
 
@@ -225,3 +224,17 @@ async def test_every_rank_publishes_its_shard_and_pulls_see_whole_versions(
             assert got == [(v, [float(v)])] * 2, got
         with pytest.raises(WeightVersionError):
             await ranks[0].publish(2, keys[0], 0, 2)  # this shard already published 2
+
+
+async def test_the_blocking_face_publishes_shards(local_cluster: Cluster) -> None:
+    """SyncWeightSync.publish takes publish's shard arguments (docs/weights.md)."""
+    name = "ws-sync-shards"
+    async with WeightSync.create(local_cluster, name=name) as ws:
+        ranks = [await local_cluster.spawn(Publisher, name, cpus=0) for _ in range(2)]
+        keys = [["layer.weight", "layer.bias"], ["head.weight", "steps"]]
+        (sub,) = await _subscribers(local_cluster, name, ["float32"])
+        pull = asyncio.ensure_future(sub.pull(1))
+        assert await ranks[0].publish_sync(1, keys[0], 0, 2) == 1
+        assert await ws.latest_version() < 1  # shard 1 has not published yet
+        assert await ranks[1].publish_sync(1, keys[1], 1, 2) == 1
+        assert await pull == (1, [1.0])

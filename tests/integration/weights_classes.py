@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from rayless.actors import Actor
-from rayless.store import SyncWeightSync, WeightSync
+from rayless.weights import SyncWeightSync, WeightSync
 
 SHAPES = {"layer.weight": (64, 32), "layer.bias": (64,), "head.weight": (8, 64), "steps": ()}
 
@@ -85,6 +85,7 @@ class Publisher(Actor):
         self.device = device
         self.bucket_bytes = bucket_bytes
         self.ws: Any = None
+        self.sync_ws: SyncWeightSync | None = None
 
     async def setup(self) -> None:
         self.ws = await WeightSync.connect(self.name, bucket_bytes=self.bucket_bytes)
@@ -103,9 +104,20 @@ class Publisher(Actor):
             s = {k: s[k] for k in keys}
         return int(await self.ws.publish(s, version, shard=shard, num_shards=num_shards))
 
+    def publish_sync(self, version: int, keys: list[str], shard: int, num_shards: int) -> int:
+        """``publish`` of shard ``shard`` through the blocking face, from a sync method (the
+        actor's worker thread). The face stays open: a publisher's versions end with it."""
+        if self.sync_ws is None:
+            self.sync_ws = SyncWeightSync.connect(self.name, bucket_bytes=self.bucket_bytes)
+        s = state(version, torch.bfloat16, self.device)
+        s = {k: s[k] for k in keys}
+        return self.sync_ws.publish(s, version, shard=shard, num_shards=num_shards)
+
     async def teardown(self) -> None:
         if self.ws is not None:
             await self.ws.aclose()  # unlinks this publisher's segments
+        if self.sync_ws is not None:
+            await self.sync_ws.ws.aclose()  # the blocking face's client (on this loop)
 
 
 class DistMember(Actor):

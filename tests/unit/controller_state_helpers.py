@@ -6,9 +6,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from rayless.store.controller_state import ControllerState
-from rayless.store.meta import BatchMeta
-from rayless.store.schema import DataUpdate, FieldSchema
+from rayless.store.controller.state import ControllerState
+from rayless.store.data.meta import BatchMeta
+from rayless.store.data.schema import DataUpdate, FieldSchema
 
 F32 = FieldSchema("dense", "float32", (2,), "cpu")
 I64 = FieldSchema("dense", "int64", (), "cpu")

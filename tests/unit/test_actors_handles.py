@@ -188,5 +188,5 @@ def test_sync_store_has_a_blocking_method_for_every_store_method() -> None:
             assert inspect.signature(sync).parameters.keys() == (
                 inspect.signature(fn).parameters.keys()
             ), name
-    for name in ("store_id", "controller", "units", "owned", "closed"):
+    for name in ("controller", "units", "owned", "closed"):  # store_id: an attribute, read through
         assert isinstance(inspect.getattr_static(SyncStore, name), property), name

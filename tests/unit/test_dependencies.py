@@ -84,14 +84,14 @@ def test_the_wheel_holds_only_rayless(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"rayless"}, tops
-    for sub in ("transport", "placement", "actors", "store"):
+    for sub in ("transport", "placement", "actors", "store", "weights"):
         assert f"rayless/{sub}/__init__.py" in names
         assert f"rayless/{sub}/py.typed" in names
     # Every package of the checkout is in the wheel (a subpackage missing from pyproject's
     # ``packages`` list would be left out silently).
     for init in sorted(ROOT.glob("*/**/__init__.py")):
         rel = init.relative_to(ROOT)
-        if rel.parts[0] in ("transport", "placement", "actors", "store"):
+        if rel.parts[0] in ("transport", "placement", "actors", "store", "weights"):
             assert f"rayless/{rel.as_posix()}" in names, rel
         elif rel.parts[0] == "rayless":
             assert rel.as_posix() in names, rel

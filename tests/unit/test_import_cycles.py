@@ -16,6 +16,7 @@ PACKAGES = {
     "placement": "rayless.placement",
     "actors": "rayless.actors",
     "store": "rayless.store",
+    "weights": "rayless.weights",
     "rayless": "rayless",
 }
 
@@ -141,7 +142,7 @@ def test_the_finder_sees_a_cycle(tmp_path: Path) -> None:
         "def f():\n    import importlib\n    importlib.import_module('rayless.transport.e')\n"
     )
     (pkg / "e.py").write_text("def g():\n    from rayless.transport import d\n")
-    for other in ("placement", "actors", "store", "rayless"):
+    for other in ("placement", "actors", "store", "weights", "rayless"):
         (tmp_path / other).mkdir()
     assert cycles(graph(tmp_path)) == [
         ["rayless.transport.a", "rayless.transport.b"],

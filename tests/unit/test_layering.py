@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = ("transport", "placement", "actors", "store")
+LAYERS = ("transport", "placement", "actors", "store", "weights")
 # What each directory may import (layer names; "rayless" is the root package, its CLI and demo).
 ALLOWED = {
     "transport": {"transport"},
     "placement": {"placement", "transport"},
     "actors": {"actors", "transport", "placement"},
     "store": {"store", "actors", "transport", "placement"},
+    "weights": {"weights", "store", "actors", "transport", "placement"},
     "rayless": {"rayless", *LAYERS},
 }
 # placement may use only the error root of the transport.

@@ -8,11 +8,11 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rayless.store.columns import ShmDense, drain_pool
-from rayless.store.columns_cuda import LEASE_BYTES, CudaDense
-from rayless.store.segments import Segment
-from rayless.store.shard import ShardStorage
+from rayless.store.samehost.columns import ShmDense, drain_pool
+from rayless.store.samehost.columns_cuda import LEASE_BYTES, CudaDense
+from rayless.store.unit.shard import ShardStorage
 from rayless.transport import shm
+from rayless.transport.segments import Segment
 
 
 def _shard() -> ShardStorage:

@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
-from rayless.store.controller_state import ControllerState
+from rayless.store.controller.state import ControllerState
+from rayless.store.data.meta import BatchMeta
+from rayless.store.data.schema import DataUpdate
 from rayless.store.errors import (
     ForeignMetaError,
     SchemaError,
@@ -17,8 +19,6 @@ from rayless.store.errors import (
     UnknownFieldError,
     UnknownPartitionError,
 )
-from rayless.store.meta import BatchMeta
-from rayless.store.schema import DataUpdate
 from tests.unit.controller_state_helpers import (
     F32,
     I64,

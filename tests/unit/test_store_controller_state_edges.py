@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from rayless.store.data.meta import BatchMeta
+from rayless.store.data.schema import DataUpdate
 from rayless.store.errors import SchemaError, StoreInputError, UnknownFieldError
-from rayless.store.meta import BatchMeta
-from rayless.store.schema import DataUpdate
 from tests.unit.controller_state_helpers import (
     F32,
     I64,

@@ -8,10 +8,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from rayless.store.controller_state import ControllerState
+from rayless.store.controller.state import ControllerState
+from rayless.store.data.meta import BatchMeta
+from rayless.store.data.schema import DataUpdate
 from rayless.store.errors import StoreInputError
-from rayless.store.meta import BatchMeta
-from rayless.store.schema import DataUpdate
 from tests.unit.controller_state_helpers import I64
 
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rayless.store.data.meta import BatchMeta
+from rayless.store.data.schema import FieldSchema
 from rayless.store.errors import ForeignMetaError, SchemaError, StoreInputError, UnknownFieldError
-from rayless.store.meta import BatchMeta
-from rayless.store.schema import FieldSchema
 
 DENSE = FieldSchema("dense", "float32", (4,), "cpu")
 RAGGED = FieldSchema("jagged", "int64", (None,), "cuda:0")
@@ -166,7 +166,7 @@ def test_wire_round_trip_property(indexes: list[int], data: st.DataObject) -> No
 
 
 def test_sample_shapes_travel_flat_and_forged_ones_are_refused() -> None:
-    from rayless.store.schema import shapes_from_wire, shapes_to_wire
+    from rayless.store.data.schema import shapes_from_wire, shapes_to_wire
 
     shapes = [(3,), (5,), (1,)]
     wire = shapes_to_wire(shapes)

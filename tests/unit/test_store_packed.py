@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import NonTensorStack, TensorDict
 
+from rayless.store.data.packed import PACKED, is_packed, pack_columns, unpack_columns
+from rayless.store.data.schema import split_columns
 from rayless.store.errors import SchemaError
-from rayless.store.packed import PACKED, is_packed, pack_columns, unpack_columns
-from rayless.store.schema import split_columns
 
 
 def batch(lengths: list[int]) -> TensorDict:

@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rayless.store.errors import StoreInputError
-from rayless.store.samplers import (
+from rayless.store.controller.samplers import (
     GroupedSampler,
     RandomSampler,
     Sampler,
     SequentialSampler,
     make_sampler,
 )
+from rayless.store.errors import StoreInputError
 
 
 def by_four(index: int) -> Hashable:
@@ -109,8 +109,8 @@ def test_make_sampler_specs() -> None:
 
 def test_the_loader_and_its_samplers_are_exported_from_rayless_store() -> None:
     import rayless.store as store
-    from rayless.store.loader import StreamingDataset, StreamingLoader
-    from rayless.store.samplers import SeqlenBalancedSampler
+    from rayless.store.client.loader import StreamingDataset, StreamingLoader
+    from rayless.store.controller.samplers import SeqlenBalancedSampler
 
     assert store.SeqlenBalancedSampler is SeqlenBalancedSampler
     assert store.StreamingLoader is StreamingLoader

@@ -6,6 +6,16 @@ import pytest
 import torch
 from tensordict import NonTensorStack, TensorDict
 
+from rayless.store.data.schema import (
+    DataUpdate,
+    FieldSchema,
+    assemble,
+    check_plain,
+    dtype_from_name,
+    dtype_name,
+    merge_parts,
+    split_columns,
+)
 from rayless.store.errors import (
     ForeignMetaError,
     PartialResultError,
@@ -19,16 +29,6 @@ from rayless.store.errors import (
     UnknownKeyError,
     UnknownPartitionError,
     WriteTooLargeError,
-)
-from rayless.store.schema import (
-    DataUpdate,
-    FieldSchema,
-    assemble,
-    check_plain,
-    dtype_from_name,
-    dtype_name,
-    merge_parts,
-    split_columns,
 )
 from rayless.transport.errors import RaylessError, error_from_state, error_to_state
 

@@ -10,9 +10,8 @@ import textwrap
 
 import pytest
 
-from rayless.store import segments
-from rayless.store.segments import Reader, Segment, SlotPool, Superseded
-from rayless.transport import shm
+from rayless.transport import segments, shm
+from rayless.transport.segments import Reader, Segment, SlotPool, Superseded
 
 
 def _write(seg: Segment, byte: int) -> None:
@@ -90,7 +89,7 @@ def test_open_refuses_names_that_are_not_segments() -> None:
 _CHILD = textwrap.dedent(
     """
     import sys, time
-    from rayless.store.segments import SlotPool, Reader
+    from rayless.transport.segments import SlotPool, Reader
     pool = SlotPool()
     seg = pool.begin(16)
     pool.commit(seg, 1)
@@ -135,7 +134,7 @@ def test_the_node_agents_sweep_removes_them_too() -> None:
 _LEASER = textwrap.dedent(
     """
     import sys, time
-    from rayless.store.segments import Reader
+    from rayless.transport.segments import Reader
     reader = Reader()
     with reader.lease(sys.argv[1], 1):
         print("leased", flush=True)

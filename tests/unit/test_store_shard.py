@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import NonTensorStack, TensorDict
 
+from rayless.store.data.schema import STORABLE_DTYPES, FieldSchema, dtype_from_name, split_columns
 from rayless.store.errors import (
     SchemaError,
     StoreFullError,
@@ -19,8 +20,7 @@ from rayless.store.errors import (
     UnknownPartitionError,
     WriteTooLargeError,
 )
-from rayless.store.schema import STORABLE_DTYPES, FieldSchema, dtype_from_name, split_columns
-from rayless.store.shard import ShardStorage, kv_shard_of
+from rayless.store.unit.shard import ShardStorage, kv_shard_of
 
 
 def jagged(lengths: list[int], *rest: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

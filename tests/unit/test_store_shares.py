@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
+from rayless.store.controller.fetches import Share, Shares
 from rayless.store.errors import StoreInputError
-from rayless.store.fetches import Share, Shares
 
 
 def _share(

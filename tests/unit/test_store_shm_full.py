@@ -10,14 +10,13 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rayless.store.columns import ShmDense
+from rayless.store.data.schema import FieldSchema
 from rayless.store.errors import StoreFullError, StoreInputError
-from rayless.store.schema import FieldSchema
-from rayless.store.segments import Segment
-from rayless.store.shard import ShardStorage
-from rayless.store.unit import StorageUnit
-from rayless.store.unit_local import reservation_ttl
+from rayless.store.samehost.columns import ShmDense
+from rayless.store.unit.actor import StorageUnit, reservation_ttl
+from rayless.store.unit.shard import ShardStorage
 from rayless.transport.errors import error_from_state, error_to_state
+from rayless.transport.segments import Segment
 
 WIRE = {"x": {"kind": "dense", "dtype": "float32", "shape": [4]}}
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from rayless.store.controller_state import ControllerState
+from rayless.store.controller.fetches import Fetches, check_timeout
+from rayless.store.controller.samplers import SeqlenBalancedSampler, balanced_split, make_sampler
+from rayless.store.controller.state import ControllerState
+from rayless.store.data.requests import FetchRequest
+from rayless.store.data.schema import DataUpdate, FieldSchema
 from rayless.store.errors import StoreInputError, UnknownKeyError
-from rayless.store.fetches import Fetches, check_timeout
 from rayless.store.metrics import RateMeter, prometheus, render_text
-from rayless.store.samplers import SeqlenBalancedSampler, balanced_split, make_sampler
-from rayless.store.schema import DataUpdate, FieldSchema
 
 X = FieldSchema.from_dict(
     {"kind": "dense", "dtype": "int64", "shape": [], "device": "cpu", "is_nested": False}
@@ -75,12 +76,14 @@ def test_unconsume_hands_samples_back_and_skips_cleared_ones() -> None:
 
 def test_fetch_leases_cancels_and_early_cancels() -> None:
     f = Fetches(lease_after=5.0)
-    w = f.wait("a", "p", ["x"], 2, "t")
+    w = f.wait("a", FetchRequest("p", ("x",), 2, "t"))
     assert f.cancel("a") is w and w.cancelled
     f.done(w)
     f.lease("b", "t", "p", [1, 2])
     assert f.cancel("b") is None and f.unlease("b") is not None  # served: unlease hands back
-    assert f.cancel("c") is None and f.wait("c", "p", ["x"], 1, "t").cancelled  # early cancel
+    assert (
+        f.cancel("c") is None and f.wait("c", FetchRequest("p", ("x",), 1, "t")).cancelled
+    )  # early cancel
     f.lease("d", "t", "p", [3])
     assert f.expired(now=10**9)[0].indexes == (3,)
     for bad in (-1, "1", True):

@@ -1,0 +1,842 @@
+"""Store: the client of the sharded store, usable from a driver and from inside any actor.
+
+    async with Store.create(cluster, num_units=2, device="cpu") as st:  # controller + units
+        meta = await st.put(td, partition="train")
+        batch = await st.get_meta(partition="train", fields=["obs"], batch_size=64, task="learner")
+        td = await st.get(batch)
+
+``Store.connect(name)`` finds a running store by its controller's name (inside an actor it uses
+the actor's own cluster session). Both openers work awaited or with ``async with``.
+
+Lifecycle: ``aclose()`` (idempotent; also on leaving ``async with``) ends this client, and
+then every call on it raises ClosedError. The client that *created* the store owns it: its
+``aclose()`` also kills the controller and the units (they belong to the creator's session
+anyway, and die with it); a connected client's ``aclose()`` only detaches. ``shutdown()`` is
+the explicit form: kill the store now, raising StoreError for a client that does not own it.
+
+A put splits the TensorDict per storage unit (one frame per tensor per unit) and writes all
+units in parallel (same-host units through :class:`~rayless.store.samehost.plane.LocalPlane`, with
+their rows reserved while the controller allocates the samples); each unit ACKs only after the
+controller recorded its data. ``get_meta`` asks the controller for a BatchMeta (waiting fetches,
+samplers). A get reads only the units holding the meta's samples, in parallel, while the
+controller checks the meta, then merges in order and moves the fields to their device. A dead
+unit fails a call as UnitLostError (and is reported to the controller).
+
+Clearing samples and partitions, production and consumption status, consumption resets, lost
+samples, custom metadata, and the controller's and units' metrics and stats: each is one
+controller call (metrics and stats also ask every live unit, in parallel).
+
+The store has two key-value faces. **Partition keys** (TransferQueue 0.1.x's KV interface, same
+names and arguments): ``kv_batch_put(keys, partition_id, fields=None, tags=None)`` names
+samples of a partition by string keys: a new key allocates a sample (its ``tags`` are the
+sample's custom metadata), an existing key gets ``fields`` written onto its sample (a
+column-wise put) and its tags replaced. The samples are ordinary samples: ``get_meta`` fetches
+them, ``clear`` removes them. ``kv_batch_get(keys, partition_id, select_fields=None)`` reads
+them in order, ``kv_list(partition_id=None)`` returns ``{partition: {key: tags}}`` and
+``kv_clear(keys, partition_id)`` removes them. A batch mixing new and existing keys is two
+puts (new samples, then fields onto the old ones): each is atomic, the pair is not.
+
+**Unit keys** (rayless's own, no partition): ``kv_put(keys, td)`` / ``kv_get`` / ``kv_keys`` /
+``kv_delete`` hash each key onto one unit and overwrite in place; nothing of the controller is
+involved (these keys are never fetched).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tensordict import TensorDict, TensorDictBase
+
+from rayless.actors import ActorDiedError, ActorHandle, Cluster, connect
+from rayless.actors.api.components import spawn_all
+from rayless.actors.api.lifecycle import opener
+from rayless.actors.api.timeline import store_span, traced
+from rayless.store.controller.actor import StoreController
+from rayless.store.controller.fetches import check_timeout
+from rayless.store.data.meta import BatchMeta
+from rayless.store.data.packed import pack_columns
+from rayless.store.data.partial import partial_result
+from rayless.store.data.requests import FetchRequest, PutOptions
+from rayless.store.data.rows import merge, place, take
+from rayless.store.data.schema import Column, merge_parts, split_columns
+from rayless.store.errors import (
+    ForeignMetaError,
+    StoreError,
+    StoreInputError,
+    UnitLostError,
+    UnknownFieldError,
+    UnknownPartitionError,
+)
+from rayless.store.metrics import collect
+from rayless.store.samehost.plane import LocalPlane
+from rayless.store.unit.actor import StorageUnit
+from rayless.store.unit.actor import reservation_ttl as _reservation_ttl
+from rayless.store.unit.shard import kv_shard_of
+from rayless.transport.errors import ClosedError, RaylessError
+
+if TYPE_CHECKING:
+    from rayless.store.client.checkpoint import Restored
+
+__all__ = ["DEFAULT_NAME", "PUT_TIMEOUT", "KVBatchMeta", "Store"]
+
+DEFAULT_NAME = "rayless-store"
+
+
+PUT_TIMEOUT = 30.0
+
+
+def _sampler_spec(sampler: Any) -> Any:
+    if sampler is None or isinstance(sampler, (str, Mapping)):
+        return sampler
+    spec = getattr(sampler, "spec", None)
+    if callable(spec):
+        return spec()
+    raise StoreInputError(f"not a sampler or sampler spec: {sampler!r}")
+
+
+async def _done(value: Any) -> Any:
+    if isinstance(value, BaseException):
+        raise value
+    return value
+
+
+def _groups(meta: BatchMeta) -> dict[tuple[int, str], list[int]]:
+    groups: dict[tuple[int, str], list[int]] = {}
+    for pos, (shard, part) in enumerate(zip(meta.shards, meta.partition_ids, strict=True)):
+        groups.setdefault((shard, part), []).append(pos)
+    return groups
+
+
+@dataclass(frozen=True)
+class KVBatchMeta:
+    """What ``kv_batch_put`` returns: the keys, their tags, the partition and the fields the
+    samples hold now (TransferQueue's KVBatchMeta); ``meta`` is the samples' BatchMeta."""
+
+    keys: list[str]
+    tags: list[dict[str, Any]]
+    partition_id: str
+    fields: list[str]
+    meta: BatchMeta | None = field(default=None, compare=False)
+
+
+def _rows(td: TensorDictBase, positions: list[int]) -> TensorDictBase:
+    return take(split_columns(td), positions, int(td.batch_size[0]))
+
+
+def _kv_keys(keys: Any) -> list[str]:
+    """``keys`` as a list of str; a bare str (``"abc"``) is refused, not split into letters."""
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+        raise StoreInputError(f"keys must be a list of str, got {keys!r}")
+    out = list(keys)
+    if any(not isinstance(k, str) or not k for k in out):
+        raise StoreInputError("keys must be non-empty str")
+    return out
+
+
+class Store:
+    """A client of one store (controller + storage units). See the module docstring."""
+
+    def __init__(
+        self,
+        controller: ActorHandle[Any],
+        units: list[dict[str, Any]],
+        store_id: str,
+        cluster: Cluster | None = None,
+        owned: bool = False,
+    ) -> None:
+        self._controller = controller
+        self._units = units
+        self.store_id = store_id
+        self._cluster = cluster
+        self._owned = owned
+        self._own_cluster = False  # connect() opened the cluster session itself
+        self._closed = False
+        self._notes: set[asyncio.Future[Any]] = set()  # acks and cancels in flight
+        self._plane = LocalPlane()  # the same-host data plane
+
+    @property
+    def controller(self) -> ActorHandle[Any]:
+        """The controller actor. Raises ClosedError once the client is closed."""
+        if self._closed:
+            raise ClosedError(f"this client of store {self.store_id!r} is closed")
+        return self._controller
+
+    @property
+    def units(self) -> list[dict[str, Any]]:
+        """The storage units' info (handle, shard, node). Raises ClosedError once closed."""
+        if self._closed:
+            raise ClosedError(f"this client of store {self.store_id!r} is closed")
+        return self._units
+
+    @units.setter
+    def units(self, value: list[dict[str, Any]]) -> None:
+        self._units = value
+
+    @property
+    def owned(self) -> bool:
+        """Whether this client created the store (and its ``aclose`` kills it)."""
+        return self._owned
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` ran."""
+        return self._closed
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    @classmethod
+    @opener
+    async def create(
+        cls,
+        cluster: Cluster,
+        num_units: int = 2,
+        device: str = "cpu",
+        *,
+        name: str = DEFAULT_NAME,
+        nodes: Sequence[str] | None = None,
+        capacity_bytes: int | None = None,
+        env_shards: Mapping[str, int] | None = None,
+        env_nodes: Mapping[str, str] | None = None,
+        gpus_per_unit: float = 1.0,
+        reclaim_after: float = 120.0,
+        unit_max_restarts: int = 0,
+        lease_after: float = 60.0,
+        reservation_ttl: float | None = None,
+    ) -> Store:
+        """Spawn a controller (named ``name``) and ``num_units`` units, one per node round-robin
+        (or on ``nodes[i]``); wait for their handshakes. Await it, or ``async with`` it (the
+        store is killed on exit).
+
+        ``device`` "cuda" spawns units with ``gpus_per_unit`` GPUs each. ``env_nodes`` maps env
+        ids to nodes (their samples go to that node's unit); ``env_shards`` maps env ids to
+        shard numbers directly. ``unit_max_restarts`` restarts a dead unit (empty: its samples
+        stay lost) that registers and is watched again. ``lease_after``: seconds a fetched
+        batch waits for its client's ack before it goes back to its task (the client died).
+        ``reservation_ttl``: seconds a same-host put's reserved slots wait for its commit
+        (default ``RAYLESS_STORE_RESERVATION_TTL`` in the units' environment, else 120).
+        Raises ValueError/StoreInputError for bad arguments,
+        PlacementError/RemoteError when actors cannot start (nothing is left running).
+        """
+        if not isinstance(num_units, int) or num_units < 1:
+            raise StoreInputError(f"num_units must be a positive int, got {num_units!r}")
+        if device not in ("cpu", "cuda"):
+            raise StoreInputError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        if reservation_ttl is not None:
+            _reservation_ttl(reservation_ttl)  # raises StoreInputError before anything starts
+        if nodes is None:
+            alive = [n["node_id"] for n in await cluster.nodes() if n.get("alive", True)]
+            nodes = [alive[i % len(alive)] for i in range(num_units)]
+        elif len(nodes) != num_units:
+            raise StoreInputError(f"nodes names {len(nodes)} nodes for {num_units} units")
+        controller = await cluster.spawn(
+            StoreController, None, env_shards, reclaim_after, lease_after, name=name, cpus=0
+        )
+        gpus = gpus_per_unit if device == "cuda" else 0
+        spawned = [
+            cluster.spawn(
+                StorageUnit,
+                f"{name}-unit-{i}",
+                controller,
+                device,
+                capacity_bytes,
+                reservation_ttl,
+                name=f"{name}-unit-{i}",
+                node=node,
+                gpus=gpus,
+                cpus=0,
+                max_restarts=unit_max_restarts,
+            )
+            for i, node in enumerate(nodes)
+        ]
+        handles = await spawn_all(cluster, spawned, kill_on_error=[controller])
+        await controller.set_units({f"{name}-unit-{i}": h for i, h in enumerate(handles)})
+        store = cls(
+            controller, await controller.units(), await controller.store_id(), cluster, True
+        )
+        if env_nodes is not None:
+            await store.set_env_nodes(env_nodes)
+        return store
+
+    @classmethod
+    @opener
+    async def connect(cls, name: str = DEFAULT_NAME, cluster: Cluster | None = None) -> Store:
+        """A client of the running store whose controller is called ``name``. Await it, or
+        ``async with`` it (the client detaches on exit).
+
+        Raises ActorNotFoundError when no such actor is alive.
+        """
+        own = cluster is None
+        cluster = cluster or await connect()
+        # Inside an actor (or after this process joined a cluster) connect() gives a Cluster
+        # on the existing session; closing that one would make the process forget its
+        # cluster (the next connect raised ConnectError), so only a session of our own is ours.
+        own = own and cluster.owns_session
+        try:
+            controller = await cluster.get_actor(name)
+            units = await controller.units()
+            store = cls(controller, units, await controller.store_id(), cluster, False)
+        except BaseException:
+            if own:
+                await cluster.aclose()
+            raise
+        store._own_cluster = own
+        return store
+
+    async def shutdown(self) -> None:
+        """Kill the controller and the units now (only the store's creator may).
+
+        Raises:
+            StoreError: this client did not create the store (or already shut it down).
+            ClosedError: this client is closed.
+        """
+        if not self._owned or self._cluster is None:
+            if self._closed:
+                raise ClosedError(f"this client of store {self.store_id!r} is closed")
+            raise StoreError("only the client that created the store can shut it down")
+        self._owned = False
+        for unit in self.units:
+            if unit.get("handle") is not None:
+                await self._cluster.kill(unit["handle"])
+        await self._cluster.kill(self.controller)
+
+    async def aclose(self) -> None:
+        """End this client (idempotent): the creator's also kills the store; a connected
+        client only detaches. Every later call raises ClosedError. Never raises for a cluster
+        that is already gone."""
+        if self._closed:
+            return
+        try:
+            if self._owned and self._cluster is not None and not self._cluster.closed:
+                await self.shutdown()
+        except RaylessError:  # the cluster or the actors are already gone
+            pass
+        finally:
+            self._owned = False
+            self._closed = True
+            self._plane.close()
+            if self._own_cluster and self._cluster is not None:
+                await self._cluster.aclose()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def refresh(self) -> None:
+        """Reload the units' info (liveness) from the controller."""
+        self.units = await self.controller.units()
+
+    def unit_for_node(self, node_id: str) -> int:
+        """The shard number of the (first) unit on ``node_id``. Raises StoreInputError."""
+        for unit in self.units:
+            if unit["node_id"] == node_id:
+                return int(unit["shard"])
+        raise StoreInputError(f"no storage unit runs on node {node_id!r}")
+
+    async def set_env_nodes(self, env_nodes: Mapping[str, str]) -> None:
+        """Place env ids on their node's unit (node affinity for ``put(env_ids=...)``)."""
+        await self.set_env_shards({e: self.unit_for_node(n) for e, n in env_nodes.items()})
+
+    async def set_env_shards(self, env_shards: Mapping[str, int] | None) -> None:
+        """Replace the env id → shard table (e.g. ``EpisodeTable.get_env_to_storage()``)."""
+        await self.controller.set_env_shards(None if env_shards is None else dict(env_shards))
+
+    async def save_checkpoint(
+        self, directory: str | Path, *, metadata: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Save every partition (data, keys, groups, tags, production and consumption
+        status) and ``metadata`` (a JSON object) to ``directory``; returns the manifest.
+        Raises StoreInputError (non-empty directory, metadata not JSON). See
+        :mod:`rayless.store.client.checkpoint`."""
+        from rayless.store.client.checkpoint import save
+
+        return await save(self, Path(directory), metadata)
+
+    async def load_checkpoint(self, directory: str | Path) -> Restored:
+        """Restore a checkpoint into this store (any unit count); returns the new indexes
+        per partition (a dict) with the saved ``metadata``. Raises CheckpointNotFoundError
+        (also a FileNotFoundError: no checkpoint there), CheckpointError (a
+        StoreInputError: bad manifest, missing file, partition exists, no room; nothing
+        written); a load failing part-way is undone."""
+        from rayless.store.client.checkpoint import load
+
+        return await load(self, Path(directory))
+
+    # -- put and get -----------------------------------------------------------------------
+
+    def _check_meta(self, meta: Any) -> BatchMeta:
+        if not isinstance(meta, BatchMeta):
+            raise StoreInputError(f"expected a BatchMeta, got {type(meta).__name__}")
+        if meta.store_id != self.store_id:
+            raise ForeignMetaError(f"the meta comes from store {meta.store_id!r}")
+        count = len(self.units)
+        bad = sorted(s for s in set(meta.shards) if not 0 <= s < count)
+        if bad:
+            raise StoreInputError(
+                f"the meta names shard {bad[0]}, but the store has {len(self.units)} units "
+                "(a forged or corrupted meta)"
+            )
+        return meta
+
+    async def _lost(self, shard: int, exc: BaseException) -> UnitLostError:
+        unit = self.units[shard]
+        try:
+            await self.controller.unit_lost(unit["unit_id"], str(exc))
+        except StoreError:
+            pass
+        return UnitLostError(unit["unit_id"], str(exc))
+
+    async def _gather(self, shards: list[int], calls: list[Any]) -> list[Any]:
+        """Run per-unit calls in parallel; raise the first error (a dead unit as UnitLostError)."""
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        first: BaseException | None = None
+        for shard, res in zip(shards, results, strict=True):
+            if isinstance(res, ActorDiedError):
+                res = await self._lost(shard, res)
+            if isinstance(res, BaseException) and first is None:
+                first = res
+        if first is not None:
+            raise first
+        return list(results)
+
+    @traced("store", "put", store_span)
+    async def put(
+        self,
+        td: TensorDictBase,
+        partition: str | None = None,
+        *,
+        meta: BatchMeta | None = None,
+        env_ids: Sequence[str] | None = None,
+        group_ids: Sequence[Any] | None = None,
+        custom_meta: Sequence[Mapping[str, Any]] | None = None,
+        timeout: float = PUT_TIMEOUT,
+        keys: Sequence[str] | None = None,
+        group_size: int | None = None,
+    ) -> BatchMeta:
+        """Put ``td`` (batch_size ``[B]``) as new samples of ``partition``, or its fields onto the
+        samples of ``meta`` (column-wise); return the samples' meta with the fields added.
+
+        ``group_ids`` name each sample's group; ``group_size`` fixes the partition's group
+        size (else the first grouped fetch does): a put whose groups would outgrow it is
+        refused (StoreInputError) before anything is written. ``keys``: KV keys for the new
+        samples (see ``kv_batch_put``).
+
+        Waits up to ``timeout`` s for room on full units. Raises SchemaError/StoreInputError/
+        ForeignMetaError/StaleMetaError (bad input, unstorable dtypes; nothing changed),
+        StoreFullError (no room in time; WriteTooLargeError at once for a write larger than a
+        unit's capacity), UnitLostError (a unit is gone). A failed put is undone: new samples
+        are cleared (and a partition it created is dropped), fields it added to existing
+        samples are deleted again. A new put's samples become ready only once all are written.
+        """
+        columns = split_columns(td)
+        n = int(td.batch_size[0])
+        schemas = {name: col.schema for name, col in columns.items()}
+        wire = {name: s.to_dict() for name, s in schemas.items()}
+        options = PutOptions.of(env_ids, group_ids, custom_meta, keys, group_size)
+        new = meta is None
+        fresh: dict[str, Any] = {}
+        put_id: int | None = None
+        ahead: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]] = {}
+        if meta is None:
+            if partition is None:
+                raise StoreInputError("put needs a partition (or the meta of existing samples)")
+            if options.env_ids is None and isinstance(partition, str):
+                ahead = await self._reserve_ahead(partition, n, columns, wire, timeout)
+            try:
+                meta = await self.controller.allocate(partition, n, wire, options)
+            except BaseException:
+                for shard, (_, reserved) in ahead.items():
+                    self._plane.drop_later(self.units[shard]["handle"], reserved)
+                raise
+        else:
+            if options.for_new_samples:
+                raise StoreInputError("keys/group_ids/group_size apply to new samples only")
+            meta = self._check_meta(meta)
+            if meta.size != n:
+                raise StoreInputError(f"the TensorDict holds {n} samples, the meta {meta.size}")
+            if partition is not None and set(meta.partition_ids) != {partition}:
+                raise StoreInputError(f"the meta's samples are not in partition {partition!r}")
+            begun = await self.controller.begin_column_put(meta, wire)
+            put_id, fresh = int(begun["put_id"]), begun["fresh"]
+        shards: list[int] = []
+        try:
+            try:
+                args = (meta, td, columns, n, wire, timeout, ahead, shards, put_id)
+                calls = await self._put_calls(*args)
+            finally:
+                for shard, (_, reserved) in ahead.items():  # units the allocation left out
+                    self._plane.drop_later(self.units[shard]["handle"], reserved)
+            await self._gather(shards, calls)
+        except BaseException:
+            if new:
+                await self.controller.abort_put(meta)
+            elif put_id is not None:
+                with contextlib.suppress(StoreError):
+                    await self.controller.abort_fields(meta, fresh, put_id)
+            raise
+        shapes = {k: c.sample_shapes or [] for k, c in columns.items() if c.schema.is_nested}
+        return meta.with_fields(schemas, shapes)
+
+    async def _put_calls(
+        self,
+        meta: BatchMeta,
+        td: TensorDictBase,
+        columns: Mapping[str, Column],
+        n: int,
+        wire: dict[str, dict[str, Any]],
+        timeout: float,
+        ahead: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]],
+        shards: list[int],
+        put_id: int | None,
+    ) -> list[Any]:
+        """One write per unit of a put (appending each unit's shard to ``shards``); uses and
+        removes the reservations in ``ahead`` that fit."""
+        calls: list[Any] = []
+        for (shard, part), positions in _groups(meta).items():
+            indexes = [meta.global_indexes[p] for p in positions]
+            unit, args = self.units[shard], (indexes, columns, positions, n, wire, timeout)
+            shards.append(shard)
+            count, reserved = ahead.pop(shard, (-1, None))
+            if reserved is not None and count != len(positions):
+                self._plane.drop_later(unit["handle"], reserved)  # the guess was wrong
+                reserved = None
+            if await self._plane.is_local(unit):  # same host: straight into its segments
+                put = self._plane.put(unit, part, *args, reserved=reserved, put_id=put_id)
+                calls.append(put)
+            else:
+                sub = pack_columns(columns, positions)
+                calls.append(unit["handle"].write(part, indexes, sub, wire, timeout, put_id))
+        return calls
+
+    async def _reserve_ahead(
+        self,
+        partition: str,
+        n: int,
+        columns: Mapping[str, Column],
+        wire: dict[str, dict[str, Any]],
+        timeout: float,
+    ) -> dict[int, tuple[int, asyncio.Future[dict[str, Any]]]]:
+        """Reserve a new put's dense rows on same-host units while the controller allocates
+        its samples: ``{shard: (rows, reservation)}``. The guess is the controller's split
+        without env ids (one contiguous block per live unit, in shard order); a wrong guess
+        costs a release (see :meth:`put`)."""
+        if not self._plane.enabled or n <= 0:
+            return {}
+        units = self.units
+        out: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]] = {}
+        for k, unit in enumerate(units):
+            count = -(-(k + 1) * n // len(units)) - -(-k * n // len(units))
+            if count and await self._plane.is_local(unit) and self._plane.dense_for(unit, columns):
+                reserved = self._plane.reserve_ahead(unit, partition, count, columns, wire, timeout)
+                out[int(unit["shard"])] = (count, reserved)
+        return out
+
+    @traced("store", "get_meta", store_span)
+    async def get_meta(
+        self,
+        partition: str,
+        fields: Sequence[str],
+        batch_size: int | None = None,
+        *,
+        task: str = "default",
+        mode: str = "fetch",
+        sampler: Any = None,
+        timeout: float | None = None,
+        share: tuple[str, int] | None = None,
+    ) -> BatchMeta:
+        """Ready samples of ``partition`` holding ``fields``, unconsumed by ``task``.
+
+        ``mode="fetch"`` waits up to ``timeout`` (None: forever, 0: not at all) for
+        ``batch_size`` of them and marks them consumed by ``task``; ``"peek"`` does not mark.
+        ``batch_size`` None takes what is there now. ``sampler``: "sequential" (default),
+        "random", ``{"name": "grouped", "n": N}``, ``{"name": "seqlen_balanced", ...}`` or a
+        Sampler. ``share=(key, consumers)``: ``consumers`` calls with ``key`` get one batch
+        (the streaming loader's ranks). Raises StoreTimeoutError, StoreInputError (also for
+        a timeout that is not None or a number >= 0). Waiting never delays other clients.
+
+        A fetch cancelled here (``asyncio.wait_for(st.get_meta(...), 1)`` timing out, a
+        cancelled task, a SyncStore call that timed out) consumes nothing: the controller
+        drops it, or hands its batch back if it was already served.
+        """
+        check_timeout(timeout)
+        request = FetchRequest(
+            partition, tuple(fields), batch_size, task, mode, _sampler_spec(sampler), timeout
+        )
+        if share is not None:
+            return await self.controller.get_meta(request, None, list(share))
+        fetch_id = uuid.uuid4().hex
+        try:
+            meta: BatchMeta = await self.controller.get_meta(request, fetch_id)
+        except asyncio.CancelledError:
+            self._note(self._controller.cancel_fetch(fetch_id))
+            raise
+        if mode == "fetch":
+            self._note(self._controller.ack_fetch(fetch_id))
+        return meta
+
+    def _note(self, future: asyncio.Future[Any]) -> None:
+        """Keep a one-way note (ack, cancel) alive until sent; its errors do not matter."""
+        self._notes.add(future)
+
+        def done(f: asyncio.Future[Any]) -> None:
+            self._notes.discard(f)
+            if not f.cancelled():
+                f.exception()
+
+        future.add_done_callback(done)
+
+    @traced("store", "get", store_span)
+    async def get(
+        self,
+        meta: BatchMeta,
+        fields: Sequence[str] | None = None,
+        *,
+        device: Any = None,
+        zero_copy: bool = False,
+    ) -> TensorDict:
+        """The data of ``meta``'s samples (``fields``: a subset) as one TensorDict.
+
+        From units on this host the bytes are copied once, out of their shared memory;
+        ``zero_copy=True`` returns views of it where it can (see
+        :mod:`rayless.store.samehost.plane`).
+
+        Same keys, dtypes, shapes, nesting as put; each field on its put-time device where this
+        process has it (else the CPU), or on ``device``. Raises ForeignMetaError, StaleMetaError,
+        UnknownFieldError, PartialResultError (a UnitLostError naming the unit that held some
+        samples; its ``data``/``meta`` are the samples read from live units, ``lost`` the rest).
+        """
+        meta = self._check_meta(meta)
+        if fields is not None:
+            meta = meta.select_fields(fields)
+        names = meta.field_names
+        if meta.size == 0 or not names:
+            await self.controller.check_readable(meta)
+            return TensorDict({}, batch_size=[meta.size])
+        groups = _groups(meta)
+        local = await self._plane.get(self, meta, names, groups, zero_copy, device)
+        if local is not None:
+            return place(local, meta.field_schemas, device)
+        calls = [self.controller.lost_positions(meta)]
+        for (shard, part), positions in groups.items():
+            indexes = [meta.global_indexes[p] for p in positions]
+            calls.append(self.units[shard]["handle"].read(part, indexes, names))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        if isinstance(results[0], BaseException):
+            raise results[0]
+        if any(isinstance(r, (UnknownFieldError, UnknownPartitionError)) for r in results[1:]):
+            await self.controller.check_readable(meta)  # cleared meanwhile: StaleMetaError
+        lost = {int(pos): str(unit) for pos, unit in results[0]}
+        dead = [isinstance(r, (ActorDiedError, UnitLostError)) for r in results[1:]]
+        if lost or any(dead):
+            await partial_result(self, meta, groups, results[1:], lost, device)
+        results = await self._gather(
+            [shard for shard, _ in groups], [_done(r) for r in results[1:]]
+        )
+        parts = [(pos, td) for pos, td in zip(groups.values(), results, strict=True)]
+        return place(merge(meta.size, meta.field_schemas, parts), meta.field_schemas, device)
+
+    # -- status and housekeeping -----------------------------------------------------------
+
+    @traced("store", "clear", store_span)
+    async def clear(self, meta: BatchMeta) -> None:
+        """Remove ``meta``'s samples; their indexes are reused. Raises Foreign/StaleMetaError."""
+        await self.controller.clear(self._check_meta(meta))
+
+    @traced("store", "clear_partition", store_span)
+    async def clear_partition(self, partition: str) -> None:
+        """Remove a whole partition. Raises UnknownPartitionError."""
+        await self.controller.clear_partition(partition)
+
+    async def partitions(self) -> list[str]:
+        """Existing partitions."""
+        result: list[str] = await self.controller.partitions()
+        return result
+
+    async def production_status(self, partition: str) -> dict[str, Any]:
+        """``{"samples": n, "fields": {field: ready}, "schemas": {...}}``."""
+        result: dict[str, Any] = await self.controller.production_status(partition)
+        return result
+
+    async def consumption_status(self, partition: str, task: str = "default") -> dict[str, int]:
+        """``{"samples": n, "consumed": c}`` for ``task``."""
+        result: dict[str, int] = await self.controller.consumption_status(partition, task)
+        return result
+
+    async def reset_consumption(
+        self,
+        task: str | None = "default",
+        partition: str | None = None,
+        *,
+        meta: BatchMeta | None = None,
+    ) -> None:
+        """Make every sample unconsumed again for ``task`` (None: for every task) in
+        ``partition`` (None: everywhere), or only ``meta``'s samples (e.g.
+        ``PartialResultError.meta``, to fetch them again). Raises StoreInputError,
+        UnknownPartitionError."""
+        checked = None if meta is None else self._check_meta(meta)
+        await self.controller.reset_consumption(task, partition, checked)
+
+    async def lost_samples(self, partition: str) -> BatchMeta:
+        """The samples of ``partition`` lost with their unit (not ready; a fetch skips them):
+        ``clear`` them, or rewrite their fields once the unit registered again."""
+        result: BatchMeta = await self.controller.lost_meta(partition)
+        return result
+
+    async def set_custom_meta(self, meta: BatchMeta, custom: Sequence[Mapping[str, Any]]) -> None:
+        """Replace the per-sample custom metadata of ``meta``'s samples."""
+        await self.controller.set_custom_meta(self._check_meta(meta), [dict(c) for c in custom])
+
+    async def metrics(self) -> dict[str, Any]:
+        """The controller's and every unit's counters (see :mod:`rayless.store.metrics`:
+        ``render_text``, ``prometheus``)."""
+        name = getattr(self._controller, "name", None)
+        return await collect(self.controller, self.units, self.store_id, name)
+
+    async def stats(self) -> dict[str, Any]:
+        """The controller's counts and each live unit's bytes and rows."""
+        out: dict[str, Any] = await self.controller.stats()
+        calls = [u["handle"].stats() for u in self.units if u.get("alive")]
+        out["unit_stats"] = await asyncio.gather(*calls, return_exceptions=True)
+        return out
+
+    # -- KV keys ---------------------------------------------------------------------------
+
+    async def kv_batch_put(
+        self,
+        keys: Sequence[str],
+        partition_id: str,
+        fields: TensorDictBase | None = None,
+        tags: Sequence[Mapping[str, Any]] | None = None,
+    ) -> KVBatchMeta:
+        """Write ``fields`` (batch_size ``len(keys)``) and/or ``tags`` under ``keys`` of
+        ``partition_id``; returns their KVBatchMeta.
+
+        Raises StoreInputError (neither fields nor tags, lengths that differ, bad keys) and
+        every error of ``put``.
+        """
+        keys = _kv_keys(keys)
+        if fields is None and tags is None:
+            raise StoreInputError("kv_batch_put needs fields or tags")
+        if fields is not None and int(fields.batch_size[0]) != len(keys):
+            raise StoreInputError(
+                f"{len(keys)} keys for a TensorDict of batch size {fields.batch_size[0]}"
+            )
+        tag_list = None if tags is None else [dict(t) for t in tags]
+        if tag_list is not None and len(tag_list) != len(keys):
+            raise StoreInputError(f"{len(keys)} keys for {len(tag_list)} tags")
+        old, missing = await self.controller.kv_lookup(partition_id, keys)
+        present = [p for p in range(len(keys)) if p not in set(missing)]
+        if missing:
+            data = fields if fields is not None else TensorDict({}, batch_size=[len(keys)])
+            sub = data if len(missing) == len(keys) else _rows(data, missing)
+            await self.put(
+                sub,
+                partition_id,
+                keys=[keys[p] for p in missing],
+                custom_meta=None if tag_list is None else [tag_list[p] for p in missing],
+            )
+        if present:
+            if fields is not None and list(fields.keys()):
+                sub = fields if len(present) == len(keys) else _rows(fields, present)
+                old = await self.put(sub, meta=old)
+            if tag_list is not None:
+                await self.set_custom_meta(old, [tag_list[p] for p in present])
+        meta = await self.controller.kv_meta(partition_id, keys)
+        return KVBatchMeta(
+            list(keys), [dict(c) for c in meta.custom_meta], partition_id, meta.field_names, meta
+        )
+
+    async def kv_batch_get(
+        self,
+        keys: Sequence[str] | str,
+        partition_id: str,
+        select_fields: Sequence[str] | str | None = None,
+    ) -> TensorDict:
+        """The data under ``keys`` of ``partition_id`` (all the fields every key holds, or
+        ``select_fields``). Raises UnknownPartitionError, UnknownKeyError, UnknownFieldError."""
+        key_list = [keys] if isinstance(keys, str) else _kv_keys(keys)
+        wanted = [select_fields] if isinstance(select_fields, str) else select_fields
+        meta = await self.controller.kv_meta(
+            partition_id, key_list, None if wanted is None else list(wanted)
+        )
+        result: TensorDict = await self.get(meta)
+        return result
+
+    async def kv_list(self, partition_id: str | None = None) -> dict[str, dict[str, Any]]:
+        """``{partition: {key: tags}}`` of one partition or of every partition with keys;
+        ``{}`` for an unknown partition or one without keys."""
+        result: dict[str, dict[str, Any]] = await self.controller.kv_list(partition_id)
+        return result
+
+    async def kv_clear(self, keys: Sequence[str] | str, partition_id: str) -> None:
+        """Remove ``keys`` (and their samples) from ``partition_id``; absent keys are ignored."""
+        key_list = [keys] if isinstance(keys, str) else _kv_keys(keys)
+        meta, _missing = await self.controller.kv_lookup(partition_id, key_list)
+        if meta.size:
+            await self.clear(meta)
+
+    def _by_key(self, keys: Sequence[str]) -> dict[int, list[int]]:
+        groups: dict[int, list[int]] = {}
+        for pos, key in enumerate(keys):
+            groups.setdefault(kv_shard_of(key, len(self.units)), []).append(pos)
+        return groups
+
+    async def kv_put(
+        self, keys: Sequence[str], td: TensorDictBase, *, timeout: float = PUT_TIMEOUT
+    ) -> None:
+        """Store ``td``'s rows under string ``keys`` (existing keys are overwritten).
+
+        Raises StoreInputError/SchemaError, StoreFullError, UnitLostError.
+        """
+        keys = _kv_keys(keys)
+        columns = split_columns(td, len(keys))
+        groups = self._by_key(keys)
+        shards, calls = [], []
+        for shard, positions in groups.items():
+            sub = td if len(groups) == 1 else take(columns, positions, len(keys))
+            shards.append(shard)
+            calls.append(
+                self.units[shard]["handle"].kv_put([keys[p] for p in positions], sub, timeout)
+            )
+        await self._gather(shards, calls)
+
+    async def kv_get(
+        self, keys: Sequence[str], fields: Sequence[str] | None = None, *, device: Any = None
+    ) -> TensorDict:
+        """The rows under ``keys``, in order. Raises UnknownKeyError, UnknownFieldError."""
+        keys = _kv_keys(keys)
+        groups = self._by_key(keys)
+        f = None if fields is None else list(fields)
+        calls = [
+            self.units[s]["handle"].kv_get([keys[p] for p in pos], f) for s, pos in groups.items()
+        ]
+        results = await self._gather(list(groups), calls)
+        if not results:
+            return TensorDict({}, batch_size=[0])
+        schemas = {n: c.schema for n, c in split_columns(results[0]).items()}
+        td = merge_parts(len(keys), schemas, list(zip(groups.values(), results, strict=True)))
+        if device is not None:
+            td = place(td, schemas, device)
+        return td
+
+    async def kv_keys(self) -> list[str]:
+        """Every unit key, unit by unit (``kv_list`` lists partition keys)."""
+        shards = [int(u["shard"]) for u in self.units]
+        lists = await self._gather(shards, [u["handle"].kv_list() for u in self.units])
+        return [k for keys in lists for k in keys]
+
+    async def kv_delete(self, keys: Sequence[str]) -> int:
+        """Delete unit ``keys`` (absent ones ignored); returns how many were deleted."""
+        keys = _kv_keys(keys)
+        groups = self._by_key(keys)
+        calls = [
+            self.units[s]["handle"].kv_delete([keys[p] for p in pos]) for s, pos in groups.items()
+        ]
+        return sum(await self._gather(list(groups), calls))

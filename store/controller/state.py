@@ -1,0 +1,1115 @@
+"""ControllerState: the controller's bookkeeping, synchronous and free of I/O.
+
+The controller actor wraps one ControllerState. It owns:
+
+- **Units**: registered storage units (handshake data), numbered by shard in registration
+  order. A unit that registers again under its id (a restart) keeps its shard.
+- **Indexes**: global indexes, unique across partitions. Freed indexes are reused, smallest
+  first, so shard columns stay compact over long runs.
+- **Partitions**: per partition the samples in allocation order, the ready set of every field
+  (production status), the consumed set of every task (consumption status), field schemas,
+  per-sample shapes of nested fields and per-sample custom metadata.
+
+Shard rule: a sample's row lives on exactly one unit, chosen when its index is allocated and
+recorded with the sample. By default it is ``alive[index % len(alive)]`` (``alive`` = the shard
+numbers of live units, ascending): with every unit alive that is ``index % n_units``, which
+spreads any allocation pattern evenly and needs no capacity plan. When the caller gives env
+ids, the env-shard table (a ``Mapping[str, int]`` or a callable, e.g. the placement episode
+table) decides instead, so one env's samples stay on the unit near its workers.
+
+Because a sample's fields from one put are written to one unit and announced in one
+notification, a sample never becomes partly visible; a sample is *ready* for fields F when all
+of F are in their ready sets. An atomic allocation (a new put) goes further: none of its
+samples is ready until all of them were written (a torn put never shows). A unit loss marks
+its samples lost (not ready); only fetches waiting through the loss are told
+(:meth:`ControllerState.lost_since`), later ones wait for new data. Every method validates
+first and raises a typed :mod:`store.errors` error with the state unchanged.
+
+Clearing is two-phase so that an index is never reused while a unit still holds its old row:
+:meth:`ControllerState.clear` hides the samples at once and returns a :class:`ClearPlan`; once
+the units deleted the rows, :meth:`ControllerState.release` makes the indexes reusable.
+
+The records (units, partitions, samples, staged puts, clear plans) live in
+:mod:`store.controller.records`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import uuid
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any
+
+from rayless.store.controller.column_puts import ColumnPuts
+from rayless.store.controller.records import (
+    _NO_CUSTOM,
+    ClearPlan,
+    EnvShards,
+    UnitInfo,
+    _check_fields,
+    _check_name,
+    _Partition,
+    _positions_by_partition,
+    _Sample,
+    _Staging,
+)
+from rayless.store.controller.records import (
+    MODES as MODES,
+)
+from rayless.store.controller.samplers import Sampler, make_sampler
+from rayless.store.data.meta import NO_CUSTOM, BatchMeta
+from rayless.store.data.schema import DataUpdate, FieldSchema, check_plain
+from rayless.store.errors import (
+    ForeignMetaError,
+    SchemaError,
+    StaleMetaError,
+    StoreError,
+    StoreInputError,
+    UnitLostError,
+    UnknownFieldError,
+    UnknownKeyError,
+    UnknownPartitionError,
+)
+
+__all__ = ["ClearPlan", "ControllerState", "EnvShards", "UnitInfo"]
+
+
+def check_group_size(
+    part: _Partition | None,
+    n: int,
+    group_ids: Sequence[Hashable] | None,
+    group_size: int | None,
+) -> int | None:
+    """Raise StoreInputError unless a put of ``n`` samples with ``group_ids`` fits the
+    partition's group size (or the ``group_size`` it names); returns the size to fix (None:
+    nothing to fix). Without group ids a put with ``group_size`` must be whole groups."""
+    if group_size is not None and (
+        not isinstance(group_size, int) or isinstance(group_size, bool) or group_size <= 0
+    ):
+        raise StoreInputError(f"group_size must be a positive int, got {group_size!r}")
+    fixed = part.group_size if part is not None else None
+    if group_size is not None and fixed is not None and group_size != fixed:
+        raise StoreInputError(
+            f"the put's group_size is {group_size}, but the partition's groups hold {fixed} "
+            "samples (fixed by an earlier put or grouped fetch)"
+        )
+    size = fixed if fixed is not None else group_size
+    if size is None:
+        return None
+    if group_ids is None:
+        if group_size is not None and n % size:
+            raise StoreInputError(
+                f"a put of {n} samples without group_ids is not whole groups of {size}"
+            )
+        return size
+    counts: dict[Hashable, int] = {}
+    for g in group_ids:
+        counts[g] = counts.get(g, 0) + 1
+    for g, k in counts.items():
+        have = part.group_count.get(g, 0) if part is not None else 0
+        if have + k > size:
+            raise StoreInputError(
+                f"group {g!r} would hold {have + k} samples, but the partition's group size "
+                f"is {size}: the put is refused"
+            )
+    return size
+
+
+class ControllerState:
+    """The store controller's state. See the module docstring for the rules it keeps."""
+
+    def __init__(self, store_id: str | None = None, *, env_shards: EnvShards | None = None):
+        self.store_id = store_id or uuid.uuid4().hex
+        self._env_shards = env_shards
+        self._units: list[UnitInfo] = []
+        self._unit_by_id: dict[str, UnitInfo] = {}
+        self._partitions: dict[str, _Partition] = {}
+        self._owner: dict[int, str] = {}  # allocated index -> partition
+        self._free: list[int] = []  # heap of reusable indexes
+        self._pending: set[int] = set()  # cleared, waiting for release
+        self._next_index = 0
+        self._serial = 0
+        self._samplers: dict[tuple[str, str, str], Sampler] = {}
+        self._staging: dict[int, _Staging] = {}  # allocation serial -> uncommitted put
+        self.column_puts = ColumnPuts()  # column-wise puts whose units have not all written
+
+    # -- status --------------------------------------------------------------------------
+
+    def partitions(self) -> list[str]:
+        """Names of existing partitions."""
+        return list(self._partitions)
+
+    def shard_of(self, index: int) -> int:
+        """The shard that holds allocated sample ``index``. Raises StoreInputError."""
+        partition = self._owner.get(index)
+        if partition is None:
+            raise StoreInputError(f"index {index} is not allocated")
+        return self._partitions[partition].samples[index].shard
+
+    def production_status(self, partition: str) -> dict[str, Any]:
+        """``{"samples": n, "lost": lost with their unit, "fields": {field: ready count},
+        "schemas": {...}}`` of a partition."""
+        part = self._part(partition)
+        return {
+            "samples": len(part.samples),
+            "lost": sum(1 for s in part.samples.values() if s.lost_on is not None),
+            "fields": {f: len(r) for f, r in part.ready.items()},
+            "schemas": {f: s.to_dict() for f, s in part.schemas.items()},
+        }
+
+    def consumption_status(self, partition: str, task: str) -> dict[str, int]:
+        """``{"samples": n, "consumed": c}`` for ``task`` in ``partition``."""
+        part = self._part(partition)
+        return {"samples": len(part.samples), "consumed": len(part.consumed.get(task, ()))}
+
+    def stats(self) -> dict[str, Any]:
+        """Counts for monitoring: partitions, allocated, free, pending release, units."""
+        return {
+            "partitions": len(self._partitions),
+            "allocated": len(self._owner),
+            "free": len(self._free),
+            "pending_release": len(self._pending),
+            "staged": sum(len(st.members) for st in self._staging.values()),
+            "column_puts": len(self.column_puts),  # column-wise puts not finished yet
+            "high_water": self._next_index,
+            "units": [u.to_dict() for u in self._units],
+        }
+
+    # -- lookups, meta checks, metas -------------------------------------------------------
+
+    def _part(self, partition: str) -> _Partition:
+        part = self._partitions.get(partition)
+        if part is None:
+            raise UnknownPartitionError(f"partition {partition!r} does not exist")
+        return part
+
+    def _unit(self, unit_id: str) -> UnitInfo:
+        info = self._unit_by_id.get(unit_id)
+        if info is None:
+            raise StoreInputError(f"unknown storage unit {unit_id!r}")
+        return info
+
+    def check_meta(self, meta: BatchMeta) -> None:
+        """Raise ForeignMetaError/StaleMetaError unless every sample of ``meta`` still exists."""
+        if not isinstance(meta, BatchMeta):
+            raise StoreInputError(f"expected a BatchMeta, got {type(meta).__name__}")
+        if meta.store_id != self.store_id:
+            raise ForeignMetaError(f"the meta comes from store {meta.store_id!r}")
+        ids = meta.partition_ids
+        if ids and ids.count(ids[0]) == len(ids) and ids[0] in self._partitions:
+            samples = self._partitions[ids[0]].samples  # one partition: the quick pass
+            for index, gen, shard in zip(
+                meta.global_indexes, meta.generations, meta.shards, strict=True
+            ):
+                sample = samples.get(index)
+                if sample is None or sample.generation != gen or sample.shard != shard:
+                    break
+            else:
+                return
+        for part_id, index, gen, shard in zip(
+            meta.partition_ids, meta.global_indexes, meta.generations, meta.shards, strict=True
+        ):
+            part = self._partitions.get(part_id)
+            sample = part.samples.get(index) if part is not None else None
+            if sample is None or sample.generation != gen:
+                raise StaleMetaError(
+                    f"sample {index} of partition {part_id!r} was cleared since the meta was made"
+                )
+            if shard != sample.shard:
+                raise StoreInputError(
+                    f"the meta puts sample {index} of {part_id!r} on shard {shard!r}; it lives "
+                    f"on shard {sample.shard} (a forged or corrupted meta)"
+                )
+
+    def check_schemas(self, partition: str, schemas: Mapping[str, FieldSchema]) -> None:
+        """Raise SchemaError if ``schemas`` cannot be written into ``partition``'s fields."""
+        part = self._partitions.get(partition)
+        for name, schema in schemas.items():
+            if not isinstance(schema, FieldSchema):
+                raise SchemaError(f"schema of field {name!r} is not a FieldSchema")
+            if part is not None and name in part.schemas:
+                part.schemas[name].merged(schema, name)
+
+    def meta_of(
+        self, partition: str, indexes: Sequence[int], fields: Sequence[str] | None = None
+    ) -> BatchMeta:
+        """A meta for existing samples with the given fields (default: all their ready fields)."""
+        part = self._part(partition)
+        idx = list(indexes)
+        missing = [i for i in idx if i not in part.samples]
+        if missing:
+            raise StoreInputError(f"samples {missing[:8]} are not in partition {partition!r}")
+        if len(set(idx)) != len(idx):
+            raise StoreInputError("indexes must be distinct")
+        if fields is None:
+            names = [f for f, r in part.ready.items() if all(i in r for i in idx)]
+        else:
+            names = _check_fields(fields)
+            unknown = [f for f in names if f not in part.schemas]
+            if unknown:
+                raise UnknownFieldError(f"fields {unknown} are not in partition {partition!r}")
+        return self._meta(partition, part, idx, names)
+
+    def _meta(
+        self, partition: str, part: _Partition, idx: list[int], names: list[str]
+    ) -> BatchMeta:
+        samples = [part.samples[i] for i in idx]
+        shapes = {
+            f: tuple(part.shapes.get(f, {}).get(i) for i in idx)
+            for f in names
+            if f in part.schemas and part.schemas[f].is_nested
+        }
+        return BatchMeta(
+            self.store_id,
+            tuple(idx),
+            (partition,) * len(idx),
+            tuple(s.shard for s in samples),
+            tuple(s.generation for s in samples),
+            {f: part.schemas[f] for f in names if f in part.schemas},
+            tuple(dict(s.custom) if s.custom else NO_CUSTOM for s in samples),
+            shapes,
+        )
+
+    @staticmethod
+    def _check_custom(
+        custom: Sequence[Mapping[str, Any]] | None, n: int
+    ) -> list[Mapping[str, Any]]:
+        if custom is None:
+            return [_NO_CUSTOM] * n  # shared and read-only: samples copy it out
+        if len(custom) != n:
+            raise StoreInputError(f"custom_meta has {len(custom)} entries for {n} samples")
+        out: list[Mapping[str, Any]] = []
+        for i, item in enumerate(custom):
+            if not isinstance(item, Mapping):
+                raise StoreInputError(f"custom_meta[{i}] is not a dict")
+            check_plain(dict(item), f"custom_meta[{i}]")
+            out.append(dict(item))
+        return out
+
+    def set_custom_meta(self, meta: BatchMeta, custom_meta: Sequence[Mapping[str, Any]]) -> None:
+        """Replace the custom metadata of ``meta``'s samples (one plain dict per sample)."""
+        self.check_meta(meta)
+        custom = self._check_custom(custom_meta, meta.size)
+        for part_id, index, item in zip(
+            meta.partition_ids, meta.global_indexes, custom, strict=True
+        ):
+            self._partitions[part_id].samples[index].custom = item
+
+    @staticmethod
+    def _apply_update(
+        part: _Partition, update: DataUpdate, merged: Mapping[str, FieldSchema]
+    ) -> None:
+        idx = list(update.indexes)
+        part.schemas.update(merged)
+        for name in merged:
+            part.ready.setdefault(name, set()).update(idx)
+        for name, shapes in update.sample_shapes.items():
+            part.shapes.setdefault(name, {}).update(zip(idx, shapes, strict=True))
+        for i in idx:
+            part.samples[i].lost_on = None
+
+    def _drop_empty_schemas(self, part: _Partition) -> None:
+        # A field no sample holds any more forgets its schema (it may come back as anything).
+        for name in [f for f, r in part.ready.items() if not r]:
+            del part.ready[name]
+            part.schemas.pop(name, None)
+            part.shapes.pop(name, None)
+
+    # -- units and their loss --------------------------------------------------------------
+
+    def register_unit(
+        self,
+        unit_id: str,
+        *,
+        node_id: str | None = None,
+        device: str = "cpu",
+        capacity_bytes: int | None = None,
+    ) -> UnitInfo:
+        """Register a storage unit (its handshake) and return its info with its shard number.
+
+        A known id registers again (after a restart): it keeps its shard and comes back alive;
+        samples lost with it stay not ready until rewritten.
+        """
+        _check_name(unit_id, "unit_id")
+        _check_name(device, "device")
+        if capacity_bytes is not None and (
+            not isinstance(capacity_bytes, int) or capacity_bytes < 0
+        ):
+            raise StoreInputError(f"capacity_bytes must be an int >= 0, got {capacity_bytes!r}")
+        info = self._unit_by_id.get(unit_id)
+        if info is None:
+            info = UnitInfo(unit_id, len(self._units), node_id, device, capacity_bytes)
+            self._units.append(info)
+            self._unit_by_id[unit_id] = info
+        else:
+            info.node_id, info.device, info.capacity_bytes = node_id, device, capacity_bytes
+            info.alive = True
+        return info
+
+    def units(self) -> list[UnitInfo]:
+        """Registered units in shard order."""
+        return list(self._units)
+
+    def mark_unit_lost(self, unit_id: str, reason: str = "") -> dict[str, list[int]]:
+        """Mark a unit dead; its samples become not ready. Returns them, per partition."""
+        info = self._unit(unit_id)
+        info.alive = False
+        affected: dict[str, list[int]] = {}
+        for name, part in self._partitions.items():
+            lost = [i for i, s in part.samples.items() if s.shard == info.shard]
+            if not lost:
+                continue
+            affected[name] = lost
+            part.losses += 1
+            part.lost_unit = unit_id
+            lost_set = set(lost)
+            for i in lost:
+                part.samples[i].lost_on = unit_id
+            for ready in part.ready.values():
+                ready -= lost_set
+            for shapes in part.shapes.values():
+                for i in lost:
+                    shapes.pop(i, None)
+            self._drop_empty_schemas(part)
+        return affected
+
+    def loss_count(self, partition: str) -> int:
+        """How many unit losses took samples of ``partition`` so far (0 if it does not exist).
+
+        A fetch notes it when it starts waiting; see :meth:`lost_since`.
+        """
+        part = self._partitions.get(partition)
+        return 0 if part is None else part.losses
+
+    def lost_since(self, partition: str, count: int) -> str | None:
+        """The unit of the latest loss of ``partition``'s samples if there were more than
+        ``count`` losses (a fetch waiting since then may wait for data that never comes), else
+        None. Losses before ``count`` do not matter: later fetches wait for new data."""
+        part = self._partitions.get(partition)
+        if part is None or part.losses <= count:
+            return None
+        return part.lost_unit
+
+    def lost_meta(self, partition: str) -> BatchMeta:
+        """A meta (no fields) of ``partition``'s samples lost with their unit and not rewritten:
+        clear them, or rewrite them once the unit registered again. Raises UnknownPartitionError.
+        """
+        part = self._part(partition)
+        lost = [i for i, s in part.samples.items() if s.lost_on is not None and not s.staged]
+        return self._meta(partition, part, lost, [])
+
+    def check_readable(self, meta: BatchMeta) -> None:
+        """Raise unless every field of ``meta`` can be read for every sample.
+
+        UnitLostError (naming the unit) for samples whose unit died, UnknownFieldError for
+        fields not written for some sample, plus :meth:`check_meta`'s errors.
+        """
+        lost = self.lost_positions(meta)
+        if lost:
+            pos, unit = next(iter(lost.items()))
+            i, part_id = meta.global_indexes[pos], meta.partition_ids[pos]
+            raise UnitLostError(unit, f"it held sample {i} of {part_id!r}")
+
+    def lost_positions(self, meta: BatchMeta) -> dict[int, str]:
+        """The positions of ``meta`` whose samples died with their unit, with its id.
+
+        Raises :meth:`check_meta`'s errors, and UnknownFieldError for fields not written for
+        some sample that is not lost.
+        """
+        self.check_meta(meta)
+        lost: dict[int, str] = {}
+        all_alive = all(u.alive for u in self._units)
+        for part_id, positions in _positions_by_partition(meta).items():
+            part = self._partitions[part_id]
+            live: list[int] = []
+            if all_alive and not part.losses:  # nothing of it was ever lost
+                live = [meta.global_indexes[pos] for pos in positions]
+                positions = []
+            for pos in positions:
+                sample = part.samples[meta.global_indexes[pos]]
+                if sample.lost_on is not None:
+                    lost[pos] = sample.lost_on
+                elif not self._units[sample.shard].alive:
+                    lost[pos] = self._units[sample.shard].unit_id
+                else:
+                    live.append(meta.global_indexes[pos])
+            for name in meta.field_schemas:
+                ready = part.ready.get(name, set())
+                missing = [] if ready.issuperset(live) else [i for i in live if i not in ready]
+                if missing:
+                    raise UnknownFieldError(
+                        f"field {name!r} is not written for samples {missing[:8]} of {part_id!r}"
+                    )
+        return dict(sorted(lost.items()))
+
+    # -- allocation and placement ----------------------------------------------------------
+
+    def set_env_shards(self, env_shards: EnvShards | None) -> None:
+        """Replace the env id → shard table used when ``allocate`` gets env ids."""
+        self._env_shards = env_shards
+
+    def _env_shard(self, env_id: Any) -> int:
+        table = self._env_shards
+        if table is None:
+            raise StoreInputError("env ids were given but the store has no env-shard table")
+        try:
+            shard = table(env_id) if callable(table) else table[env_id]
+        except KeyError:
+            raise StoreInputError(f"env id {env_id!r} is not in the env-shard table")
+        if not isinstance(shard, int) or not 0 <= shard < len(self._units):
+            raise StoreInputError(f"env id {env_id!r} maps to shard {shard!r}, which is unknown")
+        if not self._units[shard].alive:
+            raise UnitLostError(self._units[shard].unit_id, f"env {env_id!r} is placed on it")
+        return shard
+
+    def allocate(
+        self,
+        partition: str,
+        n: int,
+        *,
+        env_ids: Sequence[str] | None = None,
+        group_ids: Sequence[Hashable] | None = None,
+        custom_meta: Sequence[Mapping[str, Any]] | None = None,
+        schemas: Mapping[str, FieldSchema] | None = None,
+        placement: Sequence[int] | None = None,
+        atomic: bool = False,
+        keys: Sequence[str] | None = None,
+        group_size: int | None = None,
+    ) -> BatchMeta:
+        """Allocate ``n`` new samples in ``partition`` (created if new) and return their meta.
+
+        ``atomic`` (with ``schemas``): the samples become ready together, only once every one
+        of them was written (:meth:`on_data_update`), so a put torn by a dead producer never
+        shows; until then they count as staged and are cleared like any other sample.
+
+        ``env_ids`` place samples by the env-shard table; ``group_ids`` name each sample's group
+        for the grouped sampler (default: consecutive runs of the sampler's ``n`` within this
+        allocation); ``schemas`` (the fields about to be put) are checked against the partition
+        first and returned in the meta; ``placement`` (live shard numbers, one per sample) place
+        samples explicitly when no ``env_ids`` are given (the controller actor uses it to give
+        each unit one contiguous block of a put); ``keys`` (KV keys new to the partition) name
+        the samples for ``kv_batch_get``; ``group_size`` fixes the partition's group size
+        (a group put must fit it: see :func:`check_group_size`).
+        Raises StoreInputError/SchemaError/UnitLostError.
+        """
+        _check_name(partition, "partition")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise StoreInputError(f"n must be an int >= 0, got {n!r}")
+        for name, seq in (("env_ids", env_ids), ("group_ids", group_ids)):
+            if seq is not None and len(seq) != n:
+                raise StoreInputError(f"{name} has {len(seq)} entries for {n} samples")
+        custom = self._check_custom(custom_meta, n)
+        schemas = dict(schemas or {})
+        self.check_schemas(partition, schemas)
+        alive = [u.shard for u in self._units if u.alive]
+        if not alive and n:
+            if self._units:  # name what was lost, as every other put to a dead unit does
+                lost = ", ".join(u.unit_id for u in self._units)
+                raise UnitLostError(lost, "every storage unit of the store is lost")
+            raise StoreError("no live storage unit is registered")
+        shards_by_env = [self._env_shard(e) for e in env_ids] if env_ids is not None else None
+        if shards_by_env is None and placement is not None:
+            shards_by_env = list(placement)
+            if len(shards_by_env) != n or not set(shards_by_env) <= set(alive):
+                raise StoreInputError("placement must name one live shard per sample")
+        if group_ids is not None:
+            for g in group_ids:
+                hash(g)
+        existing = self._partitions.get(partition)
+        fixed = check_group_size(existing, n, group_ids, group_size)
+        self.check_new_keys(existing, keys, n)
+        # Validated: from here on nothing raises.
+        self._serial += 1
+        serial = self._serial
+        part = self._partitions.get(partition)
+        if part is None:
+            part = self._partitions[partition] = _Partition(created=serial)
+        staged = atomic and n > 0 and bool(schemas)
+        free = self._free
+        if n >= len(free):  # all of them (a put after a clear of as many): sort, don't pop
+            reused = sorted(free)
+            free.clear()
+        else:
+            reused = [heapq.heappop(free) for _ in range(n)]
+        start = self._next_index
+        self._next_index += n - len(reused)
+        indexes = reused + list(range(start, self._next_index))
+        shards = shards_by_env or [alive[index % len(alive)] for index in indexes]
+        if group_ids is not None:
+            groups: Sequence[Hashable] = group_ids
+            for g in group_ids:
+                part.group_count[g] = part.group_count.get(g, 0) + 1
+        else:
+            groups = [("#alloc", serial, pos) for pos in range(n)]
+        samples = part.samples
+        for index, shard, group, extra, key in zip(
+            indexes, shards, groups, custom, keys if keys is not None else [None] * n, strict=True
+        ):
+            samples[index] = _Sample(shard, serial, group, extra, None, staged, key)
+        if keys is not None:
+            part.keys.update(zip(keys, indexes, strict=True))
+        self._owner.update(dict.fromkeys(indexes, partition))
+        if fixed is not None:
+            part.group_size = fixed
+        if staged:
+            self._staging[serial] = _Staging(partition, set(indexes), set(indexes), indexes)
+        return BatchMeta(
+            self.store_id,
+            tuple(indexes),
+            (partition,) * n,
+            tuple(shards),
+            (serial,) * n,
+            schemas,
+            tuple(dict(c) for c in custom) if custom_meta is not None else (),  # () : all empty
+        )
+
+    # -- data updates, put checks, column-wise puts ----------------------------------------
+
+    def check_put(
+        self, meta: BatchMeta, schemas: Mapping[str, FieldSchema]
+    ) -> dict[str, dict[str, list[int]]]:
+        """Raise unless fields ``schemas`` may be written onto ``meta``'s samples.
+
+        ForeignMetaError/StaleMetaError (see :meth:`check_meta`), SchemaError (a field's
+        schema would change), UnitLostError (a sample's unit is lost). Returns the rows the
+        put adds (``{partition: {field: [indexes not holding it yet]}}``): what
+        :meth:`drop_fields` removes again if the put fails.
+        """
+        self.check_meta(meta)
+        for part_id in dict.fromkeys(meta.partition_ids):
+            self.check_schemas(part_id, schemas)
+        for shard in dict.fromkeys(meta.shards):
+            if not self._units[shard].alive:
+                raise UnitLostError(self._units[shard].unit_id)
+        fresh: dict[str, dict[str, list[int]]] = {}
+        for part_id, positions in _positions_by_partition(meta).items():
+            part = self._partitions[part_id]
+            for name in schemas:
+                ready = part.ready.get(name, set())
+                new = [meta.global_indexes[p] for p in positions]
+                new = [i for i in new if i not in ready]
+                if new:
+                    fresh.setdefault(part_id, {})[name] = new
+        return fresh
+
+    def drop_fields(
+        self, meta: BatchMeta, fresh: Mapping[str, Mapping[str, Sequence[int]]]
+    ) -> dict[int, dict[str, dict[str, list[int]]]]:
+        """Undo a failed column-wise put: ``fresh`` (from :meth:`check_put`) is no longer
+        ready, and a field no sample holds any more forgets its schema. Returns the rows the
+        units delete: ``{shard: {partition: {field: [indexes]}}}``. Raises check_meta's errors.
+        """
+        self.check_meta(meta)
+        in_meta = set(zip(meta.partition_ids, meta.global_indexes, strict=True))
+        for part_id, fields in fresh.items():
+            for name, indexes in fields.items():
+                _check_name(name, "a field name")
+                if any((part_id, i) not in in_meta for i in indexes):
+                    raise StoreInputError("fresh rows must be samples of the meta")
+        rows: dict[int, dict[str, dict[str, list[int]]]] = {}
+        for part_id, fields in fresh.items():
+            part = self._partitions[part_id]
+            for name, indexes in fields.items():
+                idx = list(indexes)
+                part.ready.get(name, set()).difference_update(idx)
+                for i in idx:
+                    part.shapes.get(name, {}).pop(i, None)
+                    shard = part.samples[i].shard
+                    rows.setdefault(shard, {}).setdefault(part_id, {}).setdefault(name, [])
+                    rows[shard][part_id][name].append(i)
+            self._drop_empty_schemas(part)
+        return rows
+
+    def on_data_update(self, unit_id: str, update: DataUpdate) -> list[int]:
+        """Record a unit's notification that it stored ``update``'s fields for its indexes;
+        return the indexes that became ready (for an atomic put: none until its last write,
+        then all of its samples).
+
+        Raises UnitLostError (unit marked lost), StoreInputError (unknown unit, samples not in
+        the partition or not on this unit's shard), UnknownPartitionError, SchemaError.
+        """
+        info = self._unit(unit_id)
+        if not info.alive:
+            raise UnitLostError(unit_id, "it was marked lost; register it again first")
+        if not isinstance(update, DataUpdate):
+            raise StoreInputError(f"expected a DataUpdate, got {type(update).__name__}")
+        part = self._part(update.partition)
+        idx = list(update.indexes)
+        if len(set(idx)) != len(idx):
+            raise StoreInputError("a data update names an index twice")
+        wrong = [i for i in idx if i not in part.samples or part.samples[i].shard != info.shard]
+        if wrong:
+            raise StoreInputError(
+                f"samples {wrong[:8]} of {update.partition!r} are not allocated on unit {unit_id!r}"
+            )
+        merged: dict[str, FieldSchema] = {}
+        for name, schema in update.schemas.items():
+            if not isinstance(schema, FieldSchema):
+                raise SchemaError(f"schema of field {name!r} is not a FieldSchema")
+            old = part.schemas.get(name)
+            merged[name] = schema if old is None else old.merged(schema, name)
+        for name, shapes in update.sample_shapes.items():
+            if name not in merged or len(shapes) != len(idx):
+                raise StoreInputError(f"sample_shapes of field {name!r} do not fit the update")
+        if not idx:
+            return []
+        if update.put_id is not None:  # a column-wise put: ready once all its units wrote
+            return self.column_puts.on_update(update, self._apply_column_update)
+        serials = {part.samples[i].generation for i in idx if part.samples[i].staged}
+        if not serials:
+            self._apply_update(part, update, merged)
+            return idx
+        staging = self._staging.get(next(iter(serials)))
+        if (
+            len(serials) != 1
+            or staging is None
+            or staging.partition != update.partition
+            or not set(idx) <= staging.members
+        ):
+            raise StoreInputError("a data update mixes samples of different puts")
+        if staging.waiting - set(idx):  # more writes of this put are to come
+            staging.waiting -= set(idx)
+            staging.updates.append(update)
+            return []
+        # The put's last write: check all its writes together, then make them ready at once.
+        updates = [*staging.updates, update]
+        schemas = dict(part.schemas)
+        for upd in updates:
+            for name, schema in upd.schemas.items():
+                old = schemas.get(name)
+                schemas[name] = schema if old is None else old.merged(schema, name)
+        del self._staging[next(iter(serials))]
+        for upd in updates:
+            keep = [k for k, i in enumerate(upd.indexes) if i in staging.members]
+            sub = DataUpdate(
+                upd.partition,
+                [upd.indexes[k] for k in keep],
+                dict(upd.schemas),
+                {f: [shapes[k] for k in keep] for f, shapes in upd.sample_shapes.items()},
+            )
+            self._apply_update(part, sub, {n: schemas[n] for n in upd.schemas})
+        for i in staging.members:
+            part.samples[i].staged = False
+        return [i for i in staging.order if i in part.samples]
+
+    def _apply_column_update(
+        self, update: DataUpdate, generations: Mapping[tuple[str, int], int]
+    ) -> list[int]:
+        """Apply one held update of a finished column-wise put to the samples that still
+        exist with the generation they had when it began; returns their indexes."""
+        part = self._partitions.get(update.partition)
+        if part is None:
+            return []
+        keep = [
+            k
+            for k, i in enumerate(update.indexes)
+            if i in part.samples
+            and part.samples[i].generation == generations.get((update.partition, i))
+        ]
+        sub = DataUpdate(
+            update.partition,
+            [update.indexes[k] for k in keep],
+            dict(update.schemas),
+            {f: [shapes[k] for k in keep] for f, shapes in update.sample_shapes.items()},
+        )
+        merged: dict[str, FieldSchema] = {}
+        for name, schema in sub.schemas.items():
+            old = part.schemas.get(name)
+            try:
+                merged[name] = schema if old is None else old.merged(schema, name)
+            except SchemaError:  # another put changed the field meanwhile: not ready
+                sub.sample_shapes.pop(name, None)
+        sub.schemas = {k: v for k, v in sub.schemas.items() if k in merged}
+        self._apply_update(part, sub, merged)
+        return list(sub.indexes)
+
+    def abort_column_put(self, put_id: int) -> dict[int, dict[str, dict[str, list[int]]]]:
+        """Drop a column-wise put that will not finish (its client gave up or died): the rows
+        it added that still exist, ``{shard: {partition: {field: [indexes]}}}``, for the units
+        to delete. Unknown ids: nothing."""
+        put = self.column_puts.end(put_id)
+        rows: dict[int, dict[str, dict[str, list[int]]]] = {}
+        if put is None:
+            return rows
+        for part_id, fields in put.fresh.items():
+            part = self._partitions.get(part_id)
+            if part is None:
+                continue
+            for name, indexes in fields.items():
+                ready = part.ready.get(name, set())
+                for i in indexes:
+                    sample = part.samples.get(i)
+                    if sample is None or i in ready:
+                        continue  # gone, or written by a later put
+                    if sample.generation != put.generations.get((part_id, i)):
+                        continue
+                    rows.setdefault(sample.shard, {}).setdefault(part_id, {}).setdefault(name, [])
+                    rows[sample.shard][part_id][name].append(i)
+        return rows
+
+    def begin_column_put(
+        self, meta: BatchMeta, schemas: Mapping[str, FieldSchema]
+    ) -> tuple[int, dict[str, dict[str, list[int]]]]:
+        """:meth:`check_put`, then stage the put (see :mod:`store.controller.column_puts`): its id
+        (for the units' data updates) and the rows it adds. Raises check_put's errors."""
+        fresh = self.check_put(meta, schemas)
+        samples = {
+            (p, i): g
+            for p, i, g in zip(
+                meta.partition_ids, meta.global_indexes, meta.generations, strict=True
+            )
+        }
+        return self.column_puts.begin(samples, fresh), fresh
+
+    # -- fetches, samplers, consumption ----------------------------------------------------
+
+    def ready_indexes(
+        self, partition: str, fields: Sequence[str], task: str | None = None
+    ) -> list[int]:
+        """Samples (allocation order) holding all ``fields``; unconsumed by ``task`` if given."""
+        names = _check_fields(fields)
+        part = self._partitions.get(partition)
+        if part is None:
+            return []
+        sets = [part.ready.get(f) for f in names]
+        if any(s is None for s in sets):
+            return []
+        ready_sets = sorted((s for s in sets if s is not None), key=len)
+        consumed = part.consumed.get(task, set()) if task is not None else set()
+        first = ready_sets[0]
+        return [
+            i
+            for i in part.samples
+            if i in first and i not in consumed and all(i in s for s in ready_sets[1:])
+        ]
+
+    def _sampler(self, partition: str, task: str, spec: Any) -> Sampler:
+        if spec is None or isinstance(spec, (str, Mapping)):
+            key = (partition, task, repr(sorted(dict(make_sampler(spec).spec()).items())))
+            if key not in self._samplers:
+                self._samplers[key] = make_sampler(spec)
+            return self._samplers[key]
+        return make_sampler(spec)
+
+    def try_fetch(
+        self,
+        partition: str,
+        fields: Sequence[str],
+        batch_size: int | None,
+        *,
+        task: str = "default",
+        sampler: Any = None,
+        mode: str = "fetch",
+    ) -> BatchMeta | None:
+        """A batch of ready samples unconsumed by ``task``, or None if not enough yet.
+
+        ``mode="fetch"`` marks them consumed by ``task``; ``"peek"`` does not. ``batch_size``
+        None takes every candidate now (possibly none; never returns None). An unknown
+        partition or field only means "not ready yet". ``sampler`` is a Sampler or a spec; a
+        spec's sampler is kept per (partition, task) so seeded random draws advance.
+        Raises StoreInputError for bad arguments.
+        """
+        _check_name(partition, "partition")
+        _check_name(task, "task")
+        names = _check_fields(fields)
+        if mode not in MODES:
+            raise StoreInputError(f"mode must be one of {MODES}, got {mode!r}")
+        if batch_size is not None and (
+            not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0
+        ):
+            raise StoreInputError(f"batch_size must be a positive int or None, got {batch_size!r}")
+        chooser = self._sampler(partition, task, sampler)
+        candidates = self.ready_indexes(partition, names, task)
+        part = self._partitions.get(partition)
+        chosen: list[int] = candidates
+        if batch_size is not None:
+            group_size = getattr(chooser, "n", 1) or 1
+            grouped = getattr(chooser, "n", None) is not None
+            if grouped and part is not None:
+                self.check_group_n(part, partition, group_size)
+                if part.group_size is None and batch_size % group_size == 0:
+                    part.group_size = group_size  # later group puts must fit it
+            if part is None or len(candidates) < batch_size:
+                return None
+            samples = part.samples
+
+            def group_of(index: int) -> Hashable:
+                g = samples[index].group
+                if isinstance(g, tuple) and g[:1] == ("#alloc",):
+                    return (g[1], g[2] // group_size)
+                return g
+
+            picked = chooser.select(candidates, batch_size, group_of)
+            if picked is None:
+                return None
+            if len(set(picked)) != len(picked) or not set(picked) <= set(candidates):
+                raise StoreError(f"sampler {chooser!r} picked samples that are not candidates")
+            chosen = picked
+        if part is None:
+            return BatchMeta(self.store_id, (), (), (), (), {})
+        if mode == "fetch":
+            part.consumed.setdefault(task, set()).update(chosen)
+        return self._meta(partition, part, list(chosen), names)
+
+    def reset_consumption(
+        self, task: str | None, partition: str | None = None, meta: BatchMeta | None = None
+    ) -> None:
+        """Forget what ``task`` (None: every task, as TransferQueue) consumed, in
+        ``partition`` or in every partition; with ``meta`` only its samples (e.g. the live
+        part of a get that lost a unit) become unconsumed."""
+        if task is not None:
+            _check_name(task, "task")
+        if meta is not None:
+            self.check_meta(meta)
+            if partition is not None and set(meta.partition_ids) - {partition}:
+                raise StoreInputError(f"the meta's samples are not all in {partition!r}")
+            for part_id, positions in _positions_by_partition(meta).items():
+                consumed = self._partitions[part_id].consumed
+                sets = list(consumed.values()) if task is None else [consumed.get(task)]
+                for done in sets:
+                    if done is not None:
+                        done.difference_update(meta.global_indexes[p] for p in positions)
+            return
+        parts = [self._part(partition)] if partition is not None else self._partitions.values()
+        for part in parts:
+            if task is None:
+                part.consumed.clear()
+            else:
+                part.consumed.pop(task, None)
+
+    # -- clears, aborts, release -----------------------------------------------------------
+
+    def clear(self, meta: BatchMeta) -> ClearPlan:
+        """Remove ``meta``'s samples (hidden at once); the plan names the rows units delete.
+        Samples cleared already are skipped (clearing twice is a no-op, as in
+        TransferQueue). The indexes become reusable only through :meth:`release`.
+
+        Raises StoreInputError (not a BatchMeta, a forged shard), ForeignMetaError; nothing
+        is removed then.
+        """
+        if not isinstance(meta, BatchMeta):
+            raise StoreInputError(f"expected a BatchMeta, got {type(meta).__name__}")
+        if meta.store_id != self.store_id:
+            raise ForeignMetaError(f"the meta comes from store {meta.store_id!r}")
+        live: dict[str, list[int]] = {}
+        for part_id, positions in _positions_by_partition(meta).items():
+            part = self._partitions.get(part_id)
+            for p in positions:
+                index, shard = meta.global_indexes[p], meta.shards[p]
+                sample = part.samples.get(index) if part is not None else None
+                if sample is None or sample.generation != meta.generations[p]:
+                    continue  # cleared already (its index may be another sample's now)
+                if shard != sample.shard:
+                    raise StoreInputError(
+                        f"the meta puts sample {index} of {part_id!r} on shard {shard!r}; it "
+                        f"lives on shard {sample.shard} (a forged or corrupted meta)"
+                    )
+                live.setdefault(part_id, []).append(index)
+        plan = ClearPlan()
+        for part_id, indexes in live.items():
+            self._remove(part_id, indexes, plan)
+        return plan
+
+    def clear_partition(self, partition: str) -> ClearPlan:
+        """Remove a whole partition; see :meth:`clear`. Raises UnknownPartitionError."""
+        part = self._part(partition)
+        plan = ClearPlan()
+        self._remove(partition, list(part.samples), plan)
+        self._drop_partition(partition)
+        return plan
+
+    def _drop_partition(self, partition: str) -> None:
+        del self._partitions[partition]
+        for key in [k for k in self._samplers if k[0] == partition]:
+            del self._samplers[key]
+
+    def abort(self, meta: BatchMeta) -> ClearPlan:
+        """Undo a failed put of new samples: :meth:`clear` them, and drop a partition that
+        this put created and that is empty now (a failed put leaves no partition behind)."""
+        plan = self.clear(meta)
+        serials = set(meta.generations)
+        for part_id in dict.fromkeys(meta.partition_ids):
+            part = self._partitions.get(part_id)
+            if part is not None and not part.samples and part.created in serials:
+                self._drop_partition(part_id)
+        return plan
+
+    def _remove(self, partition: str, indexes: list[int], plan: ClearPlan) -> None:
+        part = self._partitions[partition]
+        gone = set(indexes)
+        for i in indexes:
+            sample = part.samples.pop(i)
+            if sample.staged:
+                staging = self._staging.get(sample.generation)
+                if staging is not None:
+                    staging.members.discard(i)
+                    staging.waiting.discard(i)
+                    if not staging.members:
+                        del self._staging[sample.generation]
+            if sample.key is not None:
+                part.keys.pop(sample.key, None)
+            count = part.group_count.get(sample.group)
+            if count is not None:
+                if count <= 1:
+                    del part.group_count[sample.group]
+                else:
+                    part.group_count[sample.group] = count - 1
+            plan.shards.setdefault(sample.shard, {}).setdefault(partition, []).append(i)
+            del self._owner[i]
+            self._pending.add(i)
+            plan.indexes.append(i)
+        for sets in (part.ready, part.consumed):
+            for s in sets.values():
+                s -= gone
+        for shapes in part.shapes.values():
+            for i in indexes:
+                shapes.pop(i, None)
+        self._drop_empty_schemas(part)
+
+    def release(self, indexes: Iterable[int]) -> None:
+        """Make cleared indexes reusable (after the units deleted their rows)."""
+        idx = list(indexes)
+        unknown = [i for i in idx if i not in self._pending]
+        if unknown:
+            raise StoreInputError(f"indexes {unknown[:8]} are not waiting for release")
+        for i in idx:
+            self._pending.discard(i)
+            heapq.heappush(self._free, i)
+
+    # -- KV keys, group sizes, checkpoint export -------------------------------------------
+
+    @staticmethod
+    def check_new_keys(part: _Partition | None, keys: Sequence[str] | None, n: int) -> None:
+        """Raise StoreInputError unless ``keys`` are ``n`` distinct non-empty str new to
+        the partition."""
+        if keys is None:
+            return
+        if len(keys) != n:
+            raise StoreInputError(f"keys has {len(keys)} entries for {n} samples")
+        if any(not isinstance(k, str) or not k for k in keys) or len(set(keys)) != n:
+            raise StoreInputError("keys must be distinct non-empty str")
+        taken = [k for k in keys if part is not None and k in part.keys]
+        if taken:
+            raise StoreInputError(f"keys {taken[:8]} already name samples of the partition")
+
+    @staticmethod
+    def check_group_n(part: _Partition, partition: str, n: int) -> None:
+        """Raise StoreInputError if a grouped fetch's ``n`` differs from the partition's
+        group size."""
+        if part.group_size is not None and part.group_size != n:
+            raise StoreInputError(
+                f"the grouped fetch asks for groups of {n}, but partition {partition!r} holds "
+                f"groups of {part.group_size}"
+            )
+
+    def group_size(self, partition: str) -> int | None:
+        """The partition's fixed group size, if any. Raises UnknownPartitionError."""
+        return self._part(partition).group_size
+
+    def kv_lookup(self, partition: str, keys: Sequence[str]) -> tuple[BatchMeta, list[int]]:
+        """The meta (with the fields every one of them holds) of the keys that exist, and
+        the positions in ``keys`` of those that do not. Raises StoreInputError."""
+        if isinstance(keys, str) or any(not isinstance(k, str) or not k for k in keys):
+            raise StoreInputError("keys must be a list of non-empty str")
+        if len(set(keys)) != len(keys):
+            raise StoreInputError("keys must be distinct")
+        part = self._partitions.get(partition)
+        table = part.keys if part is not None else {}
+        found = [table[k] for k in keys if k in table]
+        missing = [pos for pos, k in enumerate(keys) if k not in table]
+        if part is None:
+            return BatchMeta(self.store_id, (), (), (), (), {}), missing
+        names = [f for f, r in part.ready.items() if all(i in r for i in found)] if found else []
+        return self._meta(partition, part, found, names), missing
+
+    def kv_meta(
+        self, partition: str, keys: Sequence[str], fields: Sequence[str] | None = None
+    ) -> BatchMeta:
+        """The meta of existing ``keys`` in order (``fields``: default all they hold).
+        Raises UnknownPartitionError, UnknownKeyError, UnknownFieldError."""
+        part = self._part(partition)
+        meta, missing = self.kv_lookup(partition, keys)
+        if missing:
+            absent = [keys[p] for p in missing]
+            raise UnknownKeyError(f"keys {absent[:8]} are not in partition {partition!r}")
+        if fields is None:
+            return meta
+        idx = list(meta.global_indexes)
+        names = list(dict.fromkeys(fields))
+        for f in names:
+            ready = part.ready.get(f, set())
+            if any(i not in ready for i in idx):
+                from rayless.store.errors import UnknownFieldError
+
+                raise UnknownFieldError(f"field {f!r} is not written for every key")
+        return self._meta(partition, part, idx, names)
+
+    def kv_list(self, partition: str | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+        """``{partition: {key: tags}}`` (one partition, or every one that has keys); an
+        unknown partition or one without keys lists as ``{}`` (as in TransferQueue)."""
+        if partition is not None:
+            part = self._partitions.get(partition)
+            if part is None or not part.keys:
+                return {}
+            return {partition: {k: dict(part.samples[i].custom) for k, i in part.keys.items()}}
+        return {
+            name: {k: dict(p.samples[i].custom) for k, i in p.keys.items()}
+            for name, p in self._partitions.items()
+            if p.keys
+        }
+
+    def unconsume(self, task: str, partition: str, indexes: Iterable[int]) -> list[int]:
+        """Hand ``indexes`` back to ``task`` (unconsumed again); cleared ones are skipped.
+        Returns those handed back."""
+        part = self._partitions.get(partition)
+        if part is None:
+            return []
+        consumed = part.consumed.get(task)
+        if consumed is None:
+            return []
+        back = [i for i in indexes if i in consumed]
+        consumed.difference_update(back)
+        return back
+
+    def mark_consumed(self, task: str, meta: BatchMeta) -> None:
+        """Mark ``meta``'s samples consumed by ``task`` (restoring a checkpoint).
+        Raises check_meta's errors, StoreInputError."""
+        if not isinstance(task, str) or not task:
+            raise StoreInputError(f"task must be a non-empty str, got {task!r}")
+        self.check_meta(meta)
+        for part_id, index in zip(meta.partition_ids, meta.global_indexes, strict=True):
+            self._partitions[part_id].consumed.setdefault(task, set()).add(index)
+
+    def consumers(self) -> dict[str, dict[str, int]]:
+        """``{partition: {task: consumed count}}`` for monitoring."""
+        return {
+            name: {task: len(done) for task, done in p.consumed.items()}
+            for name, p in self._partitions.items()
+        }
+
+    def export_partition(self, partition: str) -> dict[str, Any]:
+        """Everything a checkpoint needs of ``partition`` except the data: samples in order
+        (index, key, group, custom, fields ready), consumed per task, group size.
+        Raises UnknownPartitionError."""
+        part = self._part(partition)
+        ready = {f: r for f, r in part.ready.items()}
+        samples = []
+        for i, s in part.samples.items():
+            if s.staged or s.lost_on is not None:
+                continue  # not readable: an unfinished put or a lost sample
+            group = None if isinstance(s.group, tuple) and s.group[:1] == ("#alloc",) else s.group
+            samples.append(
+                {
+                    "index": i,
+                    "key": s.key,
+                    "group": list(group) if isinstance(group, tuple) else group,
+                    "custom": dict(s.custom),
+                    "fields": sorted(f for f, r in ready.items() if i in r),
+                }
+            )
+        kept = {s["index"] for s in samples}
+        return {
+            "samples": samples,
+            "consumed": {t: sorted(i for i in c if i in kept) for t, c in part.consumed.items()},
+            "group_size": part.group_size,
+        }

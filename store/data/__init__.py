@@ -1,0 +1,1 @@
+"""What the store's tiers share: metas, field schemas, packed rows, data updates, row cutting."""

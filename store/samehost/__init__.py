@@ -1,0 +1,1 @@
+"""The same-host data plane: shared-memory and CUDA-IPC columns, slots, both sides' paths."""

@@ -1,0 +1,1 @@
+"""The storage unit: the actor and the shard it holds (its columns)."""

@@ -1,0 +1,630 @@
+"""StorageUnit: the actor that holds one shard (a :class:`~store.unit.shard.ShardStorage`).
+
+At ``setup`` it registers with the controller (the handshake: id, node, device, capacity).
+A ``write`` stores the rows (``index_copy_`` into its columns, never keeping the receive
+buffers), tells the controller which samples now hold which fields and returns only after
+the controller's ACK, so a sample is never ready before its bytes are stored. If the
+controller refuses the notification the rows written for new fields are deleted again.
+A write over capacity waits (up to its timeout) for deletes to free room, then raises
+StoreFullError; a write larger than the whole capacity raises WriteTooLargeError at once.
+On a CUDA unit the columns live on ``cuda:0`` (the GPU the unit was given); a CPU unit keeps
+its dense columns in shared memory for same-host clients
+(:mod:`rayless.store.samehost.columns`). A client on the same host
+(:mod:`rayless.store.samehost.plane`) then moves only control messages over the socket:
+
+* put: :meth:`StorageUnit.reserve` checks the dense fields' schemas and the room, grows the
+  columns and hands out fresh slots (segment names, slot numbers and the column's writers'
+  fence); the client copies the rows into them; :meth:`StorageUnit.commit` writes the other
+  fields (sent with it), makes the slots visible and tells the controller (the same ACK as
+  ``write``). ``release``, the reservation's expiry (``reservation_ttl`` seconds) or the
+  transport telling that the reserving client's connection is gone gives the slots back, as
+  *fenced* slots: a writer that copies late lands nowhere visible (see columns.py). A reserve
+  still waiting for room when its client goes is cancelled.
+* get: :meth:`StorageUnit.locate` returns each dense field's segment, generation and slots (and
+  the other fields' data); the client copies the rows out under a lease (see columns.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from rayless.actors import Actor, ActorHandle, current_caller
+from rayless.actors.api.context import ENV_NODE_ID
+from rayless.store.data.meta import BatchMeta  # noqa: F401  (registers BatchMeta with the codec)
+from rayless.store.data.schema import DataUpdate, FieldSchema
+from rayless.store.errors import (
+    SchemaError,
+    StoreError,
+    StoreFullError,
+    StoreInputError,
+    WriteTooLargeError,
+)
+from rayless.store.metrics import RateMeter
+from rayless.store.samehost.columns import ShmDense, drain_pool, row_bytes_of
+from rayless.store.samehost.columns_cuda import CudaDense, cuda_uuid
+from rayless.store.unit.shard import ShardStorage, _check_indexes, _check_partition, _Dense, _Rows
+from rayless.transport.protocol import host_id
+
+__all__ = ["StorageUnit", "unit_device"]
+
+
+def unit_device(device: str) -> str:
+    """The torch device a unit keeps its columns on: ``"cuda"`` → ``"cuda:0"``."""
+    return "cuda:0" if device == "cuda" else device
+
+
+T = TypeVar("T")
+
+
+RESERVATION_TTL = 120.0  # seconds after which an uncommitted reservation is released
+
+ENV_RESERVATION_TTL = "RAYLESS_STORE_RESERVATION_TTL"
+
+
+def reservation_ttl(value: float | None = None) -> float:
+    """Seconds an uncommitted reservation lives: ``value``, else ``RAYLESS_STORE_RESERVATION_TTL``
+    from the environment, else :data:`RESERVATION_TTL`. Raises StoreInputError for a value
+    that is not a number > 0."""
+    raw: object = value if value is not None else os.environ.get(ENV_RESERVATION_TTL)
+    if raw is None:
+        return RESERVATION_TTL
+    try:
+        ttl = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        ttl = -1.0
+    if isinstance(raw, bool) or not ttl > 0 or ttl == float("inf"):
+        raise StoreInputError(f"reservation_ttl must be a number of seconds > 0, got {raw!r}")
+    return ttl
+
+
+def shm_columns_enabled() -> bool:
+    """Whether CPU units keep dense columns in shared memory (``RAYLESS_STORE_SHM=0``: no)."""
+    return os.environ.get("RAYLESS_STORE_SHM", "1") != "0" and os.path.isdir("/dev/shm")
+
+
+_ttl = reservation_ttl  # StorageUnit's argument of the same name hides it
+
+
+@dataclass
+class _Reservation:
+    partition: str
+    indexes: list[int] | None  # None: reserved by count ahead of the allocation
+    columns: dict[str, tuple[ShmDense, torch.Tensor, list[int]]]  # name: (col, data, slots)
+    schemas: dict[str, FieldSchema]
+    expires: float
+    owner: str | None = None  # the reserving client's connection (``current_caller``)
+
+
+class StorageUnit(Actor):
+    """One storage unit: a shard of every partition and of the KV face, and the unit's side of
+    the same-host data plane (reserve, commit, locate)."""
+
+    def __init__(
+        self,
+        unit_id: str,
+        controller: ActorHandle,
+        device: str = "cpu",
+        capacity_bytes: int | None = None,
+        reservation_ttl: float | None = None,
+    ) -> None:
+        self.unit_id = unit_id
+        self.reservation_ttl = _ttl(reservation_ttl)
+        self.controller = controller
+        self.device = unit_device(device)
+        dense: type[_Dense] = _Dense
+        if shm_columns_enabled():  # same-host clients write and read the columns directly
+            dense = CudaDense if self.device.startswith("cuda") else ShmDense
+        self.shard = ShardStorage(unit_id, self.device, capacity_bytes, dense_type=dense)
+        self._reservations: dict[str, _Reservation] = {}  # in order of expiry (one TTL for all)
+        self._owned: dict[str, set[str]] = {}  # a client connection: its reservations' tokens
+        self._waiting: dict[str, set[asyncio.Task[Any]]] = {}  # a connection: reserves waiting
+        self._freed = asyncio.Event()
+        self._stop = asyncio.Event()
+        self.incarnation = uuid.uuid4().hex  # this process: a restart registers a new one
+        self._puts = RateMeter()
+        self._gets = RateMeter()
+
+    async def setup(self) -> None:
+        """Register with the controller (the handshake)."""
+        if self.device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(self.device))
+        await self.controller.register_unit(
+            self.unit_id,
+            node_id=os.environ.get(ENV_NODE_ID),
+            device=self.device,
+            capacity_bytes=self.shard.capacity_bytes,
+            incarnation=self.incarnation,
+        )
+
+    async def teardown(self) -> None:
+        """Ends the controller's ``watch`` call cleanly; unlinks the shared-memory columns."""
+        self._stop.set()
+        self.shard.close()
+        drain_pool()
+
+    def _sync_device(self) -> None:
+        if self.shard.device.type == "cuda":
+            torch.cuda.synchronize(self.shard.device)
+
+    async def write(
+        self,
+        partition: str,
+        indexes: list[int],
+        td: Any,
+        schemas: dict[str, dict[str, Any]],
+        timeout: float = 0.0,
+        put_id: int | None = None,
+    ) -> None:
+        """Store ``td`` as samples ``indexes`` of ``partition``; return after the controller's ACK.
+        ``put_id``: the column-wise put this write belongs to (store.controller.column_puts).
+
+        Raises SchemaError/StoreInputError (bad data), StoreFullError (still no room after
+        ``timeout`` seconds of waiting for deletes), the controller's refusal (rows rolled back).
+        """
+        declared = {k: FieldSchema.from_dict(v) for k, v in schemas.items()}
+        fresh = [n for n in declared if not any(self.shard.has(partition, i, n) for i in indexes)]
+        update = await self._write_when_room(partition, indexes, td, declared, timeout)
+        update.put_id = put_id
+        del td  # the receive buffers are no longer referenced
+        if self.shard.device.type == "cuda":
+            await asyncio.to_thread(self._sync_device)  # IPC sources may be reused after ACK
+        try:
+            await self.controller.on_data_update(self.unit_id, update.to_dict())
+        except BaseException:
+            if fresh:
+                self.shard.delete(partition, indexes, fresh)
+                self._notify_freed()
+            raise
+        self._puts.add(len(indexes))
+
+    async def _write_when_room(
+        self,
+        partition: str,
+        indexes: list[int],
+        td: Any,
+        declared: dict[str, FieldSchema],
+        timeout: float,
+    ) -> DataUpdate:
+        return await self._until_room(
+            lambda: self.shard.write(partition, indexes, td, schemas=declared), timeout
+        )
+
+    async def _until_room(self, attempt: Callable[[], T], timeout: float) -> T:
+        """``attempt()``, retried after every delete while it raises StoreFullError, until
+        ``timeout`` seconds have passed (then the StoreFullError is raised)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout)
+        while True:
+            freed = self._freed
+            try:
+                return attempt()
+            except WriteTooLargeError:
+                raise  # can never fit: waiting would only delay the error
+            except StoreFullError:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise
+                try:
+                    await asyncio.wait_for(freed.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+
+    def _notify_freed(self) -> None:
+        old, self._freed = self._freed, asyncio.Event()
+        old.set()
+
+    async def read(
+        self, partition: str, indexes: list[int], fields: list[str] | None = None
+    ) -> Any:
+        """Samples ``indexes`` of ``partition`` as a TensorDict on this unit's device.
+
+        Raises UnknownPartitionError, UnknownFieldError, StoreInputError.
+        """
+        td = self.shard.read(partition, indexes, fields)
+        if self.shard.device.type == "cuda":
+            await asyncio.to_thread(self._sync_device)
+        self._gets.add(len(indexes))
+        return td
+
+    async def delete(self, plan: dict[str, list[int]]) -> int:
+        """Delete rows ``{partition: [indexes]}`` (absent ones ignored); returns bytes freed."""
+        freed = 0
+        for partition, indexes in plan.items():
+            freed += self.shard.delete(partition, indexes)
+        self._notify_freed()
+        return freed
+
+    async def delete_fields(self, plan: dict[str, dict[str, list[int]]]) -> int:
+        """Delete fields of rows ``{partition: {field: [indexes]}}`` (a failed column-wise
+        put's); absent ones ignored. Returns bytes freed."""
+        freed = 0
+        for partition, fields in plan.items():
+            for name, indexes in fields.items():
+                freed += self.shard.delete(partition, indexes, [name])
+        self._notify_freed()
+        return freed
+
+    async def drop_partition(self, partition: str) -> int:
+        """Delete a whole partition; returns bytes freed."""
+        freed = self.shard.drop_partition(partition)
+        self._notify_freed()
+        return freed
+
+    async def kv_put(self, keys: list[str], td: Any, timeout: float = 0.0) -> dict[str, Any]:
+        """Store ``td``'s rows under ``keys``; returns the written fields' schemas (as dicts).
+
+        Waits up to ``timeout`` for room like :meth:`write`; raises like ShardStorage.kv_put.
+        """
+        schemas = await self._until_room(functools.partial(self.shard.kv_put, keys, td), timeout)
+        del td
+        if self.shard.device.type == "cuda":
+            await asyncio.to_thread(self._sync_device)
+        return {k: v.to_dict() for k, v in schemas.items()}
+
+    async def kv_get(self, keys: list[str], fields: list[str] | None = None) -> Any:
+        """The rows under ``keys``. Raises UnknownKeyError, UnknownFieldError."""
+        td = self.shard.kv_get(keys, fields)
+        if self.shard.device.type == "cuda":
+            await asyncio.to_thread(self._sync_device)
+        return td
+
+    async def kv_list(self) -> list[str]:
+        """Keys held here, in insertion order."""
+        return self.shard.kv_list()
+
+    async def kv_delete(self, keys: list[str]) -> int:
+        """Delete ``keys`` (absent ones ignored); returns how many were deleted."""
+        n = self.shard.kv_delete(keys)
+        self._notify_freed()
+        return n
+
+    async def stats(self) -> dict[str, Any]:
+        """Bytes used, capacity, rows per partition, KV keys, puts/gets (rows: total and per
+        second over the last 10 s)."""
+        return {
+            **self.shard.stats(),
+            "unit_id": self.unit_id,
+            "incarnation": self.incarnation,
+            "puts": self._puts.snapshot(),
+            "gets": self._gets.snapshot(),
+            "reservations": len(self._reservations),  # same-host puts under way
+            "reserving": sum(len(t) for t in self._waiting.values()),  # reserves waiting for room
+        }
+
+    async def watch(self) -> None:
+        """Return only when this unit shuts down: the controller's death watch on it."""
+        await self._stop.wait()
+
+    # -- same-host reserve, commit, locate ----------------------------------------------------
+
+    async def local_info(self) -> dict[str, Any]:
+        """``{"host": host id, "shm": whether dense columns live in shared memory, "cuda_ipc":
+        whether they live in GPU memory exported by CUDA IPC, "gpu_uuid": that GPU's UUID}``."""
+        cuda = self.shard.dense_type is CudaDense
+        return {
+            "host": host_id(),
+            "shm": self.shard.dense_type is ShmDense,
+            "cuda_ipc": cuda,
+            "gpu_uuid": cuda_uuid(self.shard.device) if cuda else None,
+        }
+
+    def _where(self, col: ShmDense, known: list[str] | None) -> dict[str, Any]:
+        """A column's place for a same-host client: segment, rows (and for a CUDA column
+        whose lease segment is not in ``known``, the IPC share the client opens)."""
+        seg = col.segment
+        out: dict[str, Any] = {"segment": None if seg is None else seg.name, "rows": col.capacity}
+        wants_share = known is not None and seg is not None and seg.name not in known
+        if isinstance(col, CudaDense) and wants_share:  # known None: a CPU-only client
+            out["ipc"] = col.export()["ipc"]
+        return out
+
+    def _expire(self) -> None:
+        """Drop the reservations past their expiry (the oldest first: they expire in order)."""
+        now = time.monotonic()
+        expired = []
+        for token, res in self._reservations.items():
+            if res.expires >= now:
+                break
+            expired.append(token)
+        for token in expired:
+            self._drop_reservation(token)
+
+    def _caller_gone(self, caller: str) -> None:
+        """The transport saw client connection ``caller`` go (BYE, dropped, expired): give
+        back its reservations and cancel its reserves that still wait for room."""
+        for task in self._waiting.pop(caller, set()):
+            task.cancel()
+        tokens = self._owned.pop(caller, set())
+        for token in tokens:
+            self._drop_reservation(token)
+        if tokens:
+            self._notify_freed()
+
+    def _take_reservation(self, token: str) -> _Reservation | None:
+        """Remove reservation ``token`` from the tables (None: not live)."""
+        res = self._reservations.pop(token, None)
+        if res is not None and res.owner is not None:
+            owned = self._owned.get(res.owner)
+            if owned is not None:
+                owned.discard(token)
+                if not owned:
+                    del self._owned[res.owner]
+        return res
+
+    def _drop_reservation(self, token: str) -> bool:
+        """Give back reservation ``token``'s slots as fenced slots; whether it was live."""
+        res = self._take_reservation(token)
+        if res is None:
+            return False
+        for col, _, slots in res.columns.values():
+            col.pending -= len(slots)
+            col.fenced.extend(slots)  # a late writer may still copy into them: see columns.py
+        cols = self.shard._parts.get(res.partition, {})
+        for name, (col, _, _) in res.columns.items():
+            if not len(col) and cols.get(name) is col:
+                del cols[name]
+                col.close()
+        if res.partition in self.shard._parts and not cols:
+            del self.shard._parts[res.partition]
+        return True
+
+    def _reserve_now(
+        self,
+        partition: str,
+        idx: list[int] | int,
+        dense: dict[str, FieldSchema],
+        known: list[str] | None = None,
+    ) -> dict[str, Any]:
+        count = idx if isinstance(idx, int) else len(idx)
+        cols = self.shard._parts.get(partition, {})
+        plan: dict[str, tuple[ShmDense | None, FieldSchema]] = {}
+        own = 0
+        for name, schema in dense.items():
+            if schema.kind != "dense":
+                raise SchemaError(f"field {name!r} is not dense")
+            old = cols.get(name)
+            if old is not None and not isinstance(old, ShmDense):
+                raise SchemaError(f"field {name!r} is not a dense column on this unit")
+            merged = schema if old is None else old.schema.merged(schema, name)
+            plan[name] = (old, merged)
+            own += count * row_bytes_of(schema)
+        cap = self.shard.capacity_bytes
+        if cap is not None and own > cap:
+            raise WriteTooLargeError(self.unit_id, own, self.shard.free_bytes or 0, cap)
+        budget = self.shard.free_bytes
+        limit = budget if budget is not None else 2**62
+        needed = 0
+        growths: dict[str, int] = {}
+        for name, (old, merged) in plan.items():
+            probe = old if old is not None else ShmDense(merged, self.shard.device)
+            size, cost = probe.growth(range(count), max(0, limit - needed))
+            needed += cost
+            if size == -1 or (budget is not None and needed > budget):
+                raise StoreFullError(self.unit_id, needed, budget or 0, cap or 0)
+            if cost:
+                growths[name] = size
+        made: dict[str, ShmDense] = {}
+        try:  # growing is what can fail (/dev/shm full): before any slot is handed out
+            for name, (old, merged) in plan.items():
+                col = old if old is not None else ShmDense(merged, self.shard.device)
+                col.schema = merged
+                made[name] = col
+                if name in growths:
+                    col.grow(growths[name])
+        except OSError as exc:
+            for name, col in made.items():
+                if plan[name][0] is None:
+                    col.close()
+            raise self.shard.shm_full(needed, exc) from None
+        out: dict[str, Any] = {}
+        taken: dict[str, tuple[ShmDense, torch.Tensor, list[int]]] = {}
+        cols = self.shard._parts.setdefault(partition, cols)
+        for name, col in made.items():
+            cols[name] = col
+            slots = col.take_slots(count)
+            col.pending += len(slots)
+            taken[name] = (col, col.data, slots)
+            out[name] = {**self._where(col, known), "fence": col.fence, "slots": slots}
+        token = uuid.uuid4().hex
+        rows = None if isinstance(idx, int) else idx
+        owner = current_caller()
+        expires = time.monotonic() + self.reservation_ttl
+        self._reservations[token] = _Reservation(
+            partition, rows, taken, dict(dense), expires, owner
+        )
+        if owner is not None:
+            self._owned.setdefault(owner, set()).add(token)
+        return {"token": token, "fields": out}
+
+    async def reserve(
+        self,
+        partition: str,
+        indexes: list[int] | int,
+        dense: dict[str, dict[str, Any]],
+        timeout: float = 0.0,
+        known: list[str] | None = None,
+    ) -> dict[str, Any]:
+        """Slots for the dense fields ``dense`` (wire schemas) of samples ``indexes``:
+        ``{"token", "fields": {name: {"segment", "rows", "slots"}}}``. ``indexes`` may be a
+        count: slots reserved while the controller still allocates the samples (their indexes
+        then come with ``commit``). ``known``: the CUDA columns (lease segment names) the
+        client has opened; the others come with their IPC share (``"ipc"``).
+
+        Waits up to ``timeout`` for room like ``write``. Raises SchemaError, StoreInputError,
+        StoreFullError, WriteTooLargeError (nothing changed but the columns' growth).
+        """
+        self._expire()
+        part = _check_partition(partition)
+        idx: list[int] | int
+        if isinstance(indexes, int) and not isinstance(indexes, bool):
+            if indexes < 0:
+                raise StoreInputError(f"a reservation of {indexes} rows")
+            idx = indexes
+        else:
+            idx = _check_indexes(indexes)
+        declared = {k: FieldSchema.from_dict(v) for k, v in dense.items()}
+        caller, task = current_caller(), asyncio.current_task()
+        if caller is not None and task is not None:  # cancelled if the caller goes meanwhile
+            self._waiting.setdefault(caller, set()).add(task)
+        try:
+            return await self._until_room(
+                lambda: self._reserve_now(part, idx, declared, known), timeout
+            )
+        finally:
+            waiting = self._waiting.get(caller) if caller is not None else None
+            if waiting is not None:
+                waiting.discard(task)
+                if not waiting:
+                    del self._waiting[caller]  # type: ignore[arg-type]
+
+    async def commit(
+        self,
+        token: str,
+        rest: Any,
+        schemas: dict[str, dict[str, Any]],
+        timeout: float = 0.0,
+        indexes: list[int] | None = None,
+        put_id: int | None = None,
+    ) -> None:
+        """Finish reservation ``token``: write the other fields ``rest`` (a TensorDict or None),
+        make the reserved slots hold their rows, return after the controller's ACK.
+        ``indexes``: the samples of a reservation made by count (one per reserved row);
+        ``put_id``: the column-wise put it belongs to.
+
+        Raises StoreError for an unknown (expired, released, its client gone) token,
+        StoreInputError for indexes that do not fit the reservation, what ``write`` raises
+        for ``rest``; on any error the reservation is released and nothing stays written.
+        """
+        res = self._reservations.get(token)
+        if res is None:
+            raise StoreError("the same-host put's reservation expired or is unknown")
+        if res.indexes is None:
+            try:
+                idx = _check_indexes(indexes if indexes is not None else ())
+                rows = {len(slots) for _, _, slots in res.columns.values()}
+                if rows and rows != {len(idx)}:
+                    raise StoreInputError(
+                        f"{len(idx)} indexes for a reservation of {rows.pop()} rows"
+                    )
+            except StoreInputError:
+                self._drop_reservation(token)
+                raise
+            res.indexes = idx
+        elif indexes is not None and list(indexes) != res.indexes:
+            self._drop_reservation(token)
+            raise StoreInputError("the commit's indexes differ from the reservation's")
+        part, idx = res.partition, res.indexes
+        fresh = [n for n in schemas if not any(self.shard.has(part, i, n) for i in idx)]
+        try:
+            reported: dict[str, FieldSchema] = {}
+            shapes: dict[str, list[tuple[int, ...]]] = {}
+            if rest is not None:
+                declared = {k: FieldSchema.from_dict(v) for k, v in schemas.items()}
+                declared = {k: v for k, v in declared.items() if k not in res.columns}
+                update = await self._write_when_room(part, idx, rest, declared, timeout)
+                reported.update(update.schemas)
+                shapes.update(update.sample_shapes)
+            del rest
+            if self._reservations.get(token) is not res:  # expired or dropped meanwhile
+                written = [n for n in fresh if n not in res.columns]
+                if written:
+                    self.shard.delete(part, idx, written)
+                raise StoreError("the same-host put's reservation expired during its commit")
+        except BaseException:
+            self._drop_reservation(token)
+            raise
+        cols = self.shard._parts.get(part, {})
+        gone = [
+            n
+            for n, (col, _, _) in res.columns.items()
+            if cols.get(n, col) is not col or (col.segment is None and col.capacity)
+        ]
+        if gone:  # the partition was dropped (and maybe recreated) during the put
+            self._drop_reservation(token)
+            raise StoreError(f"partition {part!r} was cleared during the put (fields {gone})")
+        self._take_reservation(token)
+        cols = self.shard._parts.setdefault(part, {})
+        for name, (col, data, slots) in res.columns.items():
+            col.pending -= len(slots)
+            if data is not col.data:  # the column grew meanwhile: bring the rows along
+                where = torch.tensor(slots, dtype=torch.int64, device=col.data.device)
+                col.data.index_copy_(0, where, data.index_select(0, where))
+            col.assign(idx, slots)
+            cols.setdefault(name, col)
+            reported[name] = res.schemas[name]
+        if self.shard.device.type == "cuda":
+            await asyncio.to_thread(self._sync_device)
+        try:
+            await self.controller.on_data_update(
+                self.unit_id, DataUpdate(part, idx, reported, shapes, put_id).to_dict()
+            )
+        except BaseException:
+            if fresh:
+                self.shard.delete(part, idx, fresh)
+                self._notify_freed()
+            raise
+        self._puts.add(len(idx))
+
+    async def release(self, token: str) -> bool:
+        """Give back reservation ``token`` (a failed same-host put); whether it was still live
+        (False: unknown or expired, and nothing done)."""
+        live = self._drop_reservation(token)
+        self._notify_freed()
+        return live
+
+    async def locate(
+        self,
+        partition: str,
+        indexes: list[int],
+        dense: list[str],
+        rest: list[str],
+        known: list[str] | None = None,
+    ) -> dict[str, Any]:
+        """Where the dense fields ``dense`` of samples ``indexes`` are (``{"fields": {name:
+        {"segment", "generation", "rows", "slots"}}, "rest": {name: the rows of the other
+        fields ``rest``: one flat tensor of a ragged field, a list of a plain one}}``);
+        ``known`` as for ``reserve``. Raises like ``read``."""
+        part = _check_partition(partition)
+        idx = _check_indexes(indexes)
+        cols = self.shard._parts.get(part)
+        if cols is None:
+            self.shard.read(part, idx, dense or rest)  # raises UnknownPartitionError
+        fields: dict[str, Any] = {}
+        for name in dense:
+            col = (cols or {}).get(name)
+            if not isinstance(col, ShmDense):
+                self.shard.read(part, idx, [name])  # raises the typed error
+                raise SchemaError(f"field {name!r} is not a shared-memory column here")
+            missing = [i for i in idx if i not in col.slot_of]
+            if missing:
+                self.shard.read(part, idx, [name])  # raises UnknownFieldError
+            fields[name] = {
+                **self._where(col, known),
+                "generation": col.generation,
+                "slots": [col.slot_of[i] for i in idx],
+            }
+        packed: dict[str, Any] = {}
+        for name in rest:  # one flat tensor (or one list of values) per field
+            col = (cols or {}).get(name)
+            if not isinstance(col, _Rows) or any(i not in col for i in idx):
+                self.shard.read(part, idx, [name])  # raises the typed error
+                raise SchemaError(f"field {name!r} is not a ragged or plain column here")
+            values = [col.rows[i] for i in idx]
+            if col.schema.is_non_tensor or not values:
+                packed[name] = values
+            else:
+                flat = (
+                    values if all(r.dim() == 1 for r in values) else [r.reshape(-1) for r in values]
+                )
+                packed[name] = torch.cat(flat)
+        self._gets.add(len(idx))
+        return {"fields": fields, "rest": packed}

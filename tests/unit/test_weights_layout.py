@@ -1,0 +1,86 @@
+"""Weight-sync layouts: buckets, dtype conversion, mismatches that name the tensor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rayless.weights.errors import WeightMismatchError
+from rayless.weights.layout import (
+    bucket_sizes,
+    check,
+    make_layout,
+    read_into,
+    targets_of,
+    write_from,
+)
+
+
+def _round_trip(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor], bucket: int) -> None:
+    layout = make_layout(src, bucket)
+    buckets = [torch.zeros(n, dtype=torch.uint8) for n in bucket_sizes(layout)]
+    write_from(src, layout, buckets)
+    check(layout, dst, strict=True)
+    read_into(layout, buckets, dst)
+
+
+def test_tensors_never_straddle_buckets_and_a_big_one_gets_its_own() -> None:
+    src = {"a": torch.ones(10), "b": torch.ones(10), "big": torch.ones(100), "c": torch.ones(3)}
+    layout = make_layout(src, bucket_bytes=256)
+    where = {row[0]: row[3] for row in layout}
+    assert where["a"] == where["b"] == 0
+    assert where["big"] == 1 and where["c"] == 2
+    for _, _, _, b, offset, n in layout:
+        assert offset % 64 == 0 and offset + n <= bucket_sizes(layout)[b]
+
+
+def test_every_dtype_round_trips_and_converts_to_the_targets_dtype() -> None:
+    src = {
+        "w": torch.randn(5, 7, dtype=torch.bfloat16),
+        "mask": torch.rand(9) > 0.5,
+        "steps": torch.arange(4, dtype=torch.int64),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.empty(0, 3),
+    }
+    dst = {
+        "w": torch.zeros(5, 7, dtype=torch.float16),
+        "mask": torch.zeros(9, dtype=torch.bool),
+        "steps": torch.zeros(4, dtype=torch.int64),
+        "scalar": torch.tensor(0.0, dtype=torch.float64),
+        "empty": torch.empty(0, 3),
+    }
+    _round_trip(src, dst, bucket=64)
+    assert dst["w"].dtype == torch.float16
+    assert torch.equal(dst["w"], src["w"].to(torch.float16))
+    assert torch.equal(dst["mask"], src["mask"])
+    assert torch.equal(dst["steps"], src["steps"])
+    assert float(dst["scalar"]) == 2.5
+
+
+def test_a_module_is_filled_in_place() -> None:
+    torch.manual_seed(0)
+    src = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    dst = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)).double()
+    weight = dst[0].weight
+    _round_trip(dict(src.state_dict()), targets_of(dst), bucket=1 << 20)
+    assert dst[0].weight is weight  # the same Parameter, new values
+    assert torch.allclose(dst[0].weight.float(), src[0].weight)
+    assert int(dst[1].num_batches_tracked) == int(src[1].num_batches_tracked)
+
+
+def test_mismatches_name_the_tensor() -> None:
+    layout = make_layout({"a": torch.ones(2, 3), "b": torch.ones(1)}, 1 << 20)
+    with pytest.raises(WeightMismatchError, match=r"'a'.*shape") as info:
+        check(layout, {"a": torch.ones(3, 2), "b": torch.ones(1)}, strict=True)
+    assert info.value.tensor == "a"
+    with pytest.raises(WeightMismatchError, match="'b'") as info:
+        check(layout, {"a": torch.ones(2, 3)}, strict=True)
+    assert info.value.tensor == "b"
+    with pytest.raises(WeightMismatchError, match="'extra'"):
+        check(layout, {"a": torch.ones(2, 3), "b": torch.ones(1), "extra": torch.ones(1)}, True)
+    check(layout, {"a": torch.ones(2, 3)}, strict=False)  # a subset is fine when not strict
+
+
+def test_targets_must_be_a_module_or_a_dict() -> None:
+    with pytest.raises(TypeError):
+        targets_of([torch.ones(1)])

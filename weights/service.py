@@ -1,0 +1,270 @@
+"""The actors behind weight sync: one registry per sync, one relay per host.
+
+:class:`WeightRegistry` (named after the sync) knows the newest version, where each host finds
+it (a shared-memory segment, or CUDA IPC buckets, and the layout), and the publisher's pid. A
+pull long-polls it (``wait``) for a version >= its minimum. Every 0.5 s it checks that the
+publisher still runs (through the relay on the publisher's host); when it died, every pending
+and later pull fails with PublisherLostError, and its segments are unlinked on that host.
+
+:class:`WeightRelay` (one per node, cpus=0) receives a version once per host from a publisher
+on another host, bucket by bucket, writes it into its own segments and serves the host's
+subscribers from there. It also answers liveness questions about pids on its host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from typing import Any
+
+import torch
+
+from rayless.actors import Actor, ActorHandle
+from rayless.transport import segments
+from rayless.transport.protocol import host_id
+from rayless.transport.shm import pid_alive
+from rayless.weights.errors import (
+    PublisherLostError,
+    WeightInputError,
+    WeightSyncError,
+    WeightTimeoutError,
+    WeightVersionError,
+)
+
+__all__ = ["WeightRegistry", "WeightRelay", "location"]
+
+MONITOR_INTERVAL = 0.5
+
+
+def location(per_node: bool) -> str:
+    """Which copy of the weights this process reads: its host's, or (``per_node``) its node's."""
+    if per_node:
+        return f"{host_id()}#{os.environ.get('RAYLESS_NODE_ID', 'driver')}"
+    return host_id()
+
+
+class WeightRegistry(Actor):
+    """Versions, their locations per host, and the publisher's liveness. See the module doc."""
+
+    def __init__(self, name: str, per_node: bool) -> None:
+        self.name = name
+        self.per_node = per_node
+        self.latest = -1
+        self.entries: dict[str, dict[str, Any]] = {}  # location -> newest entry there
+        self.relays: dict[str, ActorHandle[Any]] = {}  # location -> its relay
+        self.relay_hosts: dict[str, str] = {}  # location -> host id
+        self.publishers: dict[int, dict[str, Any]] = {}  # shard -> pid, host, location
+        self.num_shards = 1
+        self.begun: dict[int, int] = {}  # shard -> the newest version it began
+        self.partial: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}  # shards so far
+        self.lost: str | None = None
+        self.changed = asyncio.Condition()
+        self._monitor: asyncio.Task[None] | None = None
+
+    async def setup(self) -> None:
+        self._monitor = asyncio.ensure_future(self._watch())
+
+    async def teardown(self) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+
+    async def add_relays(self, relays: list[ActorHandle[Any]]) -> dict[str, ActorHandle[Any]]:
+        """Register relays (one per location is kept); the relay of each location."""
+        for relay in relays:
+            where, host = await relay.where()
+            if where not in self.relays:
+                self.relays[where] = relay
+                self.relay_hosts[where] = host
+        return dict(self.relays)
+
+    def info(self) -> dict[str, Any]:
+        """The sync's settings, relays and newest version."""
+        return {"per_node": self.per_node, "relays": dict(self.relays), "latest": self.latest}
+
+    async def begin(
+        self, version: int, pid: int, host: str, where: str, shard: int = 0, num_shards: int = 1
+    ) -> list[Any]:
+        """Start publishing shard ``shard`` of ``num_shards`` of ``version`` from ``pid``: the
+        (location, relay) pairs to feed. A version is complete once every shard announced it.
+
+        Raises WeightVersionError unless ``version`` is above every complete version and every
+        version this shard began; WeightInputError for a bad shard.
+        """
+        if not isinstance(version, int) or isinstance(version, bool) or version <= self.latest:
+            raise WeightVersionError(
+                f"version {version!r} is not above the newest published version {self.latest}"
+            )
+        if not (isinstance(num_shards, int) and num_shards >= 1 and 0 <= shard < num_shards):
+            raise WeightInputError(f"bad shard {shard!r} of {num_shards!r}")
+        if version <= self.begun.get(shard, -1):
+            raise WeightVersionError(
+                f"shard {shard} already published version {self.begun[shard]} (not below it)"
+            )
+        if num_shards != self.num_shards:
+            self.num_shards = num_shards
+            self.publishers = {k: v for k, v in self.publishers.items() if k < num_shards}
+        self.begun[shard] = version
+        old = self.publishers.get(shard)
+        if old is None or old["pid"] != pid or self.lost:
+            self.publishers[shard] = {"pid": pid, "host": host, "where": where}
+            self.lost = None
+        return [[w, r] for w, r in self.relays.items() if w != where]
+
+    async def announce(self, where: str, entry: dict[str, Any]) -> None:
+        """A shard of a version is complete at ``where`` (entry: version, shard, kind, segment,
+        layout...); with every shard there, so is the version."""
+        version = int(entry["version"])
+        if self.num_shards > 1:
+            parts = self.partial.setdefault((where, version), {})
+            parts[int(entry.get("shard", 0))] = entry
+            if len(parts) < self.num_shards:
+                return
+            for key in [k for k in self.partial if k[0] == where and k[1] <= version]:
+                del self.partial[key]
+            entry = {"version": version, "kind": "parts", "segment": "",
+                     "parts": [parts[i] for i in range(self.num_shards)]}  # fmt: skip
+        old = self.entries.get(where)
+        if old is None or old["version"] < entry["version"]:
+            self.entries[where] = entry
+        self.latest = max(self.latest, int(entry["version"]))
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def retire(self, pid: int) -> None:
+        """The publisher ``pid`` closed its client: pulls fail until a new publish."""
+        if any(p["pid"] == pid for p in self.publishers.values()) and not self.lost:
+            self.lost = (
+                f"the publisher of {self.name!r} (pid {pid}) closed its client, and its "
+                "versions with it (a publisher keeps its client open while its weights are "
+                "pulled)"
+            )
+            self.entries.clear()
+            async with self.changed:
+                self.changed.notify_all()
+
+    def latest_version(self) -> int:
+        """The newest version published anywhere (-1: none yet)."""
+        return self.latest
+
+    async def wait(self, where: str, min_version: int, timeout: float | None) -> dict[str, Any]:
+        """The newest entry at ``where`` once its version is >= ``min_version``.
+
+        Raises PublisherLostError (the publisher died), WeightTimeoutError (not in time),
+        WeightSyncError (no relay serves ``where``).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        async with self.changed:
+            while True:
+                if self.lost:
+                    raise PublisherLostError(self.lost)
+                entry = self.entries.get(where)
+                if entry is not None and entry["version"] >= min_version:
+                    return entry
+                sources = {p["where"] for p in self.publishers.values()}
+                if sources and where not in self.relays and where not in sources:
+                    raise WeightSyncError(f"weight sync {self.name!r}: no relay at {where}")
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise WeightTimeoutError(
+                        f"no version >= {min_version} of {self.name!r} within {timeout} s "
+                        f"(newest: {self.latest})"
+                    )
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.changed.wait(), left)
+
+    async def _alive(self, pub: dict[str, Any]) -> bool:
+        if pub["host"] == host_id():
+            return pid_alive(pub["pid"])
+        for where, host in self.relay_hosts.items():
+            if host == pub["host"]:
+                try:
+                    return bool(await self.relays[where].alive(pub["pid"]))
+                except Exception:
+                    return True  # the relay is gone: cannot tell
+        return True
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(MONITOR_INTERVAL)
+            if self.lost:
+                continue
+            dead = [p for p in list(self.publishers.values()) if not await self._alive(p)]
+            if not dead:
+                continue
+            pub = dead[0]
+            self.lost = f"the publisher of {self.name!r} (pid {pub['pid']}) died"
+            self.entries.clear()
+            async with self.changed:
+                self.changed.notify_all()
+            for where, relay in self.relays.items():
+                with contextlib.suppress(Exception):
+                    await relay.drop(pub["pid"] if self.relay_hosts[where] == pub["host"] else 0)
+            if pub["host"] == host_id():
+                await asyncio.to_thread(segments.reap, pub["pid"])
+
+
+class WeightRelay(Actor):
+    """A host's copy of the weights, fed once per version by a publisher on another host."""
+
+    def __init__(self, per_node: bool, max_slots: int = 3) -> None:
+        self.location = location(per_node)
+        self.max_slots = max_slots
+        self.pools: dict[int, segments.SlotPool] = {}  # shard -> its segments
+        self.pending: dict[tuple[int, int], segments.Segment] = {}  # (version, shard) -> segment
+        self.payloads: dict[tuple[int, int], torch.Tensor] = {}
+
+    def where(self) -> tuple[str, str]:
+        """This relay's location and host id."""
+        return self.location, host_id()
+
+    def alive(self, pid: int) -> bool:
+        """Whether process ``pid`` runs on this host."""
+        return pid_alive(pid)
+
+    def drop(self, dead_pid: int) -> list[str]:
+        """Forget every version (the publisher died); unlink ``dead_pid``'s segments here."""
+        self._abort()
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()
+        return segments.reap(dead_pid) if dead_pid else []
+
+    def _abort(self, shard: int | None = None) -> None:
+        for key in [k for k in self.pending if shard is None or k[1] == shard]:
+            self.pools[key[1]].abort(self.pending.pop(key))
+            self.payloads.pop(key, None)
+
+    async def begin(self, version: int, nbytes: int, shard: int = 0) -> None:
+        """Lease a segment of ``nbytes`` for ``version`` (waits for slow readers)."""
+        self._abort(shard)  # an unfinished earlier version (its publisher gave up) is dropped
+        pool = self.pools.setdefault(shard, segments.SlotPool(self.max_slots))
+        seg = await asyncio.to_thread(pool.begin, nbytes)
+        self.pending[version, shard] = seg
+        self.payloads[version, shard] = torch.frombuffer(seg.payload, dtype=torch.uint8)
+
+    async def write(self, version: int, offset: int, chunk: torch.Tensor, shard: int = 0) -> None:
+        """Copy one bucket (flat uint8) to ``offset`` of the pending version."""
+        payload = self.payloads.get((version, shard))
+        if payload is None:
+            raise WeightSyncError(f"relay at {self.location}: version {version} was not begun")
+        n = chunk.numel()
+        await asyncio.to_thread(payload[offset : offset + n].copy_, chunk.view(torch.uint8))
+
+    def commit(
+        self, version: int, layout: list[Any], starts: list[int], shard: int = 0
+    ) -> dict[str, Any]:
+        """Make the pending version readable here; the entry to announce."""
+        seg = self.pending.pop((version, shard), None)
+        self.payloads.pop((version, shard), None)
+        if seg is None:
+            raise WeightSyncError(f"relay at {self.location}: version {version} was not begun")
+        self.pools[shard].commit(seg, version)
+        return {"version": version, "kind": "shm", "segment": seg.name, "layout": layout,
+                "starts": starts, "shard": shard}  # fmt: skip
+
+    async def teardown(self) -> None:
+        self._abort()
+        for pool in self.pools.values():
+            pool.close()
