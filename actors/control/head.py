@@ -26,7 +26,7 @@ from typing import Any
 
 from rayless.actors.api import context, published
 from rayless.actors.control.head_actors import ActorRecord, HeadActors
-from rayless.placement.allocation import NodeState
+from rayless.placement.allocation import NodeState, NodeTable
 from rayless.placement.errors import PlacementError
 from rayless.transport import loop
 from rayless.transport.client import Client
@@ -50,7 +50,7 @@ class Head(HeadActors):
         self.token = token
         self.node_timeout = node_timeout
         self.owner_grace = node_timeout if owner_grace is None else owner_grace
-        self.nodes: dict[str, NodeState] = {}
+        self.nodes: dict[str, NodeState] = NodeTable()  # indexed for placement
         self.agents: dict[str, Client] = {}
         self.actors: dict[str, ActorRecord] = {}
         self.names: dict[str, str] = {}
