@@ -34,6 +34,9 @@ from rayless.transport.errors import ProtocolError, RaylessError
 from rayless.transport.server import Peer, Request, Server
 
 log = logging.getLogger("rayless.head")
+# The head's pings on its connection to each agent: the agent's server forgets ZeroMQ peers
+# silent for 30 s; a node's death is learnt from its missing heartbeats, not from these.
+AGENT_PING_INTERVAL = 10.0
 
 
 class Head(HeadActors):
@@ -53,6 +56,7 @@ class Head(HeadActors):
         self.nodes: dict[str, NodeState] = NodeTable()  # indexed for placement
         self.agents: dict[str, Client] = {}
         self.actors: dict[str, ActorRecord] = {}
+        self.owned: dict[str, set[str]] = {}  # session -> ids of its live actors
         self.names: dict[str, str] = {}
         self.sessions: dict[str, set[bytes]] = {}
         self._peer_session: dict[bytes, str] = {}
@@ -186,7 +190,7 @@ class Head(HeadActors):
 
     async def op_end_session(self, peer: Peer, session: str) -> int:
         """The session is over: kill every actor it owns; returns how many, once they are dead."""
-        owned = [a for a in self.actors.values() if a.owner == session and a.state != "dead"]
+        owned = self._owned_by(session)
         await asyncio.gather(
             *(self._kill(a, "its owner ended the session") for a in owned),
             return_exceptions=True,
@@ -215,11 +219,16 @@ class Head(HeadActors):
 
     def _kill_owned(self, session: str, reason: str) -> int:
         self._orphan_timers.pop(session, None)
-        owned = [a for a in self.actors.values() if a.owner == session and a.state != "dead"]
+        owned = self._owned_by(session)
         for record in owned:
             self._spawn_task(self._kill(record, reason))
         # what those actors owned goes too (their sessions are their actor ids)
         return len(owned)
+
+    def _owned_by(self, session: str) -> list[ActorRecord]:
+        """The live actors ``session`` owns (from the owner index: no scan of every actor)."""
+        records = (self.actors.get(a) for a in self.owned.get(session, ()))
+        return [r for r in records if r is not None and r.state != "dead"]
 
     # -- nodes ---------------------------------------------------------------------------
 
@@ -231,7 +240,13 @@ class Head(HeadActors):
         old = self.agents.pop(node.node_id, None)
         if old is not None:
             await old.aclose()
-        client = Client(agent_address, token=self.token, name=f"head->{node.node_id}")
+        client = Client(  # the node's liveness is its heartbeats: pings only keep the session
+            agent_address,
+            token=self.token,
+            name=f"head->{node.node_id}",
+            heartbeat_interval=AGENT_PING_INTERVAL,
+            heartbeat_timeout=3 * AGENT_PING_INTERVAL,
+        )
         await client.connect()
         self.nodes[node.node_id] = node
         self.agents[node.node_id] = client
@@ -287,10 +302,10 @@ class Head(HeadActors):
     # -- events --------------------------------------------------------------------------
 
     def _broadcast(self, ev: dict[str, Any]) -> None:
-        for peer in self.server.peers:
-            rid = peer.routing_id
-            if rid in self._peer_session and rid not in self._keepers:
-                self.server.send_oneway(peer, ("event", ev))
+        # the sessions' connections (not every peer: the agents' are most of them)
+        for rid in list(self._peer_session):
+            if rid not in self._keepers:
+                self.server.send_oneway(rid, ("event", ev))
 
     def _forward_logs(self, batch: dict[str, Any]) -> None:
         record = self.actors.get(str(batch.get("actor_id")))
