@@ -97,7 +97,9 @@ class Agent:
             head_address,
             token=token,
             name=f"agent-{node.node_id}",
-            heartbeat_interval=max(0.1, head_timeout / 10),
+            # above the node heartbeat's period: its replies are what we hear of the head,
+            # so the session sends no pings of its own while the beats flow
+            heartbeat_interval=max(0.1, head_timeout * 2 / 5),
             heartbeat_timeout=head_timeout,
             connect_timeout=head_timeout * 4,
         )
@@ -156,8 +158,11 @@ class Agent:
                 await asyncio.to_thread(cleanup_stale)
             if self.head.ready:
                 lost_since = None
-                try:
-                    self.head.send_oneway(("node_heartbeat", self.node.node_id))
+                try:  # a request: one message each way per beat, and the reply keeps our session
+                    beat = self.head.submit(
+                        ("node_heartbeat", self.node.node_id), timeout=self.head_timeout
+                    )
+                    beat.add_done_callback(_quiet)
                 except RaylessError:
                     pass
                 continue
@@ -440,6 +445,12 @@ async def serve(args: argparse.Namespace, token: str) -> int:
         print(agent.server.address, flush=True)
         await agent.stopped.wait()
     return 1 if agent.failed else 0
+
+
+def _quiet(fut: asyncio.Future[Any]) -> None:
+    """Retrieve a heartbeat's outcome (a lost one is noticed by the session's silence)."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -273,6 +273,13 @@ class Head(HeadActors):
             raise PlacementError(f"node {node_id!r} is not alive in this cluster")
         return int(await agent.request(("free_port",), timeout=10))
 
+    def op_node_heartbeat(self, peer: Peer, node_id: str) -> bool:
+        """A node agent is alive (answered: the reply is its session's heartbeat too)."""
+        node = self.nodes.get(str(node_id))
+        if node is not None and node.alive:
+            node.last_heartbeat = time.monotonic()
+        return True
+
     def op_shutdown(self, peer: Peer) -> str:
         """Shut the whole cluster down (after replying)."""
         asyncio.get_running_loop().call_soon(lambda: self._spawn_task(self.aclose()))

@@ -21,6 +21,7 @@ from rayless import actors
 from rayless.actors.control.head import Head
 from rayless.actors.errors import ActorDiedError, ActorNotFoundError
 from rayless.actors.testing_scale import Pinger, SimAgent, SimCluster, close_agents, start_agents
+from rayless.transport.protocol import Kind, open_envelope
 from rayless.transport.server import Server
 from tests.waiting import wait_until
 
@@ -76,16 +77,19 @@ class _NoScan(dict):  # type: ignore[type-arg]
         raise AssertionError("the head walked every actor")
 
 
-@pytest.fixture
-async def head_with_agents() -> AsyncIterator[tuple[Head, list[SimAgent]]]:
-    async with Head("s" * 32, node_timeout=5.0) as head:
+@pytest.fixture(params=[5.0])
+async def head_with_agents(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[tuple[Head, list[SimAgent]]]:
+    timeout = float(request.param)
+    async with Head("s" * 32, node_timeout=timeout) as head:
         with tempfile.TemporaryDirectory() as log_dir:
             agents = await start_agents(
                 head.address,
                 "s" * 32,
                 [f"n-{i}" for i in range(8)],
                 gpus=4,
-                head_timeout=5.0,
+                head_timeout=timeout,
                 log_dir=log_dir,
             )
             try:
@@ -115,3 +119,27 @@ async def test_deaths_kills_and_session_ends_do_not_walk_every_actor(
         timeout=30,
         what="every actor of the ended session dead",
     )
+
+
+@pytest.mark.parametrize("head_with_agents", [1.0], indirect=True)
+async def test_an_idle_node_costs_the_head_one_message_per_heartbeat(
+    head_with_agents: tuple[Head, list[SimAgent]],
+) -> None:
+    head, _ = head_with_agents
+    seen = {"all": 0, "ping": 0}
+    real = head.server._on_message
+
+    def counting(rid: bytes, fd: int, link: object, msg: Any, now: float) -> None:
+        seen["all"] += 1
+        if open_envelope(msg, 1)[0] is Kind.PING:
+            seen["ping"] += 1
+        real(rid, fd, link, msg, now)
+
+    head.server._on_message = counting  # type: ignore[method-assign]
+    try:
+        # 8 nodes beating every 0.2 s: 200 messages are a few seconds of idle
+        await wait_until(lambda: seen["all"] >= 200, timeout=60, what="200 messages at the head")
+    finally:
+        head.server._on_message = real  # type: ignore[method-assign]
+    # the beat's reply keeps each agent's session: its own pings would double the head's work
+    assert seen["ping"] * 3 <= seen["all"], seen
