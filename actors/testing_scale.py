@@ -41,6 +41,7 @@ from rayless.actors.api.actor import ClassRef, public_methods
 from rayless.actors.control import agent as agent_module
 from rayless.actors.control.agent import ActorProc, Agent
 from rayless.actors.control.logs import LogTailer
+from rayless.actors.control.process_util import die_with_parent
 from rayless.actors.errors import StartError
 from rayless.actors.launch.procs import START_TIMEOUT, first_line, terminate
 from rayless.placement import NodeInfo, discover_node
@@ -460,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head-timeout", type=float, default=5.0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s sim %(message)s")
+    if os.environ.get("RAYLESS_DIE_WITH_PARENT"):
+        die_with_parent()
     token = context.take_token()
     if not token:
         print("RAYLESS_TOKEN_FD, RAYLESS_TOKEN or RAYLESS_TOKEN_FILE must be set", file=sys.stderr)

@@ -16,6 +16,7 @@ every node of the cluster; a plain dict of nodes gets the same answers by a full
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -86,8 +87,8 @@ class Allocation:
     gpus: tuple[tuple[int, float], ...]
     cpus: float
 
-    @property
-    def cuda_visible_devices(self) -> str:
+    @functools.cached_property
+    def cuda_visible_devices(self) -> str:  # cached: every status lists it for every actor
         """The value of CUDA_VISIBLE_DEVICES for the actor ('' without GPUs)."""
         return ",".join(str(i) for i, _ in self.gpus)
 
