@@ -257,9 +257,11 @@ async def start_agents(
     head_timeout: float,
     log_dir: str,
     ip: str = "127.0.0.1",
-    parallel: int = 64,
+    parallel: int = 24,
 ) -> list[SimAgent]:
-    """Start and register one :class:`SimAgent` per id (``parallel`` joins at a time).
+    """Start and register one :class:`SimAgent` per id (``parallel`` joins at a time: the
+    head keeps at most ``Limits.max_pending_handshakes // 4`` (256) unauthenticated
+    connections of one uid, and every simulation process runs as the same uid).
 
     Raises:
         RaylessError: an agent could not register (the ones started are closed).
