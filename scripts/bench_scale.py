@@ -39,7 +39,7 @@ import psutil
 
 from rayless import actors
 from rayless.actors.api.status import render
-from rayless.actors.errors import ActorDiedError
+from rayless.actors.errors import ActorDiedError, ActorNotFoundError
 from rayless.actors.testing_scale import Pinger, SimCluster
 from rayless.placement.allocation import NodeState, NodeTable, choose
 
@@ -131,7 +131,10 @@ async def ping_all(handles: list[Any], window: int) -> int:
         async with gate:
             return bool(await h.ping(i) == i)
 
-    return sum(await asyncio.gather(*(one(i, h) for i, h in enumerate(handles))))
+    results = await asyncio.gather(
+        *(one(i, h) for i, h in enumerate(handles)), return_exceptions=True
+    )
+    return sum(r is True for r in results)
 
 
 async def node_loss(sim: SimCluster, handles: list[Any]) -> dict[str, Any]:
@@ -200,7 +203,10 @@ async def run_step(nodes: int, n_actors: int, args: argparse.Namespace) -> dict[
             for _ in range(50):
                 name = random.choice(handles).name
                 t0 = time.perf_counter()
-                await cluster.get_actor(name)
+                try:
+                    await cluster.get_actor(name)
+                except ActorNotFoundError:  # its node was declared dead meanwhile
+                    out["lookup_missing"] = out.get("lookup_missing", 0) + 1
                 lookups.append(time.perf_counter() - t0)
             out["lookup_ms"] = _median_ms(lookups)
             sample = (
