@@ -197,6 +197,7 @@ async def run_step(nodes: int, n_actors: int, args: argparse.Namespace) -> dict[
                 samples.append(time.perf_counter() - t0)
                 render(listed, sim.address)
                 status.append(time.perf_counter() - t0)
+            out["nodes_alive"] = sum(1 for n in listed if n["alive"])  # before the freeze
             out["nodes_ms"] = _median_ms(samples)
             out["status_ms"] = _median_ms(status)
             lookups = []
