@@ -162,7 +162,7 @@ class NodeTable(dict[str, NodeState]):
         super().__delitem__(node_id)
         self._version.pop(node_id, None)
 
-    def pop(self, node_id: str, *default: Any) -> Any:  # type: ignore[override]
+    def pop(self, node_id: str, *default: Any) -> Any:
         """As ``dict.pop``, and the node leaves the index."""
         self._version.pop(node_id, None)
         return super().pop(node_id, *default)
@@ -178,7 +178,7 @@ class NodeTable(dict[str, NodeState]):
         for key, value in dict(*args, **kwargs).items():
             self[key] = value
 
-    def setdefault(self, node_id: str, default: NodeState) -> NodeState:  # type: ignore[override]
+    def setdefault(self, node_id: str, default: NodeState) -> NodeState:
         """As ``dict.setdefault``, through ``__setitem__``."""
         if node_id not in self:
             self[node_id] = default

@@ -67,7 +67,7 @@ async def test_the_100_node_step_reaches_every_actor_and_fails_a_lost_nodes_call
         await asyncio.to_thread(sim.stop)
 
 
-class _NoScan(dict):  # type: ignore[type-arg]
+class _NoScan(dict[str, Any]):
     """The head's actor table, refusing to be walked whole (``get`` and item access work)."""
 
     def values(self) -> Any:
