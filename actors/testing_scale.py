@@ -297,7 +297,9 @@ class SimCluster:
 
     ``start_head()`` then ``start_nodes()`` (separate, so a benchmark can read the head's
     memory in between); ``freeze(node_id)`` makes one node go silent; ``stop()`` stops
-    everything (idempotent). ``profile``: a path where the head writes its cProfile stats.
+    everything (idempotent). ``profile``: a path where the head writes its cProfile stats;
+    ``env``: variables for every process (``RAYLESS_UNIX=0``: ZeroMQ over TCP, as between
+    hosts, instead of the same-host UNIX path).
     """
 
     def __init__(
@@ -309,11 +311,13 @@ class SimCluster:
         per_process: int = 250,
         profile: str | None = None,
         prefix: str = "sim",
+        env: dict[str, str] | None = None,
     ) -> None:
         if nodes < 1 or gpus < 0 or per_process < 1:
             raise ValueError("nodes and per_process must be >= 1, gpus >= 0")
         self.nodes, self.gpus, self.node_timeout = nodes, gpus, node_timeout
         self.per_process, self.profile, self.prefix = per_process, profile, prefix
+        self.env = dict(env or {})  # added to every process's environment
         self.token = new_token()
         self.address = ""
         self.head: subprocess.Popen[bytes] | None = None
@@ -321,7 +325,7 @@ class SimCluster:
 
     def _popen(self, args: list[str], stdin: bool) -> subprocess.Popen[bytes]:
         fd = context.token_pipe(self.token)
-        env = {**context.without_token(os.environ), "RAYLESS_DIE_WITH_PARENT": "1"}
+        env = {**context.without_token(os.environ), "RAYLESS_DIE_WITH_PARENT": "1", **self.env}
         env[context.ENV_TOKEN_FD] = str(fd)
         try:
             return subprocess.Popen(

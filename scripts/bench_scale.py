@@ -228,6 +228,14 @@ async def run_step(nodes: int, n_actors: int, args: argparse.Namespace) -> dict[
     return out
 
 
+def derive(row: dict[str, Any]) -> dict[str, Any]:
+    """Add the head's idle CPU per node heartbeat (agents beat every node_timeout / 5 s), in
+    µs, so that steps run with different node timeouts compare."""
+    beats_per_s = row["nodes"] * 5.0 / row["node_timeout_s"]
+    row["idle_us_per_beat"] = round(row["idle_cpu_nodes"] / beats_per_s * 1e6, 1)
+    return row
+
+
 COLUMNS = [
     ("nodes", "nodes"),
     ("actors", "actors"),
@@ -236,6 +244,8 @@ COLUMNS = [
     ("choose_per_s", "choose() /s"),
     ("idle_cpu_nodes", "idle CPU (nodes)"),
     ("idle_cpu_actors", "idle CPU (+actors)"),
+    ("idle_us_per_beat", "idle µs/beat"),
+    ("node_timeout_s", "node_timeout s"),
     ("rss_per_node_kib", "RSS/node KiB"),
     ("rss_per_actor_kib", "RSS/actor KiB"),
     ("rss_head_mib", "head RSS MiB"),
@@ -277,7 +287,7 @@ def plot(rows: list[dict[str, Any]], path: str) -> bool:
     panels = [
         ("spawn_e2e_per_s", "spawns/s end to end"),
         ("spawn_head_per_s", "spawns/s per head CPU-second"),
-        ("idle_cpu_actors", "head idle CPU (share of a core)"),
+        ("idle_us_per_beat", "head idle CPU per node heartbeat (µs)"),
         ("rss_head_mib", "head RSS (MiB)"),
         ("status_ms", "status (ms)"),
         ("lookup_ms", "named lookup (ms)"),
@@ -330,6 +340,7 @@ def main() -> int:
         t0 = time.monotonic()
         row = asyncio.run(run_step(nodes, n_actors, args))
         row["step_s"] = round(time.monotonic() - t0, 1)
+        derive(row)
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(f"# load after: {os.getloadavg()}")

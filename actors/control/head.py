@@ -37,6 +37,7 @@ log = logging.getLogger("rayless.head")
 # The head's pings on its connection to each agent: the agent's server forgets ZeroMQ peers
 # silent for 30 s; a node's death is learnt from its missing heartbeats, not from these.
 AGENT_PING_INTERVAL = 10.0
+HEAD_MAX_SOCKETS = 65536  # ZeroMQ sockets the head process may hold (``raise_socket_limits``)
 
 
 class Head(HeadActors):
@@ -323,6 +324,25 @@ class Head(HeadActors):
                 self.server.send_oneway(rid, ("logs", batch))
 
 
+def raise_socket_limits(sockets: int = HEAD_MAX_SOCKETS) -> None:
+    """Room for a connection to every node agent: the head holds one ZeroMQ socket per remote
+    agent, and ZeroMQ's context allows 1,023 sockets by default (a 1,100-node cluster could
+    not join); the soft descriptor limit is raised to the hard one too. Call before the
+    first socket exists."""
+    import resource
+
+    import zmq
+
+    zmq.Context.instance().set(zmq.MAX_SOCKETS, sockets)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        want = hard if hard != resource.RLIM_INFINITY else max(soft, 4 * sockets)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError) as exc:  # a container may refuse: say so, go on
+            log.warning("could not raise the descriptor limit from %d: %s", soft, exc)
+
+
 async def serve(address: str, token: str, node_timeout: float) -> None:
     """Run a head until SIGTERM/SIGINT or a shutdown request."""
     async with Head(token, address, node_timeout=node_timeout) as head:
@@ -347,6 +367,7 @@ def main() -> None:
             "[NODE_TIMEOUT]"
         )
     timeout = float(sys.argv[2]) if len(sys.argv) == 3 else 5.0
+    raise_socket_limits()
     try:
         loop.run(serve(sys.argv[1], token, timeout))
     finally:  # an embedded cluster's entry, if its driver died without removing it

@@ -67,6 +67,21 @@ async def test_the_100_node_step_reaches_every_actor_and_fails_a_lost_nodes_call
         await asyncio.to_thread(sim.stop)
 
 
+@pytest.mark.timeout(400)
+def test_a_head_holds_more_agents_than_zeromqs_default_socket_count() -> None:
+    # Over ZeroMQ (RAYLESS_UNIX=0: as between hosts) the head holds a socket per agent; the
+    # default context allows 1,023, and the 1,024th node could not join.
+    with SimCluster(1100, gpus=0, per_process=550, env={"RAYLESS_UNIX": "0"}) as sim:
+        sim.start_head()
+        sim.start_nodes(timeout=300)
+
+        async def listed() -> int:
+            async with actors.connect(sim.address, token=sim.token) as cluster:
+                return sum(1 for n in await cluster.nodes() if n["alive"])
+
+        assert asyncio.run(listed()) == 1100
+
+
 class _NoScan(dict[str, Any]):
     """The head's actor table, refusing to be walked whole (``get`` and item access work)."""
 
