@@ -27,6 +27,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -318,6 +319,7 @@ class SimCluster:
         self.nodes, self.gpus, self.node_timeout = nodes, gpus, node_timeout
         self.per_process, self.profile, self.prefix = per_process, profile, prefix
         self.env = dict(env or {})  # added to every process's environment
+        self.tmpdir = ""  # the agents' log directory (they write nothing there), ours to remove
         self.token = new_token()
         self.address = ""
         self.head: subprocess.Popen[bytes] | None = None
@@ -356,11 +358,12 @@ class SimCluster:
         Raises:
             StartError: a simulation process did not report its nodes ready.
         """
+        self.tmpdir = self.tmpdir or tempfile.mkdtemp(prefix="rayless-sim-")
         for first in range(0, self.nodes, self.per_process):
             ids = range(first, min(self.nodes, first + self.per_process))
             args = ["-m", "rayless.actors.testing_scale", self.address, "--nodes", str(len(ids))]
             args += ["--start", str(first), "--prefix", self.prefix, "--gpus", str(self.gpus)]
-            args += ["--head-timeout", str(self.node_timeout)]
+            args += ["--head-timeout", str(self.node_timeout), "--log-dir", self.tmpdir]
             self.sims.append((ids, self._popen(args, stdin=True)))
         for ids, proc in self.sims:
             line = first_line(proc, f"simulated nodes {ids.start}-{ids.stop - 1}", timeout=timeout)
@@ -411,6 +414,9 @@ class SimCluster:
                     proc.stdin.close()
         terminate([p for _, p in self.sims], grace, natural=grace / 2)
         self.sims = []
+        if self.tmpdir:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self.tmpdir = ""
 
     def __enter__(self) -> SimCluster:
         return self
@@ -423,7 +429,10 @@ async def _serve(args: argparse.Namespace, token: str) -> int:
     # a simulated node sweeps no shared memory: its actors create none
     agent_module.SHM_SWEEP_INTERVAL = float("inf")
     node_ids = [f"{args.prefix}-{i}" for i in range(args.start, args.start + args.nodes)]
-    with tempfile.TemporaryDirectory(prefix="rayless-sim-") as log_dir:
+    with contextlib.ExitStack() as stack:
+        log_dir = args.log_dir or stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="rayless-sim-")
+        )
         agents = await start_agents(
             args.head,
             token,
@@ -465,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", default="sim")
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--head-timeout", type=float, default=5.0)
+    parser.add_argument("--log-dir", default=None, help="default: a temporary directory")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s sim %(message)s")
     if os.environ.get("RAYLESS_DIE_WITH_PARENT"):

@@ -11,6 +11,7 @@ must not walk every actor of the cluster, nor an event every connection.
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 from collections.abc import AsyncIterator
 from typing import Any
@@ -63,8 +64,12 @@ async def test_the_100_node_step_reaches_every_actor_and_fails_a_lost_nodes_call
                 await cluster.get_actor(on_it[0].name)
             others = [h for h in handles if h.node_id != victim]
             assert await asyncio.gather(*(h.ping(1) for h in others[:50])) == [1] * 50
+        procs = [p for _, p in sim.sims] + ([sim.head] if sim.head is not None else [])
+        tmpdir = sim.tmpdir
     finally:
         await asyncio.to_thread(sim.stop)
+    # nothing left behind: every process exited, the agents' directory is gone
+    assert all(p.poll() is not None for p in procs) and not os.path.exists(tmpdir)
 
 
 @pytest.mark.timeout(400)
