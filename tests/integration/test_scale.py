@@ -148,13 +148,16 @@ async def test_an_idle_node_costs_the_head_one_message_per_heartbeat(
     head_with_agents: tuple[Head, list[SimAgent]],
 ) -> None:
     head, _ = head_with_agents
-    seen = {"all": 0, "ping": 0}
+    seen = {"all": 0, "ping": 0, "hello": 0}
     real = head.server._on_message
 
     def counting(rid: bytes, fd: int, link: object, msg: Any, now: float) -> None:
         seen["all"] += 1
-        if open_envelope(msg, 1)[0] is Kind.PING:
+        kind = open_envelope(msg, 1)[0]
+        if kind is Kind.PING:
             seen["ping"] += 1
+        elif kind is Kind.HELLO:
+            seen["hello"] += 1
         real(rid, fd, link, msg, now)
 
     head.server._on_message = counting  # type: ignore[method-assign]
@@ -165,3 +168,6 @@ async def test_an_idle_node_costs_the_head_one_message_per_heartbeat(
         head.server._on_message = real  # type: ignore[method-assign]
     # the beat's reply keeps each agent's session: its own pings would double the head's work
     assert seen["ping"] * 3 <= seen["all"], seen
+    # and the replies are what each agent hears of the head: no session went silent and
+    # rejoined (a one-way beat, never answered, would break it every head_timeout)
+    assert seen["hello"] == 0, seen
