@@ -143,6 +143,32 @@ async def test_deaths_kills_and_session_ends_do_not_walk_every_actor(
     )
 
 
+class _Refuses:
+    """An actor whose constructor raises."""
+
+    def __init__(self) -> None:
+        raise ValueError("refused to start")
+
+    async def ping(self) -> None:
+        """Never reached."""
+
+
+async def test_a_simulated_actor_that_cannot_start_fails_its_spawn_with_its_error(
+    head_with_agents: tuple[Head, list[SimAgent]],
+) -> None:
+    # the simulated actor tells its agent Failed through the agent's own table, as a process
+    head, agents = head_with_agents
+    async with actors.connect(head.address, token="s" * 32) as cluster:
+        with pytest.raises(ValueError, match="refused to start"):
+            await asyncio.wait_for(cluster.spawn(_Refuses, name="refuses"), 60)
+        assert await (await cluster.spawn(Pinger, gpus=0.25)).ping(7) == 7
+    await wait_until(
+        lambda: all(not a.procs and not a.sim.actors for a in agents),
+        timeout=30,
+        what="no actor left on any simulated node",
+    )
+
+
 @pytest.mark.parametrize("head_with_agents", [1.0], indirect=True)
 async def test_an_idle_node_costs_the_head_one_message_per_heartbeat(
     head_with_agents: tuple[Head, list[SimAgent]],
