@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -48,12 +49,12 @@ from rayless.actors.control.messages import (
 )
 from rayless.actors.control.process_util import die_with_parent, setup_logging
 from rayless.actors.control.spawner import ProcessSpawner, Spawner, ZygoteSpawner
-from rayless.actors.control.wire import Handlers, ask
+from rayless.actors.control.wire import Handlers, ask, check_reply
 from rayless.actors.errors import ActorDiedError, ActorNotFoundError
 from rayless.placement import NodeInfo, discover_node_async
 from rayless.transport import loop
 from rayless.transport.client import Client
-from rayless.transport.errors import RaylessError
+from rayless.transport.errors import ProtocolError, RaylessError
 from rayless.transport.server import Peer, Request, Server
 from rayless.transport.shm import cleanup_stale, reap
 
@@ -119,7 +120,9 @@ class Agent:
             head_address,
             token=token,
             name=f"agent-{node.node_id}",
-            heartbeat_interval=max(0.1, head_timeout / 10),
+            # above the node heartbeat's period: its replies are what we hear of the head,
+            # so the session sends no pings of its own while the beats flow
+            heartbeat_interval=max(0.1, head_timeout * 2 / 5),
             heartbeat_timeout=head_timeout,
             connect_timeout=head_timeout * 4,
         )
@@ -190,8 +193,10 @@ class Agent:
                 await asyncio.to_thread(cleanup_stale)
             if self.head.ready:
                 lost_since = None
-                try:
-                    self.head.send_oneway(NodeHeartbeat(self.node.node_id))
+                try:  # a request: one message each way per beat, and the reply keeps our session
+                    beat = NodeHeartbeat(self.node.node_id)
+                    sent = self.head.submit(beat, timeout=self.head_timeout)
+                    sent.add_done_callback(functools.partial(_beat_answered, beat))
                 except RaylessError:
                     pass
                 continue
@@ -490,6 +495,17 @@ async def serve(args: argparse.Namespace, token: str) -> int:
         print(agent.server.address, flush=True)
         await agent.stopped.wait()
     return 1 if agent.failed else 0
+
+
+def _beat_answered(beat: NodeHeartbeat, fut: asyncio.Future[Any]) -> None:
+    """Retrieve a heartbeat's outcome: a lost one is noticed by the session's silence; a
+    reply of the wrong kind (a head of another version) is logged."""
+    if fut.cancelled() or fut.exception() is not None:
+        return
+    try:
+        check_reply(beat, fut.result())
+    except ProtocolError as exc:
+        log.warning("the head's answer to a heartbeat: %s", exc)
 
 
 def _signal(pid: int, sig: int) -> None:

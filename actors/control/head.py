@@ -50,7 +50,7 @@ from rayless.actors.control.messages import (
     Spawn,
 )
 from rayless.actors.control.wire import Handlers, ask
-from rayless.placement.allocation import NodeState
+from rayless.placement.allocation import NodeState, NodeTable
 from rayless.placement.errors import PlacementError
 from rayless.transport import loop
 from rayless.transport.client import Client
@@ -59,6 +59,10 @@ from rayless.transport.server import Peer, Request, Server
 
 log = logging.getLogger("rayless.head")
 DEAD = ActorState.DEAD
+# The head's pings on its connection to each agent: the agent's server forgets ZeroMQ peers
+# silent for 30 s; a node's death is learnt from its missing heartbeats, not from these.
+AGENT_PING_INTERVAL = 10.0
+HEAD_MAX_SOCKETS = 65536  # ZeroMQ sockets the head process may hold (``raise_socket_limits``)
 
 
 class Head(HeadActors):
@@ -75,9 +79,10 @@ class Head(HeadActors):
         self.token = token
         self.node_timeout = node_timeout
         self.owner_grace = node_timeout if owner_grace is None else owner_grace
-        self.nodes: dict[str, NodeState] = {}
+        self.nodes: dict[str, NodeState] = NodeTable()  # indexed for placement
         self.agents: dict[str, Client] = {}
         self.actors: dict[str, ActorRecord] = {}
+        self.owned: dict[str, set[str]] = {}  # session -> ids of its live actors
         self.names: dict[str, str] = {}
         self.sessions: dict[str, set[bytes]] = {}
         self._peer_session: dict[bytes, str] = {}
@@ -104,6 +109,7 @@ class Head(HeadActors):
         self.requests.on(RegisterNode, self.op_register_node)
         self.requests.on(ListNodes, self.op_nodes)
         self.requests.on(FreePortOn, self.op_free_port)
+        self.requests.on(NodeHeartbeat, self.op_node_heartbeat)
         self.requests.on(Shutdown, self.op_shutdown)
         self.requests.on(Spawn, self.op_spawn)
         self.requests.on(GetActor, self.op_get_actor)
@@ -112,7 +118,6 @@ class Head(HeadActors):
         self.requests.on(DebugRegister, self.op_debug_register)
         self.requests.on(DebugEndpoints, self.op_debug_endpoints)
         self.oneways: Handlers[Peer] = Handlers("head")
-        self.oneways.on(NodeHeartbeat, self._on_heartbeat)
         self.oneways.on(ActorEvent, lambda peer, ev: self._on_actor_event(ev))
         self.oneways.on(LogLines, lambda peer, batch: self._forward_logs(batch))
 
@@ -168,11 +173,6 @@ class Head(HeadActors):
     def _oneway(self, peer: Peer, body: object) -> None:
         self.oneways.oneway(peer, body)
 
-    def _on_heartbeat(self, peer: Peer, beat: NodeHeartbeat) -> None:
-        node = self.nodes.get(beat.node_id)
-        if node is not None and node.alive:
-            node.last_heartbeat = time.monotonic()
-
     # -- sessions ------------------------------------------------------------------------
 
     def op_hello(self, peer: Peer, msg: Hello) -> HelloReply:
@@ -216,7 +216,7 @@ class Head(HeadActors):
 
     async def op_end_session(self, peer: Peer, msg: EndSession) -> int:
         """The session is over: kill every actor it owns; returns how many, once they are dead."""
-        owned = [a for a in self.actors.values() if a.owner == msg.session and a.state is not DEAD]
+        owned = self._owned_by(msg.session)
         await asyncio.gather(
             *(self._kill(a, "its owner ended the session") for a in owned),
             return_exceptions=True,
@@ -245,11 +245,16 @@ class Head(HeadActors):
 
     def _kill_owned(self, session: str, reason: str) -> int:
         self._orphan_timers.pop(session, None)
-        owned = [a for a in self.actors.values() if a.owner == session and a.state is not DEAD]
+        owned = self._owned_by(session)
         for record in owned:
             self._spawn_task(self._kill(record, reason))
         # what those actors owned goes too (their sessions are their actor ids)
         return len(owned)
+
+    def _owned_by(self, session: str) -> list[ActorRecord]:
+        """The live actors ``session`` owns (from the owner index: no scan of every actor)."""
+        records = (self.actors.get(a) for a in self.owned.get(session, ()))
+        return [r for r in records if r is not None and r.state is not DEAD]
 
     # -- nodes ---------------------------------------------------------------------------
 
@@ -260,7 +265,13 @@ class Head(HeadActors):
         old = self.agents.pop(node.node_id, None)
         if old is not None:
             await old.aclose()
-        client = Client(agent_address, token=self.token, name=f"head->{node.node_id}")
+        client = Client(  # the node's liveness is its heartbeats: pings only keep the session
+            agent_address,
+            token=self.token,
+            name=f"head->{node.node_id}",
+            heartbeat_interval=AGENT_PING_INTERVAL,
+            heartbeat_timeout=3 * AGENT_PING_INTERVAL,
+        )
         await client.connect()
         self.nodes[node.node_id] = node
         self.agents[node.node_id] = client
@@ -292,6 +303,13 @@ class Head(HeadActors):
             raise PlacementError(f"node {node_id!r} is not alive in this cluster")
         return await ask(agent, FreePort(), timeout=10)
 
+    def op_node_heartbeat(self, peer: Peer, msg: NodeHeartbeat) -> bool:
+        """A node agent is alive (answered: the reply is its session's heartbeat too)."""
+        node = self.nodes.get(msg.node_id)
+        if node is not None and node.alive:
+            node.last_heartbeat = time.monotonic()
+        return True
+
     def op_shutdown(self, peer: Peer, msg: Shutdown) -> str:
         """Shut the whole cluster down (after replying)."""
         asyncio.get_running_loop().call_soon(lambda: self._spawn_task(self.aclose()))
@@ -321,10 +339,10 @@ class Head(HeadActors):
     # -- events --------------------------------------------------------------------------
 
     def _broadcast(self, ev: ActorEvent | NodeDied) -> None:
-        for peer in self.server.peers:
-            rid = peer.routing_id
-            if rid in self._peer_session and rid not in self._keepers:
-                self.server.send_oneway(peer, ev)
+        # the sessions' connections (not every peer: the agents' are most of them)
+        for rid in list(self._peer_session):
+            if rid not in self._keepers:
+                self.server.send_oneway(rid, ev)
 
     def _forward_logs(self, batch: LogLines) -> None:
         record = self.actors.get(batch.actor_id)
@@ -333,6 +351,25 @@ class Head(HeadActors):
         for rid in self.sessions.get(record.owner, ()):
             if rid not in self._keepers:
                 self.server.send_oneway(rid, batch)
+
+
+def raise_socket_limits(sockets: int = HEAD_MAX_SOCKETS) -> None:
+    """Room for a connection to every node agent: the head holds one ZeroMQ socket per remote
+    agent, and ZeroMQ's context allows 1,023 sockets by default (a 1,100-node cluster could
+    not join); the soft descriptor limit is raised to the hard one too. Call before the
+    first socket exists."""
+    import resource
+
+    import zmq
+
+    zmq.Context.instance().set(zmq.MAX_SOCKETS, sockets)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        want = hard if hard != resource.RLIM_INFINITY else max(soft, 4 * sockets)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError) as exc:  # a container may refuse: say so, go on
+            log.warning("could not raise the descriptor limit from %d: %s", soft, exc)
 
 
 async def serve(address: str, token: str, node_timeout: float) -> None:
@@ -359,6 +396,7 @@ def main() -> None:
             "[NODE_TIMEOUT]"
         )
     timeout = float(sys.argv[2]) if len(sys.argv) == 3 else 5.0
+    raise_socket_limits()
     try:
         loop.run(serve(sys.argv[1], token, timeout))
     finally:  # an embedded cluster's entry, if its driver died without removing it

@@ -88,6 +88,7 @@ class HeadActors:
     nodes: dict[str, NodeState]
     agents: dict[str, Client]
     actors: dict[str, ActorRecord]
+    owned: dict[str, set[str]]
     names: dict[str, str]
     sessions: dict[str, set[bytes]]
     debug_endpoints: dict[str, dict[str, Any]]
@@ -133,6 +134,7 @@ class HeadActors:
             methods=dict(spec.methods),
         )
         self.actors[actor_id] = record
+        self.owned.setdefault(record.owner, set()).add(actor_id)
         self.names[record.name] = actor_id  # generated names are unique too
         node = self.nodes[alloc.node_id]
         node.actors.add(actor_id)
@@ -307,6 +309,11 @@ class HeadActors:
             node.actors.discard(record.actor_id)
         if self.names.get(record.name) == record.actor_id:
             del self.names[record.name]
+        siblings = self.owned.get(record.owner)
+        if siblings is not None:
+            siblings.discard(record.actor_id)
+            if not siblings:
+                del self.owned[record.owner]
         if broadcast:
             self._broadcast(record.death)
         self._kill_owned(record.actor_id, f"its owner actor {record.name} died")

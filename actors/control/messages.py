@@ -8,8 +8,8 @@ registered with the codec (``actors.control.wire.message``) under a stable wire 
 
 Who answers what: the head (``actors.control.head``) every request in :data:`HEAD_REQUESTS`,
 a node agent (``actors.control.agent``) those in :data:`AGENT_REQUESTS`; the head hears
-:class:`NodeHeartbeat`, :class:`ActorEvent` and :class:`LogLines` one-way from its agents,
-and pushes :class:`ActorEvent`, :class:`NodeDied` and :class:`LogLines` to sessions.
+:class:`ActorEvent` and :class:`LogLines` one-way from its agents, and pushes
+:class:`ActorEvent`, :class:`NodeDied` and :class:`LogLines` to sessions.
 """
 
 from __future__ import annotations
@@ -336,8 +336,11 @@ class Shutdown(Request[str]):
 
 @message("ctl.NodeHeartbeat")
 @dataclass(frozen=True)
-class NodeHeartbeat:
-    """One-way, agent → head: the node is alive."""
+class NodeHeartbeat(Request[bool]):
+    """Agent → head, every ``node_timeout / 5``: the node is alive. A request, so that its
+    reply is the agent's session heartbeat too (no transport pings while beats flow). → True"""
+
+    reply = bool
 
     node_id: str
 
@@ -442,7 +445,7 @@ class Failed(Request[None]):
 
 HEAD_REQUESTS: tuple[type, ...] = (
     Hello, KeepSession, EndSession, Spawn, GetActor, LookupActor, Kill, DebugRegister,
-    DebugEndpoints, RegisterNode, ListNodes, FreePortOn, Shutdown,
+    DebugEndpoints, RegisterNode, ListNodes, FreePortOn, NodeHeartbeat, Shutdown,
 )  # fmt: skip
 AGENT_REQUESTS: tuple[type, ...] = (
     StartActor, StopActor, FreePort, Shutdown, AgentStatus, Bootstrap, Ready, Failed,

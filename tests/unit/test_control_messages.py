@@ -248,7 +248,8 @@ def test_zygote_frames_hold_one_codec_header() -> None:
 async def test_the_head_and_agents_answer_exactly_their_requests(tmp_path: Any) -> None:
     head = Head("t" * 32)
     assert head.requests.types == set(m.HEAD_REQUESTS)
-    assert head.oneways.types == {m.NodeHeartbeat, m.ActorEvent, m.LogLines}
+    assert m.NodeHeartbeat in head.requests.types  # a request: its reply keeps the session
+    assert head.oneways.types == {m.ActorEvent, m.LogLines}
     node = discover_node(fake_gpus=1, node_id="n0", ip="127.0.0.1")
     agent = Agent(head.address, "t" * 32, node, spawner=ProcessSpawner(), log_dir=str(tmp_path))
     assert agent.requests.types == set(m.AGENT_REQUESTS)
@@ -261,6 +262,7 @@ def test_a_reply_of_the_wrong_kind_is_a_protocol_error() -> None:
     assert check_reply(m.Kill("a1"), False) is False
     assert check_reply(m.Ready("a1", "tcp://x:1", 9, {}), None) is None
     assert check_reply(m.Spawn(SPEC), VIEW) is VIEW
+    assert check_reply(m.NodeHeartbeat("n0"), True) is True
     with pytest.raises(ProtocolError, match=r"ctl\.Spawn was answered with dict, not ActorView"):
         check_reply(m.Spawn(SPEC), VIEW.as_dict())  # the untyped record of before
     with pytest.raises(ProtocolError, match="answered with str, not NoneType"):
