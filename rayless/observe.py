@@ -24,7 +24,6 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from rayless.actors.api import context
 from rayless.actors.api import status as cluster_status
 from rayless.actors.control.messages import ActorState
 from rayless.transport.errors import RaylessError
@@ -62,25 +61,8 @@ async def snapshot(
     Raises:
         StatusError: the head did not answer, rejected the token, or the address is bad.
     """
-    from rayless.actors.api.cluster import connect
-    from rayless.actors.api.runtime import close_runtimes
-
-    cluster = None
-    try:
-        cluster = await asyncio.wait_for(connect(address, token=token), timeout)
+    async with cluster_status.look(address, token, timeout) as cluster:
         return await snapshot_of(cluster, stores=stores, timeout=timeout)
-    except asyncio.TimeoutError:
-        raise cluster_status.StatusError(f"no answer within {timeout:g}s") from None
-    except RaylessError as exc:
-        raise cluster_status.StatusError(f"{type(exc).__name__}: {exc}") from None
-    finally:
-        if cluster is not None:
-            try:
-                await asyncio.wait_for(cluster.aclose(), timeout)
-            except (asyncio.TimeoutError, RaylessError):
-                pass
-        await close_runtimes()
-        context.set_current(None)
 
 
 async def snapshot_of(

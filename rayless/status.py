@@ -13,9 +13,7 @@ import asyncio
 import sys
 from typing import Any
 
-from rayless.actors.api import context
 from rayless.actors.api import status as cluster_status
-from rayless.transport.errors import RaylessError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,13 +34,9 @@ async def store_metrics(
 ) -> list[dict[str, Any]]:
     """Each named store's ``Store.metrics()``, asked of its controller and units directly
     (the store's client, and torch with it, is never imported). Raises StatusError."""
-    from rayless.actors.api.cluster import connect
-    from rayless.actors.api.runtime import close_runtimes
     from rayless.store.metrics import collect
 
-    cluster = None
-    try:
-        cluster = await asyncio.wait_for(connect(address, token=token), timeout)
+    async with cluster_status.look(address, token, timeout) as cluster:
         out = []
         for name in names:
             controller = await asyncio.wait_for(cluster.get_actor(name), timeout)
@@ -52,18 +46,6 @@ async def store_metrics(
             metrics = await asyncio.wait_for(collect(controller, units, store_id, name), timeout)
             out.append(metrics)
         return out
-    except asyncio.TimeoutError:
-        raise cluster_status.StatusError(f"no answer within {timeout:g}s") from None
-    except RaylessError as exc:
-        raise cluster_status.StatusError(f"{type(exc).__name__}: {exc}") from None
-    finally:
-        if cluster is not None:
-            try:
-                await asyncio.wait_for(cluster.aclose(), timeout)
-            except (asyncio.TimeoutError, RaylessError):
-                pass
-        await close_runtimes()
-        context.set_current(None)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,14 +19,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from rayless.actors.api import context, published
 from rayless.transport.errors import AuthError, RaylessError
+
+if TYPE_CHECKING:
+    from rayless.actors.api.cluster import Cluster
 
 DEFAULT_TIMEOUT = 5.0
 
@@ -109,23 +113,27 @@ def resolve(args: argparse.Namespace) -> tuple[str, str]:
     return address, token
 
 
-async def fetch(address: str, token: str, timeout: float) -> list[dict[str, Any]]:
-    """Join the cluster, ask the head for every node, end the (actor-less) session.
+@contextlib.asynccontextmanager
+async def look(address: str, token: str, timeout: float) -> AsyncIterator[Cluster]:
+    """A session of the caller's own on the cluster at ``address`` for one look (it spawns
+    nothing, so ending it kills nothing): ``async with look(...) as cluster``. Every wait
+    inside should be bounded by ``timeout`` too; a timeout or a refusal in the block is
+    reported like one at the connection.
 
     Raises:
         StatusError: the head did not answer within ``timeout``, rejected the token, or the
-            address is malformed.
+            address is malformed; any other RaylessError, named.
     """
     import zmq
 
-    from rayless.actors.api.cluster import Cluster, connect
+    from rayless.actors.api.cluster import connect
     from rayless.actors.api.runtime import close_runtimes
 
     cluster: Cluster | None = None
     try:
         try:
             cluster = await asyncio.wait_for(connect(address, token=token), timeout)
-            return await asyncio.wait_for(cluster.nodes(), timeout)
+            yield cluster
         except asyncio.TimeoutError:
             raise StatusError(f"no answer from the head at {address} within {timeout:g}s") from None
         except AuthError:
@@ -136,13 +144,22 @@ async def fetch(address: str, token: str, timeout: float) -> list[dict[str, Any]
             raise StatusError(f"{type(exc).__name__} from the head at {address}: {exc}") from None
     finally:
         if cluster is not None:
-            # Ends this command's own session: it spawned nothing, so nothing is killed.
             try:
                 await asyncio.wait_for(cluster.aclose(), timeout)
             except (asyncio.TimeoutError, RaylessError):
                 pass
         await close_runtimes()  # a half-started connection, if connect() timed out
         context.set_current(None)
+
+
+async def fetch(address: str, token: str, timeout: float) -> list[dict[str, Any]]:
+    """Join the cluster, ask the head for every node, end the (actor-less) session.
+
+    Raises:
+        StatusError: as :func:`look`.
+    """
+    async with look(address, token, timeout) as cluster:
+        return await asyncio.wait_for(cluster.nodes(), timeout)
 
 
 # -- formatting ---------------------------------------------------------------------------
