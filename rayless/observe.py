@@ -28,7 +28,7 @@ from rayless.actors.api import status as cluster_status
 from rayless.actors.control.messages import ActorState
 from rayless.transport.errors import RaylessError
 
-__all__ = ["exposition", "snapshot", "snapshot_of"]
+__all__ = ["actor_stats", "exposition", "snapshot", "snapshot_of"]
 
 STORE_CLASS = "StoreController"
 WEIGHTS_CLASS = "WeightRegistry"
@@ -65,6 +65,23 @@ async def snapshot(
         return await snapshot_of(cluster, stores=stores, timeout=timeout)
 
 
+async def actor_stats(cluster: Any, timeout: float = 10.0) -> dict[str, Any]:
+    """Each reachable actor's counters by actor id: ``calls`` and ``errors`` per method since
+    its process started, ``queued`` and ``running`` now (``actors.api.callstats``). Asks
+    nothing of the actors' methods, so reading it changes no count.
+
+    Raises:
+        RaylessError, asyncio.TimeoutError: the head did not answer.
+    """
+    from rayless.actors.api.debugger import DebugCliError, endpoints
+
+    try:
+        listeners = await endpoints(cluster.info.address, cluster.info.token, timeout)
+    except DebugCliError:
+        listeners = []
+    return await asyncio.to_thread(_actor_stats, listeners, cluster.info.token, timeout)
+
+
 async def snapshot_of(
     cluster: Any, *, stores: Iterable[str] = (), timeout: float = 10.0
 ) -> dict[str, Any]:
@@ -75,16 +92,9 @@ async def snapshot_of(
     Raises:
         RaylessError, asyncio.TimeoutError: the head or an actor did not answer.
     """
-    from rayless.actors.api.debugger import DebugCliError, endpoints
-
-    address, token = cluster.info.address, cluster.info.token
     nodes = await asyncio.wait_for(cluster.nodes(), timeout)
     actors = [a for n in nodes for a in n.get("actors", [])]
-    try:
-        listeners = await endpoints(address, token, timeout)
-    except DebugCliError:
-        listeners = []
-    stats = await asyncio.to_thread(_actor_stats, listeners, token, timeout)
+    stats = await actor_stats(cluster, timeout)
     names = list(stores) or [
         a["name"]
         for a in actors
