@@ -12,7 +12,7 @@ from tensordict import TensorDict
 
 from rayless.store.data.schema import FieldSchema
 from rayless.store.errors import StoreFullError, StoreInputError
-from rayless.store.samehost.columns import ShmDense
+from rayless.store.samehost.columns import ShmDense, drain_pool
 from rayless.store.unit.actor import StorageUnit, reservation_ttl
 from rayless.store.unit.shard import ShardStorage
 from rayless.transport.errors import error_from_state, error_to_state
@@ -79,7 +79,8 @@ def test_dropped_reservation_slots_stay_fenced_while_a_writer_holds_the_lease() 
         finally:
             writer.close()
     finally:
-        col.close()
+        col.close()  # pools the segment for reuse, as a unit's dropped column does
+        drain_pool()  # the unit's exit: nothing of this process's stays in /dev/shm
 
 
 def test_reservation_ttl_is_checked() -> None:
