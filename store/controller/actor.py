@@ -634,8 +634,9 @@ class StoreController(Actor):
 
     async def metrics(self) -> dict[str, Any]:
         """Counters for monitoring: puts/fetches (total, per second), waiting fetches,
-        partitions with their samples and consumers per task, units."""
+        partitions with their samples, fields produced and consumers per task, units."""
         consumers = self.state.consumers()
+        production = {p: self.state.production_status(p) for p in self.state.partitions()}
         return {
             "store_id": self.state.store_id,
             "puts": self._puts.snapshot(),
@@ -644,10 +645,11 @@ class StoreController(Actor):
             "leased": self.fetches.leased(),
             "partitions": {
                 p: {
-                    "samples": self.state.production_status(p)["samples"],
+                    "samples": status["samples"],
+                    "fields": status["fields"],  # samples holding each field
                     "consumers": consumers.get(p, {}),
                 }
-                for p in self.state.partitions()
+                for p, status in production.items()
             },
             "units": [u.to_dict() for u in self.state.units()],
         }

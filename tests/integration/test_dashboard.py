@@ -151,6 +151,8 @@ async def test_dashboard_page_shows_actors_and_partitions_live(
                     return None if el is None else await el.inner_text()
 
                 assert await samples("train") == "4"
+                fields = '#partitions-table tr[data-id="dash-store/train"] td:nth-child(4)'
+                assert await page.inner_text(fields) == "x:4"  # samples holding each field
                 await store.put(TensorDict({"x": torch.arange(6)}, [6]), partition="train")
                 await store.put(TensorDict({"x": torch.arange(2)}, [2]), partition="eval")
                 await wait_until(

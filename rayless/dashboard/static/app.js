@@ -47,14 +47,15 @@ function render(s) {
     const ctl = m.controller || {};
     for (const [name, p] of Object.entries(ctl.partitions || {})) {
       const consumers = Object.entries(p.consumers || {}).map(([t, n]) => t + ":" + n).join(" ");
-      parts.push({ id: m.name + "/" + name, cells: [m.name, name, p.samples || 0, consumers || "-"] });
+      const fields = Object.entries(p.fields || {}).map(([f, n]) => f + ":" + n).join(" ");
+      parts.push({ id: m.name + "/" + name, cells: [m.name, name, p.samples || 0, fields || "-", consumers || "-"] });
     }
     for (const u of m.units || []) {
       units.push({ cells: [m.name, u.unit_id, u.node_id, u.alive ? "yes" : "NO", u.rows || 0,
         u.bytes_used || 0, (u.puts || {}).per_s || 0, (u.gets || {}).per_s || 0] });
     }
   }
-  table("partitions", ["store", "partition", "samples", "consumed per task"], parts);
+  table("partitions", ["store", "partition", "samples", "fields produced", "consumed per task"], parts);
   table("units", ["store", "unit", "node", "alive", "rows", "bytes", "puts/s", "gets/s"], units);
   table("weights", ["weights", "version", "relays"], Object.entries(s.weights || {}).map(
     ([name, w]) => ({ cells: [name, w.latest, Object.keys(w.relays || {}).join(" ") || "-"] })));
