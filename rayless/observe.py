@@ -37,7 +37,7 @@ STATES = tuple(state.value for state in ActorState)  # pending, alive, restartin
 
 def _actor_stats(records: list[dict[str, Any]], token: str, timeout: float) -> dict[str, Any]:
     """Each reachable actor's call counters by actor id (blocking; run in a thread)."""
-    from rayless.actors.api.debugger import open_actor
+    from rayless.actors.control.debug import open_actor
 
     out: dict[str, Any] = {}
     for record in records:

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from rayless.actors.api import status
-from rayless.actors.control.debug import LineSocket, client_handshake
+from rayless.actors.control.debug import LineSocket, open_actor
 from rayless.actors.control.messages import (
     ActorState,
     DebugEndpoints,
@@ -134,22 +134,6 @@ async def exists(address: str, token: str, name: str, timeout: float) -> bool:
             if record.state is not ActorState.DEAD:
                 return True
     return False
-
-
-def open_actor(record: dict[str, Any], token: str, command: str, timeout: float) -> LineSocket:
-    """A connection to an actor's debug listener that sent ``command``.
-
-    Raises:
-        OSError: the listener cannot be reached or does not answer within ``timeout``.
-        AuthError, ProtocolError: the handshake failed.
-    """
-    host, _, port = str(record["debug_address"]).removeprefix("tcp://").rpartition(":")
-    sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
-    try:
-        return client_handshake(sock, token, command)
-    except BaseException:
-        sock.close()
-        raise
 
 
 def read_all(conn: LineSocket) -> str:

@@ -23,13 +23,12 @@ import asyncio
 import heapq
 import json
 import os
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from rayless.actors.api import timeline
-from rayless.actors.control.debug import LineSocket, client_handshake
+from rayless.actors.control.debug import open_actor
 from rayless.actors.control.messages import DebugEndpoints
 from rayless.actors.control.wire import ask
 from rayless.transport.errors import RaylessError
@@ -47,21 +46,6 @@ class Gathered:
     rtt_ns: int = 0
     node: str = ""
     errors: list[str] = field(default_factory=list)
-
-
-def _open(record: dict[str, Any], token: str, command: str, timeout: float) -> LineSocket:
-    """A connection to an actor's debug listener that sent ``command`` (as ``rayless stack``).
-
-    Raises:
-        OSError: the listener cannot be reached. AuthError, ProtocolError: bad handshake.
-    """
-    host, _, port = str(record["debug_address"]).removeprefix("tcp://").rpartition(":")
-    sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
-    try:
-        return client_handshake(sock, token, command)
-    except BaseException:
-        sock.close()
-        raise
 
 
 async def _endpoints(address: str, token: str, timeout: float) -> list[dict[str, Any]]:
@@ -83,7 +67,7 @@ async def _endpoints(address: str, token: str, timeout: float) -> list[dict[str,
 def _read_one(record: dict[str, Any], token: str, since_ns: int, timeout: float) -> Gathered:
     """Read one actor's ring through its debug listener (blocking; run in a thread)."""
     t0 = time.time_ns()
-    conn = _open(record, token, f"timeline {since_ns}", timeout)
+    conn = open_actor(record, token, f"timeline {since_ns}", timeout)
     try:
         header = json.loads(conn.readline(limit=1 << 16))
         t1 = time.time_ns()

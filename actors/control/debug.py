@@ -138,6 +138,22 @@ def client_handshake(sock: socket.socket, token: str, command: str) -> LineSocke
     return conn
 
 
+def open_actor(record: dict[str, Any], token: str, command: str, timeout: float) -> LineSocket:
+    """A connection to an actor's debug listener that sent ``command``.
+
+    Raises:
+        OSError: the listener cannot be reached or does not answer within ``timeout``.
+        AuthError, ProtocolError: the handshake failed.
+    """
+    host, _, port = str(record["debug_address"]).removeprefix("tcp://").rpartition(":")
+    sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+    try:
+        return client_handshake(sock, token, command)
+    except BaseException:
+        sock.close()
+        raise
+
+
 # -- breakpoints ---------------------------------------------------------------------------
 
 
