@@ -76,6 +76,7 @@ class NodeState:
             "gpus_free": sum(1 for f in self.gpu_free.values() if f >= 1.0 - _EPS),
             "fake_gpus": bool(self.info.get("fake_gpus", False)),
             "actors": sorted(self.actors),
+            "num_actors": len(self.actors),
         }
 
 

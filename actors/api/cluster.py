@@ -31,9 +31,11 @@ from rayless.actors.api.lifecycle import Opening
 from rayless.actors.api.runtime import Runtime, close_runtimes, get_runtime, materialize
 from rayless.actors.api.sync import DEFAULT_TIMEOUT, SyncCluster
 from rayless.actors.control.messages import (
+    ActorPage,
     EndSession,
     GetActor,
     Kill,
+    ListActors,
     ListNodes,
     Shutdown,
     Spawn,
@@ -246,10 +248,28 @@ class Cluster:
         got = await trace.gather(self.info.address, self.info.token, since_ns=since_ns, local=True)
         return await asyncio.to_thread(trace.write_trace, path, got)
 
-    async def nodes(self) -> list[dict[str, Any]]:
-        """Every node: its resources (GPUs free/used), actors, restarts."""
+    async def nodes(self, *, actors: bool = True) -> list[dict[str, Any]]:
+        """Every node: its resources (GPUs free/used), ``num_actors`` and, unless ``actors``
+        is False, each live actor's record (``"actors"``: what makes this O(actors); with
+        ``actors=False`` it is O(nodes))."""
         runtime = await self._runtime()
-        return await runtime.head_request(ListNodes())
+        return await runtime.head_request(ListNodes(actors=actors))
+
+    async def list_actors(self, limit: int | None = 100, offset: int = 0) -> ActorPage:
+        """A page of the live actors (as Ray's ``list_actors(limit=100)``): ``.actors``, their
+        ``ActorView`` records node by node, from ``offset``, at most ``limit`` (None: all);
+        ``.total``, how many there are. Costs O(nodes + offset + limit) at the head.
+
+        Raises:
+            ValueError: ``limit`` or ``offset`` is not an int >= 0 (``limit``: or None).
+        """
+        for what, value in (("limit", limit), ("offset", offset)):
+            if value is None and what == "limit":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{what} must be an int >= 0, got {value!r}")
+        runtime = await self._runtime()
+        return await runtime.head_request(ListActors(limit=limit, offset=offset))
 
     async def shutdown(self) -> None:
         """Stop the whole cluster (head, agents, actors)."""

@@ -44,7 +44,7 @@ async def spawn_all(
 async def cluster_info(cluster: Cluster) -> dict[str, Any]:
     """The planner's ``cluster_info`` for the live nodes of ``cluster`` (real GPU indices)."""
     table: dict[str, Any] = {}
-    for node in await cluster.nodes():
+    for node in await cluster.nodes(actors=False):
         if not node.get("alive", True):
             continue
         indices = [int(g["index"]) for g in node.get("gpus", [])]

@@ -118,7 +118,7 @@ async def spawn_group(
                 }
             )
     else:
-        records = await cluster.nodes()
+        records = await cluster.nodes(actors=False)
         if node is not None:
             targets = [node] * n
         else:
@@ -130,7 +130,7 @@ async def spawn_group(
     ranks_nodes = [str(p["node"]) for p in per_rank]
     envs: list[dict[str, str]] = [{} for _ in range(n)]
     if torch_distributed:
-        records = await cluster.nodes()
+        records = await cluster.nodes(actors=False)
         ips = {str(r["node_id"]): str(r.get("ip") or "") for r in records if r.get("alive")}
         if ranks_nodes[0] not in ips:
             raise PlacementError(f"node {ranks_nodes[0]!r} of rank 0 is not alive")

@@ -7,9 +7,12 @@ The address comes from ``--address`` or RAYLESS_ADDRESS; the token from ``--toke
 ``--token-file``, RAYLESS_TOKEN or RAYLESS_TOKEN_FILE (first found wins, in that order).
 Without any, the one embedded cluster (``Cluster.local()``) published on this host is used;
 an address of a published cluster needs no token (see ``actors.api.published``). The
-command joins the cluster as a session of its own, asks the head for ``nodes()``, prints them
-and ends its session. Ending a session kills only the actors that session spawned, and this
-one spawns none, so other drivers' actors are never touched.
+command joins the cluster as a session of its own, asks the head for its nodes and the
+first ``--limit`` live actors (100 by default, as Ray's ``ray list actors``; 0: all), prints
+them and ends its session: its cost grows with the nodes and the limit, not with the
+actors (``--json`` prints every actor's record under its node: O(actors)). Ending a
+session kills only the actors that session spawned, and this one spawns none, so other
+drivers' actors are never touched.
 
 Exit codes: 0 on success; 1 with a one-line message on stderr when the address or token is
 missing, the head does not answer within ``--timeout`` seconds, or it rejects the token.
@@ -23,7 +26,8 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rayless.actors.api import context, published
@@ -31,8 +35,10 @@ from rayless.transport.errors import AuthError, RaylessError
 
 if TYPE_CHECKING:
     from rayless.actors.api.cluster import Cluster
+    from rayless.actors.control.messages import ActorPage
 
 DEFAULT_TIMEOUT = 5.0
+DEFAULT_LIMIT = 100
 
 
 class StatusError(Exception):
@@ -42,7 +48,17 @@ class StatusError(Exception):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``rayless status``'s options to ``parser``."""
     add_cluster_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print the head's raw node records")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the head's raw node records, every actor's under its node",
+    )
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=DEFAULT_LIMIT,
+        help=f"actors listed (default {DEFAULT_LIMIT}; 0: all of them)",
+    )
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -153,13 +169,37 @@ async def look(address: str, token: str, timeout: float) -> AsyncIterator[Cluste
 
 
 async def fetch(address: str, token: str, timeout: float) -> list[dict[str, Any]]:
-    """Join the cluster, ask the head for every node, end the (actor-less) session.
+    """Join the cluster, ask the head for every node with every actor's record (O(actors):
+    ``--json``'s full listing), end the (actor-less) session.
 
     Raises:
         StatusError: as :func:`look`.
     """
     async with look(address, token, timeout) as cluster:
         return await asyncio.wait_for(cluster.nodes(), timeout)
+
+
+@dataclass(frozen=True)
+class Report:
+    """What the plain report shows: every node (with its number of actors) and one page of
+    the actors."""
+
+    nodes: list[dict[str, Any]]
+    actors: ActorPage
+
+
+async def fetch_report(address: str, token: str, timeout: float, limit: int | None) -> Report:
+    """Join the cluster, ask the head for the nodes and the first ``limit`` actors (None:
+    all), end the session. Costs O(nodes + limit) at the head, whatever the actor count.
+
+    Raises:
+        StatusError: as :func:`look`.
+    """
+    async with look(address, token, timeout) as cluster:
+        nodes, page = await asyncio.wait_for(
+            asyncio.gather(cluster.nodes(actors=False), cluster.list_actors(limit)), timeout
+        )
+        return Report(nodes, page)
 
 
 # -- formatting ---------------------------------------------------------------------------
@@ -222,7 +262,7 @@ def format_nodes(nodes: list[dict[str, Any]]) -> str:
                 f"{free}/{total}" + (" (fake)" if n.get("fake_gpus") and total else ""),
                 total - free,
                 gpu_shares(n),
-                len(n.get("actors") or []),
+                n.get("num_actors", len(n.get("actors") or [])),
             ]
         )
     headers = ["NODE", "IP", "ALIVE", "CPUS USED/TOTAL", "GPUS FREE", "GPUS USED", "USED PER GPU"]
@@ -239,35 +279,46 @@ def _actor_gpus(actor: dict[str, Any]) -> str:
     )
 
 
-def format_actors(nodes: list[dict[str, Any]]) -> str:
-    """The actors table (every actor the head lists under a node)."""
+def format_actors(actors: Iterable[dict[str, Any]]) -> str:
+    """The actors table."""
     rows = []
-    for n in nodes:
-        for a in n.get("actors") or []:
-            if not isinstance(a, dict):
-                continue
-            rows.append(
-                [
-                    a.get("name", "?"),
-                    a.get("cls", "?"),
-                    a.get("node_id") or n.get("node_id", "?"),
-                    _actor_gpus(a),
-                    _num(a.get("cpus", 0)),
-                    a.get("state", "?"),
-                    a.get("pid"),
-                    f"{a.get('restarts', 0)}/{a.get('max_restarts', 0)}",
-                ]
-            )
+    for a in actors:
+        if not isinstance(a, dict):
+            continue
+        rows.append(
+            [
+                a.get("name", "?"),
+                a.get("cls", "?"),
+                a.get("node_id", "?"),
+                _actor_gpus(a),
+                _num(a.get("cpus", 0)),
+                a.get("state", "?"),
+                a.get("pid"),
+                f"{a.get('restarts', 0)}/{a.get('max_restarts', 0)}",
+            ]
+        )
     headers = ["NAME", "CLASS", "NODE", "GPUS", "CPUS", "STATE", "PID", "RESTARTS"]
     return table(headers, rows) if rows else "(no actors)"
 
 
-def render(nodes: list[dict[str, Any]], address: str) -> str:
+def render(report: Report, address: str) -> str:
     """The whole plain-text report."""
-    n_actors = sum(len(n.get("actors") or []) for n in nodes)
+    nodes, page = report.nodes, report.actors
     alive = sum(1 for n in nodes if n.get("alive"))
-    head = f"cluster {address}: {alive}/{len(nodes)} nodes alive, {n_actors} actors"
-    return "\n".join([head, "", "Nodes", format_nodes(nodes), "", "Actors", format_actors(nodes)])
+    head = f"cluster {address}: {alive}/{len(nodes)} nodes alive, {page.total} actors"
+    lines = [
+        head,
+        "",
+        "Nodes",
+        format_nodes(nodes),
+        "",
+        "Actors",
+        format_actors(a.as_dict() for a in page.actors),
+    ]
+    more = page.total - page.offset - len(page.actors)
+    if more > 0:
+        lines.append(f"... and {more} more actors (--limit 0 lists them all)")
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -276,15 +327,19 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not timeout > 0:
             raise StatusError("--timeout must be > 0")
+        limit = int(getattr(args, "limit", DEFAULT_LIMIT))
+        if limit < 0:
+            raise StatusError("--limit must be >= 0")
         address, token = resolve(args)
-        nodes = asyncio.run(fetch(address, token, timeout))
+        if getattr(args, "json", False):
+            nodes = asyncio.run(fetch(address, token, timeout))
+            print(json.dumps(nodes, indent=2, sort_keys=True, default=str))
+            return 0
+        report = asyncio.run(fetch_report(address, token, timeout, limit or None))
     except StatusError as exc:
         print(f"rayless status: {exc}", file=sys.stderr)
         return 1
-    if getattr(args, "json", False):
-        print(json.dumps(nodes, indent=2, sort_keys=True, default=str))
-    else:
-        print(render(nodes, address))
+    print(render(report, address))
     return 0
 
 

@@ -28,6 +28,7 @@ A = TypeVar("A")
 
 if TYPE_CHECKING:
     from rayless.actors.api.cluster import Cluster
+    from rayless.actors.control.messages import ActorPage
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -92,9 +93,13 @@ class SyncCluster:
         """The live actor called ``name``."""
         return self.run(self.cluster.get_actor(name))
 
-    def nodes(self) -> list[dict[str, Any]]:
-        """Every node with its resources and actors."""
-        return self.run(self.cluster.nodes())
+    def nodes(self, *, actors: bool = True) -> list[dict[str, Any]]:
+        """Every node with its resources and actors (as ``Cluster.nodes``)."""
+        return self.run(self.cluster.nodes(actors=actors))
+
+    def list_actors(self, limit: int | None = 100, offset: int = 0) -> ActorPage:
+        """A page of the live actors (as ``Cluster.list_actors``)."""
+        return self.run(self.cluster.list_actors(limit, offset))
 
     def timeline(self, path: str = "timeline.json", *, since: float | None = None) -> str:
         """Write the cluster's timeline to ``path`` (as ``Cluster.timeline``)."""

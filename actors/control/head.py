@@ -17,6 +17,7 @@ deaths) and event fan-out; the actor registry (records, spawns, kills, actor eve
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import signal
@@ -28,6 +29,7 @@ from rayless.actors.api import context, published
 from rayless.actors.control.head_actors import ActorRecord, HeadActors
 from rayless.actors.control.messages import (
     ActorEvent,
+    ActorPage,
     ActorState,
     DebugEndpoints,
     DebugRegister,
@@ -39,6 +41,7 @@ from rayless.actors.control.messages import (
     HelloReply,
     KeepSession,
     Kill,
+    ListActors,
     ListNodes,
     LogLines,
     LookupActor,
@@ -108,6 +111,7 @@ class Head(HeadActors):
         self.requests.on(EndSession, self.op_end_session)
         self.requests.on(RegisterNode, self.op_register_node)
         self.requests.on(ListNodes, self.op_nodes)
+        self.requests.on(ListActors, self.op_list_actors)
         self.requests.on(FreePortOn, self.op_free_port)
         self.requests.on(NodeHeartbeat, self.op_node_heartbeat)
         self.requests.on(Shutdown, self.op_shutdown)
@@ -280,15 +284,38 @@ class Head(HeadActors):
         return NodeRegistered(self.node_timeout)
 
     def op_nodes(self, peer: Peer, msg: ListNodes) -> list[dict[str, Any]]:
-        """Every node with its resources and actors."""
+        """Every node with its resources and number of actors; with ``msg.actors`` their
+        records too."""
         out = []
         for node in self.nodes.values():
             summary = node.summary()
-            summary["actors"] = [
-                self.actors[a].public().as_dict() for a in summary["actors"] if a in self.actors
-            ]
+            ids = summary.pop("actors")
+            if msg.actors:
+                summary["actors"] = [
+                    self.actors[a].public().as_dict() for a in ids if a in self.actors
+                ]
             out.append(summary)
         return out
+
+    def op_list_actors(self, peer: Peer, msg: ListActors) -> ActorPage:
+        """A page of the live actors, node by node (O(nodes + offset + limit)).
+
+        Raises:
+            ProtocolError: an offset or limit that is not an int >= 0 (limit: or None).
+        """
+        if not _count(msg.offset) or not (msg.limit is None or _count(msg.limit)):
+            raise ProtocolError(
+                f"offset and limit must be ints >= 0, got {msg.offset!r}, {msg.limit!r}"
+            )
+        total = sum(len(node.actors) for node in self.nodes.values())
+        end = None if msg.limit is None else msg.offset + msg.limit
+        ids = itertools.islice(
+            itertools.chain.from_iterable(sorted(n.actors) for n in self.nodes.values()),
+            msg.offset,
+            end,
+        )
+        views = tuple(self.actors[a].public() for a in ids if a in self.actors)
+        return ActorPage(views, total, msg.offset)
 
     async def op_free_port(self, peer: Peer, msg: FreePortOn) -> int:
         """A TCP port free right now on ``node_id`` (asked of its agent).
@@ -401,6 +428,11 @@ def main() -> None:
         loop.run(serve(sys.argv[1], token, timeout))
     finally:  # an embedded cluster's entry, if its driver died without removing it
         published.unpublish(str(published.runtime_dir() / f"cluster-{os.getpid()}.json"))
+
+
+def _count(value: object) -> bool:
+    """An int >= 0 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 if __name__ == "__main__":

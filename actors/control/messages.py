@@ -4,7 +4,7 @@ processes.
 Every request, reply, one-way message and event of this conversation is a frozen dataclass
 registered with the codec (``actors.control.wire.message``) under a stable wire name
 (``ctl.<Name>``); docs/protocol.md lists them. Status replies (``ListNodes``,
-``AgentStatus``, ``DebugEndpoints``) are plain data for people and the CLI.
+``ActorPage``'s records, ``AgentStatus``, ``DebugEndpoints``) are plain data for people and the CLI.
 
 Who answers what: the head (``actors.control.head``) every request in :data:`HEAD_REQUESTS`,
 a node agent (``actors.control.agent``) those in :data:`AGENT_REQUESTS`; the head hears
@@ -22,10 +22,11 @@ from rayless.actors.control.wire import Request, message
 from rayless.transport.errors import RaylessError
 
 __all__ = [
-    "AGENT_REQUESTS", "HEAD_REQUESTS", "ActorEvent", "ActorState", "ActorView", "AgentStatus",
-    "Bootstrap", "Boot", "DebugEndpoints", "DebugRegister", "EndSession", "EventKind",
+    "AGENT_REQUESTS", "HEAD_REQUESTS", "ActorEvent", "ActorPage", "ActorState", "ActorView",
+    "AgentStatus", "Bootstrap", "Boot", "DebugEndpoints", "DebugRegister", "EndSession",
+    "EventKind",
     "Failed", "FreePort", "FreePortOn", "GetActor", "Hello", "HelloReply", "KeepSession",
-    "Kill", "ListNodes", "LogLines", "LookupActor", "NodeDied", "NodeHeartbeat",
+    "Kill", "ListActors", "ListNodes", "LogLines", "LookupActor", "NodeDied", "NodeHeartbeat",
     "NodeRegistered", "ProcState", "Ready", "RegisterNode", "Shutdown", "Spawn", "SpawnSpec",
     "StartActor", "Started", "StopActor",
 ]  # fmt: skip
@@ -311,9 +312,36 @@ class RegisterNode(Request[NodeRegistered]):
 @message("ctl.ListNodes")
 @dataclass(frozen=True)
 class ListNodes(Request[list[dict[str, Any]]]):
-    """Every node with its resources and actors. → list of status dicts"""
+    """Every node with its resources and its number of actors (``num_actors``); with
+    ``actors`` also each live actor's record under ``"actors"`` (O(actors): a whole-cluster
+    listing). → list of status dicts"""
 
     reply = list
+
+    actors: bool = True
+
+
+@message("ctl.ActorPage")
+@dataclass(frozen=True)
+class ActorPage:
+    """One page of the live actors (node by node, by id within a node), and how many live
+    actors there are in all."""
+
+    actors: tuple[ActorView, ...]
+    total: int
+    offset: int
+
+
+@message("ctl.ListActors")
+@dataclass(frozen=True)
+class ListActors(Request[ActorPage]):
+    """Live actors ``offset`` to ``offset + limit`` (``limit`` None: all of them): costs
+    O(nodes + offset + limit), not O(actors). → ActorPage"""
+
+    reply = ActorPage
+
+    limit: int | None = 100
+    offset: int = 0
 
 
 @message("ctl.FreePortOn")
@@ -445,7 +473,7 @@ class Failed(Request[None]):
 
 HEAD_REQUESTS: tuple[type, ...] = (
     Hello, KeepSession, EndSession, Spawn, GetActor, LookupActor, Kill, DebugRegister,
-    DebugEndpoints, RegisterNode, ListNodes, FreePortOn, NodeHeartbeat, Shutdown,
+    DebugEndpoints, RegisterNode, ListNodes, ListActors, FreePortOn, NodeHeartbeat, Shutdown,
 )  # fmt: skip
 AGENT_REQUESTS: tuple[type, ...] = (
     StartActor, StopActor, FreePort, Shutdown, AgentStatus, Bootstrap, Ready, Failed,

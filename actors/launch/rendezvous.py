@@ -34,7 +34,9 @@ async def rendezvous(
             procs.check_alive()
             if stop.is_set():
                 raise LaunchError(f"stopped during the rendezvous ({stop.reason})")
-            nodes = [n for n in await ask(client, ListNodes(), timeout=30) if n.get("alive")]
+            nodes = [
+                n for n in await ask(client, ListNodes(actors=False), timeout=30) if n.get("alive")
+            ]
             ranks: dict[int, str] = {}
             for node in nodes:
                 rank = node.get("rank")

@@ -19,9 +19,13 @@ from typing import Any
 import pytest
 
 from rayless import actors
+from rayless.actors.api.runtime import get_runtime
 from rayless.actors.control.head import Head
+from rayless.actors.control.head_actors import ActorRecord
+from rayless.actors.control.messages import ListActors
 from rayless.actors.errors import ActorDiedError, ActorNotFoundError
 from rayless.actors.testing_scale import Pinger, SimAgent, SimCluster, close_agents, start_agents
+from rayless.transport.errors import ProtocolError
 from rayless.transport.protocol import Kind, open_envelope
 from rayless.transport.server import Server
 from tests.waiting import wait_until
@@ -141,6 +145,40 @@ async def test_deaths_kills_and_session_ends_do_not_walk_every_actor(
         timeout=30,
         what="every actor of the ended session dead",
     )
+
+
+async def test_status_pages_the_actors_without_building_every_record(
+    head_with_agents: tuple[Head, list[SimAgent]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    head, _ = head_with_agents
+    async with actors.connect(head.address, token="s" * 32) as cluster:
+        handles = await asyncio.gather(*(cluster.spawn(Pinger, gpus=0.25) for _ in range(40)))
+        built: list[str] = []
+        public = ActorRecord.public
+
+        def counted(self: ActorRecord) -> Any:
+            built.append(self.actor_id)
+            return public(self)
+
+        monkeypatch.setattr(ActorRecord, "public", counted)
+        head.actors = _NoScan(head.actors)
+        nodes = await cluster.nodes(actors=False)
+        assert sum(n["num_actors"] for n in nodes) == 40 and all("actors" not in n for n in nodes)
+        assert built == []
+        page = await cluster.list_actors(limit=5)
+        assert (page.total, len(page.actors), len(built)) == (40, 5, 5)
+        seen = [a.actor_id for a in page.actors]
+        while len(seen) < page.total:  # the pages cover every actor once
+            page = await cluster.list_actors(limit=7, offset=len(seen))
+            assert page.actors, "an empty page before the end"
+            seen += [a.actor_id for a in page.actors]
+        assert sorted(seen) == sorted(h.actor_id for h in handles)
+        with pytest.raises(ValueError):
+            await cluster.list_actors(limit=-1)
+        runtime = await get_runtime()
+        with pytest.raises(ProtocolError, match="offset and limit"):  # a peer's bad page
+            await runtime.head_request(ListActors(limit=2, offset=-3))
+        assert len(await cluster.nodes()) == 8  # the head still serves
 
 
 class _Refuses:

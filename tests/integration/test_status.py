@@ -67,6 +67,31 @@ async def test_status_lists_nodes_and_actors_and_kills_nothing(
     assert await counter.add(1) == 5
 
 
+async def test_status_lists_a_page_of_the_actors_and_says_how_many_more(
+    local_cluster: Cluster, local_cluster_processes: LocalProcesses, tmp_path: Path
+) -> None:
+    counters = [await local_cluster.spawn(Counter, i, gpus=0) for i in range(3)]
+    try:
+        total = (await local_cluster.list_actors(limit=0)).total
+        assert total >= 3
+        token_file = _token_file(tmp_path, local_cluster_processes.token)
+        args = ("--address", local_cluster_processes.address, "--token-file", token_file)
+        out = _status(*args, "--limit", "1")
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert f"{total} actors" in lines[0]
+        actors_table = lines[lines.index("Actors") + 1 :]
+        assert len(actors_table) == 3  # the header, one actor, the note
+        assert actors_table[-1] == f"... and {total - 1} more actors (--limit 0 lists them all)"
+        every = _status(*args, "--limit", "0")
+        assert every.returncode == 0 and "more actors" not in every.stdout
+        bad = _status(*args, "--limit", "-1")
+        assert bad.returncode == 1 and "--limit" in bad.stderr
+    finally:
+        for c in counters:
+            await local_cluster.kill(c)
+
+
 async def test_wrong_token_exits_1_with_a_message(
     local_cluster_processes: LocalProcesses, tmp_path: Path
 ) -> None:
