@@ -58,6 +58,10 @@ class NodeState:
             last_heartbeat=now,
         )
 
+    def whole_gpus_free(self) -> int:
+        """GPUs with nothing allocated on them."""
+        return sum(1 for f in self.gpu_free.values() if f >= 1.0 - _EPS)
+
     def summary(self) -> dict[str, Any]:
         """Plain values for ``cluster.nodes()`` and ``rayless status``."""
         return {
@@ -73,7 +77,7 @@ class NodeState:
                 for g in self.info.get("gpus", [])
             ],
             "gpus_total": len(self.gpu_indices),
-            "gpus_free": sum(1 for f in self.gpu_free.values() if f >= 1.0 - _EPS),
+            "gpus_free": self.whole_gpus_free(),
             "fake_gpus": bool(self.info.get("fake_gpus", False)),
             "actors": sorted(self.actors),
             "num_actors": len(self.actors),

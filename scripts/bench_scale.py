@@ -10,8 +10,8 @@ in-process actors behind real sockets), then measures from a driver that joined 
 * spawn throughput end to end (actors / wall seconds, ``window`` spawns in flight) and at
   the head (actors / the head CPU seconds the spawns added to its idle heartbeat work;
   ``spawn_head_raw_per_s`` counts all of the head's CPU during the spawns);
-* ``cluster.nodes()`` (every node with every actor's record) and ``rayless status`` (the
-  nodes, the first 100 actors, the render);
+* ``cluster.nodes()`` (every node with every actor's record) and ``rayless status``
+  (``cluster.summary()``: the totals, the first 100 nodes and actors; and its render);
 * a named-actor lookup (``get_actor``);
 * reachability (every actor, or a sample, answers a ping);
 * node loss: one node goes silent with calls pending on its actors; the seconds until every
@@ -40,7 +40,7 @@ from typing import Any
 import psutil
 
 from rayless import actors
-from rayless.actors.api.status import Report, render
+from rayless.actors.api.status import render
 from rayless.actors.errors import ActorDiedError, ActorNotFoundError
 from rayless.actors.testing_scale import Pinger, SimCluster
 from rayless.placement.allocation import NodeState, NodeTable, choose
@@ -201,10 +201,7 @@ async def run_step(nodes: int, n_actors: int, args: argparse.Namespace) -> dict[
                 listed = await cluster.nodes()
                 samples.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()  # what `rayless status` asks, and its render
-                report = Report(
-                    *await asyncio.gather(cluster.nodes(actors=False), cluster.list_actors())
-                )
-                render(report, sim.address)
+                render(await cluster.summary(), sim.address)
                 status.append(time.perf_counter() - t0)
             out["nodes_alive"] = sum(1 for n in listed if n["alive"])  # before the freeze
             out["nodes_ms"] = _median_ms(samples)

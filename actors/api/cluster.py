@@ -32,6 +32,7 @@ from rayless.actors.api.runtime import Runtime, close_runtimes, get_runtime, mat
 from rayless.actors.api.sync import DEFAULT_TIMEOUT, SyncCluster
 from rayless.actors.control.messages import (
     ActorPage,
+    ClusterSummary,
     EndSession,
     GetActor,
     Kill,
@@ -40,6 +41,7 @@ from rayless.actors.control.messages import (
     Shutdown,
     Spawn,
     SpawnSpec,
+    Summarize,
 )
 from rayless.actors.errors import ConnectError
 from rayless.actors.launch.local import LocalProcesses
@@ -254,6 +256,21 @@ class Cluster:
         ``actors=False`` it is O(nodes))."""
         runtime = await self._runtime()
         return await runtime.head_request(ListNodes(actors=actors))
+
+    async def summary(self, limit: int | None = 100) -> ClusterSummary:
+        """The whole cluster in one answer: node, CPU, GPU and live-actor totals, with the
+        first ``limit`` nodes (``nodes(actors=False)``'s records) and live actors (None: all).
+        Costs O(nodes + limit) at the head: what ``rayless status`` shows.
+
+        Raises:
+            ValueError: ``limit`` is not an int >= 0 or None.
+        """
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or limit < 0
+        ):
+            raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
+        runtime = await self._runtime()
+        return await runtime.head_request(Summarize(limit=limit))
 
     async def list_actors(self, limit: int | None = 100, offset: int = 0) -> ActorPage:
         """A page of the live actors (as Ray's ``list_actors(limit=100)``): ``.actors``, their

@@ -7,12 +7,12 @@ The address comes from ``--address`` or RAYLESS_ADDRESS; the token from ``--toke
 ``--token-file``, RAYLESS_TOKEN or RAYLESS_TOKEN_FILE (first found wins, in that order).
 Without any, the one embedded cluster (``Cluster.local()``) published on this host is used;
 an address of a published cluster needs no token (see ``actors.api.published``). The
-command joins the cluster as a session of its own, asks the head for its nodes and the
-first ``--limit`` live actors (100 by default, as Ray's ``ray list actors``; 0: all), prints
-them and ends its session: its cost grows with the nodes and the limit, not with the
-actors (``--json`` prints every actor's record under its node: O(actors)). Ending a
-session kills only the actors that session spawned, and this one spawns none, so other
-drivers' actors are never touched.
+command joins the cluster as a session of its own, asks the head for its totals (nodes,
+CPUs, GPUs, actors) and the first ``--limit`` nodes and live actors (100 by default, as
+Ray's ``ray list actors``; 0: all), prints them and ends its session: its cost grows with
+the nodes and the limit, not with the actors (``--json`` prints every actor's record under
+its node: O(actors)). Ending a session kills only the actors that session spawned, and
+this one spawns none, so other drivers' actors are never touched.
 
 Exit codes: 0 on success; 1 with a one-line message on stderr when the address or token is
 missing, the head does not answer within ``--timeout`` seconds, or it rejects the token.
@@ -27,7 +27,6 @@ import json
 import os
 import sys
 from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rayless.actors.api import context, published
@@ -35,7 +34,7 @@ from rayless.transport.errors import AuthError, RaylessError
 
 if TYPE_CHECKING:
     from rayless.actors.api.cluster import Cluster
-    from rayless.actors.control.messages import ActorPage
+    from rayless.actors.control.messages import ClusterSummary
 
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_LIMIT = 100
@@ -57,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--limit",
         type=int,
         default=DEFAULT_LIMIT,
-        help=f"actors listed (default {DEFAULT_LIMIT}; 0: all of them)",
+        help=f"nodes and actors listed (default {DEFAULT_LIMIT}; 0: all of them)",
     )
 
 
@@ -179,27 +178,17 @@ async def fetch(address: str, token: str, timeout: float) -> list[dict[str, Any]
         return await asyncio.wait_for(cluster.nodes(), timeout)
 
 
-@dataclass(frozen=True)
-class Report:
-    """What the plain report shows: every node (with its number of actors) and one page of
-    the actors."""
-
-    nodes: list[dict[str, Any]]
-    actors: ActorPage
-
-
-async def fetch_report(address: str, token: str, timeout: float, limit: int | None) -> Report:
-    """Join the cluster, ask the head for the nodes and the first ``limit`` actors (None:
-    all), end the session. Costs O(nodes + limit) at the head, whatever the actor count.
+async def fetch_summary(
+    address: str, token: str, timeout: float, limit: int | None
+) -> ClusterSummary:
+    """Join the cluster, ask the head for its totals and first ``limit`` nodes and actors
+    (None: all), end the session: O(nodes + limit) at the head, whatever the actor count.
 
     Raises:
         StatusError: as :func:`look`.
     """
     async with look(address, token, timeout) as cluster:
-        nodes, page = await asyncio.wait_for(
-            asyncio.gather(cluster.nodes(actors=False), cluster.list_actors(limit)), timeout
-        )
-        return Report(nodes, page)
+        return await asyncio.wait_for(cluster.summary(limit), timeout)
 
 
 # -- formatting ---------------------------------------------------------------------------
@@ -301,22 +290,21 @@ def format_actors(actors: Iterable[dict[str, Any]]) -> str:
     return table(headers, rows) if rows else "(no actors)"
 
 
-def render(report: Report, address: str) -> str:
+def render(summary: ClusterSummary, address: str) -> str:
     """The whole plain-text report."""
-    nodes, page = report.nodes, report.actors
-    alive = sum(1 for n in nodes if n.get("alive"))
-    head = f"cluster {address}: {alive}/{len(nodes)} nodes alive, {page.total} actors"
+    s = summary
     lines = [
-        head,
+        f"cluster {address}: {s.nodes_alive}/{s.nodes} nodes alive, {s.actors} actors, "
+        f"GPUs {s.gpus - s.gpus_free}/{s.gpus} in use, CPUs {_num(s.cpus_used)}/{_num(s.cpus)}",
         "",
         "Nodes",
-        format_nodes(nodes),
-        "",
-        "Actors",
-        format_actors(a.as_dict() for a in page.actors),
+        format_nodes(list(s.node_page)),
     ]
-    more = page.total - page.offset - len(page.actors)
-    if more > 0:
+    if s.nodes > len(s.node_page):
+        lines.append(f"... and {s.nodes - len(s.node_page)} more nodes (--limit 0 lists them all)")
+    lines += ["", "Actors", format_actors(a.as_dict() for a in s.actor_page)]
+    if s.actors > len(s.actor_page):
+        more = s.actors - len(s.actor_page)
         lines.append(f"... and {more} more actors (--limit 0 lists them all)")
     return "\n".join(lines)
 
@@ -335,11 +323,11 @@ def run(args: argparse.Namespace) -> int:
             nodes = asyncio.run(fetch(address, token, timeout))
             print(json.dumps(nodes, indent=2, sort_keys=True, default=str))
             return 0
-        report = asyncio.run(fetch_report(address, token, timeout, limit or None))
+        summary = asyncio.run(fetch_summary(address, token, timeout, limit or None))
     except StatusError as exc:
         print(f"rayless status: {exc}", file=sys.stderr)
         return 1
-    print(render(report, address))
+    print(render(summary, address))
     return 0
 
 

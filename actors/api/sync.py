@@ -28,7 +28,7 @@ A = TypeVar("A")
 
 if TYPE_CHECKING:
     from rayless.actors.api.cluster import Cluster
-    from rayless.actors.control.messages import ActorPage
+    from rayless.actors.control.messages import ActorPage, ClusterSummary
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -96,6 +96,10 @@ class SyncCluster:
     def nodes(self, *, actors: bool = True) -> list[dict[str, Any]]:
         """Every node with its resources and actors (as ``Cluster.nodes``)."""
         return self.run(self.cluster.nodes(actors=actors))
+
+    def summary(self, limit: int | None = 100) -> ClusterSummary:
+        """The cluster's totals and first nodes and actors (as ``Cluster.summary``)."""
+        return self.run(self.cluster.summary(limit))
 
     def list_actors(self, limit: int | None = 100, offset: int = 0) -> ActorPage:
         """A page of the live actors (as ``Cluster.list_actors``)."""

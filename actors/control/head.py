@@ -31,6 +31,7 @@ from rayless.actors.control.messages import (
     ActorEvent,
     ActorPage,
     ActorState,
+    ClusterSummary,
     DebugEndpoints,
     DebugRegister,
     EndSession,
@@ -51,6 +52,7 @@ from rayless.actors.control.messages import (
     RegisterNode,
     Shutdown,
     Spawn,
+    Summarize,
 )
 from rayless.actors.control.wire import Handlers, ask
 from rayless.placement.allocation import NodeState, NodeTable
@@ -112,6 +114,7 @@ class Head(HeadActors):
         self.requests.on(RegisterNode, self.op_register_node)
         self.requests.on(ListNodes, self.op_nodes)
         self.requests.on(ListActors, self.op_list_actors)
+        self.requests.on(Summarize, self.op_summarize)
         self.requests.on(FreePortOn, self.op_free_port)
         self.requests.on(NodeHeartbeat, self.op_node_heartbeat)
         self.requests.on(Shutdown, self.op_shutdown)
@@ -296,6 +299,33 @@ class Head(HeadActors):
                 ]
             out.append(summary)
         return out
+
+    def op_summarize(self, peer: Peer, msg: Summarize) -> ClusterSummary:
+        """The cluster's totals and its first nodes and actors (O(nodes + limit)).
+
+        Raises:
+            ProtocolError: a limit that is not an int >= 0 or None.
+        """
+        if not (msg.limit is None or _count(msg.limit)):
+            raise ProtocolError(f"limit must be an int >= 0 or None, got {msg.limit!r}")
+        nodes = self.nodes.values()
+        page = []
+        for node in itertools.islice(nodes, msg.limit):
+            summary = node.summary()
+            del summary["actors"]
+            page.append(summary)
+        actors = self.op_list_actors(peer, ListActors(limit=msg.limit))
+        return ClusterSummary(
+            nodes=len(self.nodes),
+            nodes_alive=sum(1 for n in nodes if n.alive),
+            cpus=sum(n.cpus for n in nodes),
+            cpus_used=round(sum(n.cpus_used for n in nodes), 6),
+            gpus=sum(len(n.gpu_indices) for n in nodes),
+            gpus_free=sum(n.whole_gpus_free() for n in nodes),
+            actors=actors.total,
+            node_page=tuple(page),
+            actor_page=actors.actors,
+        )
 
     def op_list_actors(self, peer: Peer, msg: ListActors) -> ActorPage:
         """A page of the live actors, node by node (O(nodes + offset + limit)).

@@ -23,12 +23,11 @@ from rayless.transport.errors import RaylessError
 
 __all__ = [
     "AGENT_REQUESTS", "HEAD_REQUESTS", "ActorEvent", "ActorPage", "ActorState", "ActorView",
-    "AgentStatus", "Bootstrap", "Boot", "DebugEndpoints", "DebugRegister", "EndSession",
-    "EventKind",
-    "Failed", "FreePort", "FreePortOn", "GetActor", "Hello", "HelloReply", "KeepSession",
-    "Kill", "ListActors", "ListNodes", "LogLines", "LookupActor", "NodeDied", "NodeHeartbeat",
-    "NodeRegistered", "ProcState", "Ready", "RegisterNode", "Shutdown", "Spawn", "SpawnSpec",
-    "StartActor", "Started", "StopActor",
+    "AgentStatus", "Boot", "Bootstrap", "ClusterSummary", "DebugEndpoints", "DebugRegister",
+    "EndSession", "EventKind", "Failed", "FreePort", "FreePortOn", "GetActor", "Hello",
+    "HelloReply", "KeepSession", "Kill", "ListActors", "ListNodes", "LogLines", "LookupActor",
+    "NodeDied", "NodeHeartbeat", "NodeRegistered", "ProcState", "Ready", "RegisterNode", "Shutdown",
+    "Spawn", "SpawnSpec", "StartActor", "Started", "StopActor", "Summarize",
 ]  # fmt: skip
 
 
@@ -344,6 +343,35 @@ class ListActors(Request[ActorPage]):
     offset: int = 0
 
 
+@message("ctl.ClusterSummary")
+@dataclass(frozen=True)
+class ClusterSummary:
+    """The whole cluster in a few numbers (every node and live actor counted), with the
+    first nodes (status records without actor records) and the first live actors."""
+
+    nodes: int
+    nodes_alive: int
+    cpus: float
+    cpus_used: float
+    gpus: int
+    gpus_free: int  # whole GPUs with nothing on them
+    actors: int
+    node_page: tuple[dict[str, Any], ...]
+    actor_page: tuple[ActorView, ...]
+
+
+@message("ctl.Summarize")
+@dataclass(frozen=True)
+class Summarize(Request[ClusterSummary]):
+    """The cluster's totals and its first ``limit`` nodes and actors (None: all of them):
+    O(nodes) arithmetic and O(limit) records at the head, whatever the actor count.
+    → ClusterSummary"""
+
+    reply = ClusterSummary
+
+    limit: int | None = 100
+
+
 @message("ctl.FreePortOn")
 @dataclass(frozen=True)
 class FreePortOn(Request[int]):
@@ -473,7 +501,8 @@ class Failed(Request[None]):
 
 HEAD_REQUESTS: tuple[type, ...] = (
     Hello, KeepSession, EndSession, Spawn, GetActor, LookupActor, Kill, DebugRegister,
-    DebugEndpoints, RegisterNode, ListNodes, ListActors, FreePortOn, NodeHeartbeat, Shutdown,
+    DebugEndpoints, RegisterNode, ListNodes, ListActors, Summarize,
+    FreePortOn, NodeHeartbeat, Shutdown,
 )  # fmt: skip
 AGENT_REQUESTS: tuple[type, ...] = (
     StartActor, StopActor, FreePort, Shutdown, AgentStatus, Bootstrap, Ready, Failed,

@@ -22,7 +22,7 @@ from rayless import actors
 from rayless.actors.api.runtime import get_runtime
 from rayless.actors.control.head import Head
 from rayless.actors.control.head_actors import ActorRecord
-from rayless.actors.control.messages import ListActors
+from rayless.actors.control.messages import ListActors, Summarize
 from rayless.actors.errors import ActorDiedError, ActorNotFoundError
 from rayless.actors.testing_scale import Pinger, SimAgent, SimCluster, close_agents, start_agents
 from rayless.transport.errors import ProtocolError
@@ -178,6 +178,14 @@ async def test_status_pages_the_actors_without_building_every_record(
         runtime = await get_runtime()
         with pytest.raises(ProtocolError, match="offset and limit"):  # a peer's bad page
             await runtime.head_request(ListActors(limit=2, offset=-3))
+        summary = await cluster.summary(limit=3)  # what `rayless status` asks
+        assert (summary.nodes, summary.nodes_alive, summary.actors) == (8, 8, 40)
+        free = sum(n["gpus_free"] for n in nodes)
+        assert (summary.gpus, summary.gpus_free, len(summary.node_page)) == (32, free, 3)
+        assert len(summary.actor_page) == 3 and all("actors" not in n for n in summary.node_page)
+        assert len(built) == 40 + 3  # the pages built each record once, the summary 3
+        with pytest.raises(ProtocolError, match="limit"):
+            await runtime.head_request(Summarize(limit=-1))
         assert len(await cluster.nodes()) == 8  # the head still serves
 
 

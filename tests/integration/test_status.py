@@ -79,7 +79,10 @@ async def test_status_lists_a_page_of_the_actors_and_says_how_many_more(
         out = _status(*args, "--limit", "1")
         assert out.returncode == 0, out.stderr
         lines = out.stdout.splitlines()
-        assert f"{total} actors" in lines[0]
+        assert f"{total} actors" in lines[0] and "GPUs" in lines[0]
+        nodes_table = lines[lines.index("Nodes") + 1 : lines.index("Actors") - 1]
+        assert len(nodes_table) == 3  # the header, one node, the note (of 2 nodes)
+        assert nodes_table[-1] == "... and 1 more nodes (--limit 0 lists them all)"
         actors_table = lines[lines.index("Actors") + 1 :]
         assert len(actors_table) == 3  # the header, one actor, the note
         assert actors_table[-1] == f"... and {total - 1} more actors (--limit 0 lists them all)"
