@@ -175,7 +175,7 @@ async def run_step(nodes: int, n_actors: int, args: argparse.Namespace) -> dict[
         await asyncio.to_thread(sim.start_nodes)
         out["join_s"] = round(time.monotonic() - t0, 2)
         out["load"] = round(os.getloadavg()[0], 1)
-        await asyncio.sleep(args.settle)
+        await asyncio.sleep(max(args.settle, nodes / 1000))  # the joins' own work settles
         rss_nodes = head.memory_info().rss
         out["rss_base_mib"] = round(rss0 / 2**20, 1)
         out["rss_per_node_kib"] = round((rss_nodes - rss0) / nodes / 1024, 1)
@@ -186,15 +186,16 @@ async def run_step(nodes: int, n_actors: int, args: argparse.Namespace) -> dict[
             wall, cpu = time.monotonic() - t0, _cpu(head) - c0
             out["spawn_e2e_per_s"] = round(n_actors / wall, 1)
             out["spawn_head_raw_per_s"] = round(n_actors / max(cpu, 1e-9), 1)
-            # the head's heartbeat work goes on meanwhile: count only what the spawns added
-            spawn_cpu = max(cpu - out["idle_cpu_nodes"] * wall, 1e-9)
-            out["spawn_head_per_s"] = round(n_actors / spawn_cpu, 1)
-            out["head_cpu_ms_per_spawn"] = round(spawn_cpu / n_actors * 1e3, 3)
             await asyncio.sleep(args.settle)
             rss_actors = head.memory_info().rss
             out["rss_per_actor_kib"] = round((rss_actors - rss_nodes) / n_actors / 1024, 2)
             out["rss_head_mib"] = round(rss_actors / 2**20, 1)
             out["idle_cpu_actors"] = round(await asyncio.to_thread(idle_share, head, args.idle), 4)
+            # the head's heartbeat work goes on during the spawns: count only what they added
+            # to it (its steady idle rate, measured now that the spawns are done)
+            spawn_cpu = max(cpu - out["idle_cpu_actors"] * wall, 1e-9)
+            out["spawn_head_per_s"] = round(n_actors / spawn_cpu, 1)
+            out["head_cpu_ms_per_spawn"] = round(spawn_cpu / n_actors * 1e3, 3)
             samples, status = [], []
             for _ in range(5):
                 t0 = time.perf_counter()
