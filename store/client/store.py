@@ -64,7 +64,7 @@ from rayless.store.data.packed import pack_columns
 from rayless.store.data.partial import partial_result
 from rayless.store.data.requests import FetchRequest, PutOptions
 from rayless.store.data.rows import merge, place, take
-from rayless.store.data.schema import Column, merge_parts, split_columns
+from rayless.store.data.schema import Column, FieldSchema, merge_parts, split_columns
 from rayless.store.errors import (
     ForeignMetaError,
     StoreError,
@@ -433,7 +433,10 @@ class Store:
         StoreFullError (no room in time; WriteTooLargeError at once for a write larger than a
         unit's capacity), UnitLostError (a unit is gone). A failed put is undone: new samples
         are cleared (and a partition it created is dropped), fields it added to existing
-        samples are deleted again. A new put's samples become ready only once all are written.
+        samples are deleted again. A new put's samples become ready only once all are written;
+        one that failed after that (a unit's reply lost after it committed) returns normally:
+        it was stored, consumers may hold it, and what died with the unit is in
+        :meth:`lost_samples`.
         """
         columns = split_columns(td)
         n = int(td.batch_size[0])
@@ -474,13 +477,22 @@ class Store:
                 for shard, (_, reserved) in ahead.items():  # units the allocation left out
                     self._plane.drop_later(self.units[shard]["handle"], reserved)
             await self._gather(shards, calls)
-        except BaseException:
+        except BaseException as exc:
             if new:
-                await self.controller.abort_put(meta)
+                if await self.controller.abort_put(meta) and isinstance(exc, Exception):
+                    # It committed before the failure (a reply lost): it is acknowledged,
+                    # and samples lost with a unit since are in lost_samples().
+                    return self._put_result(meta, columns, schemas)
             elif put_id is not None:
                 with contextlib.suppress(StoreError):
                     await self.controller.abort_fields(meta, fresh, put_id)
             raise
+        return self._put_result(meta, columns, schemas)
+
+    @staticmethod
+    def _put_result(
+        meta: BatchMeta, columns: Mapping[str, Column], schemas: Mapping[str, FieldSchema]
+    ) -> BatchMeta:
         shapes = {k: c.sample_shapes or [] for k, c in columns.items() if c.schema.is_nested}
         return meta.with_fields(schemas, shapes)
 

@@ -283,12 +283,18 @@ class StoreController(Actor):
             self._puts.add(len(ready))
             self._wake(upd.partition)
 
-    async def abort_put(self, meta: BatchMeta) -> None:
+    async def abort_put(self, meta: BatchMeta) -> bool:
         """Undo a failed put of new samples: clear them wherever they were written, and drop
-        the partition if the put created it and it is empty now."""
+        the partition if the put created it and it is empty now. A put that committed
+        before its client saw the failure (a unit's reply lost after its data update was
+        ACKed) is kept instead: its samples are ready, and consumers may hold them. Returns
+        True when it committed (nothing undone)."""
+        if self.state.committed(meta):
+            return True
         with contextlib.suppress(StoreError):
             plan = self.state.abort(meta)
             await self._cleared(meta, plan)
+        return False
 
     # -- gets ----------------------------------------------------------------------------
 

@@ -923,6 +923,19 @@ class ControllerState:
         for key in [k for k in self._samplers if k[0] == partition]:
             del self._samplers[key]
 
+    def committed(self, meta: BatchMeta) -> bool:
+        """Whether the new put of ``meta`` committed: every one of its samples exists with
+        its generation and none is staged any more (its last write arrived, so its samples
+        became ready together; some may have been lost with a unit since)."""
+        for part_id, index, gen in zip(
+            meta.partition_ids, meta.global_indexes, meta.generations, strict=True
+        ):
+            part = self._partitions.get(part_id)
+            sample = part.samples.get(index) if part is not None else None
+            if sample is None or sample.generation != gen or sample.staged:
+                return False
+        return bool(meta.global_indexes)
+
     def abort(self, meta: BatchMeta) -> ClearPlan:
         """Undo a failed put of new samples: :meth:`clear` them, and drop a partition that
         this put created and that is empty now (a failed put leaves no partition behind)."""

@@ -338,3 +338,30 @@ async def test_a_get_whose_samples_all_died_with_their_unit_is_a_partial_result_
     assert empty["obs", "y"].shape == (0, 2, 3) and empty["obs", "y"].dtype == torch.bfloat16
     assert empty["seq"].is_nested and empty["seq"].size(0) == 0 and empty["seq"].size(2) == 2
     assert list(empty["text"]) == []
+
+
+async def test_a_put_whose_reply_is_lost_after_it_committed_is_kept_and_acknowledged(
+    local_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A unit that commits a put's rows (its data update ACKed: the samples are ready) and
+    # dies before its reply reaches the client. Before: the client raised and undid the put,
+    # clearing samples a consumer already held: its get failed StaleMetaError, and the other
+    # samples of that consumer's batch (acknowledged puts) were consumed and never delivered.
+    st = await Store.create(local_cluster, num_units=2, name="lostreply")
+    first = await st.put(TensorDict({"x": torch.arange(4)}, [4]), partition="p")
+    held: list[BatchMeta] = []
+    real = Store._gather
+
+    async def reply_lost(self: Store, shards: list[int], calls: list[Any]) -> list[Any]:
+        await real(self, shards, calls)  # every unit committed
+        held.append(await st.get_meta("p", ["x"], 8, task="t", timeout=10))  # a consumer
+        raise UnitLostError(st.units[1]["unit_id"], "its reply was lost")
+
+    monkeypatch.setattr(Store, "_gather", reply_lost)
+    second = await st.put(TensorDict({"x": torch.arange(4, 8)}, [4]), partition="p")
+    monkeypatch.undo()
+    assert sorted(second.global_indexes) == sorted(
+        set(held[0].global_indexes) - set(first.global_indexes)
+    )
+    data = await st.get(held[0])  # before: StaleMetaError, 8 samples consumed and gone
+    assert sorted(data["x"].tolist()) == list(range(8))
