@@ -6,9 +6,13 @@ The controller actor wraps one ControllerState. It owns:
   order. A unit that registers again under its id (a restart) keeps its shard.
 - **Indexes**: global indexes, unique across partitions. Freed indexes are reused, smallest
   first, so shard columns stay compact over long runs.
-- **Partitions**: per partition the samples in allocation order, the ready set of every field
-  (production status), the consumed set of every task (consumption status), field schemas,
-  per-sample shapes of nested fields and per-sample custom metadata.
+- **Partitions**: per partition, columns indexed by position in allocation order (global
+  index, shard, generation, group, flags), a ready bitmap per field (production status), a
+  consumed bitmap per task (consumption status), field schemas, and sparse per-sample shapes
+  of nested fields, custom metadata and KV keys. Each fetch's (task, field set) keeps a
+  candidate set (ready and unconsumed positions) that every update and consume keeps current,
+  so a sequential fetch costs O(batch), whatever the partition's size; a partition whose
+  removed positions are the majority is compacted.
 
 Shard rule: a sample's row lives on exactly one unit, chosen when its index is allocated and
 recorded with the sample. By default it is ``alive[index % len(alive)]`` (``alive`` = the shard
@@ -29,7 +33,7 @@ Clearing is two-phase so that an index is never reused while a unit still holds 
 :meth:`ControllerState.clear` hides the samples at once and returns a :class:`ClearPlan`; once
 the units deleted the rows, :meth:`ControllerState.release` makes the indexes reusable.
 
-The records (units, partitions, samples, staged puts, clear plans) live in
+The records (units, partitions, candidate sets, staged puts, clear plans) live in
 :mod:`store.controller.records`.
 """
 
@@ -40,23 +44,32 @@ import uuid
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from rayless.store.controller.column_puts import ColumnPuts
 from rayless.store.controller.records import (
-    _NO_CUSTOM,
+    LOST,
+    STAGED,
     ClearPlan,
     EnvShards,
     UnitInfo,
     _check_fields,
     _check_name,
+    _IndexTable,
     _Partition,
     _positions_by_partition,
-    _Sample,
     _Staging,
+    as_indexes,
 )
 from rayless.store.controller.records import (
     MODES as MODES,
 )
-from rayless.store.controller.samplers import Sampler, make_sampler
+from rayless.store.controller.samplers import (
+    Sampler,
+    SeqlenBalancedSampler,
+    SequentialSampler,
+    make_sampler,
+)
 from rayless.store.data.meta import NO_CUSTOM, BatchMeta
 from rayless.store.data.schema import DataUpdate, FieldSchema, check_plain
 from rayless.store.errors import (
@@ -115,6 +128,13 @@ def check_group_size(
     return size
 
 
+def _sequential(chooser: Sampler) -> bool:
+    """Whether ``chooser`` takes the oldest candidates (then a fetch needs no candidate list)."""
+    if type(chooser) is SequentialSampler:
+        return True
+    return type(chooser) is SeqlenBalancedSampler and chooser.n is None
+
+
 class ControllerState:
     """The store controller's state. See the module docstring for the rules it keeps."""
 
@@ -124,7 +144,10 @@ class ControllerState:
         self._units: list[UnitInfo] = []
         self._unit_by_id: dict[str, UnitInfo] = {}
         self._partitions: dict[str, _Partition] = {}
-        self._owner: dict[int, str] = {}  # allocated index -> partition
+        self._by_code: dict[int, str] = {}  # partition code -> name
+        self._codes = 0
+        self._where = _IndexTable()  # global index -> (partition code, position)
+        self._allocated = 0
         self._free: list[int] = []  # heap of reusable indexes
         self._pending: set[int] = set()  # cleared, waiting for release
         self._next_index = 0
@@ -132,6 +155,7 @@ class ControllerState:
         self._samplers: dict[tuple[str, str, str], Sampler] = {}
         self._staging: dict[int, _Staging] = {}  # allocation serial -> uncommitted put
         self.column_puts = ColumnPuts()  # column-wise puts whose units have not all written
+        self.positions_examined = 0  # by fetches' candidate sets, for tests and monitoring
 
     # -- status --------------------------------------------------------------------------
 
@@ -141,32 +165,35 @@ class ControllerState:
 
     def shard_of(self, index: int) -> int:
         """The shard that holds allocated sample ``index``. Raises StoreInputError."""
-        partition = self._owner.get(index)
-        if partition is None:
+        idx = as_indexes([index])
+        inside = 0 <= index < len(self._where.part)
+        code = int(self._where.part[idx[0]]) if inside else -1
+        if code < 0:
             raise StoreInputError(f"index {index} is not allocated")
-        return self._partitions[partition].samples[index].shard
+        part = self._partitions[self._by_code[code]]
+        return int(part.shard[self._where.pos[index]])
 
     def production_status(self, partition: str) -> dict[str, Any]:
         """``{"samples": n, "lost": lost with their unit, "fields": {field: ready count},
         "schemas": {...}}`` of a partition."""
         part = self._part(partition)
         return {
-            "samples": len(part.samples),
-            "lost": sum(1 for s in part.samples.values() if s.lost_on is not None),
-            "fields": {f: len(r) for f, r in part.ready.items()},
+            "samples": part.live,
+            "lost": int(np.count_nonzero(part.flags[: part.n] & LOST)),
+            "fields": dict(part.ready_count),
             "schemas": {f: s.to_dict() for f, s in part.schemas.items()},
         }
 
     def consumption_status(self, partition: str, task: str) -> dict[str, int]:
         """``{"samples": n, "consumed": c}`` for ``task`` in ``partition``."""
         part = self._part(partition)
-        return {"samples": len(part.samples), "consumed": len(part.consumed.get(task, ()))}
+        return {"samples": part.live, "consumed": part.consumed_count.get(task, 0)}
 
     def stats(self) -> dict[str, Any]:
         """Counts for monitoring: partitions, allocated, free, pending release, units."""
         return {
             "partitions": len(self._partitions),
-            "allocated": len(self._owner),
+            "allocated": self._allocated,
             "free": len(self._free),
             "pending_release": len(self._pending),
             "staged": sum(len(st.members) for st in self._staging.values()),
@@ -174,6 +201,16 @@ class ControllerState:
             "high_water": self._next_index,
             "units": [u.to_dict() for u in self._units],
         }
+
+    def state_bytes(self) -> int:
+        """Bytes held by the partitions' columns and bitmaps (the per-sample state)."""
+        total = self._where.part.nbytes + self._where.pos.nbytes
+        for part in self._partitions.values():
+            cols = (part.index, part.shard, part.gen, part.group, part.flags)
+            total += sum(c.nbytes for c in cols)
+            total += sum(b.nbytes for b in (*part.ready.values(), *part.consumed.values()))
+            total += sum(t.bits.nbytes + t.in_heap.nbytes for t in part.trackers.values())
+        return total
 
     # -- lookups, meta checks, metas -------------------------------------------------------
 
@@ -189,36 +226,49 @@ class ControllerState:
             raise StoreInputError(f"unknown storage unit {unit_id!r}")
         return info
 
+    def _positions(self, part: _Partition, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(found, pos)`` of global indexes ``idx`` in ``part``."""
+        return self._where.lookup(part.code, idx)
+
+    def _existing(self, part: _Partition, indexes: Sequence[int], what: str) -> np.ndarray:
+        """Positions of ``indexes`` (all in ``part``). Raises StoreInputError naming ``what``."""
+        idx = as_indexes(indexes)
+        found, pos = self._positions(part, idx)
+        if not found.all():
+            raise StoreInputError(f"samples {idx[~found][:8].tolist()} {what}")
+        return pos
+
     def check_meta(self, meta: BatchMeta) -> None:
         """Raise ForeignMetaError/StaleMetaError unless every sample of ``meta`` still exists."""
         if not isinstance(meta, BatchMeta):
             raise StoreInputError(f"expected a BatchMeta, got {type(meta).__name__}")
         if meta.store_id != self.store_id:
             raise ForeignMetaError(f"the meta comes from store {meta.store_id!r}")
-        ids = meta.partition_ids
-        if ids and ids.count(ids[0]) == len(ids) and ids[0] in self._partitions:
-            samples = self._partitions[ids[0]].samples  # one partition: the quick pass
-            for index, gen, shard in zip(
-                meta.global_indexes, meta.generations, meta.shards, strict=True
-            ):
-                sample = samples.get(index)
-                if sample is None or sample.generation != gen or sample.shard != shard:
-                    break
-            else:
-                return
-        for part_id, index, gen, shard in zip(
-            meta.partition_ids, meta.global_indexes, meta.generations, meta.shards, strict=True
-        ):
+        for part_id, positions in _positions_by_partition(meta).items():
             part = self._partitions.get(part_id)
-            sample = part.samples.get(index) if part is not None else None
-            if sample is None or sample.generation != gen:
+            idx = as_indexes([meta.global_indexes[p] for p in positions])
+            if part is None:
+                raise StaleMetaError(
+                    f"sample {int(idx[0])} of partition {part_id!r} was cleared since the meta "
+                    "was made"
+                )
+            found, pos = self._positions(part, idx)
+            gens = as_indexes([meta.generations[p] for p in positions])
+            found &= part.gen[np.where(found, pos, 0)] == gens
+            if not found.all():
+                index = int(idx[~found][0])
                 raise StaleMetaError(
                     f"sample {index} of partition {part_id!r} was cleared since the meta was made"
                 )
-            if shard != sample.shard:
+            shards = [meta.shards[p] for p in positions]
+            have = part.shard[pos]
+            if not all(isinstance(s, int) for s in shards) or not np.array_equal(
+                have, np.asarray(shards, dtype=np.int64)
+            ):
+                k = next(k for k, s in enumerate(shards) if s != int(have[k]))
                 raise StoreInputError(
-                    f"the meta puts sample {index} of {part_id!r} on shard {shard!r}; it lives "
-                    f"on shard {sample.shard} (a forged or corrupted meta)"
+                    f"the meta puts sample {int(idx[k])} of {part_id!r} on shard {shards[k]!r}; "
+                    f"it lives on shard {int(have[k])} (a forged or corrupted meta)"
                 )
 
     def check_schemas(self, partition: str, schemas: Mapping[str, FieldSchema]) -> None:
@@ -230,52 +280,59 @@ class ControllerState:
             if part is not None and name in part.schemas:
                 part.schemas[name].merged(schema, name)
 
+    @staticmethod
+    def _ready_for_all(part: _Partition, pos: np.ndarray) -> list[str]:
+        """The fields every one of ``pos`` holds."""
+        return [f for f, bits in part.ready.items() if bits[pos].all()]
+
     def meta_of(
         self, partition: str, indexes: Sequence[int], fields: Sequence[str] | None = None
     ) -> BatchMeta:
         """A meta for existing samples with the given fields (default: all their ready fields)."""
         part = self._part(partition)
-        idx = list(indexes)
-        missing = [i for i in idx if i not in part.samples]
-        if missing:
-            raise StoreInputError(f"samples {missing[:8]} are not in partition {partition!r}")
-        if len(set(idx)) != len(idx):
+        pos = self._existing(part, list(indexes), f"are not in partition {partition!r}")
+        if len(np.unique(pos)) != len(pos):
             raise StoreInputError("indexes must be distinct")
         if fields is None:
-            names = [f for f, r in part.ready.items() if all(i in r for i in idx)]
+            names = self._ready_for_all(part, pos)
         else:
             names = _check_fields(fields)
             unknown = [f for f in names if f not in part.schemas]
             if unknown:
                 raise UnknownFieldError(f"fields {unknown} are not in partition {partition!r}")
-        return self._meta(partition, part, idx, names)
+        return self._meta(partition, part, pos, names)
 
     def _meta(
-        self, partition: str, part: _Partition, idx: list[int], names: list[str]
+        self, partition: str, part: _Partition, pos: np.ndarray, names: list[str]
     ) -> BatchMeta:
-        samples = [part.samples[i] for i in idx]
+        idx = part.index[pos].tolist()
         shapes = {
             f: tuple(part.shapes.get(f, {}).get(i) for i in idx)
             for f in names
             if f in part.schemas and part.schemas[f].is_nested
         }
+        if part.custom:
+            got = [part.custom.get(p) for p in pos.tolist()]
+            custom = tuple(dict(c) if c else NO_CUSTOM for c in got)
+        else:
+            custom = (NO_CUSTOM,) * len(idx)
         return BatchMeta(
             self.store_id,
             tuple(idx),
             (partition,) * len(idx),
-            tuple(s.shard for s in samples),
-            tuple(s.generation for s in samples),
+            tuple(part.shard[pos].tolist()),
+            tuple(part.gen[pos].tolist()),
             {f: part.schemas[f] for f in names if f in part.schemas},
-            tuple(dict(s.custom) if s.custom else NO_CUSTOM for s in samples),
+            custom,
             shapes,
         )
 
     @staticmethod
     def _check_custom(
         custom: Sequence[Mapping[str, Any]] | None, n: int
-    ) -> list[Mapping[str, Any]]:
+    ) -> list[Mapping[str, Any]] | None:
         if custom is None:
-            return [_NO_CUSTOM] * n  # shared and read-only: samples copy it out
+            return None
         if len(custom) != n:
             raise StoreInputError(f"custom_meta has {len(custom)} entries for {n} samples")
         out: list[Mapping[str, Any]] = []
@@ -289,29 +346,33 @@ class ControllerState:
     def set_custom_meta(self, meta: BatchMeta, custom_meta: Sequence[Mapping[str, Any]]) -> None:
         """Replace the custom metadata of ``meta``'s samples (one plain dict per sample)."""
         self.check_meta(meta)
-        custom = self._check_custom(custom_meta, meta.size)
+        custom = self._check_custom(custom_meta, meta.size) or []
         for part_id, index, item in zip(
             meta.partition_ids, meta.global_indexes, custom, strict=True
         ):
-            self._partitions[part_id].samples[index].custom = item
+            part = self._partitions[part_id]
+            pos = int(self._where.pos[index])
+            if item:
+                part.custom[pos] = item
+            else:
+                part.custom.pop(pos, None)
 
-    @staticmethod
     def _apply_update(
-        part: _Partition, update: DataUpdate, merged: Mapping[str, FieldSchema]
+        self, part: _Partition, update: DataUpdate, merged: Mapping[str, FieldSchema]
     ) -> None:
         idx = list(update.indexes)
+        pos = self._where.pos[as_indexes(idx)]
         part.schemas.update(merged)
-        for name in merged:
-            part.ready.setdefault(name, set()).update(idx)
         for name, shapes in update.sample_shapes.items():
             part.shapes.setdefault(name, {}).update(zip(idx, shapes, strict=True))
-        for i in idx:
-            part.samples[i].lost_on = None
+        part.flags[pos] &= ~np.uint8(LOST)
+        for name in merged:
+            part.set_ready(name, pos)
 
     def _drop_empty_schemas(self, part: _Partition) -> None:
         # A field no sample holds any more forgets its schema (it may come back as anything).
-        for name in [f for f, r in part.ready.items() if not r]:
-            del part.ready[name]
+        for name in [f for f, k in part.ready_count.items() if not k]:
+            del part.ready[name], part.ready_count[name]
             part.schemas.pop(name, None)
             part.shapes.pop(name, None)
 
@@ -356,17 +417,17 @@ class ControllerState:
         info.alive = False
         affected: dict[str, list[int]] = {}
         for name, part in self._partitions.items():
-            lost = [i for i, s in part.samples.items() if s.shard == info.shard]
-            if not lost:
+            n = part.n
+            pos = np.flatnonzero((part.index[:n] >= 0) & (part.shard[:n] == info.shard))
+            if not len(pos):
                 continue
+            lost = part.index[pos].tolist()
             affected[name] = lost
             part.losses += 1
             part.lost_unit = unit_id
-            lost_set = set(lost)
-            for i in lost:
-                part.samples[i].lost_on = unit_id
-            for ready in part.ready.values():
-                ready -= lost_set
+            part.flags[pos] |= np.uint8(LOST)
+            for field_name in list(part.ready):
+                part.unset_ready(field_name, pos)
             for shapes in part.shapes.values():
                 for i in lost:
                     shapes.pop(i, None)
@@ -395,8 +456,11 @@ class ControllerState:
         clear them, or rewrite them once the unit registered again. Raises UnknownPartitionError.
         """
         part = self._part(partition)
-        lost = [i for i, s in part.samples.items() if s.lost_on is not None and not s.staged]
-        return self._meta(partition, part, lost, [])
+        flags = part.flags[: part.n]
+        pos = np.flatnonzero(
+            (part.index[: part.n] >= 0) & (flags & LOST > 0) & (flags & STAGED == 0)
+        )
+        return self._meta(partition, part, pos, [])
 
     def check_readable(self, meta: BatchMeta) -> None:
         """Raise unless every field of ``meta`` can be read for every sample.
@@ -419,26 +483,24 @@ class ControllerState:
         self.check_meta(meta)
         lost: dict[int, str] = {}
         all_alive = all(u.alive for u in self._units)
+        dead = np.asarray([not u.alive for u in self._units], dtype=bool)
         for part_id, positions in _positions_by_partition(meta).items():
             part = self._partitions[part_id]
-            live: list[int] = []
+            at = self._where.pos[as_indexes([meta.global_indexes[p] for p in positions])]
             if all_alive and not part.losses:  # nothing of it was ever lost
-                live = [meta.global_indexes[pos] for pos in positions]
-                positions = []
-            for pos in positions:
-                sample = part.samples[meta.global_indexes[pos]]
-                if sample.lost_on is not None:
-                    lost[pos] = sample.lost_on
-                elif not self._units[sample.shard].alive:
-                    lost[pos] = self._units[sample.shard].unit_id
-                else:
-                    live.append(meta.global_indexes[pos])
+                live = at
+            else:
+                gone = (part.flags[at] & LOST > 0) | dead[part.shard[at]]
+                for k in np.flatnonzero(gone).tolist():
+                    lost[positions[k]] = self._units[int(part.shard[at[k]])].unit_id
+                live = at[~gone]
             for name in meta.field_schemas:
-                ready = part.ready.get(name, set())
-                missing = [] if ready.issuperset(live) else [i for i in live if i not in ready]
-                if missing:
+                bits = part.ready.get(name)
+                ok = bits[live] if bits is not None else np.zeros(len(live), dtype=bool)
+                if not ok.all():
+                    missing = part.index[live[~ok]][:8].tolist()
                     raise UnknownFieldError(
-                        f"field {name!r} is not written for samples {missing[:8]} of {part_id!r}"
+                        f"field {name!r} is not written for samples {missing} of {part_id!r}"
                     )
         return dict(sorted(lost.items()))
 
@@ -523,7 +585,9 @@ class ControllerState:
         serial = self._serial
         part = self._partitions.get(partition)
         if part is None:
-            part = self._partitions[partition] = _Partition(created=serial)
+            self._codes += 1
+            part = self._partitions[partition] = _Partition(self._codes, created=serial)
+            self._by_code[part.code] = partition
         staged = atomic and n > 0 and bool(schemas)
         free = self._free
         if n >= len(free):  # all of them (a put after a clear of as many): sort, don't pop
@@ -533,22 +597,38 @@ class ControllerState:
             reused = [heapq.heappop(free) for _ in range(n)]
         start = self._next_index
         self._next_index += n - len(reused)
-        indexes = reused + list(range(start, self._next_index))
-        shards = shards_by_env or [alive[index % len(alive)] for index in indexes]
-        if group_ids is not None:
-            groups: Sequence[Hashable] = group_ids
-            for g in group_ids:
-                part.group_count[g] = part.group_count.get(g, 0) + 1
+        idx = np.concatenate(
+            [np.asarray(reused, dtype=np.int64), np.arange(start, self._next_index)]
+        )
+        if shards_by_env is not None:
+            shards = np.asarray(shards_by_env, dtype=np.int32)
         else:
-            groups = [("#alloc", serial, pos) for pos in range(n)]
-        samples = part.samples
-        for index, shard, group, extra, key in zip(
-            indexes, shards, groups, custom, keys if keys is not None else [None] * n, strict=True
-        ):
-            samples[index] = _Sample(shard, serial, group, extra, None, staged, key)
+            shards = np.asarray(alive, dtype=np.int32)[idx % len(alive)]
+        part.reserve(n)
+        self._where.reserve(self._next_index)
+        first = part.n
+        pos = np.arange(first, first + n)
+        part.index[pos] = idx
+        part.shard[pos] = shards
+        part.gen[pos] = serial
+        part.flags[pos] = STAGED if staged else 0
+        if group_ids is not None:
+            part.group[pos] = [part.code_group(g) for g in group_ids]
+        else:
+            part.group[pos] = -1 - np.arange(n)
+        part.n += n
+        part.live += n
+        self._allocated += n
+        if custom is not None:
+            for p, extra in zip(pos.tolist(), custom, strict=True):
+                if extra:
+                    part.custom[p] = extra
+        indexes = idx.tolist()
         if keys is not None:
             part.keys.update(zip(keys, indexes, strict=True))
-        self._owner.update(dict.fromkeys(indexes, partition))
+            part.key_at.update(zip(pos.tolist(), keys, strict=True))
+        self._where.part[idx] = part.code
+        self._where.pos[idx] = pos
         if fixed is not None:
             part.group_size = fixed
         if staged:
@@ -557,10 +637,10 @@ class ControllerState:
             self.store_id,
             tuple(indexes),
             (partition,) * n,
-            tuple(shards),
+            tuple(shards.tolist()),
             (serial,) * n,
             schemas,
-            tuple(dict(c) for c in custom) if custom_meta is not None else (),  # () : all empty
+            tuple(dict(c) for c in custom) if custom is not None else (),  # () : all empty
         )
 
     # -- data updates, put checks, column-wise puts ----------------------------------------
@@ -584,12 +664,13 @@ class ControllerState:
         fresh: dict[str, dict[str, list[int]]] = {}
         for part_id, positions in _positions_by_partition(meta).items():
             part = self._partitions[part_id]
+            idx = as_indexes([meta.global_indexes[p] for p in positions])
+            at = self._where.pos[idx]
             for name in schemas:
-                ready = part.ready.get(name, set())
-                new = [meta.global_indexes[p] for p in positions]
-                new = [i for i in new if i not in ready]
-                if new:
-                    fresh.setdefault(part_id, {})[name] = new
+                bits = part.ready.get(name)
+                new = idx if bits is None else idx[~bits[at]]
+                if len(new):
+                    fresh.setdefault(part_id, {})[name] = new.tolist()
         return fresh
 
     def drop_fields(
@@ -611,10 +692,10 @@ class ControllerState:
             part = self._partitions[part_id]
             for name, indexes in fields.items():
                 idx = list(indexes)
-                part.ready.get(name, set()).difference_update(idx)
-                for i in idx:
+                at = self._where.pos[as_indexes(idx)]
+                part.unset_ready(name, at)
+                for i, shard in zip(idx, part.shard[at].tolist(), strict=True):
                     part.shapes.get(name, {}).pop(i, None)
-                    shard = part.samples[i].shard
                     rows.setdefault(shard, {}).setdefault(part_id, {}).setdefault(name, [])
                     rows[shard][part_id][name].append(i)
             self._drop_empty_schemas(part)
@@ -637,10 +718,13 @@ class ControllerState:
         idx = list(update.indexes)
         if len(set(idx)) != len(idx):
             raise StoreInputError("a data update names an index twice")
-        wrong = [i for i in idx if i not in part.samples or part.samples[i].shard != info.shard]
-        if wrong:
+        arr = as_indexes(idx)
+        found, at = self._positions(part, arr)
+        found &= part.shard[np.where(found, at, 0)] == info.shard
+        if not found.all():
             raise StoreInputError(
-                f"samples {wrong[:8]} of {update.partition!r} are not allocated on unit {unit_id!r}"
+                f"samples {arr[~found][:8].tolist()} of {update.partition!r} are not allocated "
+                f"on unit {unit_id!r}"
             )
         merged: dict[str, FieldSchema] = {}
         for name, schema in update.schemas.items():
@@ -655,13 +739,15 @@ class ControllerState:
             return []
         if update.put_id is not None:  # a column-wise put: ready once all its units wrote
             return self.column_puts.on_update(update, self._apply_column_update)
-        serials = {part.samples[i].generation for i in idx if part.samples[i].staged}
+        staged_at = at[part.flags[at] & STAGED > 0]
+        serials = set(part.gen[staged_at].tolist())
         if not serials:
             self._apply_update(part, update, merged)
             return idx
         staging = self._staging.get(next(iter(serials)))
         if (
             len(serials) != 1
+            or len(staged_at) != len(at)
             or staging is None
             or staging.partition != update.partition
             or not set(idx) <= staging.members
@@ -679,6 +765,8 @@ class ControllerState:
                 old = schemas.get(name)
                 schemas[name] = schema if old is None else old.merged(schema, name)
         del self._staging[next(iter(serials))]
+        members = self._where.pos[as_indexes(sorted(staging.members))]
+        part.flags[members] &= ~np.uint8(STAGED)
         for upd in updates:
             keep = [k for k, i in enumerate(upd.indexes) if i in staging.members]
             sub = DataUpdate(
@@ -688,9 +776,7 @@ class ControllerState:
                 {f: [shapes[k] for k in keep] for f, shapes in upd.sample_shapes.items()},
             )
             self._apply_update(part, sub, {n: schemas[n] for n in upd.schemas})
-        for i in staging.members:
-            part.samples[i].staged = False
-        return [i for i in staging.order if i in part.samples]
+        return [i for i in staging.order if i in staging.members]
 
     def _apply_column_update(
         self, update: DataUpdate, generations: Mapping[tuple[str, int], int]
@@ -700,11 +786,13 @@ class ControllerState:
         part = self._partitions.get(update.partition)
         if part is None:
             return []
+        arr = as_indexes(list(update.indexes))
+        found, at = self._positions(part, arr)
+        gens = part.gen[np.where(found, at, 0)].tolist()
         keep = [
             k
             for k, i in enumerate(update.indexes)
-            if i in part.samples
-            and part.samples[i].generation == generations.get((update.partition, i))
+            if found[k] and gens[k] == generations.get((update.partition, i))
         ]
         sub = DataUpdate(
             update.partition,
@@ -736,15 +824,18 @@ class ControllerState:
             if part is None:
                 continue
             for name, indexes in fields.items():
-                ready = part.ready.get(name, set())
-                for i in indexes:
-                    sample = part.samples.get(i)
-                    if sample is None or i in ready:
-                        continue  # gone, or written by a later put
-                    if sample.generation != put.generations.get((part_id, i)):
+                bits = part.ready.get(name)
+                arr = as_indexes(list(indexes))
+                found, at = self._positions(part, arr)
+                safe = np.where(found, at, 0)
+                if bits is not None:
+                    found &= ~bits[safe]  # gone, or written by a later put
+                gens, shards = part.gen[safe].tolist(), part.shard[safe].tolist()
+                for k, i in enumerate(indexes):
+                    if not found[k] or gens[k] != put.generations.get((part_id, i)):
                         continue
-                    rows.setdefault(sample.shard, {}).setdefault(part_id, {}).setdefault(name, [])
-                    rows[sample.shard][part_id][name].append(i)
+                    rows.setdefault(shards[k], {}).setdefault(part_id, {}).setdefault(name, [])
+                    rows[shards[k]][part_id][name].append(i)
         return rows
 
     def begin_column_put(
@@ -771,17 +862,10 @@ class ControllerState:
         part = self._partitions.get(partition)
         if part is None:
             return []
-        sets = [part.ready.get(f) for f in names]
-        if any(s is None for s in sets):
+        mask = part.mask(names, task)
+        if mask is None:
             return []
-        ready_sets = sorted((s for s in sets if s is not None), key=len)
-        consumed = part.consumed.get(task, set()) if task is not None else set()
-        first = ready_sets[0]
-        return [
-            i
-            for i in part.samples
-            if i in first and i not in consumed and all(i in s for s in ready_sets[1:])
-        ]
+        return part.index[np.flatnonzero(mask)].tolist()
 
     def _sampler(self, partition: str, task: str, spec: Any) -> Sampler:
         if spec is None or isinstance(spec, (str, Mapping)):
@@ -806,8 +890,11 @@ class ControllerState:
         ``mode="fetch"`` marks them consumed by ``task``; ``"peek"`` does not. ``batch_size``
         None takes every candidate now (possibly none; never returns None). An unknown
         partition or field only means "not ready yet". ``sampler`` is a Sampler or a spec; a
-        spec's sampler is kept per (partition, task) so seeded random draws advance.
-        Raises StoreInputError for bad arguments.
+        spec's sampler is kept per (partition, task) so seeded random draws advance. The
+        sequential sampler takes the oldest candidates from the (task, fields) candidate set
+        (O(batch)); other samplers get every candidate.
+        Raises StoreInputError for bad arguments, StoreError for a sampler that picks
+        samples that are not candidates.
         """
         _check_name(partition, "partition")
         _check_name(task, "task")
@@ -819,37 +906,54 @@ class ControllerState:
         ):
             raise StoreInputError(f"batch_size must be a positive int or None, got {batch_size!r}")
         chooser = self._sampler(partition, task, sampler)
-        candidates = self.ready_indexes(partition, names, task)
         part = self._partitions.get(partition)
-        chosen: list[int] = candidates
-        if batch_size is not None:
-            group_size = getattr(chooser, "n", 1) or 1
-            grouped = getattr(chooser, "n", None) is not None
-            if grouped and part is not None:
-                self.check_group_n(part, partition, group_size)
-                if part.group_size is None and batch_size % group_size == 0:
-                    part.group_size = group_size  # later group puts must fit it
-            if part is None or len(candidates) < batch_size:
-                return None
-            samples = part.samples
-
-            def group_of(index: int) -> Hashable:
-                g = samples[index].group
-                if isinstance(g, tuple) and g[:1] == ("#alloc",):
-                    return (g[1], g[2] // group_size)
-                return g
-
-            picked = chooser.select(candidates, batch_size, group_of)
+        if part is None:
+            return None if batch_size is not None else BatchMeta(self.store_id, (), (), (), (), {})
+        cand = part.tracker(task, names)
+        before = cand.examined
+        if batch_size is None:
+            pos = cand.all()
+        else:
+            picked = self._pick(partition, part, cand, chooser, batch_size)
             if picked is None:
                 return None
-            if len(set(picked)) != len(picked) or not set(picked) <= set(candidates):
-                raise StoreError(f"sampler {chooser!r} picked samples that are not candidates")
-            chosen = picked
-        if part is None:
-            return BatchMeta(self.store_id, (), (), (), (), {})
+            pos = picked
+        self.positions_examined += cand.examined - before
         if mode == "fetch":
-            part.consumed.setdefault(task, set()).update(chosen)
-        return self._meta(partition, part, list(chosen), names)
+            part.consume(task, pos)
+        return self._meta(partition, part, pos, names)
+
+    def _pick(
+        self,
+        partition: str,
+        part: _Partition,
+        cand: Any,
+        chooser: Sampler,
+        batch_size: int,
+    ) -> np.ndarray | None:
+        """The positions ``chooser`` picks out of ``cand``, or None if too few."""
+        group_size = getattr(chooser, "n", 1) or 1
+        if getattr(chooser, "n", None) is not None:
+            self.check_group_n(part, partition, group_size)
+            if part.group_size is None and batch_size % group_size == 0:
+                part.group_size = group_size  # later group puts must fit it
+        if cand.count < batch_size:
+            return None
+        if _sequential(chooser):
+            return cand.take(batch_size)  # type: ignore[no-any-return]
+        at = cand.all()
+        candidates = part.index[at].tolist()
+        where = self._where
+
+        def group_of(index: int) -> Hashable:
+            return part.group_of_pos(int(where.pos[index]), group_size)
+
+        picked = chooser.select(candidates, batch_size, group_of)
+        if picked is None:
+            return None
+        if len(set(picked)) != len(picked) or not set(picked) <= set(candidates):
+            raise StoreError(f"sampler {chooser!r} picked samples that are not candidates")
+        return where.pos[as_indexes(list(picked))]
 
     def reset_consumption(
         self, task: str | None, partition: str | None = None, meta: BatchMeta | None = None
@@ -864,18 +968,14 @@ class ControllerState:
             if partition is not None and set(meta.partition_ids) - {partition}:
                 raise StoreInputError(f"the meta's samples are not all in {partition!r}")
             for part_id, positions in _positions_by_partition(meta).items():
-                consumed = self._partitions[part_id].consumed
-                sets = list(consumed.values()) if task is None else [consumed.get(task)]
-                for done in sets:
-                    if done is not None:
-                        done.difference_update(meta.global_indexes[p] for p in positions)
+                part = self._partitions[part_id]
+                at = self._where.pos[as_indexes([meta.global_indexes[p] for p in positions])]
+                for t in list(part.consumed) if task is None else [task]:
+                    part.unconsume(t, at)
             return
         parts = [self._part(partition)] if partition is not None else self._partitions.values()
         for part in parts:
-            if task is None:
-                part.consumed.clear()
-            else:
-                part.consumed.pop(task, None)
+            part.forget_task(task)
 
     # -- clears, aborts, release -----------------------------------------------------------
 
@@ -894,32 +994,38 @@ class ControllerState:
         live: dict[str, list[int]] = {}
         for part_id, positions in _positions_by_partition(meta).items():
             part = self._partitions.get(part_id)
-            for p in positions:
-                index, shard = meta.global_indexes[p], meta.shards[p]
-                sample = part.samples.get(index) if part is not None else None
-                if sample is None or sample.generation != meta.generations[p]:
+            if part is None:
+                continue
+            idx = as_indexes([meta.global_indexes[p] for p in positions])
+            found, at = self._positions(part, idx)
+            safe = np.where(found, at, 0)
+            gens, shards = part.gen[safe].tolist(), part.shard[safe].tolist()
+            for k, p in enumerate(positions):
+                if not found[k] or gens[k] != meta.generations[p]:
                     continue  # cleared already (its index may be another sample's now)
-                if shard != sample.shard:
+                if meta.shards[p] != shards[k]:
                     raise StoreInputError(
-                        f"the meta puts sample {index} of {part_id!r} on shard {shard!r}; it "
-                        f"lives on shard {sample.shard} (a forged or corrupted meta)"
+                        f"the meta puts sample {int(idx[k])} of {part_id!r} on shard "
+                        f"{meta.shards[p]!r}; it lives on shard {shards[k]} (a forged or "
+                        "corrupted meta)"
                     )
-                live.setdefault(part_id, []).append(index)
+                live.setdefault(part_id, []).append(int(at[k]))
         plan = ClearPlan()
-        for part_id, indexes in live.items():
-            self._remove(part_id, indexes, plan)
+        for part_id, at_list in live.items():
+            self._remove(part_id, np.unique(np.asarray(at_list, dtype=np.int64)), plan)
         return plan
 
     def clear_partition(self, partition: str) -> ClearPlan:
         """Remove a whole partition; see :meth:`clear`. Raises UnknownPartitionError."""
         part = self._part(partition)
         plan = ClearPlan()
-        self._remove(partition, list(part.samples), plan)
+        self._remove(partition, np.flatnonzero(part.index[: part.n] >= 0), plan)
         self._drop_partition(partition)
         return plan
 
     def _drop_partition(self, partition: str) -> None:
-        del self._partitions[partition]
+        part = self._partitions.pop(partition)
+        del self._by_code[part.code]
         for key in [k for k in self._samplers if k[0] == partition]:
             del self._samplers[key]
 
@@ -943,41 +1049,41 @@ class ControllerState:
         serials = set(meta.generations)
         for part_id in dict.fromkeys(meta.partition_ids):
             part = self._partitions.get(part_id)
-            if part is not None and not part.samples and part.created in serials:
+            if part is not None and not part.live and part.created in serials:
                 self._drop_partition(part_id)
         return plan
 
-    def _remove(self, partition: str, indexes: list[int], plan: ClearPlan) -> None:
+    def _remove(self, partition: str, at: np.ndarray, plan: ClearPlan) -> None:
+        """Remove the samples at positions ``at`` (distinct, in allocation order)."""
         part = self._partitions[partition]
-        gone = set(indexes)
-        for i in indexes:
-            sample = part.samples.pop(i)
-            if sample.staged:
-                staging = self._staging.get(sample.generation)
+        indexes = part.index[at].tolist()
+        shards = part.shard[at].tolist()
+        staged = (part.flags[at] & STAGED > 0).tolist()
+        gens = part.gen[at].tolist()
+        for k, (p, i) in enumerate(zip(at.tolist(), indexes, strict=True)):
+            if staged[k]:
+                staging = self._staging.get(gens[k])
                 if staging is not None:
                     staging.members.discard(i)
                     staging.waiting.discard(i)
                     if not staging.members:
-                        del self._staging[sample.generation]
-            if sample.key is not None:
-                part.keys.pop(sample.key, None)
-            count = part.group_count.get(sample.group)
-            if count is not None:
-                if count <= 1:
-                    del part.group_count[sample.group]
-                else:
-                    part.group_count[sample.group] = count - 1
-            plan.shards.setdefault(sample.shard, {}).setdefault(partition, []).append(i)
-            del self._owner[i]
-            self._pending.add(i)
-            plan.indexes.append(i)
-        for sets in (part.ready, part.consumed):
-            for s in sets.values():
-                s -= gone
+                        del self._staging[gens[k]]
+            key = part.key_at.pop(p, None)
+            if key is not None:
+                part.keys.pop(key, None)
+            part.uncount_group(p)
+            plan.shards.setdefault(shards[k], {}).setdefault(partition, []).append(i)
+        self._pending.update(indexes)
+        plan.indexes.extend(indexes)
+        self._where.part[part.index[at]] = -1
+        self._allocated -= len(indexes)
         for shapes in part.shapes.values():
             for i in indexes:
                 shapes.pop(i, None)
+        part.drop(at)
         self._drop_empty_schemas(part)
+        if part.n >= 4096 and 4 * part.live < part.n:
+            part.compact(self._where)
 
     def release(self, indexes: Iterable[int]) -> None:
         """Make cleared indexes reusable (after the units deleted their rows)."""
@@ -1032,8 +1138,9 @@ class ControllerState:
         missing = [pos for pos, k in enumerate(keys) if k not in table]
         if part is None:
             return BatchMeta(self.store_id, (), (), (), (), {}), missing
-        names = [f for f, r in part.ready.items() if all(i in r for i in found)] if found else []
-        return self._meta(partition, part, found, names), missing
+        at = self._where.pos[as_indexes(found)]
+        names = self._ready_for_all(part, at) if found else []
+        return self._meta(partition, part, at, names), missing
 
     def kv_meta(
         self, partition: str, keys: Sequence[str], fields: Sequence[str] | None = None
@@ -1047,15 +1154,16 @@ class ControllerState:
             raise UnknownKeyError(f"keys {absent[:8]} are not in partition {partition!r}")
         if fields is None:
             return meta
-        idx = list(meta.global_indexes)
+        at = self._where.pos[as_indexes(list(meta.global_indexes))]
         names = list(dict.fromkeys(fields))
         for f in names:
-            ready = part.ready.get(f, set())
-            if any(i not in ready for i in idx):
-                from rayless.store.errors import UnknownFieldError
-
+            bits = part.ready.get(f)
+            if bits is None or not bits[at].all():
                 raise UnknownFieldError(f"field {f!r} is not written for every key")
-        return self._meta(partition, part, idx, names)
+        return self._meta(partition, part, at, names)
+
+    def _custom_of(self, part: _Partition, index: int) -> dict[str, Any]:
+        return dict(part.custom.get(int(self._where.pos[index]), NO_CUSTOM))
 
     def kv_list(self, partition: str | None = None) -> dict[str, dict[str, dict[str, Any]]]:
         """``{partition: {key: tags}}`` (one partition, or every one that has keys); an
@@ -1064,9 +1172,9 @@ class ControllerState:
             part = self._partitions.get(partition)
             if part is None or not part.keys:
                 return {}
-            return {partition: {k: dict(part.samples[i].custom) for k, i in part.keys.items()}}
+            return {partition: {k: self._custom_of(part, i) for k, i in part.keys.items()}}
         return {
-            name: {k: dict(p.samples[i].custom) for k, i in p.keys.items()}
+            name: {k: self._custom_of(p, i) for k, i in p.keys.items()}
             for name, p in self._partitions.items()
             if p.keys
         }
@@ -1075,14 +1183,12 @@ class ControllerState:
         """Hand ``indexes`` back to ``task`` (unconsumed again); cleared ones are skipped.
         Returns those handed back."""
         part = self._partitions.get(partition)
-        if part is None:
+        if part is None or task not in part.consumed:
             return []
-        consumed = part.consumed.get(task)
-        if consumed is None:
-            return []
-        back = [i for i in indexes if i in consumed]
-        consumed.difference_update(back)
-        return back
+        idx = as_indexes(list(indexes))
+        found, at = self._positions(part, idx)
+        back = part.unconsume(task, at[found])
+        return part.index[back].tolist()
 
     def mark_consumed(self, task: str, meta: BatchMeta) -> None:
         """Mark ``meta``'s samples consumed by ``task`` (restoring a checkpoint).
@@ -1090,39 +1196,37 @@ class ControllerState:
         if not isinstance(task, str) or not task:
             raise StoreInputError(f"task must be a non-empty str, got {task!r}")
         self.check_meta(meta)
-        for part_id, index in zip(meta.partition_ids, meta.global_indexes, strict=True):
-            self._partitions[part_id].consumed.setdefault(task, set()).add(index)
+        for part_id, positions in _positions_by_partition(meta).items():
+            at = self._where.pos[as_indexes([meta.global_indexes[p] for p in positions])]
+            self._partitions[part_id].consume(task, np.unique(at))
 
     def consumers(self) -> dict[str, dict[str, int]]:
         """``{partition: {task: consumed count}}`` for monitoring."""
-        return {
-            name: {task: len(done) for task, done in p.consumed.items()}
-            for name, p in self._partitions.items()
-        }
+        return {name: dict(p.consumed_count) for name, p in self._partitions.items()}
 
     def export_partition(self, partition: str) -> dict[str, Any]:
         """Everything a checkpoint needs of ``partition`` except the data: samples in order
         (index, key, group, custom, fields ready), consumed per task, group size.
         Raises UnknownPartitionError."""
         part = self._part(partition)
-        ready = {f: r for f, r in part.ready.items()}
+        n = part.n
+        keep = np.flatnonzero((part.index[:n] >= 0) & (part.flags[:n] == 0))
+        ready = {f: bits[keep].tolist() for f, bits in part.ready.items()}
         samples = []
-        for i, s in part.samples.items():
-            if s.staged or s.lost_on is not None:
-                continue  # not readable: an unfinished put or a lost sample
-            group = None if isinstance(s.group, tuple) and s.group[:1] == ("#alloc",) else s.group
+        for k, (p, i) in enumerate(zip(keep.tolist(), part.index[keep].tolist(), strict=True)):
+            group = part.group_value(p)
             samples.append(
                 {
                     "index": i,
-                    "key": s.key,
+                    "key": part.key_at.get(p),
                     "group": list(group) if isinstance(group, tuple) else group,
-                    "custom": dict(s.custom),
-                    "fields": sorted(f for f, r in ready.items() if i in r),
+                    "custom": dict(part.custom.get(p, NO_CUSTOM)),
+                    "fields": sorted(f for f, r in ready.items() if r[k]),
                 }
             )
-        kept = {s["index"] for s in samples}
+        consumed = {t: part.index[keep[bits[keep]]].tolist() for t, bits in part.consumed.items()}
         return {
             "samples": samples,
-            "consumed": {t: sorted(i for i in c if i in kept) for t, c in part.consumed.items()},
+            "consumed": {t: sorted(c) for t, c in consumed.items()},
             "group_size": part.group_size,
         }
