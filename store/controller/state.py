@@ -53,6 +53,7 @@ from rayless.store.controller.records import (
     ClearPlan,
     EnvShards,
     UnitInfo,
+    _Candidates,
     _check_fields,
     _check_name,
     _IndexTable,
@@ -927,7 +928,7 @@ class ControllerState:
         self,
         partition: str,
         part: _Partition,
-        cand: Any,
+        cand: _Candidates,
         chooser: Sampler,
         batch_size: int,
     ) -> np.ndarray | None:
@@ -940,7 +941,7 @@ class ControllerState:
         if cand.count < batch_size:
             return None
         if _sequential(chooser):
-            return cand.take(batch_size)  # type: ignore[no-any-return]
+            return cand.take(batch_size)
         at = cand.all()
         candidates = part.index[at].tolist()
         where = self._where

@@ -1,0 +1,117 @@
+"""Benchmark the store controller's state in process: fetch cost and bytes per sample against
+the partition's size.
+
+For each size (1k, 16k, 128k, 1M samples by default) it fills one partition with that many
+ready samples (puts of 1,024 tiny rows, one field, two units), then times a fetch of 1,024
+(``try_fetch``, sequential, the controller's part of ``get_meta``) plus ``check_readable``
+(its part of ``get``). Between timed fetches the fetched samples are cleared and 1,024 new
+ones put (untimed), so the partition holds the same number of samples throughout. Memory:
+the bytes tracemalloc counts for the filled state, divided by the samples.
+
+    python scripts/bench_controller.py [--sweep 1024,16384,131072,1048576] [--repeats 20]
+        [--random] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import tracemalloc
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from rayless.store.controller.state import ControllerState
+from rayless.store.data.schema import DataUpdate, FieldSchema
+
+BATCH = 1024
+X = FieldSchema("dense", "int64", (), "cpu")
+
+
+def put(c: ControllerState, n: int) -> None:
+    """Allocate ``n`` samples in "p" and report them written, as the units do."""
+    meta = c.allocate("p", n, schemas={"x": X})
+    for shard, positions in meta.by_shard().items():
+        idx = [meta.global_indexes[p] for p in positions]
+        c.on_data_update(f"u{shard}", DataUpdate("p", idx, {"x": X}))
+
+
+def filled(size: int) -> ControllerState:
+    """A state with two units and partition "p" holding ``size`` ready samples."""
+    c = ControllerState("bench")
+    for i in range(2):
+        c.register_unit(f"u{i}")
+    for start in range(0, size, BATCH):
+        put(c, min(BATCH, size - start))
+    return c
+
+
+def bytes_per_sample(size: int) -> float:
+    """tracemalloc's count of the state's bytes after filling ``size`` samples, per sample."""
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    c = filled(size)
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    del c
+    return used / size
+
+
+def fetch_ms(size: int, repeats: int, sampler: Any = None) -> dict[str, float]:
+    """Median ms of a fetch of 1,024 (+ check_readable) in a partition of ``size``."""
+    c = filled(size)
+    times = []
+    examined = []
+    for _ in range(repeats):
+        before = c.positions_examined
+        t = time.perf_counter()
+        meta = c.try_fetch("p", ["x"], BATCH, task="train", sampler=sampler)
+        if meta is None:
+            raise RuntimeError("the fetch found no full batch")
+        c.check_readable(meta)
+        times.append(time.perf_counter() - t)
+        examined.append(c.positions_examined - before)
+        c.release(c.clear(meta).indexes)
+        put(c, BATCH)
+    return {"ms": statistics.median(times) * 1e3, "examined": statistics.median(examined)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sweep", default="1024,16384,131072,1048576")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--random", action="store_true", help="also the random sampler")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sweep.split(",")]
+    rows = []
+    for size in sizes:
+        row: dict[str, Any] = {"samples": size, **fetch_ms(size, args.repeats)}
+        if args.random:
+            row["random_ms"] = fetch_ms(size, args.repeats, {"name": "random", "seed": 0})["ms"]
+        row["bytes_per_sample"] = bytes_per_sample(size)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    base = rows[0]["ms"]
+    print(
+        f"\n| samples | fetch 1,024 + check (ms) | x smallest | positions examined |"
+        f"{' random (ms) |' if args.random else ''} bytes/sample |"
+    )
+    print(f"|---|---|---|---|{'---|' if args.random else ''}---|")
+    for r in rows:
+        extra = f" {r['random_ms']:.2f} |" if args.random else ""
+        print(
+            f"| {r['samples']:,} | {r['ms']:.2f} | {r['ms'] / base:.2f} | {r['examined']:,.0f} |"
+            f"{extra} {r['bytes_per_sample']:.1f} |"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
