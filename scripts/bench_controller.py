@@ -23,7 +23,7 @@ import time
 import tracemalloc
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rayless.store.controller.state import ControllerState
 from rayless.store.data.schema import DataUpdate, FieldSchema
@@ -67,14 +67,14 @@ def fetch_ms(size: int, repeats: int, sampler: Any = None) -> dict[str, float]:
     times = []
     examined = []
     for _ in range(repeats):
-        before = c.positions_examined
+        before = getattr(c, "positions_examined", 0)
         t = time.perf_counter()
         meta = c.try_fetch("p", ["x"], BATCH, task="train", sampler=sampler)
         if meta is None:
             raise RuntimeError("the fetch found no full batch")
         c.check_readable(meta)
         times.append(time.perf_counter() - t)
-        examined.append(c.positions_examined - before)
+        examined.append(getattr(c, "positions_examined", 0) - before)
         c.release(c.clear(meta).indexes)
         put(c, BATCH)
     return {"ms": statistics.median(times) * 1e3, "examined": statistics.median(examined)}
