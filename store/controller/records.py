@@ -202,6 +202,7 @@ class _Partition:
     created: int = 0  # serial of the allocation that created the partition
     n: int = 0  # positions used (removed ones included until a compaction)
     live: int = 0
+    lost: int = 0  # samples flagged LOST
     index: np.ndarray = field(default_factory=lambda: np.full(_MIN_CAP, -1, dtype=np.int64))
     shard: np.ndarray = field(default_factory=lambda: np.zeros(_MIN_CAP, dtype=np.int32))
     gen: np.ndarray = field(default_factory=lambda: np.zeros(_MIN_CAP, dtype=np.int64))
@@ -237,7 +238,7 @@ class _Partition:
             {t: (b[:n].tobytes(), self.consumed_count[t]) for t, b in self.consumed.items()},
         )
         rest = (self.custom, self.key_at, self.schemas, self.shapes, self.keys, self.group_count)
-        head = (self.code, self.created, n, self.live, self.losses, self.lost_unit)
+        head = (self.code, self.created, n, self.live, self.lost, self.losses, self.lost_unit)
         return (*head, *cols, self.flags[:n].tobytes(), *bits, *rest, self.group_size)
 
     def __eq__(self, other: object) -> bool:
@@ -263,6 +264,16 @@ class _Partition:
                 bits[k] = _grown(bits[k], cap)
         for t in self.trackers.values():
             t.grow(cap)
+
+    def set_lost(self, pos: np.ndarray, lost: bool) -> None:
+        """Flag (or unflag) the samples at ``pos`` LOST, keeping the count."""
+        was = self.flags[pos] & LOST > 0
+        if lost:
+            self.flags[pos] |= np.uint8(LOST)
+            self.lost += int(np.count_nonzero(~was))
+        else:
+            self.flags[pos] &= ~np.uint8(LOST)
+            self.lost -= int(np.count_nonzero(was))
 
     def bits(self, table: dict[str, np.ndarray], name: str) -> np.ndarray:
         out = table.get(name)
@@ -412,6 +423,7 @@ class _Partition:
             cand.remove(pos)
         for p in pos.tolist():
             self.custom.pop(p, None)
+        self.set_lost(pos, False)
         self.index[pos] = -1
         self.flags[pos] = 0
         self.live -= len(pos)

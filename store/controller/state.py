@@ -180,7 +180,7 @@ class ControllerState:
         part = self._part(partition)
         return {
             "samples": part.live,
-            "lost": int(np.count_nonzero(part.flags[: part.n] & LOST)),
+            "lost": part.lost,
             "fields": dict(part.ready_count),
             "schemas": {f: s.to_dict() for f, s in part.schemas.items()},
         }
@@ -366,7 +366,7 @@ class ControllerState:
         part.schemas.update(merged)
         for name, shapes in update.sample_shapes.items():
             part.shapes.setdefault(name, {}).update(zip(idx, shapes, strict=True))
-        part.flags[pos] &= ~np.uint8(LOST)
+        part.set_lost(pos, False)
         for name in merged:
             part.set_ready(name, pos)
 
@@ -426,7 +426,7 @@ class ControllerState:
             affected[name] = lost
             part.losses += 1
             part.lost_unit = unit_id
-            part.flags[pos] |= np.uint8(LOST)
+            part.set_lost(pos, True)
             for field_name in list(part.ready):
                 part.unset_ready(field_name, pos)
             for shapes in part.shapes.values():
