@@ -5,7 +5,8 @@ For each size (1k, 16k, 128k, 1M samples by default) it fills one partition with
 ready samples (puts of 1,024 tiny rows, one field, two units), then times a fetch of 1,024
 (``try_fetch``, sequential, the controller's part of ``get_meta``) plus ``check_readable``
 (its part of ``get``). Between timed fetches the fetched samples are cleared and 1,024 new
-ones put (untimed), so the partition holds the same number of samples throughout. Memory:
+ones put (``allocate`` + the units' data updates, timed apart), so the partition holds the
+same number of samples throughout. Memory:
 the bytes tracemalloc counts for the filled state, divided by the samples.
 
     python scripts/bench_controller.py [--sweep 1024,16384,131072,1048576] [--repeats 20]
@@ -64,8 +65,7 @@ def bytes_per_sample(size: int) -> float:
 def fetch_ms(size: int, repeats: int, sampler: Any = None) -> dict[str, float]:
     """Median ms of a fetch of 1,024 (+ check_readable) in a partition of ``size``."""
     c = filled(size)
-    times = []
-    examined = []
+    times, puts, examined = [], [], []
     for _ in range(repeats):
         before = getattr(c, "positions_examined", 0)
         t = time.perf_counter()
@@ -76,8 +76,14 @@ def fetch_ms(size: int, repeats: int, sampler: Any = None) -> dict[str, float]:
         times.append(time.perf_counter() - t)
         examined.append(getattr(c, "positions_examined", 0) - before)
         c.release(c.clear(meta).indexes)
+        t = time.perf_counter()
         put(c, BATCH)
-    return {"ms": statistics.median(times) * 1e3, "examined": statistics.median(examined)}
+        puts.append(time.perf_counter() - t)
+    return {
+        "ms": statistics.median(times) * 1e3,
+        "put_ms": statistics.median(puts) * 1e3,
+        "examined": statistics.median(examined),
+    }
 
 
 def main() -> None:
@@ -98,15 +104,15 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     base = rows[0]["ms"]
     print(
-        f"\n| samples | fetch 1,024 + check (ms) | x smallest | positions examined |"
-        f"{' random (ms) |' if args.random else ''} bytes/sample |"
+        "\n| samples | fetch 1,024 + check (ms) | x smallest | positions examined |"
+        f" put 1,024 (ms) |{' random (ms) |' if args.random else ''} bytes/sample |"
     )
-    print(f"|---|---|---|---|{'---|' if args.random else ''}---|")
+    print(f"|---|---|---|---|---|{'---|' if args.random else ''}---|")
     for r in rows:
         extra = f" {r['random_ms']:.2f} |" if args.random else ""
         print(
             f"| {r['samples']:,} | {r['ms']:.2f} | {r['ms'] / base:.2f} | {r['examined']:,.0f} |"
-            f"{extra} {r['bytes_per_sample']:.1f} |"
+            f" {r['put_ms']:.2f} |{extra} {r['bytes_per_sample']:.1f} |"
         )
     if args.json:
         with open(args.json, "w") as f:
