@@ -139,6 +139,7 @@ class _Candidates:
         self.examined = 0
 
     def grow(self, cap: int) -> None:
+        """Room for ``cap`` positions."""
         self.bits = _grown(self.bits, cap)
         self.in_heap = _grown(self.in_heap, cap >> _BLOCK_BITS)
 
@@ -228,6 +229,7 @@ class _Partition:
 
     @property
     def cap(self) -> int:
+        """Positions the columns have room for."""
         return len(self.index)
 
     def _state(self) -> tuple[Any, ...]:
@@ -276,12 +278,15 @@ class _Partition:
             self.lost -= int(np.count_nonzero(was))
 
     def bits(self, table: dict[str, np.ndarray], name: str) -> np.ndarray:
+        """The bitmap ``name`` of ``table`` (ready or consumed), made empty if new."""
         out = table.get(name)
         if out is None:
             out = table[name] = np.zeros(self.cap, dtype=bool)
         return out
 
     def group_of_pos(self, pos: int, size: int) -> Hashable:
+        """The group key of the sample at ``pos`` for a grouped sampler of ``size``: its
+        explicit group, or (allocation serial, offset // size)."""
         g = int(self.group[pos])
         if g >= 0:
             return self.group_key[g]
@@ -293,6 +298,7 @@ class _Partition:
         return self.group_key[g] if g >= 0 else None
 
     def code_group(self, g: Hashable) -> int:
+        """The code of explicit group ``g`` (made if new), counting one more sample in it."""
         code = self.group_code.get(g)
         if code is None:
             code = self.group_code[g] = self.next_group
@@ -302,6 +308,7 @@ class _Partition:
         return code
 
     def uncount_group(self, pos: int) -> None:
+        """One sample fewer in the explicit group of ``pos`` (an empty group is forgotten)."""
         g = int(self.group[pos])
         if g < 0:
             return
@@ -315,6 +322,7 @@ class _Partition:
     # -- readiness and consumption (keeping the candidate sets up to date) ---------------
 
     def set_ready(self, name: str, pos: np.ndarray) -> None:
+        """Field ``name`` is written for ``pos``: new candidates where that completes a set."""
         bits = self.bits(self.ready, name)
         new = pos[~bits[pos]]
         bits[new] = True
@@ -325,6 +333,7 @@ class _Partition:
                     cand.add(self._qualify(new, task, names))
 
     def unset_ready(self, name: str, pos: np.ndarray) -> None:
+        """Field ``name`` is gone at ``pos`` (lost, dropped, cleared)."""
         bits = self.ready.get(name)
         if bits is None:
             return
@@ -336,6 +345,7 @@ class _Partition:
                 cand.remove(hit)
 
     def consume(self, task: str, pos: np.ndarray) -> None:
+        """``task`` consumed ``pos``: no longer its candidates."""
         bits = self.bits(self.consumed, task)
         new = pos[~bits[pos]]
         bits[new] = True
