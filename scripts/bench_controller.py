@@ -9,13 +9,18 @@ ones put (``allocate`` + the units' data updates, timed apart), so the partition
 same number of samples throughout. Memory:
 the bytes tracemalloc counts for the filled state, divided by the samples.
 
+``--store``: the same sweep end to end instead, through a 2-unit store on a 2-node local
+cluster (``get_meta`` of 1,024 + ``get`` of their rows, 4 float32 each; the partition grows
+by 8,192-row puts to each size, and by 1,024 after each timed fetch).
+
     python scripts/bench_controller.py [--sweep 1024,16384,131072,1048576] [--repeats 20]
-        [--random] [--json out.json]
+        [--random] [--store] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -86,14 +91,56 @@ def fetch_ms(size: int, repeats: int, sampler: Any = None) -> dict[str, float]:
     }
 
 
+async def store_sweep(sizes: list[int], repeats: int) -> list[dict[str, Any]]:
+    """Median ms of ``get_meta`` (1,024) + ``get`` through a real store at each size."""
+    import torch
+    from tensordict import TensorDict
+
+    import rayless.actors as actors
+    from rayless.store import Store
+
+    rows = []
+    async with actors.Cluster.local(nodes=2) as cluster:
+        st = await Store.create(cluster, num_units=2)
+        chunk = TensorDict({"x": torch.ones(8192, 4)}, [8192])
+        more = TensorDict({"x": torch.ones(BATCH, 4)}, [BATCH])
+        have = 0
+        for size in sizes:
+            while have < size:
+                await st.put(chunk, partition="p")
+                have += len(chunk)
+            times = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                meta = await st.get_meta("p", ["x"], BATCH, task="train", timeout=60)
+                await st.get(meta)
+                times.append(time.perf_counter() - t)
+                await st.put(more, partition="p")
+                have += BATCH
+            row = {"samples": have, "store_ms": statistics.median(times) * 1e3}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sweep", default="1024,16384,131072,1048576")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--random", action="store_true", help="also the random sampler")
+    parser.add_argument("--store", action="store_true", help="end to end through a store")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sweep.split(",")]
+    if args.store:
+        store_rows = asyncio.run(store_sweep(sizes, args.repeats))
+        print("\n| samples | get_meta 1,024 + get (ms) |\n|---|---|")
+        for r in store_rows:
+            print(f"| {r['samples']:,} | {r['store_ms']:.2f} |")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(store_rows, f, indent=1)
+        return
     rows = []
     for size in sizes:
         row: dict[str, Any] = {"samples": size, **fetch_ms(size, args.repeats)}
