@@ -1034,12 +1034,17 @@ class ControllerState:
         """Whether the new put of ``meta`` committed: every one of its samples exists with
         its generation and none is staged any more (its last write arrived, so its samples
         became ready together; some may have been lost with a unit since)."""
-        for part_id, index, gen in zip(
-            meta.partition_ids, meta.global_indexes, meta.generations, strict=True
-        ):
+        for part_id, positions in _positions_by_partition(meta).items():
             part = self._partitions.get(part_id)
-            sample = part.samples.get(index) if part is not None else None
-            if sample is None or sample.generation != gen or sample.staged:
+            if part is None:
+                return False
+            found, at = self._positions(
+                part, as_indexes([meta.global_indexes[p] for p in positions])
+            )
+            safe = np.where(found, at, 0)
+            gens = as_indexes([meta.generations[p] for p in positions])
+            found &= (part.gen[safe] == gens) & (part.flags[safe] & STAGED == 0)
+            if not found.all():
                 return False
         return bool(meta.global_indexes)
 
