@@ -106,3 +106,18 @@ def test_a_rolling_partition_does_not_grow_with_its_history() -> None:
         sizes.append(c.state_bytes())
     assert max(sizes[100:]) <= max(sizes[:100])
     assert c.stats()["high_water"] <= 5 * BATCH
+
+
+def test_committed_follows_an_atomic_put_through_its_writes_and_a_clear() -> None:
+    c = state_with_units(2)
+    meta = c.allocate("p", 4, schemas={"x": I64}, atomic=True)
+    parts = list(meta.by_shard().items())
+    assert len(parts) == 2 and not c.committed(meta)
+    for k, (shard, positions) in enumerate(parts):
+        idx = [meta.global_indexes[p] for p in positions]
+        c.on_data_update(f"u{shard}", DataUpdate("p", idx, {"x": I64}))
+        assert c.committed(meta) == (k == 1), "committed only once every unit wrote"
+    c.release(c.clear(meta).indexes)
+    again = c.allocate("p", 4, schemas={"x": I64})  # the same indexes, a new generation
+    assert sorted(again.global_indexes) == sorted(meta.global_indexes)
+    assert not c.committed(meta)
