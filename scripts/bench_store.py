@@ -130,10 +130,14 @@ async def run_ours(device: str, reps: int, big: bool = True) -> dict[str, Any]:
             lat.append(time.perf_counter() - t)
             await st.clear_partition("meta")
         res["get_meta_ms"] = statistics.median(lat) * 1e3
+        res["tiny_put_ms"] = await _put_ms(st, TensorDict({"x": torch.arange(N)}, [N]), reps)
         dense = batches["dense"]
         res["idle_put_ms"] = await _put_ms(st, dense, reps)
         waiting = asyncio.ensure_future(other.get_meta("wait", ["x"], 4, task="w", timeout=120))
-        while (await st.stats())["waiting_fetches"] < 1:  # noqa: ASYNC110 (remote state)
+        deadline = time.monotonic() + 60
+        while (await st.stats())["waiting_fetches"] < 1:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the waiting fetch never reached the controller in 60 s")
             await asyncio.sleep(0.01)
         res["put_during_fetch_ms"] = await _put_ms(st, dense, reps)
         res["fetch_still_waiting"] = not waiting.done()
@@ -367,6 +371,7 @@ ROWS = [
     ("put_during_fetch_ms", "put 16 MiB while a fetch waits (ms)", "lower"),
 ]
 OURS_ONLY = [
+    ("tiny_put_ms", "put of 1,024 tiny rows (one int64 each; ms)"),
     ("memcpy_GBps", "plain copy of the 16 MiB (destinations out of cache, GB/s)"),
     ("memcpy_warm_GBps", "plain copy of the 16 MiB (one destination, in L3, GB/s)"),
     ("memcpy_fresh_GBps", "plain copy of the 16 MiB into a fresh tensor (GB/s)"),
