@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensordict import TensorDict, TensorDictBase
 
-from rayless.actors import ActorDiedError, ActorHandle, Cluster, connect
+from rayless.actors import ActorDiedError, ActorHandle, Cluster, Template, connect
 from rayless.actors.api.components import spawn_all
 from rayless.actors.api.lifecycle import opener
 from rayless.actors.api.timeline import store_span, traced
@@ -235,9 +235,18 @@ class Store:
         elif len(nodes) != num_units:
             raise StoreInputError(f"nodes names {len(nodes)} nodes for {num_units} units")
         controller = await cluster.spawn(
-            StoreController, None, env_shards, reclaim_after, lease_after, name=name, cpus=0
+            StoreController,
+            None,
+            env_shards,
+            reclaim_after,
+            lease_after,
+            name=name,
+            cpus=0,
+            template=Template.LIGHT,  # the controller never imports torch: no wait for it
         )
         gpus = gpus_per_unit if device == "cuda" else 0
+        # a CPU unit imports torch on its first tensor column, a CUDA one at once
+        unit_template = Template.TORCH if device == "cuda" else Template.LIGHT
         spawned = [
             cluster.spawn(
                 StorageUnit,
@@ -251,6 +260,7 @@ class Store:
                 gpus=gpus,
                 cpus=0,
                 max_restarts=unit_max_restarts,
+                template=unit_template,
             )
             for i, node in enumerate(nodes)
         ]

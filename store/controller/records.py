@@ -14,8 +14,9 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayless.store.data.fields import FieldSchema
 from rayless.store.data.meta import NO_CUSTOM, BatchMeta
-from rayless.store.data.schema import DataUpdate, FieldSchema
+from rayless.store.data.updates import DataUpdate
 from rayless.store.errors import StoreInputError
 
 __all__ = ["MODES", "ClearPlan", "EnvShards", "UnitInfo"]

@@ -57,8 +57,10 @@ from rayless.store.controller.records import (
     MODES as MODES,
 )
 from rayless.store.controller.samplers import Sampler, make_sampler
+from rayless.store.data.fields import FieldSchema
 from rayless.store.data.meta import NO_CUSTOM, BatchMeta
-from rayless.store.data.schema import DataUpdate, FieldSchema, check_plain
+from rayless.store.data.plain import check_plain
+from rayless.store.data.updates import DataUpdate
 from rayless.store.errors import (
     ForeignMetaError,
     SchemaError,
