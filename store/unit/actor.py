@@ -167,7 +167,13 @@ class StorageUnit(Actor):
             return
         if self._making is None:
             self._making = asyncio.get_running_loop().run_in_executor(None, self._new_shard)
-        shard = await asyncio.shield(self._making)
+        making = self._making
+        try:
+            shard = await asyncio.shield(making)
+        except Exception:
+            if self._making is making:  # the next request tries again
+                self._making = None
+            raise
         if self._shard is None:
             self._shard = shard
 
