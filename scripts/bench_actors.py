@@ -42,7 +42,11 @@ CPU-burning processes (``while 1: pass``) beside them, and prints that table too
 holds only on an idle machine is not a result. The burners are killed at the end, also on
 Ctrl-C or SIGTERM (and die with this script if it is killed outright).
 
+``--startup`` measures only our start-up and idle-memory rows (with the PSS and USS of each
+process), and with ``--load N`` the start-up rows again beside N burners; no Ray.
+
     python scripts/bench_actors.py [--quick] [--skip-ray] [--repeats 3] [--load 2] [--json OUT]
+    python scripts/bench_actors.py --startup [--repeats 3] [--load 2]
 """
 
 from __future__ import annotations
@@ -181,13 +185,94 @@ async def ours_memory(preload: str) -> dict[str, float]:
         local = cluster._local
         if local is None or local.zygote_proc is None:
             raise RuntimeError("Cluster.local() has no LocalProcesses with a zygote")
-        deadline = time.monotonic() + 120
-        while preload == "eager" and not zygote_warm(local.zygote_proc.pid):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the zygote did not import torch within 120 s")
-            await asyncio.sleep(0.1)
+        if preload == "eager":
+            await until_warm(local.zygote_proc.pid)
         await asyncio.sleep(2.0)  # let startup allocations settle
         return tree_memory(local.pids)
+
+
+async def until_warm(pid: int, timeout: float = 120.0) -> None:
+    """Wait for the torch template ``pid`` to have finished its warm-up: torch's library
+    mapped (the import under way) and then no CPU time spent for 1 s (tensordict in too).
+    RuntimeError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    proc = psutil.Process(pid)
+    last, still_since = -1.0, time.monotonic()
+    while True:
+        now = time.monotonic()
+        if zygote_warm(pid):
+            cpu = sum(proc.cpu_times()[:2])
+            if cpu != last:
+                last, still_since = cpu, now
+            elif now - still_since >= 1.0:
+                return
+        if now > deadline:
+            raise RuntimeError(f"the zygote did not finish its warm-up within {timeout:g} s")
+        await asyncio.sleep(0.1)
+
+
+def per_process(pids: Sequence[int]) -> list[str]:
+    """``pid name PSS (USS) MB`` of each of ``pids`` and their descendants."""
+    procs: dict[int, psutil.Process] = {}
+    for pid in pids:
+        p = psutil.Process(pid)
+        procs[pid] = p
+        procs.update({c.pid: c for c in p.children(recursive=True)})
+    out = []
+    for p in procs.values():
+        info = p.memory_full_info()
+        name = " ".join(p.cmdline()[2:4])[-50:]
+        out.append(f"{p.pid} {name} {info.pss / 1e6:.1f} ({info.uss / 1e6:.1f})")
+    return out
+
+
+async def startup_rows(s: Sizes, log: Callable[[str], None], memory: bool) -> dict[str, Any]:
+    """The start-up rows (and, with ``memory``, the idle-memory ones, per process too)."""
+    from rayless.actors import Cluster
+    from rayless.store import Store
+
+    res: dict[str, Any] = {}
+    reps = range(s.repeats)
+    log("ours: start-up of Cluster.local(nodes=1) [+ Store.create(num_units=2)]")
+    res["startup_runs"] = [await ours_startup(False) for _ in reps]
+    res["startup_store_runs"] = [await ours_startup(True) for _ in reps]
+    if not memory:
+        return res
+    for preload in ("eager", "lazy"):
+        log(f"ours: idle memory of Cluster.local(nodes=2, zygote_preload={preload!r})")
+        async with Cluster.local(nodes=2, zygote_preload=preload) as cluster:
+            local = cluster._local
+            assert local is not None and local.zygote_proc is not None
+            if preload == "eager":
+                await until_warm(local.zygote_proc.pid)
+            await asyncio.sleep(2.0)
+            res[f"memory_{preload}"] = tree_memory(local.pids)
+            res[f"per_process_{preload}"] = per_process(local.pids)
+    log("ours: idle memory of Cluster.local(nodes=1) + Store.create(num_units=2)")
+    async with Cluster.local(nodes=1) as cluster:
+        store = await Store.create(cluster, num_units=2)
+        local = cluster._local
+        assert local is not None and local.zygote_proc is not None
+        await until_warm(local.zygote_proc.pid)
+        await asyncio.sleep(2.0)
+        res["memory_store"] = tree_memory(local.pids)
+        res["per_process_store"] = per_process(local.pids)
+        await store.aclose()
+    return res
+
+
+def print_startup(res: dict[str, Any], title: str) -> None:
+    """The start-up runs (and memory) of :func:`startup_rows`."""
+    print(f"\n{title}")
+    for key in ("startup_runs", "startup_store_runs"):
+        runs = res[key]
+        print(f"{key}: median {median(runs):.2f} s of {', '.join(f'{r:.2f}' for r in runs)}")
+    for key in ("eager", "lazy", "store"):
+        if f"memory_{key}" in res:
+            m = res[f"memory_{key}"]
+            print(f"memory {key}: PSS {m.get('pss_mb', 0):.0f} MB, USS {m.get('uss_mb', 0):.0f}")
+            for line in res[f"per_process_{key}"]:
+                print(f"    {line}")
 
 
 async def ours_startup(with_store: bool) -> float:
@@ -617,6 +702,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also measure the call rows with N CPU-burning processes beside them",
     )
     parser.add_argument("--json", metavar="OUT", help="also write the raw results to OUT")
+    parser.add_argument(
+        "--startup", action="store_true", help="only our start-up and idle-memory rows"
+    )
     parser.add_argument("--ray-part", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeats < 0:
@@ -632,6 +720,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve_ray(s, log)
     signal.signal(signal.SIGTERM, _sigterm)
     load_before = _load_avg()
+    if args.startup:
+        print_startup(asyncio.run(startup_rows(s, log, True)), f"start-up; {load_before}")
+        if args.load:
+            with cpu_load(args.load, log):
+                before = _load_avg()
+                res = asyncio.run(startup_rows(s, log, False))
+                print_startup(res, f"start-up, {args.load} burners; {before}, {_load_avg()}")
+        return 0
     peer = None if args.skip_ray else RayPeer(args, log)
     loaded: tuple[dict[str, Any], dict[str, Any] | None, str, str] | None = None
     try:

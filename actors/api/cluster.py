@@ -42,6 +42,7 @@ from rayless.actors.control.messages import (
     Spawn,
     SpawnSpec,
     Summarize,
+    Template,
 )
 from rayless.actors.errors import ConnectError
 from rayless.actors.launch.local import LocalProcesses
@@ -140,19 +141,23 @@ class Cluster:
         gpu_indices: tuple[int, ...] | None = None,
         timeout: float = 120.0,
         wait_for_resources: float = 0.0,
+        template: Template = Template.TORCH,
         **kwargs: Any,
     ) -> ActorHandle[A]:
         """Start an actor of ``cls(*args, **kwargs)`` in its own process; return its handle.
 
         ``timeout`` bounds the start (process, constructor, ``setup``), after
         ``wait_for_resources`` if any: an actor not serving by then is killed at once.
+        ``template`` picks the host's fork template (:class:`~rayless.actors.Template`):
+        ``TORCH``, the default, has torch imported ahead; ``LIGHT`` forks at once without it.
 
         Raises:
             ClosedError: this cluster handle is closed.
             TypeError: ``cls`` is not an importable class, a method of it has a name of the
                 handle's own (``address``, ``name``, ...), or an argument cannot be encoded
                 (named as ``argument 0 ['a']``).
-            ValueError: malformed resource amounts, or an empty name.
+            ValueError: malformed resource amounts, an empty name, or ``template`` is not a
+                Template (nor one's value).
             PlacementError: no node can hold the request (at once, never a hang).
             ResourcesBusyError: a PlacementError: the GPUs are taken now (at once), or still
                 after ``wait_for_resources`` seconds (Ray's pending actors: the head waits for
@@ -167,6 +172,10 @@ class Cluster:
             raise ValueError("max_restarts must be >= 0 and max_concurrency >= 1")
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise ValueError(f"an actor's name must be a non-empty string, got {name!r}")
+        try:
+            template = Template(template)
+        except ValueError:
+            raise ValueError(f"template must be a Template, got {template!r}") from None
         if not wait_for_resources >= 0:
             raise ValueError(f"wait_for_resources must be >= 0 s, got {wait_for_resources!r}")
         try:
@@ -191,6 +200,7 @@ class Cluster:
             sys_path=tuple(p for p in sys.path if p),
             timeout=float(timeout),
             wait_for_resources=float(wait_for_resources),
+            template=template,
         )
         runtime = await self._runtime()
         try:

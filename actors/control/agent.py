@@ -46,6 +46,7 @@ from rayless.actors.control.messages import (
     StartActor,
     Started,
     StopActor,
+    Template,
 )
 from rayless.actors.control.process_util import die_with_parent, setup_logging
 from rayless.actors.control.spawner import ProcessSpawner, Spawner, ZygoteSpawner
@@ -92,6 +93,7 @@ class Agent:
         node: NodeInfo,
         *,
         spawner: Spawner,
+        light_spawner: Spawner | None = None,
         log_dir: str,
         kill_grace: float = 5.0,
         head_timeout: float = 5.0,
@@ -102,6 +104,11 @@ class Agent:
         self.token = token
         self.node = node
         self.spawner = spawner
+        # Template.LIGHT actors: the host's light template (none given: the same spawner)
+        self.spawners: dict[Template, Spawner] = {
+            Template.TORCH: spawner,
+            Template.LIGHT: light_spawner if light_spawner is not None else spawner,
+        }
         self.log_dir = log_dir
         self.kill_grace = kill_grace
         self.head_timeout = head_timeout
@@ -143,7 +150,8 @@ class Agent:
     async def __aenter__(self) -> Agent:
         os.makedirs(self.log_dir, exist_ok=True)
         await self.server.start()
-        await self.spawner.start(self._on_exit)
+        for spawner in self._distinct_spawners():
+            await spawner.start(self._on_exit)
         await self.head.connect()
         info = self.node.to_dict()
         if self.rank is not None:  # the launch rank, so a rendezvous can name missing ranks
@@ -156,6 +164,13 @@ class Agent:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+    def _distinct_spawners(self) -> list[Spawner]:
+        out: list[Spawner] = []
+        for spawner in self.spawners.values():
+            if all(spawner is not s for s in out):
+                out.append(spawner)
+        return out
 
     def _spawn_task(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -171,7 +186,8 @@ class Agent:
         for task in list(self._tasks):
             task.cancel()
         await self.tailer.flush()
-        await self.spawner.aclose()
+        for spawner in self._distinct_spawners():
+            await spawner.aclose()
         await self.head.aclose()
         await self.server.aclose()
         self.stopped.set()
@@ -253,7 +269,7 @@ class Agent:
         self.procs[actor_id] = proc
         module = spec.cls[0]
         if module not in ("__main__", "__mp_main__"):
-            await self.spawner.preload(module)
+            await self.spawners[spec.template].preload(module)
         return await self._start(proc)
 
     async def _start(self, proc: ActorProc) -> Started:
@@ -261,7 +277,8 @@ class Agent:
         proc.exited = asyncio.Event()
         with contextlib.suppress(OSError):
             proc.log_start = os.path.getsize(proc.log_path)
-        pid = await self.spawner.spawn(proc.env, proc.log_path, proc.spec.cwd)
+        spawner = self.spawners[proc.spec.template]
+        pid = await spawner.spawn(proc.env, proc.log_path, proc.spec.cwd)
         proc.pid = pid
         self.by_pid[pid] = proc
         self.oom.started(pid)
@@ -479,11 +496,18 @@ async def serve(args: argparse.Namespace, token: str) -> int:
     spawner: Spawner = (
         ZygoteSpawner(args.zygote, token=token) if args.zygote != "none" else ProcessSpawner(token)
     )
+    light = args.light_zygote
+    if light is None:  # the light template goes with the torch one: ours, or none
+        light = "auto" if args.zygote == "auto" else "none"
+    light_spawner: Spawner | None = None
+    if light != "none":
+        light_spawner = ZygoteSpawner(light, token=token, template=Template.LIGHT)
     agent = Agent(
         args.head,
         token,
         node,
         spawner=spawner,
+        light_spawner=light_spawner,
         log_dir=args.log_dir,
         head_timeout=args.head_timeout,
         rank=args.rank,
@@ -523,6 +547,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ip", default=None)
     parser.add_argument("--fake-gpus", type=int, default=None)
     parser.add_argument("--zygote", default="auto", help="socket path, 'auto' or 'none'")
+    parser.add_argument(
+        "--light-zygote",
+        default=None,
+        help="the light template's socket path, 'auto' or 'none' (Template.LIGHT actors then "
+        "use --zygote's); default: 'auto' with --zygote auto, else 'none'",
+    )
     parser.add_argument("--log-dir", default=os.path.join(os.getcwd(), "rayless-logs"))
     parser.add_argument("--head-timeout", type=float, default=5.0)
     parser.add_argument("--rank", type=int, default=None, help="launch rank (rendezvous)")

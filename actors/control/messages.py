@@ -27,7 +27,7 @@ __all__ = [
     "EndSession", "EventKind", "Failed", "FreePort", "FreePortOn", "GetActor", "Hello",
     "HelloReply", "KeepSession", "Kill", "ListActors", "ListNodes", "LogLines", "LookupActor",
     "NodeDied", "NodeHeartbeat", "NodeRegistered", "ProcState", "Ready", "RegisterNode", "Shutdown",
-    "Spawn", "SpawnSpec", "StartActor", "Started", "StopActor", "Summarize",
+    "Spawn", "SpawnSpec", "StartActor", "Started", "StopActor", "Summarize", "Template",
 ]  # fmt: skip
 
 
@@ -61,6 +61,21 @@ class EventKind(str, enum.Enum):
 # -- the spawn spec -----------------------------------------------------------------------
 
 
+class Template(str, enum.Enum):
+    """Which of its host's fork templates starts an actor (``Cluster.spawn(template=...)``).
+
+    ``TORCH`` (the default): the template that imports torch and tensordict ahead (its eager
+    warm-up), so every fork has them for free; a fork asked for before the warm-up finished
+    waits for it. ``LIGHT``: the template that never imports them, so it forks at once; for
+    actors whose class does not need torch (the store's controller asks for it).
+    A ``LIGHT`` actor that imports torch still works: it pays the import itself (~2 s, and
+    torch's memory in its own process). See ``rayless.actors.control.zygote``.
+    """
+
+    TORCH = "torch"
+    LIGHT = "light"
+
+
 @message("ctl.SpawnSpec")
 @dataclass(frozen=True)
 class SpawnSpec:
@@ -89,6 +104,7 @@ class SpawnSpec:
     sys_path: tuple[str, ...] = ()
     timeout: float = 120.0
     wait_for_resources: float = 0.0
+    template: Template = Template.TORCH
 
 
 # -- records and events -------------------------------------------------------------------

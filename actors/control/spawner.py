@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from rayless.actors.api import context
+from rayless.actors.control.messages import Template
 from rayless.actors.control.process_util import kill_group
 from rayless.actors.control.wire import Handlers
 from rayless.actors.control.zygote_messages import (
@@ -119,12 +120,19 @@ class ProcessSpawner:
 
 
 class ZygoteSpawner:
-    """Forks actors from a zygote: ``path`` of a running one, or ``"auto"`` to start our own."""
+    """Forks actors from a zygote: ``path`` of a running one, or ``"auto"`` to start our own
+    (a ``template`` one: ``Template.LIGHT`` never imports torch)."""
 
     def __init__(
-        self, path: str = "auto", *, start_timeout: float = 120.0, token: str = ""
+        self,
+        path: str = "auto",
+        *,
+        start_timeout: float = 120.0,
+        token: str = "",
+        template: Template = Template.TORCH,
     ) -> None:
         self._path = path
+        self._template = template
         self._token = token
         self._start_timeout = start_timeout
         self._own: asyncio.subprocess.Process | None = None
@@ -164,6 +172,8 @@ class ZygoteSpawner:
             "-m",
             "rayless.actors.control.zygote",
             path,
+            "--template",
+            self._template.value,
             stdout=asyncio.subprocess.PIPE,
             env={**context.without_token(os.environ), "RAYLESS_DIE_WITH_PARENT": "1"},
         )

@@ -23,18 +23,32 @@ children inherit it), and the zygote is a child subreaper (PR_SET_CHILD_SUBREAPE
 descendants that escaped the group (``setsid``) are reparented here. When an actor exits
 (kill -9 included), the zygote SIGKILLs its group and every orphan reparented to it.
 
-Run as ``python -m rayless.actors.control.zygote SOCKET_PATH``; prints "ready" once it listens.
+Run as ``python -m rayless.actors.control.zygote SOCKET_PATH [--template torch|light]``;
+prints "ready" once it listens.
 
-The default, ``RAYLESS_ZYGOTE_PRELOAD=eager``, warms up in the background: the zygote listens
-and prints "ready" first (so a cluster is up without waiting for torch), then imports the
-heavy modules before it serves its first request; a fork asked for meanwhile waits in the
-socket's queue until they are in (only if the warm-up has not finished). ``lazy`` defers the
-imports to the first fork: an idle cluster then costs ~30 MB per host instead of ~300 MB, and
-the first actor on a host waits ~2 s for them (later ones fork as fast as ever).
+Two templates per host. The *torch* template (the default, ``--template torch``) holds torch
+and tensordict; the *light* one (``--template light``) never imports them, only the runtime's
+own modules (:data:`LIGHT_PRELOAD`, ~0.3 s), so it can fork at once while the torch template
+is still warming up. A spawn picks one with ``SpawnSpec.template``
+(``rayless.actors.control.messages.Template``): user actors get the torch template unless
+they ask otherwise; rayless's own torch-free actors (the store's controller) ask for the
+light one. A light child that imports torch works, only slower (the import, ~2 s,
+and its memory are its own). One template that forked light children during its torch
+warm-up was the other design: it would have to import torch in a thread and fork beside it,
+which leaves a half-imported torch and a held import lock in the child.
+
+The torch template's default, ``RAYLESS_ZYGOTE_PRELOAD=eager``, warms up in the background:
+it listens and prints "ready" first (so a cluster is up without waiting for torch), then
+imports the heavy modules before it serves its first request; a fork asked for meanwhile
+waits in the socket's queue until they are in (only if the warm-up has not finished).
+``lazy`` defers the imports to the first fork: an idle cluster then costs ~30 MB per host
+instead of ~300 MB, and the first torch actor on a host waits ~2 s for them (later ones fork
+as fast as ever). Measured on the 2-core machine: docs/performance.md ("Start-up").
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import selectors
@@ -68,6 +82,7 @@ from rayless.actors.control.zygote_messages import (
 from rayless.transport.errors import ProtocolError
 
 PRELOAD = ("torch", "tensordict", "rayless.transport.codec", "rayless.actors.control.process")
+LIGHT_PRELOAD = ("rayless.transport.codec", "rayless.actors.control.process")
 
 
 class _Conn:
@@ -101,10 +116,11 @@ class _Conn:
 
 
 class Zygote:
-    """The fork server's loop."""
+    """The fork server's loop; ``modules``: what it imports before its first fork."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, modules: tuple[str, ...] = PRELOAD) -> None:
         self.path = path
+        self.modules = modules
         self.sel = selectors.DefaultSelector()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.conns: dict[int, _Conn] = {}
@@ -145,7 +161,7 @@ class Zygote:
             self.warming = False
 
     def _preload_all(self) -> None:
-        for name in PRELOAD:
+        for name in self.modules:
             importlib.import_module(name)
         self.preloaded = True
 
@@ -221,7 +237,7 @@ class Zygote:
 
     def _fork(self, conn: _Conn, msg: Fork) -> None:
         tag = msg.tag
-        if not self.preloaded:  # lazy mode: the first fork pays for the heavy imports
+        if not self.preloaded:  # lazy mode: the first fork pays for the imports
             self._preload_all()
         try:
             pid = os.fork()
@@ -290,17 +306,20 @@ class Zygote:
 
 
 def main() -> None:
-    """Entry point of ``python -m rayless.actors.control.zygote SOCKET_PATH``."""
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m rayless.actors.control.zygote SOCKET_PATH")
+    """Entry point of ``python -m rayless.actors.control.zygote SOCKET_PATH [--template T]``."""
+    parser = argparse.ArgumentParser(prog="python -m rayless.actors.control.zygote")
+    parser.add_argument("socket_path")
+    parser.add_argument("--template", choices=("torch", "light"), default="torch")
+    args = parser.parse_args()
+    light = args.template == "light"
     if os.environ.get("RAYLESS_DIE_WITH_PARENT"):
         die_with_parent()
     for name in ("RAYLESS_TOKEN", "RAYLESS_TOKEN_FILE", "RAYLESS_TOKEN_FD"):
         os.environ.pop(name, None)  # the fork template never needs the cluster token
-    zygote = Zygote(sys.argv[1])
+    zygote = Zygote(args.socket_path, LIGHT_PRELOAD if light else PRELOAD)
     zygote.start()
     print("ready", flush=True)
-    if os.environ.get("RAYLESS_ZYGOTE_PRELOAD", "eager") != "lazy":
+    if light or os.environ.get("RAYLESS_ZYGOTE_PRELOAD", "eager") != "lazy":
         zygote.warm_up()
     zygote.run()
 

@@ -41,7 +41,8 @@ class LocalProcesses:
     token: str = field(default_factory=new_token)
     address: str = ""
     head: Child | None = None
-    zygote_proc: Child | None = None
+    zygote_proc: Child | None = None  # the torch template
+    light_zygote_proc: Child | None = None  # the light template (no torch)
     agents: list[Child] = field(default_factory=list)
     tmpdir: str = ""
 
@@ -63,21 +64,33 @@ class LocalProcesses:
             self.head = self._start(
                 "-m", "rayless.actors.control.head", "tcp://127.0.0.1:0", str(self.node_timeout)
             )
-            zygote_path = "none"
+            zygote_path = light_path = "none"
             if self.zygote:
                 zygote_path = os.path.join(self.tmpdir, "zygote.sock")
+                light_path = os.path.join(self.tmpdir, "zygote-light.sock")
                 zygote_args = ("-m", "rayless.actors.control.zygote", zygote_path)
-                self.zygote_proc = start_child(  # the fork template never holds the token
+                self.zygote_proc = start_child(  # the fork templates never hold the token
                     zygote_args, None, os.environ, {"RAYLESS_ZYGOTE_PRELOAD": self.zygote_preload}
                 )
+                light_args = (
+                    "-m",
+                    "rayless.actors.control.zygote",
+                    light_path,
+                    "--template",
+                    "light",
+                )
+                self.light_zygote_proc = start_child(light_args, None, os.environ, {})
             self.address = first_line(self.head, "the head", timeout=START_TIMEOUT)
             if self.zygote_proc is not None:
                 first_line(self.zygote_proc, "the zygote", timeout=START_TIMEOUT)
+            if self.light_zygote_proc is not None:
+                first_line(self.light_zygote_proc, "the light zygote", timeout=START_TIMEOUT)
             real = _real_gpu_count() if self.gpus_per_node else 0
             use_real = self.gpus_per_node > 0 and real >= self.nodes * self.gpus_per_node
             for i in range(self.nodes):
                 args = ["-m", "rayless.actors.control.agent", self.address]
                 args += ["--node-id", f"node-{i}", "--ip", "127.0.0.1", "--zygote", zygote_path]
+                args += ["--light-zygote", light_path]
                 args += ["--log-dir", log_dir, "--head-timeout", str(self.node_timeout)]
                 extra: dict[str, str] = {}
                 if use_real:
@@ -95,8 +108,8 @@ class LocalProcesses:
 
     @property
     def pids(self) -> list[int]:
-        """Pids of the head, the zygote and the agents."""
-        procs = [self.head, self.zygote_proc, *self.agents]
+        """Pids of the head, the zygotes and the agents."""
+        procs = [self.head, self.zygote_proc, self.light_zygote_proc, *self.agents]
         return [p.pid for p in procs if p is not None]
 
     def stop(self, grace: float = 10.0) -> None:
@@ -108,9 +121,10 @@ class LocalProcesses:
         if self.head is not None and self.head.poll() is None:
             self.head.send_signal(signal.SIGTERM)  # a no-op race if a shutdown is under way
         terminate(others, grace, natural=grace / 2)
-        if self.zygote_proc is not None:
-            terminate([self.zygote_proc], grace)
-        self.head, self.zygote_proc, self.agents = None, None, []
+        zygotes = [p for p in (self.zygote_proc, self.light_zygote_proc) if p is not None]
+        if zygotes:
+            terminate(zygotes, grace)
+        self.head, self.zygote_proc, self.light_zygote_proc, self.agents = None, None, None, []
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = ""

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensordict import TensorDict, TensorDictBase
 
-from rayless.actors import ActorDiedError, ActorHandle, Cluster, connect
+from rayless.actors import ActorDiedError, ActorHandle, Cluster, Template, connect
 from rayless.actors.api.components import spawn_all
 from rayless.actors.api.lifecycle import opener
 from rayless.actors.api.timeline import store_span, traced
@@ -235,9 +235,21 @@ class Store:
         elif len(nodes) != num_units:
             raise StoreInputError(f"nodes names {len(nodes)} nodes for {num_units} units")
         controller = await cluster.spawn(
-            StoreController, None, env_shards, reclaim_after, lease_after, name=name, cpus=0
+            StoreController,
+            None,
+            env_shards,
+            reclaim_after,
+            lease_after,
+            name=name,
+            cpus=0,
+            template=Template.LIGHT,  # the controller never imports torch: no wait for it
         )
         gpus = gpus_per_unit if device == "cuda" else 0
+        # Units hold tensors: forked from the torch template they share its torch pages and
+        # their first put is fast. From the light one each would import torch itself (~240 MB
+        # of its own and seconds of CPU at its first put), which costs more than the wait for
+        # the template's warm-up (started with the cluster) that Store.create pays here.
+        unit_template = Template.TORCH
         spawned = [
             cluster.spawn(
                 StorageUnit,
@@ -251,6 +263,7 @@ class Store:
                 gpus=gpus,
                 cpus=0,
                 max_restarts=unit_max_restarts,
+                template=unit_template,
             )
             for i, node in enumerate(nodes)
         ]

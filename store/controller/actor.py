@@ -32,9 +32,10 @@ from typing import Any
 from rayless.actors import Actor, ActorDiedError, ActorHandle
 from rayless.store.controller.fetches import Fetches, Share, Shares, Waiter, check_timeout
 from rayless.store.controller.state import ClearPlan, ControllerState
+from rayless.store.data.fields import FieldSchema
 from rayless.store.data.meta import BatchMeta
 from rayless.store.data.requests import FetchRequest, PutOptions
-from rayless.store.data.schema import DataUpdate, FieldSchema
+from rayless.store.data.updates import DataUpdate
 from rayless.store.errors import StoreError, StoreInputError, StoreTimeoutError, UnitLostError
 from rayless.store.metrics import RateMeter
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from rayless.store.data.schema import DataUpdate
+from rayless.store.data.updates import DataUpdate
 from rayless.store.errors import StoreInputError
 
 __all__ = ["ColumnPut", "ColumnPuts"]

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from rayless.store.data.fields import FieldSchema
 from rayless.store.data.meta import BatchMeta
-from rayless.store.data.schema import DataUpdate, FieldSchema
+from rayless.store.data.updates import DataUpdate
 from rayless.store.errors import StoreInputError
 
 __all__ = ["MODES", "ClearPlan", "EnvShards", "UnitInfo"]

@@ -71,8 +71,10 @@ from rayless.store.controller.samplers import (
     SequentialSampler,
     make_sampler,
 )
+from rayless.store.data.fields import FieldSchema
 from rayless.store.data.meta import NO_CUSTOM, BatchMeta
-from rayless.store.data.schema import DataUpdate, FieldSchema, check_plain
+from rayless.store.data.plain import check_plain
+from rayless.store.data.updates import DataUpdate
 from rayless.store.errors import (
     ForeignMetaError,
     SchemaError,

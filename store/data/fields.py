@@ -3,18 +3,21 @@
 A field is a leaf of a TensorDict named by its key path joined with :data:`FIELD_SEP`; its
 schema (kind, dtype, per-sample shape, device) travels as a plain dict (``to_dict``/
 ``from_dict``) and merges with the schema of newly written data (:meth:`FieldSchema.merged`).
-:mod:`rayless.store.data.schema` re-exports everything here.
+:mod:`rayless.store.data.schema` re-exports everything here. This module does not import torch
+(the store's controller uses it): only :func:`dtype_from_name` and
+:attr:`FieldSchema.torch_dtype`, which hand out torch dtypes, import it, when called.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rayless.store.errors import SchemaError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "FIELD_SEP",
@@ -58,6 +61,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def dtype_from_name(name: str) -> torch.dtype:
     """The torch dtype named ``name`` (as :func:`dtype_name` writes it). Raises SchemaError."""
+    import torch
+
     value = getattr(torch, name, None) if isinstance(name, str) else None
     if not isinstance(value, torch.dtype):
         raise SchemaError(f"unknown dtype name {name!r}")
@@ -92,8 +97,7 @@ class FieldSchema:
             return
         if self.dtype is None or self.shape is None:
             raise SchemaError(f"a {self.kind} field needs a dtype and a shape")
-        dtype_from_name(self.dtype)
-        if self.dtype not in STORABLE_DTYPES:
+        if self.dtype not in STORABLE_DTYPES:  # (every one of them is a torch dtype)
             raise SchemaError(
                 f"dtype {self.dtype} cannot be stored (supported: {sorted(STORABLE_DTYPES)})"
             )

@@ -16,7 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rayless.store.data.schema import FieldSchema, check_plain, shapes_from_wire, shapes_to_wire
+from rayless.store.data.fields import FieldSchema
+from rayless.store.data.plain import check_plain
+from rayless.store.data.updates import shapes_from_wire, shapes_to_wire
 from rayless.store.errors import ForeignMetaError, StoreInputError, UnknownFieldError
 
 __all__ = ["BatchMeta"]

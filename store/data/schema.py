@@ -27,7 +27,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import tensordict
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
@@ -42,6 +41,7 @@ from rayless.store.data.fields import (
     dtype_name,
     field_key,
 )
+from rayless.store.data.plain import check_plain, estimate_plain_bytes
 from rayless.store.data.updates import DataUpdate, known_shapes, shapes_from_wire, shapes_to_wire
 from rayless.store.errors import SchemaError, StoreInputError
 
@@ -66,11 +66,9 @@ __all__ = [
     "tensor_bytes",
 ]
 # FieldSchema, the dtypes and field names live in store/data/fields.py; DataUpdate and the wire form
-# of per-sample shapes in store/data/updates.py. Both are re-exported here (and _storable, private,
+# of per-sample shapes in store/data/updates.py; check_plain and estimate_plain_bytes in
+# store/data/plain.py. All are re-exported here (and _storable, private,
 # is imported from here by packed.py and the tests).
-
-_PLAIN_SCALARS = (str, bytes, int, float, bool, type(None))
-_MAX_DEPTH = 32
 
 
 @dataclass
@@ -91,31 +89,6 @@ class Column:
         if self.dense is not None:
             return int(self.dense.shape[0])
         return len(self.rows or ())
-
-
-def check_plain(value: Any, where: str = "value", _depth: int = 0) -> None:
-    """Raise SchemaError unless ``value`` is made only of values msgpack carries."""
-    if isinstance(value, _PLAIN_SCALARS):
-        return
-    if isinstance(value, np.ndarray):
-        if value.dtype.hasobject:
-            raise SchemaError(
-                f"{where} is a numpy array of Python objects (only pickle carries it)"
-            )
-        return
-    if _depth >= _MAX_DEPTH:
-        raise SchemaError(f"{where} is nested too deeply")
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            check_plain(item, f"{where}[{i}]", _depth + 1)
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise SchemaError(f"{where} has a non-str key {key!r}")
-            check_plain(item, f"{where}[{key!r}]", _depth + 1)
-        return
-    raise SchemaError(f"{where} is a {type(value).__name__}, not a plain (msgpack-able) value")
 
 
 def _storable(dtype: torch.dtype, name: str) -> str:
@@ -325,22 +298,6 @@ def merge_parts(
                     rows[p] = row
             columns[name] = (schema, rows)
     return assemble(size, columns, device)
-
-
-def estimate_plain_bytes(value: Any, _depth: int = 0) -> int:
-    """A rough size in bytes of a plain value (what a non-tensor row costs a unit)."""
-    if isinstance(value, (str, bytes)):
-        return 16 + len(value)
-    if isinstance(value, np.ndarray):
-        return 64 + int(value.nbytes)
-    if isinstance(value, (list, tuple)) and _depth < _MAX_DEPTH:
-        return 16 + sum(estimate_plain_bytes(v, _depth + 1) for v in value)
-    if isinstance(value, dict) and _depth < _MAX_DEPTH:
-        return 16 + sum(
-            estimate_plain_bytes(k, _depth + 1) + estimate_plain_bytes(v, _depth + 1)
-            for k, v in value.items()
-        )
-    return 8
 
 
 def tensor_bytes(t: torch.Tensor) -> int:

@@ -33,14 +33,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-import torch
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rayless.actors import Actor, ActorHandle, current_caller
 from rayless.actors.api.context import ENV_NODE_ID
+from rayless.store.data.fields import FieldSchema
 from rayless.store.data.meta import BatchMeta  # noqa: F401  (registers BatchMeta with the codec)
-from rayless.store.data.schema import DataUpdate, FieldSchema
+from rayless.store.data.updates import DataUpdate
 from rayless.store.errors import (
     SchemaError,
     StoreError,
@@ -49,10 +48,13 @@ from rayless.store.errors import (
     WriteTooLargeError,
 )
 from rayless.store.metrics import RateMeter
-from rayless.store.samehost.columns import ShmDense, drain_pool, row_bytes_of
-from rayless.store.samehost.columns_cuda import CudaDense, cuda_uuid
-from rayless.store.unit.shard import ShardStorage, _check_indexes, _check_partition, _Dense, _Rows
 from rayless.transport.protocol import host_id
+
+if TYPE_CHECKING:  # (imported when first used: they import torch)
+    import torch
+
+    from rayless.store.samehost.columns import ShmDense
+    from rayless.store.unit.shard import ShardStorage
 
 __all__ = ["StorageUnit", "unit_device"]
 
@@ -120,10 +122,17 @@ class StorageUnit(Actor):
         self.reservation_ttl = _ttl(reservation_ttl)
         self.controller = controller
         self.device = unit_device(device)
-        dense: type[_Dense] = _Dense
-        if shm_columns_enabled():  # same-host clients write and read the columns directly
-            dense = CudaDense if self.device.startswith("cuda") else ShmDense
-        self.shard = ShardStorage(unit_id, self.device, capacity_bytes, dense_type=dense)
+        if not isinstance(unit_id, str) or not unit_id:
+            raise StoreInputError(f"unit_id must be a non-empty str, got {unit_id!r}")
+        if capacity_bytes is not None and (
+            not isinstance(capacity_bytes, int) or capacity_bytes < 0
+        ):
+            raise StoreInputError(f"capacity_bytes must be an int >= 0, got {capacity_bytes!r}")
+        self.capacity_bytes = capacity_bytes
+        self._shard: ShardStorage | None = None
+        self._making: asyncio.Future[ShardStorage] | None = None  # _loaded's, under way
+        if self.device != "cpu":  # a CUDA unit needs torch at once (its device, in setup)
+            self._shard = self._new_shard()
         self._reservations: dict[str, _Reservation] = {}  # in order of expiry (one TTL for all)
         self._owned: dict[str, set[str]] = {}  # a client connection: its reservations' tokens
         self._waiting: dict[str, set[asyncio.Task[Any]]] = {}  # a connection: reserves waiting
@@ -133,26 +142,68 @@ class StorageUnit(Actor):
         self._puts = RateMeter()
         self._gets = RateMeter()
 
+    def _new_shard(self) -> ShardStorage:
+        from rayless.store.samehost.columns import ShmDense
+        from rayless.store.samehost.columns_cuda import CudaDense
+        from rayless.store.unit.shard import ShardStorage, _Dense
+
+        dense: type[_Dense] = _Dense
+        if shm_columns_enabled():  # same-host clients write and read the columns directly
+            dense = CudaDense if self.device.startswith("cuda") else ShmDense
+        return ShardStorage(self.unit_id, self.device, self.capacity_bytes, dense_type=dense)
+
+    @property
+    def shard(self) -> ShardStorage:
+        """The unit's data (made here if :meth:`_loaded` did not make it yet)."""
+        if self._shard is None:
+            self._shard = self._new_shard()
+        return self._shard
+
+    async def _loaded(self) -> None:
+        """Make the shard on first use, in a thread: a CPU unit imports torch only when a
+        request needs its columns (a write, a reserve, a read, stats, ...), not to start and
+        register, and its loop keeps serving while torch loads (seconds)."""
+        if self._shard is not None:
+            return
+        if self._making is None:
+            self._making = asyncio.get_running_loop().run_in_executor(None, self._new_shard)
+        making = self._making
+        try:
+            shard = await asyncio.shield(making)
+        except Exception:
+            if self._making is making:  # the next request tries again
+                self._making = None
+            raise
+        if self._shard is None:
+            self._shard = shard
+
     async def setup(self) -> None:
         """Register with the controller (the handshake)."""
         if self.device.startswith("cuda"):
+            import torch
+
             torch.cuda.set_device(torch.device(self.device))
         await self.controller.register_unit(
             self.unit_id,
             node_id=os.environ.get(ENV_NODE_ID),
             device=self.device,
-            capacity_bytes=self.shard.capacity_bytes,
+            capacity_bytes=self.capacity_bytes,
             incarnation=self.incarnation,
         )
 
     async def teardown(self) -> None:
         """Ends the controller's ``watch`` call cleanly; unlinks the shared-memory columns."""
         self._stop.set()
-        self.shard.close()
-        drain_pool()
+        if self._shard is not None:  # (nothing to unlink, and no torch to import, otherwise)
+            from rayless.store.samehost.columns import drain_pool
+
+            self._shard.close()
+            drain_pool()
 
     def _sync_device(self) -> None:
         if self.shard.device.type == "cuda":
+            import torch
+
             torch.cuda.synchronize(self.shard.device)
 
     async def write(
@@ -170,6 +221,7 @@ class StorageUnit(Actor):
         Raises SchemaError/StoreInputError (bad data), StoreFullError (still no room after
         ``timeout`` seconds of waiting for deletes), the controller's refusal (rows rolled back).
         """
+        await self._loaded()
         declared = {k: FieldSchema.from_dict(v) for k, v in schemas.items()}
         fresh = [n for n in declared if not any(self.shard.has(partition, i, n) for i in indexes)]
         update = await self._write_when_room(partition, indexes, td, declared, timeout)
@@ -229,6 +281,7 @@ class StorageUnit(Actor):
 
         Raises UnknownPartitionError, UnknownFieldError, StoreInputError.
         """
+        await self._loaded()
         td = self.shard.read(partition, indexes, fields)
         if self.shard.device.type == "cuda":
             await asyncio.to_thread(self._sync_device)
@@ -237,6 +290,7 @@ class StorageUnit(Actor):
 
     async def delete(self, plan: dict[str, list[int]]) -> int:
         """Delete rows ``{partition: [indexes]}`` (absent ones ignored); returns bytes freed."""
+        await self._loaded()
         freed = 0
         for partition, indexes in plan.items():
             freed += self.shard.delete(partition, indexes)
@@ -246,6 +300,7 @@ class StorageUnit(Actor):
     async def delete_fields(self, plan: dict[str, dict[str, list[int]]]) -> int:
         """Delete fields of rows ``{partition: {field: [indexes]}}`` (a failed column-wise
         put's); absent ones ignored. Returns bytes freed."""
+        await self._loaded()
         freed = 0
         for partition, fields in plan.items():
             for name, indexes in fields.items():
@@ -255,6 +310,7 @@ class StorageUnit(Actor):
 
     async def drop_partition(self, partition: str) -> int:
         """Delete a whole partition; returns bytes freed."""
+        await self._loaded()
         freed = self.shard.drop_partition(partition)
         self._notify_freed()
         return freed
@@ -264,6 +320,7 @@ class StorageUnit(Actor):
 
         Waits up to ``timeout`` for room like :meth:`write`; raises like ShardStorage.kv_put.
         """
+        await self._loaded()
         schemas = await self._until_room(functools.partial(self.shard.kv_put, keys, td), timeout)
         del td
         if self.shard.device.type == "cuda":
@@ -272,6 +329,7 @@ class StorageUnit(Actor):
 
     async def kv_get(self, keys: list[str], fields: list[str] | None = None) -> Any:
         """The rows under ``keys``. Raises UnknownKeyError, UnknownFieldError."""
+        await self._loaded()
         td = self.shard.kv_get(keys, fields)
         if self.shard.device.type == "cuda":
             await asyncio.to_thread(self._sync_device)
@@ -279,10 +337,12 @@ class StorageUnit(Actor):
 
     async def kv_list(self) -> list[str]:
         """Keys held here, in insertion order."""
+        await self._loaded()
         return self.shard.kv_list()
 
     async def kv_delete(self, keys: list[str]) -> int:
         """Delete ``keys`` (absent ones ignored); returns how many were deleted."""
+        await self._loaded()
         n = self.shard.kv_delete(keys)
         self._notify_freed()
         return n
@@ -290,6 +350,7 @@ class StorageUnit(Actor):
     async def stats(self) -> dict[str, Any]:
         """Bytes used, capacity, rows per partition, KV keys, puts/gets (rows: total and per
         second over the last 10 s)."""
+        await self._loaded()
         return {
             **self.shard.stats(),
             "unit_id": self.unit_id,
@@ -309,17 +370,20 @@ class StorageUnit(Actor):
     async def local_info(self) -> dict[str, Any]:
         """``{"host": host id, "shm": whether dense columns live in shared memory, "cuda_ipc":
         whether they live in GPU memory exported by CUDA IPC, "gpu_uuid": that GPU's UUID}``."""
-        cuda = self.shard.dense_type is CudaDense
-        return {
-            "host": host_id(),
-            "shm": self.shard.dense_type is ShmDense,
-            "cuda_ipc": cuda,
-            "gpu_uuid": cuda_uuid(self.shard.device) if cuda else None,
-        }
+        shm = shm_columns_enabled()  # (as _new_shard chooses: no torch needed to tell)
+        cuda = shm and self.device.startswith("cuda")
+        gpu_uuid = None
+        if cuda:
+            from rayless.store.samehost.columns_cuda import cuda_uuid
+
+            gpu_uuid = cuda_uuid(self.shard.device)
+        return {"host": host_id(), "shm": shm and not cuda, "cuda_ipc": cuda, "gpu_uuid": gpu_uuid}
 
     def _where(self, col: ShmDense, known: list[str] | None) -> dict[str, Any]:
         """A column's place for a same-host client: segment, rows (and for a CUDA column
         whose lease segment is not in ``known``, the IPC share the client opens)."""
+        from rayless.store.samehost.columns_cuda import CudaDense
+
         seg = col.segment
         out: dict[str, Any] = {"segment": None if seg is None else seg.name, "rows": col.capacity}
         wants_share = known is not None and seg is not None and seg.name not in known
@@ -384,6 +448,8 @@ class StorageUnit(Actor):
         dense: dict[str, FieldSchema],
         known: list[str] | None = None,
     ) -> dict[str, Any]:
+        from rayless.store.samehost.columns import ShmDense, row_bytes_of
+
         count = idx if isinstance(idx, int) else len(idx)
         cols = self.shard._parts.get(partition, {})
         plan: dict[str, tuple[ShmDense | None, FieldSchema]] = {}
@@ -462,6 +528,9 @@ class StorageUnit(Actor):
         Waits up to ``timeout`` for room like ``write``. Raises SchemaError, StoreInputError,
         StoreFullError, WriteTooLargeError (nothing changed but the columns' growth).
         """
+        await self._loaded()
+        from rayless.store.unit.shard import _check_indexes, _check_partition
+
         self._expire()
         part = _check_partition(partition)
         idx: list[int] | int
@@ -504,6 +573,11 @@ class StorageUnit(Actor):
         StoreInputError for indexes that do not fit the reservation, what ``write`` raises
         for ``rest``; on any error the reservation is released and nothing stays written.
         """
+        await self._loaded()
+        import torch
+
+        from rayless.store.unit.shard import _check_indexes
+
         res = self._reservations.get(token)
         if res is None:
             raise StoreError("the same-host put's reservation expired or is unknown")
@@ -593,6 +667,12 @@ class StorageUnit(Actor):
         {"segment", "generation", "rows", "slots"}}, "rest": {name: the rows of the other
         fields ``rest``: one flat tensor of a ragged field, a list of a plain one}}``);
         ``known`` as for ``reserve``. Raises like ``read``."""
+        await self._loaded()
+        import torch
+
+        from rayless.store.samehost.columns import ShmDense
+        from rayless.store.unit.shard import _check_indexes, _check_partition, _Rows
+
         part = _check_partition(partition)
         idx = _check_indexes(indexes)
         cols = self.shard._parts.get(part)

@@ -297,8 +297,8 @@ async def test_no_process_of_a_local_cluster_has_the_token_in_its_environ(
     children = await holder.start_children()  # a child, and a grandchild that left the group
     token = local_cluster_processes.token.encode()
     pids = {"actor": actor, "child": children[0], "escaped child": children[1]}
-    head, zygote, *agents = local_cluster_processes.pids
-    pids.update({"head": head, "zygote": zygote})
+    head, zygote, light_zygote, *agents = local_cluster_processes.pids
+    pids.update({"head": head, "zygote": zygote, "light zygote": light_zygote})
     pids.update({f"agent {i}": pid for i, pid in enumerate(agents)})
     assert len(agents) == 2
     seen = {what: token in _environ(pid) for what, pid in pids.items()}

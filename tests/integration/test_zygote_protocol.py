@@ -4,6 +4,7 @@ a message with a field of the wrong type) without forking, then keeps serving ot
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
@@ -24,23 +25,25 @@ from tests.waiting import scaled
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def zygote(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """A zygote in lazy mode (no torch until a fork) on a socket under ``tmp_path``."""
-    path = str(tmp_path / "zygote.sock")
-    env = {**os.environ, "RAYLESS_ZYGOTE_PRELOAD": "lazy", "RAYLESS_DIE_WITH_PARENT": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rayless.actors.control.zygote", path],
+def _start_zygote(path: str, *args: str, preload: str = "lazy") -> subprocess.Popen[bytes]:
+    env = {**os.environ, "RAYLESS_ZYGOTE_PRELOAD": preload, "RAYLESS_DIE_WITH_PARENT": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "rayless.actors.control.zygote", path, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
     )
+
+
+@contextlib.contextmanager
+def _running(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Wait for the zygote's "ready"; terminate it at the end."""
     try:
         assert proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], scaled(60))
         assert ready, "the zygote did not print ready within its deadline"
         assert proc.stdout.readline().strip() == b"ready"
-        yield proc, path
+        yield
     finally:
         proc.terminate()
         try:
@@ -48,6 +51,15 @@ def zygote(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(scaled(10))
+
+
+@pytest.fixture
+def zygote(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A zygote in lazy mode (no torch until a fork) on a socket under ``tmp_path``."""
+    path = str(tmp_path / "zygote.sock")
+    proc = _start_zygote(path)
+    with _running(proc):
+        yield proc, path
 
 
 def _connect(path: str) -> socket.socket:
@@ -110,3 +122,27 @@ def test_anything_else_closes_the_connection_without_a_fork(
     with _connect(path) as sock:  # it keeps serving
         sock.sendall(z.pack(z.Preload("json")))
         assert _read_frame(sock) == z.Preloaded("json", True, "")
+
+
+def test_the_light_template_serves_after_its_warm_up_without_torch(tmp_path: Path) -> None:
+    """``--template light`` in the (default) eager mode: its warm-up, done before it serves,
+    imports the runtime's modules and never torch, and a fork from it has no torch."""
+    path = str(tmp_path / "light.sock")
+    proc = _start_zygote(path, "--template", "light", preload="eager")
+    with _running(proc), _connect(path) as sock:
+        sock.sendall(z.pack(z.Preload("json")))  # answered once the warm-up is done
+        assert _read_frame(sock) == z.Preloaded("json", True, "")
+        with open(f"/proc/{proc.pid}/maps") as f:
+            assert "libtorch" not in f.read(), "the light template imported torch"
+        log = str(tmp_path / "child.log")
+        sock.sendall(z.pack(z.Fork(1, {"RAYLESS_ADDRESS": "tcp://127.0.0.1:1"}, log, None, "")))
+        forked = _read_frame(sock)
+        assert isinstance(forked, z.Forked)
+        exited = _read_frame(sock)  # (no agent answers it: the actor process gives up)
+        assert isinstance(exited, z.Exited) and exited.pid == forked.pid
+
+
+def test_a_template_it_does_not_know_is_a_usage_error(tmp_path: Path) -> None:
+    proc = _start_zygote(str(tmp_path / "z.sock"), "--template", "heavy")
+    _, err = proc.communicate(timeout=scaled(60))
+    assert proc.returncode == 2 and b"invalid choice" in err

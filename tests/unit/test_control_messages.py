@@ -4,6 +4,7 @@ field, builds only registered classes, and dispatch goes by message type."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import typing
 from typing import Any
 
@@ -170,6 +171,7 @@ def test_a_fixed_tuple_field_checks_its_length_and_items() -> None:
     back = codec.decode(good)
     assert back.cls == ("pkg.mod", "Learner", None)
     state = [getattr(SPEC, f.name) for f in dataclasses.fields(SPEC)]
+    state = [v.value if isinstance(v, enum.Enum) else v for v in state]  # (Enums: by value)
     state[0] = ("pkg.mod", "Learner")  # a tuple of two
     with pytest.raises(ProtocolError, match="cls must be a tuple of 3"):
         codec.decode(codec.encode([MARK[EXT], "ctl.SpawnSpec", state]))

@@ -56,3 +56,19 @@ def test_a_sigterm_during_the_warm_up_ends_the_process(monkeypatch: pytest.Monke
         z.sel.close()
         os.close(z.wake_r)
         os.close(z.wake_w)
+
+
+def test_the_light_template_warms_up_without_torch_even_in_lazy_mode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[tuple[str, ...]] = []
+    monkeypatch.setattr(sys, "argv", ["zygote", "/nonexistent/z.sock", "--template", "light"])
+    for name in ("RAYLESS_DIE_WITH_PARENT", "RAYLESS_TOKEN"):  # main() reads/pops them
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RAYLESS_ZYGOTE_PRELOAD", "lazy")  # (the torch template's mode)
+    monkeypatch.setattr(zygote.Zygote, "start", lambda self: None)
+    monkeypatch.setattr(zygote.Zygote, "warm_up", lambda self: seen.append(self.modules))
+    monkeypatch.setattr(zygote.Zygote, "run", lambda self: None)
+    zygote.main()
+    assert seen == [zygote.LIGHT_PRELOAD]
+    assert not {"torch", "tensordict"} & set(zygote.LIGHT_PRELOAD)
