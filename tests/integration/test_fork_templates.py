@@ -14,7 +14,6 @@ from tensordict import TensorDict
 from rayless.actors import Cluster, Template
 from rayless.store import Store
 from tests.integration.template_classes import Probe
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
