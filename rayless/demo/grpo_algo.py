@@ -10,10 +10,10 @@
 - :func:`grpo_step` — one optimiser step on a batch (a plain or a DDP-wrapped model).
 - :func:`train_single_process` — warm start then GRPO in one process: what the distributed
   pipeline does, without it (unit tests and tuning).
-- :class:`PolicyOps` — how every stage builds, samples, scores and warm-starts the policy
-  (``algo.model``): the small transformer of :mod:`rayless.demo.grpo_model` (``tiny``), or a
-  Hugging Face causal LM (``hf``: :class:`rayless.demo.grpo_hf.HfOps`). :func:`policy_ops`
-  picks one.
+- :func:`policy_ops` — the :class:`~rayless.demo.grpo_policy.PolicyOps` of ``algo.model``:
+  how every stage builds, samples, scores and warm-starts the policy (``tiny``: the small
+  transformer of :mod:`rayless.demo.grpo_model`; ``hf``: a Hugging Face causal LM,
+  :class:`rayless.demo.grpo_hf.HfOps`).
 """
 
 from __future__ import annotations
@@ -27,80 +27,24 @@ from torch import nn
 
 from rayless.demo import grpo_task as task
 from rayless.demo.grpo_model import (
-    Generation,
-    ModelConfig,
-    TinyGPT,
     generate,
     length_mask,
     response_logprobs,
     sft_step,
 )
+from rayless.demo.grpo_policy import PolicyOps, model_config
 
-
-class PolicyOps:
-    """The policy as the GRPO stages use it: the demo's small transformer (``algo.model:
-    tiny``). Prompts and responses travel in the model's token ids; the task (and so the
-    reward) speaks :mod:`rayless.demo.grpo_task`'s ids, :meth:`task_ids` maps back."""
-
-    kind = "tiny"
-    pad = task.PAD  # fills responses after their stop token
-    eos = task.EOS
-
-    def __init__(self, algo: Any) -> None:
-        self.algo = algo
-
-    def build(self) -> nn.Module:
-        """A fresh policy of the configured shape (weights from the warm start)."""
-        a = self.algo
-        return TinyGPT(model_config(a.max_len, a.d_model, a.n_layers, a.n_heads))
-
-    def prompts(self, task_prompts: torch.Tensor) -> torch.Tensor:
-        """The task's prompts ``[B, Lp]`` as the model's input ids (all one length)."""
-        return task_prompts
-
-    def task_ids(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The model's token ids as the task's ids (for the reward)."""
-        return tokens
-
-    def generate(
-        self,
-        model: nn.Module,
-        prompts: torch.Tensor,
-        *,
-        temperature: float,
-        generator: torch.Generator | None,
-    ) -> Generation:
-        """One sampled response per row of ``prompts`` (model ids), to the stop token."""
-        return generate(
-            model,
-            prompts,
-            max_new=task.max_new_tokens(self.algo.max_len),
-            temperature=temperature,
-            eos=self.eos,
-            pad=self.pad,
-            generator=generator,
-        )
-
-    def logprobs(
-        self, model: nn.Module, prompts: torch.Tensor, responses: torch.Tensor, temperature: float
-    ) -> torch.Tensor:
-        """Log-probs ``[B, R]`` of the response tokens (differentiable)."""
-        return response_logprobs(model, prompts, responses, temperature)
-
-    def sft_step(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        tokens: torch.Tensor,
-        mask: torch.Tensor,
-    ) -> float:
-        """One supervised step on :func:`grpo_task.sft_batch`'s demonstrations (task ids)."""
-        return sft_step(model, optimizer, tokens, mask)
-
-    def pull_target(self, model: nn.Module) -> dict[str, Any]:
-        """How a rollout worker pulls new weights into ``model``: ``WeightSync.pull``'s
-        keyword arguments (here: the module itself, in place)."""
-        return {"target": model}
+__all__ = [
+    "PolicyOps",
+    "evaluate",
+    "group_advantages",
+    "grpo_loss",
+    "grpo_step",
+    "model_config",
+    "policy_ops",
+    "train_single_process",
+    "warm_start",
+]
 
 
 def policy_ops(algo: Any) -> PolicyOps:
@@ -275,12 +219,6 @@ def warm_start(
         else:
             loss = ops.sft_step(model, optimizer, tokens.to(device), mask.to(device))
     return loss
-
-
-def model_config(max_len: int, d_model: int, n_layers: int, n_heads: int) -> ModelConfig:
-    """The policy's shape for prompts of up to ``max_len`` digits."""
-    seq = task.prompt_length(max_len) + task.max_new_tokens(max_len)
-    return ModelConfig(task.VOCAB_SIZE, d_model, n_layers, n_heads, seq)
 
 
 def train_single_process(

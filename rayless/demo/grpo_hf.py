@@ -5,7 +5,7 @@ wrapped as ``PreTrainedTokenizerFast`` with a chat template. Nothing is download
 
 - :func:`train_tokenizer` — the tokenizer, the same in every process (its vocabulary is
   learned from a fixed corpus of the task's prompts and answers, then ordered).
-- :class:`HfOps` — :class:`rayless.demo.grpo_algo.PolicyOps` for the HF model: prompts go
+- :class:`HfOps` — :class:`rayless.demo.grpo_policy.PolicyOps` for the HF model: prompts go
   through the chat template (left-padded), rollouts sample with ``model.generate`` (KV cache,
   temperature, the stop token ``<|im_end|>``, variable lengths), the trainer and the
   reference score with the same model class, rollout workers load new weights through
@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from rayless.demo import grpo_task as task
-from rayless.demo.grpo_algo import PolicyOps
 from rayless.demo.grpo_model import Generation
+from rayless.demo.grpo_policy import PolicyOps
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is fetched from the hub, ever
 

@@ -41,8 +41,9 @@ from tensordict import TensorDict
 from rayless.actors import Actor, ActorHandle
 from rayless.actors.control.process import apply_torch_threads, torch_threads
 from rayless.demo import grpo_task as task
-from rayless.demo.grpo_algo import PolicyOps, evaluate, policy_ops
+from rayless.demo.grpo_algo import evaluate, policy_ops
 from rayless.demo.grpo_config import GrpoAlgoConfig
+from rayless.demo.grpo_policy import PolicyOps
 from rayless.demo.workers import worker_device
 from rayless.transport.errors import RaylessError
 

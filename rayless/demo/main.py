@@ -69,6 +69,12 @@ async def _main(args: argparse.Namespace) -> int:
     if args.time_limit is not None:
         cfg.run.time_limit_s = args.time_limit
     cfg.validate()
+    if isinstance(cfg, GrpoConfig) and cfg.algo.model == "hf":
+        # the demo extra's HF packages, before any cluster starts (a missing one: the CLI's
+        # hint names the extra)
+        import safetensors  # noqa: F401
+        import tokenizers  # noqa: F401
+        import transformers  # noqa: F401
     from rayless.demo.report import default_out_dir
 
     out_dir = Path(args.output_dir) if args.output_dir else default_out_dir(cfg)
