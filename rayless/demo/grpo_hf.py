@@ -195,7 +195,6 @@ class HfOps(PolicyOps):
         logits = torch.stack(out.logits, dim=1).float() / temperature
         logps = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         responses = torch.full((b, max_new), self.pad, dtype=torch.int64, device=prompts.device)
-        responses[:, :steps] = new
         stop = new == self.eos
         first = torch.where(stop.any(1), stop.int().argmax(1) + 1, max_new)
         keep = torch.arange(steps, device=prompts.device).unsqueeze(0) < first.unsqueeze(1)

@@ -71,7 +71,8 @@ async def _main(args: argparse.Namespace) -> int:
     cfg.validate()
     if isinstance(cfg, GrpoConfig) and cfg.algo.model == "hf":
         # the demo extra's HF packages, before any cluster starts (a missing one: the CLI's
-        # hint names the extra)
+        # hint names the extra); never the hub
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import safetensors  # noqa: F401
         import tokenizers  # noqa: F401
         import transformers  # noqa: F401
