@@ -166,3 +166,23 @@ async def test_pull_refuses_a_target_and_a_loader_together(local_cluster: Cluste
 
         with pytest.raises(EngineError):  # the loader's error, as itself
             await ws.pull(into=broken, min_version=1, timeout=30)
+
+
+async def test_the_loader_reads_a_relays_copy_on_the_cross_host_path(
+    local_cluster: Cluster,
+) -> None:
+    """``per_node``: the engine worker's node gets the version through its relay (one transfer
+    per host); the loader is fed from the relay's segment, tied weights once."""
+    model = TiedModel().to(torch.bfloat16)
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            p.fill_(i + 1)
+    async with WeightSync.create(local_cluster, name="ws-loader-relay", per_node=True) as ws:
+        engine = await local_cluster.spawn(EngineWorker, "ws-loader-relay", cpus=0)
+        await ws.publish(model.state_dict(), version=2)
+        assert await engine.update(2) == 2
+        assert [[n for n, _ in call] for call in await engine.seen()] == [
+            ["embed_tokens.weight", "layer.weight", "layer.bias"]
+        ]
+        values = await engine.values()
+        assert values["lm_head.weight"] == 1.0 and values["layer.bias"] == 3.0
