@@ -87,10 +87,11 @@ def _firsts(layout: Layout) -> list[list[Any]]:
     seen: set[tuple[int, int]] = set()
     out = []
     for row in layout:
-        place = (row[3], row[4])
-        if row[5] and place in seen:
-            continue
-        seen.add(place)
+        if row[5]:  # an empty tensor owns no bytes (the next tensor starts at its offset)
+            place = (row[3], row[4])
+            if place in seen:
+                continue
+            seen.add(place)
         out.append(row)
     return out
 
