@@ -33,7 +33,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 # Modules of the demo extra (pyproject's ``demo``): a command that needs them says so.
-DEMO_EXTRA = frozenset({"yaml", "matplotlib"})
+DEMO_EXTRA = frozenset({"yaml", "matplotlib", "transformers", "tokenizers", "safetensors"})
 
 
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:

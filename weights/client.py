@@ -19,6 +19,13 @@ session). Paths, chosen per pair (docs/weights.md):
 * ``group=`` (a torch.distributed group between trainer and rollout workers): the buckets are
   broadcast over it (gloo: CPU, NCCL: GPU); a collective, see ``rayless.weights.dist``.
 
+``pull(into=load_weights)`` hands the weights to an inference engine's loader instead of a
+module: ``load_weights`` is called once per bucket with an iterator of ``(name, tensor)``
+(private copies, drawn lazily: extra memory one tensor beyond what the loader keeps), names
+mapped by ``rename=`` and floating tensors converted by ``dtype=`` (vLLM's
+``model.load_weights``, SGLang's ``update_weights_from_tensor``, an HF model's
+``load_state_dict(strict=False)``). Tied weights travel and arrive once.
+
 Semantics: versions are monotonic (WeightVersionError otherwise); a pull never sees a
 half-written version and a slow subscriber skips to the newest; dtypes are converted on the
 copy; a name or shape mismatch raises WeightMismatchError naming the tensor before anything
@@ -32,7 +39,7 @@ import contextlib
 import itertools
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -44,13 +51,17 @@ from rayless.actors.api.timeline import traced, weights_span
 from rayless.transport import segments
 from rayless.transport.errors import ClosedError, ProtocolError, RaylessError
 from rayless.transport.protocol import host_id
-from rayless.weights.errors import WeightSyncError
+from rayless.weights.errors import WeightInputError, WeightSyncError
 from rayless.weights.layout import (
     Layout,
+    Loader,
+    Rename,
     bucket_sizes,
     check,
+    feed_into,
     make_layout,
     read_into,
+    renamer,
     targets_of,
     tensors_of,
     write_from,
@@ -354,18 +365,26 @@ class WeightSync:
     @traced("weights", "pull", weights_span)
     async def pull(
         self,
-        target: Any,
+        target: Any = None,
         min_version: int = 0,
         timeout: float | None = None,
         *,
         strict: bool = True,
         group: Any = None,
         src: int = 0,
+        into: Loader | None = None,
+        rename: Rename | None = None,
+        dtype: torch.dtype | None = None,
     ) -> int:
-        """Load the newest version >= ``min_version`` into ``target`` in place; its number.
+        """Load the newest version >= ``min_version`` into ``target`` in place, or hand it to
+        the loader ``into``; its number.
 
         ``target``: a ``torch.nn.Module`` (its parameters and buffers) or a dict of tensors.
         ``strict`` (default): every target tensor must be published and vice versa.
+        ``into`` (instead of ``target``): an engine's loader, called in a worker thread once
+        per bucket with an iterator of ``(name, tensor)`` (private copies; tied weights once,
+        under the first name): names through ``rename`` (a mapping, names not in it unchanged,
+        or a callable; None drops the tensor), floating tensors converted to ``dtype``.
         ``group``: receive the broadcasts of global rank ``src`` over that torch.distributed
         group (one per ``publish(group=...)``, in order, until one is >= ``min_version``;
         ``timeout`` does not apply to the collective).
@@ -373,12 +392,14 @@ class WeightSync:
         Raises WeightMismatchError (a name or shape differs; nothing copied),
         WeightTimeoutError (no such version within ``timeout`` s; None waits on),
         PublisherLostError (the publisher died), WeightSyncError (no path to the weights),
-        TypeError (not a module or dict), ClosedError once closed.
+        WeightInputError (both or neither of ``target`` and ``into``; ``rename``/``dtype``
+        without ``into``), TypeError (not a module or dict, a bad ``rename`` or ``dtype``),
+        ClosedError once closed; what the loader raises, as itself.
         """
         self._check_open()
-        targets = targets_of(target)
+        sink = self._sink(target, strict, into, rename, dtype)
         if group is not None:
-            return await self._receive(targets, min_version, strict, group, src)
+            return await self._receive(sink, min_version, group, src)
         deadline = None if timeout is None else time.monotonic() + timeout
         async with self._pulling:
             t0 = time.perf_counter()
@@ -386,9 +407,9 @@ class WeightSync:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 entry = await self._registry.wait(self.location, min_version, left)
                 parts = entry["parts"] if entry["kind"] == "parts" else [entry]
-                check([row for part in parts for row in part["layout"]], targets, strict)
+                sink.check([row for part in parts for row in part["layout"]])
                 try:
-                    await asyncio.to_thread(self._read, entry, targets)
+                    await asyncio.to_thread(self._read, entry, sink)
                 except segments.Superseded:  # rewritten meanwhile: a newer one is out
                     min_version = max(min_version, int(entry["version"]) + 1)
                     continue
@@ -396,28 +417,41 @@ class WeightSync:
                 self.last_pull_s = time.perf_counter() - t0
                 return self.version
 
-    async def _receive(
+    def _sink(
         self,
-        targets: dict[str, torch.Tensor],
-        min_version: int,
+        target: Any,
         strict: bool,
-        group: Any,
-        src: int,
-    ) -> int:
+        into: Loader | None,
+        rename: Rename | None,
+        dtype: torch.dtype | None,
+    ) -> _Sink:
+        if (target is None) == (into is None):
+            raise WeightInputError("pull takes a target (module or dict) or into=, one of them")
+        if into is None:
+            if rename is not None or dtype is not None:
+                raise WeightInputError("rename= and dtype= apply to pull(into=...) only")
+            return _Targets(targets_of(target), strict)
+        if not callable(into):
+            raise TypeError(f"into is a callable (an engine's loader), not {type(into)}")
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype is a torch.dtype, not {type(dtype)}")
+        return _Loader(into, renamer(rename), dtype)
+
+    async def _receive(self, sink: _Sink, min_version: int, group: Any, src: int) -> int:
         from rayless.weights import dist as weights_dist
 
         async with self._pulling:
             t0 = time.perf_counter()
             while True:
                 version, layout, buckets = await asyncio.to_thread(weights_dist.receive, src, group)
-                check(layout, targets, strict)  # after the receive: the collective stays in step
-                await asyncio.to_thread(read_into, layout, buckets, targets)
+                sink.check(layout)  # after the receive: the collective stays in step
+                await asyncio.to_thread(sink.copy, layout, buckets, None)
                 if version >= min_version:
                     self.version = version
                     self.last_pull_s = time.perf_counter() - t0
                     return version
 
-    def _read(self, entry: dict[str, Any], targets: dict[str, torch.Tensor]) -> None:
+    def _read(self, entry: dict[str, Any], sink: _Sink) -> None:
         parts = entry["parts"] if entry["kind"] == "parts" else [entry]
         with contextlib.ExitStack() as leases:  # every shard of the version leased at once
             payloads = [leases.enter_context(self._reader.lease(p["segment"], p["version"]))
@@ -425,11 +459,11 @@ class WeightSync:
             cuda = False
             for part, payload in zip(parts, payloads, strict=True):
                 if part["kind"] == "cuda":
-                    read_into(part["layout"], self._ipc_buckets(part), targets)
+                    sink.copy(part["layout"], self._ipc_buckets(part), None)
                     cuda = True
                 elif payload.nbytes:
                     flat = torch.frombuffer(payload, dtype=torch.uint8)
-                    read_into(part["layout"], [flat] * len(part["starts"]), targets, part["starts"])
+                    sink.copy(part["layout"], [flat] * len(part["starts"]), part["starts"])
             if cuda:
                 torch.cuda.synchronize()
 
@@ -453,3 +487,41 @@ class WeightSync:
                 self._opened[key] = have
             out.append(have[1])
         return out
+
+
+class _Sink:
+    """Where a pull's bytes go: ``check`` a layout first, then ``copy`` each part into it."""
+
+    def check(self, layout: Layout) -> None:
+        """Raise WeightMismatchError before anything is copied (default: nothing to check)."""
+
+    def copy(self, layout: Layout, buckets: list[torch.Tensor], starts: list[int] | None) -> None:
+        raise NotImplementedError
+
+
+class _Targets(_Sink):
+    """A module's or a dict's tensors, filled in place."""
+
+    def __init__(self, targets: dict[str, torch.Tensor], strict: bool) -> None:
+        self.targets = targets
+        self.strict = strict
+
+    def check(self, layout: Layout) -> None:
+        check(layout, self.targets, self.strict)
+
+    def copy(self, layout: Layout, buckets: list[torch.Tensor], starts: list[int] | None) -> None:
+        read_into(layout, buckets, self.targets, starts)
+
+
+class _Loader(_Sink):
+    """An engine's loader, called once per bucket (``feed_into``)."""
+
+    def __init__(
+        self, loader: Loader, rename: Callable[[str], str | None], dtype: torch.dtype | None
+    ) -> None:
+        self.loader = loader
+        self.rename = rename
+        self.dtype = dtype
+
+    def copy(self, layout: Layout, buckets: list[torch.Tensor], starts: list[int] | None) -> None:
+        feed_into(layout, buckets, self.loader, self.rename, self.dtype, starts)

@@ -5,21 +5,40 @@ whole in one bucket (a bucket holds ``bucket_bytes`` or one bigger tensor), 64-b
 On the CPU path the buckets lie back to back in one shared-memory segment; on the CUDA path
 each bucket is one flat CUDA allocation shared by IPC. The copies convert dtypes on the way
 and check names and shapes first, naming the tensor that does not match.
+
+Aliases (tied weights: two names, one tensor, e.g. ``model.embed_tokens.weight`` and
+``lm_head.weight``) get one place: the alias's row points at its original's bytes, so the
+bytes travel once and :func:`feed_into` hands the tensor to a loader once, under the first
+name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Union
 
 import torch
 
 from rayless.weights.errors import WeightMismatchError
 
-__all__ = ["bucket_sizes", "make_layout", "read_into", "targets_of", "write_from"]
+__all__ = [
+    "Loader",
+    "Rename",
+    "bucket_sizes",
+    "feed_into",
+    "make_layout",
+    "read_into",
+    "renamer",
+    "targets_of",
+    "write_from",
+]
 
 ALIGN = 64
 Layout = list[list[Any]]
+# An engine's loader: called once per bucket with that bucket's (name, tensor) pairs.
+Loader = Callable[[Iterator[tuple[str, torch.Tensor]]], Any]
+# Published name -> loader name: a mapping (names not in it stay), or a callable (None drops).
+Rename = Union[Mapping[str, str], Callable[[str], Union[str, None]]]
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -34,17 +53,47 @@ def tensors_of(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
+def _identity(t: torch.Tensor) -> tuple[Any, ...] | None:
+    """What makes two tensors one (an alias): same memory, dtype, shape and strides."""
+    if not t.numel():
+        return None
+    return (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+
+
 def make_layout(tensors: Mapping[str, torch.Tensor], bucket_bytes: int) -> Layout:
-    """Place every tensor in a bucket of ``bucket_bytes`` (one bigger tensor gets its own)."""
+    """Place every tensor in a bucket of ``bucket_bytes`` (one bigger tensor gets its own);
+    an alias of an earlier tensor (tied weights) gets its original's place."""
     rows: Layout = []
     bucket, used = 0, 0
+    placed: dict[tuple[Any, ...], list[Any]] = {}
     for name, t in tensors.items():
+        key = _identity(t)
+        first = placed.get(key) if key is not None else None
+        if first is not None:
+            rows.append([name, *first[1:]])
+            continue
         n = t.numel() * t.element_size()
         if used and used + n > bucket_bytes:
             bucket, used = bucket + 1, 0
         rows.append([name, str(t.dtype), list(t.shape), bucket, used, n])
+        if key is not None:
+            placed[key] = rows[-1]
         used += -(-n // ALIGN) * ALIGN
     return rows
+
+
+def _firsts(layout: Layout) -> list[list[Any]]:
+    """The rows that own their bytes (an alias shares its original's bucket and offset)."""
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for row in layout:
+        if row[5]:  # an empty tensor owns no bytes (the next tensor starts at its offset)
+            place = (row[3], row[4])
+            if place in seen:
+                continue
+            seen.add(place)
+        out.append(row)
+    return out
 
 
 def bucket_sizes(layout: Layout) -> list[int]:
@@ -69,8 +118,9 @@ def write_from(
     buckets: Sequence[torch.Tensor],
     starts: Sequence[int] | None = None,
 ) -> None:
-    """Copy every tensor into its place: ``buckets[b]`` (flat uint8), at ``starts[b]`` in it."""
-    for row in layout:
+    """Copy every tensor into its place: ``buckets[b]`` (flat uint8), at ``starts[b]`` in it
+    (an alias's bytes once)."""
+    for row in _firsts(layout):
         b = row[3]
         if row[5]:
             _view(buckets[b], row, starts[b] if starts else 0).copy_(tensors[row[0]])
@@ -119,3 +169,46 @@ def read_into(
             dst = targets.get(row[0])
             if dst is not None and row[5]:
                 dst.copy_(_view(buckets[row[3]], row, starts[row[3]] if starts else 0))
+
+
+def renamer(rename: Rename | None) -> Callable[[str], str | None]:
+    """``rename`` as a function (None: names unchanged). Raises TypeError for anything else."""
+    if rename is None:
+        return lambda name: name
+    if isinstance(rename, Mapping):
+        table = dict(rename)
+        return lambda name: table.get(name, name)
+    if callable(rename):
+        return rename
+    raise TypeError(f"rename is a mapping or a callable, not {type(rename)}")
+
+
+def feed_into(
+    layout: Layout,
+    buckets: Sequence[torch.Tensor],
+    loader: Loader,
+    rename: Callable[[str], str | None],
+    dtype: torch.dtype | None,
+    starts: Sequence[int] | None = None,
+) -> int:
+    """Call ``loader`` once per bucket with a lazy iterator of that bucket's ``(name, tensor)``
+    pairs: each tensor a private copy (the loader may keep it), floating tensors converted to
+    ``dtype`` (None: as published), names through ``rename`` (None drops the tensor), an
+    alias (tied weights) once under its first name. Returns the loader's calls."""
+    by_bucket: dict[int, list[list[Any]]] = {}
+    for row in _firsts(layout):
+        by_bucket.setdefault(int(row[3]), []).append(row)
+
+    def items(bucket: int, rows: list[list[Any]]) -> Iterator[tuple[str, torch.Tensor]]:
+        base = starts[bucket] if starts else 0
+        for row in rows:
+            name = rename(row[0])
+            if name is None:
+                continue
+            view = _view(buckets[bucket], row, base)
+            to = dtype if dtype is not None and view.is_floating_point() else view.dtype
+            yield name, view.to(to, copy=True)
+
+    for bucket in sorted(by_bucket):
+        loader(items(bucket, by_bucket[bucket]))
+    return len(by_bucket)

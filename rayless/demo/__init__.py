@@ -15,6 +15,9 @@ The GRPO demo (``rayless demo --config grpo``), in the same split:
 
 - :mod:`rayless.demo.grpo_task`: the sorting task, its reward, the noisy demonstrations.
 - :mod:`rayless.demo.grpo_model`: the small decoder-only transformer, KV-cached sampling.
+- :mod:`rayless.demo.grpo_policy`: how every stage builds, samples, scores and warm-starts
+  its policy (``algo.model``); :mod:`rayless.demo.grpo_hf` does it for a Hugging Face causal
+  LM with a tokenizer trained at start (``--config grpo_hf``; imports transformers).
 - :mod:`rayless.demo.grpo_algo`: advantages, the GRPO loss and step, the warm start, a
   single-process loop.
 - :mod:`rayless.demo.grpo_config`: its configuration (GRPO's workers and keys).

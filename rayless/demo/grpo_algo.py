@@ -10,6 +10,10 @@
 - :func:`grpo_step` — one optimiser step on a batch (a plain or a DDP-wrapped model).
 - :func:`train_single_process` — warm start then GRPO in one process: what the distributed
   pipeline does, without it (unit tests and tuning).
+- :func:`policy_ops` — the :class:`~rayless.demo.grpo_policy.PolicyOps` of ``algo.model``:
+  how every stage builds, samples, scores and warm-starts the policy (``tiny``: the small
+  transformer of :mod:`rayless.demo.grpo_model`; ``hf``: a Hugging Face causal LM,
+  :class:`rayless.demo.grpo_hf.HfOps`).
 """
 
 from __future__ import annotations
@@ -23,13 +27,33 @@ from torch import nn
 
 from rayless.demo import grpo_task as task
 from rayless.demo.grpo_model import (
-    ModelConfig,
-    TinyGPT,
     generate,
     length_mask,
     response_logprobs,
     sft_step,
 )
+from rayless.demo.grpo_policy import PolicyOps, model_config
+
+__all__ = [
+    "PolicyOps",
+    "evaluate",
+    "group_advantages",
+    "grpo_loss",
+    "grpo_step",
+    "model_config",
+    "policy_ops",
+    "train_single_process",
+    "warm_start",
+]
+
+
+def policy_ops(algo: Any) -> PolicyOps:
+    """The :class:`PolicyOps` of ``algo.model`` (``hf`` imports transformers)."""
+    if getattr(algo, "model", "tiny") == "hf":
+        from rayless.demo.grpo_hf import HfOps
+
+        return HfOps(algo)
+    return PolicyOps(algo)
 
 
 def group_advantages(
@@ -108,6 +132,7 @@ def grpo_step(
     beta: float,
     max_grad_norm: float,
     advantages: torch.Tensor | None = None,
+    ops: PolicyOps | None = None,
 ) -> dict[str, float]:
     """One optimiser step on ``batch`` (``prompts [B, Lp]``, ``responses [B, R]`` padded,
     ``lengths [B]``, ``logprobs``/``ref_logprobs [B, R]``, ``rewards [B]``; rows in whole
@@ -117,7 +142,10 @@ def grpo_step(
         advantages = group_advantages(batch["rewards"], group_size)
     mask = length_mask(batch["lengths"], batch["responses"].shape[1])
     model.train()
-    logp = response_logprobs(model, batch["prompts"], batch["responses"], temperature)
+    if ops is None:
+        logp = response_logprobs(model, batch["prompts"], batch["responses"], temperature)
+    else:
+        logp = ops.logprobs(model, batch["prompts"], batch["responses"], temperature)
     loss, stats = grpo_loss(
         logp,
         batch["logprobs"],
@@ -142,19 +170,27 @@ def evaluate(
     max_len: int,
     temperature: float,
     generator: torch.Generator,
+    ops: PolicyOps | None = None,
 ) -> tuple[float, float]:
-    """Mean reward and mean response length of one sample per prompt at ``temperature``."""
+    """Mean reward and mean response length of one sample per prompt (task ids) at
+    ``temperature``."""
     model.eval()
-    gen = generate(
-        model,
-        prompts,
-        max_new=task.max_new_tokens(max_len),
-        temperature=temperature,
-        eos=task.EOS,
-        pad=task.PAD,
-        generator=generator,
-    )
-    rewards = task.rewards_for(prompts, list(gen.responses))
+    if ops is None:
+        gen = generate(
+            model,
+            prompts,
+            max_new=task.max_new_tokens(max_len),
+            temperature=temperature,
+            eos=task.EOS,
+            pad=task.PAD,
+            generator=generator,
+        )
+        rewards = task.rewards_for(prompts, list(gen.responses))
+    else:
+        gen = ops.generate(
+            model, ops.prompts(prompts), temperature=temperature, generator=generator
+        )
+        rewards = task.rewards_for(prompts, [ops.task_ids(r) for r in gen.responses])
     return float(rewards.mean()), float(gen.lengths.float().mean())
 
 
@@ -168,6 +204,7 @@ def warm_start(
     max_len: int,
     noise: float,
     generator: torch.Generator,
+    ops: PolicyOps | None = None,
 ) -> float:
     """``steps`` supervised steps on noisy demonstrations (:func:`grpo_task.sft_batch`).
     Every DDP rank must pass the same ``steps``. Returns the last loss."""
@@ -177,14 +214,11 @@ def warm_start(
     model.train()
     for _ in range(steps):
         tokens, mask = task.sft_batch(batch_size, min_len, max_len, noise, generator)
-        loss = sft_step(model, optimizer, tokens.to(device), mask.to(device))
+        if ops is None:
+            loss = sft_step(model, optimizer, tokens.to(device), mask.to(device))
+        else:
+            loss = ops.sft_step(model, optimizer, tokens.to(device), mask.to(device))
     return loss
-
-
-def model_config(max_len: int, d_model: int, n_layers: int, n_heads: int) -> ModelConfig:
-    """The policy's shape for prompts of up to ``max_len`` digits."""
-    seq = task.prompt_length(max_len) + task.max_new_tokens(max_len)
-    return ModelConfig(task.VOCAB_SIZE, d_model, n_layers, n_heads, seq)
 
 
 def train_single_process(
@@ -205,7 +239,8 @@ def train_single_process(
     held_out, _ = task.make_prompts(
         algo.eval_prompts, algo.min_len, algo.max_len, torch.Generator().manual_seed(10_000 + seed)
     )
-    model = TinyGPT(model_config(algo.max_len, algo.d_model, algo.n_layers, algo.n_heads))
+    ops = policy_ops(algo)
+    model = ops.build()
     t0 = time.perf_counter()
     warm_start(
         model,
@@ -216,13 +251,19 @@ def train_single_process(
         max_len=algo.max_len,
         noise=algo.sft_noise,
         generator=gen,
+        ops=ops,
     )
-    ref = TinyGPT(model.cfg)
+    ref = ops.build()
     ref.load_state_dict(model.state_dict())
     optimizer = torch.optim.Adam(model.parameters(), lr=algo.lr)
     history = []
     r0, l0 = evaluate(
-        model, held_out, max_len=algo.max_len, temperature=algo.temperature, generator=eval_gen
+        model,
+        held_out,
+        max_len=algo.max_len,
+        temperature=algo.temperature,
+        generator=eval_gen,
+        ops=ops,
     )
     history.append(
         {"iteration": 0.0, "eval_reward": r0, "length": l0, "s": time.perf_counter() - t0}
@@ -232,20 +273,13 @@ def train_single_process(
     n_iter = algo.iterations if iterations is None else iterations
     for it in range(1, n_iter + 1):
         prompts, _ = task.make_prompts(prompts_per_step, algo.min_len, algo.max_len, gen)
-        prompts = prompts.repeat_interleave(algo.group_size, dim=0)
+        task_prompts = prompts.repeat_interleave(algo.group_size, dim=0)
+        prompts = ops.prompts(task_prompts)
         model.eval()
-        g = generate(
-            model,
-            prompts,
-            max_new=task.max_new_tokens(algo.max_len),
-            temperature=algo.temperature,
-            eos=task.EOS,
-            pad=task.PAD,
-            generator=gen,
-        )
+        g = ops.generate(model, prompts, temperature=algo.temperature, generator=gen)
         with torch.no_grad():
-            ref_lp = response_logprobs(ref, prompts, g.responses, algo.temperature)
-        rewards = task.rewards_for(prompts, list(g.responses))
+            ref_lp = ops.logprobs(ref, prompts, g.responses, algo.temperature)
+        rewards = task.rewards_for(task_prompts, [ops.task_ids(r) for r in g.responses])
         batch = {
             "prompts": prompts,
             "responses": g.responses,
@@ -264,6 +298,7 @@ def train_single_process(
                 clip=algo.clip_coef,
                 beta=algo.kl_coef,
                 max_grad_norm=algo.max_grad_norm,
+                ops=ops,
             )
         row = {"iteration": float(it), "mean_reward": float(rewards.mean()), **stats}
         if it % algo.eval_interval == 0:
@@ -273,6 +308,7 @@ def train_single_process(
                 max_len=algo.max_len,
                 temperature=algo.temperature,
                 generator=eval_gen,
+                ops=ops,
             )
         row["s"] = time.perf_counter() - t0
         history.append(row)

@@ -61,6 +61,10 @@ workers' GPUs. ``reference_worker.worker_num`` must be 1 (one frozen copy of the
       sft_batch_size: 64       # demonstrations per step (all ranks together)
       sft_lr: 0.003
       sft_noise: 0.75          # share of the demonstrations' digits replaced at random
+      model: tiny              # tiny: the demo's own transformer; hf: a transformers Llama
+                               #   causal LM and a trained tokenizer (rayless.demo.grpo_hf)
+      wire_dtype: float32      # what the trainer publishes (bfloat16: half the bytes; the
+                               #   rollout workers load fp32 either way)
 """
 
 from __future__ import annotations
@@ -129,6 +133,8 @@ class GrpoAlgoConfig:
     sft_batch_size: int = 64
     sft_lr: float = 3e-3
     sft_noise: float = 0.75
+    model: str = "tiny"
+    wire_dtype: str = "float32"
 
 
 @dataclasses.dataclass
@@ -290,6 +296,8 @@ def _validate(cfg: GrpoConfig) -> None:
             f"algo.d_model ({a.d_model}) must be a multiple of algo.n_heads ({a.n_heads})"
         )
     check_choice("algo.sampler", a.sampler, ("grouped", "seqlen_balanced"))
+    check_choice("algo.model", a.model, ("tiny", "hf"))
+    check_choice("algo.wire_dtype", a.wire_dtype, ("float32", "bfloat16"))
     ranks = c.train_worker.count
     groups = c.rollout_worker.count * a.prompts_per_rollout
     if groups % ranks:

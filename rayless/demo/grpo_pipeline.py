@@ -30,6 +30,7 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -93,6 +94,7 @@ class GrpoResult:
     final_reward: float
     best_reward: float
     totals: dict[str, float] = field(default_factory=dict)
+    checkpoint: str | None = None  # algo.model hf: the saved HF policy and tokenizer
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values for metrics.json (per-iteration series at the top level too)."""
@@ -140,8 +142,11 @@ class GrpoPipeline:
         cluster: Cluster,
         *,
         on_iteration: Callable[[GrpoIteration, GrpoConfig], Awaitable[None] | None] | None = None,
+        checkpoint_dir: Path | None = None,
     ) -> None:
         self.cfg = cfg
+        # algo.model hf: the final policy and tokenizer are saved here (save_pretrained)
+        self.checkpoint_dir = checkpoint_dir
         self.cluster = cluster
         self.on_iteration = on_iteration
         self.store: Store | None = None
@@ -206,7 +211,9 @@ class GrpoPipeline:
         self.weights = await WeightSync.create(self.cluster, name=self.weights_name)
         algo_d, seed = asdict(algo), cfg.run.seed
         batch = cfg.responses_per_iteration
-        self.rewards = await self._spawn_each(RewardWorker, reward_slots, "env", self.store_name)
+        self.rewards = await self._spawn_each(
+            RewardWorker, reward_slots, "env", self.store_name, algo_d
+        )
         # routing: rollout workers (as the router's "env") to reward workers (its "eval")
         reward_ids = {s.worker_id: i for i, s in enumerate(reward_slots)}
         routing: dict[str, Any] = {}
@@ -377,7 +384,13 @@ class GrpoPipeline:
             for t in pending:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        # buckets the rollout workers loaded through pull(into=...) (algo.model hf)
+        totals["loaded_buckets"] = float(sum([await r.weight_loads() for r in self.rollouts]))
+        checkpoint = None
+        if self.checkpoint_dir is not None and algo.model == "hf":
+            checkpoint = str(await self.save_checkpoint(self.checkpoint_dir))
         return GrpoResult(
+            checkpoint=checkpoint,
             solved=solved,
             iterations=stats,
             placement=self.placement,
@@ -391,6 +404,19 @@ class GrpoPipeline:
             best_reward=best,
             totals=totals,
         )
+
+    async def save_checkpoint(self, path: Path) -> Path:
+        """Pull the newest published policy into an HF model here and ``save_pretrained`` it
+        with the tokenizer into ``path`` (``algo.model: hf``). Raises WeightSyncError."""
+        from rayless.demo.grpo_hf import HfOps, save_checkpoint
+
+        if self.weights is None:
+            raise RuntimeError("GrpoPipeline.save_checkpoint() needs setup() first")
+        ops = HfOps(self.cfg.algo)
+        model = ops.build()
+        latest = await self.weights.latest_version()
+        await self.weights.pull(model, min_version=latest, timeout=60.0)
+        return await asyncio.to_thread(save_checkpoint, model, ops.tokenizer, path)
 
     async def _rollout(self, iteration: int, min_version: int) -> list[dict[str, Any]]:
         return list(

@@ -41,6 +41,21 @@ TRAIN_FIELDS = [
 ]
 
 
+def cast_floats(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """``state`` with its floating tensors in ``dtype``; tied tensors stay one tensor."""
+    done: dict[int, torch.Tensor] = {}
+    out = {}
+    for name, t in state.items():
+        if not t.is_floating_point():
+            out[name] = t
+            continue
+        key = t.data_ptr()
+        if key not in done or done[key].shape != t.shape:
+            done[key] = t.to(dtype)
+        out[name] = done[key]
+    return out
+
+
 class GroupSplitError(RuntimeError):
     """A trainer batch held part of a group (the grouped fetch must return whole groups).
     The demo's own check, not part of the runtime's error tree (``rayless.errors``)."""
@@ -70,6 +85,7 @@ class GrpoTrainWorker(Actor):
         self.partition = partition
         self.batch_size = batch_size  # the global batch of one iteration (all ranks)
         self.device = worker_device()
+        self.ops: Any = None
         self.model: Any = None
         self.optimizer: Any = None
         self.store: Any = None
@@ -88,7 +104,8 @@ class GrpoTrainWorker(Actor):
             self.rank, self.world_size, master_addr, master_port, self.device
         )
         torch.manual_seed(self.seed)  # every rank starts from the same weights
-        policy = policy_of(self.algo).to(self.device)
+        self.ops, policy = policy_of(self.algo)
+        policy = policy.to(self.device)
         ids = [self.device.index] if self.device.type == "cuda" else None
         self.model = DistributedDataParallel(policy, device_ids=ids)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.algo.lr)
@@ -127,6 +144,7 @@ class GrpoTrainWorker(Actor):
                 max_len=a.max_len,
                 noise=a.sft_noise,
                 generator=gen,
+                ops=self.ops,
             )
 
         loss = await in_thread(run)
@@ -135,7 +153,10 @@ class GrpoTrainWorker(Actor):
     async def publish_weights(self, version: int) -> dict[str, float]:
         """Publish the current weights as ``version`` (rank 0); the interval."""
         t0 = time.time()
-        await self.weights.publish(unwrap(self.model).state_dict(), version)
+        state = unwrap(self.model).state_dict()
+        if self.algo.wire_dtype != "float32":
+            state = cast_floats(state, getattr(torch, self.algo.wire_dtype))
+        await self.weights.publish(state, version)
         return {"start": t0, "end": time.time()}
 
     async def train(self, iteration: int) -> dict[str, Any]:
@@ -168,7 +189,7 @@ class GrpoTrainWorker(Actor):
             )
         batch = {
             "prompts": td["prompts"].to(self.device),
-            "responses": padded(td["responses"], float(task.PAD)).long().to(self.device),
+            "responses": padded(td["responses"], float(self.ops.pad)).long().to(self.device),
             "logprobs": padded(td["logprobs"], 0.0).to(self.device),
             "ref_logprobs": padded(td["ref_logprobs"], 0.0).to(self.device),
             "lengths": td["lengths"].to(self.device),
@@ -190,6 +211,7 @@ class GrpoTrainWorker(Actor):
                     beta=a.kl_coef,
                     max_grad_norm=a.max_grad_norm,
                     advantages=advantages,
+                    ops=self.ops,
                 )
             return stats
 
@@ -206,7 +228,9 @@ class GrpoTrainWorker(Actor):
             "mean_reward": float(td["rewards"].mean()),
             "mean_length": float(td["lengths"].float().mean()),
             # the right answers' length: the prompt's digits and the stop token
-            "answer_length": float(((td["prompts"] < task.NUM_DIGITS).sum(1) + 1).float().mean()),
+            "answer_length": float(
+                ((self.ops.task_ids(td["prompts"]) < task.NUM_DIGITS).sum(1) + 1).float().mean()
+            ),
             "rollouts": sorted({int(c["iteration"]) for c in meta.custom_meta}),
             "min_version": int(versions.min()),
             "max_version": int(versions.max()),

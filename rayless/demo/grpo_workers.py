@@ -41,9 +41,9 @@ from tensordict import TensorDict
 from rayless.actors import Actor, ActorHandle
 from rayless.actors.control.process import apply_torch_threads, torch_threads
 from rayless.demo import grpo_task as task
-from rayless.demo.grpo_algo import evaluate, model_config
+from rayless.demo.grpo_algo import evaluate, policy_ops
 from rayless.demo.grpo_config import GrpoAlgoConfig
-from rayless.demo.grpo_model import TinyGPT, generate, response_logprobs
+from rayless.demo.grpo_policy import PolicyOps
 from rayless.demo.workers import worker_device
 from rayless.transport.errors import RaylessError
 
@@ -62,9 +62,11 @@ def algo_of(params: dict[str, Any]) -> GrpoAlgoConfig:
     return GrpoAlgoConfig(**params)
 
 
-def policy_of(algo: GrpoAlgoConfig) -> TinyGPT:
-    """A fresh policy of the configured shape (weights come from the warm start)."""
-    return TinyGPT(model_config(algo.max_len, algo.d_model, algo.n_layers, algo.n_heads))
+def policy_of(algo: GrpoAlgoConfig) -> tuple[PolicyOps, torch.nn.Module]:
+    """The policy's operations (``algo.model``) and a fresh policy of the configured shape
+    (weights come from the warm start)."""
+    ops = policy_ops(algo)
+    return ops, ops.build()
 
 
 def jagged(rows: list[torch.Tensor]) -> torch.Tensor:
@@ -108,7 +110,9 @@ class RolloutWorker(Actor):
         self.seed = seed
         self.env_id = f"env-{index}"  # the name the router and the episode table know
         self.device = worker_device()
-        self.policy = policy_of(self.algo).to(self.device).eval()
+        torch.manual_seed(seed * 1000 + index)  # HF generate samples from the global generator
+        self.ops, policy = policy_of(self.algo)
+        self.policy = policy.to(self.device).eval()
         self.generator = torch.Generator().manual_seed(seed * 1000 + index)
         self.eval_generator = torch.Generator().manual_seed(seed * 1000 + 500 + index)
         self.store_name = store_name
@@ -149,8 +153,15 @@ class RolloutWorker(Actor):
 
     async def _pull(self, min_version: int) -> dict[str, float]:
         t0 = time.time()
-        self.version = int(await self.weights.pull(self.policy, min_version, PULL_TIMEOUT))
+        target = self.ops.pull_target(self.policy)  # a module in place, or an engine's loader
+        self.version = int(
+            await self.weights.pull(min_version=min_version, timeout=PULL_TIMEOUT, **target)
+        )
         return {"start": t0, "end": time.time(), "version": float(self.version)}
+
+    def weight_loads(self) -> int:
+        """Buckets this worker loaded through ``pull(into=...)`` (0: pulled in place)."""
+        return int(getattr(self.ops, "loads", 0))
 
     async def rollout(self, iteration: int, min_version: int) -> dict[str, Any]:
         """Sample ``prompts_per_rollout`` groups with a policy version >= ``min_version`` (the
@@ -165,7 +176,7 @@ class RolloutWorker(Actor):
             prompts, _ = task.make_prompts(
                 a.prompts_per_rollout, a.min_len, a.max_len, self.generator
             )
-            prompts = prompts.repeat_interleave(a.group_size, dim=0)
+            prompts = self.ops.prompts(prompts.repeat_interleave(a.group_size, dim=0))
             gen = await in_thread(self._generate, prompts)
         t_put = time.time()
         n = prompts.shape[0]
@@ -212,14 +223,10 @@ class RolloutWorker(Actor):
         }
 
     def _generate(self, prompts: torch.Tensor) -> Any:
-        a = self.algo
-        return generate(
+        return self.ops.generate(
             self.policy,
             prompts.to(self.device),
-            max_new=task.max_new_tokens(a.max_len),
-            temperature=a.temperature,
-            eos=task.EOS,
-            pad=task.PAD,
+            temperature=self.algo.temperature,
             generator=self.generator if self.device.type == "cpu" else None,
         )
 
@@ -238,6 +245,7 @@ class RolloutWorker(Actor):
                     max_len=a.max_len,
                     temperature=a.temperature,
                     generator=self.eval_generator,
+                    ops=self.ops,
                 )
 
             reward, length = await in_thread(run)
@@ -247,9 +255,10 @@ class RolloutWorker(Actor):
 class RewardWorker(Actor):
     """Scores responses with the task's verifier and adds ``rewards`` to their samples."""
 
-    def __init__(self, index: int, store_name: str) -> None:
+    def __init__(self, index: int, store_name: str, algo: dict[str, Any] | None = None) -> None:
         torch.set_num_threads(1)
         self.index = index
+        self.ops = policy_ops(algo_of(algo)) if algo is not None else None
         self.store_name = store_name
         self.store: Any = None
         self.scored = 0
@@ -264,7 +273,11 @@ class RewardWorker(Actor):
         t0 = time.time()
         td = await self.store.get(meta, ["prompts", "responses"])
         responses = list(td["responses"].unbind(0))
-        rewards = task.rewards_for(td["prompts"], responses)
+        prompts = td["prompts"]
+        if self.ops is not None:  # the model's tokens as the task's (the verifier's) ids
+            prompts = self.ops.task_ids(prompts)
+            responses = [self.ops.task_ids(r) for r in responses]
+        rewards = task.rewards_for(prompts, responses)
         await self.store.put(
             TensorDict({"rewards": rewards}, batch_size=[len(responses)]), meta=meta
         )
@@ -292,7 +305,8 @@ class ReferenceWorker(Actor):
         torch.set_num_threads(1)
         self.algo = algo_of(algo)
         self.device = worker_device()
-        self.policy = policy_of(self.algo).to(self.device).eval()
+        self.ops, policy = policy_of(self.algo)
+        self.policy = policy.to(self.device).eval()
         self.store_name = store_name
         self.weights_name = weights_name
         self.partition = partition
@@ -332,11 +346,11 @@ class ReferenceWorker(Actor):
         t0 = time.time()
         td = await self.store.get(meta)
         lengths = td["lengths"]
-        responses = padded(td["responses"], float(task.PAD)).long()
+        responses = padded(td["responses"], float(self.ops.pad)).long()
 
         def run() -> torch.Tensor:
             with torch.no_grad():
-                return response_logprobs(
+                return self.ops.logprobs(
                     self.policy,
                     td["prompts"].to(self.device),
                     responses.to(self.device),

@@ -5,10 +5,10 @@ the config (``cluster.num_nodes`` nodes, fake GPUs unless real ones suffice); un
 ``scripts/launch.py`` it joins the launched cluster instead, unchanged.
 
 ``--config`` takes a YAML path or the name of a shipped config (``default``, ``gpu_8``,
-``grpo``, ``grpo_gpu``: ``rayless/configs/NAME.yaml``). A config whose ``cluster`` names
-``rollout_worker`` runs the GRPO demo (:mod:`rayless.demo.grpo_pipeline`), any other the PPO
-demo (:mod:`rayless.demo.pipeline`); both exit 0 when solved, 2 when not, 1 on a bad config or
-a dead worker (named), 130 on Ctrl-C.
+``grpo``, ``grpo_gpu``, ``grpo_hf``: ``rayless/configs/NAME.yaml``). A config whose
+``cluster`` names ``rollout_worker`` runs the GRPO demo (:mod:`rayless.demo.grpo_pipeline`),
+any other the PPO demo (:mod:`rayless.demo.pipeline`); both exit 0 when solved, 2 when not,
+1 on a bad config or a dead worker (named), 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -69,6 +69,13 @@ async def _main(args: argparse.Namespace) -> int:
     if args.time_limit is not None:
         cfg.run.time_limit_s = args.time_limit
     cfg.validate()
+    if isinstance(cfg, GrpoConfig) and cfg.algo.model == "hf":
+        # the demo extra's HF packages, before any cluster starts (a missing one: the CLI's
+        # hint names the extra); never the hub
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import safetensors  # noqa: F401
+        import tokenizers  # noqa: F401
+        import transformers  # noqa: F401
     from rayless.demo.report import default_out_dir
 
     out_dir = Path(args.output_dir) if args.output_dir else default_out_dir(cfg)
@@ -110,7 +117,10 @@ async def _run_grpo(cfg: GrpoConfig, cluster: Cluster, out_dir: Path) -> int:
     from rayless.demo.grpo_pipeline import GrpoPipeline
     from rayless.demo.grpo_report import grpo_summary_text, print_grpo_progress, write_grpo_report
 
-    pipeline = GrpoPipeline(cfg, cluster, on_iteration=print_grpo_progress)
+    checkpoint = out_dir / "hf_policy" if cfg.algo.model == "hf" else None
+    pipeline = GrpoPipeline(
+        cfg, cluster, on_iteration=print_grpo_progress, checkpoint_dir=checkpoint
+    )
 
     def started() -> str:
         return (

@@ -12,22 +12,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-BLOCK_DEMO_EXTRA = """
+DEMO_EXTRA = ("yaml", "matplotlib", "transformers", "tokenizers", "safetensors")
+BLOCK = """
 import importlib.abc, sys
 
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("yaml", "matplotlib"):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        if name.split(".")[0] in {blocked!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
         return None
 
 sys.meta_path.insert(0, Block())
 """
 
 
-def _run(code: str) -> subprocess.CompletedProcess[str]:
+def _run(code: str, blocked: tuple[str, ...] = DEMO_EXTRA) -> subprocess.CompletedProcess[str]:
+    block = BLOCK.format(blocked=blocked)
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(BLOCK_DEMO_EXTRA) + textwrap.dedent(code)],
+        [sys.executable, "-c", textwrap.dedent(block) + textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -41,6 +43,7 @@ def test_runtime_packages_import_without_the_demo_extra() -> None:
         import rayless.transport, rayless.placement, rayless.actors, rayless.store
         import rayless.actors.control.agent, rayless.actors.control.head
         import rayless.actors.launch.node
+        import rayless.weights.client, rayless.weights.sync
         print("ok")
         """
     )
@@ -66,6 +69,21 @@ def test_matplotlib_and_yaml_are_not_base_dependencies() -> None:
     assert "matplotlib" not in base and "pyyaml" not in base
     demo = " ".join(meta["optional-dependencies"]["demo"]).lower()
     assert "matplotlib" in demo and "pyyaml" in demo
+    for name in ("transformers", "tokenizers", "safetensors"):  # the HF GRPO demo
+        assert name not in base and f"{name}==" in demo
+
+
+def test_the_hf_demo_without_its_extra_says_what_to_install() -> None:
+    proc = _run(
+        """
+        from rayless.cli import main
+        raise SystemExit(main(["demo", "--config", "grpo_hf"]))
+        """,
+        blocked=("transformers",),
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "needs transformers" in proc.stderr, proc.stderr
+    assert "starting an embedded cluster" not in proc.stdout  # refused before any start
 
 
 @pytest.mark.slow

@@ -84,3 +84,37 @@ def test_mismatches_name_the_tensor() -> None:
 def test_targets_must_be_a_module_or_a_dict() -> None:
     with pytest.raises(TypeError):
         targets_of([torch.ones(1)])
+
+
+def test_tied_tensors_are_laid_out_once_and_read_back_under_both_names() -> None:
+    """An embedding tied to the head (one tensor, two names) takes its bytes once; a target
+    with both names gets both filled, a loader gets the tensor once (the first name)."""
+    from rayless.weights.layout import feed_into
+
+    embed = torch.arange(12, dtype=torch.float32).view(3, 4)
+    state = {"embed.weight": embed, "bias": torch.ones(4), "head.weight": embed}
+    layout = make_layout(state, 1 << 20)
+    assert bucket_sizes(layout) == bucket_sizes(
+        make_layout({k: state[k] for k in list(state)[:2]}, 1 << 20)
+    )
+    buckets = [torch.zeros(n, dtype=torch.uint8) for n in bucket_sizes(layout)]
+    write_from(state, layout, buckets)
+    targets = {k: torch.zeros(v.shape) for k, v in state.items()}
+    read_into(layout, buckets, targets)
+    assert torch.equal(targets["head.weight"], embed) and torch.equal(
+        targets["embed.weight"], embed
+    )
+    got: list[str] = []
+    feed_into(layout, buckets, lambda ws: got.extend(n for n, _ in ws), lambda n: n, None)
+    assert got == ["embed.weight", "bias"]
+
+
+def test_an_empty_tensor_is_no_alias_of_the_tensor_after_it() -> None:
+    """An empty tensor takes no bytes, so the next tensor starts at its offset: both copied."""
+    state = {"empty": torch.zeros(0), "w": torch.full((4,), 7.0), "tail": torch.ones(2)}
+    layout = make_layout(state, 1 << 20)
+    buckets = [torch.zeros(n, dtype=torch.uint8) for n in bucket_sizes(layout)]
+    write_from(state, layout, buckets)
+    targets = {k: torch.zeros(v.shape) for k, v in state.items()}
+    read_into(layout, buckets, targets)
+    assert targets["w"].tolist() == [7.0] * 4 and targets["tail"].tolist() == [1.0, 1.0]
