@@ -31,7 +31,13 @@ def test_grpo_hf_runs_loads_through_the_engine_path_and_saves_a_loadable_model(
 
     shipped = load_grpo_config(GRPO_CONFIG.with_name("grpo_hf.yaml")).to_dict()
     assert shipped["algo"]["model"] == "hf"
-    shipped["algo"].update(sft_steps=10, eval_prompts=16, eval_interval=2, target_reward=1.0)
+    shipped["algo"].update(
+        sft_steps=10, eval_prompts=16, eval_interval=2, target_reward=1.0, n_layers=2,
+        prompts_per_rollout=4,
+    )  # fmt: skip
+    # one worker of each kind but the 2 DDP ranks: each worker imports transformers itself
+    for kind in ("rollout_worker", "reward_worker"):
+        shipped["cluster"][kind]["worker_num"] = 1
     config = tmp_path / "short.yaml"
     config.write_text(yaml.safe_dump(shipped))
     out_dir = tmp_path / "run"
@@ -45,8 +51,8 @@ def test_grpo_hf_runs_loads_through_the_engine_path_and_saves_a_loadable_model(
     metrics = json.loads((out_dir / "metrics.json").read_text())
     assert len(metrics["iterations"]) == 2
     assert (out_dir / "report.png").stat().st_size > 0
-    # every rollout worker pulled versions 0, 1 and 2 through its model's loader
-    assert metrics["totals"]["loaded_buckets"] >= 2 * 3
+    # the rollout worker pulled versions 0, 1 and 2 through its model's loader
+    assert metrics["totals"]["loaded_buckets"] >= 3
     assert metrics["totals"]["trained"] == 2 * load_grpo_config(config).responses_per_iteration
 
     checkpoint = Path(metrics["checkpoint"])
