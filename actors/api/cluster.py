@@ -275,10 +275,7 @@ class Cluster:
         Raises:
             ValueError: ``limit`` is not an int >= 0 or None.
         """
-        if limit is not None and (
-            not isinstance(limit, int) or isinstance(limit, bool) or limit < 0
-        ):
-            raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
+        _check_count("limit", limit, none_ok=True)
         runtime = await self._runtime()
         return await runtime.head_request(Summarize(limit=limit))
 
@@ -290,11 +287,8 @@ class Cluster:
         Raises:
             ValueError: ``limit`` or ``offset`` is not an int >= 0 (``limit``: or None).
         """
-        for what, value in (("limit", limit), ("offset", offset)):
-            if value is None and what == "limit":
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{what} must be an int >= 0, got {value!r}")
+        _check_count("limit", limit, none_ok=True)
+        _check_count("offset", offset)
         runtime = await self._runtime()
         return await runtime.head_request(ListActors(limit=limit, offset=offset))
 
@@ -430,3 +424,12 @@ def _spawn_span(args: tuple[Any, ...], kwargs: Mapping[str, Any], handle: Any) -
     if handle is not None:
         info.update(actor=handle.name, node=handle.node_id)
     return info
+
+
+def _check_count(what: str, value: object, *, none_ok: bool = False) -> None:
+    """Raise ValueError unless ``value`` is an int >= 0 (or None, with ``none_ok``)."""
+    if value is None and none_ok:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        also = " or None" if none_ok else ""
+        raise ValueError(f"{what} must be an int >= 0{also}, got {value!r}")
