@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from tensordict import TensorDict, TensorDictBase
 
 from rayless.actors import ActorDiedError, ActorHandle, Cluster, Template, connect
@@ -107,6 +108,15 @@ async def _done(value: Any) -> Any:
 
 
 def _groups(meta: BatchMeta) -> dict[tuple[int, str], list[int]]:
+    """Positions of ``meta``'s samples by (shard, partition), in first-seen order."""
+    parts, shards, n = meta.partition_ids, meta.shards, meta.size
+    if n and parts.count(parts[0]) == n:  # one partition (the usual case): by shard, vectorised
+        sh = np.asarray(shards)
+        uniq, first = np.unique(sh, return_index=True)
+        order = uniq[np.argsort(first)].tolist()
+        if len(order) == 1:
+            return {(order[0], parts[0]): list(range(n))}
+        return {(s, parts[0]): np.flatnonzero(sh == s).tolist() for s in order}
     groups: dict[tuple[int, str], list[int]] = {}
     for pos, (shard, part) in enumerate(zip(meta.shards, meta.partition_ids, strict=True)):
         groups.setdefault((shard, part), []).append(pos)
@@ -525,7 +535,8 @@ class Store:
         removes the reservations in ``ahead`` that fit."""
         calls: list[Any] = []
         for (shard, part), positions in _groups(meta).items():
-            indexes = [meta.global_indexes[p] for p in positions]
+            gidx = meta.global_indexes
+            indexes = list(gidx) if len(positions) == n else [gidx[p] for p in positions]
             unit, args = self.units[shard], (indexes, columns, positions, n, wire, timeout)
             shards.append(shard)
             count, reserved = ahead.pop(shard, (-1, None))

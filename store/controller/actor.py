@@ -272,9 +272,11 @@ class StoreController(Actor):
     async def on_data_update(self, unit_id: str, update: Mapping[str, Any]) -> None:
         """A unit stored new data: record it (the ACK is this call's return) and wake fetches."""
         upd = DataUpdate.from_dict(update)
-        ready = self.state.on_data_update(unit_id, upd)
-        for index in ready:
-            self._unwritten.pop(index, None)
+        settled: list[int] = []
+        ready = self.state.on_data_update(unit_id, upd, settled)
+        unwritten = self._unwritten
+        for index in settled or ready:  # a completed put's lost samples are not unwritten
+            unwritten.pop(index, None)
         if upd.put_id is not None and upd.put_id not in self.state.column_puts.ids():
             self._column_started.pop(upd.put_id, None)  # the column-wise put is complete
             if ready:

@@ -79,10 +79,16 @@ def _grown(column: np.ndarray, cap: int, fill: int = 0) -> np.ndarray:
     return out
 
 
+_INT_TYPES = frozenset({int, np.int64, np.int32})
+
+
 def as_indexes(values: Iterable[Any]) -> np.ndarray:
     """Global indexes as an int64 array. Raises StoreInputError for anything but ints."""
     seq = values if isinstance(values, (list, tuple)) else list(values)
-    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in seq):
+    kinds = set(map(type, seq))  # one C-level pass; the per-item check only for odd types
+    if not kinds <= _INT_TYPES and any(
+        isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in seq
+    ):
         raise StoreInputError("indexes must be ints")
     try:
         return np.asarray(seq, dtype=np.int64).reshape(-1)
@@ -466,6 +472,61 @@ class _Partition:
         self.n = len(keep)
         table.pos[self.index[: self.n]] = np.arange(self.n)
         self.trackers.clear()  # rebuilt on their next fetch
+
+
+class FreeIndexes:
+    """The global indexes cleared and released for reuse, handed out smallest first.
+
+    Kept as a heap of runs ``(start, length)``: the indexes released together (a cleared
+    batch) form one run or a few, so taking or giving back ``n`` indexes costs O(runs touched),
+    not O(n log free) as a heap of single indexes did.
+    """
+
+    def __init__(self) -> None:
+        self._runs: list[tuple[int, int]] = []
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FreeIndexes):
+            return NotImplemented
+        return self._count == other._count and sorted(self._runs) == sorted(other._runs)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def add(self, indexes: np.ndarray) -> None:
+        """Make ``indexes`` (distinct, none of them free already) reusable."""
+        arr = np.sort(np.asarray(indexes, dtype=np.int64).reshape(-1))
+        if not len(arr):
+            return
+        breaks = np.flatnonzero(np.diff(arr) != 1) + 1
+        starts = arr[np.concatenate(([0], breaks))].tolist()
+        ends = arr[np.concatenate((breaks - 1, [len(arr) - 1]))].tolist()
+        for start, end in zip(starts, ends, strict=True):
+            heapq.heappush(self._runs, (start, end - start + 1))
+        self._count += len(arr)
+
+    def take(self, n: int) -> np.ndarray:
+        """The ``min(n, len(self))`` smallest free indexes, ascending; they are not free any
+        more."""
+        runs: list[tuple[int, int]] = []
+        if n >= self._count:
+            runs, self._runs, self._count = sorted(self._runs), [], 0
+        else:
+            need = n
+            while need:
+                start, length = heapq.heappop(self._runs)
+                if length > need:
+                    heapq.heappush(self._runs, (start + need, length - need))
+                    length = need
+                runs.append((start, length))
+                need -= length
+            self._count -= n
+        if not runs:
+            return np.empty(0, dtype=np.int64)
+        return np.concatenate([np.arange(s, s + k, dtype=np.int64) for s, k in runs])
 
 
 @dataclass

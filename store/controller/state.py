@@ -39,7 +39,6 @@ The records (units, partitions, candidate sets, staged puts, clear plans) live i
 
 from __future__ import annotations
 
-import heapq
 import uuid
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
@@ -52,6 +51,7 @@ from rayless.store.controller.records import (
     STAGED,
     ClearPlan,
     EnvShards,
+    FreeIndexes,
     UnitInfo,
     _Candidates,
     _check_fields,
@@ -151,7 +151,7 @@ class ControllerState:
         self._codes = 0
         self._where = _IndexTable()  # global index -> (partition code, position)
         self._allocated = 0
-        self._free: list[int] = []  # heap of reusable indexes
+        self._free = FreeIndexes()  # reusable indexes, smallest first
         self._pending: set[int] = set()  # cleared, waiting for release
         self._next_index = 0
         self._serial = 0
@@ -361,10 +361,16 @@ class ControllerState:
                 part.custom.pop(pos, None)
 
     def _apply_update(
-        self, part: _Partition, update: DataUpdate, merged: Mapping[str, FieldSchema]
+        self,
+        part: _Partition,
+        update: DataUpdate,
+        merged: Mapping[str, FieldSchema],
+        pos: np.ndarray | None = None,
     ) -> None:
-        idx = list(update.indexes)
-        pos = self._where.pos[as_indexes(idx)]
+        """Make ``update``'s fields ready at its samples (``pos``: their positions, if known)."""
+        idx = update.indexes
+        if pos is None:
+            pos = self._where.pos[as_indexes(list(idx))]
         part.schemas.update(merged)
         for name, shapes in update.sample_shapes.items():
             part.shapes.setdefault(name, {}).update(zip(idx, shapes, strict=True))
@@ -592,17 +598,10 @@ class ControllerState:
             part = self._partitions[partition] = _Partition(self._codes, created=serial)
             self._by_code[part.code] = partition
         staged = atomic and n > 0 and bool(schemas)
-        free = self._free
-        if n >= len(free):  # all of them (a put after a clear of as many): sort, don't pop
-            reused = sorted(free)
-            free.clear()
-        else:
-            reused = [heapq.heappop(free) for _ in range(n)]
+        reused = self._free.take(n)
         start = self._next_index
         self._next_index += n - len(reused)
-        idx = np.concatenate(
-            [np.asarray(reused, dtype=np.int64), np.arange(start, self._next_index)]
-        )
+        idx = np.concatenate([reused, np.arange(start, self._next_index)])
         if shards_by_env is not None:
             shards = np.asarray(shards_by_env, dtype=np.int32)
         else:
@@ -704,10 +703,14 @@ class ControllerState:
             self._drop_empty_schemas(part)
         return rows
 
-    def on_data_update(self, unit_id: str, update: DataUpdate) -> list[int]:
+    def on_data_update(
+        self, unit_id: str, update: DataUpdate, settled: list[int] | None = None
+    ) -> list[int]:
         """Record a unit's notification that it stored ``update``'s fields for its indexes;
         return the indexes that became ready (for an atomic put: none until its last write,
-        then all of its samples).
+        then all of its samples but those lost with their unit meanwhile, which stay lost).
+        ``settled``: extended with every sample of an atomic put this update completed (the
+        ready ones and the lost ones: none of them is unwritten any more).
 
         Raises UnitLostError (unit marked lost), StoreInputError (unknown unit, samples not in
         the partition or not on this unit's shard), UnknownPartitionError, SchemaError.
@@ -719,7 +722,8 @@ class ControllerState:
             raise StoreInputError(f"expected a DataUpdate, got {type(update).__name__}")
         part = self._part(update.partition)
         idx = list(update.indexes)
-        if len(set(idx)) != len(idx):
+        idx_set = set(idx)
+        if len(idx_set) != len(idx):
             raise StoreInputError("a data update names an index twice")
         arr = as_indexes(idx)
         found, at = self._positions(part, arr)
@@ -742,44 +746,71 @@ class ControllerState:
             return []
         if update.put_id is not None:  # a column-wise put: ready once all its units wrote
             return self.column_puts.on_update(update, self._apply_column_update)
-        staged_at = at[part.flags[at] & STAGED > 0]
-        serials = set(part.gen[staged_at].tolist())
-        if not serials:
-            self._apply_update(part, update, merged)
+        staged = part.flags[at] & STAGED > 0
+        if not staged.any():
+            self._apply_update(part, update, merged, at)
             return idx
-        staging = self._staging.get(next(iter(serials)))
+        gens = part.gen[at]
+        serial = int(gens[0])
+        staging = self._staging.get(serial)
         if (
-            len(serials) != 1
-            or len(staged_at) != len(at)
+            not staged.all()
+            or bool((gens != serial).any())
             or staging is None
             or staging.partition != update.partition
-            or not set(idx) <= staging.members
+            or not idx_set <= staging.members
         ):
             raise StoreInputError("a data update mixes samples of different puts")
-        if staging.waiting - set(idx):  # more writes of this put are to come
-            staging.waiting -= set(idx)
+        waiting = staging.waiting - idx_set
+        if waiting:  # more writes of this put are to come
+            staging.waiting = waiting
             staging.updates.append(update)
             return []
         # The put's last write: check all its writes together, then make them ready at once.
+        # (Nothing above changed the state: a SchemaError here leaves the put waiting.)
         updates = [*staging.updates, update]
         schemas = dict(part.schemas)
         for upd in updates:
             for name, schema in upd.schemas.items():
                 old = schemas.get(name)
                 schemas[name] = schema if old is None else old.merged(schema, name)
-        del self._staging[next(iter(serials))]
-        members = self._where.pos[as_indexes(sorted(staging.members))]
-        part.flags[members] &= ~np.uint8(STAGED)
-        for upd in updates:
-            keep = [k for k, i in enumerate(upd.indexes) if i in staging.members]
+        del self._staging[serial]
+        members = np.fromiter(staging.members, dtype=np.int64, count=len(staging.members))
+        part.flags[self._where.pos[members]] &= ~np.uint8(STAGED)
+        whole = len(staging.members) == len(staging.order)  # none of it was cleared
+        applied = 0
+        for k, upd in enumerate(updates):
+            upd_idx = as_indexes(upd.indexes)
+            pos = self._where.pos[upd_idx]
+            keep = np.ones(len(pos), dtype=bool)
+            if not whole:
+                keep &= np.isin(upd_idx, members)
+            if k < len(updates) - 1:  # written earlier: its unit may have died since
+                keep &= part.flags[pos] & LOST == 0
+            fields = {n: schemas[n] for n in upd.schemas}
+            if keep.all():
+                self._apply_update(part, upd, fields, pos)
+                applied += len(pos)
+                continue
+            chosen = np.flatnonzero(keep).tolist()
             sub = DataUpdate(
                 upd.partition,
-                [upd.indexes[k] for k in keep],
+                [upd.indexes[j] for j in chosen],
                 dict(upd.schemas),
-                {f: [shapes[k] for k in keep] for f, shapes in upd.sample_shapes.items()},
+                {f: [shapes[j] for j in chosen] for f, shapes in upd.sample_shapes.items()},
             )
-            self._apply_update(part, sub, {n: schemas[n] for n in upd.schemas})
-        return [i for i in staging.order if i in staging.members]
+            self._apply_update(part, sub, fields, pos[keep])
+            applied += len(chosen)
+        if settled is not None:
+            settled.extend(staging.members)
+        if whole and applied == len(staging.order):
+            return list(staging.order)
+        order = as_indexes(staging.order)
+        pos = self._where.pos[order]
+        ok = part.flags[pos] & LOST == 0
+        if not whole:
+            ok &= np.isin(order, members)
+        return order[ok].tolist()
 
     def _apply_column_update(
         self, update: DataUpdate, generations: Mapping[tuple[str, int], int]
@@ -999,20 +1030,25 @@ class ControllerState:
             part = self._partitions.get(part_id)
             if part is None:
                 continue
-            idx = as_indexes([meta.global_indexes[p] for p in positions])
+            gidx, gens, shards = meta.global_indexes, meta.generations, meta.shards
+            if len(positions) == len(gidx):
+                idx, want_gen, want_shard = (as_indexes(v) for v in (gidx, gens, shards))
+            else:
+                idx = as_indexes([gidx[p] for p in positions])
+                want_gen = as_indexes([gens[p] for p in positions])
+                want_shard = as_indexes([shards[p] for p in positions])
             found, at = self._positions(part, idx)
             safe = np.where(found, at, 0)
-            gens, shards = part.gen[safe].tolist(), part.shard[safe].tolist()
-            for k, p in enumerate(positions):
-                if not found[k] or gens[k] != meta.generations[p]:
-                    continue  # cleared already (its index may be another sample's now)
-                if meta.shards[p] != shards[k]:
-                    raise StoreInputError(
-                        f"the meta puts sample {int(idx[k])} of {part_id!r} on shard "
-                        f"{meta.shards[p]!r}; it lives on shard {shards[k]} (a forged or "
-                        "corrupted meta)"
-                    )
-                live.setdefault(part_id, []).append(int(at[k]))
+            found &= part.gen[safe] == want_gen  # else cleared already (maybe reused)
+            forged = found & (part.shard[safe] != want_shard)
+            if forged.any():
+                k = int(np.flatnonzero(forged)[0])
+                raise StoreInputError(
+                    f"the meta puts sample {int(idx[k])} of {part_id!r} on shard "
+                    f"{int(want_shard[k])!r}; it lives on shard {int(part.shard[safe][k])} (a "
+                    "forged or corrupted meta)"
+                )
+            live.setdefault(part_id, []).extend(at[found].tolist())
         plan = ClearPlan()
         for part_id, at_list in live.items():
             self._remove(part_id, np.unique(np.asarray(at_list, dtype=np.int64)), plan)
@@ -1064,23 +1100,31 @@ class ControllerState:
     def _remove(self, partition: str, at: np.ndarray, plan: ClearPlan) -> None:
         """Remove the samples at positions ``at`` (distinct, in allocation order)."""
         part = self._partitions[partition]
-        indexes = part.index[at].tolist()
-        shards = part.shard[at].tolist()
-        staged = (part.flags[at] & STAGED > 0).tolist()
-        gens = part.gen[at].tolist()
-        for k, (p, i) in enumerate(zip(at.tolist(), indexes, strict=True)):
-            if staged[k]:
-                staging = self._staging.get(gens[k])
+        idx_arr = part.index[at]
+        indexes = idx_arr.tolist()
+        staged = np.flatnonzero(part.flags[at] & STAGED > 0)
+        if len(staged):
+            gens = part.gen[at[staged]].tolist()
+            for i, gen in zip(idx_arr[staged].tolist(), gens, strict=True):
+                staging = self._staging.get(gen)
                 if staging is not None:
                     staging.members.discard(i)
                     staging.waiting.discard(i)
                     if not staging.members:
-                        del self._staging[gens[k]]
-            key = part.key_at.pop(p, None)
-            if key is not None:
-                part.keys.pop(key, None)
+                        del self._staging[gen]
+        if part.key_at:
+            for p in at.tolist():
+                key = part.key_at.pop(p, None)
+                if key is not None:
+                    part.keys.pop(key, None)
+        grouped = at[part.group[at] >= 0]
+        for p in grouped.tolist():
             part.uncount_group(p)
-            plan.shards.setdefault(shards[k], {}).setdefault(partition, []).append(i)
+        shards = part.shard[at]
+        by_shard = plan.shards
+        for shard in np.unique(shards).tolist():
+            rows = idx_arr[shards == shard].tolist()
+            by_shard.setdefault(shard, {}).setdefault(partition, []).extend(rows)
         self._pending.update(indexes)
         plan.indexes.extend(indexes)
         self._where.part[part.index[at]] = -1
@@ -1095,13 +1139,12 @@ class ControllerState:
 
     def release(self, indexes: Iterable[int]) -> None:
         """Make cleared indexes reusable (after the units deleted their rows)."""
-        idx = list(indexes)
-        unknown = [i for i in idx if i not in self._pending]
+        idx = set(indexes)
+        unknown = idx - self._pending
         if unknown:
-            raise StoreInputError(f"indexes {unknown[:8]} are not waiting for release")
-        for i in idx:
-            self._pending.discard(i)
-            heapq.heappush(self._free, i)
+            raise StoreInputError(f"indexes {sorted(unknown)[:8]} are not waiting for release")
+        self._pending -= idx
+        self._free.add(np.fromiter(idx, dtype=np.int64, count=len(idx)))
 
     # -- KV keys, group sizes, checkpoint export -------------------------------------------
 

@@ -51,7 +51,7 @@ class DataUpdate:
         try:
             return cls(
                 partition=str(data["partition"]),
-                indexes=[int(i) for i in data["indexes"]],
+                indexes=_ints(data["indexes"]),
                 schemas={str(k): FieldSchema.from_dict(v) for k, v in data["schemas"].items()},
                 sample_shapes={
                     str(k): known_shapes(v) for k, v in (data.get("sample_shapes") or {}).items()
@@ -62,6 +62,13 @@ class DataUpdate:
             if isinstance(exc, StoreInputError):
                 raise
             raise StoreInputError(f"malformed data update: {exc!r}")
+
+
+def _ints(values: Any) -> list[int]:
+    """``values`` as a list of ints (one C-level type pass for the usual list of ints)."""
+    if isinstance(values, list) and set(map(type, values)) <= {int}:
+        return list(values)
+    return [int(i) for i in values]
 
 
 def _put_id(value: Any) -> int | None:

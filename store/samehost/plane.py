@@ -60,6 +60,9 @@ from rayless.transport.segments import HEADER, Segment, Superseded
 __all__ = ["LocalPlane"]
 
 _RETRIES = 1000
+# Copies of at most this many bytes run on the event loop: handing them to a thread and
+# back costs two wake-ups, more than the copy (a 512 KiB memcpy takes ~40 us).
+INLINE_COPY_BYTES = 512 << 10
 
 
 _MAX_OPEN = 32
@@ -151,7 +154,11 @@ class LocalPlane:
                 self._map_cuda(res["fields"], {k: c.schema for k, c in dense.items()})
                 events = ready_events(c.dense for c in dense.values() if c.dense is not None)
             args = (res["fields"], dense, positions, events, gpu)
-            copied = await asyncio.to_thread(self._copy_in, *args)
+            rows_bytes = sum(_row_bytes(c.dense) for c in dense.values()) * len(positions)
+            if gpu is None and rows_bytes <= INLINE_COPY_BYTES:
+                copied = self._copy_in(*args)  # cheaper than the hand-off to a thread
+            else:
+                copied = await asyncio.to_thread(self._copy_in, *args)
             if not copied:  # the column moved or fenced its writers: the socket path
                 if not await handle.release(token):
                     raise StoreError("the same-host put's reservation expired before its copy")
@@ -306,7 +313,9 @@ class LocalPlane:
         gpu = self.gpu_of(unit)
         for attempt in range(_RETRIES):
             args = (found["fields"], schemas, positions, meta.size, out, view, events, gpu)
-            if await asyncio.to_thread(self._copy_out, *args):
+            nbytes = sum(_schema_row_bytes(schemas[k]) for k in found["fields"]) * len(positions)
+            small = gpu is None and nbytes <= INLINE_COPY_BYTES
+            if self._copy_out(*args) if small else await asyncio.to_thread(self._copy_out, *args):
                 return positions, found["rest"], attempt > 0
             idx = [meta.global_indexes[p] for p in positions]
             try:
@@ -524,6 +533,19 @@ def _unpack(meta: BatchMeta, name: str, size: int, parts: list[tuple[list[int], 
         for p, row in zip(positions, value, strict=True):
             rows[p] = row
     return rows
+
+
+def _row_bytes(t: torch.Tensor | None) -> int:
+    """Bytes of one row of column tensor ``t`` (0 for None or no rows)."""
+    if t is None or t.dim() == 0 or t.shape[0] == 0:
+        return 0
+    return int(t[0].numel()) * t.element_size()
+
+
+def _schema_row_bytes(schema: FieldSchema) -> int:
+    """Bytes of one row of a dense field of ``schema``."""
+    dtype = schema.torch_dtype or torch.float32
+    return math.prod(int(d or 0) for d in schema.shape or ()) * dtype.itemsize
 
 
 async def _drop(handle: Any, reserved: asyncio.Future[dict[str, Any]]) -> None:

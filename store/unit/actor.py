@@ -223,7 +223,7 @@ class StorageUnit(Actor):
         """
         await self._loaded()
         declared = {k: FieldSchema.from_dict(v) for k, v in schemas.items()}
-        fresh = [n for n in declared if not any(self.shard.has(partition, i, n) for i in indexes)]
+        fresh = [n for n in declared if not self.shard.has_any(partition, indexes, n)]
         update = await self._write_when_room(partition, indexes, td, declared, timeout)
         update.put_id = put_id
         del td  # the receive buffers are no longer referenced
@@ -597,7 +597,7 @@ class StorageUnit(Actor):
             self._drop_reservation(token)
             raise StoreInputError("the commit's indexes differ from the reservation's")
         part, idx = res.partition, res.indexes
-        fresh = [n for n in schemas if not any(self.shard.has(part, i, n) for i in idx)]
+        fresh = [n for n in schemas if not self.shard.has_any(part, idx, n)]
         try:
             reported: dict[str, FieldSchema] = {}
             shapes: dict[str, list[tuple[int, ...]]] = {}

@@ -104,6 +104,10 @@ class _Dense:
     def __contains__(self, index: int) -> bool:
         return index in self.slot_of
 
+    def holds_any(self, indexes: Iterable[int]) -> bool:
+        """Whether any of ``indexes`` has a row here (one C-level pass)."""
+        return not self.slot_of.keys().isdisjoint(indexes)
+
     def __len__(self) -> int:
         return len(self.slot_of)
 
@@ -131,6 +135,10 @@ class _Rows:
 
     def __contains__(self, index: int) -> bool:
         return index in self.rows
+
+    def holds_any(self, indexes: Iterable[int]) -> bool:
+        """Whether any of ``indexes`` has a row here (one C-level pass)."""
+        return not self.rows.keys().isdisjoint(indexes)
 
     def __len__(self) -> int:
         return len(self.rows)

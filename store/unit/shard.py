@@ -71,7 +71,9 @@ def _check_indexes(indexes: Any) -> list[int]:
     if isinstance(indexes, (str, bytes)) or not isinstance(indexes, Iterable):
         raise StoreInputError(f"indexes must be a list of ints, got {indexes!r}")
     idx = list(indexes)
-    if any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in idx):
+    if (set(map(type, idx)) - {int} or (idx and min(idx) < 0)) and any(
+        not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in idx
+    ):
         raise StoreInputError("indexes must be ints >= 0")
     if len(set(idx)) != len(idx):
         raise StoreInputError("indexes must be distinct")
@@ -355,6 +357,11 @@ class ShardStorage:
         """Whether this unit holds ``field`` of sample ``index`` in ``partition``."""
         col = self._parts.get(partition, {}).get(field)
         return col is not None and index in col
+
+    def has_any(self, partition: str, indexes: Iterable[int], field: str) -> bool:
+        """Whether this unit holds ``field`` of any of ``indexes`` in ``partition``."""
+        col = self._parts.get(partition, {}).get(field)
+        return col is not None and col.holds_any(indexes)
 
     # -- deletes -------------------------------------------------------------------------
 

@@ -48,8 +48,9 @@ def _full(rows: int, value: float) -> TensorDict:
 
 
 async def test_a_writer_stalled_past_its_reservation_never_writes_into_reused_slots(
-    local_cluster: Cluster,
+    local_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(local_maps, "INLINE_COPY_BYTES", -1)  # copies in a thread, as big ones
     st = await Store.create(local_cluster, num_units=1, name="fence-stall", reservation_ttl=1.0)
     gate, entered = threading.Event(), threading.Event()
     original = st._plane._copy_in
@@ -165,7 +166,10 @@ async def test_many_concurrent_gets_race_clears_and_a_unit_kill(
 
 
 @pytest.mark.parametrize("reput", [8, 4])
-async def test_a_get_racing_a_clear_raises_stale_meta(local_cluster: Cluster, reput: int) -> None:
+async def test_a_get_racing_a_clear_raises_stale_meta(
+    local_cluster: Cluster, reput: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local_maps, "INLINE_COPY_BYTES", -1)  # copies in a thread, as big ones
     # the clear's indexes are reused: 8 rows put again hold all of them (the get used to
     # return the new samples' data), 4 rows only some (it used to raise UnknownFieldError)
     st = await Store.create(local_cluster, num_units=1, name=f"fence-stale-{reput}")
