@@ -5,9 +5,11 @@ Both with 2 storage units; batches: ``dense`` (x: 1024 x 4096 float32, 16 MiB) a
 Rows: init time, put GB/s, get GB/s (payload bytes / median latency), get_meta latency (a fetch
 of 1024 ready samples), idle put latency and the latency of a put issued while another
 client's fetch waits. TransferQueue runs in a subprocess (its own Ray) after ours.
-CPU only, ours only: a plain copy of the dense batch's bytes in the same run (and put, get,
-put + get against it), 1 GiB batches (``--no-big`` skips them), and 8 producers + 8 consumers
-(separate clients; aggregate GB/s and a check that every sample arrived exactly once).
+Each measured round follows ``WARMUP`` rounds (both stores). CPU only, ours only: a plain
+copy of the dense batch's bytes in the same run, the faster of torch's default threads and
+one thread (and put, get, put + get, put + zero-copy get against it), 1 GiB batches
+(``--no-big`` skips them), and 8 producers + 8 consumers (separate clients; aggregate GB/s
+and a check that every sample arrived exactly once).
 Same-host clients use the units' shared-memory columns (``RAYLESS_STORE_LOCAL=0``: the socket).
 
     python scripts/bench_store.py [--device cpu|cuda] [--quick] [--skip-tq] [--repeats 5]
@@ -34,6 +36,7 @@ from tensordict import NonTensorStack, TensorDict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 N = 1024
+WARMUP = 4  # rounds of put, get, clear before the measured ones (ours and TransferQueue's)
 
 
 def make_batches(device: str) -> dict[str, TensorDict]:
@@ -96,8 +99,8 @@ async def run_ours(device: str, reps: int, big: bool = True) -> dict[str, Any]:
         batches = make_batches(device)
         for name, td in batches.items():
             size = payload_bytes(td)
-            puts, gets = [], []
-            for i in range(reps + 1):  # steady state: put, get, clear in one partition
+            puts, gets, views = [], [], []
+            for i in range(WARMUP + reps):  # steady state: put, get, clear in one partition
                 t = time.perf_counter()
                 meta = await st.put(td, partition=name)
                 put_s = time.perf_counter() - t
@@ -107,13 +110,20 @@ async def run_ours(device: str, reps: int, big: bool = True) -> dict[str, Any]:
                     torch.cuda.synchronize()
                 get_s = time.perf_counter() - t
                 del out
+                t = time.perf_counter()
+                out = await st.get(meta, zero_copy=True)
+                view_s = time.perf_counter() - t
+                del out
                 await st.clear(meta)
-                if i:  # the first round warms up
+                if i >= WARMUP:  # the first rounds warm up (columns, mappings, slots)
                     puts.append(put_s)
                     gets.append(get_s)
+                    views.append(view_s)
             res[f"{name}_put_GBps"] = size / statistics.median(puts) / 1e9
             res[f"{name}_get_GBps"] = size / statistics.median(gets) / 1e9
             res[f"{name}_put_ms"] = statistics.median(puts) * 1e3
+            res[f"{name}_get_ms"] = statistics.median(gets) * 1e3
+            res[f"{name}_view_ms"] = statistics.median(views) * 1e3
         if device == "cpu":
             res.update(_memcpy_rows(batches["dense"]["x"], reps, res))
         else:
@@ -159,13 +169,24 @@ def _memcpy_rows(x: torch.Tensor, reps: int, res: dict[str, Any]) -> dict[str, A
     for d in dsts:
         d.copy_(x)
     turn = iter(range(10**9))
-    t_dram = median_time(lambda: dsts[next(turn) % 8].copy_(x), reps * 8)
+    t_default = median_time(lambda: dsts[next(turn) % 8].copy_(x), reps * 8)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on a loaded machine torch's copy threads wait for each other
+    try:
+        t_one = median_time(lambda: dsts[next(turn) % 8].copy_(x), reps * 8)
+    finally:
+        torch.set_num_threads(threads)
+    t_dram = min(t_default, t_one)  # the faster plain copy: the anchor a user could have
     t_warm = median_time(lambda: dsts[0].copy_(x), reps * 4)
     t_fresh = median_time(lambda: torch.empty_like(x).copy_(x), reps * 4)
     put_s = size / res["dense_put_GBps"] / 1e9
     get_s = size / res["dense_get_GBps"] / 1e9
+    view_s = res["dense_view_ms"] / 1e3
     return {
         "memcpy_GBps": size / t_dram / 1e9,
+        "memcpy_threads_GBps": size / t_default / 1e9,
+        "memcpy_one_thread_GBps": size / t_one / 1e9,
+        "roundtrip_view_vs_memcpy": t_dram / (put_s + view_s),
         "memcpy_warm_GBps": size / t_warm / 1e9,
         "memcpy_fresh_GBps": size / t_fresh / 1e9,
         "roundtrip_vs_memcpy": t_dram / (put_s + get_s),
@@ -270,10 +291,11 @@ async def _concurrent_rows(cluster: Any, clients: int = 8, batches: int = 16) ->
 
 async def _put_ms(st: Any, td: TensorDict, reps: int) -> float:
     times = []
-    for _ in range(reps):
+    for i in range(WARMUP + reps):
         t = time.perf_counter()
         meta = await st.put(td, partition="lat")
-        times.append(time.perf_counter() - t)
+        if i >= WARMUP:
+            times.append(time.perf_counter() - t)
         await st.clear(meta)
     return statistics.median(times) * 1e3
 
@@ -300,7 +322,7 @@ def run_tq(reps: int) -> dict[str, Any]:
         for name, td in make_batches("cpu").items():
             size = payload_bytes(td)
             puts, gets = [], []
-            for i in range(reps + 1):
+            for i in range(WARMUP + reps):
                 try:
                     t = time.perf_counter()
                     meta = client.put(td, partition_id=name)
@@ -312,7 +334,7 @@ def run_tq(reps: int) -> dict[str, Any]:
                 except Exception as exc:  # TQ may refuse a field type: report, go on
                     res[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
                     break
-                if i:
+                if i >= WARMUP:
                     puts.append(put_s)
                     gets.append(get_s)
             if puts:
@@ -372,12 +394,16 @@ ROWS = [
 ]
 OURS_ONLY = [
     ("tiny_put_ms", "put of 1,024 tiny rows (one int64 each; ms)"),
-    ("memcpy_GBps", "plain copy of the 16 MiB (destinations out of cache, GB/s)"),
+    ("memcpy_GBps", "plain copy of the 16 MiB (destinations out of cache, GB/s; the anchor)"),
+    ("memcpy_threads_GBps", "  … with torch's default threads (GB/s)"),
+    ("memcpy_one_thread_GBps", "  … with one thread (GB/s)"),
     ("memcpy_warm_GBps", "plain copy of the 16 MiB (one destination, in L3, GB/s)"),
     ("memcpy_fresh_GBps", "plain copy of the 16 MiB into a fresh tensor (GB/s)"),
     ("put_vs_memcpy", "dense put vs the plain copy (x)"),
     ("get_vs_memcpy", "dense get vs the plain copy (x)"),
     ("roundtrip_vs_memcpy", "dense put + get vs one plain copy (x)"),
+    ("dense_view_ms", "zero-copy get of the 16 MiB (ms)"),
+    ("roundtrip_view_vs_memcpy", "dense put + zero-copy get vs one plain copy (x)"),
     ("d2d_GBps", "device-to-device copy of the 16 MiB (GB/s)"),
     ("put_vs_d2d", "CUDA dense put vs the device copy (x; goal >= 0.5)"),
     ("get_vs_d2d", "CUDA dense get vs the device copy (x; goal >= 0.5)"),

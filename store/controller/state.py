@@ -138,6 +138,23 @@ def _sequential(chooser: Sampler) -> bool:
     return type(chooser) is SeqlenBalancedSampler and chooser.n is None
 
 
+def _meta_arrays(
+    meta: BatchMeta, positions: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The global indexes, generations and shards of ``meta``'s samples at ``positions``, as
+    int64 arrays (one conversion each when ``positions`` are all of them). Raises
+    StoreInputError for values that are not ints."""
+    gidx, gens, shards = meta.global_indexes, meta.generations, meta.shards
+    if len(positions) == len(gidx):
+        idx, shard_arr, gen_arr = meta.arrays()
+        return idx, gen_arr, shard_arr
+    return (
+        as_indexes([gidx[p] for p in positions]),
+        as_indexes([gens[p] for p in positions]),
+        as_indexes([shards[p] for p in positions]),
+    )
+
+
 class ControllerState:
     """The store controller's state. See the module docstring for the rules it keeps."""
 
@@ -249,29 +266,26 @@ class ControllerState:
             raise ForeignMetaError(f"the meta comes from store {meta.store_id!r}")
         for part_id, positions in _positions_by_partition(meta).items():
             part = self._partitions.get(part_id)
-            idx = as_indexes([meta.global_indexes[p] for p in positions])
+            idx, gens, shards = _meta_arrays(meta, positions)
             if part is None:
                 raise StaleMetaError(
                     f"sample {int(idx[0])} of partition {part_id!r} was cleared since the meta "
                     "was made"
                 )
             found, pos = self._positions(part, idx)
-            gens = as_indexes([meta.generations[p] for p in positions])
             found &= part.gen[np.where(found, pos, 0)] == gens
             if not found.all():
                 index = int(idx[~found][0])
                 raise StaleMetaError(
                     f"sample {index} of partition {part_id!r} was cleared since the meta was made"
                 )
-            shards = [meta.shards[p] for p in positions]
             have = part.shard[pos]
-            if not all(isinstance(s, int) for s in shards) or not np.array_equal(
-                have, np.asarray(shards, dtype=np.int64)
-            ):
-                k = next(k for k, s in enumerate(shards) if s != int(have[k]))
+            if not np.array_equal(have, shards):
+                k = int(np.flatnonzero(have != shards)[0])
                 raise StoreInputError(
-                    f"the meta puts sample {int(idx[k])} of {part_id!r} on shard {shards[k]!r}; "
-                    f"it lives on shard {int(have[k])} (a forged or corrupted meta)"
+                    f"the meta puts sample {int(idx[k])} of {part_id!r} on shard "
+                    f"{int(shards[k])!r}; it lives on shard {int(have[k])} (a forged or "
+                    "corrupted meta)"
                 )
 
     def check_schemas(self, partition: str, schemas: Mapping[str, FieldSchema]) -> None:
@@ -495,7 +509,7 @@ class ControllerState:
         dead = np.asarray([not u.alive for u in self._units], dtype=bool)
         for part_id, positions in _positions_by_partition(meta).items():
             part = self._partitions[part_id]
-            at = self._where.pos[as_indexes([meta.global_indexes[p] for p in positions])]
+            at = self._where.pos[_meta_arrays(meta, positions)[0]]
             if all_alive and not part.losses:  # nothing of it was ever lost
                 live = at
             else:
@@ -666,7 +680,7 @@ class ControllerState:
         fresh: dict[str, dict[str, list[int]]] = {}
         for part_id, positions in _positions_by_partition(meta).items():
             part = self._partitions[part_id]
-            idx = as_indexes([meta.global_indexes[p] for p in positions])
+            idx = _meta_arrays(meta, positions)[0]
             at = self._where.pos[idx]
             for name in schemas:
                 bits = part.ready.get(name)
@@ -1003,7 +1017,7 @@ class ControllerState:
                 raise StoreInputError(f"the meta's samples are not all in {partition!r}")
             for part_id, positions in _positions_by_partition(meta).items():
                 part = self._partitions[part_id]
-                at = self._where.pos[as_indexes([meta.global_indexes[p] for p in positions])]
+                at = self._where.pos[_meta_arrays(meta, positions)[0]]
                 for t in list(part.consumed) if task is None else [task]:
                     part.unconsume(t, at)
             return
@@ -1030,13 +1044,7 @@ class ControllerState:
             part = self._partitions.get(part_id)
             if part is None:
                 continue
-            gidx, gens, shards = meta.global_indexes, meta.generations, meta.shards
-            if len(positions) == len(gidx):
-                idx, want_gen, want_shard = (as_indexes(v) for v in (gidx, gens, shards))
-            else:
-                idx = as_indexes([gidx[p] for p in positions])
-                want_gen = as_indexes([gens[p] for p in positions])
-                want_shard = as_indexes([shards[p] for p in positions])
+            idx, want_gen, want_shard = _meta_arrays(meta, positions)
             found, at = self._positions(part, idx)
             safe = np.where(found, at, 0)
             found &= part.gen[safe] == want_gen  # else cleared already (maybe reused)
@@ -1076,11 +1084,9 @@ class ControllerState:
             part = self._partitions.get(part_id)
             if part is None:
                 return False
-            found, at = self._positions(
-                part, as_indexes([meta.global_indexes[p] for p in positions])
-            )
+            idx, gens, _ = _meta_arrays(meta, positions)
+            found, at = self._positions(part, idx)
             safe = np.where(found, at, 0)
-            gens = as_indexes([meta.generations[p] for p in positions])
             found &= (part.gen[safe] == gens) & (part.flags[safe] & STAGED == 0)
             if not found.all():
                 return False
@@ -1248,7 +1254,7 @@ class ControllerState:
             raise StoreInputError(f"task must be a non-empty str, got {task!r}")
         self.check_meta(meta)
         for part_id, positions in _positions_by_partition(meta).items():
-            at = self._where.pos[as_indexes([meta.global_indexes[p] for p in positions])]
+            at = self._where.pos[_meta_arrays(meta, positions)[0]]
             self._partitions[part_id].consume(task, np.unique(at))
 
     def consumers(self) -> dict[str, dict[str, int]]:

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from rayless.store.data.fields import FieldSchema
 from rayless.store.data.plain import check_plain
 from rayless.store.data.updates import shapes_from_wire, shapes_to_wire
@@ -92,6 +94,20 @@ class BatchMeta:
             and len(set(zip(self.partition_ids, self.global_indexes, strict=True))) != n
         ):  # unique indexes: unique samples (the cheap check first)
             raise StoreInputError("a BatchMeta names a sample more than once")
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The global indexes, shards and generations as int64 arrays (made once; a meta
+        from the wire has them from its runs). Raises StoreInputError for values that are not
+        ints."""
+        cached: tuple[np.ndarray, np.ndarray, np.ndarray] | None = self.__dict__.get("_arrays")
+        if cached is None:
+            cached = (
+                _int_array(self.global_indexes),
+                _int_array(self.shards),
+                _int_array(self.generations),
+            )
+            object.__setattr__(self, "_arrays", cached)
+        return cached
 
     # -- views ---------------------------------------------------------------------------
 
@@ -270,16 +286,21 @@ class BatchMeta:
                 n = int(data["n"])
                 if not 0 <= n <= MAX_SAMPLES:
                     raise StoreInputError(f"a BatchMeta of {n} samples (at most {MAX_SAMPLES})")
-                indexes = _unspan(data["index_spans"], n)
+                idx_arr = _unspan(data["index_spans"], n)
                 parts = _unrun(data["partition_runs"], n, str)
-                shards = _unrun(data["shard_runs"], n, int)
-                gens = _unrun(data["generation_runs"], n, int)
+                shard_arr = _unrun_ints(data["shard_runs"], n)
+                gen_arr = _unrun_ints(data["generation_runs"], n)
+                indexes = tuple(idx_arr.tolist())
+                shards = tuple(shard_arr.tolist())
+                gens = tuple(gen_arr.tolist())
+                arrays = (idx_arr, shard_arr, gen_arr)
             else:
                 indexes = tuple(int(i) for i in data["global_indexes"])
                 parts = tuple(str(p) for p in data["partition_ids"])
                 shards = tuple(int(s) for s in data["shards"])
                 gens = tuple(int(g) for g in data["generations"])
-            return cls(
+                arrays = None
+            meta = cls(
                 str(data["store_id"]),
                 indexes,
                 parts,
@@ -289,6 +310,9 @@ class BatchMeta:
                 tuple(dict(c) for c in data.get("custom_meta") or ()),
                 {str(k): shapes_from_wire(v) for k, v in (data.get("sample_shapes") or {}).items()},
             )
+            if arrays is not None:
+                object.__setattr__(meta, "_arrays", arrays)
+            return meta
         except StoreInputError:
             raise
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
@@ -342,13 +366,40 @@ def _pairs(flat: Sequence[Any], n: int) -> list[tuple[Any, int]]:
     return pairs
 
 
-def _unspan(flat: Sequence[Any], n: int) -> tuple[int, ...]:
-    out: list[int] = []
-    for start, length in _pairs(flat, n):
+def _unspan(flat: Sequence[Any], n: int) -> np.ndarray:
+    pairs = _pairs(flat, n)
+    for start, _ in pairs:
         if not isinstance(start, int) or isinstance(start, bool):
             raise StoreInputError("malformed BatchMeta: a span's start must be an int")
-        out.extend(range(start, start + length))
-    return tuple(out)
+    if not pairs:
+        return np.empty(0, dtype=np.int64)
+    try:
+        return np.concatenate([np.arange(s, s + k, dtype=np.int64) for s, k in pairs])
+    except OverflowError:
+        raise StoreInputError("malformed BatchMeta: a span is out of range")
+
+
+def _unrun_ints(flat: Sequence[Any], n: int) -> np.ndarray:
+    pairs = _pairs(flat, n)
+    values = [v for v, _ in pairs]
+    if set(map(type, values)) - {int}:
+        raise StoreInputError("malformed BatchMeta: a run holds a value that is not an int")
+    try:
+        return np.repeat(
+            np.asarray(values, dtype=np.int64), np.asarray([c for _, c in pairs], dtype=np.int64)
+        )
+    except OverflowError:
+        raise StoreInputError("malformed BatchMeta: a run's value is out of range")
+
+
+def _int_array(values: Sequence[Any]) -> np.ndarray:
+    """``values`` (ints) as an int64 array. Raises StoreInputError for anything else."""
+    if set(map(type, values)) - {int, np.int64}:
+        raise StoreInputError("a BatchMeta's indexes, shards and generations must be ints")
+    try:
+        return np.asarray(values, dtype=np.int64).reshape(-1)
+    except OverflowError:
+        raise StoreInputError("a BatchMeta's index, shard or generation is out of range")
 
 
 def _unrun(flat: Sequence[Any], n: int, kind: type | None = None) -> tuple[Any, ...]:
