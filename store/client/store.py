@@ -667,7 +667,8 @@ class Store:
         if isinstance(results[0], BaseException):
             raise results[0]
         if any(isinstance(r, (UnknownFieldError, UnknownPartitionError)) for r in results[1:]):
-            await self.controller.check_readable(meta)  # cleared meanwhile: StaleMetaError
+            # cleared meanwhile: StaleMetaError (lost samples are the partial result's below)
+            await self.controller.lost_positions(meta)
         lost = {int(pos): str(unit) for pos, unit in results[0]}
         dead = [isinstance(r, (ActorDiedError, UnitLostError)) for r in results[1:]]
         if lost or any(dead):

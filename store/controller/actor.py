@@ -155,12 +155,14 @@ class StoreController(Actor):
         self._watching.add(unit_id)
         incarnation = self._incarnation.get(unit_id)
         try:
-            await handle.watch()
+            await handle.watch()  # returns when the unit shuts down (killed gracefully)
+            reason = "it shut down"
         except ActorDiedError as exc:
-            if self._incarnation.get(unit_id) == incarnation:
-                await self.unit_lost(unit_id, str(exc))
+            reason = str(exc)
         finally:
             self._watching.discard(unit_id)
+        if self._incarnation.get(unit_id) == incarnation:
+            await self.unit_lost(unit_id, reason)
         if self._incarnation.get(unit_id) != incarnation and unit_id not in self._watching:
             self._spawn(self._watch(unit_id, handle))  # it registered again while we waited
 

@@ -284,10 +284,13 @@ class LocalPlane:
         done = await asyncio.gather(*copies)
         if any(r is None for r in done):
             return None
-        if any(r[2] for r in done if r is not None):
-            # rows located again (their slots were reclaimed: a clear ran meanwhile, and
-            # the indexes may hold newer samples now): the meta must still be current
-            await store.controller.check_readable(meta)  # else StaleMetaError
+        # Rows located again (their slots were reclaimed: a clear ran meanwhile, and the
+        # indexes may hold newer samples now): the meta must still be current (else
+        # StaleMetaError); a unit that died meanwhile leaves the socket path to return the
+        # live part (PartialResultError), never a bare UnitLostError.
+        relocated = any(r[2] for r in done if r is not None)
+        if relocated and await store.controller.lost_positions(meta):
+            return None
         parts = [(r[0], r[1]) for r in done if r is not None]
         td = assemble(size, {k: (schemas[k], _unpack(meta, k, size, parts)) for k in rest})
         for name in dense:
