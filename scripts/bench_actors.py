@@ -16,8 +16,9 @@ Rows (each measured ``--repeats`` times, the median is reported):
   (``t.numpy()`` argument, ``torch.from_numpy`` in the actor) is printed for information.
 * spawn: time to start 8 new actors concurrently on an already started cluster and have each
   answer one call.
-* start-up: seconds until ``Cluster.local(nodes=1)`` is entered (beside ``ray.init``), and
-  until ``Store.create(num_units=2)`` on it has returned too.
+* start-up: seconds until ``Cluster.local(nodes=1)`` is entered (beside ``ray.init``), until
+  ``Store.create(num_units=2)`` on it has returned too (it does not wait for the units), and
+  until the store's first put has returned (``--startup`` only; it waits for the units).
 * idle memory: the sum of PSS (the goal's figure: a page shared by the zygote and its
   children, or by every process that maps a library, is counted once, split among them),
   USS and RSS of every process
@@ -236,6 +237,7 @@ async def startup_rows(s: Sizes, log: Callable[[str], None], memory: bool) -> di
     log("ours: start-up of Cluster.local(nodes=1) [+ Store.create(num_units=2)]")
     res["startup_runs"] = [await ours_startup(False) for _ in reps]
     res["startup_store_runs"] = [await ours_startup(True) for _ in reps]
+    res["startup_store_put_runs"] = [await ours_startup(True, put=True) for _ in reps]
     if not memory:
         return res
     for preload in ("eager", "lazy"):
@@ -251,6 +253,7 @@ async def startup_rows(s: Sizes, log: Callable[[str], None], memory: bool) -> di
     log("ours: idle memory of Cluster.local(nodes=1) + Store.create(num_units=2)")
     async with Cluster.local(nodes=1) as cluster:
         store = await Store.create(cluster, num_units=2)
+        await store.ready()
         local = cluster._local
         assert local is not None and local.zygote_proc is not None
         await until_warm(local.zygote_proc.pid)
@@ -264,7 +267,7 @@ async def startup_rows(s: Sizes, log: Callable[[str], None], memory: bool) -> di
 def print_startup(res: dict[str, Any], title: str) -> None:
     """The start-up runs (and memory) of :func:`startup_rows`."""
     print(f"\n{title}")
-    for key in ("startup_runs", "startup_store_runs"):
+    for key in ("startup_runs", "startup_store_runs", "startup_store_put_runs"):
         runs = res[key]
         print(f"{key}: median {median(runs):.2f} s of {', '.join(f'{r:.2f}' for r in runs)}")
     for key in ("eager", "lazy", "store"):
@@ -275,9 +278,12 @@ def print_startup(res: dict[str, Any], title: str) -> None:
                 print(f"    {line}")
 
 
-async def ours_startup(with_store: bool) -> float:
+async def ours_startup(with_store: bool, put: bool = False) -> float:
     """Seconds until ``Cluster.local(nodes=1)`` is entered (and, with ``with_store``, a
-    ``Store.create(num_units=2)`` on it has returned)."""
+    ``Store.create(num_units=2)`` on it has returned; with ``put``, its first put of 1,024
+    tiny rows too, which waits for the units that create did not wait for)."""
+    from tensordict import TensorDict
+
     from rayless.actors import Cluster
     from rayless.store import Store
 
@@ -285,6 +291,8 @@ async def ours_startup(with_store: bool) -> float:
     async with Cluster.local(nodes=1) as cluster:
         if with_store:
             store = await Store.create(cluster, num_units=2)
+            if put:
+                await store.put(TensorDict({"x": torch.arange(1024)}, [1024]), partition="p")
         elapsed = time.perf_counter() - start
         if with_store:
             await store.aclose()

@@ -168,6 +168,7 @@ class StreamingLoader:
         step's batch is held). Its part is leased until :meth:`ack`: unacknowledged, it goes
         back to the task ``lease_after`` s after the step's fetch. Raises StoreTimeoutError,
         StoreInputError."""
+        await self.store.ready(self.timeout or None)  # units still starting: wait for them
         fetch_id = uuid.uuid4().hex
         controller = self.store.controller
         try:

@@ -8,6 +8,13 @@
 ``Store.connect(name)`` finds a running store by its controller's name (inside an actor it uses
 the actor's own cluster session). Both openers work awaited or with ``async with``.
 
+Start-up: ``create`` returns once the controller serves; the units start in the background
+(their fork template may still be importing torch). One gate, :meth:`Store.ready`, stands in
+front of every public coroutine method (``_gated``): each waits there first, under its own
+``timeout`` when it has a positive one, else ``START_TIMEOUT``, and raises the start's error
+if a unit failed to start. ``connect`` meanwhile waits in the controller, whose ``units()``
+hands out the unit table only once it is complete (within a deadline).
+
 Lifecycle: ``aclose()`` (idempotent; also on leaving ``async with``) ends this client, and
 then every call on it raises ClosedError. The client that *created* the store owns it: its
 ``aclose()`` also kills the controller and the units (they belong to the creator's session
@@ -45,11 +52,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from tensordict import TensorDict, TensorDictBase
@@ -70,6 +79,7 @@ from rayless.store.errors import (
     ForeignMetaError,
     StoreError,
     StoreInputError,
+    StoreTimeoutError,
     UnitLostError,
     UnknownFieldError,
     UnknownPartitionError,
@@ -84,12 +94,16 @@ from rayless.transport.errors import ClosedError, RaylessError
 if TYPE_CHECKING:
     from rayless.store.client.checkpoint import Restored
 
-__all__ = ["DEFAULT_NAME", "PUT_TIMEOUT", "KVBatchMeta", "Store"]
+__all__ = ["DEFAULT_NAME", "PUT_TIMEOUT", "START_TIMEOUT", "KVBatchMeta", "Store"]
 
 DEFAULT_NAME = "rayless-store"
+T = TypeVar("T")
+S = TypeVar("S")
 
 
 PUT_TIMEOUT = 30.0
+START_TIMEOUT = 120.0  # the default bound of a wait for the units' start (a spawn's own)
+_STOP_MARGIN = 15.0  # beyond it, for the head's answers to the spawns
 
 
 def _sampler_spec(sampler: Any) -> Any:
@@ -139,6 +153,50 @@ def _rows(td: TensorDictBase, positions: list[int]) -> TensorDictBase:
     return take(split_columns(td), positions, int(td.batch_size[0]))
 
 
+def _retrieve(start: asyncio.Future[None]) -> None:
+    """Mark a finished start's error retrieved (``ready`` raises it to the callers)."""
+    if not start.cancelled():
+        start.exception()
+
+
+def _start_bound(timeout: Any) -> float:
+    """How long an operation with its own ``timeout`` waits for the units' start: that
+    timeout when it is a positive number, else START_TIMEOUT (None waits for data forever,
+    0 not at all: neither is about the start; a bad value is the operation's to refuse)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        return START_TIMEOUT
+    return float(timeout)
+
+
+def _after_start(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """``fn`` (a Store method) waiting first for the store's units to serve (``ready``),
+    under its own keyword-only ``timeout`` if it has one."""
+    param = inspect.signature(fn).parameters.get("timeout")
+    timed = param is not None and param.kind is inspect.Parameter.KEYWORD_ONLY
+    default = param.default if timed and param is not None else None
+
+    @functools.wraps(fn)
+    async def call(self: Store, *args: Any, **kwargs: Any) -> T:
+        if self._start is not None:
+            bound = _start_bound(kwargs.get("timeout", default)) if timed else START_TIMEOUT
+            await self.ready(bound)
+        return await fn(self, *args, **kwargs)
+
+    return call
+
+
+_UNGATED = frozenset({"ready", "shutdown", "aclose"})
+
+
+def _gated(cls: type[S]) -> type[S]:
+    """The one readiness gate: every public coroutine method of ``cls`` but those in
+    ``_UNGATED`` waits for the units' start first (see ``_after_start``)."""
+    for name, attr in list(vars(cls).items()):
+        if not name.startswith("_") and name not in _UNGATED and inspect.iscoroutinefunction(attr):
+            setattr(cls, name, _after_start(attr))
+    return cls
+
+
 def _kv_keys(keys: Any) -> list[str]:
     """``keys`` as a list of str; a bare str (``"abc"``) is refused, not split into letters."""
     if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
@@ -149,6 +207,7 @@ def _kv_keys(keys: Any) -> list[str]:
     return out
 
 
+@_gated
 class Store:
     """A client of one store (controller + storage units). See the module docstring."""
 
@@ -169,6 +228,12 @@ class Store:
         self._closed = False
         self._notes: set[asyncio.Future[Any]] = set()  # acks and cancels in flight
         self._plane = LocalPlane()  # the same-host data plane
+        # The units' start, which create() leaves running (None once seen done): every
+        # operation waits for it first (see _after_start and ready()).
+        self._start: asyncio.Future[None] | None = None
+        self._start_seen = False  # the start's error reached a caller
+        self._stopping = False  # shutdown began: the start must not complete the table
+        self._spawned: list[ActorHandle[Any]] = []  # the units create() started
 
     @property
     def controller(self) -> ActorHandle[Any]:
@@ -179,9 +244,19 @@ class Store:
 
     @property
     def units(self) -> list[dict[str, Any]]:
-        """The storage units' info (handle, shard, node). Raises ClosedError once closed."""
+        """The storage units' info (handle, shard, node). Raises ClosedError once closed,
+        StoreError while the units are still starting (``await ready()`` first), and the
+        start's own error (PlacementError, RemoteError, ...) if they failed to start."""
         if self._closed:
             raise ClosedError(f"this client of store {self.store_id!r} is closed")
+        start = self._start
+        if start is not None:
+            if not start.done():
+                raise StoreError(
+                    f"the units of store {self.store_id!r} are still starting: "
+                    "await ready() (or any operation) first"
+                )
+            self._start_result(start)
         return self._units
 
     @units.setter
@@ -220,8 +295,11 @@ class Store:
         reservation_ttl: float | None = None,
     ) -> Store:
         """Spawn a controller (named ``name``) and ``num_units`` units, one per node round-robin
-        (or on ``nodes[i]``); wait for their handshakes. Await it, or ``async with`` it (the
-        store is killed on exit).
+        (or on ``nodes[i]``). Await it, or ``async with`` it (the store is killed on exit).
+
+        It returns once the controller serves, with the units' spawns under way (the torch
+        fork template they come from may still be warming up): every operation waits for
+        their handshakes first (:meth:`ready`), and raises their start's error if they failed.
 
         ``device`` "cuda" spawns units with ``gpus_per_unit`` GPUs each. ``env_nodes`` maps env
         ids to nodes (their samples go to that node's unit); ``env_shards`` maps env ids to
@@ -230,8 +308,10 @@ class Store:
         batch waits for its client's ack before it goes back to its task (the client died).
         ``reservation_ttl``: seconds a same-host put's reserved slots wait for its commit
         (default ``RAYLESS_STORE_RESERVATION_TTL`` in the units' environment, else 120).
-        Raises ValueError/StoreInputError for bad arguments,
-        PlacementError/RemoteError when actors cannot start (nothing is left running).
+        Raises ValueError/StoreInputError for bad arguments, PlacementError/RemoteError when
+        the controller cannot start. A unit that cannot start (PlacementError, RemoteError,
+        Timeout, ...) fails the first operation with that error, or ``aclose`` if no operation
+        ran; nothing of the store is left running then.
         """
         if not isinstance(num_units, int) or num_units < 1:
             raise StoreInputError(f"num_units must be a positive int, got {num_units!r}")
@@ -239,28 +319,45 @@ class Store:
             raise StoreInputError(f"device must be 'cpu' or 'cuda', got {device!r}")
         if reservation_ttl is not None:
             _reservation_ttl(reservation_ttl)  # raises StoreInputError before anything starts
+        if capacity_bytes is not None and (
+            isinstance(capacity_bytes, bool)
+            or not isinstance(capacity_bytes, int)
+            or capacity_bytes < 0
+        ):  # (a unit would refuse it only once started)
+            raise StoreInputError(f"capacity_bytes must be an int >= 0, got {capacity_bytes!r}")
         if nodes is None:
             alive = [n["node_id"] for n in await cluster.nodes() if n.get("alive", True)]
             nodes = [alive[i % len(alive)] for i in range(num_units)]
         elif len(nodes) != num_units:
             raise StoreInputError(f"nodes names {len(nodes)} nodes for {num_units} units")
+        if env_nodes is not None:
+            unplaced = sorted(set(env_nodes.values()) - set(nodes))
+            if unplaced:  # (would be known only once the units serve)
+                raise StoreInputError(f"no storage unit runs on node {unplaced[0]!r}")
         controller = await cluster.spawn(
             StoreController,
             None,
             env_shards,
             reclaim_after,
             lease_after,
+            True,  # its unit table is complete only once _start_units set it
             name=name,
             cpus=0,
             template=Template.LIGHT,  # the controller never imports torch: no wait for it
         )
+        try:
+            store = cls(controller, [], await controller.store_id(), cluster, True)
+        except BaseException:
+            with contextlib.suppress(RaylessError):
+                await cluster.kill(controller)
+            raise
         gpus = gpus_per_unit if device == "cuda" else 0
         # Units hold tensors: forked from the torch template they share its torch pages and
         # their first put is fast. From the light one each would import torch itself (~240 MB
-        # of its own and seconds of CPU at its first put), which costs more than the wait for
-        # the template's warm-up (started with the cluster) that Store.create pays here.
-        unit_template = Template.TORCH
-        spawned = [
+        # of its own and seconds of CPU at its first put). The torch template may still be
+        # warming up (it starts with the cluster): create() does not wait for the units, the
+        # first operation does (ready()).
+        spawns = [
             cluster.spawn(
                 StorageUnit,
                 f"{name}-unit-{i}",
@@ -273,18 +370,78 @@ class Store:
                 gpus=gpus,
                 cpus=0,
                 max_restarts=unit_max_restarts,
-                template=unit_template,
+                template=Template.TORCH,
             )
             for i, node in enumerate(nodes)
         ]
-        handles = await spawn_all(cluster, spawned, kill_on_error=[controller])
-        await controller.set_units({f"{name}-unit-{i}": h for i, h in enumerate(handles)})
-        store = cls(
-            controller, await controller.units(), await controller.store_id(), cluster, True
-        )
-        if env_nodes is not None:
-            await store.set_env_nodes(env_nodes)
+        start = asyncio.ensure_future(store._start_units(cluster, name, spawns, env_nodes))
+        start.add_done_callback(_retrieve)  # its error is raised by ready(), never lost
+        store._start = start
         return store
+
+    async def _start_units(
+        self,
+        cluster: Cluster,
+        name: str,
+        spawns: list[Any],
+        env_nodes: Mapping[str, str] | None,
+    ) -> None:
+        """Create()'s background: the units' spawns and handshakes, then the controller's
+        unit table; all or nothing (a failure kills every actor of the store)."""
+        controller = self._controller
+        handles = await spawn_all(cluster, spawns, kill_on_error=[controller])
+        self._spawned = handles
+        if self._stopping:  # shut down while they started: shutdown kills them
+            return
+        try:
+            await controller.set_units({f"{name}-unit-{i}": h for i, h in enumerate(handles)})
+            self._units = await controller.units()
+            if env_nodes is not None:
+                shards = {e: self._shard_on(n) for e, n in env_nodes.items()}
+                await controller.set_env_shards(shards)
+        except BaseException:
+            doomed = [*handles, controller]
+            await asyncio.gather(*(cluster.kill(h) for h in doomed), return_exceptions=True)
+            raise
+
+    def _start_result(self, start: asyncio.Future[None]) -> None:
+        """Raise the finished start's error (marking it seen), else forget the start."""
+        if start.cancelled():
+            self._start_seen = True
+            raise StoreError(f"the start of store {self.store_id!r} was cancelled")
+        error = start.exception()
+        if error is not None:
+            self._start_seen = True
+            raise error
+        if self._stopping:  # it ended early: the unit table was never completed
+            raise StoreError(f"store {self.store_id!r} was shut down while its units started")
+        if self._start is start:
+            self._start = None
+
+    async def ready(self, timeout: float | None = START_TIMEOUT) -> None:
+        """Wait until the store's units serve. ``Store.create`` returns before they do (the
+        torch fork template may still be warming up) and every operation waits here first,
+        so calling this is needed only before reading :attr:`units` directly.
+
+        Raises the units' start error (what ``create`` raised before it returned early:
+        PlacementError, RemoteError, Timeout, ... every actor of the store is then gone),
+        StoreTimeoutError when they do not serve within ``timeout`` s (None: the default
+        bound, START_TIMEOUT), ClosedError once closed.
+        """
+        check_timeout(timeout)
+        if self._closed:
+            raise ClosedError(f"this client of store {self.store_id!r} is closed")
+        start = self._start
+        if start is None:
+            return
+        if not start.done():
+            limit = START_TIMEOUT if timeout is None else timeout
+            await asyncio.wait([start], timeout=limit)
+            if not start.done():
+                raise StoreTimeoutError(
+                    f"the units of store {self.store_id!r} did not serve within {limit:g}s"
+                )
+        self._start_result(start)
 
     @classmethod
     @opener
@@ -312,31 +469,55 @@ class Store:
         return store
 
     async def shutdown(self) -> None:
-        """Kill the controller and the units now (only the store's creator may).
+        """Kill the controller and the units now (only the store's creator may); units still
+        starting are waited for (their spawns, at most their start's bound) and killed.
 
         Raises:
             StoreError: this client did not create the store (or already shut it down).
             ClosedError: this client is closed.
+            The units' start error (PlacementError, RemoteError, ...) that no operation
+            raised yet: a failed start is never silent.
         """
         if not self._owned or self._cluster is None:
             if self._closed:
                 raise ClosedError(f"this client of store {self.store_id!r} is closed")
             raise StoreError("only the client that created the store can shut it down")
+        error = await self._stop(self._cluster)
+        if error is not None:
+            raise error
+
+    async def _stop(self, cluster: Cluster) -> BaseException | None:
+        """Kill the store's actors (after the units' spawns ended); the start's error if no
+        caller saw it yet."""
         self._owned = False
-        for unit in self.units:
-            if unit.get("handle") is not None:
-                await self._cluster.kill(unit["handle"])
-        await self._cluster.kill(self.controller)
+        self._stopping = True
+        start, error = self._start, None
+        if start is not None:
+            # The head starts a spawn even if its caller gives up: wait for the spawns to end
+            # (bounded by their own timeout) so that every unit that started is killed here.
+            await asyncio.wait([start], timeout=START_TIMEOUT + _STOP_MARGIN)
+            if not start.done():
+                start.cancel()  # (its units die with the session)
+            elif not start.cancelled() and not self._start_seen:
+                error = start.exception()
+                self._start_seen = True
+        handles = self._spawned or [u["handle"] for u in self._units if u.get("handle")]
+        for handle in handles:
+            await cluster.kill(handle)
+        await cluster.kill(self._controller)
+        return error
 
     async def aclose(self) -> None:
-        """End this client (idempotent): the creator's also kills the store; a connected
-        client only detaches. Every later call raises ClosedError. Never raises for a cluster
-        that is already gone."""
+        """End this client (idempotent): the creator's also kills the store (waiting for
+        units still starting, then killing them); a connected client only detaches. Every
+        later call raises ClosedError. Never raises for a cluster that is already gone;
+        raises the units' start error if no operation raised it yet (after closing)."""
         if self._closed:
             return
+        error: BaseException | None = None
         try:
             if self._owned and self._cluster is not None and not self._cluster.closed:
-                await self.shutdown()
+                error = await self._stop(self._cluster)
         except RaylessError:  # the cluster or the actors are already gone
             pass
         finally:
@@ -345,6 +526,8 @@ class Store:
             self._plane.close()
             if self._own_cluster and self._cluster is not None:
                 await self._cluster.aclose()
+        if error is not None:
+            raise error
 
     async def __aenter__(self) -> Store:
         return self
@@ -357,8 +540,13 @@ class Store:
         self.units = await self.controller.units()
 
     def unit_for_node(self, node_id: str) -> int:
-        """The shard number of the (first) unit on ``node_id``. Raises StoreInputError."""
-        for unit in self.units:
+        """The shard number of the (first) unit on ``node_id``. Raises StoreInputError, and
+        what :attr:`units` raises while the units start."""
+        self.units  # noqa: B018 (raises while they start)
+        return self._shard_on(node_id)
+
+    def _shard_on(self, node_id: str) -> int:
+        for unit in self._units:
             if unit["node_id"] == node_id:
                 return int(unit["shard"])
         raise StoreInputError(f"no storage unit runs on node {node_id!r}")

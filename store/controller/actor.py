@@ -56,6 +56,7 @@ def _schemas(data: Mapping[str, Any] | None) -> dict[str, FieldSchema]:
 
 
 REAP_INTERVAL = 1.0
+UNITS_TIMEOUT = 120.0  # how long units() waits for a unit table still starting (spawn's own)
 
 
 class StoreController(Actor):
@@ -67,6 +68,7 @@ class StoreController(Actor):
         env_shards: Mapping[str, int] | None = None,
         reclaim_after: float = 120.0,
         lease_after: float = 60.0,
+        starting_units: bool = False,
     ) -> None:
         self.state = ControllerState(store_id, env_shards=env_shards)
         self.reclaim_after = reclaim_after
@@ -83,6 +85,12 @@ class StoreController(Actor):
         self._unwritten: dict[int, tuple[str, int, float]] = {}  # index -> (partition, gen, t)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._waiting = 0  # fetches parked on an event
+        # Set once the creator's set_units completed the unit table (at once for a controller
+        # whose creator does not start units after it): units() waits for it.
+        self._table = asyncio.Event()
+        if not starting_units:
+            self._table.set()
+        self._table_waiters = 0  # units() calls parked on it
 
     async def setup(self) -> None:
         """Start the reclaimer of never-written allocations."""
@@ -147,6 +155,7 @@ class StoreController(Actor):
             self.handles[unit_id] = handle
             if unit_id not in self._watching:
                 self._spawn(self._watch(unit_id, handle))
+        self._table.set()
 
     async def _watch(self, unit_id: str, handle: ActorHandle) -> None:
         """Watch one incarnation of a unit; a death marks it lost (unless a newer incarnation
@@ -166,8 +175,26 @@ class StoreController(Actor):
         if self._incarnation.get(unit_id) != incarnation and unit_id not in self._watching:
             self._spawn(self._watch(unit_id, handle))  # it registered again while we waited
 
-    async def units(self) -> list[dict[str, Any]]:
-        """Every unit's info (shard order) with its handle under ``"handle"``."""
+    async def units(self, timeout: float = UNITS_TIMEOUT) -> list[dict[str, Any]]:
+        """Every unit's info (shard order) with its handle under ``"handle"``.
+
+        While the store's creator is still starting the units (``Store.create`` returns before
+        they serve) the table is not complete: this waits until it is, up to ``timeout`` s.
+        Raises StoreTimeoutError past it (the units are still starting), StoreInputError for a
+        timeout that is not a number >= 0.
+        """
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+            raise StoreInputError(f"timeout must be a number >= 0, got {timeout!r}")
+        if not self._table.is_set():
+            self._table_waiters += 1
+            try:
+                await asyncio.wait_for(self._table.wait(), timeout)
+            except asyncio.TimeoutError:
+                raise StoreTimeoutError(
+                    f"the store's units are still starting after {timeout:g}s"
+                ) from None
+            finally:
+                self._table_waiters -= 1
         return [{**u.to_dict(), "handle": self.handles.get(u.unit_id)} for u in self.state.units()]
 
     async def unit_lost(self, unit_id: str, reason: str = "") -> None:
@@ -666,11 +693,15 @@ class StoreController(Actor):
         }
 
     async def stats(self) -> dict[str, Any]:
-        """Monitoring counts (partitions, allocated, free, units, waiting partitions)."""
+        """Monitoring counts (partitions, allocated, free, units, waiting partitions;
+        ``units_starting``: the creator has not completed the unit table yet, and
+        ``units_waiters``: the units() calls waiting for it)."""
         return {
             **self.state.stats(),
             "unwritten": len(self._unwritten),
             "waiting_fetches": self._waiting,
+            "units_starting": not self._table.is_set(),
+            "units_waiters": self._table_waiters,
         }
 
     # -- KV keys and checkpoints -----------------------------------------------------------

@@ -59,6 +59,7 @@ async def test_the_store_controller_starts_on_the_light_template_and_units_on_to
     assert local.zygote_proc is not None
     store = await Store.create(cluster, num_units=2)
     try:
+        await store.ready()  # create returns before the units serve
         light = _children(local.light_zygote_proc.pid)
         assert len(light) == 1, f"the light template forked {light}, not the store's controller"
         (controller,) = light

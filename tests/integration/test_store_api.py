@@ -56,6 +56,7 @@ def assert_same(a: TensorDict, b: TensorDict) -> None:
 
 async def test_round_trip_dense_jagged_nontensor_nested(local_cluster: Cluster) -> None:
     st = await Store.create(local_cluster, num_units=2)
+    await st.ready()  # create returns before the units serve; reading st.units needs them
     assert {u["node_id"] for u in st.units} == {"node-0", "node-1"}
     td = mixed_td(6)
     meta = await st.put(td, partition="train")
@@ -219,6 +220,7 @@ async def test_store_lifecycle_async_with_and_aclose(local_cluster: Cluster) -> 
 
 def _sync_surface(cluster: Cluster) -> tuple[int, list[str], int]:
     with SyncStore.create(cluster, num_units=2, name="sync-surface") as st:
+        st.ready()
         node = st.units[0]["node_id"]
         shard = st.unit_for_node(node)
         st.kv_put(["a", "b"], TensorDict({"x": torch.arange(2)}, [2]))

@@ -173,6 +173,7 @@ async def test_bad_input_leaves_the_store_unchanged(local_cluster: Cluster) -> N
 
 async def test_unwritten_allocations_are_reclaimed(local_cluster: Cluster) -> None:
     st = await Store.create(local_cluster, num_units=2)
+    await st.ready()  # the raw controller handle below skips the client's wait for the units
     # A client that allocated and then died before writing anything.
     await st.controller.allocate("p", 4, {"x": {"kind": "dense", "dtype": "int64", "shape": []}})
     assert (await st.stats())["unwritten"] == 4

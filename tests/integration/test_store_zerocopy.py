@@ -245,6 +245,7 @@ async def test_a_commit_whose_indexes_do_not_fit_a_reservation_by_count_is_refus
     local_cluster: Cluster,
 ) -> None:
     st = await Store.create(local_cluster, num_units=1, name="zc-count")
+    await st.ready()
     unit = st.units[0]["handle"]
     wire = {"x": {"kind": "dense", "dtype": "float32", "shape": [4]}}
     for bad in (-1, True, "3"):
