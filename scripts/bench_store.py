@@ -5,13 +5,12 @@ Both with 2 storage units; batches: ``dense`` (x: 1024 x 4096 float32, 16 MiB) a
 Rows: init time (ours: ``Store.create``, which returns before its units serve; "first put
 after create" adds the first put, which waits for them), put GB/s, get GB/s (payload bytes /
 median latency), get_meta latency (a fetch of 1024 ready samples), idle put latency and the
-latency of a put issued while another
-client's fetch waits. TransferQueue runs in a subprocess (its own Ray) after ours.
-Each measured round follows ``WARMUP`` rounds (both stores). CPU only, ours only: a plain
-copy of the dense batch's bytes in the same run, the faster of torch's default threads and
-one thread (and put, get, put + get, put + zero-copy get against it), 1 GiB batches
-(``--no-big`` skips them), and 8 producers + 8 consumers (separate clients; aggregate GB/s
-and a check that every sample arrived exactly once).
+latency of a put issued while another client's fetch waits. TransferQueue runs in a
+subprocess (its own Ray) after ours. Each measured round follows ``WARMUP`` rounds (both
+stores). CPU only, ours only: a plain copy of the dense batch's bytes in the same run, the
+faster of torch's default threads and one thread (and put, get, put + get, put + zero-copy get
+against it), 1 GiB batches (``--no-big`` skips them), and 8 producers + 8 consumers (separate
+clients; aggregate GB/s and a check that every sample arrived exactly once).
 Same-host clients use the units' shared-memory columns (``RAYLESS_STORE_LOCAL=0``: the socket).
 
     python scripts/bench_store.py [--device cpu|cuda] [--quick] [--skip-tq] [--repeats 5]
