@@ -90,7 +90,9 @@ async def run_ours(device: str, reps: int, big: bool = True) -> dict[str, Any]:
     res: dict[str, Any] = {}
     gpus = torch.cuda.device_count() if device == "cuda" else 0
     shape = {"nodes": 1, "gpus_per_node": gpus} if device == "cuda" else {"nodes": 2}
+    t = time.perf_counter()
     async with actors.Cluster.local(**shape) as cluster:
+        res["cluster_s"] = time.perf_counter() - t
         t = time.perf_counter()
         st = await Store.create(
             cluster, num_units=2, device=device, gpus_per_unit=1.0 if gpus >= 2 else 0.5
@@ -398,6 +400,7 @@ ROWS = [
     ("put_during_fetch_ms", "put 16 MiB while a fetch waits (ms)", "lower"),
 ]
 OURS_ONLY = [
+    ("cluster_s", "Cluster.local before the init (s)"),
     ("first_put_s", "first put after create: init + a put of 1,024 tiny rows (s)"),
     ("tiny_put_ms", "put of 1,024 tiny rows (one int64 each; ms)"),
     ("memcpy_GBps", "plain copy of the 16 MiB (destinations out of cache, GB/s; the anchor)"),
