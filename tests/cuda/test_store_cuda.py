@@ -39,7 +39,9 @@ def same(a: TensorDict, b: TensorDict) -> bool:
 
 
 async def _cuda_store(cluster: Cluster) -> Store:
-    return await Store.create(cluster, num_units=2, device="cuda", gpus_per_unit=0.5)
+    st = await Store.create(cluster, num_units=2, device="cuda", gpus_per_unit=0.5)
+    await st.ready()  # the tests read st.units before any operation waited for them
+    return st
 
 
 @SHAPE
