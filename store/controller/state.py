@@ -141,17 +141,16 @@ def _sequential(chooser: Sampler) -> bool:
 def _meta_arrays(
     meta: BatchMeta, positions: Sequence[int]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The global indexes, generations and shards of ``meta``'s samples at ``positions``, as
-    int64 arrays (one conversion each when ``positions`` are all of them). Raises
+    """The global indexes, shards and generations of ``meta``'s samples at ``positions``, as
+    int64 arrays (``meta.arrays()`` when ``positions`` are all of them). Raises
     StoreInputError for values that are not ints."""
-    gidx, gens, shards = meta.global_indexes, meta.generations, meta.shards
-    if len(positions) == len(gidx):
-        idx, shard_arr, gen_arr = meta.arrays()
-        return idx, gen_arr, shard_arr
+    if len(positions) == meta.size:
+        return meta.arrays()
+    gidx, shards, gens = meta.global_indexes, meta.shards, meta.generations
     return (
         as_indexes([gidx[p] for p in positions]),
-        as_indexes([gens[p] for p in positions]),
         as_indexes([shards[p] for p in positions]),
+        as_indexes([gens[p] for p in positions]),
     )
 
 
@@ -266,7 +265,7 @@ class ControllerState:
             raise ForeignMetaError(f"the meta comes from store {meta.store_id!r}")
         for part_id, positions in _positions_by_partition(meta).items():
             part = self._partitions.get(part_id)
-            idx, gens, shards = _meta_arrays(meta, positions)
+            idx, shards, gens = _meta_arrays(meta, positions)
             if part is None:
                 raise StaleMetaError(
                     f"sample {int(idx[0])} of partition {part_id!r} was cleared since the meta "
@@ -1044,7 +1043,7 @@ class ControllerState:
             part = self._partitions.get(part_id)
             if part is None:
                 continue
-            idx, want_gen, want_shard = _meta_arrays(meta, positions)
+            idx, want_shard, want_gen = _meta_arrays(meta, positions)
             found, at = self._positions(part, idx)
             safe = np.where(found, at, 0)
             found &= part.gen[safe] == want_gen  # else cleared already (maybe reused)
@@ -1084,7 +1083,7 @@ class ControllerState:
             part = self._partitions.get(part_id)
             if part is None:
                 return False
-            idx, gens, _ = _meta_arrays(meta, positions)
+            idx, _, gens = _meta_arrays(meta, positions)
             found, at = self._positions(part, idx)
             safe = np.where(found, at, 0)
             found &= (part.gen[safe] == gens) & (part.flags[safe] & STAGED == 0)
