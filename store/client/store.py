@@ -67,6 +67,7 @@ from rayless.actors import ActorDiedError, ActorHandle, Cluster, Template, conne
 from rayless.actors.api.components import spawn_all
 from rayless.actors.api.lifecycle import opener
 from rayless.actors.api.timeline import store_span, traced
+from rayless.store.client.leases import LeaseKey, Leases, lease_key
 from rayless.store.controller.actor import StoreController
 from rayless.store.controller.fetches import check_timeout
 from rayless.store.data.meta import BatchMeta
@@ -77,7 +78,9 @@ from rayless.store.data.rows import merge, place, take
 from rayless.store.data.schema import Column, FieldSchema, merge_parts, split_columns
 from rayless.store.errors import (
     ForeignMetaError,
+    StaleMetaError,
     StoreError,
+    StoreFullError,
     StoreInputError,
     StoreTimeoutError,
     UnitLostError,
@@ -234,6 +237,7 @@ class Store:
         self._start_seen = False  # the start's error reached a caller
         self._stopping = False  # shutdown began: the start must not complete the table
         self._spawned: list[ActorHandle[Any]] = []  # the units create() started
+        self._leases = Leases(self)  # the next put's allocation and slots, made ahead
 
     @property
     def controller(self) -> ActorHandle[Any]:
@@ -517,7 +521,10 @@ class Store:
         error: BaseException | None = None
         try:
             if self._owned and self._cluster is not None and not self._cluster.closed:
+                self._leases.discard()  # the store dies with its lease
                 error = await self._stop(self._cluster)
+            else:
+                await self._leases.close()
         except RaylessError:  # the cluster or the actors are already gone
             pass
         finally:
@@ -654,13 +661,61 @@ class Store:
         schemas = {name: col.schema for name, col in columns.items()}
         wire = {name: s.to_dict() for name, s in schemas.items()}
         options = PutOptions.of(env_ids, group_ids, custom_meta, keys, group_size)
-        new = meta is None
-        fresh: dict[str, Any] = {}
-        put_id: int | None = None
-        ahead: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]] = {}
         if meta is None:
             if partition is None:
                 raise StoreInputError("put needs a partition (or the meta of existing samples)")
+            key = lease_key(partition, n, wire, options)
+            new = (td, partition, columns, n, schemas, wire, options, timeout)
+            return await self._put_new(*new, key, retry=True)
+        if options.for_new_samples:
+            raise StoreInputError("keys/group_ids/group_size apply to new samples only")
+        meta = self._check_meta(meta)
+        if meta.size != n:
+            raise StoreInputError(f"the TensorDict holds {n} samples, the meta {meta.size}")
+        if partition is not None and set(meta.partition_ids) != {partition}:
+            raise StoreInputError(f"the meta's samples are not in partition {partition!r}")
+        begun = await self.controller.begin_column_put(meta, wire)
+        put_id, fresh = int(begun["put_id"]), begun["fresh"]
+        shards: list[int] = []
+        try:
+            none: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]] = {}
+            args = (meta, td, columns, n, wire, timeout, none, shards, put_id)
+            await self._gather(shards, await self._put_calls(*args))
+        except BaseException:
+            with contextlib.suppress(StoreError):
+                await self.controller.abort_fields(meta, fresh, put_id)
+            raise
+        return self._put_result(meta, columns, schemas)
+
+    async def _put_new(
+        self,
+        td: TensorDictBase,
+        partition: str,
+        columns: Mapping[str, Column],
+        n: int,
+        schemas: Mapping[str, FieldSchema],
+        wire: dict[str, dict[str, Any]],
+        options: PutOptions,
+        timeout: float,
+        key: LeaseKey | None,
+        retry: bool,
+    ) -> BatchMeta:
+        """A put of new samples: into the lease if one matches ``key`` (the next one is
+        leased then), else allocate ∥ reserve ahead. One that fails without committing
+        because its lease (or its allocation) went stale is put again once the usual way
+        (``retry``); one that committed before a failure is acknowledged."""
+        lease = self._leases.take(key) if retry else None
+        meta: BatchMeta | None = None
+        ahead: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]] = {}
+        if lease is not None:
+            await self._leases.refill(key, columns, wire, self._reserve_ahead)
+            meta = await lease.meta()
+            ahead = lease.usable()
+            if meta is None:  # the partition was gone, or the allocation failed
+                for shard, (_, reserved) in ahead.items():
+                    self._plane.drop_later(self.units[shard]["handle"], reserved)
+                lease, ahead = None, {}
+        if meta is None:
             if options.env_ids is None and isinstance(partition, str):
                 ahead = await self._reserve_ahead(partition, n, columns, wire, timeout)
             try:
@@ -669,35 +724,29 @@ class Store:
                 for shard, (_, reserved) in ahead.items():
                     self._plane.drop_later(self.units[shard]["handle"], reserved)
                 raise
-        else:
-            if options.for_new_samples:
-                raise StoreInputError("keys/group_ids/group_size apply to new samples only")
-            meta = self._check_meta(meta)
-            if meta.size != n:
-                raise StoreInputError(f"the TensorDict holds {n} samples, the meta {meta.size}")
-            if partition is not None and set(meta.partition_ids) != {partition}:
-                raise StoreInputError(f"the meta's samples are not in partition {partition!r}")
-            begun = await self.controller.begin_column_put(meta, wire)
-            put_id, fresh = int(begun["put_id"]), begun["fresh"]
+            assert meta is not None  # (not a lease: the controller always allocates)
         shards: list[int] = []
         try:
             try:
-                args = (meta, td, columns, n, wire, timeout, ahead, shards, put_id)
-                calls = await self._put_calls(*args)
+                args = (meta, td, columns, n, wire, timeout, ahead, shards, None)
+                calls = await self._put_calls(*args, generation=meta.generations[0])
             finally:
                 for shard, (_, reserved) in ahead.items():  # units the allocation left out
                     self._plane.drop_later(self.units[shard]["handle"], reserved)
             await self._gather(shards, calls)
         except BaseException as exc:
-            if new:
-                if await self.controller.abort_put(meta) and isinstance(exc, Exception):
-                    # It committed before the failure (a reply lost): it is acknowledged,
-                    # and samples lost with a unit since are in lost_samples().
-                    return self._put_result(meta, columns, schemas)
-            elif put_id is not None:
-                with contextlib.suppress(StoreError):
-                    await self.controller.abort_fields(meta, fresh, put_id)
+            if await self.controller.abort_put(meta) and isinstance(exc, Exception):
+                # It committed before the failure (a reply lost): it is acknowledged,
+                # and samples lost with a unit since are in lost_samples().
+                return self._put_result(meta, columns, schemas)
+            stale = lease is not None and not isinstance(exc, StoreFullError)
+            if retry and isinstance(exc, Exception) and (stale or isinstance(exc, StaleMetaError)):
+                self._leases.retried += 1
+                again = (td, partition, columns, n, schemas, wire, options, timeout)
+                return await self._put_new(*again, None, retry=False)
             raise
+        if lease is None:
+            await self._leases.refill(key, columns, wire, self._reserve_ahead)
         return self._put_result(meta, columns, schemas)
 
     @staticmethod
@@ -718,9 +767,11 @@ class Store:
         ahead: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]],
         shards: list[int],
         put_id: int | None,
+        generation: int | None = None,
     ) -> list[Any]:
         """One write per unit of a put (appending each unit's shard to ``shards``); uses and
-        removes the reservations in ``ahead`` that fit."""
+        removes the reservations in ``ahead`` that fit; ``generation``: a new put's
+        allocation (the units and the controller refuse its writes once it is stale)."""
         calls: list[Any] = []
         for (shard, part), positions in _groups(meta).items():
             gidx = meta.global_indexes
@@ -732,11 +783,15 @@ class Store:
                 self._plane.drop_later(unit["handle"], reserved)  # the guess was wrong
                 reserved = None
             if await self._plane.is_local(unit):  # same host: straight into its segments
-                put = self._plane.put(unit, part, *args, reserved=reserved, put_id=put_id)
+                put = self._plane.put(
+                    unit, part, *args, reserved=reserved, put_id=put_id, generation=generation
+                )
                 calls.append(put)
             else:
                 sub = pack_columns(columns, positions)
-                calls.append(unit["handle"].write(part, indexes, sub, wire, timeout, put_id))
+                calls.append(
+                    unit["handle"].write(part, indexes, sub, wire, timeout, put_id, generation)
+                )
         return calls
 
     async def _reserve_ahead(
@@ -746,11 +801,12 @@ class Store:
         columns: Mapping[str, Column],
         wire: dict[str, dict[str, Any]],
         timeout: float,
+        spare: bool = False,
     ) -> dict[int, tuple[int, asyncio.Future[dict[str, Any]]]]:
         """Reserve a new put's dense rows on same-host units while the controller allocates
         its samples: ``{shard: (rows, reservation)}``. The guess is the controller's split
         without env ids (one contiguous block per live unit, in shard order); a wrong guess
-        costs a release (see :meth:`put`)."""
+        costs a release (see :meth:`put`). ``spare``: a lease's (see LocalPlane)."""
         if not self._plane.enabled or n <= 0:
             return {}
         units = self.units
@@ -758,7 +814,9 @@ class Store:
         for k, unit in enumerate(units):
             count = -(-(k + 1) * n // len(units)) - -(-k * n // len(units))
             if count and await self._plane.is_local(unit) and self._plane.dense_for(unit, columns):
-                reserved = self._plane.reserve_ahead(unit, partition, count, columns, wire, timeout)
+                reserved = self._plane.reserve_ahead(
+                    unit, partition, count, columns, wire, timeout, spare
+                )
                 out[int(unit["shard"])] = (count, reserved)
         return out
 
@@ -871,13 +929,26 @@ class Store:
 
     @traced("store", "clear", store_span)
     async def clear(self, meta: BatchMeta) -> None:
-        """Remove ``meta``'s samples; their indexes are reused. Raises Foreign/StaleMetaError."""
-        await self.controller.clear(self._check_meta(meta))
+        """Remove ``meta``'s samples; their indexes are reused. Raises Foreign/StaleMetaError.
+        A lease this client holds is given back first (the next put allocates anew, from the
+        freed indexes)."""
+        checked = self._check_meta(meta)
+        await self._without_lease(self.controller.clear(checked))
+
+    async def _without_lease(self, call: Any) -> Any:
+        """Await ``call`` (a clear); once it succeeded, give back the held lease (awaited:
+        the next put then allocates from the freed indexes, as it would without a lease)."""
+        result = await call
+        back = self._leases.give_back()
+        if back is not None:
+            await back
+        return result
 
     @traced("store", "clear_partition", store_span)
     async def clear_partition(self, partition: str) -> None:
-        """Remove a whole partition. Raises UnknownPartitionError."""
-        await self.controller.clear_partition(partition)
+        """Remove a whole partition (and give back a lease this client holds). Raises
+        UnknownPartitionError."""
+        await self._without_lease(self.controller.clear_partition(partition))
 
     async def partitions(self) -> list[str]:
         """Existing partitions."""

@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rayless.actors import Actor, ActorDiedError, ActorHandle
+from rayless.actors import Actor, ActorDiedError, ActorHandle, current_caller
 from rayless.store.controller.fetches import Fetches, Share, Shares, Waiter, check_timeout
 from rayless.store.controller.state import ClearPlan, ControllerState
 from rayless.store.data.fields import FieldSchema
@@ -91,6 +91,8 @@ class StoreController(Actor):
         if not starting_units:
             self._table.set()
         self._table_waiters = 0  # units() calls parked on it
+        self._leases: dict[str, dict[int, BatchMeta]] = {}  # caller -> serial -> leased meta
+        self._lease_owner: dict[int, str] = {}  # serial of a leased allocation -> its caller
 
     async def setup(self) -> None:
         """Start the reclaimer of never-written allocations."""
@@ -220,10 +222,15 @@ class StoreController(Actor):
         n: int,
         schemas: Mapping[str, Any] | None = None,
         options: PutOptions | None = None,
-    ) -> BatchMeta:
+        lease: bool = False,
+    ) -> BatchMeta | None:
         """Allocate ``n`` samples for a put of fields ``schemas`` with ``options``; see
         ControllerState.allocate. Raises its errors, StoreInputError for options that are not
         PutOptions.
+
+        ``lease``: a client's allocation ahead of its next put (store.client.leases). It never
+        creates a partition (None when ``partition`` does not exist), and it is bound to the
+        caller's connection: when that goes, the allocation is dropped unless committed.
 
         Without ``env_ids`` each live unit gets one contiguous block of the batch. The put is
         atomic: its samples become ready together once every unit wrote its part (a put torn
@@ -233,6 +240,8 @@ class StoreController(Actor):
             options = PutOptions()
         if not isinstance(options, PutOptions):
             raise StoreInputError(f"allocate needs PutOptions, got {type(options).__name__}")
+        if lease and partition not in self.state.partitions():
+            return None
         groups = None if options.group_ids is None else [_hashable(g) for g in options.group_ids]
         shards = None
         if options.env_ids is None and isinstance(n, int) and n > 0:
@@ -256,7 +265,27 @@ class StoreController(Actor):
         )
         entry = (partition, meta.generations[0] if n else 0, time.monotonic())
         self._unwritten.update(dict.fromkeys(meta.global_indexes, entry))  # one serial
+        caller = current_caller() if lease and n else None
+        if caller is not None:
+            self._leases.setdefault(caller, {})[meta.generations[0]] = meta
+            self._lease_owner[meta.generations[0]] = caller
         return meta
+
+    def _unlease(self, serial: int) -> None:
+        """Forget leased allocation ``serial`` (committed or given back)."""
+        caller = self._lease_owner.pop(serial, None)
+        if caller is not None:
+            held = self._leases.get(caller, {})
+            held.pop(serial, None)
+            if not held:
+                self._leases.pop(caller, None)
+
+    def _caller_gone(self, caller: str) -> None:
+        """The transport saw client connection ``caller`` go: drop its leased allocations
+        that never committed (the units give back their reservations the same way)."""
+        for serial, meta in self._leases.pop(caller, {}).items():
+            self._lease_owner.pop(serial, None)
+            self._spawn(self.abort_put(meta))
 
     async def check_put(
         self, meta: BatchMeta, schemas: Mapping[str, Any]
@@ -303,6 +332,9 @@ class StoreController(Actor):
         upd = DataUpdate.from_dict(update)
         settled: list[int] = []
         ready = self.state.on_data_update(unit_id, upd, settled)
+        done = settled or ready
+        if done and upd.generation is not None and upd.generation in self._lease_owner:
+            self._unlease(upd.generation)  # committed: ordinary samples now
         unwritten = self._unwritten
         for index in settled or ready:  # a completed put's lost samples are not unwritten
             unwritten.pop(index, None)
@@ -320,7 +352,10 @@ class StoreController(Actor):
         the partition if the put created it and it is empty now. A put that committed
         before its client saw the failure (a unit's reply lost after its data update was
         ACKed) is kept instead: its samples are ready, and consumers may hold them. Returns
-        True when it committed (nothing undone)."""
+        True when it committed (nothing undone). Also gives back a client's leased
+        allocation (store.client.leases)."""
+        for serial in set(meta.generations):
+            self._unlease(serial)
         if self.state.committed(meta):
             return True
         with contextlib.suppress(StoreError):
@@ -695,10 +730,16 @@ class StoreController(Actor):
     async def stats(self) -> dict[str, Any]:
         """Monitoring counts (partitions, allocated, free, units, waiting partitions;
         ``units_starting``: the creator has not completed the unit table yet, and
-        ``units_waiters``: the units() calls waiting for it)."""
-        return {
-            **self.state.stats(),
-            "unwritten": len(self._unwritten),
+        ``units_waiters``: the units() calls waiting for it); the samples clients leased
+        ahead (store.client.leases) are ``leased``, not allocated, staged or unwritten."""
+        out = self.state.stats()
+        leased = sum(self.state.staged_count(serial) for serial in self._lease_owner)
+        return {  # the samples clients leased ahead of their next puts are counted apart
+            **out,
+            "allocated": out["allocated"] - leased,
+            "staged": out["staged"] - leased,
+            "unwritten": len(self._unwritten) - leased,
+            "leased": leased,
             "waiting_fetches": self._waiting,
             "units_starting": not self._table.is_set(),
             "units_waiters": self._table_waiters,

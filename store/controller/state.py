@@ -194,10 +194,11 @@ class ControllerState:
 
     def production_status(self, partition: str) -> dict[str, Any]:
         """``{"samples": n, "lost": lost with their unit, "fields": {field: ready count},
-        "schemas": {...}}`` of a partition."""
+        "schemas": {...}}`` of a partition; ``n`` counts the samples of committed puts (not
+        those a put in flight or a client's lease allocated)."""
         part = self._part(partition)
         return {
-            "samples": part.live,
+            "samples": part.live - self._staged_in(partition),
             "lost": part.lost,
             "fields": dict(part.ready_count),
             "schemas": {f: s.to_dict() for f, s in part.schemas.items()},
@@ -206,7 +207,19 @@ class ControllerState:
     def consumption_status(self, partition: str, task: str) -> dict[str, int]:
         """``{"samples": n, "consumed": c}`` for ``task`` in ``partition``."""
         part = self._part(partition)
-        return {"samples": part.live, "consumed": part.consumed_count.get(task, 0)}
+        samples = part.live - self._staged_in(partition)
+        return {"samples": samples, "consumed": part.consumed_count.get(task, 0)}
+
+    def staged_count(self, serial: int) -> int:
+        """Samples of allocation ``serial`` that exist and are not committed yet."""
+        staging = self._staging.get(serial)
+        return 0 if staging is None else len(staging.members)
+
+    def _staged_in(self, partition: str) -> int:
+        """Samples of ``partition`` allocated by puts that have not committed yet (in flight,
+        or leased ahead by a client): not counted as the partition's samples. Costs the
+        number of uncommitted puts, not the partition's size."""
+        return sum(len(st.members) for st in self._staging.values() if st.partition == partition)
 
     def stats(self) -> dict[str, Any]:
         """Counts for monitoring: partitions, allocated, free, pending release, units."""
@@ -746,6 +759,7 @@ class ControllerState:
                 f"samples {arr[~found][:8].tolist()} of {update.partition!r} are not allocated "
                 f"on unit {unit_id!r}"
             )
+        self._check_generation(part, at, update)
         merged: dict[str, FieldSchema] = {}
         for name, schema in update.schemas.items():
             if not isinstance(schema, FieldSchema):
@@ -824,6 +838,17 @@ class ControllerState:
         if not whole:
             ok &= np.isin(order, members)
         return order[ok].tolist()
+
+    @staticmethod
+    def _check_generation(part: _Partition, at: np.ndarray, update: DataUpdate) -> None:
+        """Raise StaleMetaError unless the samples at positions ``at`` still belong to the
+        allocation ``update.generation`` names (None: no check): a write of samples cleared
+        meanwhile must never land on the samples their reused indexes hold now."""
+        if update.generation is not None and len(at) and (part.gen[at] != update.generation).any():
+            raise StaleMetaError(
+                f"samples of {update.partition!r} were cleared during the put (allocation "
+                f"{update.generation}); their indexes belong to another put now"
+            )
 
     def _apply_column_update(
         self, update: DataUpdate, generations: Mapping[tuple[str, int], int]

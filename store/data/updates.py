@@ -24,7 +24,9 @@ class DataUpdate:
     """What a storage unit tells the controller after a write (and waits on the ACK for).
 
     ``schemas`` holds the written fields; ``sample_shapes`` the per-sample shapes of the nested
-    fields among them, aligned with ``indexes``.
+    fields among them, aligned with ``indexes``. ``generation``: the allocation serial of a
+    new put's samples (``BatchMeta.generations``), which the controller checks, so a write of
+    samples cleared meanwhile (their indexes maybe reused) is refused; None: not checked.
     """
 
     partition: str
@@ -34,6 +36,7 @@ class DataUpdate:
     put_id: int | None = (
         None  # a column-wise put's id (store.controller.column_puts), None otherwise
     )
+    generation: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values for the wire."""
@@ -43,6 +46,7 @@ class DataUpdate:
             "schemas": {k: v.to_dict() for k, v in self.schemas.items()},
             "sample_shapes": {k: shapes_to_wire(v) for k, v in self.sample_shapes.items()},
             "put_id": self.put_id,
+            "generation": self.generation,
         }
 
     @classmethod
@@ -57,6 +61,7 @@ class DataUpdate:
                     str(k): known_shapes(v) for k, v in (data.get("sample_shapes") or {}).items()
                 },
                 put_id=_put_id(data.get("put_id")),
+                generation=_put_id(data.get("generation"), "generation"),
             )
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             if isinstance(exc, StoreInputError):
@@ -71,11 +76,11 @@ def _ints(values: Any) -> list[int]:
     return [int(i) for i in values]
 
 
-def _put_id(value: Any) -> int | None:
+def _put_id(value: Any, what: str = "put_id") -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool):
-        raise StoreInputError(f"a data update's put_id must be an int, got {value!r}")
+        raise StoreInputError(f"a data update's {what} must be an int, got {value!r}")
     return value
 
 

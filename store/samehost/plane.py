@@ -105,13 +105,20 @@ class LocalPlane:
         columns: Mapping[str, Column],
         wire: dict[str, dict[str, Any]],
         timeout: float,
+        spare: bool = False,
     ) -> asyncio.Future[dict[str, Any]]:
         """Reserve ``count`` rows of the dense ``columns`` on a unit while the controller still
         allocates the put's samples (one round trip less per put); pass the result to
-        :meth:`put` as ``reserved``, or to :meth:`drop_later` if the allocation went elsewhere."""
+        :meth:`put` as ``reserved``, or to :meth:`drop_later` if the allocation went elsewhere.
+        ``spare``: for a lease (store.client.leases): no wait for room, given up when full."""
         dense = {k: wire[k] for k in self.dense_for(unit, columns)}
-        call = unit["handle"].reserve(partition, count, dense, timeout, self.known(unit))
+        known = self.known(unit)
+        call = unit["handle"].reserve(partition, count, dense, timeout, known, spare)
         return asyncio.ensure_future(call)
+
+    async def drop(self, handle: Any, reserved: asyncio.Future[dict[str, Any]]) -> None:
+        """Give back a reservation made ahead that no put will use (errors ignored)."""
+        await _drop(handle, reserved)
 
     def drop_later(self, handle: Any, reserved: asyncio.Future[dict[str, Any]]) -> None:
         """Give back a reservation made ahead that the put does not use, in the background
@@ -132,15 +139,17 @@ class LocalPlane:
         timeout: float,
         reserved: asyncio.Future[dict[str, Any]] | None = None,
         put_id: int | None = None,
+        generation: int | None = None,
     ) -> None:
         """Write one unit's rows of a put (see the module docstring), into the rows
         ``reserved`` ahead if given (its count must be ``len(indexes)``); ``put_id``: the
-        column-wise put it belongs to. Raises like ``write``."""
+        column-wise put it belongs to; ``generation``: a new put's allocation (checked by
+        the unit and the controller). Raises like ``write``."""
         handle, gpu = unit["handle"], self.gpu_of(unit)
         dense = self.dense_for(unit, columns)
         if not dense:
             sub = pack_columns(columns, positions)
-            await handle.write(partition, indexes, sub, wire, timeout, put_id)
+            await handle.write(partition, indexes, sub, wire, timeout, put_id, generation)
             return
         if reserved is None:
             want = {k: wire[k] for k in dense}
@@ -163,12 +172,12 @@ class LocalPlane:
                 if not await handle.release(token):
                     raise StoreError("the same-host put's reservation expired before its copy")
                 sub = pack_columns(columns, positions)
-                await handle.write(partition, indexes, sub, wire, timeout, put_id)
+                await handle.write(partition, indexes, sub, wire, timeout, put_id, generation)
                 return
             rest = {k: c for k, c in columns.items() if k not in dense}
             others = pack_columns(rest, positions) if rest else None
             index_list = indexes if reserved else None
-            await handle.commit(token, others, wire, timeout, index_list, put_id)
+            await handle.commit(token, others, wire, timeout, index_list, put_id, generation)
         except BaseException:
             asyncio.ensure_future(_quiet(handle.release(token)))
             raise

@@ -42,6 +42,7 @@ from rayless.store.data.meta import BatchMeta  # noqa: F401  (registers BatchMet
 from rayless.store.data.updates import DataUpdate
 from rayless.store.errors import (
     SchemaError,
+    StaleMetaError,
     StoreError,
     StoreFullError,
     StoreInputError,
@@ -104,6 +105,7 @@ class _Reservation:
     schemas: dict[str, FieldSchema]
     expires: float
     owner: str | None = None  # the reserving client's connection (``current_caller``)
+    spare: bool = False  # a client's lease ahead of its next put: given up for room
 
 
 class StorageUnit(Actor):
@@ -214,18 +216,23 @@ class StorageUnit(Actor):
         schemas: dict[str, dict[str, Any]],
         timeout: float = 0.0,
         put_id: int | None = None,
+        generation: int | None = None,
     ) -> None:
         """Store ``td`` as samples ``indexes`` of ``partition``; return after the controller's ACK.
-        ``put_id``: the column-wise put this write belongs to (store.controller.column_puts).
+        ``put_id``: the column-wise put this write belongs to (store.controller.column_puts);
+        ``generation``: the allocation of a new put's samples (see :meth:`_check_new_rows`).
 
         Raises SchemaError/StoreInputError (bad data), StoreFullError (still no room after
-        ``timeout`` seconds of waiting for deletes), the controller's refusal (rows rolled back).
+        ``timeout`` seconds of waiting for deletes), StaleMetaError (the samples were cleared
+        and their indexes hold another put's rows), the controller's refusal (rows rolled back).
         """
         await self._loaded()
         declared = {k: FieldSchema.from_dict(v) for k, v in schemas.items()}
         fresh = [n for n in declared if not self.shard.has_any(partition, indexes, n)]
-        update = await self._write_when_room(partition, indexes, td, declared, timeout)
+        new = generation is not None
+        update = await self._write_when_room(partition, indexes, td, declared, timeout, new)
         update.put_id = put_id
+        update.generation = generation
         del td  # the receive buffers are no longer referenced
         if self.shard.device.type == "cuda":
             await asyncio.to_thread(self._sync_device)  # IPC sources may be reused after ACK
@@ -245,14 +252,36 @@ class StorageUnit(Actor):
         td: Any,
         declared: dict[str, FieldSchema],
         timeout: float,
+        new: bool = False,
     ) -> DataUpdate:
-        return await self._until_room(
-            lambda: self.shard.write(partition, indexes, td, schemas=declared), timeout
-        )
+        """Write ``td`` once there is room; ``new``: a new put's samples, refused
+        (StaleMetaError) where they hold rows already (see :meth:`_check_new_rows`)."""
 
-    async def _until_room(self, attempt: Callable[[], T], timeout: float) -> T:
+        def attempt() -> DataUpdate:
+            if new:
+                self._check_new_rows(partition, indexes, declared)
+            return self.shard.write(partition, indexes, td, schemas=declared)
+
+        return await self._until_room(attempt, timeout)
+
+    def _check_new_rows(self, partition: str, indexes: list[int], fields: Any) -> None:
+        """Raise StaleMetaError if samples ``indexes`` of a new put already hold a row of
+        ``fields`` here: the put's samples were cleared and their reused indexes belong to a
+        newer put, whose rows must not be overwritten (the controller refuses the stale
+        put's data update too)."""
+        if any(self.shard.has_any(partition, indexes, n) for n in fields):
+            raise StaleMetaError(
+                f"samples of {partition!r} were cleared during the put; their indexes hold "
+                "another put's rows now"
+            )
+
+    async def _until_room(
+        self, attempt: Callable[[], T], timeout: float, preempt: bool = True
+    ) -> T:
         """``attempt()``, retried after every delete while it raises StoreFullError, until
-        ``timeout`` seconds have passed (then the StoreFullError is raised)."""
+        ``timeout`` seconds have passed (then the StoreFullError is raised). ``preempt``: a
+        full unit first gives up the spare reservations clients leased ahead (their puts
+        then reserve again), so a lease never takes room another write needs."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout)
         while True:
@@ -262,6 +291,8 @@ class StorageUnit(Actor):
             except WriteTooLargeError:
                 raise  # can never fit: waiting would only delay the error
             except StoreFullError:
+                if preempt and self._drop_spares():
+                    continue
                 left = deadline - loop.time()
                 if left <= 0:
                     raise
@@ -351,13 +382,15 @@ class StorageUnit(Actor):
         """Bytes used, capacity, rows per partition, KV keys, puts/gets (rows: total and per
         second over the last 10 s)."""
         await self._loaded()
+        spare = sum(1 for r in self._reservations.values() if r.spare)
         return {
             **self.shard.stats(),
             "unit_id": self.unit_id,
             "incarnation": self.incarnation,
             "puts": self._puts.snapshot(),
             "gets": self._gets.snapshot(),
-            "reservations": len(self._reservations),  # same-host puts under way
+            "reservations": len(self._reservations) - spare,  # same-host puts under way
+            "spare": spare,  # reservations clients leased ahead of their next puts
             "reserving": sum(len(t) for t in self._waiting.values()),  # reserves waiting for room
         }
 
@@ -413,6 +446,13 @@ class StorageUnit(Actor):
         if tokens:
             self._notify_freed()
 
+    def _drop_spares(self) -> bool:
+        """Give back every spare (leased-ahead) reservation; whether there was one."""
+        spares = [t for t, r in self._reservations.items() if r.spare]
+        for token in spares:
+            self._drop_reservation(token)
+        return bool(spares)
+
     def _take_reservation(self, token: str) -> _Reservation | None:
         """Remove reservation ``token`` from the tables (None: not live)."""
         res = self._reservations.pop(token, None)
@@ -447,6 +487,7 @@ class StorageUnit(Actor):
         idx: list[int] | int,
         dense: dict[str, FieldSchema],
         known: list[str] | None = None,
+        spare: bool = False,
     ) -> dict[str, Any]:
         from rayless.store.samehost.columns import ShmDense, row_bytes_of
 
@@ -505,7 +546,7 @@ class StorageUnit(Actor):
         owner = current_caller()
         expires = time.monotonic() + self.reservation_ttl
         self._reservations[token] = _Reservation(
-            partition, rows, taken, dict(dense), expires, owner
+            partition, rows, taken, dict(dense), expires, owner, spare
         )
         if owner is not None:
             self._owned.setdefault(owner, set()).add(token)
@@ -518,12 +559,16 @@ class StorageUnit(Actor):
         dense: dict[str, dict[str, Any]],
         timeout: float = 0.0,
         known: list[str] | None = None,
+        spare: bool = False,
     ) -> dict[str, Any]:
         """Slots for the dense fields ``dense`` (wire schemas) of samples ``indexes``:
         ``{"token", "fields": {name: {"segment", "rows", "slots"}}}``. ``indexes`` may be a
         count: slots reserved while the controller still allocates the samples (their indexes
         then come with ``commit``). ``known``: the CUDA columns (lease segment names) the
-        client has opened; the others come with their IPC share (``"ipc"``).
+        client has opened; the others come with their IPC share (``"ipc"``). ``spare``: a
+        client's reservation ahead of its next put (store.client.leases): it never waits for
+        room nor takes another spare's, and a write that finds the unit full takes its room
+        (the put then reserves again).
 
         Waits up to ``timeout`` for room like ``write``. Raises SchemaError, StoreInputError,
         StoreFullError, WriteTooLargeError (nothing changed but the columns' growth).
@@ -546,7 +591,9 @@ class StorageUnit(Actor):
             self._waiting.setdefault(caller, set()).add(task)
         try:
             return await self._until_room(
-                lambda: self._reserve_now(part, idx, declared, known), timeout
+                lambda: self._reserve_now(part, idx, declared, known, spare),
+                0.0 if spare else timeout,
+                preempt=not spare,
             )
         finally:
             waiting = self._waiting.get(caller) if caller is not None else None
@@ -563,11 +610,13 @@ class StorageUnit(Actor):
         timeout: float = 0.0,
         indexes: list[int] | None = None,
         put_id: int | None = None,
+        generation: int | None = None,
     ) -> None:
         """Finish reservation ``token``: write the other fields ``rest`` (a TensorDict or None),
         make the reserved slots hold their rows, return after the controller's ACK.
         ``indexes``: the samples of a reservation made by count (one per reserved row);
-        ``put_id``: the column-wise put it belongs to.
+        ``put_id``: the column-wise put it belongs to; ``generation``: as for ``write``
+        (StaleMetaError, nothing written, when the samples hold another put's rows).
 
         Raises StoreError for an unknown (expired, released, its client gone) token,
         StoreInputError for indexes that do not fit the reservation, what ``write`` raises
@@ -581,6 +630,7 @@ class StorageUnit(Actor):
         res = self._reservations.get(token)
         if res is None:
             raise StoreError("the same-host put's reservation expired or is unknown")
+        res.spare = False  # its put is committing: no longer room to give up
         if res.indexes is None:
             try:
                 idx = _check_indexes(indexes if indexes is not None else ())
@@ -598,20 +648,29 @@ class StorageUnit(Actor):
             raise StoreInputError("the commit's indexes differ from the reservation's")
         part, idx = res.partition, res.indexes
         fresh = [n for n in schemas if not self.shard.has_any(part, idx, n)]
+        if generation is not None and len(fresh) != len(schemas):
+            self._drop_reservation(token)
+            self._check_new_rows(part, idx, schemas)  # raises StaleMetaError
         try:
             reported: dict[str, FieldSchema] = {}
             shapes: dict[str, list[tuple[int, ...]]] = {}
             if rest is not None:
                 declared = {k: FieldSchema.from_dict(v) for k, v in schemas.items()}
                 declared = {k: v for k, v in declared.items() if k not in res.columns}
-                update = await self._write_when_room(part, idx, rest, declared, timeout)
+                new = generation is not None
+                update = await self._write_when_room(part, idx, rest, declared, timeout, new)
                 reported.update(update.schemas)
                 shapes.update(update.sample_shapes)
             del rest
-            if self._reservations.get(token) is not res:  # expired or dropped meanwhile
+            taken = generation is not None and any(  # another put's rows came meanwhile
+                self.shard.has_any(part, idx, n) for n in res.columns
+            )
+            if taken or self._reservations.get(token) is not res:  # or expired, dropped
                 written = [n for n in fresh if n not in res.columns]
                 if written:
                     self.shard.delete(part, idx, written)
+                if taken:
+                    self._check_new_rows(part, idx, res.columns)  # raises StaleMetaError
                 raise StoreError("the same-host put's reservation expired during its commit")
         except BaseException:
             self._drop_reservation(token)
@@ -639,7 +698,8 @@ class StorageUnit(Actor):
             await asyncio.to_thread(self._sync_device)
         try:
             await self.controller.on_data_update(
-                self.unit_id, DataUpdate(part, idx, reported, shapes, put_id).to_dict()
+                self.unit_id,
+                DataUpdate(part, idx, reported, shapes, put_id, generation).to_dict(),
             )
         except BaseException:
             if fresh:

@@ -104,8 +104,10 @@ async def test_a_view_never_sees_its_bytes_change_and_reuse_waits_for_it(
 
 
 async def test_a_view_held_by_a_client_killed_with_sigkill_releases_its_lease(
-    local_cluster: Cluster,
+    local_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # the column's growth is what this test reads: no slots leased ahead of the next put
+    monkeypatch.setenv("RAYLESS_STORE_LEASE", "0")
     st = await Store.create(local_cluster, num_units=1, name="zc-kill-reader")
     keep = await st.put(TensorDict({"x": torch.zeros(32, 128)}, [32]), partition="p")
     await st.get_meta("p", ["x"], 32, task="holder", timeout=10)  # not the holder's batch

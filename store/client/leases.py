@@ -1,0 +1,205 @@
+"""Leases: one client's allocation and same-host reservations for its next put, made ahead.
+
+A put of new samples costs allocate ∥ reserve, then commit + data update. After a put with
+default options (no env ids, group ids, custom metadata, keys or group size; a str
+partition) the client asks again, in the background, for the same shape: ``allocate(...,
+lease=True)`` for the same partition, sample count and field schemas, and *spare*
+reservations (:meth:`LocalPlane.reserve_ahead` with ``spare=True``) on the same-host units.
+The next put that matches exactly takes that lease, so it learns where to write without a
+controller round trip and only its commits (and their data updates) are on its critical
+path; taking a lease starts the next refill. A put that does not match goes the usual way
+and leaves the lease alone; of two concurrent puts one takes the lease.
+
+States of a client's one lease slot (:class:`LeaseState`)::
+
+    EMPTY --refill--> HELD --take--> EMPTY (the taker refills: HELD again)
+    HELD --give_back (this client clears or resets samples)--> EMPTY
+    EMPTY/HELD --close--> CLOSED (given back; nothing is leased again)
+
+A lease held between puts can go stale: a clear by any client or the reaper's reclaim
+removes its samples (their indexes are reused), a unit dies or restarts, a reservation
+expires or is given up for room (a full unit drops spare reservations first). The unit and
+the controller refuse a write whose samples belong to another allocation now (the data
+update carries the allocation's generation: StaleMetaError), so a stale lease never lands on
+another put's samples; :class:`~rayless.store.client.store.Store` retries such a put once the
+usual way. The controller never lets a lease create a partition, and binds leased
+allocations to the client's connection (dropped when it goes); their samples are staged,
+never ready, and not counted as the partition's samples. ``RAYLESS_STORE_LEASE=0`` in a
+client's environment turns leases off for its clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from rayless.store.data.meta import BatchMeta
+from rayless.store.data.requests import PutOptions
+from rayless.store.data.schema import Column
+
+if TYPE_CHECKING:
+    from rayless.store.client.store import Store
+
+__all__ = ["Lease", "LeaseKey", "LeaseState", "Leases", "lease_key"]
+
+Ahead = dict[int, tuple[int, "asyncio.Future[dict[str, Any]]"]]
+
+ENV_LEASE = "RAYLESS_STORE_LEASE"  # "0": this process's clients lease nothing
+
+GIVE_BACK_TIMEOUT = 5.0  # seconds aclose waits for the lease to be given back
+
+
+class LeaseKey(NamedTuple):
+    """What a put must match exactly to take a lease: partition, sample count, schemas."""
+
+    partition: str
+    n: int
+    schemas: str  # the wire schemas' repr (field order included)
+
+
+def lease_key(
+    partition: Any, n: int, wire: Mapping[str, Mapping[str, Any]], options: PutOptions
+) -> LeaseKey | None:
+    """The lease key of a new put, None for one that never leases (options, empty)."""
+    if not isinstance(partition, str) or n <= 0 or not wire or options != PutOptions():
+        return None
+    return LeaseKey(partition, n, repr(sorted(wire.items())))
+
+
+class LeaseState(Enum):
+    """The state of a client's lease slot (see the module docstring)."""
+
+    EMPTY = "empty"
+    HELD = "held"
+    CLOSED = "closed"
+
+
+@dataclass
+class Lease:
+    """An allocation made ahead (None once known: the partition was gone) and the spare
+    reservations made with it (``{shard: (rows, reservation)}``)."""
+
+    key: LeaseKey
+    allocation: asyncio.Future[BatchMeta | None]
+    ahead: Ahead
+
+    async def meta(self) -> BatchMeta | None:
+        """The leased allocation, None if it failed (the put then goes the usual way)."""
+        try:
+            return await self.allocation
+        except Exception:
+            return None
+
+    def usable(self) -> Ahead:
+        """The reservations not known to have failed (a failed one: reserve by index)."""
+        return {
+            s: (c, f)
+            for s, (c, f) in self.ahead.items()
+            if not (f.done() and (f.cancelled() or f.exception() is not None))
+        }
+
+
+class Leases:
+    """A :class:`Store`'s lease slot: take, refill, give back, close (see the module
+    docstring). Never raises for a lease that failed: its put goes the usual way."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.enabled = os.environ.get(ENV_LEASE, "1") != "0"
+        self._lease: Lease | None = None
+        self._closed = False
+        self._tasks: set[asyncio.Future[Any]] = set()  # give-backs under way
+        self.taken = 0  # puts that took a lease (for tests and monitoring)
+        self.retried = 0  # leased puts retried the usual way (stale lease)
+
+    @property
+    def state(self) -> LeaseState:
+        """EMPTY, HELD or CLOSED."""
+        if self._closed:
+            return LeaseState.CLOSED
+        return LeaseState.EMPTY if self._lease is None else LeaseState.HELD
+
+    def take(self, key: LeaseKey | None) -> Lease | None:
+        """The held lease if it matches ``key`` (it is this caller's now), else None."""
+        lease = self._lease
+        if key is None or lease is None or lease.key != key:
+            return None
+        self._lease = None
+        self.taken += 1
+        return lease
+
+    async def refill(
+        self,
+        key: LeaseKey | None,
+        columns: Mapping[str, Column],
+        wire: dict[str, dict[str, Any]],
+        reserve_ahead: Callable[..., Awaitable[Ahead]],
+    ) -> None:
+        """Lease the next put of ``key``'s shape if the slot is empty: the allocation is sent
+        now (so it reaches the controller before any later call of this client), then the
+        spare reservations (``reserve_ahead(partition, n, columns, wire, timeout, spare)``)."""
+        if key is None or not self.enabled or self._closed or self._lease is not None:
+            return
+        try:
+            controller = self._store.controller
+            allocation = controller.allocate(key.partition, key.n, wire, PutOptions(), True)
+        except Exception:
+            return
+        lease = Lease(key, allocation, {})
+        self._lease = lease
+        allocation.add_done_callback(_quiet_result)
+        with contextlib.suppress(Exception):
+            lease.ahead = await reserve_ahead(key.partition, key.n, columns, wire, 0.0, True)
+        for _, reserved in lease.ahead.values():
+            reserved.add_done_callback(_quiet_result)
+
+    def give_back(self) -> Awaitable[None] | None:
+        """Give the held lease back (its allocation aborted, its reservations released);
+        the returned awaitable is done once it is (None: nothing held)."""
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return None
+        task = asyncio.ensure_future(self._return(lease))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _return(self, lease: Lease) -> None:
+        store = self._store
+        units = store._units
+        drops = [
+            store._plane.drop(units[shard]["handle"], reserved)
+            for shard, (_, reserved) in lease.ahead.items()
+            if shard < len(units)
+        ]
+        meta = await lease.meta()
+        calls: list[Awaitable[Any]] = list(drops)
+        if meta is not None:
+            calls.append(store._controller.abort_put(meta))
+        await asyncio.gather(*calls, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Give the lease back (within ``GIVE_BACK_TIMEOUT``, errors ignored) and lease no
+        more. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.give_back()
+        if self._tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait(set(self._tasks), timeout=GIVE_BACK_TIMEOUT)
+
+    def discard(self) -> None:
+        """Forget the lease without giving it back (the store is being killed)."""
+        self._closed = True
+        self._lease = None
+
+
+def _quiet_result(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # a failed lease is seen by the put that takes it, or by no one
