@@ -316,7 +316,8 @@ async def _check_room(store: Store, parts: list[_Part]) -> None:
         capacity = unit.get("capacity_bytes")
         if capacity is None:
             continue
-        free = max(0, int(capacity) - int(stat.get("used_bytes", 0)))
+        held = int(stat.get("used_bytes", 0)) - int(stat.get("spare_bytes", 0))  # (given up)
+        free = max(0, int(capacity) - held)
         if wanted > free:
             raise CheckpointError(
                 f"the checkpoint needs about {int(wanted)} bytes on unit {unit['unit_id']!r}, "

@@ -13,7 +13,9 @@ and leaves the lease alone; of two concurrent puts one takes the lease.
 States of a client's one lease slot (:class:`LeaseState`)::
 
     EMPTY --refill--> HELD --take--> EMPTY (the taker refills: HELD again)
-    HELD --give_back (this client clears or resets samples)--> EMPTY
+    HELD --lend, settle (this client cleared samples: a new allocation, the same
+          reservations)--> HELD
+    HELD --give_back (close)--> EMPTY
     EMPTY/HELD --close--> CLOSED (given back; nothing is leased again)
 
 A lease held between puts can go stale: a clear by any client or the reaper's reclaim
@@ -85,6 +87,7 @@ class Lease:
     reservations made with it (``{shard: (rows, reservation)}``)."""
 
     key: LeaseKey
+    token: str  # names the allocation to the controller (renewed under the same token)
     allocation: asyncio.Future[BatchMeta | None]
     ahead: Ahead
 
@@ -116,6 +119,7 @@ class Leases:
         self._tasks: set[asyncio.Future[Any]] = set()  # give-backs under way
         self.taken = 0  # puts that took a lease (for tests and monitoring)
         self.retried = 0  # leased puts retried the usual way (stale lease)
+        self._tokens = 0
 
     @property
     def state(self) -> LeaseState:
@@ -145,12 +149,14 @@ class Leases:
         spare reservations (``reserve_ahead(partition, n, columns, wire, timeout, spare)``)."""
         if key is None or not self.enabled or self._closed or self._lease is not None:
             return
+        self._tokens += 1
+        token = str(self._tokens)
         try:
             controller = self._store.controller
-            allocation = controller.allocate(key.partition, key.n, wire, PutOptions(), True)
+            allocation = controller.allocate(key.partition, key.n, wire, PutOptions(), token)
         except Exception:
             return
-        lease = Lease(key, allocation, {})
+        lease = Lease(key, token, allocation, {})
         self._lease = lease
         allocation.add_done_callback(_quiet_result)
         with contextlib.suppress(Exception):
@@ -158,12 +164,36 @@ class Leases:
         for _, reserved in lease.ahead.values():
             reserved.add_done_callback(_quiet_result)
 
+    def lend(self) -> Lease | None:
+        """For this client's clear: the held lease, out of the slot (no put takes it
+        meanwhile). Its token rides on the clear call (``clear(meta, token)``), which renews
+        the allocation once the indexes are free: the new one gets them, smallest first, as
+        the next put would without a lease. None: nothing held."""
+        lease, self._lease = self._lease, None
+        return lease
+
+    def settle(self, lease: Lease, renewed: BatchMeta | None, cleared: bool) -> None:
+        """Put back the lease :meth:`lend` took: with its ``renewed`` allocation once the
+        clear ``cleared`` (None: the controller held no such lease any more; it is given
+        back), else unchanged."""
+        if cleared:
+            done: asyncio.Future[BatchMeta | None] = asyncio.get_running_loop().create_future()
+            done.set_result(renewed)
+            lease.allocation = done
+        if (cleared and renewed is None) or self._closed or self._lease is not None:
+            self._give(lease)
+        else:
+            self._lease = lease
+
     def give_back(self) -> Awaitable[None] | None:
         """Give the held lease back (its allocation aborted, its reservations released);
         the returned awaitable is done once it is (None: nothing held)."""
         lease, self._lease = self._lease, None
         if lease is None:
             return None
+        return self._give(lease)
+
+    def _give(self, lease: Lease) -> asyncio.Future[None]:
         task = asyncio.ensure_future(self._return(lease))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

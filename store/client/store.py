@@ -700,15 +700,14 @@ class Store:
         key: LeaseKey | None,
         retry: bool,
     ) -> BatchMeta:
-        """A put of new samples: into the lease if one matches ``key`` (the next one is
-        leased then), else allocate ∥ reserve ahead. One that fails without committing
+        """A put of new samples: into the lease if one matches ``key``, else allocate ∥
+        reserve ahead; then the next put of its shape is leased. One that fails without committing
         because its lease (or its allocation) went stale is put again once the usual way
         (``retry``); one that committed before a failure is acknowledged."""
         lease = self._leases.take(key) if retry else None
         meta: BatchMeta | None = None
         ahead: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]] = {}
         if lease is not None:
-            await self._leases.refill(key, columns, wire, self._reserve_ahead)
             meta = await lease.meta()
             ahead = lease.usable()
             if meta is None:  # the partition was gone, or the allocation failed
@@ -745,8 +744,7 @@ class Store:
                 again = (td, partition, columns, n, schemas, wire, options, timeout)
                 return await self._put_new(*again, None, retry=False)
             raise
-        if lease is None:
-            await self._leases.refill(key, columns, wire, self._reserve_ahead)
+        await self._leases.refill(key, columns, wire, self._reserve_ahead)  # the next put's
         return self._put_result(meta, columns, schemas)
 
     @staticmethod
@@ -930,25 +928,29 @@ class Store:
     @traced("store", "clear", store_span)
     async def clear(self, meta: BatchMeta) -> None:
         """Remove ``meta``'s samples; their indexes are reused. Raises Foreign/StaleMetaError.
-        A lease this client holds is given back first (the next put allocates anew, from the
-        freed indexes)."""
+        A lease this client holds is renewed then (its next put takes the freed indexes)."""
         checked = self._check_meta(meta)
-        await self._without_lease(self.controller.clear(checked))
+        await self._renewing(lambda lease: self.controller.clear(checked, lease))
 
-    async def _without_lease(self, call: Any) -> Any:
-        """Await ``call`` (a clear); once it succeeded, give back the held lease (awaited:
-        the next put then allocates from the freed indexes, as it would without a lease)."""
-        result = await call
-        back = self._leases.give_back()
-        if back is not None:
-            await back
-        return result
+    async def _renewing(self, clear: Any) -> None:
+        """Run ``clear(lease token or None)`` (a controller clear call), renewing the lease
+        this client holds on the way (see Leases.lend): the next put then writes into the
+        freed indexes, as it would without a lease."""
+        lease = self._leases.lend()
+        if lease is None:
+            await clear(None)
+            return
+        renewed, cleared = None, False
+        try:
+            renewed, cleared = await clear(lease.token), True
+        finally:
+            self._leases.settle(lease, renewed, cleared)
 
     @traced("store", "clear_partition", store_span)
     async def clear_partition(self, partition: str) -> None:
-        """Remove a whole partition (and give back a lease this client holds). Raises
+        """Remove a whole partition (a lease this client holds is renewed). Raises
         UnknownPartitionError."""
-        await self._without_lease(self.controller.clear_partition(partition))
+        await self._renewing(lambda lease: self.controller.clear_partition(partition, lease))
 
     async def partitions(self) -> list[str]:
         """Existing partitions."""

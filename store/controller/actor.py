@@ -31,6 +31,7 @@ from typing import Any
 
 from rayless.actors import Actor, ActorDiedError, ActorHandle, current_caller
 from rayless.store.controller.fetches import Fetches, Share, Shares, Waiter, check_timeout
+from rayless.store.controller.leases import LeaseTable
 from rayless.store.controller.state import ClearPlan, ControllerState
 from rayless.store.data.fields import FieldSchema
 from rayless.store.data.meta import BatchMeta
@@ -91,8 +92,7 @@ class StoreController(Actor):
         if not starting_units:
             self._table.set()
         self._table_waiters = 0  # units() calls parked on it
-        self._leases: dict[str, dict[int, BatchMeta]] = {}  # caller -> serial -> leased meta
-        self._lease_owner: dict[int, str] = {}  # serial of a leased allocation -> its caller
+        self.leases = LeaseTable()  # clients' allocations ahead of their next puts
 
     async def setup(self) -> None:
         """Start the reclaimer of never-written allocations."""
@@ -222,15 +222,16 @@ class StoreController(Actor):
         n: int,
         schemas: Mapping[str, Any] | None = None,
         options: PutOptions | None = None,
-        lease: bool = False,
+        lease: str | None = None,
     ) -> BatchMeta | None:
         """Allocate ``n`` samples for a put of fields ``schemas`` with ``options``; see
         ControllerState.allocate. Raises its errors, StoreInputError for options that are not
         PutOptions.
 
-        ``lease``: a client's allocation ahead of its next put (store.client.leases). It never
-        creates a partition (None when ``partition`` does not exist), and it is bound to the
-        caller's connection: when that goes, the allocation is dropped unless committed.
+        ``lease``: a client's allocation ahead of its next put (store.client.leases), named by
+        the client's token. It never creates a partition (None when ``partition`` does not
+        exist), and it is bound to the caller's connection: when that goes, the allocation
+        is dropped unless committed.
 
         Without ``env_ids`` each live unit gets one contiguous block of the batch. The put is
         atomic: its samples become ready together once every unit wrote its part (a put torn
@@ -240,7 +241,7 @@ class StoreController(Actor):
             options = PutOptions()
         if not isinstance(options, PutOptions):
             raise StoreInputError(f"allocate needs PutOptions, got {type(options).__name__}")
-        if lease and partition not in self.state.partitions():
+        if lease is not None and partition not in self.state.partitions():
             return None
         groups = None if options.group_ids is None else [_hashable(g) for g in options.group_ids]
         shards = None
@@ -265,26 +266,44 @@ class StoreController(Actor):
         )
         entry = (partition, meta.generations[0] if n else 0, time.monotonic())
         self._unwritten.update(dict.fromkeys(meta.global_indexes, entry))  # one serial
-        caller = current_caller() if lease and n else None
-        if caller is not None:
-            self._leases.setdefault(caller, {})[meta.generations[0]] = meta
-            self._lease_owner[meta.generations[0]] = caller
+        caller = current_caller() if lease is not None and n else None
+        if caller is not None and isinstance(lease, str):
+            self.leases.add(caller, lease, meta)
         return meta
 
-    def _unlease(self, serial: int) -> None:
-        """Forget leased allocation ``serial`` (committed or given back)."""
-        caller = self._lease_owner.pop(serial, None)
-        if caller is not None:
-            held = self._leases.get(caller, {})
-            held.pop(serial, None)
-            if not held:
-                self._leases.pop(caller, None)
+    async def _renew_lease(self, token: str) -> BatchMeta | None:
+        """Swap the caller's leased allocation ``token`` (never written: no put took it) for
+        a new one of the same shape, under the same token: after the client's own clear
+        the new one gets the freed indexes, smallest first, as its next put would without a
+        lease. The old samples that are still its own are removed and their indexes released
+        at once (no unit holds rows of them). None: no such lease, or its partition is gone.
+        Raises like allocate."""
+        caller = current_caller()
+        meta = None if caller is None else self.leases.pop(caller, token)
+        if meta is None or caller is None:
+            return None
+        if not self.state.committed(meta):
+            plan = self.state.clear(meta)
+            for index in plan.indexes:
+                self._unwritten.pop(index, None)
+            self.state.release(plan.indexes)
+        wire = {k: v.to_dict() for k, v in meta.field_schemas.items()}
+        return await self.allocate(meta.partition_ids[0], meta.size, wire, PutOptions(), token)
+
+    async def _renewed(self, lease: str | None) -> BatchMeta | None:
+        """:meth:`_renew_lease` after a clear: None when there is no lease or it cannot be
+        renewed (the clear succeeded; the client's next put goes the usual way)."""
+        if lease is None:
+            return None
+        try:
+            return await self._renew_lease(lease)
+        except StoreError:
+            return None
 
     def _caller_gone(self, caller: str) -> None:
         """The transport saw client connection ``caller`` go: drop its leased allocations
         that never committed (the units give back their reservations the same way)."""
-        for serial, meta in self._leases.pop(caller, {}).items():
-            self._lease_owner.pop(serial, None)
+        for meta in self.leases.drop_caller(caller):
             self._spawn(self.abort_put(meta))
 
     async def check_put(
@@ -332,9 +351,8 @@ class StoreController(Actor):
         upd = DataUpdate.from_dict(update)
         settled: list[int] = []
         ready = self.state.on_data_update(unit_id, upd, settled)
-        done = settled or ready
-        if done and upd.generation is not None and upd.generation in self._lease_owner:
-            self._unlease(upd.generation)  # committed: ordinary samples now
+        if (settled or ready) and upd.generation is not None:
+            self.leases.forget(upd.generation)  # committed: ordinary samples now
         unwritten = self._unwritten
         for index in settled or ready:  # a completed put's lost samples are not unwritten
             unwritten.pop(index, None)
@@ -355,7 +373,7 @@ class StoreController(Actor):
         True when it committed (nothing undone). Also gives back a client's leased
         allocation (store.client.leases)."""
         for serial in set(meta.generations):
-            self._unlease(serial)
+            self.leases.forget(serial)
         if self.state.committed(meta):
             return True
         with contextlib.suppress(StoreError):
@@ -585,9 +603,12 @@ class StoreController(Actor):
                 raise res
         self.state.release(plan.indexes)
 
-    async def clear(self, meta: BatchMeta) -> None:
-        """Remove ``meta``'s samples (hidden at once; rows deleted; indexes then reusable)."""
+    async def clear(self, meta: BatchMeta, lease: str | None = None) -> BatchMeta | None:
+        """Remove ``meta``'s samples (hidden at once; rows deleted; indexes then reusable);
+        ``lease``: the token of the caller's leased allocation, renewed once the indexes are
+        free (:meth:`_renew_lease`; the new one is returned, else None)."""
         await self._cleared(meta, self.state.clear(meta))
+        return await self._renewed(lease)
 
     async def _cleared(self, meta: BatchMeta, plan: ClearPlan) -> None:
         for index in plan.indexes:
@@ -596,14 +617,16 @@ class StoreController(Actor):
             self._wake(partition)
         await self._apply(plan)
 
-    async def clear_partition(self, partition: str) -> None:
-        """Remove a whole partition. Raises UnknownPartitionError."""
+    async def clear_partition(self, partition: str, lease: str | None = None) -> BatchMeta | None:
+        """Remove a whole partition; ``lease`` as for :meth:`clear`. Raises
+        UnknownPartitionError."""
         plan = self.state.clear_partition(partition)
         self.shares.drop_partition(partition)
         for index in plan.indexes:
             self._unwritten.pop(index, None)
         self._wake(partition)
         await self._apply(plan)
+        return await self._renewed(lease)
 
     async def _reaper(self) -> None:
         while True:
@@ -733,7 +756,7 @@ class StoreController(Actor):
         ``units_waiters``: the units() calls waiting for it); the samples clients leased
         ahead (store.client.leases) are ``leased``, not allocated, staged or unwritten."""
         out = self.state.stats()
-        leased = sum(self.state.staged_count(serial) for serial in self._lease_owner)
+        leased = sum(self.state.staged_count(serial) for serial in self.leases.serials())
         return {  # the samples clients leased ahead of their next puts are counted apart
             **out,
             "allocated": out["allocated"] - leased,

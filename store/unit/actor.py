@@ -384,6 +384,7 @@ class StorageUnit(Actor):
         await self._loaded()
         spare = sum(1 for r in self._reservations.values() if r.spare)
         return {
+            "spare_bytes": self._spare_bytes(),
             **self.shard.stats(),
             "unit_id": self.unit_id,
             "incarnation": self.incarnation,
@@ -445,6 +446,22 @@ class StorageUnit(Actor):
             self._drop_reservation(token)
         if tokens:
             self._notify_freed()
+
+    def _spare_bytes(self) -> int:
+        """Bytes that giving up the spare reservations would free (whole columns that hold
+        nothing else, else their rows): what a writer that needs room may count as free."""
+        from rayless.store.samehost.columns import row_bytes_of
+
+        rows: dict[int, tuple[Any, int]] = {}
+        for res in self._reservations.values():
+            if res.spare:
+                for col, _, slots in res.columns.values():
+                    rows[id(col)] = (col, rows.get(id(col), (col, 0))[1] + len(slots))
+        total = 0
+        for col, spare in rows.values():
+            alone = len(col) == spare
+            total += int(col.nbytes) if alone else spare * row_bytes_of(col.schema)
+        return total
 
     def _drop_spares(self) -> bool:
         """Give back every spare (leased-ahead) reservation; whether there was one."""
