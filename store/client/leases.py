@@ -7,8 +7,8 @@ lease=True)`` for the same partition, sample count and field schemas, and *spare
 reservations (:meth:`LocalPlane.reserve_ahead` with ``spare=True``) on the same-host units.
 The next put that matches exactly takes that lease, so it learns where to write without a
 controller round trip and only its commits (and their data updates) are on its critical
-path; taking a lease starts the next refill. A put that does not match goes the usual way
-and leaves the lease alone; of two concurrent puts one takes the lease.
+path. A put that does not match goes the usual way, and then leases its own shape instead
+(the old lease is given back); of two concurrent puts one takes the lease.
 
 States of a client's one lease slot (:class:`LeaseState`)::
 
@@ -144,11 +144,17 @@ class Leases:
         wire: dict[str, dict[str, Any]],
         reserve_ahead: Callable[..., Awaitable[Ahead]],
     ) -> None:
-        """Lease the next put of ``key``'s shape if the slot is empty: the allocation is sent
-        now (so it reaches the controller before any later call of this client), then the
-        spare reservations (``reserve_ahead(partition, n, columns, wire, timeout, spare)``)."""
-        if key is None or not self.enabled or self._closed or self._lease is not None:
+        """Lease the next put of ``key``'s shape (a lease of another shape is given back in the
+        background: the slot follows the client's latest shape; one of this shape is kept):
+        the allocation is sent now (so it reaches the controller before any later call of
+        this client), then the spare reservations (``reserve_ahead(partition, n, columns,
+        wire, timeout, spare)``)."""
+        if key is None or not self.enabled or self._closed:
             return
+        if self._lease is not None:
+            if self._lease.key == key:
+                return
+            self.give_back()
         self._tokens += 1
         token = str(self._tokens)
         try:

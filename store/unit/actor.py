@@ -448,10 +448,8 @@ class StorageUnit(Actor):
             self._notify_freed()
 
     def _spare_bytes(self) -> int:
-        """Bytes that giving up the spare reservations would free (whole columns that hold
-        nothing else, else their rows): what a writer that needs room may count as free."""
-        from rayless.store.samehost.columns import row_bytes_of
-
+        """Bytes that giving up the spare reservations would free (the columns that hold
+        nothing else): what a writer that needs room may count as free."""
         rows: dict[int, tuple[Any, int]] = {}
         for res in self._reservations.values():
             if res.spare:
@@ -459,8 +457,8 @@ class StorageUnit(Actor):
                     rows[id(col)] = (col, rows.get(id(col), (col, 0))[1] + len(slots))
         total = 0
         for col, spare in rows.values():
-            alone = len(col) == spare
-            total += int(col.nbytes) if alone else spare * row_bytes_of(col.schema)
+            if len(col) == spare:  # (slots of a column that holds more free no bytes)
+                total += int(col.nbytes)
         return total
 
     def _drop_spares(self) -> bool:
@@ -536,6 +534,9 @@ class StorageUnit(Actor):
                 raise StoreFullError(self.unit_id, needed, budget or 0, cap or 0)
             if cost:
                 growths[name] = size
+        if spare and needed and budget is not None and 2 * needed > budget:
+            # a spare grows columns only while the unit keeps as much room free as it takes
+            raise StoreFullError(self.unit_id, needed, budget, cap or 0)
         made: dict[str, ShmDense] = {}
         try:  # growing is what can fail (/dev/shm full): before any slot is handed out
             for name, (old, merged) in plan.items():
@@ -584,8 +585,9 @@ class StorageUnit(Actor):
         then come with ``commit``). ``known``: the CUDA columns (lease segment names) the
         client has opened; the others come with their IPC share (``"ipc"``). ``spare``: a
         client's reservation ahead of its next put (store.client.leases): it never waits for
-        room nor takes another spare's, and a write that finds the unit full takes its room
-        (the put then reserves again).
+        room nor takes another spare's, grows columns only while the unit keeps as much room
+        free as it takes (StoreFullError), and a write that finds the unit full takes its
+        slots (the put then reserves again).
 
         Waits up to ``timeout`` for room like ``write``. Raises SchemaError, StoreInputError,
         StoreFullError, WriteTooLargeError (nothing changed but the columns' growth).

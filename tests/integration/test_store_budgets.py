@@ -15,6 +15,7 @@ from tensordict import TensorDict
 from rayless.actors import Cluster
 from rayless.observe import actor_stats
 from rayless.store import Store
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -23,9 +24,11 @@ UNITS = 2
 ROWS = 64
 
 # messages per operation, by receiving actor class and method (docs/store.md, "Round trips")
+# (a put of the client's usual shape takes the allocation and the reservations leased after
+# its previous put, and leases the next: only the commits and data updates are on its path)
 PUT = {
-    "StoreController.allocate": 1,  # where the samples go (in parallel with the reserves)
-    "StorageUnit.reserve": UNITS,  # room for the rows in each unit's segments
+    "StoreController.allocate": 1,  # where the samples go: the next put's, leased ahead
+    "StorageUnit.reserve": UNITS,  # room for the rows in each unit's segments (ahead too)
     "StorageUnit.commit": UNITS,  # the rows are written: the unit takes them
     "StoreController.on_data_update": UNITS,  # each unit tells the controller, which ACKs
 }
@@ -69,9 +72,20 @@ async def test_a_put_a_fetch_and_a_get_stay_within_their_message_budgets(
     warm = await st.put(td, "warm")  # first use: schemas, segment maps
     await st.get(warm)
 
+    await st.put(td, "p")  # the first put of "p" goes the usual way and leases the next
+
+    async def leased() -> bool:  # the lease of "warm" given back (its indexes free), "p"'s made
+        stats = await st.stats()
+        return bool(stats["leased"] == ROWS and stats["free"] == ROWS)
+
+    await wait_until(leased, 30, "the lease to follow the put's shape")
+
     async def puts() -> None:
+        taken = st._leases.taken
         for _ in range(N):
             await st.put(td, "p")
+        # every put took its lease: it asked nothing before its commits
+        assert st._leases.taken - taken == N and st._leases.retried == 0
 
     metas = []
 
