@@ -728,7 +728,7 @@ class Store:
         try:
             try:
                 args = (meta, td, columns, n, wire, timeout, ahead, shards, None)
-                calls = await self._put_calls(*args, generation=meta.generations[0])
+                calls = await self._put_calls(*args, generation=int(meta.generations[0]))
             finally:
                 for shard, (_, reserved) in ahead.items():  # units the allocation left out
                     self._plane.drop_later(self.units[shard]["handle"], reserved)
