@@ -280,14 +280,19 @@ class StorageUnit(Actor):
     ) -> T:
         """``attempt()``, retried after every delete while it raises StoreFullError, until
         ``timeout`` seconds have passed (then the StoreFullError is raised). ``preempt``: a
-        full unit first gives up the spare reservations clients leased ahead (their puts
-        then reserve again), so a lease never takes room another write needs."""
+        full unit, or a schema that conflicts with a column, first gives up the spare
+        reservations clients leased ahead (their puts then reserve again), so a lease never
+        takes room or fixes a dtype another write needs."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout)
         while True:
             freed = self._freed
             try:
                 return attempt()
+            except SchemaError:
+                if preempt and self._drop_spares():
+                    continue  # a column held only by spare slots keeps no dtype
+                raise
             except WriteTooLargeError:
                 raise  # can never fit: waiting would only delay the error
             except StoreFullError:

@@ -83,6 +83,16 @@ async def test_put_clear_put_takes_the_freed_indexes_through_the_lease(
     await st.shutdown()
 
 
+async def test_a_lease_fixes_no_dtype(local_cluster: Cluster) -> None:
+    st = await Store.create(local_cluster, num_units=2, name="lease-dtype")
+    meta = await st.put(TensorDict({"x": torch.arange(8)}, [8]), "p")  # int64; leases int64
+    await wait_until(lambda: _leased(st), 30, "the lease of the next put")
+    await st.clear(meta)  # no sample holds x: it may come back as anything (as without a lease)
+    floats = await st.put(_td(8, 1.5), "p")
+    assert torch.equal((await st.get(floats))["x"], torch.full((8, 8), 1.5))
+    await st.shutdown()
+
+
 async def test_two_concurrent_puts_of_one_client_both_land(local_cluster: Cluster) -> None:
     st = await Store.create(local_cluster, num_units=2, name="lease-concurrent")
     await st.put(_td(8, 0.0), "p")
