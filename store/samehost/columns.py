@@ -181,14 +181,16 @@ class ShmDense(_Dense):
             forget(old, unlink=True)
 
     def take_slots(self, n: int) -> list[int]:
-        """``n`` fresh slots (room must have been made by :meth:`growth`/:meth:`grow`)."""
-        slots = []
-        for _ in range(n):
-            if self.free:
-                slots.append(self.free.pop())
-            else:
-                slots.append(self.top)
-                self.top += 1
+        """``n`` fresh slots (room must have been made by :meth:`growth`/:meth:`grow`), in
+        ascending order: freed slots come back as runs, so a put's rows stay one strided
+        copy (and a get's one view) after clears."""
+        free = self.free
+        take = min(n, len(free))
+        slots = sorted(free[len(free) - take :]) if take else []
+        del free[len(free) - take :]
+        if take < n:
+            slots.extend(range(self.top, self.top + n - take))
+            self.top += n - take
         return slots
 
     def assign(self, indexes: Sequence[int], slots: Sequence[int]) -> None:
