@@ -35,6 +35,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -43,6 +45,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from rayless.store.data.meta import BatchMeta
 from rayless.store.data.requests import PutOptions
 from rayless.store.data.schema import Column
+from rayless.transport.errors import ClosedError
 
 if TYPE_CHECKING:
     from rayless.store.client.store import Store
@@ -112,7 +115,7 @@ class Leases:
     docstring). Never raises for a lease that failed: its put goes the usual way."""
 
     def __init__(self, store: Store) -> None:
-        self._store = store
+        self._ref = weakref.ref(store)  # (no cycle: a dropped Store is freed, with its maps)
         self.enabled = os.environ.get(ENV_LEASE, "1") != "0"
         self._lease: Lease | None = None
         self._closed = False
@@ -120,6 +123,14 @@ class Leases:
         self.taken = 0  # puts that took a lease (for tests and monitoring)
         self.retried = 0  # leased puts retried the usual way (stale lease)
         self._tokens = 0
+        self._prefix = uuid.uuid4().hex[:16]
+
+    @property
+    def _store(self) -> Store:
+        store = self._ref()
+        if store is None:
+            raise ClosedError("the store client is gone")
+        return store
 
     @property
     def state(self) -> LeaseState:
@@ -156,7 +167,7 @@ class Leases:
                 return
             self.give_back()
         self._tokens += 1
-        token = str(self._tokens)
+        token = f"{self._prefix}-{self._tokens}"  # unique per client: clients share connections
         try:
             controller = self._store.controller
             allocation = controller.allocate(key.partition, key.n, wire, PutOptions(), token)
@@ -206,7 +217,9 @@ class Leases:
         return task
 
     async def _return(self, lease: Lease) -> None:
-        store = self._store
+        store = self._ref()
+        if store is None:
+            return  # (its connection went with it: the controller drops the lease)
         units = store._units
         drops = [
             store._plane.drop(units[shard]["handle"], reserved)

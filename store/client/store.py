@@ -700,16 +700,14 @@ class Store:
         key: LeaseKey | None,
         retry: bool,
     ) -> BatchMeta:
-        """A put of new samples: into the lease if one matches ``key`` (leasing the next put
-        at once, so nothing of it runs beside the caller's next calls), else allocate ∥
-        reserve ahead, and then the next put of its shape is leased. One that fails without
+        """A put of new samples: into the lease if one matches ``key``, else allocate ∥
+        reserve ahead; then the next put of its shape is leased. One that fails without
         committing because its lease (or its allocation) went stale is put again once the
         usual way (``retry``); one that committed before a failure is acknowledged."""
         lease = self._leases.take(key) if retry else None
         meta: BatchMeta | None = None
         ahead: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]] = {}
-        if lease is not None:  # lease the next put now: its messages go before the commits
-            await self._leases.refill(key, columns, wire, self._reserve_ahead)
+        if lease is not None:
             meta = await lease.meta()
             ahead = lease.usable()
             if meta is None:  # the partition was gone, or the allocation failed
@@ -746,8 +744,9 @@ class Store:
                 again = (td, partition, columns, n, schemas, wire, options, timeout)
                 return await self._put_new(*again, None, retry=False)
             raise
-        if lease is None:  # lease the next put (a leased put did at its start)
-            await self._leases.refill(key, columns, wire, self._reserve_ahead)
+        # Lease the next put now that this one is done: a spare reserve sent before this
+        # put's copies could grow the column under them (the copies then go the socket way).
+        await self._leases.refill(key, columns, wire, self._reserve_ahead)
         return self._put_result(meta, columns, schemas)
 
     @staticmethod

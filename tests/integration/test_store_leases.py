@@ -93,6 +93,27 @@ async def test_a_lease_fixes_no_dtype(local_cluster: Cluster) -> None:
     await st.shutdown()
 
 
+async def test_clients_sharing_a_connection_keep_their_own_leases(
+    local_cluster: Cluster,
+) -> None:
+    a = await Store.create(local_cluster, num_units=2, name="lease-shared")
+    b = await Store.connect("lease-shared", cluster=local_cluster)  # the same connection
+    mine = await a.put(_td(8, 1.0), "p")
+    await b.put(_td(8, 2.0), "p")
+    await wait_until(lambda: _leased(a), 30, "a's lease")
+    await wait_until(lambda: _leased(b), 30, "b's lease")
+    assert (await a.stats())["leased"] == 16
+    await a.clear(mine)  # renews a's lease, not b's
+    again = await a.put(_td(8, 3.0), "p")
+    theirs = await b.put(_td(8, 4.0), "p")
+    assert a._leases.retried == 0 and b._leases.retried == 0
+    assert a._leases.taken == 1 and b._leases.taken == 1
+    assert torch.equal((await a.get(again))["x"], torch.full((8, 8), 3.0))
+    assert torch.equal((await b.get(theirs))["x"], torch.full((8, 8), 4.0))
+    await b.aclose()
+    await a.shutdown()
+
+
 async def test_two_concurrent_puts_of_one_client_both_land(local_cluster: Cluster) -> None:
     st = await Store.create(local_cluster, num_units=2, name="lease-concurrent")
     await st.put(_td(8, 0.0), "p")
