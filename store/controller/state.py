@@ -197,9 +197,10 @@ class ControllerState:
         "schemas": {...}}`` of a partition; ``n`` counts the samples of committed puts (not
         those a put in flight or a client's lease allocated)."""
         part = self._part(partition)
+        staged, staged_lost = self._staged_in(partition)
         return {
-            "samples": part.live - self._staged_in(partition),
-            "lost": part.lost,
+            "samples": part.live - staged,
+            "lost": part.lost - staged_lost,
             "fields": dict(part.ready_count),
             "schemas": {f: s.to_dict() for f, s in part.schemas.items()},
         }
@@ -207,7 +208,7 @@ class ControllerState:
     def consumption_status(self, partition: str, task: str) -> dict[str, int]:
         """``{"samples": n, "consumed": c}`` for ``task`` in ``partition``."""
         part = self._part(partition)
-        samples = part.live - self._staged_in(partition)
+        samples = part.live - self._staged_in(partition)[0]
         return {"samples": samples, "consumed": part.consumed_count.get(task, 0)}
 
     def staged_count(self, serial: int) -> int:
@@ -215,11 +216,21 @@ class ControllerState:
         staging = self._staging.get(serial)
         return 0 if staging is None else len(staging.members)
 
-    def _staged_in(self, partition: str) -> int:
+    def _staged_in(self, partition: str) -> tuple[int, int]:
         """Samples of ``partition`` allocated by puts that have not committed yet (in flight,
-        or leased ahead by a client): not counted as the partition's samples. Costs the
-        number of uncommitted puts, not the partition's size."""
-        return sum(len(st.members) for st in self._staging.values() if st.partition == partition)
+        or leased ahead by a client), and how many of them are lost with their unit: not
+        counted as the partition's samples (nor lost ones). Costs the uncommitted puts'
+        samples, not the partition's size."""
+        part = self._partitions.get(partition)
+        staged = lost = 0
+        for st in self._staging.values():
+            if st.partition != partition or not st.members:
+                continue
+            staged += len(st.members)
+            if part is not None and part.lost:
+                members = np.fromiter(st.members, dtype=np.int64, count=len(st.members))
+                lost += int(np.count_nonzero(part.flags[self._where.pos[members]] & LOST))
+        return staged, lost
 
     def stats(self) -> dict[str, Any]:
         """Counts for monitoring: partitions, allocated, free, pending release, units."""
