@@ -67,6 +67,7 @@ async def test_episode_table_sharding_with_node_affinity_from_inside_actors(
 ) -> None:
     env_nodes = {"env-0": "node-0", "env-1": "node-1"}
     st = await Store.create(local_cluster, num_units=2, name="aff-store", env_nodes=env_nodes)
+    await st.ready()  # st.units below: its units must be up
     for env_id, node in env_nodes.items():
         writer = await local_cluster.spawn(EnvWriter, "aff-store", node=node, cpus=0)
         res = await writer.write(env_id, 3)

@@ -86,6 +86,7 @@ async def test_a_dead_clients_reservations_and_waiting_reserves_are_given_back(
     local_cluster: Cluster,
 ) -> None:
     st = await Store.create(local_cluster, num_units=1, name="fence-dead", capacity_bytes=48 * MIB)
+    await st.ready()  # st.units below: its units must be up
     writers = [await local_cluster.spawn(Writer, "fence-dead") for _ in range(3)]
     pids = [await w.pid() for w in writers]
     hanging = [asyncio.ensure_future(w.hang_in_put(2048)) for w in writers]  # 8 MiB each
