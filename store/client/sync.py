@@ -39,6 +39,14 @@ class SyncStore(BlockingFace, face=Store):
         super().__init__(store, sync)
         self.store = store
 
+    @property
+    def units(self) -> list[dict[str, Any]]:
+        """The storage units' info (handle, shard, node), blocking until they serve (a store
+        just created may still be starting them: see ``Store.ready``, whose errors this
+        raises)."""
+        self.ready()
+        return self.store.units
+
     @classmethod
     def create(cls, cluster: Cluster | SyncCluster, *args: Any, **kwargs: Any) -> SyncStore:
         """Create a store on ``cluster`` (arguments and errors as ``Store.create``)."""

@@ -180,6 +180,7 @@ async def _none_left(cluster: Cluster, prefix: str) -> bool:
 
 def _sync_before_ready(cluster: Cluster) -> list[int]:
     with SyncStore.create(cluster, num_units=2, name="start-sync") as st:
+        assert len(st.units) == 2  # blocking code may read the units at once: it waits
         meta = st.put(TensorDict({"x": torch.arange(3)}, [3]), partition="p")
         return list(st.get(meta)["x"].tolist())
 
