@@ -157,7 +157,14 @@ async def test_a_client_killed_mid_put_loses_nothing_acknowledged(local_cluster:
     assert not _segments_of(pid)
 
 
-async def test_a_unit_killed_mid_put_and_mid_get_leaves_no_segment(local_cluster: Cluster) -> None:
+async def test_a_unit_killed_mid_put_and_mid_get_leaves_no_segment(
+    local_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rayless.store.samehost import plane
+
+    # the copies run in threads (as big ones do), so the stalled copies below leave the
+    # event loop free: inline, they would block it and the kills would come too late
+    monkeypatch.setattr(plane, "INLINE_COPY_BYTES", -1)
     st = await Store.create(local_cluster, num_units=2, name="zc-kill-unit")
     acked = await st.put(TensorDict({"x": torch.arange(32.0)[:, None].expand(32, 8)}, [32]), "p")
     pids = await _pids(local_cluster)

@@ -33,6 +33,9 @@ class Holder(Actor):
 
     async def hang_in_put(self, n: int) -> None:
         """A put that reserves its slots and then never copies (killed meanwhile)."""
+        from rayless.store.samehost import plane
+
+        plane.INLINE_COPY_BYTES = -1  # the copy hangs in a thread, as a big one would
         st = await Store.connect(self.store_name)
         st._plane._copy_in = lambda *args: self.never.wait() or True  # type: ignore[method-assign]
         from tensordict import TensorDict
