@@ -26,6 +26,7 @@ from rayless.placement.errors import PlacementError
 from rayless.store import Store, StoreError, StoreTimeoutError, SyncStore
 from rayless.store.client.loader import StreamingLoader
 from rayless.transport.errors import ClosedError
+from rayless.transport.shm import pid_alive
 from tests.integration.actor_classes import Counter
 from tests.waiting import wait_until
 
@@ -48,16 +49,6 @@ async def _actors(cluster: Cluster, prefix: str) -> dict[str, int]:
     """The live actors whose name starts with ``prefix``: name -> pid."""
     names = {a["name"]: a.get("pid") for n in await cluster.nodes() for a in n["actors"]}
     return {k: int(v or 0) for k, v in names.items() if k.startswith(prefix)}
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 async def test_create_returns_before_the_units_serve_and_the_first_put_waits(
@@ -170,7 +161,9 @@ async def test_a_start_error_no_operation_saw_is_raised_by_aclose(local_cluster:
     assert st.closed
     assert set(await _actors(local_cluster, "start-unseen")) == {"start-unseen-unit-1"}
     for pid in pids.values():
-        await wait_until(lambda pid=pid: not _alive(pid), timeout=30, what=f"unit pid {pid} gone")
+        await wait_until(
+            lambda pid=pid: not pid_alive(pid), timeout=30, what=f"unit pid {pid} gone"
+        )
     await local_cluster.kill(squatter)
 
 
