@@ -69,6 +69,9 @@ Broke = Literal["forgotten", "lost", "silent", "rejected"]
 # a client's session: not yet handshaken, authenticated, broken (the next request handshakes
 # again), closed for good
 _NEW, _READY, _BROKEN, _CLOSED = "new", "ready", "broken", "closed"
+# seconds after a UNIX connection's EOF at which a server that still listens is checked again
+# (a dying process closes its connections and its listener in no set order)
+_RECHECK = (0.25, 1.0)
 
 
 class Client:
@@ -263,28 +266,60 @@ class Client:
     def _unix_refused(self) -> bool:
         """Whether a handshake that broke on the UNIX path was refused by a server that still
         listens (closed before its CHALLENGE: full), rather than lost to a server going away."""
-        name = stream.local_name(self.address)
-        if not self.via_unix or self.hello_answered or name is None:
+        if not self.via_unix or self.hello_answered:
             return False
-        try:
-            stream.connect(name).close()
-        except OSError:  # nothing listens: the server is gone, ZeroMQ would only time out
-            return False
-        return True
+        return self._still_listens()  # nothing listens: gone, ZeroMQ would only time out
 
     def _on_stream_lost(self, reason: str) -> None:
-        """The UNIX connection ended (the server exited, kill -9 included): fail what waits
-        now; the next request reconnects (UNIX path or ZeroMQ). With an infinite
-        ``heartbeat_timeout`` (the owner learns of the peer's death another way) the session
-        stays as it is, as on ZeroMQ: the owner fails what waits (``fail_pending``)."""
+        """The UNIX connection ended: fail what waits now; the next request reconnects (UNIX
+        path or ZeroMQ).
+
+        With an infinite ``heartbeat_timeout`` the owner learns of the peer's death another
+        way and fails what waits with the death's cause (``fail_pending``), so the session
+        stays as it is, as on ZeroMQ — but only while the peer looks dead: a failure of ours
+        (a send the kernel refused, a frame that does not parse) breaks it at once, and so
+        does a server that still listens a moment after closing us (its process is alive:
+        no death will come to end the calls).
+        """
         if self._state == _CLOSED:
             return
+        pump = self._pump
         if self._handshake is not None and not self._handshake.done():
             self._handshake.set_exception(BrokenError(f"{self.address}: {reason}"))
-        elif self._state == _READY and math.isinf(self._hb_timeout):
+        elif (
+            self._state == _READY
+            and math.isinf(self._hb_timeout)
+            and isinstance(pump, StreamPump)
+            and pump.peer_gone
+        ):
+            asyncio.get_running_loop().call_later(
+                _RECHECK[0], self._recheck_listener, pump, reason, 1
+            )
             return
         self._pump = None
         self._break(f"connection lost: {reason}", "lost")
+
+    def _recheck_listener(self, pump: StreamPump, reason: str, attempt: int) -> None:
+        if self._state != _READY or self._pump is not pump or not self._still_listens():
+            return  # handled meanwhile, or the server is gone: its owner fails what waits
+        if attempt < len(_RECHECK):
+            asyncio.get_running_loop().call_later(
+                _RECHECK[attempt], self._recheck_listener, pump, reason, attempt + 1
+            )
+            return
+        self._pump = None
+        self._break(f"connection lost: {reason} (the server still listens)", "lost")
+
+    def _still_listens(self) -> bool:
+        """Whether the server's UNIX path still takes connections (its process is alive)."""
+        name = stream.local_name(self.address)
+        if name is None:
+            return False
+        try:
+            stream.connect(name).close()
+        except OSError:
+            return False
+        return True
 
     async def aclose(self) -> None:
         """Fail pending requests with ClosedError and close the socket. Idempotent."""

@@ -93,7 +93,7 @@ class Limits:
     """
 
     max_message_bytes: int = 4 * 2**30
-    max_frames: int = 4096
+    max_frames: int = 65_000  # tens of thousands of tensors; the UNIX path frames <= 65,535
     max_header_bytes: int = 16 * 2**20
     max_inflight_per_peer: int = 4096
     max_peers: int = 4096

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import itertools
 import logging
+import os
 import socket
 import struct
 import time
@@ -19,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rayless.transport.counters import COUNTERS
-from rayless.transport.errors import ClosedError
+from rayless.transport.errors import ClosedError, LimitError
 
 log = logging.getLogger("rayless.transport")
 
@@ -28,18 +30,39 @@ _LEN = struct.Struct("<I")
 _ONE = struct.Struct("<IHI")  # length, 1 frame, its length
 _RECV = 262144  # bytes asked for per recv
 _COALESCE_BYTES = 1 << 20  # a coalesced write is flushed early past this many bytes
-_COALESCE_BUFS = 512  # ... or buffers (sendmsg takes at most IOV_MAX = 1024)
+_COALESCE_BUFS = 512  # ... or buffers (at most IOV_MAX)
+
+
+def _iov_max() -> int:
+    try:
+        value = os.sysconf("SC_IOV_MAX")
+    except (ValueError, OSError):
+        value = -1
+    return value if value >= 16 else 1024
+
+
+IOV_MAX = _iov_max()  # buffers one sendmsg takes; more fails with EMSGSIZE
+MAX_FRAMES = 0xFFFF  # frames of one message: the framing counts them in 16 bits
+# Errors of a send or receive that mean the peer went away (anything else is ours: the
+# connection is unusable although the peer may be alive).
+_PEER_GONE = frozenset((errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.ESHUTDOWN))
 _BIG = 1 << 20  # a message this big is received in place, not through the reassembly buffer
 
 
 def pack_header(frames: Sequence[Any]) -> tuple[bytes, int]:
-    """The framing header of a message, and the message's total size (header included)."""
+    """The framing header of a message, and the message's total size (header included).
+
+    Raises:
+        LimitError: more than :data:`MAX_FRAMES` frames.
+    """
     if len(frames) == 1:  # the common small message: one precompiled struct
         f = frames[0]
         size = f.nbytes if isinstance(f, memoryview) else len(f)
         return _ONE.pack(size + 6, 1, size), size + 10
     lens = [f.nbytes if isinstance(f, memoryview) else len(f) for f in frames]
     n = len(lens)
+    if n > MAX_FRAMES:
+        raise LimitError(f"a message of {n} frames exceeds the UNIX path's {MAX_FRAMES}")
     body = 2 + 4 * n + sum(lens)
     return struct.pack(f"<IH{n}I", body, n, *lens), body + 4
 
@@ -71,8 +94,10 @@ class StreamPump:
 
     ``on_batch`` gets the messages of each wake-up, each prefixed with ``prefix`` (a routing
     id on the server). ``on_lost(reason)`` is called once when the connection ends (EOF, an
-    error, a bad frame) — not on :meth:`close`; later sends are dropped silently, as ZeroMQ
-    drops messages to a vanished peer.
+    error, a bad frame) — not on :meth:`close`; :attr:`peer_gone` then says whether the peer
+    went away or the failure was ours. Later sends are dropped silently, as ZeroMQ drops
+    messages to a vanished peer. A message of any number of frames (up to
+    :data:`MAX_FRAMES`) is written IOV_MAX buffers per ``sendmsg`` at most.
     """
 
     def __init__(
@@ -105,6 +130,9 @@ class StreamPump:
         self._pending_bytes = 0
         self._tick_scheduled = False
         self.lost = False  # the connection ended by itself (not closed by us)
+        # ... and whether because the peer went away (EOF, reset), not a failure of ours (a
+        # send the kernel refused, a frame that does not parse) with the peer still there
+        self.peer_gone = False
         self.received = 0  # bytes read so far (the server's pre-auth bound)
         self.batch_limit = 0  # parity with SocketPump (a stream needs no batches)
         self.batches_sent = self.dropped_batches = 0
@@ -167,15 +195,34 @@ class StreamPump:
             self._write(bufs, total)
 
     def _write(self, bufs: list[Any], total: int) -> None:
+        if len(bufs) > IOV_MAX:
+            return self._write_chunked(bufs)
         COUNTERS.socket_sends += 1
         try:
             sent = self.sock.sendmsg(bufs)
         except (BlockingIOError, InterruptedError):
             sent = 0
-        except OSError as exc:  # the peer is gone: on_lost fails what waits for it
-            return self._lose(f"send failed: {exc}")
+        except OSError as exc:
+            return self._send_failed(exc)
         if sent < total:
             self._queue(bufs, skip=sent)
+
+    def _write_chunked(self, bufs: list[Any]) -> None:
+        """Write more buffers than one ``sendmsg`` takes, IOV_MAX at a time."""
+        for start in range(0, len(bufs), IOV_MAX):
+            chunk = bufs[start : start + IOV_MAX]
+            COUNTERS.socket_sends += 1
+            try:
+                sent = self.sock.sendmsg(chunk)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                return self._send_failed(exc)
+            if sent < sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in chunk):
+                return self._queue(bufs[start:], skip=sent)
+
+    def _send_failed(self, exc: OSError) -> None:
+        self._lose(f"send failed: {exc}", peer_gone=exc.errno in _PEER_GONE)
 
     def _queue(self, bufs: Sequence[Any], skip: int = 0) -> None:
         for part in bufs:
@@ -200,7 +247,7 @@ class StreamPump:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                return self._lose(f"send failed: {exc}")
+                return self._send_failed(exc)
             while sent and out:
                 head = out[0]
                 if sent >= len(head):
@@ -231,7 +278,7 @@ class StreamPump:
         try:
             self._read(msgs)
         except ValueError as exc:
-            self._lose(str(exc))
+            self._lose(str(exc), peer_gone=False)
         if msgs and not self._closed:
             COUNTERS.socket_reads += 1
             self._on_batch(msgs)
@@ -247,7 +294,7 @@ class StreamPump:
                 except (BlockingIOError, InterruptedError):
                     return
                 except OSError as exc:
-                    return self._lose(f"read failed: {exc}")
+                    return self._lose(f"read failed: {exc}", exc.errno in _PEER_GONE)
                 if n == 0:
                     return self._lose("the peer closed the connection")
                 self.received += n
@@ -261,7 +308,7 @@ class StreamPump:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                return self._lose(f"read failed: {exc}")
+                return self._lose(f"read failed: {exc}", exc.errno in _PEER_GONE)
             if not chunk:
                 return self._lose("the peer closed the connection")
             self.received += len(chunk)
@@ -307,10 +354,11 @@ class StreamPump:
         elif pos < end:
             self._buf = bytearray(view[pos:])
 
-    def _lose(self, reason: str) -> None:
+    def _lose(self, reason: str, peer_gone: bool = True) -> None:
         if self._closed:
             return
         self.lost = True
+        self.peer_gone = peer_gone
         self.close()
         try:
             self._on_lost(reason)

@@ -58,6 +58,8 @@ from rayless.transport.errors import (
 RESTART_WAIT = 120.0
 R = TypeVar("R")
 ALIVE, RESTARTING, DEAD = ActorState.ALIVE, ActorState.RESTARTING, ActorState.DEAD
+_PROBE_TIMEOUT = 5.0  # seconds for a fresh session to an actor whose connection broke
+_DEATH_WAIT = 10.0  # seconds to wait for the head to list the death of an unanswering actor
 
 
 @dataclass
@@ -341,8 +343,11 @@ class Runtime:
                 raise await self._why_unreachable(conn) from None
             return client
 
-    async def _why_unreachable(self, conn: _ActorConn) -> RaylessError:
-        """Ask the head what became of an actor we cannot reach."""
+    async def _why_unreachable(
+        self, conn: _ActorConn, broke: BrokenError | None = None
+    ) -> RaylessError:
+        """Ask the head what became of an actor we cannot reach (or whose connection
+        ``broke`` under a call)."""
         try:
             info = await self.head_request(LookupActor(conn.actor_id), timeout=10)
         except RaylessError as exc:
@@ -350,7 +355,21 @@ class Runtime:
         if info.state is ALIVE and info.address != conn.address:
             conn.address = info.address
             return BrokenError(f"actor {conn.name} moved; retry the call")
+        if info.state is ALIVE and broke is not None:
+            if await self._answers(conn):  # the connection failed, not the actor
+                return BrokenError(
+                    f"the connection to actor {conn.name} broke under the call ({broke}); "
+                    "the actor is alive and answers again: the call's outcome is unknown"
+                )
+            info = await self._death_of(conn, info)
         death = info.death
+        if info.state is ALIVE:
+            return ActorDiedError(
+                conn.name,
+                pid=info.pid,
+                node=info.node_id,
+                reason="unreachable (the head still lists it as alive)",
+            )
         return ActorDiedError(
             conn.name,
             pid=info.pid if death is None else death.pid,
@@ -359,6 +378,26 @@ class Runtime:
             reason="unreachable" if death is None else death.reason,
             **death_details(death),
         )
+
+    async def _answers(self, conn: _ActorConn) -> bool:
+        """Whether a fresh session with the actor opens within a few seconds."""
+        try:
+            await asyncio.wait_for(self._ready_client(conn), _PROBE_TIMEOUT)
+        except (RaylessError, asyncio.TimeoutError):
+            return False
+        return True
+
+    async def _death_of(self, conn: _ActorConn, info: ActorView) -> ActorView:
+        """The head's view of an actor that stopped answering, once it lists the death (its
+        agent reaps the process and tells it), or its last view after ``_DEATH_WAIT``."""
+        deadline = self.loop.time() + _DEATH_WAIT
+        while info.state is ALIVE and self.loop.time() < deadline:
+            await asyncio.sleep(0.2)
+            try:
+                info = await self.head_request(LookupActor(conn.actor_id), timeout=10)
+            except RaylessError:
+                break
+        return info
 
     async def call(
         self,
@@ -400,7 +439,7 @@ class Runtime:
             if conn.death is not None:
                 raise conn.death from None
             if isinstance(exc, BrokenError):
-                raise await self._why_unreachable(conn) from None
+                raise await self._why_unreachable(conn, exc) from None
             raise Timeout(
                 f"{method}(...) of actor {conn.name!r} gave no result within {timeout}s "
                 f"({_after_timeout((handle.methods or {}).get(method))})"
