@@ -57,7 +57,10 @@ class WeightRegistry(Actor):
         self.relay_hosts: dict[str, str] = {}  # location -> host id
         self.publishers: dict[int, dict[str, Any]] = {}  # shard -> pid, host, location
         self.num_shards = 1
-        self.begun: dict[int, int] = {}  # shard -> the newest version it began
+        self.begun: dict[
+            int, tuple[int, int, str]
+        ] = {}  # shard -> newest begun: version, pid, host
+        self.done: dict[int, int] = {}  # shard -> the newest version it completed
         self.partial: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}  # shards so far
         self.lost: str | None = None
         self.changed = asyncio.Condition()
@@ -89,8 +92,10 @@ class WeightRegistry(Actor):
         """Start publishing shard ``shard`` of ``num_shards`` of ``version`` from ``pid``: the
         (location, relay) pairs to feed. A version is complete once every shard announced it.
 
-        Raises WeightVersionError unless ``version`` is above every complete version and every
-        version this shard began; WeightInputError for a bad shard.
+        Raises WeightVersionError unless ``version`` is above every complete version, every
+        version this shard completed, and a version this shard began whose publisher still
+        runs (a version begun by a publisher that died, or by the same pid, may be published
+        again); WeightInputError for a bad shard.
         """
         if not isinstance(version, int) or isinstance(version, bool) or version <= self.latest:
             raise WeightVersionError(
@@ -98,14 +103,20 @@ class WeightRegistry(Actor):
             )
         if not (isinstance(num_shards, int) and num_shards >= 1 and 0 <= shard < num_shards):
             raise WeightInputError(f"bad shard {shard!r} of {num_shards!r}")
-        if version <= self.begun.get(shard, -1):
+        if version <= self.done.get(shard, -1):
             raise WeightVersionError(
-                f"shard {shard} already published version {self.begun[shard]} (not below it)"
+                f"shard {shard} already published version {self.done[shard]} (not below it)"
+            )
+        began, by, on = self.begun.get(shard, (-1, 0, ""))
+        if version <= began and by != pid and await self._alive({"pid": by, "host": on}):
+            raise WeightVersionError(
+                f"shard {shard} began version {began} (publisher pid {by}, still running) and "
+                f"has not completed it: publish a version above {began}"
             )
         if num_shards != self.num_shards:
             self.num_shards = num_shards
             self.publishers = {k: v for k, v in self.publishers.items() if k < num_shards}
-        self.begun[shard] = version
+        self.begun[shard] = (version, pid, host)
         old = self.publishers.get(shard)
         if old is None or old["pid"] != pid or self.lost:
             self.publishers[shard] = {"pid": pid, "host": host, "where": where}
@@ -116,6 +127,8 @@ class WeightRegistry(Actor):
         """A shard of a version is complete at ``where`` (entry: version, shard, kind, segment,
         layout...); with every shard there, so is the version."""
         version = int(entry["version"])
+        shard = int(entry.get("shard", 0))
+        self.done[shard] = max(self.done.get(shard, -1), version)
         if self.num_shards > 1:
             parts = self.partial.setdefault((where, version), {})
             parts[int(entry.get("shard", 0))] = entry

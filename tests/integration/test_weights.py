@@ -10,8 +10,9 @@ import psutil
 import pytest
 import torch
 
-from rayless.actors import Cluster
+from rayless.actors import ActorDiedError, Cluster
 from rayless.transport import segments, shm
+from rayless.transport.protocol import host_id
 from rayless.weights import (
     PublisherLostError,
     WeightMismatchError,
@@ -156,6 +157,30 @@ async def test_a_publisher_killed_with_sigkill_fails_pulls_and_leaves_no_segment
         pub2 = await local_cluster.spawn(Publisher, "ws-kill-pub", cpus=0)  # a new trainer
         await pub2.publish(2)
         assert await sub.pull(2) == (2, [2.0])
+
+
+async def test_a_version_begun_by_a_publisher_that_died_is_published_again(
+    local_cluster: Cluster,
+) -> None:
+    async with WeightSync.create(local_cluster, name="ws-begun") as ws:
+        pub = await local_cluster.spawn(Publisher, "ws-begun", cpus=0)
+        (sub,) = await _subscribers(local_cluster, "ws-begun", ["float32"])
+        await pub.publish(1)
+        waiting = asyncio.ensure_future(sub.pull(2, None))
+        with pytest.raises(ActorDiedError):
+            await pub.die_mid_publish(2)
+        with pytest.raises(PublisherLostError):
+            await asyncio.wait_for(waiting, 60)
+        assert await ws.latest_version() == 1  # 2 was begun, never announced
+        pub2 = await local_cluster.spawn(Publisher, "ws-begun", cpus=0)  # the restarted trainer
+        assert await pub2.publish(2) == 2
+        assert await sub.pull(2) == (2, [2.0])
+        # a version begun by a publisher that still runs is not another's to take
+        registry = ws._registry
+        await registry.begin(7, os.getpid(), host_id(), "elsewhere")
+        with pytest.raises(WeightVersionError, match=r"began version 7 .* still running"):
+            await pub2.publish(7)
+        assert await pub2.publish(8) == 8
 
 
 async def test_a_subscriber_killed_with_sigkill_blocks_nothing_and_close_cleans_up(

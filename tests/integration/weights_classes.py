@@ -104,6 +104,16 @@ class Publisher(Actor):
             s = {k: s[k] for k in keys}
         return int(await self.ws.publish(s, version, shard=shard, num_shards=num_shards))
 
+    async def die_mid_publish(self, version: int) -> None:
+        """Begin publishing ``version``, then die before any byte of it is written (as a
+        trainer killed mid-publish)."""
+
+        def die(*_: Any) -> None:
+            os._exit(3)
+
+        self.ws._write_shm = die
+        await self.ws.publish(state(version, torch.bfloat16, self.device), version)
+
     def publish_sync(self, version: int, keys: list[str], shard: int, num_shards: int) -> int:
         """``publish`` of shard ``shard`` through the blocking face, from a sync method (the
         actor's worker thread). The face stays open: a publisher's versions end with it."""
