@@ -3,17 +3,20 @@
 # fresh clone of this checkout's HEAD with a fresh venv, while LOAD processes burn CPU, then
 # print a tally of every test that ever failed (how often, and its first error line).
 #
-#   bash scripts/flake_hunt.sh N [LOAD]      # e.g. N=5 LOAD=2
+#   bash scripts/flake_hunt.sh N [LOAD] [PYTEST ARGS...]   # e.g. 5 2; or 5 2 -m slow
 #
+# PYTEST ARGS are appended to the README's command (`-m slow`: the slow tier).
 # Environment: FLAKE_DIR (where clones and logs go; default a new temporary directory, kept
 # for reading the logs), FLAKE_TIMEOUT (seconds per run; default 1800), RAYLESS_TEST_TIMEOUT_SCALE
 # (passed through to the suite). Exit status: 0 when no test failed in any run, else 1.
 set -euo pipefail
 
-usage() { echo "usage: bash scripts/flake_hunt.sh N [LOAD]" >&2; exit 2; }
-[ $# -ge 1 ] && [ $# -le 2 ] || usage
+usage() { echo "usage: bash scripts/flake_hunt.sh N [LOAD] [PYTEST ARGS...]" >&2; exit 2; }
+[ $# -ge 1 ] || usage
 N=$1
 LOAD=${2:-0}
+shift $(( $# >= 2 ? 2 : 1 ))
+EXTRA="$*"
 [[ "$N" =~ ^[1-9][0-9]*$ ]] || usage
 [[ "$LOAD" =~ ^[0-9]+$ ]] || usage
 
@@ -25,6 +28,7 @@ PER_RUN=${FLAKE_TIMEOUT:-1800}
 # README and .ci/run in step; this reads it from the README itself).
 CMD=$(grep -m1 -- "pip install -e '.\[test\]'" "$REPO/README.md")
 [ -n "$CMD" ] || { echo "no test command found in README.md" >&2; exit 2; }
+[ -z "$EXTRA" ] || CMD="$CMD $EXTRA"
 
 burners=()
 stop_burners() {

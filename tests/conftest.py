@@ -16,6 +16,7 @@ import tempfile
 
 import pytest
 
+from tests import progress
 from tests.waiting import timeout_scale
 
 _RUNTIME_ENV = "RAYLESS_RUNTIME_DIR"
@@ -73,3 +74,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    progress.record("start", nodeid)
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    progress.record("end", nodeid)
