@@ -10,6 +10,7 @@ Imports ``transport`` and ``placement``; never ``store``.
 from rayless.actors.api.actor import Actor, current_caller
 from rayless.actors.api.cluster import Cluster, connect
 from rayless.actors.api.handle import ActorHandle, ActorMethod, endpoint, gather, wait
+from rayless.actors.api.streams import RemoteStream
 from rayless.actors.control.messages import Template
 from rayless.actors.errors import ActorDiedError
 from rayless.placement.errors import PlacementError
@@ -24,6 +25,7 @@ __all__ = [
     "PlacementError",
     "RaylessError",
     "RemoteError",
+    "RemoteStream",
     "Template",
     "connect",
     "current_caller",

@@ -445,6 +445,24 @@ class Runtime:
                 f"({_after_timeout((handle.methods or {}).get(method))})"
             ) from None
 
+    async def request(self, handle: Any, body: tuple[Any, ...]) -> Any:
+        """Send a protocol step other than a call (a streamed result's pull or close) to the
+        actor; errors as :meth:`call`'s."""
+        conn = self.conns.get(handle.actor_id) or self._conn_for(handle)
+        client = conn.client
+        if client is None or not client.ready or conn.state is not ALIVE:
+            client = await self._ready_client(conn)
+        try:
+            return await client.request(body)
+        except RemoteError as exc:
+            raise materialize(exc) from None
+        except BrokenError as exc:
+            if self.lost is not None:
+                raise self.lost from None
+            if conn.death is not None:
+                raise conn.death from None
+            raise await self._why_unreachable(conn, exc) from None
+
 
 def _warm_codec() -> None:
     """Load the codec's tensor support (worker thread): encode one small tensor."""

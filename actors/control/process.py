@@ -33,7 +33,9 @@ from typing import Any
 from rayless.actors.api import context, timeline
 from rayless.actors.api.actor import _CALLER, ClassRef, by_value, dumps_by_value, public_methods
 from rayless.actors.api.callstats import STATS
+from rayless.actors.api.handle import ActorHandle
 from rayless.actors.api.portal import set_home_loop
+from rayless.actors.api.streams import CLOSE, NEXT, StreamHost, is_stream
 from rayless.actors.control import debug
 from rayless.actors.control.messages import Boot, Bootstrap, Failed, Ready
 from rayless.actors.control.process_util import setup_logging
@@ -222,11 +224,15 @@ class ActorHost:
         self.sync_concurrency = int(limit or 1)
         self.server: Server | None = None
         self.monitor: LoopMonitor | None = None
+        self.streams: StreamHost | None = None  # results of generator methods
 
     async def start(self) -> str:
         """Build the instance, run ``setup``, start serving; returns the address."""
         loop = asyncio.get_running_loop()
         self.worker = SyncWorker(loop, self.name, torch_threads(), self.sync_concurrency)
+        self.streams = StreamHost(
+            loop, self.worker.submit, lambda exc: remote_error(exc, self.name)
+        )
         STATS.watch(self)  # the queue depth of the cluster's metrics
         threshold = _float_env("RAYLESS_LOOP_WARN_S", 2.0)
         if threshold > 0:
@@ -249,6 +255,14 @@ class ActorHost:
             on_peer_gone=self._peer_gone,
         )
         await self.server.start()
+        self.streams.handle = ActorHandle(
+            os.environ.get(context.ENV_ACTOR_ID, self.name),
+            self.name,
+            self.server.address,
+            cls.__qualname__,
+            self.methods,
+            os.environ.get(context.ENV_NODE_ID),
+        )
         return self.server.address
 
     async def _lifecycle(self, name: str) -> None:
@@ -264,7 +278,7 @@ class ActorHost:
         """Route one call to the instance (an awaitable for the server to finish)."""
         body = req.body
         if type(body) is not tuple or len(body) not in (4, 5) or body[0] != "c":
-            raise ProtocolError(f"malformed call {body!r:.100}")
+            return self._stream_step(body)
         _, method, args, kwargs = body[:4]  # a 5th: the caller's timeline flow id
         is_async = self.methods.get(method) if isinstance(method, str) else None
         if is_async is None:
@@ -283,8 +297,20 @@ class ActorHost:
         assert self.worker is not None  # internal invariant: set by start()
         return self.worker.submit(functools.partial(self._run_sync, fn, args, kwargs, caller))
 
+    def _stream_step(self, body: Any) -> Any:
+        """A pull from, or the close of, a streamed result (``actors.api.streams``)."""
+        assert self.streams is not None  # internal invariant: set by start()
+        if type(body) is tuple and len(body) == 3 and body[0] == NEXT:
+            return self.streams.pull(body[1], body[2])
+        if type(body) is tuple and len(body) == 2 and body[0] == CLOSE:
+            return self.streams.close(body[1])
+        raise ProtocolError(f"malformed call {body!r:.100}")
+
     def _peer_gone(self, peer: Peer) -> None:
-        """Tell the instance (its ``_caller_gone`` hook, if any) that a connection is gone."""
+        """Tell the instance (its ``_caller_gone`` hook, if any) that a connection is gone,
+        and close the streams it was reading."""
+        if self.streams is not None:
+            self.streams.caller_gone(peer.routing_id.hex())
         hook = getattr(self.instance, "_caller_gone", None)
         if callable(hook):
             hook(peer.routing_id.hex())
@@ -296,7 +322,11 @@ class ActorHost:
             if self.monitor is not None:
                 self.monitor.running[key] = (fn.__name__, time.monotonic())
             try:
-                return await fn(*args, **kwargs)
+                result = await fn(*args, **kwargs)
+                if is_stream(result):
+                    assert self.streams is not None  # internal invariant: set by start()
+                    return self.streams.open(result, caller)
+                return result
             except SystemExit as exc:
                 self.exit(fn.__name__, exit_code(exc))
             except asyncio.CancelledError:
@@ -312,7 +342,11 @@ class ActorHost:
     def _run_sync(self, fn: Any, args: Any, kwargs: Any, caller: str) -> Any:
         reset = _CALLER.set(caller)
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            if is_stream(result):
+                assert self.streams is not None  # internal invariant: set by start()
+                return self.streams.open(result, caller)
+            return result
         except SystemExit as exc:
             self.worker_loop.call_soon_threadsafe(self.exit, fn.__name__, exit_code(exc))
             raise _Exiting from None
@@ -335,7 +369,10 @@ class ActorHost:
         self.stop.set()
 
     async def aclose(self, grace: float = 10.0) -> None:
-        """Run ``teardown`` (bounded by ``grace``), stop serving, stop the worker thread."""
+        """Close open streams, run ``teardown`` (bounded by ``grace``), stop serving, stop the
+        worker thread."""
+        if self.streams is not None:
+            self.streams.close_all()
         if self.instance is not None:
             try:
                 await asyncio.wait_for(self._lifecycle("teardown"), grace)
