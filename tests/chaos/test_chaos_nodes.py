@@ -29,6 +29,7 @@ async def test_node_loss_fails_its_actors_and_the_other_nodes_keep_working(
     assert nodes == {"node-0": True, "node-1": True, "node-2": False}
 
 
+@pytest.mark.slow
 @pytest.mark.local_cluster(nodes=3, gpus_per_node=0, node_timeout=NODE_TIMEOUT, isolated=True)
 async def test_head_loss_shuts_every_agent_and_actor_down_in_bounded_time(
     local_cluster: Cluster, local_cluster_processes: LocalProcesses

@@ -14,6 +14,7 @@ from tests.chaos.scenarios import descendants, pipeline_chaos, until
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.timeout(300)]
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("training")  # CPU-bound: one training test at a time
 async def test_pipeline_survives_worker_kills_and_names_a_lost_unit() -> None:
     before = descendants()

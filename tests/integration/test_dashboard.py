@@ -111,6 +111,7 @@ def _get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+@pytest.mark.slow
 async def test_dashboard_page_shows_actors_and_partitions_live(
     cluster: Cluster, dashboard: str, tmp_path: Path
 ) -> None:

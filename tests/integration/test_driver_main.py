@@ -134,6 +134,7 @@ def test_python_dash_c(tmp_path: Path) -> None:
     assert _run(["-c", BODY + "\nasyncio.run(main())\n"], tmp_path) == EXPECTED
 
 
+@pytest.mark.slow
 def test_a_jupyter_notebook(tmp_path: Path) -> None:
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

@@ -140,6 +140,7 @@ _FIRST_STORE_USE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_the_first_store_use_does_not_cost_the_driver_its_session(tmp_path: Path) -> None:
     script = tmp_path / "driver.py"

@@ -52,6 +52,7 @@ def _short(mode: str, iterations: int) -> GrpoConfig:
     return cfg
 
 
+@pytest.mark.slow
 @TRAINING
 async def test_short_grpo_learns_moves_whole_groups_and_leaves_nothing(tmp_path: Path) -> None:
     before = _descendants()
@@ -174,6 +175,7 @@ def test_demo_command_names_a_bad_grpo_key(tmp_path: Path) -> None:
     assert out.returncode == 1 and "grpo" in out.stderr, out.stderr  # lists the shipped ones
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_grpo_demo_and_its_cluster(tmp_path: Path) -> None:
     import yaml
 

@@ -18,7 +18,7 @@ pytest.importorskip("transformers", reason="the demo extra (transformers) is not
 
 from rayless.demo.grpo_config import GRPO_CONFIG, load_grpo_config
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
 TRAINING = pytest.mark.xdist_group("training")  # CPU-bound: beside the other demo runs
 
 

@@ -137,6 +137,7 @@ def driver(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_three_nodes_run_a_driver_and_leave_nothing(tmp_path: Path, driver: Path) -> None:
     port, token_file, go = free_port(), tmp_path / "secret" / "token", tmp_path / "go"
     common = ["--token-file", str(token_file), "--rdzv-timeout", "90"]
@@ -165,6 +166,7 @@ def test_three_nodes_run_a_driver_and_leave_nothing(tmp_path: Path, driver: Path
     assert_none_left(*(n.mark for n in nodes))
 
 
+@pytest.mark.slow
 def test_signals_tear_down_a_rank_and_the_cluster(tmp_path: Path, driver: Path) -> None:
     port = free_port()
     token_file = tmp_path / "token"
@@ -188,6 +190,7 @@ def test_signals_tear_down_a_rank_and_the_cluster(tmp_path: Path, driver: Path) 
     assert_none_left(rank0.mark, rank1.mark)
 
 
+@pytest.mark.slow
 def test_rank0_signal_shuts_down_other_ranks_cleanly(tmp_path: Path, driver: Path) -> None:
     port = free_port()
     env = {"RAYLESS_TOKEN": "another-shared-token"}

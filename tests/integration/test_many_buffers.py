@@ -25,7 +25,7 @@ from rayless.weights import WeightSync
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 TOKEN = new_token()
-COUNTS = [1, 1023, 1024, 10_000]
+COUNTS = [1, 1023, 1024, pytest.param(10_000, marks=pytest.mark.slow)]
 
 
 def state_dict(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -141,26 +141,36 @@ async def test_a_failed_send_of_the_server_fails_the_call_at_once_and_the_next_w
 # -- actors, the store and weight sync on a real cluster ----------------------------------
 
 
-@pytest.mark.parametrize("unix", ["1", "0"], ids=["unix", "zeromq"])
+@pytest.mark.parametrize(
+    ("unix", "counts"),
+    [
+        ("1", [1, 1023, 1024]),
+        ("0", [1024]),
+        pytest.param("1", [10_000], marks=pytest.mark.slow),
+        pytest.param("0", [1, 1023, 10_000], marks=pytest.mark.slow),
+    ],
+    ids=["unix", "zeromq", "unix-10000", "zeromq-more"],
+)
 async def test_actor_calls_with_state_dicts_of_many_tensors_both_ways(
-    unix: str, monkeypatch: pytest.MonkeyPatch
+    unix: str, counts: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RAYLESS_UNIX", unix)
     async with Cluster.local(nodes=1) as cluster:
         h = await cluster.spawn(Echo)
-        for n in COUNTS:
+        for n in counts:
             sd = state_dict(n, seed=n)
             assert_equal(sd, await h.echo.options(timeout=60)(sd))  # argument and result
             assert_equal(state_dict(n, 7), await h.make.options(timeout=60)(n, 7))  # result
             assert await h.ping.options(timeout=30)() == "pong"
 
 
-async def test_store_and_weight_sync_carry_thousands_of_tensors() -> None:
+@pytest.mark.parametrize("n", [1100, pytest.param(10_000, marks=pytest.mark.slow)])
+async def test_store_and_weight_sync_carry_thousands_of_tensors(n: int) -> None:
     from tensordict import TensorDict
 
     async with Cluster.local(nodes=1) as cluster:
         st = await Store.create(cluster, num_units=1)
-        fields = {f"f{i}": torch.full((4, 2), float(i)) for i in range(1100)}
+        fields = {f"f{i}": torch.full((4, 2), float(i)) for i in range(min(n, 1100))}
         td = TensorDict(fields, batch_size=[4])
         meta = await st.put(td, "p")
         got = await st.get(meta)
@@ -168,11 +178,11 @@ async def test_store_and_weight_sync_carry_thousands_of_tensors() -> None:
             assert torch.equal(got[key], value), key
         await st.aclose()
 
-        sd = state_dict(10_000, seed=3)
+        sd = state_dict(n, seed=3)
         async with WeightSync.create(cluster, name="many") as ws:
-            sub = await cluster.spawn(_Puller, "many", 10_000)
+            sub = await cluster.spawn(_Puller, "many", n)
             await ws.publish(sd, version=1)
-            assert await sub.pull_and_check.options(timeout=120)(1, 3) == 10_000
+            assert await sub.pull_and_check.options(timeout=120)(1, 3) == n
 
 
 class _Puller(Actor):

@@ -17,6 +17,7 @@ from rayless.demo.report import summary_text, write_report
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("training")  # CPU-bound: one training test at a time
 @pytest.mark.local_cluster(nodes=2, gpus_per_node=2)
 async def test_shortened_pipeline_learns_and_moves_data(

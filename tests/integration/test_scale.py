@@ -30,7 +30,7 @@ from rayless.transport.protocol import Kind, open_envelope
 from rayless.transport.server import Server
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 @pytest.mark.timeout(300)

@@ -27,7 +27,7 @@ from tests.integration.single_controller_classes import (
     StoreWorker,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 @pytest.fixture(scope="module")

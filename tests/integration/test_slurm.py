@@ -33,7 +33,12 @@ from tests.netns import Net, cannot_make_namespaces, ns_pids
 from tests.waiting import eventually_sync
 
 # xdist_group: the SSH and Slurm tests build network namespaces and bridges (machine-wide)
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(150), pytest.mark.xdist_group("netns")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.timeout(150),
+    pytest.mark.xdist_group("netns"),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 MARK = "RAYLESS_TEST_SLURM_MARK"

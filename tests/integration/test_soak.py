@@ -6,7 +6,7 @@ import pytest
 
 from tests.chaos.scenarios import Snapshot, descendants, growth, start_stop_cycle, until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
 
 CYCLES = 2  # after the warm-up: a per-cycle leak shows as growth of 2; scripts/soak.py runs 200
 

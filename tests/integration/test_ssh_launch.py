@@ -24,7 +24,12 @@ from tests.netns import Net, cannot_make_namespaces, ns_pids, sh
 from tests.waiting import eventually_sync, wait_until_sync
 
 # xdist_group: the SSH and Slurm tests build network namespaces and bridges (machine-wide)
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.xdist_group("netns")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.timeout(120),
+    pytest.mark.xdist_group("netns"),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"

@@ -10,7 +10,11 @@ from rayless.actors import Cluster
 from rayless.store import Store
 from rayless.store.testing_stress import stress
 
-pytestmark = [pytest.mark.integration, pytest.mark.local_cluster(nodes=2, gpus_per_node=0)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.local_cluster(nodes=2, gpus_per_node=0),
+]
 
 
 @pytest.mark.timeout(240)

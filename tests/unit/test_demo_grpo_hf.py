@@ -64,6 +64,7 @@ def test_generate_samples_to_the_stop_token_with_the_trainers_log_probs(ops: HfO
     assert (g.logprobs[~mask] == 0).all()
 
 
+@pytest.mark.slow
 def test_the_warm_start_step_lowers_the_demonstrations_loss(ops: HfOps) -> None:
     torch.manual_seed(0)
     model = ops.build()
