@@ -60,6 +60,7 @@ from rayless.transport.protocol import (
 )
 from rayless.transport.pump import Frames, SocketPump
 from rayless.transport.stream_pump import StreamPump
+from rayless.transport.zmq_context import zmq_context
 
 log = logging.getLogger("rayless.transport")
 
@@ -136,7 +137,7 @@ class Client:
         self._error_hook = error_hook
         self._device = device
         self._allow_pickle = allow_pickle
-        self._ctx = context or zmq.Context.instance()
+        self._ctx = context or zmq_context()
         self._state = _NEW
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future[Any], asyncio.TimerHandle | None]] = {}

@@ -65,6 +65,7 @@ from rayless.transport.ratelog import RateLimitedLog
 from rayless.transport.stream import unix_name
 from rayless.transport.stream_pump import StreamPump
 from rayless.transport.unix_listener import UNIX_RID_PREFIX, UnixListener
+from rayless.transport.zmq_context import zmq_context
 
 log = logging.getLogger("rayless.transport")
 
@@ -134,7 +135,7 @@ class Server:
         self._peer_idle_timeout = peer_idle_timeout
         self._device = device
         self._allow_pickle = allow_pickle
-        self._ctx = context or zmq.Context.instance()
+        self._ctx = context or zmq_context()
         self._peers: dict[bytes, Peer] = {}
         # half-open handshakes: routing id -> (client nonce, our nonce, HELLO, connection)
         self._pending: collections.OrderedDict[

@@ -61,13 +61,13 @@ from rayless.transport import loop
 from rayless.transport.client import Client
 from rayless.transport.errors import ProtocolError, RaylessError
 from rayless.transport.server import Peer, Request, Server
+from rayless.transport.zmq_context import zmq_context
 
 log = logging.getLogger("rayless.head")
 DEAD = ActorState.DEAD
 # The head's pings on its connection to each agent: the agent's server forgets ZeroMQ peers
 # silent for 30 s; a node's death is learnt from its missing heartbeats, not from these.
 AGENT_PING_INTERVAL = 10.0
-HEAD_MAX_SOCKETS = 65536  # ZeroMQ sockets the head process may hold (``raise_socket_limits``)
 
 
 class Head(HeadActors):
@@ -410,23 +410,11 @@ class Head(HeadActors):
                 self.server.send_oneway(rid, batch)
 
 
-def raise_socket_limits(sockets: int = HEAD_MAX_SOCKETS) -> None:
+def raise_socket_limits() -> None:
     """Room for a connection to every node agent: the head holds one ZeroMQ socket per remote
-    agent, and ZeroMQ's context allows 1,023 sockets by default (a 1,100-node cluster could
-    not join); the soft descriptor limit is raised to the hard one too. Call before the
-    first socket exists."""
-    import resource
-
-    import zmq
-
-    zmq.Context.instance().set(zmq.MAX_SOCKETS, sockets)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        want = hard if hard != resource.RLIM_INFINITY else max(soft, 4 * sockets)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-        except (ValueError, OSError) as exc:  # a container may refuse: say so, go on
-            log.warning("could not raise the descriptor limit from %d: %s", soft, exc)
+    agent (``transport.zmq_context``: ZeroMQ's default of 1,023 sockets would keep a
+    1,100-node cluster from joining). Call before the first socket exists."""
+    zmq_context()
 
 
 async def serve(address: str, token: str, node_timeout: float) -> None:
