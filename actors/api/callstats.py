@@ -14,6 +14,8 @@ from typing import Any
 
 __all__ = ["STATS", "CallStats", "dump"]
 
+_LAST_ERROR_CHARS = 300
+
 
 class CallStats:
     """Calls and errors per method, and a probe of the actor's queues."""
@@ -21,6 +23,7 @@ class CallStats:
     def __init__(self) -> None:
         self.calls: dict[str, int] = {}  # updated on the actor's loop only
         self.errors: dict[str, int] = {}  # from the loop and the def methods' threads
+        self.last_error = ""  # "method: Type: message" of the latest call that raised
         self._lock = threading.Lock()
         self._host: Any = None
 
@@ -28,6 +31,7 @@ class CallStats:
         """Start from zero (a forked child)."""
         self.calls.clear()
         self.errors.clear()
+        self.last_error = ""
         self._lock = threading.Lock()
         self._host = None
 
@@ -39,10 +43,12 @@ class CallStats:
         """Count one call of ``method``."""
         self.calls[method] = self.calls.get(method, 0) + 1
 
-    def error(self, method: str) -> None:
-        """Count one call of ``method`` that raised (from any thread)."""
+    def error(self, method: str, exc: BaseException | None = None) -> None:
+        """Count one call of ``method`` that raised ``exc`` (from any thread)."""
         with self._lock:
             self.errors[method] = self.errors.get(method, 0) + 1
+            if exc is not None:
+                self.last_error = f"{method}: {type(exc).__name__}: {exc}"[:_LAST_ERROR_CHARS]
 
     def queues(self) -> dict[str, int]:
         """``queued`` (waiting to start) and ``running`` calls now."""
@@ -61,8 +67,9 @@ class CallStats:
     def snapshot(self) -> dict[str, Any]:
         """Plain values: the counters, the queues, the pid."""
         with self._lock:
-            errors = dict(self.errors)
-        return {"pid": os.getpid(), "calls": dict(self.calls), "errors": errors, **self.queues()}
+            errors, last = dict(self.errors), self.last_error
+        return {"pid": os.getpid(), "calls": dict(self.calls), "errors": errors,
+                "last_error": last, **self.queues()}  # fmt: skip
 
 
 STATS = CallStats()

@@ -34,7 +34,7 @@ from rayless.transport.errors import AuthError, RaylessError
 
 if TYPE_CHECKING:
     from rayless.actors.api.cluster import Cluster
-    from rayless.actors.control.messages import ClusterSummary
+    from rayless.actors.control.messages import ActorView, ClusterSummary
 
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_LIMIT = 100
@@ -290,6 +290,17 @@ def format_actors(actors: Iterable[dict[str, Any]]) -> str:
     return table(headers, rows) if rows else "(no actors)"
 
 
+def format_died(actors: Iterable[ActorView]) -> str:
+    """The table of actors that died for good (newest first): why each one ended."""
+    rows = []
+    for a in actors:
+        death = a.death
+        exitcode = None if death is None else death.exitcode
+        why = "" if death is None else (death.cause or death.reason)
+        rows.append([a.name, a.cls, a.node_id, a.pid, "-" if exitcode is None else exitcode, why])
+    return table(["NAME", "CLASS", "NODE", "PID", "EXIT", "WHY"], rows)
+
+
 def render(summary: ClusterSummary, address: str) -> str:
     """The whole plain-text report."""
     s = summary
@@ -306,6 +317,8 @@ def render(summary: ClusterSummary, address: str) -> str:
     if s.actors > len(s.actor_page):
         more = s.actors - len(s.actor_page)
         lines.append(f"... and {more} more actors (--limit 0 lists them all)")
+    if s.died:
+        lines += ["", "Died (most recent first)", format_died(s.died)]
     return "\n".join(lines)
 
 

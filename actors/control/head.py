@@ -17,6 +17,7 @@ deaths) and event fan-out; the actor registry (records, spawns, kills, actor eve
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import os
@@ -65,6 +66,7 @@ from rayless.transport.zmq_context import zmq_context
 
 log = logging.getLogger("rayless.head")
 DEAD = ActorState.DEAD
+DIED_SHOWN = 50  # actors that died for good that status lists (the most recent)
 # The head's pings on its connection to each agent: the agent's server forgets ZeroMQ peers
 # silent for 30 s; a node's death is learnt from its missing heartbeats, not from these.
 AGENT_PING_INTERVAL = 10.0
@@ -87,6 +89,7 @@ class Head(HeadActors):
         self.nodes: dict[str, NodeState] = NodeTable()  # indexed for placement
         self.agents: dict[str, Client] = {}
         self.actors: dict[str, ActorRecord] = {}
+        self.died: collections.deque[str] = collections.deque(maxlen=DIED_SHOWN)
         self.owned: dict[str, set[str]] = {}  # session -> ids of its live actors
         self.names: dict[str, str] = {}
         self.sessions: dict[str, set[bytes]] = {}
@@ -315,6 +318,7 @@ class Head(HeadActors):
             del summary["actors"]
             page.append(summary)
         actors = self.op_list_actors(peer, ListActors(limit=msg.limit))
+        died = (self.actors[a].public() for a in reversed(self.died) if a in self.actors)
         return ClusterSummary(
             nodes=len(self.nodes),
             nodes_alive=sum(1 for n in nodes if n.alive),
@@ -325,10 +329,16 @@ class Head(HeadActors):
             actors=actors.total,
             node_page=tuple(page),
             actor_page=actors.actors,
+            died=tuple(itertools.islice(died, msg.limit)),
         )
 
+    def _by_name(self, actor_id: str) -> tuple[str, str]:
+        record = self.actors.get(actor_id)
+        return ("" if record is None else record.name, actor_id)
+
     def op_list_actors(self, peer: Peer, msg: ListActors) -> ActorPage:
-        """A page of the live actors, node by node (O(nodes + offset + limit)).
+        """A page of the live actors, node by node, by name within a node (O(nodes + offset +
+        limit), plus sorting each node's actors).
 
         Raises:
             ProtocolError: an offset or limit that is not an int >= 0 (limit: or None).
@@ -340,7 +350,9 @@ class Head(HeadActors):
         total = sum(len(node.actors) for node in self.nodes.values())
         end = None if msg.limit is None else msg.offset + msg.limit
         ids = itertools.islice(
-            itertools.chain.from_iterable(sorted(n.actors) for n in self.nodes.values()),
+            itertools.chain.from_iterable(
+                sorted(n.actors, key=self._by_name) for n in self.nodes.values()
+            ),
             msg.offset,
             end,
         )

@@ -10,6 +10,7 @@ a dead actor's resources are released and what it owned is killed. Part of
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 import uuid
@@ -88,6 +89,7 @@ class HeadActors:
     nodes: dict[str, NodeState]
     agents: dict[str, Client]
     actors: dict[str, ActorRecord]
+    died: collections.deque[str]  # the newest deaths for good, oldest first
     owned: dict[str, set[str]]
     names: dict[str, str]
     sessions: dict[str, set[bytes]]
@@ -299,6 +301,7 @@ class HeadActors:
         if isinstance(death, str):
             death = ActorEvent(EventKind.DIED, record.actor_id, reason=death)
         record.state = ActorState.DEAD
+        self.died.append(record.actor_id)
         record.death = replace(
             death, kind=EventKind.DIED, name=record.name, node=record.alloc.node_id
         )

@@ -363,7 +363,8 @@ class ListActors(Request[ActorPage]):
 @dataclass(frozen=True)
 class ClusterSummary:
     """The whole cluster in a few numbers (every node and live actor counted), with the
-    first nodes (status records without actor records) and the first live actors."""
+    first nodes (status records without actor records), the first live actors, and the
+    actors that died for good most recently (newest first)."""
 
     nodes: int
     nodes_alive: int
@@ -374,6 +375,7 @@ class ClusterSummary:
     actors: int
     node_page: tuple[dict[str, Any], ...]
     actor_page: tuple[ActorView, ...]
+    died: tuple[ActorView, ...] = ()
 
 
 @message("ctl.Summarize")

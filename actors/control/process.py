@@ -332,7 +332,7 @@ class ActorHost:
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # KeyboardInterrupt, GeneratorExit...: a reply too
-                STATS.error(fn.__name__)
+                STATS.error(fn.__name__, exc)
                 raise remote_error(exc, self.name) from None
             finally:
                 if self.monitor is not None:
@@ -351,7 +351,7 @@ class ActorHost:
             self.worker_loop.call_soon_threadsafe(self.exit, fn.__name__, exit_code(exc))
             raise _Exiting from None
         except BaseException as exc:  # KeyboardInterrupt, GeneratorExit...: a reply too
-            STATS.error(fn.__name__)
+            STATS.error(fn.__name__, exc)
             raise remote_error(exc, self.name) from None
         finally:
             _CALLER.reset(reset)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rayless.actors import Cluster
+from rayless.actors import ActorDiedError, Cluster
 from rayless.actors.launch.local import LocalProcesses
 from tests.integration.actor_classes import Counter
 
@@ -83,7 +84,12 @@ async def test_status_lists_a_page_of_the_actors_and_says_how_many_more(
         nodes_table = lines[lines.index("Nodes") + 1 : lines.index("Actors") - 1]
         assert len(nodes_table) == 3  # the header, one node, the note (of 2 nodes)
         assert nodes_table[-1] == "... and 1 more nodes (--limit 0 lists them all)"
-        actors_table = lines[lines.index("Actors") + 1 :]
+        end = (
+            lines.index("Died (most recent first)") - 1
+            if "Died (most recent first)" in lines
+            else None
+        )
+        actors_table = lines[lines.index("Actors") + 1 : end]
         assert len(actors_table) == 3  # the header, one actor, the note
         assert actors_table[-1] == f"... and {total - 1} more actors (--limit 0 lists them all)"
         every = _status(*args, "--limit", "0")
@@ -93,6 +99,50 @@ async def test_status_lists_a_page_of_the_actors_and_says_how_many_more(
     finally:
         for c in counters:
             await local_cluster.kill(c)
+
+
+async def test_status_orders_a_nodes_actors_by_name_and_shows_what_died_and_why(
+    local_cluster: Cluster, local_cluster_processes: LocalProcesses, tmp_path: Path
+) -> None:
+    names = ["order-c", "order-a", "order-b"]
+    made = [await local_cluster.spawn(Counter, name=n, gpus=0, node="node-0") for n in names]
+    victim = await local_cluster.spawn(Counter, name="order-victim", gpus=0, node="node-0")
+    os.kill(await victim.pid(), signal.SIGKILL)
+    with pytest.raises(ActorDiedError):
+        await victim.add(1)  # the head knows of the death once the call says so
+    try:
+        token_file = _token_file(tmp_path, local_cluster_processes.token)
+        out = _status("--address", local_cluster_processes.address, "--token-file", token_file)
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        actors = lines[lines.index("Actors") + 1 : lines.index("Died (most recent first)") - 1]
+        on_node0 = [ln.split()[0] for ln in actors if " node-0 " in ln]
+        assert on_node0 == sorted(on_node0), on_node0  # by name within a node
+        assert [n for n in on_node0 if n.startswith("order-")] == sorted(names)
+        died = lines[lines.index("Died (most recent first)") + 1 :]
+        row = next(ln for ln in died if ln.startswith("order-victim"))
+        assert "SIGKILL" in row and "Counter" in row, row
+    finally:
+        for c in made:
+            await local_cluster.kill(c)
+
+
+async def test_the_last_error_of_an_actors_calls_is_in_its_stats(local_cluster: Cluster) -> None:
+    from rayless.observe import actor_stats
+
+    counter = await local_cluster.spawn(Counter, name="status-errors", gpus=0)
+    for i in range(3):
+        with pytest.raises(ValueError):
+            await counter.fail(f"bad input {i}")
+    try:
+        stats = (await actor_stats(local_cluster))[counter.actor_id]
+        assert stats["errors"] == {"fail": 3}
+        assert (
+            stats["last_error"].startswith("fail: ValueError")
+            and "bad input 2" in stats["last_error"]
+        )
+    finally:
+        await local_cluster.kill(counter)
 
 
 async def test_wrong_token_exits_1_with_a_message(

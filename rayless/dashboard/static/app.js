@@ -39,7 +39,7 @@ function render(s) {
       return { id: a.name, cells: [
         a.name, a.cls, { v: a.state, cls: a.state }, a.restarts || 0, a.node_id, a.pid,
         (st.running || 0) + (st.queued || 0), sum(st.calls), sum(st.errors),
-        { v: death.cause || death.reason || "", cls: "err" },
+        { v: death.cause || death.reason || st.last_error || "", cls: "err" },
       ] };
     }));
   const parts = [], units = [];
