@@ -31,6 +31,7 @@ from rayless.actors.api import timeline
 from rayless.actors.control.debug import open_actor
 from rayless.actors.control.messages import DebugEndpoints
 from rayless.actors.control.wire import ask
+from rayless.actors.errors import DebugBusyError
 from rayless.transport.errors import RaylessError
 
 __all__ = ["Gathered", "chrome_trace", "gather", "write_trace"]
@@ -90,8 +91,9 @@ async def gather(
     address: str, token: str, *, since_ns: int = 0, timeout: float = 10.0, local: bool = False
 ) -> list[Gathered]:
     """Every live actor's spans ending at or after ``since_ns`` (and this process's when
-    ``local``), clocks aligned per node. An actor that does not answer is skipped (named in
-    the trace's ``otherData.unreachable``).
+    ``local``), clocks aligned per node. An actor that does not answer, or whose listener is
+    busy, is skipped: the last item is then ``Gathered({"name": "unreachable"}, [], errors)``
+    naming each (``NAME: why``; also the trace's ``otherData.unreachable``).
 
     Raises:
         RaylessError: the head did not answer (Timeout) or rejected the token (AuthError).
@@ -103,6 +105,8 @@ async def gather(
         for record in records:
             try:
                 got.append(_read_one(record, token, since_ns, timeout))
+            except DebugBusyError as exc:
+                missed.append(f"{record.get('name')}: {exc}")
             except (OSError, ValueError, RaylessError) as exc:
                 missed.append(f"{record.get('name')}: {type(exc).__name__}: {exc}")
         return got, missed

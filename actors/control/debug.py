@@ -23,7 +23,8 @@ Commands: ``stack`` (the text of every thread's stack and every asyncio task's, 
 ID`` (``READY``, then the pdb session of breakpoint ID over the connection).
 
 Strangers are bounded: at most ``MAX_HANDSHAKES`` connections handshake at once (one thread
-each; a connection beyond them is closed at once, unread), each gets ``HANDSHAKE_TIMEOUT``
+each; a connection beyond them is closed at once, unread, after one line ``RAYLESS-DEBUG
+BUSY ...``, which the client raises as ``DebugBusyError``), each gets ``HANDSHAKE_TIMEOUT``
 seconds in all to authenticate (a deadline for the whole handshake, not per read), and
 rejections are logged at a bounded rate (``transport.ratelog``). ``DebugServer.stats``
 counts them.
@@ -59,11 +60,13 @@ from typing import Any
 from rayless.actors.api import callstats, timeline
 from rayless.actors.control.messages import DebugRegister
 from rayless.actors.control.wire import ask
+from rayless.actors.errors import DebugBusyError
 from rayless.transport import protocol
 from rayless.transport.errors import AuthError, ProtocolError
 from rayless.transport.ratelog import RateLimitedLog
 
 MAGIC = "RAYLESS-DEBUG 1"
+BUSY = "RAYLESS-DEBUG BUSY"  # the one line a connection refused for want of a slot gets
 HANDSHAKE_TIMEOUT = 10.0
 MAX_HANDSHAKES = 8
 LOG_INTERVAL = 5.0  # seconds between two log lines about strangers (of one kind)
@@ -115,20 +118,31 @@ def client_handshake(sock: socket.socket, token: str, command: str) -> LineSocke
 
     Raises:
         AuthError: the actor rejected the token, or could not prove it knows it.
-        ProtocolError: the peer does not speak this protocol.
+        DebugBusyError: the listener is busy (every handshake slot taken): it said so.
+        ProtocolError: the peer does not speak this protocol, or closed the connection.
     """
     key = protocol.as_token(token)
     conn = LineSocket(sock)
-    greeting = conn.readline().split()
-    if len(greeting) != 3 or " ".join(greeting[:2]) != MAGIC:
-        raise ProtocolError(f"not a rayless debug endpoint (said {' '.join(greeting)!r:.60})")
-    nonce_s = bytes.fromhex(greeting[2])
+    line = conn.readline()
+    if line.startswith(BUSY):
+        raise DebugBusyError(f"the debug listener is busy ({line.removeprefix(BUSY).strip():.80})")
+    if not line:
+        raise ProtocolError("the debug listener closed the connection without a greeting")
+    greeting = line.split()
+    try:
+        if len(greeting) != 3 or " ".join(greeting[:2]) != MAGIC:
+            raise ValueError
+        nonce_s = bytes.fromhex(greeting[2])
+    except ValueError:
+        raise ProtocolError(f"not a rayless debug endpoint (it said {line!r:.60})") from None
     nonce_c = protocol.new_nonce()
     proof = protocol.client_proof(key, nonce_s, nonce_c)
     conn.send_line(f"{nonce_c.hex()} {proof.hex()} {command}")
     answer = conn.readline().split(maxsplit=1)
-    if not answer or answer[0] != "OK":
-        raise AuthError(f"the actor refused: {' '.join(answer) or 'connection closed'}")
+    if not answer:
+        raise ProtocolError("the debug listener closed the connection during the handshake")
+    if answer[0] != "OK":
+        raise AuthError(f"the actor refused: {' '.join(answer)}")
     try:
         given = bytes.fromhex(answer[1]) if len(answer) == 2 else b""
     except ValueError:
@@ -143,7 +157,7 @@ def open_actor(record: dict[str, Any], token: str, command: str, timeout: float)
 
     Raises:
         OSError: the listener cannot be reached or does not answer within ``timeout``.
-        AuthError, ProtocolError: the handshake failed.
+        AuthError, DebugBusyError, ProtocolError: the handshake failed.
     """
     host, _, port = str(record["debug_address"]).removeprefix("tcp://").rpartition(":")
     sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
@@ -357,7 +371,7 @@ class DebugServer:
                     self.name,
                     self.stats["handshaking"],
                 )
-                sock.close()
+                _refuse(sock)
                 continue
             self._count("handshaking")
             thread = threading.Thread(
@@ -466,6 +480,17 @@ class DebugServer:
         )
         conn = pause.attached.get()
         RemotePdb(_SocketIO(conn)).set_trace(frame)
+
+
+def _refuse(sock: socket.socket) -> None:
+    """Say ``BUSY`` (one line, never waiting: a fresh socket's send buffer is empty) and
+    close, so that the client can tell a busy listener from something else."""
+    try:
+        sock.setblocking(False)
+        sock.send(f"{BUSY} {MAX_HANDSHAKES} handshakes under way: try again\n".encode())
+    except OSError:
+        pass
+    sock.close()
 
 
 _server: DebugServer | None = None

@@ -49,3 +49,18 @@ class PausedAtStart:
 
     def value(self) -> int:
         return self.w
+
+
+class PatientListener:
+    """An actor whose debug listener gives strangers 10 minutes to handshake (instead of
+    ``debug.HANDSHAKE_TIMEOUT``), so that a test's idle connections hold its slots while the
+    test looks."""
+
+    def __init__(self) -> None:
+        from rayless.actors.control import debug
+
+        assert debug._server is not None
+        debug._server.handshake_timeout = 600.0
+
+    def ping(self) -> str:
+        return "pong"
