@@ -33,6 +33,7 @@ from rayless.actors.control.messages import DebugEndpoints
 from rayless.actors.control.wire import ask
 from rayless.actors.errors import DebugBusyError
 from rayless.transport.errors import RaylessError
+from rayless.transport.files import atomic_file
 
 __all__ = ["Gathered", "chrome_trace", "gather", "write_trace"]
 
@@ -226,10 +227,9 @@ def chrome_trace(gathered: list[Gathered]) -> dict[str, Any]:
 
 
 def write_trace(path: str | os.PathLike[str], gathered: list[Gathered]) -> str:
-    """Write the trace of ``gathered`` to ``path`` (atomically); returns the path."""
+    """Write the trace of ``gathered`` to ``path`` (atomically, through a fresh temporary
+    that no one can have planted: ``transport.files``); returns the path."""
     target = os.fspath(path)
-    tmp = f"{target}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_file(target) as f:
         json.dump(chrome_trace(gathered), f)
-    os.replace(tmp, target)
     return target
