@@ -26,8 +26,10 @@ Strangers are bounded: at most ``MAX_HANDSHAKES`` connections handshake at once 
 each; a connection beyond them is closed at once, unread, after one line ``RAYLESS-DEBUG
 BUSY ...``, which the client raises as ``DebugBusyError``), each gets ``HANDSHAKE_TIMEOUT``
 seconds in all to authenticate (a deadline for the whole handshake, not per read), and
-rejections are logged at a bounded rate (``transport.ratelog``). ``DebugServer.stats``
-counts them.
+rejections are logged at a bounded rate (``transport.ratelog``). When ``accept()`` fails for
+want of fds or memory (strangers elsewhere in the process may hold them) the listener pauses
+(50 ms doubling to 1 s) and tries again, logging at the same bounded rate: it never stops
+listening while the actor lives. ``DebugServer.stats`` counts all this.
 
 ``breakpoint()`` in a method (sync or async) pauses the calling thread until a client
 attaches; the actor's stderr, forwarded to the driver, says so. ``c`` continues and ends the
@@ -41,6 +43,7 @@ the listener off.
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import json
 import logging
@@ -70,6 +73,15 @@ BUSY = "RAYLESS-DEBUG BUSY"  # the one line a connection refused for want of a s
 HANDSHAKE_TIMEOUT = 10.0
 MAX_HANDSHAKES = 8
 LOG_INTERVAL = 5.0  # seconds between two log lines about strangers (of one kind)
+# accept() errors that pass (fds or memory short, a client gone first): retried, not fatal
+_RETRY_ACCEPT = {
+    errno.EMFILE,
+    errno.ENFILE,
+    errno.ENOBUFS,
+    errno.ENOMEM,
+    errno.ECONNABORTED,
+    errno.EPROTO,
+}
 log = logging.getLogger("rayless.debug")
 ENV_DEBUG = "RAYLESS_DEBUG"
 
@@ -318,10 +330,12 @@ class DebugServer:
         self._slots = threading.BoundedSemaphore(MAX_HANDSHAKES)
         self._ratelog = RateLimitedLog(log, LOG_INTERVAL)
         # accepted: connections; refused: closed at once (max_handshakes under way);
-        # rejected: wrong proof; timed_out: past the deadline; handshaking (peak): now (most)
+        # rejected: wrong proof; timed_out: past the deadline; handshaking (peak): now (most);
+        # accept_failed: accept() failed for want of fds or memory (retried after a pause)
         self.stats = dict.fromkeys(
             ("accepted", "refused", "rejected", "timed_out", "handshaking", "peak"), 0
         )
+        self.stats["accept_failed"] = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pauses: dict[int, Pause] = {}
         self._ids = itertools.count(1)
@@ -357,11 +371,22 @@ class DebugServer:
             self._thread.join(timeout=5)
 
     def _accept(self) -> None:
+        backoff = 0.0
         while self._sock is not None:
             try:
                 sock, _ = self._sock.accept()
-            except OSError:
-                return
+            except OSError as exc:
+                if self._sock is None or exc.errno not in _RETRY_ACCEPT:
+                    return  # stopped
+                # out of fds or memory (strangers may hold them): wait, never give up
+                self._count("accept_failed")
+                self._ratelog.warning(
+                    "accept", "actor %s: debug listener cannot accept: %s", self.name, exc
+                )
+                backoff = min(1.0, max(0.05, backoff * 2))
+                time.sleep(backoff)
+                continue
+            backoff = 0.0
             self._count("accepted")
             if not self._slots.acquire(blocking=False):  # strangers cannot pile up threads
                 self._count("refused")

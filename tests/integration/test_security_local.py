@@ -366,3 +366,63 @@ async def test_an_actor_started_as_a_fresh_interpreter_has_no_token_in_its_envir
         token = cluster.token.encode()
         assert [pid for pid in (actor, child) if token in _environ(pid)] == []
         assert await holder.token_seen() == {"actor": None, "child": "<none>"}
+
+
+FD_HOG = """
+import os, resource, sys, time
+from rayless.actors.control import debug
+debug.LOG_INTERVAL = 3600.0
+server = debug.DebugServer("fds", "d" * 32)
+print(server.start(), flush=True)
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+hog = []
+try:
+    while True:  # every fd the process may have: as strangers' connections would
+        hog.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+print("full", flush=True)
+sys.stdin.readline()  # a client connected: the listener tries to accept it and cannot
+end = time.monotonic() + 30
+while server.stats.get("accept_failed", 0) == 0 and server._thread.is_alive():
+    assert time.monotonic() < end, "the listener never tried to accept"
+    time.sleep(0.01)
+for fd in hog:
+    os.close(fd)
+print("freed", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_the_debug_listener_survives_running_out_of_fds(tmp_path: Path) -> None:
+    err = tmp_path / "stderr"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", FD_HOG],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        address = proc.stdout.readline().strip()
+        assert proc.stdout.readline().strip() == "full", err.read_text()
+        host, _, port = address.removeprefix("tcp://").rpartition(":")
+        # the first gets the fd the listener's blocked accept() had reserved; the second
+        # finds none: its accept() fails with EMFILE
+        socks = [socket.create_connection((host, int(port)), timeout=30) for _ in range(2)]
+        try:
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline().startswith("freed"), err.read_text()
+            for sock in socks:  # the accept is retried once fds are back
+                assert sock.recv(64).startswith(b"RAYLESS-DEBUG 1 ")
+        finally:
+            for sock in socks:
+                sock.close()
+        lines = err.read_text().splitlines()
+        assert len(lines) < 5, lines  # one line per interval, no traceback
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
