@@ -326,3 +326,73 @@ async def test_a_client_refused_by_a_full_unix_path_falls_back_to_zeromq() -> No
         async with Client(srv.address, token=token, connect_timeout=10) as client:
             assert await client.request("via zmq", timeout=10) == "via zmq"
             assert not client.via_unix
+
+
+UNIX_FD_HOG = """
+import asyncio, os, resource, sys, time
+from rayless.transport.unix_listener import UnixListener
+
+async def main():
+    name = "\\0" + sys.argv[1]
+    listener = UnixListener(
+        name, lambda conn, msgs: None, authenticated=lambda rid: False,
+        on_gone=lambda rid: None, queue_limit=64, max_message=1 << 20,
+        max_preauth_bytes=1 << 16, handshake_timeout=600, max_conns=64,
+    )
+    await asyncio.to_thread(lambda: None)  # the executor's thread, before the fds run out
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, limit))
+    hog = []
+    try:
+        while True:  # every fd the process may have: as strangers' connections would
+            hog.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+    print("full", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)  # clients are waiting to be accepted
+    await asyncio.sleep(2)
+    for fd in hog:
+        os.close(fd)
+    end = time.monotonic() + 30
+    while len(listener.conns) < 2 and time.monotonic() < end:
+        await asyncio.sleep(0.01)
+    print(len(listener.conns), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_the_unix_path_out_of_fds_neither_spins_nor_floods_the_log(tmp_path: Any) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    name = f"\0rayless-fd-test-{os.getpid()}"
+    err = tmp_path / "stderr"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", UNIX_FD_HOG, name[1:]],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    assert proc.stdin is not None and proc.stdout is not None
+    socks = []
+    try:
+        assert proc.stdout.readline().strip() == "full", err.read_text()
+        for _ in range(2):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(name)
+            socks.append(sock)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        accepted = proc.stdout.readline().strip()
+        assert accepted == "2", err.read_text()[-2000:]  # accepted once fds are back
+        lines = err.read_text().splitlines()
+        assert len(lines) < 5, (len(lines), lines[:3])  # no spinning on accept(), one line
+    finally:
+        for sock in socks:
+            sock.close()
+        proc.kill()
+        proc.wait(timeout=30)
