@@ -30,21 +30,19 @@ import asyncio
 import contextlib
 import errno
 import logging
-import os
-import resource
 import socket
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rayless.transport.fds import fds_left
 from rayless.transport.ratelog import RateLimitedLog
 
 __all__ = ["Gate", "stranger_room"]
 
 HEAD_TIMEOUT = 5.0  # seconds from accept for a stranger's first request to show the key
 MAX_STRANGERS = 64  # strangers at once, in total (fewer when the fds are short)
-FD_MARGIN = 64  # fds kept free under the soft RLIMIT_NOFILE for the rest of the process
 LOG_INTERVAL = 5.0
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 log = logging.getLogger("rayless.dashboard")
@@ -52,15 +50,9 @@ log = logging.getLogger("rayless.dashboard")
 
 def stranger_room(wanted: int = MAX_STRANGERS) -> int:
     """How many strangers this process can hold: ``wanted`` at most, and at most half the
-    fds left under the soft ``RLIMIT_NOFILE`` after ``FD_MARGIN`` (4 at least)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return wanted
-    try:
-        used = len(os.listdir("/proc/self/fd"))
-    except OSError:
-        used = 64
-    return max(4, min(wanted, (soft - used - FD_MARGIN) // 2))
+    fds left under the soft ``RLIMIT_NOFILE`` (``transport.fds``; 4 at least)."""
+    left = fds_left()
+    return wanted if left is None else max(4, min(wanted, left // 2))
 
 
 @dataclass

@@ -396,3 +396,72 @@ def test_the_unix_path_out_of_fds_neither_spins_nor_floods_the_log(tmp_path: Any
             sock.close()
         proc.kill()
         proc.wait(timeout=30)
+
+
+# -- strangers cannot run a server out of descriptors -----------------------------------------
+
+# An echo server whose soft descriptor limit is 256 (the default is often 1,024, less than the
+# 2 x 1,024 descriptors the default max_pending_handshakes of ZeroMQ strangers would take).
+_SMALL_ECHO = """
+import resource, runpy, sys
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+sys.argv = ["echo", sys.argv[1]]
+runpy.run_module("rayless.transport.echo", run_name="__main__")
+"""
+
+# A stranger opens ``count`` idle TCP connections and holds them ``hold`` seconds.
+_TCP_FILL = r"""
+import socket, time
+host, port = ARGS["host"], int(ARGS["port"])
+socks = []
+for _ in range(int(ARGS["count"])):
+    try:
+        socks.append(socket.create_connection((host, port), timeout=2))
+    except OSError:
+        pass
+time.sleep(float(ARGS["hold"]))
+RESULT = len(socks)
+"""
+
+
+async def test_idle_tcp_strangers_cannot_run_a_server_out_of_descriptors() -> None:
+    import subprocess
+    import sys
+
+    from tests.integration.strangers import run_stranger
+
+    token = new_token()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SMALL_ECHO, "tcp://127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "RAYLESS_TOKEN": token},
+    )
+    try:
+        assert proc.stdout is not None
+        address = await asyncio.to_thread(proc.stdout.readline)
+        address = address.strip()
+        host, _, port = address.removeprefix("tcp://").rpartition(":")
+        flood = asyncio.create_task(
+            asyncio.to_thread(
+                run_stranger, _TCP_FILL, {"host": host, "port": port, "count": 600, "hold": 20}
+            )
+        )
+        server = psutil.Process(proc.pid)
+
+        async def flooded() -> bool:  # the server has taken in the strangers it will hold
+            stats: dict[str, int] = {}
+            async with Client(address, token=token, connect_timeout=10) as client:
+                stats = await client.request("__stats__", timeout=10)
+            return stats.get("pending_handshakes", 0) > 0
+
+        await wait_until(flooded, timeout=30, what="strangers pushed out by newer ones")
+        async with Client(address, token=token, connect_timeout=10) as client:
+            assert await client.request("still here", timeout=10) == "still here"
+        assert server.num_fds() < 256
+        held = await flood
+        assert held.result == 600  # the kernel took them all: the server shed the oldest
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
