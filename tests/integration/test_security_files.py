@@ -10,6 +10,7 @@ when we are root.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from rayless.actors import Cluster
 from rayless.actors.api import trace
 from rayless.demo.report import write_files
 from tests.integration.strangers import run_stranger
@@ -92,6 +94,17 @@ def test_a_trace_replaces_a_link_planted_as_its_target_and_leaves_the_victim(
     assert victim.read_text() == PRECIOUS
     assert _regular(target)  # the link itself was replaced, not the file it named
     assert json.loads(target.read_text())["traceEvents"]
+
+
+async def test_cluster_timeline_does_not_follow_a_link_planted_for_its_temporary(
+    local_cluster: Cluster, shared: tuple[Path, Path]
+) -> None:
+    out, victim = shared
+    target = out / "timeline.json"
+    await asyncio.to_thread(_plant, victim, out / f"timeline.json.tmp{os.getpid()}")
+    assert await local_cluster.timeline(str(target)) == str(target)
+    assert victim.read_text() == PRECIOUS
+    assert _regular(target) and "traceEvents" in json.loads(target.read_text())
 
 
 class _Result:
