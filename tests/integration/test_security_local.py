@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -197,10 +198,13 @@ TOKEN = "d" * 32
 CAP = 8  # debug.MAX_HANDSHAKES: strangers handshaking at once
 
 
-def _debug_server(monkeypatch: pytest.MonkeyPatch, handshake_timeout: float) -> DebugServer:
-    """An actor's debug listener with this handshake deadline (and an hour between log lines
-    about strangers)."""
+def _debug_server(
+    monkeypatch: pytest.MonkeyPatch, handshake_timeout: float, evict_after: float = 3600.0
+) -> DebugServer:
+    """An actor's debug listener with this handshake deadline, cutting a stranger for a
+    newcomer after ``evict_after`` (and an hour between log lines about strangers)."""
     monkeypatch.setattr(debug, "HANDSHAKE_TIMEOUT", handshake_timeout)
+    monkeypatch.setattr(debug, "EVICT_AFTER", evict_after, raising=False)
     monkeypatch.setattr(debug, "LOG_INTERVAL", 3600.0, raising=False)
     server = DebugServer("sec", TOKEN)
     server.start()
@@ -228,6 +232,28 @@ def test_strangers_hold_at_most_a_few_handshakes(monkeypatch: pytest.MonkeyPatch
             conn = client_handshake(sock, TOKEN, "list")
             assert conn.readline() == "[]"
     finally:
+        server.stop()
+
+
+def test_idle_strangers_give_their_slots_to_a_token_holder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = _debug_server(monkeypatch, handshake_timeout=60.0, evict_after=0.5)
+    idle = [_dial(server) for _ in range(CAP)]
+    try:
+        assert all(sock.recv(64).startswith(b"RAYLESS-DEBUG 1 ") for sock in idle)
+        greeted = time.monotonic()  # each was accepted before it was greeted
+        wait_until(lambda: time.monotonic() - greeted > 0.6, what="evict_after to pass")
+        with _dial(server) as sock:  # every slot is held, by strangers past evict_after
+            conn = client_handshake(sock, TOKEN, "list")
+            assert conn.readline() == "[]"
+        assert server.stats["evicted"] == 1 and server.stats["rejected"] == 0
+        idle[0].settimeout(30)
+        while idle[0].recv(4096):  # the rest of its greeting, then the end: it was cut
+            pass
+    finally:
+        for sock in idle:
+            sock.close()
         server.stop()
 
 
