@@ -7,6 +7,7 @@
     ├── StartError           a process of the runtime (head, agent, fork template) did not start
     ├── ConnectError         no cluster to connect to: no address, an unreadable token file
     ├── LaunchError          ``rayless launch`` could not start, rendezvous or keep its cluster
+    ├── DebugBusyError       an actor's debug listener is busy: every handshake slot is taken
     └── TransportError
         └── BrokenError
             └── ClusterLostError   the cluster's head is gone: every call fails at once
@@ -25,6 +26,7 @@ __all__ = [
     "ActorNotFoundError",
     "ClusterLostError",
     "ConnectError",
+    "DebugBusyError",
     "LaunchError",
     "NameTakenError",
     "StartError",
@@ -120,3 +122,8 @@ class ClusterLostError(BrokenError, wire="rayless.ClusterLostError"):
 class LaunchError(RaylessError, wire="rayless.LaunchError"):
     """A launch (``rayless launch``, the SSH launcher) could not start, rendezvous or keep its
     cluster; also bad launch settings, with what to pass instead."""
+
+
+class DebugBusyError(RaylessError, wire="rayless.DebugBusyError"):
+    """An actor's debug listener refused the connection because every one of its handshake
+    slots was taken (strangers can hold them until their handshake deadline); try again."""

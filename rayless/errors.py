@@ -14,7 +14,8 @@ error modules and nothing heavy (no torch, numpy, tensordict).
     │   ├── EpisodeIndexError (IndexError), NodeAffinityError (RuntimeError, ValueError)
     │   ├── AllocationError (RuntimeError, ValueError) → NodeCapacityError
     │   └── ResourcesBusyError         feasible, but the GPUs are taken right now
-    ├── ActorDiedError, ActorNotFoundError, NameTakenError, StartError, ConnectError, LaunchError
+    ├── ActorDiedError, ActorNotFoundError, NameTakenError, StartError, ConnectError, LaunchError,
+    │   DebugBusyError
     ├── BrokenError → ClusterLostError  (the head is gone)
     ├── StoreError: StoreInputError (SchemaError, Unknown*Error, StaleMetaError,
     │   ForeignMetaError, CheckpointError (CheckpointNotFoundError)), StoreFullError
@@ -28,6 +29,7 @@ from rayless.actors.errors import (
     ActorNotFoundError,
     ClusterLostError,
     ConnectError,
+    DebugBusyError,
     LaunchError,
     NameTakenError,
     StartError,
@@ -92,6 +94,7 @@ __all__ = [
     "BrokenError",
     "ClosedError",
     "ConnectError",
+    "DebugBusyError",
     "CheckpointError",
     "CheckpointNotFoundError",
     "ForeignMetaError",

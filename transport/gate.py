@@ -12,7 +12,11 @@ watches the connections underneath instead:
   against ``Limits.max_preauth_bytes``;
 * a connection that has not authenticated ``Limits.handshake_timeout`` seconds after it was
   accepted (or after its last HELLO, for at most ``_HELLOS`` attempts) is dropped, and so is
-  the oldest when more than ``Limits.max_pending_handshakes`` are waiting.
+  the oldest when more than ``max_conns`` are waiting (the server passes
+  ``Limits.max_pending_handshakes``, or fewer where the process's descriptors are short:
+  each waiting connection holds two, libzmq's and the gate's duplicate);
+* a connection accepted when no descriptor is left for its duplicate is shut at once on
+  libzmq's descriptor, with the oldest waiting one (``"out_of_fds"``).
 
 Dropping is ``shutdown(2)`` on the duplicate: libzmq sees the end of the stream, closes its
 descriptor and frees whatever it had buffered of the peer's messages. A message's source
@@ -90,6 +94,21 @@ def bytes_received(sock: socket.socket) -> int | None:
     if len(info) < _BYTES_RECEIVED + 8:
         return None
     return int(struct.unpack_from("=Q", info, _BYTES_RECEIVED)[0])
+
+
+def _shutdown(fd: int) -> None:
+    """``shutdown(2)`` libzmq's descriptor ``fd`` itself (libzmq sees the end of the stream
+    and closes it); the descriptor stays libzmq's."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.detach()
 
 
 class Gate:
@@ -211,7 +230,11 @@ class Gate:
         self._links[fd] = Link(fd)
         try:
             dup = os.dup(fd)
-        except OSError:
+        except OSError:  # out of fds: nothing to watch it with, so it goes now, and the
+            _shutdown(fd)  # oldest stranger with it, to make room
+            self._on_drop("out_of_fds", None)
+            if self._conns:
+                self._shut(self._conns.pop(next(iter(self._conns))), "pending_handshakes")
             return
         try:
             sock = socket.socket(fileno=dup)

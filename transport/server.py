@@ -37,6 +37,7 @@ from rayless.transport.errors import (
     RaylessError,
     RemoteError,
 )
+from rayless.transport.fds import fds_left
 from rayless.transport.gate import Gate, Link
 from rayless.transport.peer import Handler, OnewayHandler, Peer, Request
 from rayless.transport.protocol import (
@@ -148,6 +149,7 @@ class Server:
         self._pump: SocketPump | None = None
         self._gate: Gate | None = None
         self._unix: UnixListener | None = None
+        self._fds_left: int | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
         self._host = host_id()
@@ -167,6 +169,7 @@ class Server:
             raise ClosedError("server is closed")
         if self._pump is not None:
             return self
+        self._fds_left = fds_left()  # what the bounds on strangers must fit in
         sock = self._ctx.socket(zmq.ROUTER)
         try:
             sock.setsockopt(zmq.LINGER, 0)
@@ -186,7 +189,7 @@ class Server:
                 sock,
                 max_bytes=self.limits.max_preauth_bytes,
                 timeout=self.limits.handshake_timeout,
-                max_conns=self.limits.max_pending_handshakes,
+                max_conns=self._stranger_cap(self.limits.max_pending_handshakes, 4),
                 on_drop=self._on_gate_drop,
                 on_closed=self._on_link_closed,
             )
@@ -211,6 +214,14 @@ class Server:
         self._schedule_sweep()
         return self
 
+    def _stranger_cap(self, wanted: int, share: int) -> int:
+        """``wanted``, or 1/``share`` of the descriptors this process has left
+        (``transport.fds``) where that is fewer (8 at least): strangers must not run the
+        server out of descriptors before its bounds apply."""
+        if self._fds_left is None:
+            return max(1, wanted)
+        return max(1, min(wanted, max(8, self._fds_left // share)))
+
     def _start_unix(self) -> None:
         """Also listen on this address's abstract UNIX socket (``transport.stream``)."""
         name = unix_name(self.address)
@@ -227,7 +238,7 @@ class Server:
                 max_preauth_bytes=self.limits.max_preauth_bytes,
                 handshake_timeout=self.limits.handshake_timeout,
                 max_conns=self.limits.max_peers + self.limits.max_pending_handshakes,
-                max_pending_per_uid=max(1, self.limits.max_pending_handshakes // 4),
+                max_pending_per_uid=self._stranger_cap(self.limits.max_pending_handshakes // 4, 8),
             )
         except OSError as exc:  # e.g. the name is taken: clients then use ZeroMQ
             log.info("%s: no same-host UNIX path (%s)", self.name, exc)

@@ -4,12 +4,15 @@ Accepts connections, gives each a routing id (never a ZeroMQ one) and a
 :class:`~rayless.transport.stream_pump.StreamPump`, and delivers ``[rid, *frames]`` messages as
 the ROUTER does. Before a connection authenticates it may send at most ``max_preauth_bytes``
 and stay at most ``handshake_timeout`` (the abstract namespace has no file permissions: the
-handshake is the only gate, as on TCP). See ``transport.stream`` for the path as a whole.
+handshake is the only gate, as on TCP). When ``accept()`` fails (out of fds) it closes the
+oldest stranger and pauses accepting (50 ms doubling to 1 s), logging at a bounded rate. See
+``transport.stream`` for the path as a whole.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import itertools
 import logging
@@ -20,10 +23,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rayless.transport.errors import ClosedError
+from rayless.transport.ratelog import RateLimitedLog
 from rayless.transport.stream_pump import Frames, StreamPump
 
 log = logging.getLogger("rayless.transport")
 
+LOG_INTERVAL = 5.0  # seconds between two log lines about failed accepts
 _rids = itertools.count(1)
 UNIX_RID_PREFIX = b"\x01"  # first byte of the same-host path's routing ids
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -78,6 +83,9 @@ class UnixListener:
         self._strangers: OrderedDict[bytes, int] = OrderedDict()
         self._per_uid: dict[int, int] = {}
         self.refused = 0  # connections refused or pushed out by the bounds above
+        self.accept_failed = 0  # accept() errors (each pauses accepting: _accept_failed)
+        self._backoff = 0.0
+        self._ratelog = RateLimitedLog(log, LOG_INTERVAL)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.setblocking(False)
@@ -96,8 +104,11 @@ class UnixListener:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                log.warning("unix listener %r: accept failed: %s", self.name[1:], exc)
+                if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
+                    continue  # that client gave up first
+                self._accept_failed(exc)
                 return
+            self._backoff = 0.0
             uid = peer_uid(sock)
             if self._per_uid.get(uid, 0) >= self._max_per_uid:
                 self.refused += 1  # this uid's strangers are at their bound
@@ -124,6 +135,29 @@ class UnixListener:
                 prefix=[rid],
             )
             self._loop.call_later(self._timeout, self._deadline, rid)
+
+    def _accept_failed(self, exc: OSError) -> None:
+        """``accept()`` failed (out of fds or memory, most likely: strangers may hold them):
+        close the oldest stranger, stop accepting for a pause (50 ms doubling to 1 s; the
+        listening socket stays readable, so retrying at once would spin) and say so at a
+        bounded rate."""
+        self.accept_failed += 1
+        self._ratelog.warning(
+            "accept", "unix listener %r: accept failed (pausing): %s", self.name[1:], exc
+        )
+        if self._strangers:
+            self.refused += 1
+            self.drop(next(iter(self._strangers)))
+        self._backoff = min(1.0, max(0.05, self._backoff * 2))
+        try:
+            self._loop.remove_reader(self._sock.fileno())
+        except (ValueError, OSError):
+            return
+        self._loop.call_later(self._backoff, self._resume)
+
+    def _resume(self) -> None:
+        if not self._closed:
+            self._loop.add_reader(self._sock.fileno(), self._accept)
 
     def _deliver(self, rid: bytes, msgs: list[Frames]) -> None:
         conn = self.conns.get(rid)

@@ -16,7 +16,10 @@ session, Ctrl-D or Ctrl-C detaches (the method continues too), ``q`` raises BdbQ
 run on this host and py-spy be installed); without it, py-spy is the fallback when an actor's
 listener does not answer (its GIL held by native code).
 
-Exit codes: 0 on success; 1 with a one-line message (no such actor, wrong token, no head).
+Exit codes: 0 on success; 1 with a one-line message (no such actor, wrong token, no head);
+2 when some actors asked for gave nothing (``rayless stack``: the stacks gathered are printed
+and each missing actor is named on stderr with why, e.g. its debug listener is busy;
+``rayless debug --list``: a busy actor's breakpoints could not be listed).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from rayless.actors.control.messages import (
     LookupActor,
 )
 from rayless.actors.control.wire import ask
+from rayless.actors.errors import DebugBusyError
 from rayless.transport.errors import AuthError, RaylessError
 from rayless.transport.errors import Timeout as TransportTimeout
 
@@ -148,12 +152,19 @@ def read_all(conn: LineSocket) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-def paused(records: list[dict[str, Any]], token: str, timeout: float) -> list[dict[str, Any]]:
-    """The breakpoints paused in these actors: ``{"actor": record, **pause}`` each."""
+def paused(
+    records: list[dict[str, Any]], token: str, timeout: float, busy: set[str] | None = None
+) -> list[dict[str, Any]]:
+    """The breakpoints paused in these actors: ``{"actor": record, **pause}`` each; the names
+    of actors whose listener was busy are added to ``busy``."""
     found = []
     for record in records:
         try:
             pauses = json.loads(read_all(open_actor(record, token, "list", timeout)) or "[]")
+        except DebugBusyError:
+            if busy is not None:
+                busy.add(str(record["name"]))
+            continue
         except (OSError, ValueError, RaylessError):
             continue  # gone meanwhile, or not answering: not paused at a breakpoint we know
         found += [{"actor": record, **p} for p in pauses]
@@ -176,11 +187,21 @@ def run(args: argparse.Namespace) -> int:
         timeout = float(args.timeout)
         deadline = None if args.wait is None else time.monotonic() + float(args.wait)
         said = False
+        told_busy: set[str] = set()
         while True:
             records = asyncio.run(endpoints(address, token, timeout))
             if args.name:
                 records = [r for r in records if args.name in (r["name"], r["actor_id"])]
-            found = paused(records, token, timeout)
+            busy: set[str] = set()
+            found = paused(records, token, timeout, busy)
+            for name in sorted(busy - told_busy):
+                print(
+                    f"rayless debug: {name}'s debug listener is busy (its handshake slots are "
+                    "taken): its breakpoints cannot be listed now",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            told_busy |= busy
             if found or args.list:
                 break
             if deadline is not None and time.monotonic() > deadline:
@@ -194,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{i}  {_describe(p)}")
             if not found:
                 print("(no actor is paused at a breakpoint)")
-            return 0
+            return 2 if busy else 0
         choice = found[0] if len(found) == 1 else _choose(found)
         return attach(choice, token, timeout)
     except (DebugCliError, status.StatusError) as exc:
@@ -305,10 +326,12 @@ def stack_of(record: dict[str, Any], token: str, timeout: float, use_py_spy: boo
     try:
         return read_all(open_actor(record, token, "stack", timeout))
     except AuthError as exc:
-        raise DebugCliError(str(exc)) from None
+        raise DebugCliError(f"{record['name']}: {exc}") from None
     except (OSError, RaylessError) as exc:
         if shutil.which("py-spy") and _local(str(record["debug_address"])):
             return py_spy(record)
+        if isinstance(exc, DebugBusyError):
+            raise DebugCliError(f"{record['name']}: {exc}") from None
         raise DebugCliError(f"{record['name']}'s debug listener does not answer: {exc}") from None
 
 
@@ -332,9 +355,17 @@ def run_stack(args: argparse.Namespace) -> int:
             if time.monotonic() > deadline:  # a new actor registers its listener shortly
                 raise DebugCliError(f"no live actor named {args.name!r}")
             time.sleep(POLL)
-        texts = [stack_of(r, token, timeout, args.py_spy) for r in records]
-        print("\n\n".join(texts) if texts else "(no actors)")
-        return 0
+        texts, missing = [], []
+        for record in records:
+            try:
+                texts.append(stack_of(record, token, timeout, args.py_spy))
+            except DebugCliError as exc:
+                missing.append(str(exc))
+        if texts or not missing:
+            print("\n\n".join(texts) if texts else "(no actors)", flush=True)
+        for line in missing:
+            print(f"rayless stack: no stack of {line}", file=sys.stderr)
+        return 2 if missing else 0
     except (DebugCliError, status.StatusError) as exc:
         print(f"rayless stack: {exc}", file=sys.stderr)
         return 1

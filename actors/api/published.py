@@ -42,6 +42,7 @@ from pathlib import Path
 
 from rayless.actors.api import context
 from rayless.actors.errors import ConnectError
+from rayless.transport.files import atomic_write
 
 ENV_RUNTIME_DIR = "RAYLESS_RUNTIME_DIR"
 
@@ -208,18 +209,7 @@ def publish(address: str, token: str, head_pid: int) -> str | None:
 
 def _write_private(dir_fd: int, name: str, text: str) -> None:
     """Write ``text`` to ``name`` in the directory ``dir_fd`` atomically, mode 0600."""
-    tmp = f".{name}.{os.getpid()}.tmp"
-    try:
-        os.unlink(tmp, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    atomic_write(name, text, perms=0o600, dir_fd=dir_fd)
 
 
 def unpublish(path: str) -> None:

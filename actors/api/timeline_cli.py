@@ -4,8 +4,9 @@
     rayless timeline                           timeline.json: every live actor's spans
     rayless timeline -o trace.json --since 60  only the last minute
 
-The cluster is named as for ``rayless status``. Exit codes: 0 written; 1 with a one-line
-message (no head, wrong token, unwritable file).
+The cluster is named as for ``rayless status``. Exit codes: 0 written, with every live actor's
+spans; 1 with a one-line message (no head, wrong token, unwritable file); 2 written, but
+without the actors named on stderr (not answering, or their debug listener busy).
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
     spans = sum(len(g.spans) for g in got)
     procs = sum(1 for g in got if not g.errors)
     print(f"wrote {path}: {spans} spans of {procs} processes (open it in ui.perfetto.dev)")
-    for g in got:
-        for line in g.errors:
-            print(f"rayless timeline: no answer from {line}", file=sys.stderr)
+    missing = [line for g in got for line in g.errors]
+    for line in missing:
+        print(f"rayless timeline: no spans of {line}", file=sys.stderr)
+    if missing:
+        print(f"rayless timeline: {len(missing)} actors missing from {path}", file=sys.stderr)
+        return 2
     return 0

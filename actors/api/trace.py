@@ -31,7 +31,9 @@ from rayless.actors.api import timeline
 from rayless.actors.control.debug import open_actor
 from rayless.actors.control.messages import DebugEndpoints
 from rayless.actors.control.wire import ask
+from rayless.actors.errors import DebugBusyError
 from rayless.transport.errors import RaylessError
+from rayless.transport.files import atomic_file
 
 __all__ = ["Gathered", "chrome_trace", "gather", "write_trace"]
 
@@ -90,8 +92,9 @@ async def gather(
     address: str, token: str, *, since_ns: int = 0, timeout: float = 10.0, local: bool = False
 ) -> list[Gathered]:
     """Every live actor's spans ending at or after ``since_ns`` (and this process's when
-    ``local``), clocks aligned per node. An actor that does not answer is skipped (named in
-    the trace's ``otherData.unreachable``).
+    ``local``), clocks aligned per node. An actor that does not answer, or whose listener is
+    busy, is skipped: the last item is then ``Gathered({"name": "unreachable"}, [], errors)``
+    naming each (``NAME: why``; also the trace's ``otherData.unreachable``).
 
     Raises:
         RaylessError: the head did not answer (Timeout) or rejected the token (AuthError).
@@ -103,6 +106,8 @@ async def gather(
         for record in records:
             try:
                 got.append(_read_one(record, token, since_ns, timeout))
+            except DebugBusyError as exc:
+                missed.append(f"{record.get('name')}: {exc}")
             except (OSError, ValueError, RaylessError) as exc:
                 missed.append(f"{record.get('name')}: {type(exc).__name__}: {exc}")
         return got, missed
@@ -222,10 +227,9 @@ def chrome_trace(gathered: list[Gathered]) -> dict[str, Any]:
 
 
 def write_trace(path: str | os.PathLike[str], gathered: list[Gathered]) -> str:
-    """Write the trace of ``gathered`` to ``path`` (atomically); returns the path."""
+    """Write the trace of ``gathered`` to ``path`` (atomically, through a fresh temporary
+    that no one can have planted: ``transport.files``); returns the path."""
     target = os.fspath(path)
-    tmp = f"{target}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_file(target) as f:
         json.dump(chrome_trace(gathered), f)
-    os.replace(tmp, target)
     return target

@@ -23,10 +23,16 @@ Commands: ``stack`` (the text of every thread's stack and every asyncio task's, 
 ID`` (``READY``, then the pdb session of breakpoint ID over the connection).
 
 Strangers are bounded: at most ``MAX_HANDSHAKES`` connections handshake at once (one thread
-each; a connection beyond them is closed at once, unread), each gets ``HANDSHAKE_TIMEOUT``
+each). A connection beyond them takes the slot of the oldest one handshaking for longer than
+``EVICT_AFTER`` seconds (a token holder's handshake takes milliseconds; that one is cut), so
+idle strangers cannot keep a token holder out; when every slot is younger, it is closed at
+once, unread, after one line ``RAYLESS-DEBUG BUSY ...``, which the client raises as
+``DebugBusyError``. Each gets ``HANDSHAKE_TIMEOUT``
 seconds in all to authenticate (a deadline for the whole handshake, not per read), and
-rejections are logged at a bounded rate (``transport.ratelog``). ``DebugServer.stats``
-counts them.
+rejections are logged at a bounded rate (``transport.ratelog``). When ``accept()`` fails for
+want of fds or memory (strangers elsewhere in the process may hold them) the listener pauses
+(50 ms doubling to 1 s) and tries again, logging at the same bounded rate: it never stops
+listening while the actor lives. ``DebugServer.stats`` counts all this.
 
 ``breakpoint()`` in a method (sync or async) pauses the calling thread until a client
 attaches; the actor's stderr, forwarded to the driver, says so. ``c`` continues and ends the
@@ -40,6 +46,7 @@ the listener off.
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import json
 import logging
@@ -59,14 +66,26 @@ from typing import Any
 from rayless.actors.api import callstats, timeline
 from rayless.actors.control.messages import DebugRegister
 from rayless.actors.control.wire import ask
+from rayless.actors.errors import DebugBusyError
 from rayless.transport import protocol
 from rayless.transport.errors import AuthError, ProtocolError
 from rayless.transport.ratelog import RateLimitedLog
 
 MAGIC = "RAYLESS-DEBUG 1"
+BUSY = "RAYLESS-DEBUG BUSY"  # the one line a connection refused for want of a slot gets
 HANDSHAKE_TIMEOUT = 10.0
 MAX_HANDSHAKES = 8
+EVICT_AFTER = 2.0  # a stranger handshaking longer than this gives its slot to a newcomer
 LOG_INTERVAL = 5.0  # seconds between two log lines about strangers (of one kind)
+# accept() errors that pass (fds or memory short, a client gone first): retried, not fatal
+_RETRY_ACCEPT = {
+    errno.EMFILE,
+    errno.ENFILE,
+    errno.ENOBUFS,
+    errno.ENOMEM,
+    errno.ECONNABORTED,
+    errno.EPROTO,
+}
 log = logging.getLogger("rayless.debug")
 ENV_DEBUG = "RAYLESS_DEBUG"
 
@@ -115,20 +134,31 @@ def client_handshake(sock: socket.socket, token: str, command: str) -> LineSocke
 
     Raises:
         AuthError: the actor rejected the token, or could not prove it knows it.
-        ProtocolError: the peer does not speak this protocol.
+        DebugBusyError: the listener is busy (every handshake slot taken): it said so.
+        ProtocolError: the peer does not speak this protocol, or closed the connection.
     """
     key = protocol.as_token(token)
     conn = LineSocket(sock)
-    greeting = conn.readline().split()
-    if len(greeting) != 3 or " ".join(greeting[:2]) != MAGIC:
-        raise ProtocolError(f"not a rayless debug endpoint (said {' '.join(greeting)!r:.60})")
-    nonce_s = bytes.fromhex(greeting[2])
+    line = conn.readline()
+    if line.startswith(BUSY):
+        raise DebugBusyError(f"the debug listener is busy ({line.removeprefix(BUSY).strip():.80})")
+    if not line:
+        raise ProtocolError("the debug listener closed the connection without a greeting")
+    greeting = line.split()
+    try:
+        if len(greeting) != 3 or " ".join(greeting[:2]) != MAGIC:
+            raise ValueError
+        nonce_s = bytes.fromhex(greeting[2])
+    except ValueError:
+        raise ProtocolError(f"not a rayless debug endpoint (it said {line!r:.60})") from None
     nonce_c = protocol.new_nonce()
     proof = protocol.client_proof(key, nonce_s, nonce_c)
     conn.send_line(f"{nonce_c.hex()} {proof.hex()} {command}")
     answer = conn.readline().split(maxsplit=1)
-    if not answer or answer[0] != "OK":
-        raise AuthError(f"the actor refused: {' '.join(answer) or 'connection closed'}")
+    if not answer:
+        raise ProtocolError("the debug listener closed the connection during the handshake")
+    if answer[0] != "OK":
+        raise AuthError(f"the actor refused: {' '.join(answer)}")
     try:
         given = bytes.fromhex(answer[1]) if len(answer) == 2 else b""
     except ValueError:
@@ -143,7 +173,7 @@ def open_actor(record: dict[str, Any], token: str, command: str, timeout: float)
 
     Raises:
         OSError: the listener cannot be reached or does not answer within ``timeout``.
-        AuthError, ProtocolError: the handshake failed.
+        AuthError, DebugBusyError, ProtocolError: the handshake failed.
     """
     host, _, port = str(record["debug_address"]).removeprefix("tcp://").rpartition(":")
     sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
@@ -301,13 +331,20 @@ class DebugServer:
         self.key = protocol.as_token(token)
         self.host = host
         self.handshake_timeout = HANDSHAKE_TIMEOUT  # the module's bounds, when it starts
+        self.evict_after = EVICT_AFTER
         self._slots = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        # the connections handshaking now (when each was accepted), and those cut for a newcomer
+        self._handshaking: dict[socket.socket, float] = {}
+        self._evicted: set[socket.socket] = set()
         self._ratelog = RateLimitedLog(log, LOG_INTERVAL)
         # accepted: connections; refused: closed at once (max_handshakes under way);
-        # rejected: wrong proof; timed_out: past the deadline; handshaking (peak): now (most)
+        # rejected: wrong proof; timed_out: past the deadline; handshaking (peak): now (most);
+        # accept_failed: accept() failed for want of fds or memory (retried after a pause);
+        # evicted: cut, handshaking past evict_after, to give its slot to a newcomer
         self.stats = dict.fromkeys(
             ("accepted", "refused", "rejected", "timed_out", "handshaking", "peak"), 0
         )
+        self.stats.update(accept_failed=0, evicted=0)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pauses: dict[int, Pause] = {}
         self._ids = itertools.count(1)
@@ -343,13 +380,24 @@ class DebugServer:
             self._thread.join(timeout=5)
 
     def _accept(self) -> None:
+        backoff = 0.0
         while self._sock is not None:
             try:
                 sock, _ = self._sock.accept()
-            except OSError:
-                return
+            except OSError as exc:
+                if self._sock is None or exc.errno not in _RETRY_ACCEPT:
+                    return  # stopped
+                # out of fds or memory (strangers may hold them): wait, never give up
+                self._count("accept_failed")
+                self._ratelog.warning(
+                    "accept", "actor %s: debug listener cannot accept: %s", self.name, exc
+                )
+                backoff = min(1.0, max(0.05, backoff * 2))
+                time.sleep(backoff)
+                continue
+            backoff = 0.0
             self._count("accepted")
-            if not self._slots.acquire(blocking=False):  # strangers cannot pile up threads
+            if not self._take_slot():  # strangers cannot pile up threads
                 self._count("refused")
                 self._ratelog.warning(
                     "refused",
@@ -357,26 +405,59 @@ class DebugServer:
                     self.name,
                     self.stats["handshaking"],
                 )
-                sock.close()
+                _refuse(sock)
                 continue
             self._count("handshaking")
+            with self._lock:
+                self._handshaking[sock] = time.monotonic()
             thread = threading.Thread(
                 target=self._serve, args=(sock,), name="rayless-debug-handshake", daemon=True
             )
             try:
                 thread.start()
             except RuntimeError:  # no more threads: give the slot back, drop the client
-                self._release()
+                self._release(sock)
                 sock.close()
+
+    def _take_slot(self) -> bool:
+        """A handshake slot for a new connection: a free one, or the one of the oldest
+        stranger handshaking for longer than ``evict_after`` (cut now: its thread gives the
+        slot back as it wakes). False when every slot is younger (the listener is busy)."""
+        if self._slots.acquire(blocking=False):
+            return True
+        now = time.monotonic()
+        with self._lock:
+            old = [
+                (since, sock)
+                for sock, since in self._handshaking.items()
+                if sock not in self._evicted and now - since > self.evict_after
+            ]
+            if not old:
+                return False
+            _, oldest = min(old, key=lambda pair: pair[0])
+            self._evicted.add(oldest)
+            self.stats["evicted"] += 1
+        try:
+            oldest.shutdown(socket.SHUT_RDWR)  # wakes its thread's read
+        except OSError:
+            pass
+        return self._slots.acquire(timeout=5.0)
 
     def _count(self, what: str, n: int = 1) -> None:
         with self._lock:
             self.stats[what] += n
             self.stats["peak"] = max(self.stats["peak"], self.stats["handshaking"])
 
-    def _release(self) -> None:
+    def _release(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._handshaking.pop(sock, None)
+            self._evicted.discard(sock)
         self._count("handshaking", -1)
         self._slots.release()
+
+    def _was_evicted(self, sock: socket.socket) -> bool:
+        with self._lock:
+            return sock in self._evicted
 
     def _serve(self, sock: socket.socket) -> None:
         handed_off = False
@@ -393,6 +474,8 @@ class DebugServer:
                 nonce_c, proof = b"", b""
             expected = protocol.client_proof(self.key, nonce_s, nonce_c)
             if len(parts) != 3 or not protocol.proofs_match(expected, proof):
+                if self._was_evicted(sock):
+                    return  # cut for a newcomer (counted then), not a wrong token
                 self._count("rejected")
                 self._ratelog.warning(
                     "rejected", "actor %s: rejected a debug client (no valid token)", self.name
@@ -403,7 +486,7 @@ class DebugServer:
             conn.deadline = None
             sock.settimeout(None)
             authenticated = True
-            self._release()  # a token holder's session no longer counts as a handshake
+            self._release(sock)  # a token holder's session no longer counts as a handshake
             handed_off = self._command(conn, parts[2].strip())
         except TimeoutError:
             self._count("timed_out")
@@ -411,7 +494,7 @@ class DebugServer:
             pass
         finally:
             if not authenticated:
-                self._release()
+                self._release(sock)
             if not handed_off:
                 sock.close()
 
@@ -466,6 +549,17 @@ class DebugServer:
         )
         conn = pause.attached.get()
         RemotePdb(_SocketIO(conn)).set_trace(frame)
+
+
+def _refuse(sock: socket.socket) -> None:
+    """Say ``BUSY`` (one line, never waiting: a fresh socket's send buffer is empty) and
+    close, so that the client can tell a busy listener from something else."""
+    try:
+        sock.setblocking(False)
+        sock.send(f"{BUSY} {MAX_HANDSHAKES} handshakes under way: try again\n".encode())
+    except OSError:
+        pass
+    sock.close()
 
 
 _server: DebugServer | None = None

@@ -41,6 +41,7 @@ from rayless.actors.control.zygote_messages import (
 )
 from rayless.actors.errors import StartError
 from rayless.transport.errors import ProtocolError
+from rayless.transport.files import open_append
 
 log = logging.getLogger("rayless.agent")
 OnExit = Callable[[int, int], None]
@@ -79,7 +80,7 @@ class ProcessSpawner:
         fd = context.token_pipe(self._token)
         child_env[context.ENV_TOKEN_FD] = str(fd)
         try:
-            with open(log_path, "ab") as out:
+            with open(open_append(log_path), "ab") as out:
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-m",

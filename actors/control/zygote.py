@@ -80,6 +80,7 @@ from rayless.actors.control.zygote_messages import (
     unpack,
 )
 from rayless.transport.errors import ProtocolError
+from rayless.transport.files import open_append
 
 PRELOAD = ("torch", "tensordict", "rayless.transport.codec", "rayless.actors.control.process")
 LIGHT_PRELOAD = ("rayless.transport.codec", "rayless.actors.control.process")
@@ -275,7 +276,7 @@ class Zygote:
         die_with_parent(signal.SIGKILL)
         log = msg.log
         if log:
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fd = open_append(log)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             os.close(fd)

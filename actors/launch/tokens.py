@@ -15,21 +15,14 @@ from rayless.actors.api import context
 from rayless.actors.errors import LaunchError
 from rayless.actors.launch.config import LaunchConfig
 from rayless.actors.launch.procs import StopFlag, read_stdin_line
+from rayless.transport.files import atomic_write
 from rayless.transport.protocol import new_token
 
 
 def _write_token_file(path: str, token: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=".token-")  # mode 0600
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(token + "\n")
-        os.replace(tmp, path)  # atomic: a waiting rank never reads half a token
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, token + "\n", perms=0o600)  # a waiting rank never reads half a token
 
 
 def resolve_token(cfg: LaunchConfig, stop: StopFlag, environ: Mapping[str, str]) -> str:

@@ -1,4 +1,10 @@
-"""The dashboard's HTTP server (aiohttp): the page, its JSON snapshot, ``/metrics``."""
+"""The dashboard's HTTP server (aiohttp): the page, its JSON snapshot, ``/metrics``.
+
+Every request must carry the key (``?key=`` or its cookie); anything else is answered 403
+and its connection closed. The connections themselves are accepted by
+``rayless.dashboard.gate``, which bounds what peers without the key can hold (a deadline for
+their request head, caps per peer and in total, a back-off when the fds run out).
+"""
 
 from __future__ import annotations
 
@@ -9,12 +15,14 @@ import hmac
 import json
 import secrets
 import signal
+import socket
 import sys
 import time
 from importlib import resources
 from typing import Any
 
 from rayless.actors.api import status as cluster_status
+from rayless.dashboard.gate import Gate
 from rayless.transport.errors import RaylessError
 
 __all__ = ["Dashboard", "add_arguments", "run"]
@@ -23,6 +31,7 @@ COOKIE = "rayless_dashboard_key"
 TIMELINE_WINDOW_S = 60.0
 MAX_SPANS_PER_PROCESS = 2000
 CACHE_S = 0.5  # one snapshot serves every request within this
+KEEPALIVE_S = 15.0  # an idle keep-alive connection of a key holder is closed after this
 
 
 def _static(name: str) -> bytes:
@@ -41,6 +50,7 @@ class Dashboard:
         self.timeout = timeout
         self._cached: tuple[float, dict[str, Any]] | None = None
         self._lock = asyncio.Lock()
+        self.gate: Gate | None = None  # told of each connection that showed the key
 
     def app(self) -> Any:
         """The aiohttp application."""
@@ -63,8 +73,12 @@ class Dashboard:
         from aiohttp import web
 
         given = request.query.get("key") or request.cookies.get(COOKIE) or ""
-        if not hmac.compare_digest(given.encode(), self.key.encode()):
-            return web.Response(status=403, text="rayless dashboard: wrong or missing key\n")
+        if not _same_key(given, self.key):
+            refused = web.Response(status=403, text="rayless dashboard: wrong or missing key\n")
+            refused.force_close()  # a stranger holds no connection past one answer
+            return refused
+        if self.gate is not None:
+            self.gate.trusted(request.protocol)
         response = await handler(request)
         if request.query.get("key"):
             response.set_cookie(COOKIE, self.key, httponly=True, samesite="Strict")
@@ -151,6 +165,36 @@ class Dashboard:
         return {"now_ns": now, "window_s": TIMELINE_WINDOW_S, "processes": processes}
 
 
+def _same_key(given: str, key: str) -> bool:
+    """Whether ``given`` (from a query or cookie: any text, undecodable bytes as surrogates)
+    is ``key``, compared in constant time."""
+    try:
+        given_bytes = given.encode("ascii")  # the key is URL-safe ASCII: nothing else matches
+    except UnicodeEncodeError:
+        return False
+    return hmac.compare_digest(given_bytes, key.encode("ascii"))
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host``:``port`` (the first address ``host`` resolves to).
+
+    Raises:
+        OSError: it cannot be resolved or bound.
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``rayless dashboard``'s options to ``parser``."""
     cluster_status.add_cluster_arguments(parser)
@@ -176,19 +220,24 @@ async def _serve(args: argparse.Namespace, address: str, token: str) -> int:
         loop.add_signal_handler(sig, stop.set)
     cluster = await asyncio.wait_for(connect(address, token=token), timeout)
     runner = None
+    gate = None
     try:
         key = secrets.token_urlsafe(18)
         dashboard = Dashboard(cluster, key, stores=args.store, timeout=timeout)
-        runner = web.AppRunner(dashboard.app(), access_log=None)
+        runner = web.AppRunner(dashboard.app(), access_log=None, keepalive_timeout=KEEPALIVE_S)
         await runner.setup()
-        site = web.TCPSite(runner, args.host, args.port)
-        await site.start()
-        port = runner.addresses[0][1]
+        server = runner.server
+        assert server is not None  # set up
+        gate = dashboard.gate = Gate(_listen(args.host, args.port), server)
+        gate.start()
+        port = gate.sock.getsockname()[1]
         host = args.host if ":" not in args.host else f"[{args.host}]"
         print(f"rayless dashboard: http://{host}:{port}/?key={key}", flush=True)
         await stop.wait()
         return 0
     finally:
+        if gate is not None:
+            await gate.close()
         if runner is not None:
             await runner.cleanup()
         with contextlib.suppress(RaylessError, asyncio.TimeoutError):

@@ -14,7 +14,7 @@ from typing import TextIO
 
 from rayless.demo.grpo_config import GrpoConfig
 from rayless.demo.grpo_pipeline import LANES, STAGES, GrpoIteration, GrpoResult
-from rayless.demo.report import BAR, placement_table, pyplot, table, write_files
+from rayless.demo.report import BAR, placement_table, pyplot, save_figure, table, write_files
 
 COLOURS = {
     "rollout": "tab:blue",
@@ -118,6 +118,6 @@ def _plot(result: GrpoResult, path: Path) -> bool:
     ax3.invert_yaxis()
     ax3.set(xlabel="seconds since the first iteration", title="Stages per iteration (timeline)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path)
     plt.close(fig)
     return True

@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from rayless.demo.config import PipelineConfig
 from rayless.demo.pipeline import IterationStats, RunResult
+from rayless.transport.files import atomic_file, atomic_write
 
 BAR = 24
 
@@ -96,7 +97,7 @@ def write_files(
     paths = {"json": out_dir / "metrics.json"}
     data: dict[str, Any] = result.to_dict()
     data["config"] = cfg.to_dict()
-    paths["json"].write_text(json.dumps(data, indent=2))
+    atomic_write(paths["json"], json.dumps(data, indent=2))
     png = out_dir / "report.png"
     if plot(result, png):
         paths["png"] = png
@@ -138,9 +139,15 @@ def _plot(result: RunResult, path: Path) -> bool:
     ax2.plot(its, [r.samples_per_s for r in result.iterations], color="tab:green")
     ax2.set(xlabel="iteration", ylabel="samples/s", title="Throughput per iteration")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path)
     plt.close(fig)
     return True
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Write ``fig`` as a PNG to ``path`` (atomically: ``transport.files``)."""
+    with atomic_file(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=100)
 
 
 def default_out_dir(cfg: PipelineConfig) -> Path:

@@ -49,6 +49,7 @@ from rayless.store.errors import (
     StoreError,
     StoreInputError,
 )
+from rayless.transport.files import atomic_file, atomic_write
 
 if TYPE_CHECKING:
     from rayless.store.client.store import Store
@@ -112,7 +113,8 @@ async def save(
                 )
                 td = await store.get(meta, device="cpu")
                 name = f"p{p_num}-g{g_num}.pt"
-                torch.save(td, directory / name)
+                with atomic_file(directory / name, "wb") as f:
+                    torch.save(td, f)
                 entry["file"] = name
             groups.append(entry)
         manifest["partitions"].append(
@@ -126,7 +128,7 @@ async def save(
                 "groups": groups,
             }
         )
-    (directory / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str))
+    atomic_write(directory / "manifest.json", json.dumps(manifest, indent=1, default=str))
     return manifest
 
 

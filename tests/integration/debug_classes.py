@@ -49,3 +49,20 @@ class PausedAtStart:
 
     def value(self) -> int:
         return self.w
+
+
+class PatientListener:
+    """An actor whose debug listener gives strangers 10 minutes to handshake and never cuts
+    one for a newcomer (instead of ``debug.HANDSHAKE_TIMEOUT`` and ``EVICT_AFTER``), so that a
+    test's idle connections hold its slots while the test looks: as strangers opening fresh
+    connections all the time would."""
+
+    def __init__(self) -> None:
+        from rayless.actors.control import debug
+
+        assert debug._server is not None
+        debug._server.handshake_timeout = 600.0
+        debug._server.evict_after = 600.0
+
+    def ping(self) -> str:
+        return "pong"

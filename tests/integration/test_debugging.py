@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +15,10 @@ import pexpect
 import pytest
 
 from rayless.actors import Cluster
+from rayless.actors.api.debugger import endpoints
+from rayless.actors.control import debug
 from rayless.actors.launch.local import LocalProcesses
-from tests.integration.debug_classes import Debuggee, PausedAtStart
+from tests.integration.debug_classes import Debuggee, PatientListener, PausedAtStart
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -136,3 +139,41 @@ async def test_rayless_stack_refuses_a_wrong_token_and_an_unknown_name(
     assert missing.returncode == 1 and "no live actor named 'no-such-actor'" in missing.stderr
     wrong = await _stack({**env, "RAYLESS_TOKEN_FILE": "", "RAYLESS_TOKEN": "x" * 32}, "stacked-2")
     assert wrong.returncode == 1 and "rejected the token" in wrong.stderr
+
+
+async def test_rayless_stack_and_timeline_name_an_actor_whose_debug_listener_is_busy(
+    local_cluster: Cluster, local_cluster_processes: LocalProcesses, tmp_path: Path
+) -> None:
+    await local_cluster.spawn(PatientListener, name="crowded")
+    await local_cluster.spawn(Debuggee, name="roomy")
+    procs = local_cluster_processes
+
+    async def registered() -> dict[str, dict[str, object]] | None:
+        records = {r["name"]: r for r in await endpoints(procs.address, procs.token, 30)}
+        return records if {"crowded", "roomy"} <= set(records) else None
+
+    records = await wait_until(registered, timeout=60, what="both debug listeners registered")
+    host, _, port = str(records["crowded"]["debug_address"]).removeprefix("tcp://").rpartition(":")
+    idle = []  # strangers that connect and say nothing: they hold every handshake slot
+    try:
+        for _ in range(debug.MAX_HANDSHAKES):
+            sock = socket.create_connection((host, int(port)), timeout=30)
+            idle.append(sock)
+            assert sock.recv(64).startswith(b"RAYLESS-DEBUG 1 ")  # it got a slot
+        env = _env(procs, tmp_path)
+        stack = await _stack(env, "--timeout", "10")
+        assert stack.returncode == 2, stack.stderr
+        assert "actor roomy (pid " in stack.stdout  # what could be gathered is printed
+        assert "no stack of crowded: the debug listener is busy" in stack.stderr, stack.stderr
+        assert "not a rayless debug endpoint" not in stack.stderr
+        out = tmp_path / "trace.json"
+        cmd = [sys.executable, "-m", "rayless.cli", "timeline", "-o", str(out)]
+        timeline = await asyncio.to_thread(
+            subprocess.run, cmd, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert timeline.returncode == 2, timeline.stderr
+        assert "no spans of crowded: the debug listener is busy" in timeline.stderr
+        assert "1 actors missing" in timeline.stderr and out.exists()
+    finally:
+        for sock in idle:
+            sock.close()

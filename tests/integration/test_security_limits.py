@@ -326,3 +326,142 @@ async def test_a_client_refused_by_a_full_unix_path_falls_back_to_zeromq() -> No
         async with Client(srv.address, token=token, connect_timeout=10) as client:
             assert await client.request("via zmq", timeout=10) == "via zmq"
             assert not client.via_unix
+
+
+UNIX_FD_HOG = """
+import asyncio, os, resource, sys, time
+from rayless.transport.unix_listener import UnixListener
+
+async def main():
+    name = "\\0" + sys.argv[1]
+    listener = UnixListener(
+        name, lambda conn, msgs: None, authenticated=lambda rid: False,
+        on_gone=lambda rid: None, queue_limit=64, max_message=1 << 20,
+        max_preauth_bytes=1 << 16, handshake_timeout=600, max_conns=64,
+    )
+    await asyncio.to_thread(lambda: None)  # the executor's thread, before the fds run out
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, limit))
+    hog = []
+    try:
+        while True:  # every fd the process may have: as strangers' connections would
+            hog.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+    print("full", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)  # clients are waiting to be accepted
+    await asyncio.sleep(2)
+    for fd in hog:
+        os.close(fd)
+    end = time.monotonic() + 30
+    while len(listener.conns) < 2 and time.monotonic() < end:
+        await asyncio.sleep(0.01)
+    print(len(listener.conns), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_the_unix_path_out_of_fds_neither_spins_nor_floods_the_log(tmp_path: Any) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    name = f"\0rayless-fd-test-{os.getpid()}"
+    err = tmp_path / "stderr"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", UNIX_FD_HOG, name[1:]],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    assert proc.stdin is not None and proc.stdout is not None
+    socks = []
+    try:
+        assert proc.stdout.readline().strip() == "full", err.read_text()
+        for _ in range(2):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(name)
+            socks.append(sock)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        accepted = proc.stdout.readline().strip()
+        assert accepted == "2", err.read_text()[-2000:]  # accepted once fds are back
+        lines = err.read_text().splitlines()
+        assert len(lines) < 5, (len(lines), lines[:3])  # no spinning on accept(), one line
+    finally:
+        for sock in socks:
+            sock.close()
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+# -- strangers cannot run a server out of descriptors -----------------------------------------
+
+# An echo server whose soft descriptor limit is 256 (the default is often 1,024, less than the
+# 2 x 1,024 descriptors the default max_pending_handshakes of ZeroMQ strangers would take).
+_SMALL_ECHO = """
+import resource, runpy, sys
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+sys.argv = ["echo", sys.argv[1]]
+runpy.run_module("rayless.transport.echo", run_name="__main__")
+"""
+
+# A stranger opens ``count`` idle TCP connections and holds them ``hold`` seconds.
+_TCP_FILL = r"""
+import socket, time
+host, port = ARGS["host"], int(ARGS["port"])
+socks = []
+for _ in range(int(ARGS["count"])):
+    try:
+        socks.append(socket.create_connection((host, port), timeout=2))
+    except OSError:
+        pass
+time.sleep(float(ARGS["hold"]))
+RESULT = len(socks)
+"""
+
+
+async def test_idle_tcp_strangers_cannot_run_a_server_out_of_descriptors() -> None:
+    import subprocess
+    import sys
+
+    from tests.integration.strangers import run_stranger
+
+    token = new_token()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SMALL_ECHO, "tcp://127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "RAYLESS_TOKEN": token},
+    )
+    try:
+        assert proc.stdout is not None
+        address = await asyncio.to_thread(proc.stdout.readline)
+        address = address.strip()
+        host, _, port = address.removeprefix("tcp://").rpartition(":")
+        flood = asyncio.create_task(
+            asyncio.to_thread(
+                run_stranger, _TCP_FILL, {"host": host, "port": port, "count": 600, "hold": 20}
+            )
+        )
+        server = psutil.Process(proc.pid)
+
+        async def flooded() -> bool:  # the server has taken in the strangers it will hold
+            stats: dict[str, int] = {}
+            async with Client(address, token=token, connect_timeout=10) as client:
+                stats = await client.request("__stats__", timeout=10)
+            return stats.get("pending_handshakes", 0) > 0
+
+        await wait_until(flooded, timeout=30, what="strangers pushed out by newer ones")
+        async with Client(address, token=token, connect_timeout=10) as client:
+            assert await client.request("still here", timeout=10) == "still here"
+        assert server.num_fds() < 256
+        held = await flood
+        assert held.result == 600  # the kernel took them all: the server shed the oldest
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)

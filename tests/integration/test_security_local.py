@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -197,10 +198,13 @@ TOKEN = "d" * 32
 CAP = 8  # debug.MAX_HANDSHAKES: strangers handshaking at once
 
 
-def _debug_server(monkeypatch: pytest.MonkeyPatch, handshake_timeout: float) -> DebugServer:
-    """An actor's debug listener with this handshake deadline (and an hour between log lines
-    about strangers)."""
+def _debug_server(
+    monkeypatch: pytest.MonkeyPatch, handshake_timeout: float, evict_after: float = 3600.0
+) -> DebugServer:
+    """An actor's debug listener with this handshake deadline, cutting a stranger for a
+    newcomer after ``evict_after`` (and an hour between log lines about strangers)."""
     monkeypatch.setattr(debug, "HANDSHAKE_TIMEOUT", handshake_timeout)
+    monkeypatch.setattr(debug, "EVICT_AFTER", evict_after, raising=False)
     monkeypatch.setattr(debug, "LOG_INTERVAL", 3600.0, raising=False)
     server = DebugServer("sec", TOKEN)
     server.start()
@@ -228,6 +232,28 @@ def test_strangers_hold_at_most_a_few_handshakes(monkeypatch: pytest.MonkeyPatch
             conn = client_handshake(sock, TOKEN, "list")
             assert conn.readline() == "[]"
     finally:
+        server.stop()
+
+
+def test_idle_strangers_give_their_slots_to_a_token_holder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = _debug_server(monkeypatch, handshake_timeout=60.0, evict_after=0.5)
+    idle = [_dial(server) for _ in range(CAP)]
+    try:
+        assert all(sock.recv(64).startswith(b"RAYLESS-DEBUG 1 ") for sock in idle)
+        greeted = time.monotonic()  # each was accepted before it was greeted
+        wait_until(lambda: time.monotonic() - greeted > 0.6, what="evict_after to pass")
+        with _dial(server) as sock:  # every slot is held, by strangers past evict_after
+            conn = client_handshake(sock, TOKEN, "list")
+            assert conn.readline() == "[]"
+        assert server.stats["evicted"] == 1 and server.stats["rejected"] == 0
+        idle[0].settimeout(30)
+        while idle[0].recv(4096):  # the rest of its greeting, then the end: it was cut
+            pass
+    finally:
+        for sock in idle:
+            sock.close()
         server.stop()
 
 
@@ -366,3 +392,63 @@ async def test_an_actor_started_as_a_fresh_interpreter_has_no_token_in_its_envir
         token = cluster.token.encode()
         assert [pid for pid in (actor, child) if token in _environ(pid)] == []
         assert await holder.token_seen() == {"actor": None, "child": "<none>"}
+
+
+FD_HOG = """
+import os, resource, sys, time
+from rayless.actors.control import debug
+debug.LOG_INTERVAL = 3600.0
+server = debug.DebugServer("fds", "d" * 32)
+print(server.start(), flush=True)
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+hog = []
+try:
+    while True:  # every fd the process may have: as strangers' connections would
+        hog.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+print("full", flush=True)
+sys.stdin.readline()  # a client connected: the listener tries to accept it and cannot
+end = time.monotonic() + 30
+while server.stats.get("accept_failed", 0) == 0 and server._thread.is_alive():
+    assert time.monotonic() < end, "the listener never tried to accept"
+    time.sleep(0.01)
+for fd in hog:
+    os.close(fd)
+print("freed", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_the_debug_listener_survives_running_out_of_fds(tmp_path: Path) -> None:
+    err = tmp_path / "stderr"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", FD_HOG],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        address = proc.stdout.readline().strip()
+        assert proc.stdout.readline().strip() == "full", err.read_text()
+        host, _, port = address.removeprefix("tcp://").rpartition(":")
+        # the first gets the fd the listener's blocked accept() had reserved; the second
+        # finds none: its accept() fails with EMFILE
+        socks = [socket.create_connection((host, int(port)), timeout=30) for _ in range(2)]
+        try:
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline().startswith("freed"), err.read_text()
+            for sock in socks:  # the accept is retried once fds are back
+                assert sock.recv(64).startswith(b"RAYLESS-DEBUG 1 ")
+        finally:
+            for sock in socks:
+                sock.close()
+        lines = err.read_text().splitlines()
+        assert len(lines) < 5, lines  # one line per interval, no traceback
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
