@@ -400,12 +400,12 @@ def test_the_unix_path_out_of_fds_neither_spins_nor_floods_the_log(tmp_path: Any
 
 # -- strangers cannot run a server out of descriptors -----------------------------------------
 
-# An echo server whose soft descriptor limit is 256 (the default is often 1,024, less than the
+# An echo server whose descriptor limit is 256 (the default is often 1,024, less than the
 # 2 x 1,024 descriptors the default max_pending_handshakes of ZeroMQ strangers would take).
+# The hard limit too: every rayless process raises its soft limit to the hard one.
 _SMALL_ECHO = """
 import resource, runpy, sys
-hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 sys.argv = ["echo", sys.argv[1]]
 runpy.run_module("rayless.transport.echo", run_name="__main__")
 """
