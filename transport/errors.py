@@ -29,6 +29,7 @@ The transport's part of the tree (modelled on trio's Closed vs Broken)::
 from __future__ import annotations
 
 import traceback as traceback_module
+import types
 from typing import Any
 
 __all__ = [
@@ -50,6 +51,8 @@ _REGISTRY: dict[str, type[RaylessError]] = {}
 _NAMES: dict[type, str] = {}
 _PLAIN = (str, int, float, bool, bytes, type(None))
 _UNSET: Any = object()
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement or type()
+_FIELD_TYPES = (types.MemberDescriptorType, types.GetSetDescriptorType)
 
 
 def wire_name(cls: type) -> str | None:
@@ -71,6 +74,18 @@ class RaylessError(Exception):
             raise TypeError(f"wire name {wire!r} is taken by {known.__qualname__}")
         _REGISTRY[wire] = cls
         _NAMES[cls] = wire
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle and deep-copy without calling ``__init__``, whose parameters are not
+        ``args`` (BaseException's default calls ``cls(*args)``)."""
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[RaylessError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    exc = cls.__new__(cls)
+    exc.args = tuple(args)
+    exc.__dict__.update(state)
+    return exc
 
 
 _REGISTRY["rayless.RaylessError"] = RaylessError
@@ -147,6 +162,7 @@ class RemoteError(RaylessError, wire="rayless.RemoteError"):
             k: v for k, v in vars(exc).items() if isinstance(k, str) and not k.startswith("_")
         }
         attrs = {k: v for k, v in public.items() if _is_plain(v)}
+        attrs.update({k: v for k, v in _builtin_fields(exc).items() if k not in public})
         message = str(exc)
         dropped = [f"{k!r} ({type(v).__qualname__})" for k, v in public.items() if k not in attrs]
         if dropped:  # said, not silently lost
@@ -167,6 +183,26 @@ class RemoteError(RaylessError, wire="rayless.RemoteError"):
         if self.remote_traceback:
             text += "\n\nRemote traceback:\n" + self.remote_traceback.rstrip()
         return text
+
+
+def _builtin_fields(exc: BaseException) -> dict[str, Any]:
+    """The plain values of the C-level fields of ``exc``'s builtin classes (``OSError.errno``
+    and ``.filename``, ``UnicodeDecodeError.start``, ``SyntaxError.lineno``...), which
+    ``vars()`` does not show; unset ones and others are left out."""
+    fields: dict[str, Any] = {}
+    for klass in type(exc).__mro__:
+        if klass.__flags__ & _HEAPTYPE or klass in (BaseException, object):
+            continue
+        for name, attr in vars(klass).items():
+            if name.startswith("_") or not isinstance(attr, _FIELD_TYPES):
+                continue
+            try:
+                value = getattr(exc, name)
+            except Exception:  # an unset field (OSError.characters_written)
+                continue
+            if value is not None and _is_plain(value):
+                fields.setdefault(name, value)
+    return fields
 
 
 def _is_plain(value: Any, depth: int = 0) -> bool:

@@ -6,6 +6,8 @@ They live in a module (not the test file) so actor processes import them by name
 from __future__ import annotations
 
 import asyncio
+import builtins
+import errno
 import sys
 from typing import Any
 
@@ -70,3 +72,50 @@ def _base(kind: str) -> BaseException:
         "Custom": Custom,
     }
     return kinds[kind](f"a {kind}")
+
+
+# Arguments that each builtin exception class needs (others take one message).
+_BUILTIN_ARGS: dict[str, tuple[Any, ...]] = {
+    "UnicodeDecodeError": ("utf-8", b"\xff", 0, 1, "invalid start byte"),
+    "UnicodeEncodeError": ("ascii", "\xe9", 0, 1, "ordinal not in range(128)"),
+    "UnicodeTranslateError": ("\xe9", 0, 1, "cannot translate"),
+    "BaseExceptionGroup": ("a group", [ValueError("inside")]),
+    "ExceptionGroup": ("a group", [ValueError("inside")]),
+    "SyntaxError": ("bad syntax", ("f.py", 3, 5, "x y z", 3, 6)),
+    "IndentationError": ("bad indent", ("f.py", 3, 5, "x y z", 3, 6)),
+    "TabError": ("bad tabs", ("f.py", 3, 5, "x y z", 3, 6)),
+}
+
+
+def builtin_error(name: str) -> BaseException:
+    """An instance of the builtin exception class ``name`` with fitting arguments."""
+    cls: type[BaseException] = getattr(builtins, name)
+    if name in _BUILTIN_ARGS:
+        return cls(*_BUILTIN_ARGS[name])
+    if issubclass(cls, OSError):
+        return cls(errno.ENOENT, f"a {name}", "/no/such/path")
+    return cls(f"a {name}")
+
+
+class Raiser:
+    """Raises any builtin exception from a def method (an async one for the coroutine case)."""
+
+    def ok(self) -> int:
+        return 1
+
+    def raise_builtin(self, name: str) -> None:
+        raise builtin_error(name)
+
+    async def araise_builtin(self, name: str) -> None:
+        await asyncio.sleep(0)
+        raise builtin_error(name)
+
+    def stop_iteration(self) -> Any:
+        return next(iter([]))
+
+
+class FailsInInit:
+    """A constructor that raises the builtin exception ``name``."""
+
+    def __init__(self, name: str) -> None:
+        raise builtin_error(name)
