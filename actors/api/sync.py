@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rayless.actors.api import portal as portals
-from rayless.actors.api.handle import ActorHandle, _call
+from rayless.actors.api.handle import ActorHandle, _call, split_ready
 from rayless.transport.errors import ClosedError, Timeout
 
 T = TypeVar("T")
@@ -125,7 +125,9 @@ class SyncCluster:
         num_returns: int = 1,
         timeout: float | None = None,
     ) -> tuple[list[concurrent.futures.Future[Any]], list[concurrent.futures.Future[Any]]]:
-        """Like ``ray.wait``: (done, pending) once ``num_returns`` are done or at timeout."""
+        """Like ``ray.wait``: (ready, not_ready) once ``num_returns`` are done or at timeout;
+        ``ready`` holds at most ``num_returns``, the first done ones in the order given, and
+        ``not_ready`` all the others (done or not), in the order given."""
         futs = list(futures)
         if not 1 <= num_returns <= max(1, len(futs)):
             raise ValueError(f"num_returns must be in 1..{len(futs)}, got {num_returns}")
@@ -140,7 +142,7 @@ class SyncCluster:
                 pending, timeout=left, return_when=concurrent.futures.FIRST_COMPLETED
             )
             done |= newly
-        return [f for f in futs if f in done], [f for f in futs if f not in done]
+        return split_ready(futs, num_returns)
 
     def get(
         self,
