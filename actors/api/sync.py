@@ -149,8 +149,8 @@ class SyncCluster:
         futures: Iterable[concurrent.futures.Future[Any]] | concurrent.futures.Future[Any],
         timeout: float | None = None,
     ) -> Any:
-        """All results in order, the first error raised (``ray.get``); a single future gives
-        its result. ``timeout`` bounds the whole wait, not each future.
+        """All results in order, or the first error at once (``ray.get``); a single future
+        gives its result. ``timeout`` bounds the whole wait, not each future.
 
         Like ``ray.get``, a timeout cancels nothing: the calls go on (``future.cancel()``
         cancels one, in its actor too).
@@ -161,19 +161,16 @@ class SyncCluster:
         if isinstance(futures, concurrent.futures.Future):
             return self.get([futures], timeout)[0]
         futs = list(futures)
-        deadline = None if timeout is None else _now() + timeout
-        results = []
-        for f in futs:
-            try:
-                results.append(f.result(None if deadline is None else max(0.0, deadline - _now())))
-            except concurrent.futures.TimeoutError:
-                if f.done():  # the result's own TimeoutError (e.g. a method's): as itself
-                    raise
-                left = sum(1 for f in futs if not f.done())
-                raise Timeout(
-                    f"{left} of {len(futs)} results did not arrive within {timeout}s"
-                ) from None
-        return results
+        _, pending = concurrent.futures.wait(
+            futs, timeout=timeout, return_when=concurrent.futures.FIRST_EXCEPTION
+        )
+        for f in futs:  # an error raised at once, as ray.get: the others are not waited for
+            error = f.exception() if f.done() and not f.cancelled() else None
+            if error is not None:
+                raise error  # (a method's own TimeoutError as itself)
+        if pending:
+            raise Timeout(f"{len(pending)} of {len(futs)} results did not arrive within {timeout}s")
+        return [f.result() for f in futs]
 
     def close(self) -> None:
         """End the session (and a local cluster) and stop the loop thread. Idempotent."""

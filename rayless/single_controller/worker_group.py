@@ -91,7 +91,8 @@ class GroupMethod:
         Raises:
             RuntimeError: an event loop runs in this thread (use ``await .aio(...)``).
             ValueError / TypeError: the dispatch refused the arguments (an uneven batch...).
-            RemoteError / ActorDiedError: a rank raised or died (the first in rank order).
+            RemoteError / ActorDiedError: a rank raised or died (the first to fail, at once:
+                the other ranks are not waited for).
         """
         future = self.remote(*args, **kwargs)
         return future if not self.attrs.blocking else future.result()
@@ -418,7 +419,10 @@ class WorkerGroup:
             RuntimeError: an event loop runs in this thread (use :meth:`aexecute_all`).
         """
         _no_loop(f"execute_all_sync({method_name!r})")
-        return [f.result() for f in self.execute_all_async(method_name, *args, **kwargs)]
+        result: list[Any] = _combine(
+            self.execute_all_async(method_name, *args, **kwargs), list
+        ).result()
+        return result
 
     async def aexecute_all(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """:meth:`execute_all_sync`, awaitable."""
@@ -519,21 +523,30 @@ async def _resolve_async(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
 def _combine(
     futures: list[concurrent.futures.Future[Any]], finish: Callable[[list[Any]], Any]
 ) -> concurrent.futures.Future[Any]:
-    """One future of ``finish(results)`` once every future is done (the first error in rank
-    order, if any)."""
+    """One future of ``finish(results)`` once every future is done, or of the first error as
+    soon as one fails (a dead rank: the others may be blocked in a collective that never
+    returns, as ``ray.get`` does, they are left running, never waited for)."""
     out: concurrent.futures.Future[Any] = concurrent.futures.Future()
     left = [len(futures)]
     lock = threading.Lock()
 
-    def done(_: concurrent.futures.Future[Any]) -> None:
+    def done(f: concurrent.futures.Future[Any]) -> None:
         with lock:
+            if out.done():
+                return
             left[0] -= 1
-            if left[0]:
+            error = f.exception() if not f.cancelled() else concurrent.futures.CancelledError()
+            if error is None and left[0]:
+                return
+            if error is not None:
+                out.set_exception(error)
                 return
         try:
-            out.set_result(finish([f.result() for f in futures]))
+            result = finish([f.result() for f in futures])
         except BaseException as exc:
             out.set_exception(exc)
+        else:
+            out.set_result(result)
 
     if not futures:
         out.set_result(finish([]))
