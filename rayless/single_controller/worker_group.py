@@ -242,21 +242,37 @@ class WorkerGroup:
         worker_handles: Sequence[ActorHandle[Any]] | None = None,
         ray_cls_with_init: ClassWithInitArgs | None = None,
         *,
+        cls_with_init: ClassWithInitArgs | None = None,
         cluster: Any = None,
+        **kwargs: Any,
     ) -> WorkerGroup:
         """A group over running workers: their handles, or their names (then ``cluster``, a
         SyncCluster, looks them up). Works in any process, another actor's included.
 
+        verl's spellings all work: ``ray_cls_with_init=`` or ``cls_with_init=``, and older
+        verl's positional ``from_detached(worker_names, ray_cls_with_init)``; other keywords
+        are the constructor's (verl's extras such as ``device_name`` accepted).
+
         Raises:
             ActorNotFoundError: a name is not a live actor.
+            TypeError: two different classes given, or an unknown keyword.
         """
+        if not isinstance(name_prefix, (str, type(None))):
+            # older verl's order: from_detached(worker_names=None, ray_cls_with_init=None)
+            old_cia = worker_names if isinstance(worker_names, ClassWithInitArgs) else None
+            if worker_names is not None and old_cia is None:
+                raise TypeError("name_prefix must be a str (worker names go in worker_names=)")
+            name_prefix, worker_names = None, name_prefix
+            ray_cls_with_init = _one_class(ray_cls_with_init, old_cia)
+        cia = _one_class(ray_cls_with_init, cls_with_init)
         return cls(
             None,
-            ray_cls_with_init,
+            cia,
             name_prefix=name_prefix,
             worker_names=worker_names,
             worker_handles=worker_handles,
             cluster=cluster,
+            **kwargs,
         )
 
     @classmethod
@@ -265,17 +281,21 @@ class WorkerGroup:
         worker_names: Sequence[str],
         ray_cls_with_init: ClassWithInitArgs | None = None,
         *,
+        cls_with_init: ClassWithInitArgs | None = None,
         cluster: Cluster,
         name_prefix: str | None = None,
+        **kwargs: Any,
     ) -> WorkerGroup:
         """:meth:`from_detached` by names, awaitable (``cluster``: a ``Cluster``, e.g.
         ``await actors.connect()`` inside an actor).
 
         Raises:
             ActorNotFoundError: a name is not a live actor.
+            TypeError: two different classes given, or an unknown keyword.
         """
+        cia = _one_class(ray_cls_with_init, cls_with_init)
         handles = await _lookup(cluster, list(worker_names))
-        return cls(None, ray_cls_with_init, name_prefix=name_prefix, worker_handles=handles)
+        return cls(None, cia, name_prefix=name_prefix, worker_handles=handles, **kwargs)
 
     def _bind(self, cia: ClassWithInitArgs) -> None:
         if cia.fused_worker_used:
@@ -472,6 +492,16 @@ async def _spawn_workers(
         **options,
         **cia.kwargs,
     )
+
+
+def _one_class(
+    ray_cls_with_init: ClassWithInitArgs | None, cls_with_init: ClassWithInitArgs | None
+) -> ClassWithInitArgs | None:
+    """verl's two names for the workers' class: either, or both when they are the same."""
+    both = ray_cls_with_init is not None and cls_with_init is not None
+    if both and ray_cls_with_init is not cls_with_init:
+        raise TypeError("give ray_cls_with_init or cls_with_init, not two different classes")
+    return ray_cls_with_init if ray_cls_with_init is not None else cls_with_init
 
 
 async def _lookup(cluster: Cluster, names: list[str]) -> list[ActorHandle[Any]]:

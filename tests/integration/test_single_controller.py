@@ -265,6 +265,30 @@ def test_from_detached_in_another_actor_and_here(groups: Groups) -> None:
     assert here.foo_rank_zero(x=0, y=1) == 3
 
 
+def test_from_detached_takes_every_verl_spelling(groups: Groups) -> None:
+    """``cls_with_init=`` was refused (TypeError); verl's older positional order too."""
+    wg = groups.group(groups.pool([2], use_gpu=False), ClassWithInitArgs(TestActor, x=2))
+    cia = ClassWithInitArgs(TestActor, x=2)
+    names, c = wg.worker_names, groups.cluster
+    spelled = [
+        WorkerGroup.from_detached(worker_names=names, cls_with_init=cia, cluster=c),
+        WorkerGroup.from_detached(worker_names=names, ray_cls_with_init=cia, cluster=c),
+        WorkerGroup.from_detached(names, cia, cluster=c),  # older verl: (worker_names, cia)
+        WorkerGroup.from_detached("p", None, wg.workers, None, cls_with_init=cia, device_name="x"),
+        c.run(WorkerGroup.afrom_detached(names, cls_with_init=cia, cluster=c.cluster)),
+    ]
+    for group in spelled:
+        assert group.worker_names == names and group.foo_rank_zero(x=0, y=1) == 3
+    with pytest.raises(TypeError, match="not two different"):
+        WorkerGroup.from_detached(
+            worker_handles=wg.workers,
+            ray_cls_with_init=cia,
+            cls_with_init=ClassWithInitArgs(TestActor, x=1),
+        )
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        WorkerGroup.from_detached(worker_handles=wg.workers, cls_with_init=cia, colour="red")
+
+
 def test_the_awaitable_face(cluster: SyncCluster, groups: Groups) -> None:
     async def body() -> list[Any]:
         pool = groups.pool([2])
