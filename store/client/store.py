@@ -664,6 +664,8 @@ class Store:
         if meta is None:
             if partition is None:
                 raise StoreInputError("put needs a partition (or the meta of existing samples)")
+            if n == 0:  # nothing to store (every sample filtered out): a no-op
+                return self._put_result(self._empty_meta(), columns, schemas)
             key = lease_key(partition, n, wire, options)
             new = (td, partition, columns, n, schemas, wire, options, timeout)
             return await self._put_new(*new, key, retry=True)
@@ -672,6 +674,8 @@ class Store:
         meta = self._check_meta(meta)
         if meta.size != n:
             raise StoreInputError(f"the TensorDict holds {n} samples, the meta {meta.size}")
+        if n == 0:  # no samples, no fields to write
+            return self._put_result(meta, columns, schemas)
         if partition is not None and set(meta.partition_ids) != {partition}:
             raise StoreInputError(f"the meta's samples are not in partition {partition!r}")
         begun = await self.controller.begin_column_put(meta, wire)
@@ -748,6 +752,9 @@ class Store:
         # put's copies could grow the column under them (the copies then go the socket way).
         await self._leases.refill(key, columns, wire, self._reserve_ahead)
         return self._put_result(meta, columns, schemas)
+
+    def _empty_meta(self) -> BatchMeta:
+        return BatchMeta(self.store_id, (), (), (), (), {})
 
     @staticmethod
     def _put_result(

@@ -14,6 +14,7 @@ from rayless.store import (
     BatchMeta,
     Store,
     StoreFullError,
+    StoreInputError,
     StoreTimeoutError,
     SyncStore,
     UnknownKeyError,
@@ -83,6 +84,22 @@ async def test_column_wise_put_onto_existing_meta(local_cluster: Cluster) -> Non
     got = await st.get_meta("p", ["prompt", "resp"], 4, task="t", timeout=5)
     out = await st.get(got)
     assert out["resp"].tolist() == [v * 10 for v in out["prompt"].tolist()]
+
+
+async def test_a_put_of_no_samples_is_a_no_op(local_cluster: Cluster) -> None:
+    """Every sample filtered out: the put raised a bare IndexError."""
+    st = await Store.create(local_cluster, num_units=2)
+    empty = TensorDict({"obs": torch.zeros(0, 3), "n": {"r": torch.zeros(0)}}, batch_size=[0])
+    meta = await st.put(empty, partition="p")
+    assert isinstance(meta, BatchMeta) and meta.size == 0 and meta.global_indexes == ()
+    assert set(meta.field_names) == {"obs", "n.r"}
+    assert await st.partitions() == []  # nothing was created
+    assert (await st.get(meta)).batch_size == torch.Size([0])
+    more = await st.put(TensorDict({"x": torch.zeros(0)}, [0]), meta=meta)
+    assert more.size == 0 and set(more.field_names) == {"obs", "n.r", "x"}
+    with pytest.raises(StoreInputError, match="partition"):
+        await st.put(empty)
+    assert (await st.put(TensorDict({"x": torch.arange(2)}, [2]), partition="p")).size == 2
 
 
 async def test_fetch_and_peek_per_task_and_reset(local_cluster: Cluster) -> None:
