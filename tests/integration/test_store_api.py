@@ -186,6 +186,32 @@ async def test_kv_face(local_cluster: Cluster) -> None:
     assert len(await st.kv_keys()) == 4
 
 
+async def test_kv_put_takes_transferqueue_form(local_cluster: Cluster) -> None:
+    """TransferQueue's ``kv_put(key, partition_id, fields=, tag=)`` was refused with
+    'keys must be a list of str'."""
+    st = await Store.create(local_cluster, num_units=2)
+    sample = {"input_ids": torch.tensor([1, 2, 3]), "text": "hi"}
+    meta = await st.kv_put("s0", "p", fields=sample, tag={"score": 0.9})
+    assert (meta.keys, meta.partition_id, meta.tags) == (["s0"], "p", [{"score": 0.9}])
+    assert set(meta.fields) == {"input_ids", "text"}
+    await st.kv_put(key="s1", partition_id="p", tag={"status": "running"})  # a tag only
+    more = await st.kv_put("s0", partition_id="p", fields=TensorDict({"r": torch.ones(1)}, [1]))
+    assert set(more.fields) == {"input_ids", "text", "r"}
+    out = await st.kv_batch_get("s0", "p")
+    assert out["input_ids"].tolist() == [[1, 2, 3]] and out["text"].tolist() == ["hi"]
+    assert out["r"].tolist() == [1.0]
+    assert (await st.kv_list("p"))["p"]["s1"] == {"status": "running"}
+    with pytest.raises(StoreInputError, match="TransferQueue's form"):
+        await st.kv_put("abc", TensorDict({"x": torch.ones(3)}, [3]))
+    with pytest.raises(StoreInputError, match="needs a partition_id"):
+        await st.kv_put(key="s2", fields=sample)
+    with pytest.raises(StoreInputError, match="nested tensor"):
+        nested = torch.nested.as_nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged)
+        await st.kv_put("s3", "p", fields={"x": nested})
+    await st.kv_put(["raw"], TensorDict({"x": torch.ones(1)}, [1]))  # the units' KV as before
+    assert await st.kv_keys() == ["raw"]
+
+
 async def test_capacity_full_then_success_after_clear(local_cluster: Cluster) -> None:
     row = 1024 * 4  # bytes of one sample
     st = await Store.create(local_cluster, num_units=2, capacity_bytes=10 * row)
