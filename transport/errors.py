@@ -51,7 +51,6 @@ _REGISTRY: dict[str, type[RaylessError]] = {}
 _NAMES: dict[type, str] = {}
 _PLAIN = (str, int, float, bool, bytes, type(None))
 _UNSET: Any = object()
-_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement or type()
 _FIELD_TYPES = (types.MemberDescriptorType, types.GetSetDescriptorType)
 
 
@@ -163,7 +162,7 @@ class RemoteError(RaylessError, wire="rayless.RemoteError"):
         }
         attrs = {k: v for k, v in public.items() if _is_plain(v)}
         attrs.update({k: v for k, v in _builtin_fields(exc).items() if k not in public})
-        message = str(exc)
+        message = _text(exc, str)
         dropped = [f"{k!r} ({type(v).__qualname__})" for k, v in public.items() if k not in attrs]
         if dropped:  # said, not silently lost
             message += f" [attribute {', '.join(dropped)} not sent: only plain values travel]"
@@ -172,7 +171,7 @@ class RemoteError(RaylessError, wire="rayless.RemoteError"):
             message,
             tb,
             actor,
-            args=tuple(v if _is_plain(v) else repr(v) for v in exc.args),
+            args=tuple(v if _is_plain(v) else _text(v, repr) for v in exc.args),
             attrs=attrs,
             remote_class=remote_class,
         )
@@ -185,13 +184,21 @@ class RemoteError(RaylessError, wire="rayless.RemoteError"):
         return text
 
 
+def _text(value: Any, how: Any) -> str:
+    """``str(value)`` or ``repr(value)``, never raising: a ``__str__`` that raises is named."""
+    try:
+        return str(how(value))
+    except Exception as exc:
+        return f"<{type(value).__qualname__}: {how.__name__}() raised {type(exc).__qualname__}>"
+
+
 def _builtin_fields(exc: BaseException) -> dict[str, Any]:
-    """The plain values of the C-level fields of ``exc``'s builtin classes (``OSError.errno``
-    and ``.filename``, ``UnicodeDecodeError.start``, ``SyntaxError.lineno``...), which
-    ``vars()`` does not show; unset ones and others are left out."""
+    """The plain values of the fields ``vars()`` does not show: the C-level ones of builtin
+    classes (``OSError.errno`` and ``.filename``, ``UnicodeDecodeError.start``,
+    ``SyntaxError.lineno``...) and ``__slots__``; unset ones and others are left out."""
     fields: dict[str, Any] = {}
     for klass in type(exc).__mro__:
-        if klass.__flags__ & _HEAPTYPE or klass in (BaseException, object):
+        if klass in (BaseException, object):
             continue
         for name, attr in vars(klass).items():
             if name.startswith("_") or not isinstance(attr, _FIELD_TYPES):
@@ -227,8 +234,8 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return repr(value)
+        return {_text(k, str): _plain(v) for k, v in value.items()}
+    return _text(value, repr)
 
 
 def error_to_state(exc: RaylessError) -> dict[str, Any]:

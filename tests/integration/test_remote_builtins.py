@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import copy
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +26,14 @@ import pytest
 
 from rayless.actors import Cluster, RemoteError
 from rayless.actors.launch.local import LocalProcesses
-from tests.integration.error_classes import FailsInInit, Raiser, builtin_error
+from tests.integration.error_classes import (
+    ODD,
+    FailsInInit,
+    NoSubclassErr,
+    OddRaiser,
+    Raiser,
+    builtin_error,
+)
 from tests.waiting import timeout_scale
 
 pytestmark = pytest.mark.integration
@@ -85,6 +94,31 @@ async def test_a_constructor_error_arrives_as_itself(local_cluster: Cluster, nam
     err = info.value
     assert err.remote_type == f"builtins.{name}" and "raise builtin_error(name)" in str(err)
     assert isinstance(err, getattr(builtins, name)) == (name != "StopIteration")
+
+
+@pytest.mark.parametrize("kind", sorted(ODD))
+async def test_odd_user_exceptions_arrive_and_nothing_breaks(
+    local_cluster: Cluster, kind: str
+) -> None:
+    """Classes whose constructor needs other arguments or raises, whose ``__new__`` returns
+    something else, whose ``__reduce__``/``__str__``/``__init_subclass__`` raise."""
+    raiser = await local_cluster.spawn(OddRaiser)
+    original = ODD[kind]()
+    with pytest.raises(RemoteError) as info:
+        await asyncio.wait_for(raiser.raise_odd(kind), 60 * timeout_scale())
+    err = info.value
+    assert err.remote_type.endswith(type(original).__qualname__)
+    assert "raise ODD[kind]()" in err.remote_traceback
+    assert isinstance(err, type(original)) == (type(original) is not NoSubclassErr)
+    if kind == "bad_str":
+        assert "str() raised ValueError" in err.remote_message
+    else:
+        assert err.args == original.args and str(original) in err.remote_message
+    if kind in ("kw_only", "slots", "bad_setter"):
+        assert err.code == original.code if kind != "bad_setter" else err.level == 3
+    for copied in (copy.deepcopy(err), pickle.loads(pickle.dumps(err))):
+        assert type(copied) is type(err) and copied.args == err.args
+    assert await raiser.ok() == 1
 
 
 def _own_driver(procs: LocalProcesses, method: str, arg: str | None) -> dict[str, Any]:
