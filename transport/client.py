@@ -397,7 +397,10 @@ class Client:
                 if not isinstance(value, BaseException):
                     value = ProtocolError(f"error reply that is not an error: {value!r:.200}")
                 elif self._error_hook is not None:
-                    value = self._error_hook(value)
+                    try:
+                        value = self._error_hook(value)
+                    except Exception as exc:  # the error as it came: never a call left waiting
+                        log.warning("%s: error hook failed on %r: %r", self.name, value, exc)
                 fut.set_exception(value)
             else:
                 fut.set_result(value)

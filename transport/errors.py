@@ -29,6 +29,7 @@ The transport's part of the tree (modelled on trio's Closed vs Broken)::
 from __future__ import annotations
 
 import traceback as traceback_module
+import types
 from typing import Any
 
 __all__ = [
@@ -50,6 +51,7 @@ _REGISTRY: dict[str, type[RaylessError]] = {}
 _NAMES: dict[type, str] = {}
 _PLAIN = (str, int, float, bool, bytes, type(None))
 _UNSET: Any = object()
+_FIELD_TYPES = (types.MemberDescriptorType, types.GetSetDescriptorType)
 
 
 def wire_name(cls: type) -> str | None:
@@ -71,6 +73,18 @@ class RaylessError(Exception):
             raise TypeError(f"wire name {wire!r} is taken by {known.__qualname__}")
         _REGISTRY[wire] = cls
         _NAMES[cls] = wire
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle and deep-copy without calling ``__init__``, whose parameters are not
+        ``args`` (BaseException's default calls ``cls(*args)``)."""
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[RaylessError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    exc = cls.__new__(cls)
+    exc.args = tuple(args)
+    exc.__dict__.update(state)
+    return exc
 
 
 _REGISTRY["rayless.RaylessError"] = RaylessError
@@ -147,7 +161,8 @@ class RemoteError(RaylessError, wire="rayless.RemoteError"):
             k: v for k, v in vars(exc).items() if isinstance(k, str) and not k.startswith("_")
         }
         attrs = {k: v for k, v in public.items() if _is_plain(v)}
-        message = str(exc)
+        attrs.update({k: v for k, v in _builtin_fields(exc).items() if k not in public})
+        message = _text(exc, str)
         dropped = [f"{k!r} ({type(v).__qualname__})" for k, v in public.items() if k not in attrs]
         if dropped:  # said, not silently lost
             message += f" [attribute {', '.join(dropped)} not sent: only plain values travel]"
@@ -156,7 +171,7 @@ class RemoteError(RaylessError, wire="rayless.RemoteError"):
             message,
             tb,
             actor,
-            args=tuple(v if _is_plain(v) else repr(v) for v in exc.args),
+            args=tuple(v if _is_plain(v) else _text(v, repr) for v in exc.args),
             attrs=attrs,
             remote_class=remote_class,
         )
@@ -167,6 +182,34 @@ class RemoteError(RaylessError, wire="rayless.RemoteError"):
         if self.remote_traceback:
             text += "\n\nRemote traceback:\n" + self.remote_traceback.rstrip()
         return text
+
+
+def _text(value: Any, how: Any) -> str:
+    """``str(value)`` or ``repr(value)``, never raising: a ``__str__`` that raises is named."""
+    try:
+        return str(how(value))
+    except Exception as exc:
+        return f"<{type(value).__qualname__}: {how.__name__}() raised {type(exc).__qualname__}>"
+
+
+def _builtin_fields(exc: BaseException) -> dict[str, Any]:
+    """The plain values of the fields ``vars()`` does not show: the C-level ones of builtin
+    classes (``OSError.errno`` and ``.filename``, ``UnicodeDecodeError.start``,
+    ``SyntaxError.lineno``...) and ``__slots__``; unset ones and others are left out."""
+    fields: dict[str, Any] = {}
+    for klass in type(exc).__mro__:
+        if klass in (BaseException, object):
+            continue
+        for name, attr in vars(klass).items():
+            if name.startswith("_") or not isinstance(attr, _FIELD_TYPES):
+                continue
+            try:
+                value = getattr(exc, name)
+            except Exception:  # an unset field (OSError.characters_written)
+                continue
+            if value is not None and _is_plain(value):
+                fields.setdefault(name, value)
+    return fields
 
 
 def _is_plain(value: Any, depth: int = 0) -> bool:
@@ -191,8 +234,8 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return repr(value)
+        return {_text(k, str): _plain(v) for k, v in value.items()}
+    return _text(value, repr)
 
 
 def error_to_state(exc: RaylessError) -> dict[str, Any]:

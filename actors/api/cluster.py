@@ -28,7 +28,8 @@ from rayless.actors.api.components import spawn_component
 from rayless.actors.api.group import spawn_group
 from rayless.actors.api.handle import ActorHandle, check_method_names
 from rayless.actors.api.lifecycle import Opening
-from rayless.actors.api.runtime import Runtime, close_runtimes, get_runtime, materialize
+from rayless.actors.api.remote_errors import materialize
+from rayless.actors.api.runtime import Runtime, close_runtimes, get_runtime
 from rayless.actors.api.sync import DEFAULT_TIMEOUT, SyncCluster
 from rayless.actors.control.messages import (
     ActorPage,

@@ -39,6 +39,7 @@ from rayless.transport.errors import Timeout
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
+F = TypeVar("F", asyncio.Future[Any], concurrent.futures.Future[Any])
 
 _FIELDS = ("actor_id", "address", "call_timeout", "cls_name", "methods", "name", "node_id")
 # the handle's own names: an actor class whose public methods use one is refused at spawn
@@ -287,12 +288,14 @@ async def wait(
 ) -> tuple[list[asyncio.Future[Any]], list[asyncio.Future[Any]]]:
     """Wait until ``num_returns`` of ``futures`` are done or ``timeout`` passes (``ray.wait``).
 
-    Returns (done, pending), each in the order given.
+    Returns (ready, not_ready), each in the order given: ``ready`` holds at most
+    ``num_returns`` futures, the first done ones in that order (fewer at a timeout);
+    ``not_ready`` holds all the others, done or not (as Ray's remaining list).
 
     Raises:
         ValueError: ``num_returns`` is not between 1 and the number of futures.
     """
-    futs = [asyncio.ensure_future(f) for f in futures]
+    futs: list[asyncio.Future[Any]] = [asyncio.ensure_future(f) for f in futures]
     if not 1 <= num_returns <= max(1, len(futs)):
         raise ValueError(f"num_returns must be in 1..{len(futs)}, got {num_returns}")
     if not futs:
@@ -305,8 +308,17 @@ async def wait(
         if left is not None and left <= 0:
             break
         _, pending = await asyncio.wait(pending, timeout=left, return_when="FIRST_COMPLETED")
-    done_set = {f for f in futs if f.done()}
-    return [f for f in futs if f in done_set], [f for f in futs if f not in done_set]
+    return split_ready(futs, num_returns)
+
+
+def split_ready(futs: list[F], num_returns: int) -> tuple[list[F], list[F]]:
+    """``ray.wait``'s answer: the first ``num_returns`` done futures in the order given, and
+    the rest in the order given."""
+    ready: list[F] = []
+    rest: list[F] = []
+    for f in futs:
+        (ready if len(ready) < num_returns and f.done() else rest).append(f)
+    return ready, rest
 
 
 async def gather(

@@ -19,7 +19,6 @@ the cluster (ClusterLostError).
 from __future__ import annotations
 
 import asyncio
-import builtins
 import math
 import sys
 import weakref
@@ -27,9 +26,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from rayless.actors.api import context, timeline
-from rayless.actors.api.actor import loads_by_value
 from rayless.actors.api.calls import call_encode_error, call_limit_error
 from rayless.actors.api.keeper import SessionKeeper
+from rayless.actors.api.remote_errors import materialize, materialize_any
 from rayless.actors.control.death import death_details
 from rayless.actors.control.logs import print_lines
 from rayless.actors.control.messages import (
@@ -329,7 +328,7 @@ class Runtime:
                 conn.address,
                 token=self.info.token,
                 name=f"caller->{conn.name}",
-                error_hook=_materialize_any,
+                error_hook=materialize_any,
                 # An actor's loop may be held by user code for minutes; its death is learnt
                 # from the head (the agent reaps it), never from a missed heartbeat.
                 heartbeat_timeout=math.inf,
@@ -531,61 +530,6 @@ async def close_runtimes() -> None:
         await runtime.aclose()
 
 
-# -- remote exceptions ---------------------------------------------------------------------
-
-_MATERIALIZED: weakref.WeakKeyDictionary[type, type[RemoteError] | None] = (
-    weakref.WeakKeyDictionary()
-)
-_BY_VALUE: dict[bytes, type[BaseException] | None] = {}
-
-
-def _resolve(qualified: str) -> type[BaseException] | None:
-    module_name, _, qualname = qualified.rpartition(".")
-    module = builtins if module_name == "builtins" else sys.modules.get(module_name)
-    obj: Any = module
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    if isinstance(obj, type) and issubclass(obj, BaseException):
-        return obj
-    return None
-
-
-def _unpickle_class(data: bytes) -> type[BaseException] | None:
-    """The exception class an actor shipped by value (a class of the driver's __main__)."""
-    if data not in _BY_VALUE:
-        try:
-            obj = loads_by_value(data)
-        except Exception:
-            obj = None
-        ok = isinstance(obj, type) and issubclass(obj, BaseException)
-        _BY_VALUE[data] = obj if ok else None
-    return _BY_VALUE[data]
-
-
-def _combined(original: type[BaseException]) -> type[RemoteError] | None:
-    """``RemoteError[original]``: an instance of both (None where they cannot be combined)."""
-    if original not in _MATERIALIZED:
-        cls: type[RemoteError] | None = None
-        # Never SystemExit, KeyboardInterrupt, GeneratorExit or any other non-Exception:
-        # a remote failure must not exit, interrupt or close the caller.
-        if issubclass(original, Exception) and not issubclass(original, RaylessError):
-            try:
-                cls = type(
-                    f"RemoteError[{original.__qualname__}]",
-                    (RemoteError, original),
-                    {"__module__": __name__},
-                    wire=None,  # travels as a plain RemoteError
-                )
-            except TypeError:  # incompatible layouts (some builtins): keep the plain type
-                cls = None
-        _MATERIALIZED[original] = cls
-    return _MATERIALIZED[original]
-
-
-def _materialize_any(exc: BaseException) -> BaseException:
-    return materialize(exc) if isinstance(exc, RemoteError) else exc
-
-
 def fast_submit(
     handle: Any, method: str, args: tuple[Any, ...], kwargs: Any, timeout: float | None = None
 ) -> Any:
@@ -619,36 +563,3 @@ def fast_submit(
                 failed.set_exception(call_limit_error(error, method, args, kwargs))
             return failed
     return fut
-
-
-def materialize(exc: RemoteError) -> RemoteError:
-    """``exc`` as an instance of both RemoteError and the original type, where it is found.
-
-    The original type is looked up among the modules already imported in this process (a
-    remote peer can never make us import anything), else taken from the class the actor
-    shipped by value (a class of the driver's ``__main__``). The rebuilt exception has the
-    original's args and plain public attributes (RemoteError's own attributes win a clash).
-    Only subclasses of ``Exception`` are rebuilt: ``SystemExit``, ``KeyboardInterrupt`` and
-    other BaseExceptions stay plain RemoteErrors.
-    """
-    if type(exc) is not RemoteError:
-        return exc
-    original = _resolve(exc.remote_type)
-    pickled = getattr(exc, "remote_class", None)  # absent in errors from older peers
-    if original is None and isinstance(pickled, bytes):
-        original = _unpickle_class(pickled)
-    cls = _combined(original) if original is not None else None
-    if cls is None:
-        return exc
-    new = cls.__new__(cls)
-    attrs = getattr(exc, "remote_attrs", None)
-    attrs = attrs if isinstance(attrs, dict) else {}
-    for key, value in attrs.items():
-        if isinstance(key, str) and not key.startswith("_"):
-            try:
-                setattr(new, key, value)
-            except (AttributeError, TypeError):  # a read-only property of the original type
-                pass
-    new.__dict__.update(exc.__dict__)
-    new.args = exc.args
-    return new

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rayless.actors.api import portal as portals
-from rayless.actors.api.handle import ActorHandle, _call
+from rayless.actors.api.handle import ActorHandle, _call, split_ready
 from rayless.transport.errors import ClosedError, Timeout
 
 T = TypeVar("T")
@@ -125,7 +125,9 @@ class SyncCluster:
         num_returns: int = 1,
         timeout: float | None = None,
     ) -> tuple[list[concurrent.futures.Future[Any]], list[concurrent.futures.Future[Any]]]:
-        """Like ``ray.wait``: (done, pending) once ``num_returns`` are done or at timeout."""
+        """Like ``ray.wait``: (ready, not_ready) once ``num_returns`` are done or at timeout;
+        ``ready`` holds at most ``num_returns``, the first done ones in the order given, and
+        ``not_ready`` all the others (done or not), in the order given."""
         futs = list(futures)
         if not 1 <= num_returns <= max(1, len(futs)):
             raise ValueError(f"num_returns must be in 1..{len(futs)}, got {num_returns}")
@@ -140,15 +142,15 @@ class SyncCluster:
                 pending, timeout=left, return_when=concurrent.futures.FIRST_COMPLETED
             )
             done |= newly
-        return [f for f in futs if f in done], [f for f in futs if f not in done]
+        return split_ready(futs, num_returns)
 
     def get(
         self,
         futures: Iterable[concurrent.futures.Future[Any]] | concurrent.futures.Future[Any],
         timeout: float | None = None,
     ) -> Any:
-        """All results in order, the first error raised (``ray.get``); a single future gives
-        its result. ``timeout`` bounds the whole wait, not each future.
+        """All results in order, or the first error at once (``ray.get``); a single future
+        gives its result. ``timeout`` bounds the whole wait, not each future.
 
         Like ``ray.get``, a timeout cancels nothing: the calls go on (``future.cancel()``
         cancels one, in its actor too).
@@ -159,19 +161,16 @@ class SyncCluster:
         if isinstance(futures, concurrent.futures.Future):
             return self.get([futures], timeout)[0]
         futs = list(futures)
-        deadline = None if timeout is None else _now() + timeout
-        results = []
-        for f in futs:
-            try:
-                results.append(f.result(None if deadline is None else max(0.0, deadline - _now())))
-            except concurrent.futures.TimeoutError:
-                if f.done():  # the result's own TimeoutError (e.g. a method's): as itself
-                    raise
-                left = sum(1 for f in futs if not f.done())
-                raise Timeout(
-                    f"{left} of {len(futs)} results did not arrive within {timeout}s"
-                ) from None
-        return results
+        _, pending = concurrent.futures.wait(
+            futs, timeout=timeout, return_when=concurrent.futures.FIRST_EXCEPTION
+        )
+        for f in futs:  # an error raised at once, as ray.get: the others are not waited for
+            error = f.exception() if f.done() and not f.cancelled() else None
+            if error is not None:
+                raise error  # (a method's own TimeoutError as itself)
+        if pending:
+            raise Timeout(f"{len(pending)} of {len(futs)} results did not arrive within {timeout}s")
+        return [f.result() for f in futs]
 
     def close(self) -> None:
         """End the session (and a local cluster) and stop the loop thread. Idempotent."""

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rayless.transport.counters import COUNTERS
+from rayless.transport.errors import RemoteError
 
 
 def apply_torch_threads(n: int) -> None:
@@ -183,6 +184,8 @@ class SyncWorker:
                 continue
             if ok:
                 fut.set_result(value)
+            elif isinstance(value, StopIteration):  # a Future refuses one (a constructor's)
+                fut.set_exception(RemoteError.from_exception(value, self._name))
             else:
                 fut.set_exception(value)
 

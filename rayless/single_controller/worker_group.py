@@ -91,7 +91,8 @@ class GroupMethod:
         Raises:
             RuntimeError: an event loop runs in this thread (use ``await .aio(...)``).
             ValueError / TypeError: the dispatch refused the arguments (an uneven batch...).
-            RemoteError / ActorDiedError: a rank raised or died (the first in rank order).
+            RemoteError / ActorDiedError: a rank raised or died (the first to fail, at once:
+                the other ranks are not waited for).
         """
         future = self.remote(*args, **kwargs)
         return future if not self.attrs.blocking else future.result()
@@ -241,21 +242,37 @@ class WorkerGroup:
         worker_handles: Sequence[ActorHandle[Any]] | None = None,
         ray_cls_with_init: ClassWithInitArgs | None = None,
         *,
+        cls_with_init: ClassWithInitArgs | None = None,
         cluster: Any = None,
+        **kwargs: Any,
     ) -> WorkerGroup:
         """A group over running workers: their handles, or their names (then ``cluster``, a
         SyncCluster, looks them up). Works in any process, another actor's included.
 
+        verl's spellings all work: ``ray_cls_with_init=`` or ``cls_with_init=``, and older
+        verl's positional ``from_detached(worker_names, ray_cls_with_init)``; other keywords
+        are the constructor's (verl's extras such as ``device_name`` accepted).
+
         Raises:
             ActorNotFoundError: a name is not a live actor.
+            TypeError: two different classes given, or an unknown keyword.
         """
+        if not isinstance(name_prefix, (str, type(None))):
+            # older verl's order: from_detached(worker_names=None, ray_cls_with_init=None)
+            old_cia = worker_names if isinstance(worker_names, ClassWithInitArgs) else None
+            if worker_names is not None and old_cia is None:
+                raise TypeError("name_prefix must be a str (worker names go in worker_names=)")
+            name_prefix, worker_names = None, name_prefix
+            ray_cls_with_init = _one_class(ray_cls_with_init, old_cia)
+        cia = _one_class(ray_cls_with_init, cls_with_init)
         return cls(
             None,
-            ray_cls_with_init,
+            cia,
             name_prefix=name_prefix,
             worker_names=worker_names,
             worker_handles=worker_handles,
             cluster=cluster,
+            **kwargs,
         )
 
     @classmethod
@@ -264,17 +281,21 @@ class WorkerGroup:
         worker_names: Sequence[str],
         ray_cls_with_init: ClassWithInitArgs | None = None,
         *,
+        cls_with_init: ClassWithInitArgs | None = None,
         cluster: Cluster,
         name_prefix: str | None = None,
+        **kwargs: Any,
     ) -> WorkerGroup:
         """:meth:`from_detached` by names, awaitable (``cluster``: a ``Cluster``, e.g.
         ``await actors.connect()`` inside an actor).
 
         Raises:
             ActorNotFoundError: a name is not a live actor.
+            TypeError: two different classes given, or an unknown keyword.
         """
+        cia = _one_class(ray_cls_with_init, cls_with_init)
         handles = await _lookup(cluster, list(worker_names))
-        return cls(None, ray_cls_with_init, name_prefix=name_prefix, worker_handles=handles)
+        return cls(None, cia, name_prefix=name_prefix, worker_handles=handles, **kwargs)
 
     def _bind(self, cia: ClassWithInitArgs) -> None:
         if cia.fused_worker_used:
@@ -418,7 +439,10 @@ class WorkerGroup:
             RuntimeError: an event loop runs in this thread (use :meth:`aexecute_all`).
         """
         _no_loop(f"execute_all_sync({method_name!r})")
-        return [f.result() for f in self.execute_all_async(method_name, *args, **kwargs)]
+        result: list[Any] = _combine(
+            self.execute_all_async(method_name, *args, **kwargs), list
+        ).result()
+        return result
 
     async def aexecute_all(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """:meth:`execute_all_sync`, awaitable."""
@@ -470,6 +494,16 @@ async def _spawn_workers(
     )
 
 
+def _one_class(
+    ray_cls_with_init: ClassWithInitArgs | None, cls_with_init: ClassWithInitArgs | None
+) -> ClassWithInitArgs | None:
+    """verl's two names for the workers' class: either, or both when they are the same."""
+    both = ray_cls_with_init is not None and cls_with_init is not None
+    if both and ray_cls_with_init is not cls_with_init:
+        raise TypeError("give ray_cls_with_init or cls_with_init, not two different classes")
+    return ray_cls_with_init if ray_cls_with_init is not None else cls_with_init
+
+
 async def _lookup(cluster: Cluster, names: list[str]) -> list[ActorHandle[Any]]:
     return list(await asyncio.gather(*(cluster.get_actor(n) for n in names)))
 
@@ -519,21 +553,30 @@ async def _resolve_async(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
 def _combine(
     futures: list[concurrent.futures.Future[Any]], finish: Callable[[list[Any]], Any]
 ) -> concurrent.futures.Future[Any]:
-    """One future of ``finish(results)`` once every future is done (the first error in rank
-    order, if any)."""
+    """One future of ``finish(results)`` once every future is done, or of the first error as
+    soon as one fails (a dead rank: the others may be blocked in a collective that never
+    returns, as ``ray.get`` does, they are left running, never waited for)."""
     out: concurrent.futures.Future[Any] = concurrent.futures.Future()
     left = [len(futures)]
     lock = threading.Lock()
 
-    def done(_: concurrent.futures.Future[Any]) -> None:
+    def done(f: concurrent.futures.Future[Any]) -> None:
         with lock:
+            if out.done():
+                return
             left[0] -= 1
-            if left[0]:
+            error = f.exception() if not f.cancelled() else concurrent.futures.CancelledError()
+            if error is None and left[0]:
+                return
+            if error is not None:
+                out.set_exception(error)
                 return
         try:
-            out.set_result(finish([f.result() for f in futures]))
+            result = finish([f.result() for f in futures])
         except BaseException as exc:
             out.set_exception(exc)
+        else:
+            out.set_result(result)
 
     if not futures:
         out.set_result(finish([]))

@@ -61,7 +61,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-from tensordict import TensorDict, TensorDictBase
+import torch
+from tensordict import NonTensorStack, TensorDict, TensorDictBase
 
 from rayless.actors import ActorDiedError, ActorHandle, Cluster, Template, connect
 from rayless.actors.api.components import spawn_all
@@ -198,6 +199,20 @@ def _gated(cls: type[S]) -> type[S]:
         if not name.startswith("_") and name not in _UNGATED and inspect.iscoroutinefunction(attr):
             setattr(cls, name, _after_start(attr))
     return cls
+
+
+def _one_sample(fields: Mapping[str, Any]) -> TensorDict:
+    """One sample's values (TransferQueue's ``kv_put`` dict) as a TensorDict of batch size 1:
+    tensors get a batch dimension, other values become a one-entry non-tensor list."""
+    batch: dict[str, Any] = {}
+    for name, value in fields.items():
+        if isinstance(value, torch.Tensor):
+            if value.is_nested:
+                raise StoreInputError(f"field {name!r} is a nested tensor: use kv_batch_put")
+            batch[name] = value.unsqueeze(0)
+        else:
+            batch[name] = NonTensorStack(value)
+    return TensorDict(batch, batch_size=[1])
 
 
 def _kv_keys(keys: Any) -> list[str]:
@@ -664,6 +679,8 @@ class Store:
         if meta is None:
             if partition is None:
                 raise StoreInputError("put needs a partition (or the meta of existing samples)")
+            if n == 0:  # nothing to store (every sample filtered out): a no-op
+                return self._put_result(self._empty_meta(), columns, schemas)
             key = lease_key(partition, n, wire, options)
             new = (td, partition, columns, n, schemas, wire, options, timeout)
             return await self._put_new(*new, key, retry=True)
@@ -672,6 +689,8 @@ class Store:
         meta = self._check_meta(meta)
         if meta.size != n:
             raise StoreInputError(f"the TensorDict holds {n} samples, the meta {meta.size}")
+        if n == 0:  # no samples, no fields to write
+            return self._put_result(meta, columns, schemas)
         if partition is not None and set(meta.partition_ids) != {partition}:
             raise StoreInputError(f"the meta's samples are not in partition {partition!r}")
         begun = await self.controller.begin_column_put(meta, wire)
@@ -748,6 +767,9 @@ class Store:
         # put's copies could grow the column under them (the copies then go the socket way).
         await self._leases.refill(key, columns, wire, self._reserve_ahead)
         return self._put_result(meta, columns, schemas)
+
+    def _empty_meta(self) -> BatchMeta:
+        return BatchMeta(self.store_id, (), (), (), (), {})
 
     @staticmethod
     def _put_result(
@@ -1089,12 +1111,36 @@ class Store:
         return groups
 
     async def kv_put(
-        self, keys: Sequence[str], td: TensorDictBase, *, timeout: float = PUT_TIMEOUT
-    ) -> None:
-        """Store ``td``'s rows under string ``keys`` (existing keys are overwritten).
+        self,
+        keys: Sequence[str] | str | None = None,
+        td: TensorDictBase | str | None = None,
+        fields: TensorDictBase | Mapping[str, Any] | None = None,
+        tag: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        *,
+        key: str | Sequence[str] | None = None,
+        partition_id: str | None = None,
+        timeout: float = PUT_TIMEOUT,
+    ) -> KVBatchMeta | None:
+        """Store ``td``'s rows under string ``keys`` (existing keys are overwritten): the
+        units' own KV, no partition.
+
+        TransferQueue's form, ``kv_put(key, partition_id, fields=None, tag=None)`` (one key
+        of a partition, positional or by keyword), is :meth:`kv_batch_put` of that one key:
+        ``fields`` a TensorDict of batch size 1 or a dict of one sample's values (tensors
+        get their batch dimension here), ``tag`` its dict; it returns the KVBatchMeta.
 
         Raises StoreInputError/SchemaError, StoreFullError, UnitLostError.
         """
+        partition = partition_id if partition_id is not None else td
+        if isinstance(partition, str) or key is not None or fields is not None or tag is not None:
+            return await self._kv_put_one(keys if key is None else key, partition, fields, tag)
+        if isinstance(keys, str):
+            raise StoreInputError(
+                f"keys must be a list of str, got {keys!r} (TransferQueue's form names the "
+                "partition: kv_put(key, partition_id, fields=..., tag=...))"
+            )
+        if td is None:
+            raise StoreInputError("kv_put(keys, td) needs a TensorDict of the keys' rows")
         keys = _kv_keys(keys)
         columns = split_columns(td, len(keys))
         groups = self._by_key(keys)
@@ -1106,6 +1152,22 @@ class Store:
                 self.units[shard]["handle"].kv_put([keys[p] for p in positions], sub, timeout)
             )
         await self._gather(shards, calls)
+        return None
+
+    async def _kv_put_one(self, key: Any, partition: Any, fields: Any, tag: Any) -> KVBatchMeta:
+        """TransferQueue's ``kv_put(key, partition_id, fields=None, tag=None)``."""
+        if not isinstance(partition, str):
+            raise StoreInputError(
+                "kv_put(key, partition_id, fields=..., tag=...) needs a partition_id (str); "
+                "the units' KV is kv_put(keys, td)"
+            )
+        keys = [key] if isinstance(key, str) else _kv_keys(key)
+        if isinstance(fields, Mapping) and not isinstance(fields, TensorDictBase):
+            if len(keys) != 1:
+                raise StoreInputError("a dict of fields is one sample: give one key")
+            fields = _one_sample(fields)
+        tags = [tag] if isinstance(tag, Mapping) else tag
+        return await self.kv_batch_put(keys, partition, fields, tags)
 
     async def kv_get(
         self, keys: Sequence[str], fields: Sequence[str] | None = None, *, device: Any = None

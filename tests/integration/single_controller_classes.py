@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 import torch
@@ -79,6 +80,14 @@ class TestActor(Worker):
     @register(Dispatch.ONE_TO_ALL)
     async def nap(self, seconds: float) -> int:
         await asyncio.sleep(seconds)
+        return self.rank
+
+    @register(Dispatch.ONE_TO_ALL)
+    def collective(self, dead_rank: int, hold: float) -> int:
+        """A collective that one rank leaves by dying: the others wait ``hold`` seconds."""
+        if self.rank == dead_rank:
+            os._exit(3)
+        time.sleep(hold)
         return self.rank
 
     @register(Dispatch.ONE_TO_ALL)

@@ -58,6 +58,24 @@ async def test_submit_wait_and_gather(local_cluster: Cluster) -> None:
         await actors.wait([fast], num_returns=2)
 
 
+async def test_wait_returns_at_most_num_returns_in_the_order_given(
+    local_cluster: Cluster,
+) -> None:
+    """As ``ray.wait``: ready holds exactly ``num_returns`` when that many are done (it held
+    every finished future: 4 of 4 for ``num_returns=1``)."""
+    counter = await local_cluster.spawn(Counter)
+    futs = [counter.aadd.submit(1) for _ in range(4)]
+    await actors.gather(futs)
+    assert await actors.wait(futs, num_returns=1) == ([futs[0]], futs[1:])
+    assert await actors.wait(futs, num_returns=3, timeout=10) == (futs[:3], futs[3:])
+    slow = counter.sleep.remote(30)
+    mixed = [slow, *futs[2:]]
+    assert await actors.wait(mixed, num_returns=1, timeout=10) == ([futs[2]], [slow, futs[3]])
+    ready, rest = await actors.wait(mixed, num_returns=3, timeout=0.2)  # at the timeout
+    assert ready == futs[2:] and rest == [slow]
+    slow.cancel()
+
+
 async def test_tensors_travel_both_ways(local_cluster: Cluster) -> None:
     counter = await local_cluster.spawn(Counter)
     big = torch.ones(4 * 2**20)

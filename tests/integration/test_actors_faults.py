@@ -224,6 +224,7 @@ def test_sync_facade() -> None:
         remote = [counter.aadd.remote(1) for _ in range(3)]  # plain thread: concurrent futures
         done, _ = cluster.wait(remote, num_returns=3, timeout=30)
         assert len(done) == 3 and sorted(cluster.get(remote)) == [14, 15, 16]
+        assert cluster.wait(remote, num_returns=1) == (remote[:1], remote[1:])  # as ray.wait
         assert cluster.get_actor(counter.name) == counter
         assert cluster.nodes()[0]["node_id"] == "node-0"
         assert cluster.kill(counter)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rayless.actors import Cluster
+from rayless.actors import ActorDiedError, Cluster
 from rayless.actors.api.sync import SyncCluster
 from rayless.placement import PlacementError
 from rayless.single_controller import (
@@ -118,6 +118,23 @@ def test_call_timeout_bounds_every_rank_call(groups: Groups) -> None:
     with pytest.raises(TypeError, match="unexpected keyword arguments"):
         WorkerGroup(None, None, worker_handles=wg.workers, colour="red")
     WorkerGroup(None, None, worker_handles=wg.workers, device_name="cuda")  # verl's, accepted
+
+
+@pytest.mark.parametrize("face", ["call", "execute_all_sync", "get"])
+def test_a_dead_rank_fails_a_blocking_call_at_once(groups: Groups, face: str) -> None:
+    """The others block for 60 s (in a real collective: forever); the blocking call waited
+    for every rank before it reported the dead one (``.aio`` failed at once)."""
+    wg = groups.group(groups.pool([3], use_gpu=False), ClassWithInitArgs(TestActor, x=0))
+    calls = {
+        "call": lambda: wg.collective(1, 60.0),
+        "execute_all_sync": lambda: wg.execute_all_sync("collective", 1, 60.0),
+        "get": lambda: groups.cluster.get(wg.execute_all_async("collective", 1, 60.0)),
+    }
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        blocking = pool.submit(calls[face])
+        with pytest.raises(ActorDiedError) as info:
+            blocking.result(timeout=20)  # a TimeoutError here: it waited for the others
+    assert info.value.exitcode == 3
 
 
 def test_ranks_get_their_env_and_one_gpu_each_over_two_nodes(groups: Groups) -> None:
@@ -246,6 +263,30 @@ def test_from_detached_in_another_actor_and_here(groups: Groups) -> None:
         cluster=groups.cluster,
     )
     assert here.foo_rank_zero(x=0, y=1) == 3
+
+
+def test_from_detached_takes_every_verl_spelling(groups: Groups) -> None:
+    """``cls_with_init=`` was refused (TypeError); verl's older positional order too."""
+    wg = groups.group(groups.pool([2], use_gpu=False), ClassWithInitArgs(TestActor, x=2))
+    cia = ClassWithInitArgs(TestActor, x=2)
+    names, c = wg.worker_names, groups.cluster
+    spelled = [
+        WorkerGroup.from_detached(worker_names=names, cls_with_init=cia, cluster=c),
+        WorkerGroup.from_detached(worker_names=names, ray_cls_with_init=cia, cluster=c),
+        WorkerGroup.from_detached(names, cia, cluster=c),  # older verl: (worker_names, cia)
+        WorkerGroup.from_detached("p", None, wg.workers, None, cls_with_init=cia, device_name="x"),
+        c.run(WorkerGroup.afrom_detached(names, cls_with_init=cia, cluster=c.cluster)),
+    ]
+    for group in spelled:
+        assert group.worker_names == names and group.foo_rank_zero(x=0, y=1) == 3
+    with pytest.raises(TypeError, match="not two different"):
+        WorkerGroup.from_detached(
+            worker_handles=wg.workers,
+            ray_cls_with_init=cia,
+            cls_with_init=ClassWithInitArgs(TestActor, x=1),
+        )
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        WorkerGroup.from_detached(worker_handles=wg.workers, cls_with_init=cia, colour="red")
 
 
 def test_the_awaitable_face(cluster: SyncCluster, groups: Groups) -> None:

@@ -14,6 +14,7 @@ from rayless.store import (
     BatchMeta,
     Store,
     StoreFullError,
+    StoreInputError,
     StoreTimeoutError,
     SyncStore,
     UnknownKeyError,
@@ -83,6 +84,22 @@ async def test_column_wise_put_onto_existing_meta(local_cluster: Cluster) -> Non
     got = await st.get_meta("p", ["prompt", "resp"], 4, task="t", timeout=5)
     out = await st.get(got)
     assert out["resp"].tolist() == [v * 10 for v in out["prompt"].tolist()]
+
+
+async def test_a_put_of_no_samples_is_a_no_op(local_cluster: Cluster) -> None:
+    """Every sample filtered out: the put raised a bare IndexError."""
+    st = await Store.create(local_cluster, num_units=2)
+    empty = TensorDict({"obs": torch.zeros(0, 3), "n": {"r": torch.zeros(0)}}, batch_size=[0])
+    meta = await st.put(empty, partition="p")
+    assert isinstance(meta, BatchMeta) and meta.size == 0 and meta.global_indexes == ()
+    assert set(meta.field_names) == {"obs", "n.r"}
+    assert await st.partitions() == []  # nothing was created
+    assert (await st.get(meta)).batch_size == torch.Size([0])
+    more = await st.put(TensorDict({"x": torch.zeros(0)}, [0]), meta=meta)
+    assert more.size == 0 and set(more.field_names) == {"obs", "n.r", "x"}
+    with pytest.raises(StoreInputError, match="partition"):
+        await st.put(empty)
+    assert (await st.put(TensorDict({"x": torch.arange(2)}, [2]), partition="p")).size == 2
 
 
 async def test_fetch_and_peek_per_task_and_reset(local_cluster: Cluster) -> None:
@@ -167,6 +184,32 @@ async def test_kv_face(local_cluster: Cluster) -> None:
     with pytest.raises(UnknownKeyError):
         await st.kv_get(["k0"])
     assert len(await st.kv_keys()) == 4
+
+
+async def test_kv_put_takes_transferqueue_form(local_cluster: Cluster) -> None:
+    """TransferQueue's ``kv_put(key, partition_id, fields=, tag=)`` was refused with
+    'keys must be a list of str'."""
+    st = await Store.create(local_cluster, num_units=2)
+    sample = {"input_ids": torch.tensor([1, 2, 3]), "text": "hi"}
+    meta = await st.kv_put("s0", "p", fields=sample, tag={"score": 0.9})
+    assert (meta.keys, meta.partition_id, meta.tags) == (["s0"], "p", [{"score": 0.9}])
+    assert set(meta.fields) == {"input_ids", "text"}
+    await st.kv_put(key="s1", partition_id="p", tag={"status": "running"})  # a tag only
+    more = await st.kv_put("s0", partition_id="p", fields=TensorDict({"r": torch.ones(1)}, [1]))
+    assert set(more.fields) == {"input_ids", "text", "r"}
+    out = await st.kv_batch_get("s0", "p")
+    assert out["input_ids"].tolist() == [[1, 2, 3]] and out["text"].tolist() == ["hi"]
+    assert out["r"].tolist() == [1.0]
+    assert (await st.kv_list("p"))["p"]["s1"] == {"status": "running"}
+    with pytest.raises(StoreInputError, match="TransferQueue's form"):
+        await st.kv_put("abc", TensorDict({"x": torch.ones(3)}, [3]))
+    with pytest.raises(StoreInputError, match="needs a partition_id"):
+        await st.kv_put(key="s2", fields=sample)
+    with pytest.raises(StoreInputError, match="nested tensor"):
+        nested = torch.nested.as_nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged)
+        await st.kv_put("s3", "p", fields={"x": nested})
+    await st.kv_put(["raw"], TensorDict({"x": torch.ones(1)}, [1]))  # the units' KV as before
+    assert await st.kv_keys() == ["raw"]
 
 
 async def test_capacity_full_then_success_after_clear(local_cluster: Cluster) -> None:

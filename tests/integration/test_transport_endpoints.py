@@ -384,3 +384,17 @@ async def test_bad_arguments_are_rejected_up_front() -> None:
         Limits(max_peers=0)
     with pytest.raises(ValueError, match="heartbeat_timeout"):
         Client("tcp://127.0.0.1:1", token=TOKEN, heartbeat_interval=2, heartbeat_timeout=1)
+
+
+async def test_an_error_hook_that_fails_never_leaves_the_call_waiting(server: Server) -> None:
+    """The reply's future was popped and its timer cancelled before the hook ran: a hook that
+    raised left the call waiting forever, its own timeout too."""
+
+    def hook(exc: BaseException) -> BaseException:
+        raise TypeError("cannot rebuild this one")
+
+    async with Client(server.address, token=TOKEN, error_hook=hook) as client:
+        with pytest.raises(RemoteError, match="bad value"):
+            await asyncio.wait_for(client.request("value-error", timeout=30), 10)
+        assert client.pending == 0
+        assert await client.request("still serving", timeout=10) == "still serving"

@@ -7,12 +7,15 @@ attributes were lost, a class of the driver's ``__main__`` was not rebuilt, and 
 
 from __future__ import annotations
 
+import copy
+import pickle
 from typing import Any
 
 import pytest
 
 from rayless.actors.api.actor import dumps_by_value
-from rayless.actors.api.runtime import materialize
+from rayless.actors.api.remote_errors import materialize
+from rayless.actors.errors import ActorDiedError
 from rayless.transport.codec import decode, encode
 from rayless.transport.errors import RemoteError
 
@@ -75,3 +78,50 @@ def test_a_class_of_main_is_rebuilt_by_value() -> None:
     assert type(plain) is RemoteError and plain.remote_type == "__main__.ByValueErr"
     broken = _wire(cls(7), remote_class=b"not a pickle")
     assert type(broken) is RemoteError
+
+
+class KwOnly(Exception):
+    def __init__(self, *, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class NoReduce(Exception):
+    def __reduce__(self) -> Any:
+        raise RuntimeError("not picklable")
+
+
+def _copies(err: BaseException) -> list[BaseException]:
+    return [copy.deepcopy(err), copy.copy(err), pickle.loads(pickle.dumps(err))]
+
+
+@pytest.mark.parametrize(
+    "exc", [KeyError("k"), Coded(3, "m"), KwOnly(code=4), NoReduce("n"), OSError(2, "nf", "/p")]
+)
+def test_remote_errors_deep_copy_and_pickle(exc: BaseException) -> None:
+    err = _wire(_raised(exc))
+    assert isinstance(err, type(exc)) and isinstance(err, RemoteError)
+    for back in _copies(err):
+        assert type(back) is type(err) and back is not err
+        assert back.args == err.args and str(back) == str(err)
+        assert back.remote_traceback == err.remote_traceback and back.actor == "a"
+        assert vars(back) == vars(err)
+    plain = RemoteError.from_exception(_raised(ValueError("v")), actor="b")
+    for back in _copies(plain):
+        assert type(back) is RemoteError and str(back) == str(plain)
+
+
+def test_rayless_errors_with_keyword_only_init_deep_copy_and_pickle() -> None:
+    died = ActorDiedError("w", pid=3, exitcode=-9, reason="killed")
+    for back in _copies(died):
+        assert type(back) is ActorDiedError and str(back) == str(died)
+        assert (back.pid, back.exitcode) == (3, -9)
+
+
+@pytest.mark.parametrize("kind", [StopIteration, StopAsyncIteration, MemoryError, RecursionError])
+def test_interpreter_sensitive_types(kind: type[BaseException]) -> None:
+    err = _wire(_raised(kind("x")))
+    if kind in (StopIteration, StopAsyncIteration):  # never one the interpreter acts on
+        assert type(err) is RemoteError and err.remote_type == f"builtins.{kind.__name__}"
+    else:
+        assert isinstance(err, kind) and isinstance(err, RemoteError) and err.args == ("x",)

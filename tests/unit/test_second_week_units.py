@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from rayless.actors.api.components import slots_of
-from rayless.actors.api.runtime import materialize
+from rayless.actors.api.remote_errors import materialize
 from rayless.errors import PlacementError
 from rayless.placement import ComponentScheduling, ResourcePoolPlanner, Scheduling
 from rayless.transport import codec
