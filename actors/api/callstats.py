@@ -48,7 +48,7 @@ class CallStats:
         with self._lock:
             self.errors[method] = self.errors.get(method, 0) + 1
             if exc is not None:
-                self.last_error = f"{method}: {type(exc).__name__}: {exc}"[:_LAST_ERROR_CHARS]
+                self.last_error = f"{method}: {_describe(exc)}"[:_LAST_ERROR_CHARS]
 
     def queues(self) -> dict[str, int]:
         """``queued`` (waiting to start) and ``running`` calls now."""
@@ -70,6 +70,15 @@ class CallStats:
             errors, last = dict(self.errors), self.last_error
         return {"pid": os.getpid(), "calls": dict(self.calls), "errors": errors,
                 "last_error": last, **self.queues()}  # fmt: skip
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message``; an exception whose ``__str__`` raises still gets a line."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = "(its str() raised)"
+    return f"{type(exc).__name__}: {text}"
 
 
 STATS = CallStats()
