@@ -267,6 +267,11 @@ class LocalPlane:
             raise results[0]
         if results[0] or any(isinstance(r, BaseException) for r in results[1:]):
             return None
+        located: list[dict[str, Any]] = list(results[1:])  # type: ignore[arg-type]
+        shaped = _shaped(schemas, dense, located)
+        if shaped is None:
+            return None  # a multi-shape field's read mixing shapes: the socket path nests it
+        schemas = shaped
         size = meta.size
         view = zero_copy and len(groups) == 1 and gpu is None
         out: dict[str, torch.Tensor] = {}
@@ -279,14 +284,13 @@ class LocalPlane:
                 out[name] = torch.empty((size, *shape), dtype=dtype, device=target)
             elif not view:
                 out[name] = _result((size, *shape), dtype)
-        located: list[dict[str, Any]] = list(results[1:])  # type: ignore[arg-type]
         if gpu is not None:
             for found in located:
                 self._map_cuda(found["fields"], schemas)
         events = ready_events(out.values()) if gpu is not None else []
         copies = [
             self._read_group(
-                units[g], part, meta, positions, dense, rest, located[g], out, view, events
+                units[g], part, meta, schemas, positions, dense, rest, located[g], out, view, events
             )
             for g, ((_, part), positions) in enumerate(groups.items())
         ]
@@ -311,6 +315,7 @@ class LocalPlane:
         unit: Mapping[str, Any],
         part: str,
         meta: BatchMeta,
+        schemas: Mapping[str, FieldSchema],
         positions: list[int],
         dense: list[str],
         rest: list[str],
@@ -319,9 +324,9 @@ class LocalPlane:
         view: bool,
         events: list[Any],
     ) -> tuple[list[int], Any, bool] | None:
-        """Copy one unit's rows into ``out``; ``(positions, other fields, whether the rows were
-        located again)``, None: give up."""
-        schemas = meta.field_schemas
+        """Copy one unit's rows into ``out`` (``schemas``: the meta's, with the shape
+        ``locate`` found for a multi-shape field); ``(positions, other fields, whether the
+        rows were located again)``, None: give up."""
         gpu = self.gpu_of(unit)
         for attempt in range(_RETRIES):
             args = (found["fields"], schemas, positions, meta.size, out, view, events, gpu)
@@ -332,6 +337,8 @@ class LocalPlane:
             idx = [meta.global_indexes[p] for p in positions]
             try:
                 found = await unit["handle"].locate(part, idx, dense, rest, self.known(unit))
+                if _shaped(schemas, dense, [found]) != schemas:
+                    return None  # another shape there now: a stale meta (the socket path)
                 if gpu is not None:
                     self._map_cuda(found["fields"], schemas)
             except (ActorDiedError, UnitLostError, StoreInputError):
@@ -527,6 +534,29 @@ class LocalPlane:
             m.leases += 1  # the view's own lease, released when its storage is freed
         weakref.finalize(base, self._release, m)
         return torch.from_numpy(base).view(dtype).view(rows, *shape)
+
+
+def _shaped(
+    schemas: Mapping[str, FieldSchema], dense: list[str], located: list[dict[str, Any]]
+) -> dict[str, FieldSchema] | None:
+    """``schemas`` with each multi-shape dense field's shape as ``located`` (the units'
+    ``locate`` answers) found it; None when some read mixes shapes (``"parts"``, or units'
+    parts of different shapes). Fields of one shape keep their schema."""
+    out = dict(schemas)
+    for name in dense:
+        schema = schemas[name]
+        shapes = set()
+        for found in located:
+            where = found["fields"][name]
+            if "parts" in where:
+                return None
+            shapes.add(tuple(where.get("shape", schema.shape or ())))
+        if len(shapes) > 1 or (not schema.is_multi_shape and shapes - {schema.shape or ()}):
+            return None  # (a shape the meta does not know: the socket path tells what is up)
+        if schema.is_multi_shape and shapes:
+            dims = tuple(int(d) for d in shapes.pop())
+            out[name] = FieldSchema("dense", schema.dtype, dims, schema.device)
+    return out
 
 
 def _unpack(meta: BatchMeta, name: str, size: int, parts: list[tuple[list[int], Any]]) -> list[Any]:

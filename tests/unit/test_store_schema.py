@@ -122,11 +122,12 @@ def test_field_schema_validation_and_wire() -> None:
     s = FieldSchema("jagged", "bfloat16", (None, 8), "cuda:1")
     assert FieldSchema.from_dict(s.to_dict()) == s
     assert s.is_nested and not s.is_non_tensor and s.torch_dtype == torch.bfloat16
+    multi = FieldSchema("dense", "float32", (None,), "cpu")  # a multi-shape dense field
+    assert FieldSchema.from_dict(multi.to_dict()) == multi and multi.is_multi_shape
     for bad in (
         {"kind": "sparse"},
         {"kind": "dense", "dtype": "float32"},
         {"kind": "dense", "dtype": "nope", "shape": [1]},
-        {"kind": "dense", "dtype": "float32", "shape": [None]},
         {"kind": "dense", "dtype": "float32", "shape": [-1]},
         {"kind": "non_tensor", "dtype": "float32"},
         {"kind": "dense", "dtype": "float32", "shape": 3},
@@ -148,8 +149,14 @@ def test_merged_rules() -> None:
     assert dense.merged(FieldSchema("dense", "float32", (4,), "cuda:0"), "x").device == "cuda:0"
     with pytest.raises(SchemaError, match="dtype float32; cannot write float16"):
         dense.merged(FieldSchema("dense", "float16", (4,), "cpu"), "x")
-    with pytest.raises(SchemaError, match="per-sample shape"):
-        dense.merged(FieldSchema("dense", "float32", (5,), "cpu"), "x")
+    # issue 41: another width of one rank makes a multi-shape dense field (parts per shape)
+    multi = dense.merged(FieldSchema("dense", "float32", (5,), "cpu"), "x")
+    assert multi == FieldSchema("dense", "float32", (None,), "cpu") and multi.is_multi_shape
+    assert multi.merged(dense, "x") == multi and not dense.is_multi_shape
+    with pytest.raises(SchemaError, match="1-dim samples; cannot write 2-dim"):
+        dense.merged(FieldSchema("dense", "float32", (2, 2), "cpu"), "x")
+    with pytest.raises(SchemaError, match="dtype float32; cannot write int64"):
+        multi.merged(FieldSchema("dense", "int64", (5,), "cpu"), "x")
     with pytest.raises(SchemaError, match="holds dense data"):
         dense.merged(FieldSchema("jagged", "float32", (None,), "cpu"), "x")
     nested = FieldSchema("jagged", "int64", (None, 3), "cpu")

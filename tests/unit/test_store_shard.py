@@ -157,7 +157,7 @@ def test_bad_writes_leave_the_shard_unchanged() -> None:
     s.write("p", [0, 1, 2], batch(3))
     before = dump(s)
     dtype_change = TensorDict({"obs": torch.zeros(1, 4, dtype=torch.float64)}, batch_size=[1])
-    shape_change = TensorDict({"obs": torch.zeros(1, 5)}, batch_size=[1])
+    shape_change = TensorDict({"obs": torch.zeros(1, 4, 1)}, batch_size=[1])  # (a rank change)
     kind_change = TensorDict({"text": torch.zeros(1)}, batch_size=[1])
     ok_then_bad = TensorDict(
         {"new": torch.zeros(1), "obs": torch.zeros(1, 4, dtype=torch.int32)}, batch_size=[1]
