@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -227,7 +228,9 @@ def _nested(kind: str, rows: list[torch.Tensor], schema: FieldSchema, device: An
             max_seqlen=max(lengths),
         )
     if rows:
-        return torch.nested.as_nested_tensor(rows, layout=layout)
+        with warnings.catch_warnings():  # torch's "prototype stage" notice for strided ones
+            warnings.filterwarnings("ignore", "The PyTorch API of nested tensors", UserWarning)
+            return torch.nested.as_nested_tensor(rows, layout=layout)
     dtype = schema.torch_dtype or torch.float32
     rest = [d or 0 for d in (schema.shape or ())[1:]]
     values = torch.empty([0, *rest], dtype=dtype, device=device)
