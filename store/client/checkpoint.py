@@ -101,7 +101,7 @@ async def save(
         by_fields: dict[tuple[str, ...], list[int]] = {}
         for k, s in enumerate(samples):
             by_fields.setdefault(tuple(s["fields"]), []).append(k)
-        groups = []
+        groups: list[dict[str, Any]] = []
         for fields, members in by_fields.items():
             chunks: list[tuple[list[int], Any]] = [(members, None)]
             if fields:
