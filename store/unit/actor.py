@@ -751,9 +751,11 @@ class StorageUnit(Actor):
         known: list[str] | None = None,
     ) -> dict[str, Any]:
         """Where the dense fields ``dense`` of samples ``indexes`` are (``{"fields": {name:
-        {"segment", "generation", "rows", "slots"}}, "rest": {name: the rows of the other
-        fields ``rest``: one flat tensor of a ragged field, a list of a plain one}}``);
-        ``known`` as for ``reserve``. Raises like ``read``."""
+        {"segment", "generation", "rows", "slots", "shape"}}, "rest": {name: the rows of the
+        other fields ``rest``: one flat tensor of a ragged field, a list of a plain one}}``;
+        a multi-shape field whose rows here sit in several parts: ``{name: {"parts": [{...,
+        "shape", "at": their positions in indexes}]}}``); ``known`` as for ``reserve``.
+        Raises like ``read``."""
         await self._loaded()
         import torch
 
@@ -772,9 +774,20 @@ class StorageUnit(Actor):
             if not isinstance(col, (ShmDense, _Parts)):
                 self.shard.read(part, idx, [name])  # raises the typed error
                 raise SchemaError(f"field {name!r} is not a shared-memory column here")
+            if isinstance(col, ShmDense):  # one shape (the usual case)
+                missing = [i for i in idx if i not in col.slot_of]
+                if missing:
+                    self.shard.read(part, idx, [name])  # raises UnknownFieldError
+                fields[name] = {
+                    **self._where(col, known),
+                    "generation": col.generation,
+                    "slots": [col.slot_of[i] for i in idx],
+                    "shape": list(_Parts.shape_of(col)),
+                }
+                continue
             if any(i not in col for i in idx):
                 self.shard.read(part, idx, [name])  # raises UnknownFieldError
-            groups = col.groups(idx) if isinstance(col, _Parts) else [(col, range(len(idx)))]
+            groups = col.groups(idx)
             places = []
             for one, at in groups:  # one per per-sample shape (a multi-shape field's parts)
                 assert isinstance(one, ShmDense)
@@ -787,8 +800,9 @@ class StorageUnit(Actor):
                         "at": list(at),
                     }
                 )
-            # one shape: as ever (the client copies into one dense tensor); several: the
-            # samples' positions in ``indexes`` per part (the client reads them by socket)
+            # one shape: as ever (the client copies into one dense tensor); several: each
+            # part's rows with their positions in ``indexes`` (the client copies each into a
+            # piece of that shape and nests them: store/samehost/shapes.py)
             if len(places) == 1:
                 del places[0]["at"]
             fields[name] = places[0] if len(places) == 1 else {"parts": places}
