@@ -105,6 +105,16 @@ async def test_puts_of_other_widths_stay_dense_per_batch_and_mix_nested(
         # and a put of yet another width reuses nothing of the others' rows
         third = await st.put(TensorDict({"x": batch(3, 7.0), "id": ids[0]}, [B]), "p")
         assert torch.equal((await st.get(third))["x"], batch(3, 7.0))
+        # a column-wise rewrite of stored samples with another width moves them to its part
+        await st.put(TensorDict({"x": batch(5, -9.0)}, [B]), meta=metas[0])
+        assert torch.equal((await st.get(metas[0]))["x"], batch(5, -9.0))
+        assert torch.equal((await st.get(metas[2]))["x"], data[2])
+        # widths alternating batch after batch, each cleared after its read: slots reused
+        for k in range(8):
+            x = batch(4 + 3 * (k % 2), 1000.0 * k)
+            meta = await st.put(TensorDict({"x": x, "id": ids[0]}, [B]), "q")
+            assert torch.equal((await st.get(meta))["x"], x)
+            await st.clear(meta)
     finally:
         await st.aclose()
 
