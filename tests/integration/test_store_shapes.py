@@ -190,3 +190,25 @@ async def test_a_multi_shape_field_survives_a_checkpoint(
     finally:
         await other.aclose()
         await st.aclose()
+
+
+async def test_each_width_reuses_its_own_part_after_clears(
+    local_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAYLESS_STORE_LEASE", "0")  # (no spare slots leased ahead)
+    st = await Store.create(local_cluster, num_units=1, name="shapes-reuse")
+    try:
+        keep = await st.put(TensorDict({"x": batch(4, -1.0)}, [B]), "p")  # parts stay alive
+        used = []
+        for k in range(8):
+            x = batch(4 + 2 * (k % 2), 10.0 * k)
+            meta = await st.put(TensorDict({"x": x}, [B]), "p")
+            mixed = (await st.get(type(keep).concat([keep, meta])))["x"]
+            assert rows_of(mixed) == rows_of(batch(4, -1.0)) + rows_of(x)
+            await st.clear(meta)
+            used.append((await st.stats())["unit_stats"][0]["used_bytes"])
+        # the width-4 part (it keeps ``keep``) reuses its freed slots, never growing; the
+        # width-6 part is dropped with its last row and made again (like any empty column)
+        assert used[2:] == used[:2] * 3 and used[0] == 8 * 4 * 4  # 8 slots of 4 float32
+    finally:
+        await st.aclose()
