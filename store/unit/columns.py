@@ -179,16 +179,15 @@ class _Parts:
     def groups(self, indexes: Sequence[int]) -> list[tuple[_Dense, list[int]]]:
         """``(part, positions in indexes)`` for each part holding some of ``indexes``, in the
         parts' order. Raises KeyError for an index no part holds."""
-        where: dict[int, list[int]] = {}
-        parts = list(self.parts.values())
-        for k, i in enumerate(indexes):
-            for n, part in enumerate(parts):
-                if i in part:
-                    where.setdefault(n, []).append(k)
-                    break
-            else:
-                raise KeyError(i)
-        return [(parts[n], at) for n, at in sorted(where.items())]
+        left = {i: k for k, i in enumerate(indexes)}
+        out: list[tuple[_Dense, list[int]]] = []
+        for part in self.parts.values():  # (set intersections: O(indexes), not x parts)
+            hit = part.slot_of.keys() & left.keys()
+            if hit:
+                out.append((part, sorted(left.pop(i) for i in hit)))
+        if left:
+            raise KeyError(next(iter(left)))
+        return out
 
     def read(self, indexes: Sequence[int]) -> torch.Tensor:
         """The rows: dense when they sit in one part, else a nested tensor in index order."""
