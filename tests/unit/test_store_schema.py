@@ -315,3 +315,28 @@ def test_a_rebuilt_jagged_field_keeps_its_longest_row() -> None:
     assert torch.nested.to_padded_tensor(back, 0).shape == (3, 5)
     assert all(torch.equal(a, b) for a, b in zip(back.unbind(), rows, strict=True))
     assert cols["r"].sample_shapes == [(3,), (5,), (1,)]
+
+
+def test_parts_of_a_multi_shape_field_merge_into_nested() -> None:
+    """Issue 41 item 9: units' dense answers of one multi-shape field with different widths
+    (or a unit's own nested answer) merge into one nested tensor, in batch order; one width
+    stays dense. Jagged when only the first per-sample dim differs, else strided."""
+    from rayless.store.data.rows import merge
+    from rayless.store.data.schema import nest_rows
+
+    multi = FieldSchema("dense", "float32", (None, 3), "cpu")
+    a = torch.arange(2 * 2 * 3, dtype=torch.float32).view(2, 2, 3)
+    b = torch.arange(1 * 5 * 3, dtype=torch.float32).view(1, 5, 3) + 100
+    parts = [([0, 2], TensorDict({"x": a}, [2])), ([1], TensorDict({"x": b}, [1]))]
+    want = [a[0].tolist(), b[0].tolist(), a[1].tolist()]
+    for merged in (merge_parts(3, {"x": multi}, parts), merge(3, {"x": multi}, parts)):
+        x = merged["x"]
+        assert x.is_nested and x.layout == torch.jagged
+        assert [r.tolist() for r in x.unbind(0)] == want
+    same = [([1], TensorDict({"x": a[:1]}, [1])), ([0], TensorDict({"x": a[1:]}, [1]))]
+    dense = merge_parts(2, {"x": multi}, same)["x"]
+    assert not dense.is_nested and torch.equal(dense, a.flip(0))
+    wide = torch.zeros(2, 4)
+    strided = nest_rows([torch.zeros(2, 3), wide], multi)
+    assert strided.is_nested and strided.layout == torch.strided
+    assert [tuple(r.shape) for r in strided.unbind(0)] == [(2, 3), (2, 4)]
