@@ -42,7 +42,12 @@ from tensordict import TensorDict, TensorDictBase
 
 from rayless.actors import ActorDiedError
 from rayless.store.data.meta import BatchMeta
-from rayless.store.data.schema import estimate_plain_bytes, split_columns, tensor_bytes
+from rayless.store.data.schema import (
+    estimate_plain_bytes,
+    field_key,
+    split_columns,
+    tensor_bytes,
+)
 from rayless.store.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -97,26 +102,29 @@ async def save(
         by_fields: dict[tuple[str, ...], list[int]] = {}
         for k, s in enumerate(samples):
             by_fields.setdefault(tuple(s["fields"]), []).append(k)
-        groups = []
-        for g_num, (fields, members) in enumerate(by_fields.items()):
-            entry: dict[str, Any] = {
-                "samples": members,
-                "fields": list(fields),
-                "keys": [samples[k]["key"] for k in members],
-                "group_ids": [samples[k]["group"] for k in members],
-                "tags": [samples[k]["custom"] for k in members],
-                "file": None,
-            }
+        groups: list[dict[str, Any]] = []
+        for fields, members in by_fields.items():
+            chunks: list[tuple[list[int], Any]] = [(members, None)]
             if fields:
                 meta = await store.controller.meta_of(
                     partition, [samples[k]["index"] for k in members], list(fields)
                 )
-                td = await store.get(meta, device="cpu")
-                name = f"p{p_num}-g{g_num}.pt"
-                with atomic_file(directory / name, "wb") as f:
-                    torch.save(td, f)
-                entry["file"] = name
-            groups.append(entry)
+                chunks = await _dense_chunks(store, meta, members)
+            for chunk, td in chunks:
+                entry: dict[str, Any] = {
+                    "samples": chunk,
+                    "fields": list(fields),
+                    "keys": [samples[k]["key"] for k in chunk],
+                    "group_ids": [samples[k]["group"] for k in chunk],
+                    "tags": [samples[k]["custom"] for k in chunk],
+                    "file": None,
+                }
+                if td is not None:
+                    name = f"p{p_num}-g{len(groups)}.pt"
+                    with atomic_file(directory / name, "wb") as f:
+                        torch.save(td, f)
+                    entry["file"] = name
+                groups.append(entry)
         manifest["partitions"].append(
             {
                 "name": partition,
@@ -130,6 +138,33 @@ async def save(
         )
     atomic_write(directory / "manifest.json", json.dumps(manifest, indent=1, default=str))
     return manifest
+
+
+async def _dense_chunks(
+    store: Store, meta: BatchMeta, members: list[int]
+) -> list[tuple[list[int], Any]]:
+    """``meta``'s data (on the CPU) as ``(sample numbers, TensorDict)`` chunks: one, unless a
+    multi-shape dense field came back nested (its samples mix shapes); then one chunk per
+    combination of those fields' per-sample shapes, each read again (dense), so that the
+    load puts them back as dense parts, not as a nested field."""
+    td = await store.get(meta, device="cpu")
+    mixed = [
+        n
+        for n, s in meta.field_schemas.items()
+        if s.kind == "dense" and td.get(field_key(n)).is_nested
+    ]
+    if not mixed:
+        return [(members, td)]
+    shapes = [[tuple(r.shape) for r in td.get(field_key(n)).unbind(0)] for n in mixed]
+    by_shape: dict[tuple[Any, ...], list[int]] = {}
+    for pos in range(meta.size):
+        by_shape.setdefault(tuple(s[pos] for s in shapes), []).append(pos)
+    del td
+    out: list[tuple[list[int], Any]] = []
+    for positions in by_shape.values():
+        part = await store.get(meta.select(positions), device="cpu")
+        out.append(([members[p] for p in positions], part))
+    return out
 
 
 @dataclass

@@ -79,8 +79,10 @@ class FieldSchema:
     """What the store knows of one field: kind, dtype, per-sample shape and original device.
 
     ``shape`` is the shape of one sample (without the batch dimension); ``None`` entries mark
-    dimensions that vary between samples (nested kinds only). Non-tensor fields have no dtype,
-    shape or device. ``device`` is where the data lived when it was put (``get`` returns it there).
+    dimensions that vary between samples. A dense field with ``None`` entries is a *multi-shape*
+    dense field: puts of different per-sample shapes (of one rank) each kept dense, in a column
+    part of their own per shape (see :meth:`merged`). Non-tensor fields have no dtype, shape or
+    device. ``device`` is where the data lived when it was put (``get`` returns it there).
     """
 
     kind: str
@@ -103,13 +105,17 @@ class FieldSchema:
             )
         if any(d is not None and (not isinstance(d, int) or d < 0) for d in self.shape):
             raise SchemaError(f"bad per-sample shape {self.shape!r}")
-        if self.kind == "dense" and None in self.shape:
-            raise SchemaError("a dense field cannot have a varying dimension")
 
     @property
     def is_nested(self) -> bool:
         """True for nested (ragged) tensor fields."""
         return self.kind in ("jagged", "strided")
+
+    @property
+    def is_multi_shape(self) -> bool:
+        """True for a dense field whose samples were put with different per-sample shapes
+        (each shape is a dense column part; a read mixing them comes back nested)."""
+        return self.kind == "dense" and self.shape is not None and None in self.shape
 
     @property
     def is_non_tensor(self) -> bool:
@@ -148,9 +154,10 @@ class FieldSchema:
     def merged(self, new: FieldSchema, name: str) -> FieldSchema:
         """The schema after ``new`` data is written into a field that has this schema.
 
-        Kind and dtype may never change; a dense field keeps its per-sample shape; a nested
-        field keeps its number of dimensions (dimensions that now differ become ``None``).
-        The device is the newest. Raises SchemaError naming the field otherwise.
+        Kind and dtype may never change; a field keeps its number of per-sample dimensions
+        (dimensions that now differ become ``None``: a dense field then holds several shapes,
+        each in a dense column part of its own, as TransferQueue takes a padded batch of
+        another width). The device is the newest. Raises SchemaError naming the field otherwise.
         """
         if new.kind != self.kind:
             raise SchemaError(
@@ -164,11 +171,6 @@ class FieldSchema:
         if self.kind == "non_tensor" or new.shape == self.shape:
             return self if new.device == self.device else replace(self, device=new.device)
         old_shape, new_shape = self.shape or (), new.shape or ()
-        if self.kind == "dense":
-            raise SchemaError(
-                f"field {name!r} has per-sample shape {tuple(old_shape)}; cannot write "
-                f"{tuple(new_shape)} (use a nested tensor for variable shapes)"
-            )
         if len(old_shape) != len(new_shape):
             raise SchemaError(
                 f"field {name!r} has {len(old_shape)}-dim samples; cannot write "

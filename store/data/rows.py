@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from rayless.store.data.schema import Column, FieldSchema, assemble, merge_parts
+from rayless.store.data.schema import Column, FieldSchema, assemble, merge_parts, mixed_shapes
 
 __all__ = ["target_device", "merge", "place", "take"]
 
@@ -66,8 +66,12 @@ def merge(
     """``merge_parts``, with each dense field copied once into its final tensor."""
     if len(parts) == 1 and parts[0][0] == list(range(size)):
         return parts[0][1]
-    dense = [n for n, s in schemas.items() if s.kind == "dense"]
-    rest = {n: s for n, s in schemas.items() if s.kind != "dense"}
+    dense = [
+        n
+        for n, s in schemas.items()
+        if s.kind == "dense" and not mixed_shapes([td.get(tuple(n.split("."))) for _, td in parts])
+    ]  # (a multi-shape field whose parts differ in shape is merged row by row, into nested)
+    rest = {n: s for n, s in schemas.items() if n not in dense}
     out = merge_parts(size, rest, parts)
     for name in dense:
         key = tuple(name.split("."))

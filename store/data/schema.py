@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,7 @@ __all__ = [
     "field_key",
     "known_shapes",
     "merge_parts",
+    "nest_rows",
     "shapes_from_wire",
     "shapes_to_wire",
     "split_columns",
@@ -211,6 +213,8 @@ _hush_torch_fx_notice()
 
 
 def _nested(kind: str, rows: list[torch.Tensor], schema: FieldSchema, device: Any) -> torch.Tensor:
+    if kind == "jagged" and len({tuple(r.shape[1:]) for r in rows}) > 1:
+        kind = "strided"  # (a multi-shape field's rows, merged: ragged beyond their first dim)
     layout = torch.jagged if kind == "jagged" else torch.strided
     if rows and kind == "jagged" and all(r.dim() >= 1 for r in rows):
         values = torch.cat(rows)  # one copy of the values and their offsets: no per-row checks
@@ -224,7 +228,9 @@ def _nested(kind: str, rows: list[torch.Tensor], schema: FieldSchema, device: An
             max_seqlen=max(lengths),
         )
     if rows:
-        return torch.nested.as_nested_tensor(rows, layout=layout)
+        with warnings.catch_warnings():  # torch's "prototype stage" notice for strided ones
+            warnings.filterwarnings("ignore", "The PyTorch API of nested tensors", UserWarning)
+            return torch.nested.as_nested_tensor(rows, layout=layout)
     dtype = schema.torch_dtype or torch.float32
     rest = [d or 0 for d in (schema.shape or ())[1:]]
     values = torch.empty([0, *rest], dtype=dtype, device=device)
@@ -232,18 +238,42 @@ def _nested(kind: str, rows: list[torch.Tensor], schema: FieldSchema, device: An
     return torch.nested.nested_tensor_from_jagged(values, offsets)
 
 
+def nest_rows(rows: list[torch.Tensor], schema: FieldSchema, device: Any = None) -> torch.Tensor:
+    """The rows of a multi-shape dense field that a read mixes (shapes of one rank) as one
+    nested tensor: jagged when they differ only in their first dimension, else strided."""
+    rest = {tuple(r.shape[1:]) for r in rows}
+    jagged = bool(rows) and all(r.dim() >= 1 for r in rows) and len(rest) == 1
+    return _nested("jagged" if jagged else "strided", rows, schema, device)
+
+
+def _dense_value(schema: FieldSchema, data: Any, device: Any) -> Any:
+    """A dense field's value from ``data``: a batch tensor (or a nested one: a multi-shape
+    field's mixed read) as it is; a list of rows (merged from parts) stacked when they share a
+    shape, else nested."""
+    if isinstance(data, torch.Tensor):
+        return data
+    rows = list(data)
+    if rows and len({tuple(r.shape) for r in rows}) == 1:
+        return torch.stack(rows)
+    if not rows:
+        dtype = schema.torch_dtype or torch.float32
+        return torch.empty((0, *(d or 0 for d in schema.shape or ())), dtype=dtype, device=device)
+    return nest_rows(rows, schema, device)
+
+
 def assemble(
     size: int, columns: Mapping[str, tuple[FieldSchema, Any]], device: Any = None
 ) -> TensorDict:
     """Build a TensorDict with batch_size ``[size]`` from ``{field: (schema, data)}``.
 
-    ``data`` is a batch tensor (dense), a list of per-sample tensors (nested kinds) or a list
-    of plain values (non-tensor). Dotted field names become nested TensorDicts.
+    ``data`` is a batch tensor (dense; a multi-shape field's mixed read: a nested tensor, or a
+    list of per-sample tensors), a list of per-sample tensors (nested kinds) or a list of plain
+    values (non-tensor). Dotted field names become nested TensorDicts.
     """
     out = TensorDict({}, batch_size=[size])
     for name, (schema, data) in columns.items():
         if schema.kind == "dense":
-            value: Any = data
+            value: Any = _dense_value(schema, data, device)
         elif schema.is_nested:
             value = _nested(schema.kind, list(data), schema, device)
         else:
@@ -253,7 +283,7 @@ def assemble(
 
 
 def _rows_of(schema: FieldSchema, value: Any) -> list[Any]:
-    if schema.is_nested:
+    if schema.is_nested or (isinstance(value, torch.Tensor) and value.is_nested):
         return list(value.unbind(0))
     if schema.is_non_tensor:
         return list(value.tolist())
@@ -271,7 +301,9 @@ def merge_parts(
     ``parts`` holds ``(positions, td)`` pairs: ``td``'s row ``j`` goes to row ``positions[j]``
     of the result; together the positions must cover ``0..size-1`` once. Dense fields are
     concatenated and reordered with one ``index_select``; nested and non-tensor fields row by
-    row. Raises StoreInputError if the positions do not cover the batch exactly.
+    row. A multi-shape dense field whose parts differ in shape (or came back nested) is merged
+    row by row too, into a nested tensor (:func:`nest_rows`). Raises StoreInputError if the
+    positions do not cover the batch exactly.
     """
     parts = list(parts)
     for positions, td in parts:
@@ -283,10 +315,9 @@ def merge_parts(
     columns: dict[str, tuple[FieldSchema, Any]] = {}
     for name, schema in schemas.items():
         values = [td.get(field_key(name)) for _, td in parts]
-        if schema.kind == "dense":
-            if len(values) == 1 and order == list(range(size)):
-                columns[name] = (schema, values[0])
-                continue
+        if schema.kind == "dense" and len(values) == 1 and order == list(range(size)):
+            columns[name] = (schema, values[0])
+        elif schema.kind == "dense" and not mixed_shapes(values):
             cat = torch.cat(values, 0)
             inverse = torch.empty(size, dtype=torch.int64)
             inverse[torch.tensor(order, dtype=torch.int64)] = torch.arange(size)
@@ -298,6 +329,14 @@ def merge_parts(
                     rows[p] = row
             columns[name] = (schema, rows)
     return assemble(size, columns, device)
+
+
+def mixed_shapes(values: Sequence[Any]) -> bool:
+    """Whether the read-back values of one dense field (one per unit) cannot be concatenated:
+    a multi-shape field's parts of different shapes, or a nested (mixed) part among them."""
+    if any(isinstance(v, torch.Tensor) and v.is_nested for v in values):
+        return True
+    return len({tuple(v.shape[1:]) for v in values}) > 1
 
 
 def tensor_bytes(t: torch.Tensor) -> int:

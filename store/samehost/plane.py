@@ -48,6 +48,7 @@ from rayless.store.data.packed import pack_columns
 from rayless.store.data.rows import target_device
 from rayless.store.data.schema import Column, FieldSchema, assemble, field_key
 from rayless.store.errors import StoreError, StoreInputError, UnitLostError
+from rayless.store.samehost import shapes
 from rayless.store.samehost.columns import forget, tensor_on
 from rayless.store.samehost.plane_cuda import open_column, ready_events, run_copies, visible_device
 from rayless.store.samehost.results import result as _result
@@ -267,26 +268,31 @@ class LocalPlane:
             raise results[0]
         if results[0] or any(isinstance(r, BaseException) for r in results[1:]):
             return None
+        located: list[dict[str, Any]] = list(results[1:])  # type: ignore[arg-type]
+        shaped = shapes.plan(schemas, dense, located, list(groups.values()))
+        if shaped is None:
+            return None  # a shape the meta does not know: the socket path says why
+        schemas = shaped.schemas  # (multi-shape fields: their shapes here; see shapes.py)
         size = meta.size
         view = zero_copy and len(groups) == 1 and gpu is None
         out: dict[str, torch.Tensor] = {}
-        for name in dense:  # allocated here: the copies of the units run in parallel
+        for name in shaped.names:  # allocated here: the copies of the units run in parallel
             schema = schemas[name]
+            rows = shaped.rows.get(name, size)  # (a piece of a field that mixes shapes: fewer)
             shape = tuple(int(d or 0) for d in schema.shape or ())
             dtype = schema.torch_dtype or torch.float32
             if gpu is not None:  # straight onto the field's device (``place`` then keeps it)
                 target = target_device(device, schema.device)
-                out[name] = torch.empty((size, *shape), dtype=dtype, device=target)
-            elif not view:
-                out[name] = _result((size, *shape), dtype)
-        located: list[dict[str, Any]] = list(results[1:])  # type: ignore[arg-type]
+                out[name] = torch.empty((rows, *shape), dtype=dtype, device=target)
+            elif not view or name in shaped.rows:
+                out[name] = _result((rows, *shape), dtype)
         if gpu is not None:
             for found in located:
                 self._map_cuda(found["fields"], schemas)
         events = ready_events(out.values()) if gpu is not None else []
         copies = [
             self._read_group(
-                units[g], part, meta, positions, dense, rest, located[g], out, view, events
+                units[g], part, meta, schemas, positions, dense, rest, located[g], out, view, events
             )
             for g, ((_, part), positions) in enumerate(groups.items())
         ]
@@ -302,8 +308,11 @@ class LocalPlane:
             return None
         parts = [(r[0], r[1]) for r in done if r is not None]
         td = assemble(size, {k: (schemas[k], _unpack(meta, k, size, parts)) for k in rest})
+        for name, pieces in shaped.pieces.items():  # fields whose rows mix shapes: nested
+            td.set(field_key(name), shapes.nest(size, schemas[name], pieces, out))
         for name in dense:
-            td.set(field_key(name), out[name])
+            if name not in shaped.pieces:
+                td.set(field_key(name), out[name])
         return td
 
     async def _read_group(
@@ -311,6 +320,7 @@ class LocalPlane:
         unit: Mapping[str, Any],
         part: str,
         meta: BatchMeta,
+        schemas: Mapping[str, FieldSchema],
         positions: list[int],
         dense: list[str],
         rest: list[str],
@@ -319,9 +329,9 @@ class LocalPlane:
         view: bool,
         events: list[Any],
     ) -> tuple[list[int], Any, bool] | None:
-        """Copy one unit's rows into ``out``; ``(positions, other fields, whether the rows were
-        located again)``, None: give up."""
-        schemas = meta.field_schemas
+        """Copy one unit's rows into ``out`` (``schemas``: the meta's, with the shape
+        ``locate`` found for a multi-shape field); ``(positions, other fields, whether the
+        rows were located again)``, None: give up."""
         gpu = self.gpu_of(unit)
         for attempt in range(_RETRIES):
             args = (found["fields"], schemas, positions, meta.size, out, view, events, gpu)
@@ -331,7 +341,12 @@ class LocalPlane:
                 return positions, found["rest"], attempt > 0
             idx = [meta.global_indexes[p] for p in positions]
             try:
+                if any("to" in w for w in found["fields"].values()):
+                    return None  # (a read mixing shapes located again: the socket path)
                 found = await unit["handle"].locate(part, idx, dense, rest, self.known(unit))
+                again = shapes.plan(schemas, dense, [found], [positions])
+                if again is None or again.pieces or again.schemas != schemas:
+                    return None  # another shape there now: a stale meta (the socket path)
                 if gpu is not None:
                     self._map_cuda(found["fields"], schemas)
             except (ActorDiedError, UnitLostError, StoreInputError):
@@ -365,16 +380,16 @@ class LocalPlane:
                 if gpu is not None and m.tensor is None:
                     return False  # not opened yet: locate again (the share comes then)
             if gpu is not None:  # one device-to-device copy per byte, under the leases
-                copies: list[tuple[torch.Tensor, torch.Tensor, list[int]]] = []
+                copies: list[tuple[torch.Tensor, torch.Tensor, list[int], list[int]]] = []
                 for name, w in fields.items():
                     src = held[w["segment"]].tensor if w["segment"] is not None else None
-                    if src is not None:
-                        copies.append((out[name], src, w["slots"]))
-                devices = {gpu, *(dst.device for dst, _, _ in copies)}
+                    if src is not None:  # ("to": a piece of a field that mixes shapes)
+                        copies.append((out[name], src, w["slots"], w.get("to", positions)))
+                devices = {gpu, *(dst.device for dst, _, _, _ in copies)}
 
                 def copy() -> None:
-                    for dst, src, slots in copies:
-                        _scatter(dst, positions, _rows(src, slots))
+                    for dst, src, slots, to in copies:
+                        _scatter(dst, to, _rows(src, slots))
 
                 run_copies(events, devices, copy)
                 return True
@@ -382,13 +397,15 @@ class LocalPlane:
                 schema = schemas[name]
                 dtype = schema.torch_dtype or torch.float32
                 shape = tuple(int(d or 0) for d in schema.shape or ())
+                to = where.get("to", positions)  # (a piece of a field that mixes shapes)
                 if where["segment"] is None:
-                    out[name] = torch.empty((size, *shape), dtype=dtype)
+                    if name not in out:
+                        out[name] = torch.empty((size, *shape), dtype=dtype)
                     continue
                 m = held[where["segment"]]
                 slots = where["slots"]
                 run = _run(slots)
-                if view and run is not None and run[1] == 1 and positions == list(range(size)):
+                if view and run is not None and run[1] == 1 and to == list(range(size)):
                     src = self._view(m, schema, int(where["rows"]), own=True)
                     out[name] = src.narrow(0, run[0], len(slots))
                     continue
@@ -396,7 +413,7 @@ class LocalPlane:
                 dst = out.get(name)
                 if dst is None:
                     dst = out[name] = _result((size, *shape), dtype)
-                _scatter(dst, positions, _rows(src, slots))
+                _scatter(dst, to, _rows(src, slots))
             return True
         finally:
             for m in held.values():

@@ -492,13 +492,8 @@ class StorageUnit(Actor):
         for col, _, slots in res.columns.values():
             col.pending -= len(slots)
             col.fenced.extend(slots)  # a late writer may still copy into them: see columns.py
-        cols = self.shard._parts.get(res.partition, {})
         for name, (col, _, _) in res.columns.items():
-            if not len(col) and cols.get(name) is col:
-                del cols[name]
-                col.close()
-        if res.partition in self.shard._parts and not cols:
-            del self.shard._parts[res.partition]
+            self.shard.drop_part(res.partition, name, col)  # (if it holds nothing now)
         return True
 
     def _reserve_now(
@@ -510,19 +505,23 @@ class StorageUnit(Actor):
         spare: bool = False,
     ) -> dict[str, Any]:
         from rayless.store.samehost.columns import ShmDense, row_bytes_of
+        from rayless.store.unit.columns import _Parts, dense_part, part_schema, with_part
 
         count = idx if isinstance(idx, int) else len(idx)
         cols = self.shard._parts.get(partition, {})
         plan: dict[str, tuple[ShmDense | None, FieldSchema]] = {}
+        fields: dict[str, FieldSchema] = {}  # the fields' merged schemas
         own = 0
         for name, schema in dense.items():
-            if schema.kind != "dense":
+            if schema.kind != "dense" or schema.is_multi_shape:
                 raise SchemaError(f"field {name!r} is not dense")
-            old = cols.get(name)
-            if old is not None and not isinstance(old, ShmDense):
+            field = cols.get(name)
+            if field is not None and not isinstance(field, (ShmDense, _Parts)):
                 raise SchemaError(f"field {name!r} is not a dense column on this unit")
-            merged = schema if old is None else old.schema.merged(schema, name)
-            plan[name] = (old, merged)
+            fields[name] = schema if field is None else field.schema.merged(schema, name)
+            old = dense_part(field, schema.shape or ())  # the part of this shape
+            assert old is None or isinstance(old, ShmDense)
+            plan[name] = (old, part_schema(fields[name], schema.shape or ()))
             own += count * row_bytes_of(schema)
         cap = self.shard.capacity_bytes
         if cap is not None and own > cap:
@@ -559,7 +558,7 @@ class StorageUnit(Actor):
         taken: dict[str, tuple[ShmDense, torch.Tensor, list[int]]] = {}
         cols = self.shard._parts.setdefault(partition, cols)
         for name, col in made.items():
-            cols[name] = col
+            cols[name] = with_part(cols.get(name), col, fields[name])
             slots = col.take_slots(count)
             col.pending += len(slots)
             taken[name] = (col, col.data, slots)
@@ -699,11 +698,14 @@ class StorageUnit(Actor):
         except BaseException:
             self._drop_reservation(token)
             raise
+        from rayless.store.unit.columns import _Parts, dense_part, with_part
+
         cols = self.shard._parts.get(part, {})
         gone = [
             n
             for n, (col, _, _) in res.columns.items()
-            if cols.get(n, col) is not col or (col.segment is None and col.capacity)
+            if (n in cols and dense_part(cols[n], _Parts.shape_of(col)) is not col)
+            or (col.segment is None and col.capacity)
         ]
         if gone:  # the partition was dropped (and maybe recreated) during the put
             self._drop_reservation(token)
@@ -716,7 +718,8 @@ class StorageUnit(Actor):
                 where = torch.tensor(slots, dtype=torch.int64, device=col.data.device)
                 col.data.index_copy_(0, where, data.index_select(0, where))
             col.assign(idx, slots)
-            cols.setdefault(name, col)
+            cols[name] = with_part(cols.get(name), col)
+            self.shard.moved(cols, name, col, idx)  # rows of another shape it replaces
             reported[name] = res.schemas[name]
         if self.shard.device.type == "cuda":
             await asyncio.to_thread(self._sync_device)
@@ -748,13 +751,16 @@ class StorageUnit(Actor):
         known: list[str] | None = None,
     ) -> dict[str, Any]:
         """Where the dense fields ``dense`` of samples ``indexes`` are (``{"fields": {name:
-        {"segment", "generation", "rows", "slots"}}, "rest": {name: the rows of the other
-        fields ``rest``: one flat tensor of a ragged field, a list of a plain one}}``);
-        ``known`` as for ``reserve``. Raises like ``read``."""
+        {"segment", "generation", "rows", "slots", "shape"}}, "rest": {name: the rows of the
+        other fields ``rest``: one flat tensor of a ragged field, a list of a plain one}}``;
+        a multi-shape field whose rows here sit in several parts: ``{name: {"parts": [{...,
+        "shape", "at": their positions in indexes}]}}``); ``known`` as for ``reserve``.
+        Raises like ``read``."""
         await self._loaded()
         import torch
 
         from rayless.store.samehost.columns import ShmDense
+        from rayless.store.unit.columns import _Parts
         from rayless.store.unit.shard import _check_indexes, _check_partition, _Rows
 
         part = _check_partition(partition)
@@ -765,17 +771,41 @@ class StorageUnit(Actor):
         fields: dict[str, Any] = {}
         for name in dense:
             col = (cols or {}).get(name)
-            if not isinstance(col, ShmDense):
+            if not isinstance(col, (ShmDense, _Parts)):
                 self.shard.read(part, idx, [name])  # raises the typed error
                 raise SchemaError(f"field {name!r} is not a shared-memory column here")
-            missing = [i for i in idx if i not in col.slot_of]
-            if missing:
+            if isinstance(col, ShmDense):  # one shape (the usual case)
+                missing = [i for i in idx if i not in col.slot_of]
+                if missing:
+                    self.shard.read(part, idx, [name])  # raises UnknownFieldError
+                fields[name] = {
+                    **self._where(col, known),
+                    "generation": col.generation,
+                    "slots": [col.slot_of[i] for i in idx],
+                    "shape": list(_Parts.shape_of(col)),
+                }
+                continue
+            if any(i not in col for i in idx):
                 self.shard.read(part, idx, [name])  # raises UnknownFieldError
-            fields[name] = {
-                **self._where(col, known),
-                "generation": col.generation,
-                "slots": [col.slot_of[i] for i in idx],
-            }
+            groups = col.groups(idx)
+            places = []
+            for one, at in groups:  # one per per-sample shape (a multi-shape field's parts)
+                assert isinstance(one, ShmDense)
+                places.append(
+                    {
+                        **self._where(one, known),
+                        "generation": one.generation,
+                        "slots": [one.slot_of[idx[k]] for k in at],
+                        "shape": list(_Parts.shape_of(one)),
+                        "at": list(at),
+                    }
+                )
+            # one shape: as ever (the client copies into one dense tensor); several: each
+            # part's rows with their positions in ``indexes`` (the client copies each into a
+            # piece of that shape and nests them: store/samehost/shapes.py)
+            if len(places) == 1:
+                del places[0]["at"]
+            fields[name] = places[0] if len(places) == 1 else {"parts": places}
         packed: dict[str, Any] = {}
         for name in rest:  # one flat tensor (or one list of values) per field
             col = (cols or {}).get(name)

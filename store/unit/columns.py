@@ -3,7 +3,10 @@
 :class:`_Dense` holds a dense field as slots of one preallocated tensor (``index_copy_`` in,
 ``index_select`` out, growth by doubling within a byte budget, freed slots reused). :class:`_Rows`
 holds a nested or non-tensor field as one entry per sample with its size in bytes.
-:class:`~rayless.store.unit.shard.ShardStorage` keeps one of these per partition x field.
+:class:`_Parts` holds a *multi-shape* dense field (puts of different per-sample shapes): one
+:class:`_Dense` column part per shape, each sample's row in the part of its shape; rows never
+move between parts. :class:`~rayless.store.unit.shard.ShardStorage` keeps one of these per
+partition x field (a field is a plain :class:`_Dense` until a put of another shape arrives).
 """
 
 from __future__ import annotations
@@ -13,7 +16,13 @@ from typing import Any
 
 import torch
 
-from rayless.store.data.schema import Column, FieldSchema, estimate_plain_bytes, tensor_bytes
+from rayless.store.data.schema import (
+    Column,
+    FieldSchema,
+    estimate_plain_bytes,
+    nest_rows,
+    tensor_bytes,
+)
 
 __all__: list[str] = []
 
@@ -144,7 +153,126 @@ class _Rows:
         return len(self.rows)
 
 
-_Col = _Dense | _Rows
+class _Parts:
+    """A multi-shape dense field: a dense column part per per-sample shape (``parts``).
+
+    A sample's row lives in exactly one part (the one of its shape; a write of another shape
+    deletes it from the part it was in). A part left without rows is dropped (closed). Reads
+    of samples of one part are that part's dense read; a read mixing parts is a nested tensor
+    (:func:`~rayless.store.data.schema.nest_rows`)."""
+
+    def __init__(self, schema: FieldSchema, parts: dict[tuple[int, ...], _Dense]) -> None:
+        self.schema = schema  # the field's (merged) schema: None where the parts' shapes differ
+        self.parts = parts
+
+    @staticmethod
+    def shape_of(col: _Dense) -> tuple[int, ...]:
+        return tuple(int(d) for d in col.data.shape[1:])
+
+    def part_of(self, index: int) -> _Dense | None:
+        """The part holding ``index``'s row (None: none)."""
+        for part in self.parts.values():
+            if index in part:
+                return part
+        return None
+
+    def groups(self, indexes: Sequence[int]) -> list[tuple[_Dense, list[int]]]:
+        """``(part, positions in indexes)`` for each part holding some of ``indexes``, in the
+        parts' order. Raises KeyError for an index no part holds."""
+        left = {i: k for k, i in enumerate(indexes)}
+        out: list[tuple[_Dense, list[int]]] = []
+        for part in self.parts.values():  # (set intersections: O(indexes), not x parts)
+            hit = part.slot_of.keys() & left.keys()
+            if hit:
+                out.append((part, sorted(left.pop(i) for i in hit)))
+        if left:
+            raise KeyError(next(iter(left)))
+        return out
+
+    def read(self, indexes: Sequence[int]) -> torch.Tensor:
+        """The rows: dense when they sit in one part, else a nested tensor in index order."""
+        groups = self.groups(indexes)
+        if len(groups) == 1:
+            return groups[0][0].read(indexes)
+        rows: list[Any] = [None] * len(indexes)
+        for part, at in groups:
+            for k, row in zip(at, part.read([indexes[k] for k in at]).unbind(0), strict=True):
+                rows[k] = row
+        return nest_rows(rows, self.schema)
+
+    def drop_empty(self) -> None:
+        """Close the parts left without rows (or pending reservations)."""
+        for shape in [s for s, p in self.parts.items() if not len(p)]:
+            _close(self.parts.pop(shape))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts.values())
+
+    @property
+    def pending(self) -> int:
+        return sum(getattr(p, "pending", 0) for p in self.parts.values())
+
+    def delete(self, indexes: Iterable[int]) -> None:
+        idx = list(indexes)
+        for part in self.parts.values():
+            part.delete(idx)
+        self.drop_empty()
+
+    def close(self) -> None:
+        for part in self.parts.values():
+            _close(part)
+        self.parts.clear()
+
+    def __contains__(self, index: int) -> bool:
+        return any(index in p for p in self.parts.values())
+
+    def holds_any(self, indexes: Iterable[int]) -> bool:
+        idx = indexes if isinstance(indexes, (list, tuple, set, range)) else list(indexes)
+        return any(p.holds_any(idx) for p in self.parts.values())
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts.values())
+
+
+def _dims(shape: Sequence[int | None]) -> tuple[int, ...]:
+    """A concrete per-sample shape (a put's: no ``None``) as ints."""
+    return tuple(0 if d is None else int(d) for d in shape)
+
+
+def dense_part(col: Any, shape: Sequence[int | None]) -> _Dense | None:
+    """The dense column (part) of field column ``col`` that holds rows of per-sample ``shape``
+    (None: none yet, or ``col`` is not dense)."""
+    if isinstance(col, _Parts):
+        return col.parts.get(_dims(shape))
+    if isinstance(col, _Dense) and _Parts.shape_of(col) == _dims(shape):
+        return col
+    return None
+
+
+def with_part(col: Any, part: _Dense, schema: FieldSchema | None = None) -> _Dense | _Parts:
+    """Field column ``col`` (a dense column, parts, or None) with ``part`` among its parts, and
+    ``schema`` (the merged one; None: merged here) as the field's: ``part`` itself when it is
+    the only one."""
+    shape = _Parts.shape_of(part)
+    if col is None or col is part:
+        return part
+    if schema is None:
+        schema = col.schema.merged(part.schema, "")
+    if isinstance(col, _Parts):
+        col.parts.setdefault(shape, part)
+        col.schema = schema
+        return col
+    assert isinstance(col, _Dense)
+    return _Parts(schema, {_Parts.shape_of(col): col, shape: part})
+
+
+def part_schema(schema: FieldSchema, shape: Sequence[int | None]) -> FieldSchema:
+    """The schema of a field's column part of per-sample ``shape`` (``schema``: the field's)."""
+    return FieldSchema("dense", schema.dtype, _dims(shape), schema.device)
+
+
+_Col = _Dense | _Rows | _Parts
 
 
 def _close(col: Any) -> None:

@@ -6,7 +6,10 @@ is moved there on write and read back from there):
 - dense fields: one preallocated tensor ``[slots, *shape]``; a global index maps to a slot.
   Writes are one ``index_copy_``, reads one ``index_select``. The tensor grows by doubling
   (capped by the unit's free bytes); freed slots are reused; a column with no rows left is
-  dropped, giving its memory back (and letting the field take another schema).
+  dropped, giving its memory back (and letting the field take another schema). A write of
+  another per-sample shape (same rank and dtype) adds a column *part* of that shape
+  (:class:`~rayless.store.unit.columns._Parts`); rows already stored stay where they are, a
+  read of samples of one part is dense as before, a read mixing parts is nested.
 - nested (ragged) fields: one tensor per sample (a compact copy of the sample), rebuilt as a
   nested tensor of the same layout (jagged or strided) on read.
 - non-tensor fields: one plain value per sample.
@@ -50,7 +53,17 @@ from rayless.store.errors import (
     UnknownPartitionError,
     WriteTooLargeError,
 )
-from rayless.store.unit.columns import _close, _Col, _Dense, _row_sizes, _Rows
+from rayless.store.unit.columns import (
+    _close,
+    _Col,
+    _Dense,
+    _Parts,
+    _row_sizes,
+    _Rows,
+    dense_part,
+    part_schema,
+    with_part,
+)
 
 __all__ = ["KV_PARTITION", "ShardStorage", "kv_shard_of"]
 
@@ -208,9 +221,10 @@ class ShardStorage:
             if col.schema.kind == "dense":
                 if not idx:
                     continue
-                column = (
-                    old if isinstance(old, _Dense) else self.dense_type(col.schema, self.device)
-                )
+                shape = tuple(col.schema.shape or ())
+                column = dense_part(old, shape)
+                if column is None:
+                    column = self.dense_type(col.schema, self.device)
                 cap, cost = column.growth(idx, max(0, limit - needed))
                 needed += cost
                 if cap == -1:
@@ -232,9 +246,10 @@ class ShardStorage:
             schema = merged[name]
             if col.schema.kind == "dense":
                 dense = dense_cols[name]
-                cols[name] = dense
+                cols[name] = with_part(cols.get(name), dense, schema)
                 if col.dense is not None:
                     dense.write(idx, col.dense)
+                self.moved(cols, name, dense, idx)
             else:
                 rows = cols.get(name)
                 if not isinstance(rows, _Rows):
@@ -266,20 +281,55 @@ class ShardStorage:
             for name, col in columns.items():
                 if col.schema.kind != "dense":
                     continue
-                old = existing.get(name)
-                dense = (
-                    old if isinstance(old, _Dense) else self.dense_type(merged[name], self.device)
-                )
-                dense.schema = merged[name]
+                shape = tuple(col.schema.shape or ())
+                schema = part_schema(merged[name], shape)
+                dense = dense_part(existing.get(name), shape)
+                if dense is None:
+                    dense = self.dense_type(schema, self.device)
+                dense.schema = schema
                 out[name] = dense
                 if name in growths:
                     dense.grow(growths[name])
         except OSError as exc:
             for name, dense in out.items():
-                if dense is not existing.get(name):
+                if dense is not dense_part(existing.get(name), _Parts.shape_of(dense)):
                     _close(dense)
             raise self.shm_full(needed, exc) from None
         return out
+
+    @staticmethod
+    def moved(cols: dict[str, _Col], name: str, part: _Dense, indexes: Sequence[int]) -> None:
+        """Rows ``indexes`` of field ``name`` were just written into its column ``part``: drop
+        their older rows of another shape (other parts), and a part left empty; a field left
+        with one part is a plain dense column again."""
+        col = cols.get(name)
+        if not isinstance(col, _Parts):
+            return
+        for other in col.parts.values():
+            if other is not part:
+                other.delete(indexes)
+        col.drop_empty()
+        if len(col.parts) == 1:
+            cols[name] = next(iter(col.parts.values()))
+
+    def drop_part(self, partition: str, name: str, part: _Dense) -> None:
+        """Drop field ``name``'s column ``part`` if it holds nothing (a dropped reservation's):
+        close it; a field left with one part is a plain dense column again."""
+        cols = self._parts.get(partition, {})
+        field = cols.get(name)
+        if len(part):
+            return
+        if field is part:
+            del cols[name]
+        elif isinstance(field, _Parts) and field.parts.get(_Parts.shape_of(part)) is part:
+            del field.parts[_Parts.shape_of(part)]
+            if len(field.parts) == 1:
+                cols[name] = next(iter(field.parts.values()))
+        else:
+            return
+        _close(part)
+        if partition in self._parts and not cols:
+            del self._parts[partition]
 
     def shm_full(self, needed: int, exc: OSError) -> Exception:
         """``exc`` (a column's shared memory could not be allocated) as the StoreFullError
@@ -347,7 +397,7 @@ class ShardStorage:
         data: dict[str, tuple[FieldSchema, Any]] = {}
         for n in names:
             col = cols[n]
-            if isinstance(col, _Dense):
+            if isinstance(col, (_Dense, _Parts)):  # (_Parts: nested when idx mixes shapes)
                 data[n] = (col.schema, col.read(idx))
             else:
                 data[n] = (col.schema, [col.rows[i] for i in idx])
@@ -386,6 +436,8 @@ class ShardStorage:
             col.delete(idx)
             if not len(col):
                 _close(cols.pop(name))
+            elif isinstance(col, _Parts) and len(col.parts) == 1:
+                cols[name] = next(iter(col.parts.values()))  # one shape left: plain dense
         if not cols:
             del self._parts[partition]
         return before - self.used_bytes

@@ -140,3 +140,24 @@ async def test_a_cuda_unit_killed_leaves_no_lease_segment_and_reads_fail_typed(
     gone = lambda: not [f for f in os.listdir(shm.SHM_DIR) if f.startswith(f"rayless-{pid}-")]  # noqa: E731
     assert await until(gone, 30), "the agent's sweep removes a dead unit's lease segments"
     await st.shutdown()
+
+
+@SHAPE
+async def test_cuda_field_of_several_widths_dense_per_width_nested_mixed(
+    local_cluster: Cluster,
+) -> None:
+    """Issue 41 item 9 on CUDA units: a put of another width goes to a column part of its own
+    (CUDA IPC copies as for one width); each batch reads back dense, a mixed read nested."""
+    st = await _cuda_store(local_cluster)
+    a = torch.arange(32, dtype=torch.float32, device="cuda").view(8, 4)
+    b = torch.arange(48, dtype=torch.float32, device="cuda").view(8, 6) + 100
+    ma = await st.put(TensorDict({"x": a}, [8]), partition="p")
+    mb = await st.put(TensorDict({"x": b}, [8]), partition="p")
+    one = (await st.get(mb))["x"]
+    assert one.device.type == "cuda" and not one.is_nested and torch.equal(one, b)
+    both = (await st.get(type(ma).concat([ma, mb])))["x"]
+    assert both.is_nested and both.device.type == "cuda"
+    rows = [r.cpu().tolist() for r in both.unbind(0)]
+    assert rows == [r.tolist() for r in a.cpu()] + [r.tolist() for r in b.cpu()]
+    on_cpu = (await st.get(ma, device="cpu"))["x"]
+    assert on_cpu.device.type == "cpu" and torch.equal(on_cpu, a.cpu())

@@ -122,11 +122,12 @@ def test_field_schema_validation_and_wire() -> None:
     s = FieldSchema("jagged", "bfloat16", (None, 8), "cuda:1")
     assert FieldSchema.from_dict(s.to_dict()) == s
     assert s.is_nested and not s.is_non_tensor and s.torch_dtype == torch.bfloat16
+    multi = FieldSchema("dense", "float32", (None,), "cpu")  # a multi-shape dense field
+    assert FieldSchema.from_dict(multi.to_dict()) == multi and multi.is_multi_shape
     for bad in (
         {"kind": "sparse"},
         {"kind": "dense", "dtype": "float32"},
         {"kind": "dense", "dtype": "nope", "shape": [1]},
-        {"kind": "dense", "dtype": "float32", "shape": [None]},
         {"kind": "dense", "dtype": "float32", "shape": [-1]},
         {"kind": "non_tensor", "dtype": "float32"},
         {"kind": "dense", "dtype": "float32", "shape": 3},
@@ -148,8 +149,14 @@ def test_merged_rules() -> None:
     assert dense.merged(FieldSchema("dense", "float32", (4,), "cuda:0"), "x").device == "cuda:0"
     with pytest.raises(SchemaError, match="dtype float32; cannot write float16"):
         dense.merged(FieldSchema("dense", "float16", (4,), "cpu"), "x")
-    with pytest.raises(SchemaError, match="per-sample shape"):
-        dense.merged(FieldSchema("dense", "float32", (5,), "cpu"), "x")
+    # issue 41: another width of one rank makes a multi-shape dense field (parts per shape)
+    multi = dense.merged(FieldSchema("dense", "float32", (5,), "cpu"), "x")
+    assert multi == FieldSchema("dense", "float32", (None,), "cpu") and multi.is_multi_shape
+    assert multi.merged(dense, "x") == multi and not dense.is_multi_shape
+    with pytest.raises(SchemaError, match="1-dim samples; cannot write 2-dim"):
+        dense.merged(FieldSchema("dense", "float32", (2, 2), "cpu"), "x")
+    with pytest.raises(SchemaError, match="dtype float32; cannot write int64"):
+        multi.merged(FieldSchema("dense", "int64", (5,), "cpu"), "x")
     with pytest.raises(SchemaError, match="holds dense data"):
         dense.merged(FieldSchema("jagged", "float32", (None,), "cpu"), "x")
     nested = FieldSchema("jagged", "int64", (None, 3), "cpu")
@@ -308,3 +315,28 @@ def test_a_rebuilt_jagged_field_keeps_its_longest_row() -> None:
     assert torch.nested.to_padded_tensor(back, 0).shape == (3, 5)
     assert all(torch.equal(a, b) for a, b in zip(back.unbind(), rows, strict=True))
     assert cols["r"].sample_shapes == [(3,), (5,), (1,)]
+
+
+def test_parts_of_a_multi_shape_field_merge_into_nested() -> None:
+    """Issue 41 item 9: units' dense answers of one multi-shape field with different widths
+    (or a unit's own nested answer) merge into one nested tensor, in batch order; one width
+    stays dense. Jagged when only the first per-sample dim differs, else strided."""
+    from rayless.store.data.rows import merge
+    from rayless.store.data.schema import nest_rows
+
+    multi = FieldSchema("dense", "float32", (None, 3), "cpu")
+    a = torch.arange(2 * 2 * 3, dtype=torch.float32).view(2, 2, 3)
+    b = torch.arange(1 * 5 * 3, dtype=torch.float32).view(1, 5, 3) + 100
+    parts = [([0, 2], TensorDict({"x": a}, [2])), ([1], TensorDict({"x": b}, [1]))]
+    want = [a[0].tolist(), b[0].tolist(), a[1].tolist()]
+    for merged in (merge_parts(3, {"x": multi}, parts), merge(3, {"x": multi}, parts)):
+        x = merged["x"]
+        assert x.is_nested and x.layout == torch.jagged
+        assert [r.tolist() for r in x.unbind(0)] == want
+    same = [([1], TensorDict({"x": a[:1]}, [1])), ([0], TensorDict({"x": a[1:]}, [1]))]
+    dense = merge_parts(2, {"x": multi}, same)["x"]
+    assert not dense.is_nested and torch.equal(dense, a.flip(0))
+    wide = torch.zeros(2, 4)
+    strided = nest_rows([torch.zeros(2, 3), wide], multi)
+    assert strided.is_nested and strided.layout == torch.strided
+    assert [tuple(r.shape) for r in strided.unbind(0)] == [(2, 3), (2, 4)]

@@ -157,7 +157,7 @@ def test_bad_writes_leave_the_shard_unchanged() -> None:
     s.write("p", [0, 1, 2], batch(3))
     before = dump(s)
     dtype_change = TensorDict({"obs": torch.zeros(1, 4, dtype=torch.float64)}, batch_size=[1])
-    shape_change = TensorDict({"obs": torch.zeros(1, 5)}, batch_size=[1])
+    shape_change = TensorDict({"obs": torch.zeros(1, 4, 1)}, batch_size=[1])  # (a rank change)
     kind_change = TensorDict({"text": torch.zeros(1)}, batch_size=[1])
     ok_then_bad = TensorDict(
         {"new": torch.zeros(1), "obs": torch.zeros(1, 4, dtype=torch.int32)}, batch_size=[1]
@@ -413,3 +413,48 @@ def test_a_write_larger_than_the_whole_capacity_fails_at_once() -> None:
     with pytest.raises(WriteTooLargeError):
         s.kv_put(["k"], TensorDict({"t": NonTensorStack("x" * 100)}, [1]))
     assert dump(s) == before
+
+
+@pytest.mark.parametrize("shm", [False, True])
+def test_a_field_of_several_widths_keeps_a_dense_part_per_width(shm: bool) -> None:
+    """Issue 41 item 9: another per-sample shape (same rank, dtype) is a column part of its own;
+    rows already stored stay in place; a read of one part is dense, a mixed one nested; a
+    sample rewritten with another shape leaves its old part; a part left empty is dropped."""
+    from rayless.store.samehost.columns import ShmDense
+    from rayless.store.unit.columns import _Parts
+
+    s = ShardStorage("u0", dense_type=ShmDense) if shm else ShardStorage("u0")
+    four = torch.arange(8.0).view(2, 4)
+    six = torch.arange(12.0).view(2, 6) + 100
+    s.write("p", [0, 1], TensorDict({"x": four}, [2]))
+    first = s._parts["p"]["x"]
+    s.write("p", [2, 3], TensorDict({"x": six}, [2]))
+    s.write("p", [4, 5], TensorDict({"x": four + 50}, [2]))
+    col = s._parts["p"]["x"]
+    assert isinstance(col, _Parts) and col.parts[(4,)] is first  # the old rows did not move
+    assert col.schema == FieldSchema("dense", "float32", (None,), "cpu")
+    assert torch.equal(s.read("p", [0, 1])["x"], four)
+    assert torch.equal(s.read("p", [4, 0])["x"], torch.stack([four[0] + 50, four[0]]))
+    mixed = s.read("p", [0, 2, 5])["x"]
+    assert mixed.is_nested and mixed.layout == torch.jagged
+    assert [r.tolist() for r in mixed.unbind(0)] == [
+        four[0].tolist(),
+        six[0].tolist(),
+        (four[1] + 50).tolist(),
+    ]
+    s.write("p", [2], TensorDict({"x": four[:1] - 1}, [1]))  # sample 2 now of width 4
+    assert 2 not in col.parts[(6,)] and torch.equal(s.read("p", [2])["x"], four[:1] - 1)
+    before = s.used_bytes
+    s.delete("p", [3])  # the last row of width 6: its part goes, the field is plain again
+    assert s._parts["p"]["x"] is first and s.used_bytes < before
+    with pytest.raises(SchemaError, match="dtype"):
+        s.write("p", [6], TensorDict({"x": torch.zeros(1, 6, dtype=torch.int64)}, [1]))
+    with pytest.raises(SchemaError, match="dim samples"):
+        s.write("p", [6], TensorDict({"x": torch.zeros(1, 2, 3)}, [1]))
+    # KV values of other lengths by key: the same parts
+    s.kv_put(["a"], TensorDict({"v": torch.arange(3).unsqueeze(0)}, [1]))
+    s.kv_put(["b"], TensorDict({"v": torch.arange(5).unsqueeze(0)}, [1]))
+    kv = s.kv_get(["b", "a"])["v"]
+    assert kv.is_nested and [r.tolist() for r in kv.unbind(0)] == [[0, 1, 2, 3, 4], [0, 1, 2]]
+    assert s.kv_get(["a"])["v"].tolist() == [[0, 1, 2]]
+    s.close()
