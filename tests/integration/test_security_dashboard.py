@@ -172,10 +172,14 @@ RESULT = {"opened": opened, "refused": refused, "held_at_end": len(held)}
 """
 
 
+@pytest.mark.slow  # a 20 s flood
 def test_strangers_sending_slow_heads_do_not_hold_the_dashboard_from_the_key_holder(
     dashboard: Dashboard,
 ) -> None:
-    bound = scaled(1.0)
+    # On a quiet machine every keyed request answers well within 1 s under the flood (the
+    # slowest is printed); the bound is wider so that a loaded machine does not fail it, and
+    # still far below what the defect did (a keyed request waited for the whole flood, 20 s).
+    bound = scaled(5.0)
     flood_s = 20.0
     results: list[object] = []
     flooders = [
@@ -197,7 +201,7 @@ def test_strangers_sending_slow_heads_do_not_hold_the_dashboard_from_the_key_hol
         time.sleep(3)  # the flood is on: past the fd limit of the dashboard
         slowest = 0.0
         end = time.monotonic() + flood_s - 5  # longer than one stranger's head deadline
-        while time.monotonic() < end:
+        while time.monotonic() < end:  # not a wait: keyed requests for the flood's length
             took = _keyed_get(dashboard, timeout=bound + scaled(30))
             slowest = max(slowest, took)
             assert took < bound, f"the key holder waited {took:.2f}s under the flood"
@@ -211,3 +215,4 @@ def test_strangers_sending_slow_heads_do_not_hold_the_dashboard_from_the_key_hol
     assert dashboard.proc.poll() is None
     lines = dashboard.stderr_lines()
     assert len(lines) < 100, "\n".join(lines[:20])
+    print(f"slowest keyed request under the flood: {slowest:.3f} s")
