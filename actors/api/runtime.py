@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import math
+import os
 import sys
 import weakref
 from dataclasses import dataclass, field, replace
@@ -30,12 +31,14 @@ from rayless.actors.api import context, timeline
 from rayless.actors.api.actor import loads_by_value
 from rayless.actors.api.calls import call_encode_error, call_limit_error
 from rayless.actors.api.keeper import SessionKeeper
+from rayless.actors.control import debug
 from rayless.actors.control.death import death_details
 from rayless.actors.control.logs import print_lines
 from rayless.actors.control.messages import (
     ActorEvent,
     ActorState,
     ActorView,
+    DebugRegister,
     EventKind,
     Hello,
     LogLines,
@@ -96,6 +99,7 @@ class Runtime:
         self.lost: ClusterLostError | None = None
         self._closed = False
         self.keeper: SessionKeeper | None = None
+        self.debug: debug.DebugServer | None = None  # a driver's debug listener
         self._resuming: asyncio.Task[None] | None = None
         self._hb_timeout = 10.0
         self._warming: asyncio.Future[None] | None = None
@@ -132,12 +136,34 @@ class Runtime:
             )
             try:
                 await keeper.start()
+                self.keeper = keeper
+                await self._start_debug()
             except BaseException:
                 await keeper.aclose()
                 await self.head.aclose()
                 raise
-            self.keeper = keeper
         return self
+
+    async def _start_debug(self) -> None:
+        """A driver's debug listener (``actors.control.debug.start_driver``: when it records
+        a timeline, or RAYLESS_DEBUG=1), registered with the head under this session, so that
+        ``rayless timeline`` and ``rayless stack`` from another shell reach this process too."""
+        server = debug.start_driver(self.info.token, self.info.address, self.loop)
+        if server is None:
+            return
+        register = DebugRegister(
+            f"driver:{self.info.session}", server.address, os.getpid(), "driver"
+        )
+        try:
+            await ask(self.head, register, timeout=30)
+        except RaylessError as exc:
+            print(f"rayless: driver: debug listener not registered: {exc}", file=sys.stderr)
+            server.stop()
+        except BaseException:
+            server.stop()
+            raise
+        else:
+            self.debug = server
 
     async def head_request(self, body: Request[R], timeout: float | None = 60.0) -> R:
         """A request to the head; its reply, checked.
@@ -249,6 +275,7 @@ class Runtime:
             self._resuming.cancel()
         if self._warming is not None:
             self._warming.cancel()  # (its thread finishes the import on its own)
+        await self._stop_debug()
         if self.keeper is not None:
             await self.keeper.aclose()
         conns = list(self.conns.values())
@@ -256,6 +283,20 @@ class Runtime:
             if conn.client is not None:
                 await conn.client.aclose()
         await self.head.aclose()
+
+    async def _stop_debug(self) -> None:
+        """Withdraw the driver's listener from the head (so that no gatherer tries it after
+        this; the session's end drops it anyway) and stop it."""
+        server, self.debug = self.debug, None
+        if server is None:
+            return
+        if self.lost is None and self.head.ready:
+            withdraw = DebugRegister(f"driver:{self.info.session}", "", os.getpid(), "driver")
+            try:
+                await ask(self.head, withdraw, timeout=2)
+            except RaylessError:
+                pass
+        await asyncio.to_thread(server.stop)
 
     # -- events ----------------------------------------------------------------------------
 
