@@ -151,11 +151,8 @@ class Runtime:
         server = debug.start_driver(self.info.token, self.info.address, self.loop)
         if server is None:
             return
-        register = DebugRegister(
-            f"driver:{self.info.session}", server.address, os.getpid(), "driver"
-        )
         try:
-            await ask(self.head, register, timeout=30)
+            await ask(self.head, self._debug_registration(server.address), timeout=30)
         except RaylessError as exc:
             print(f"rayless: driver: debug listener not registered: {exc}", file=sys.stderr)
             server.stop()
@@ -221,6 +218,12 @@ class Runtime:
         else:
             self._catch_up(hello.actors)
             self.resumes += 1
+            if self.debug is not None:  # the head drops it with a session it lost meanwhile
+                try:
+                    again = self._debug_registration(self.debug.address)
+                    await ask(self.head, again, timeout=30)
+                except RaylessError as exc:
+                    print(f"rayless: driver: debug listener not registered: {exc}", file=sys.stderr)
         finally:
             self._resuming = None
 
@@ -284,6 +287,11 @@ class Runtime:
                 await conn.client.aclose()
         await self.head.aclose()
 
+    def _debug_registration(self, address: str) -> DebugRegister:
+        """The driver's listener at ``address`` ("": withdrawn), for the head's record under
+        this session (the head takes the session from the connection, not from the id)."""
+        return DebugRegister(f"driver:{self.info.session}", address, os.getpid(), "driver")
+
     async def _stop_debug(self) -> None:
         """Withdraw the driver's listener from the head (so that no gatherer tries it after
         this; the session's end drops it anyway) and stop it."""
@@ -291,9 +299,8 @@ class Runtime:
         if server is None:
             return
         if self.lost is None and self.head.ready:
-            withdraw = DebugRegister(f"driver:{self.info.session}", "", os.getpid(), "driver")
             try:
-                await ask(self.head, withdraw, timeout=2)
+                await ask(self.head, self._debug_registration(""), timeout=2)
             except RaylessError:
                 pass
         await asyncio.to_thread(server.stop)
