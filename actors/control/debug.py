@@ -41,6 +41,13 @@ nobody); ``q`` raises ``bdb.BdbQuit`` in the method, which its caller receives a
 RemoteError. PYTHONBREAKPOINT set in the actor's environment (``0`` to ignore every
 breakpoint) takes precedence over all this, as in plain Python; ``RAYLESS_DEBUG=0`` turns
 the listener off.
+
+A driver runs the same listener (:func:`start_driver`, named ``driver``) while it records a
+timeline, or with ``RAYLESS_DEBUG=1``: its runtime (``actors.api.runtime``) registers it with
+the head under its session (``DebugRegister(kind="driver")``; the head keeps it until the
+session ends) and stops it as it closes, so that ``rayless timeline`` and ``rayless stack``
+reach the driver too. It answers ``stack``, ``timeline``, ``metrics`` and ``list``; its
+``breakpoint()`` stays the terminal's own pdb.
 """
 
 from __future__ import annotations

@@ -173,7 +173,7 @@ async def test_rayless_stack_and_timeline_name_an_actor_whose_debug_listener_is_
         )
         assert timeline.returncode == 2, timeline.stderr
         assert "no spans of crowded: the debug listener is busy" in timeline.stderr
-        assert "1 actors missing" in timeline.stderr and out.exists()
+        assert "1 processes missing" in timeline.stderr and out.exists()
     finally:
         for sock in idle:
             sock.close()

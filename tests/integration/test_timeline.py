@@ -262,7 +262,6 @@ def _refused(address: str) -> bool:
     return False
 
 
-@pytest.mark.slow
 def test_rayless_timeline_cli_gathers_the_driver_of_another_process(tmp_path: Path) -> None:
     """A driver recording a timeline runs a debug listener, registered under its session:
     ``rayless timeline`` from another process has the driver's call spans, linked by flows
@@ -310,6 +309,15 @@ def test_rayless_timeline_cli_gathers_the_driver_of_another_process(tmp_path: Pa
                 flows.setdefault(e["id"], {})[e["ph"]] = e
         linked = [f for f in flows.values() if (f["s"]["pid"], f["f"]["pid"]) == (me, echo)]
         assert len(linked) == 4
+        # `rayless stack driver`: the driver's threads and its loop's tasks
+        stack = subprocess.run(
+            [sys.executable, "-m", "rayless.cli", "stack", "driver", "--address", address,
+             "--token-file", str(token)],
+            capture_output=True, text=True, timeout=120, env=clean,
+        )  # fmt: skip
+        assert stack.returncode == 0, stack.stderr
+        assert stack.stdout.startswith(f"driver (pid {started['pid']})")
+        assert "--- asyncio task" in stack.stdout and ", in main" in stack.stdout
         driver.stdin.close()  # the driver ends, and its cluster with it
         assert driver.wait(timeout=60) == 0
     finally:
