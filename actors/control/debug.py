@@ -65,6 +65,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import FrameType
@@ -376,7 +377,19 @@ class DebugServer:
         self.address = f"tcp://{host}:{port}"
         self._thread = threading.Thread(target=self._accept, name="rayless-debug", daemon=True)
         self._thread.start()
+        _LISTENING.add(self)
         return self.address
+
+    def _forget_in_child(self) -> None:
+        """In a forked child (a driver's DataLoader worker...): close the copies of the
+        listening socket and of its connections, so that the port goes with the parent."""
+        sock, self._sock, self._thread = self._sock, None, None
+        with self._lock:
+            handshaking = list(self._handshaking)
+            self._handshaking.clear()
+        for each in [sock, *handshaking]:
+            if each is not None:
+                each.close()  # (the child's descriptor only: the parent's listens on)
 
     def stop(self) -> None:
         """Stop listening, and cut the connections still handshaking (their threads end)."""
@@ -389,6 +402,7 @@ class DebugServer:
             sock.close()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        _LISTENING.discard(self)
         with self._lock:
             handshaking = list(self._handshaking)
         for conn in handshaking:
@@ -567,6 +581,18 @@ class DebugServer:
         )
         conn = pause.attached.get()
         RemotePdb(_SocketIO(conn)).set_trace(frame)
+
+
+_LISTENING: weakref.WeakSet[DebugServer] = weakref.WeakSet()  # started, not stopped
+
+
+def _forget_listeners_in_child() -> None:
+    for server in list(_LISTENING):
+        server._forget_in_child()
+    _LISTENING.clear()
+
+
+os.register_at_fork(after_in_child=_forget_listeners_in_child)
 
 
 def _refuse(sock: socket.socket) -> None:
