@@ -258,7 +258,13 @@ class Cluster:
 
         await self._runtime()
         since_ns = 0 if since is None else time.time_ns() - int(since * 1e9)
-        got = await trace.gather(self.info.address, self.info.token, since_ns=since_ns, local=True)
+        got = await trace.gather(
+            self.info.address,
+            self.info.token,
+            since_ns=since_ns,
+            local=True,
+            session=self.info.session,
+        )
         return await asyncio.to_thread(trace.write_trace, path, got)
 
     async def nodes(self, *, actors: bool = True) -> list[dict[str, Any]]:

@@ -4,7 +4,8 @@
     rayless debug                 wait for an actor at breakpoint(), attach this terminal
     rayless debug --list          print the paused actors and exit
     rayless stack learner         every thread's and asyncio task's stack of actor "learner"
-    rayless stack                 the same for every live actor
+    rayless stack                 the same for every live actor (and driver, see below)
+    rayless stack driver          the drivers' (those that run a debug listener)
 
 The cluster is named as for ``rayless status`` (``--address``/``--token-file``, the
 environment, or the one local cluster published on this host). Both ask the head for the
@@ -14,7 +15,9 @@ asks which, when several are); in the session ``c`` continues the method and end
 session, Ctrl-D or Ctrl-C detaches (the method continues too), ``q`` raises BdbQuit in it.
 ``rayless stack --py-spy`` uses ``py-spy dump`` instead (native frames too; the actor must
 run on this host and py-spy be installed); without it, py-spy is the fallback when an actor's
-listener does not answer (its GIL held by native code).
+listener does not answer (its GIL held by native code). A driver runs a listener too while
+it records a timeline (RAYLESS_TIMELINE=1) or with RAYLESS_DEBUG=1: ``rayless stack`` lists
+it as ``driver (pid P)``; its ``breakpoint()`` stays its terminal's own pdb.
 
 Exit codes: 0 on success; 1 with a one-line message (no such actor, wrong token, no head);
 2 when some actors asked for gave nothing (``rayless stack``: the stacks gathered are printed
@@ -110,14 +113,17 @@ async def _head(address: str, token: str, timeout: float) -> AsyncIterator[Clien
         await client.aclose()
 
 
-async def endpoints(address: str, token: str, timeout: float) -> list[dict[str, Any]]:
-    """Every live actor's record with its ``debug_address``.
+async def endpoints(
+    address: str, token: str, timeout: float, *, drivers: bool = False
+) -> list[dict[str, Any]]:
+    """Every live actor's record with its ``debug_address`` (with ``drivers``, the drivers
+    that run a listener too: ``kind: "driver"``, named ``driver``).
 
     Raises:
         DebugCliError: the head did not answer, or rejected the token.
     """
     async with _head(address, token, timeout) as client:
-        return await ask(client, DebugEndpoints(), timeout=timeout)
+        return await ask(client, DebugEndpoints(drivers=drivers), timeout=timeout)
 
 
 async def exists(address: str, token: str, name: str, timeout: float) -> bool:
@@ -189,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         said = False
         told_busy: set[str] = set()
         while True:
-            records = asyncio.run(endpoints(address, token, timeout))
+            records = asyncio.run(endpoints(address, token, timeout, drivers=True))
             if args.name:
                 records = [r for r in records if args.name in (r["name"], r["actor_id"])]
             busy: set[str] = set()
@@ -343,7 +349,7 @@ def run_stack(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + timeout
         first_miss = True
         while True:
-            records = asyncio.run(endpoints(address, token, timeout))
+            records = asyncio.run(endpoints(address, token, timeout, drivers=True))
             if args.name:
                 records = [r for r in records if args.name in (r["name"], r["actor_id"])]
             if records or not args.name:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import sys
 import weakref
 from dataclasses import dataclass, field, replace
@@ -29,12 +30,14 @@ from rayless.actors.api import context, timeline
 from rayless.actors.api.calls import call_encode_error, call_limit_error
 from rayless.actors.api.keeper import SessionKeeper
 from rayless.actors.api.remote_errors import materialize, materialize_any
+from rayless.actors.control import debug
 from rayless.actors.control.death import death_details
 from rayless.actors.control.logs import print_lines
 from rayless.actors.control.messages import (
     ActorEvent,
     ActorState,
     ActorView,
+    DebugRegister,
     EventKind,
     Hello,
     LogLines,
@@ -95,6 +98,7 @@ class Runtime:
         self.lost: ClusterLostError | None = None
         self._closed = False
         self.keeper: SessionKeeper | None = None
+        self.debug: debug.DebugServer | None = None  # a driver's debug listener
         self._resuming: asyncio.Task[None] | None = None
         self._hb_timeout = 10.0
         self._warming: asyncio.Future[None] | None = None
@@ -131,12 +135,31 @@ class Runtime:
             )
             try:
                 await keeper.start()
+                self.keeper = keeper
+                await self._start_debug()
             except BaseException:
                 await keeper.aclose()
                 await self.head.aclose()
                 raise
-            self.keeper = keeper
         return self
+
+    async def _start_debug(self) -> None:
+        """A driver's debug listener (``actors.control.debug.start_driver``: when it records
+        a timeline, or RAYLESS_DEBUG=1), registered with the head under this session, so that
+        ``rayless timeline`` and ``rayless stack`` from another shell reach this process too."""
+        server = debug.start_driver(self.info.token, self.info.address, self.loop)
+        if server is None:
+            return
+        try:
+            await ask(self.head, self._debug_registration(server.address), timeout=30)
+        except RaylessError as exc:
+            print(f"rayless: driver: debug listener not registered: {exc}", file=sys.stderr)
+            server.stop()
+        except BaseException:
+            server.stop()
+            raise
+        else:
+            self.debug = server
 
     async def head_request(self, body: Request[R], timeout: float | None = 60.0) -> R:
         """A request to the head; its reply, checked.
@@ -194,6 +217,12 @@ class Runtime:
         else:
             self._catch_up(hello.actors)
             self.resumes += 1
+            if self.debug is not None:  # the head drops it with a session it lost meanwhile
+                try:
+                    again = self._debug_registration(self.debug.address)
+                    await ask(self.head, again, timeout=30)
+                except RaylessError as exc:
+                    print(f"rayless: driver: debug listener not registered: {exc}", file=sys.stderr)
         finally:
             self._resuming = None
 
@@ -248,6 +277,7 @@ class Runtime:
             self._resuming.cancel()
         if self._warming is not None:
             self._warming.cancel()  # (its thread finishes the import on its own)
+        await self._stop_debug()
         if self.keeper is not None:
             await self.keeper.aclose()
         conns = list(self.conns.values())
@@ -255,6 +285,24 @@ class Runtime:
             if conn.client is not None:
                 await conn.client.aclose()
         await self.head.aclose()
+
+    def _debug_registration(self, address: str) -> DebugRegister:
+        """The driver's listener at ``address`` ("": withdrawn), for the head's record under
+        this session (the head takes the session from the connection, not from the id)."""
+        return DebugRegister(f"driver:{self.info.session}", address, os.getpid(), "driver")
+
+    async def _stop_debug(self) -> None:
+        """Withdraw the driver's listener from the head (so that no gatherer tries it after
+        this; the session's end drops it anyway) and stop it."""
+        server, self.debug = self.debug, None
+        if server is None:
+            return
+        if self.lost is None and self.head.ready:
+            try:
+                await ask(self.head, self._debug_registration(""), timeout=2)
+            except RaylessError:
+                pass
+        await asyncio.to_thread(server.stop)
 
     # -- events ----------------------------------------------------------------------------
 

@@ -16,8 +16,8 @@ costs a few hundred bytes, so memory is bounded whatever the job's length. Recor
 unless ``RAYLESS_TIMELINE=1`` in the environment the cluster's processes start with (about
 3-4 µs of CPU per actor call, both sides together: 20-25% of a pipelined call, see
 docs/observability.md and scripts/bench_timeline.py); off, each hook is one attribute
-test. The gatherer (``rayless.actors.api.trace``) reads each actor's ring through its debug
-listener and writes one Chrome trace-event file.
+test. The gatherer (``rayless.actors.api.trace``) reads each actor's ring, and each driver's,
+through its debug listener and writes one Chrome trace-event file.
 """
 
 from __future__ import annotations

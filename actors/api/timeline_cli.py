@@ -1,12 +1,14 @@
 """``rayless timeline``: write the cluster's timeline as one Chrome trace-event file (see
 ``rayless.actors.api.trace``).
 
-    rayless timeline                           timeline.json: every live actor's spans
+    rayless timeline                           timeline.json: every live actor's and driver's spans
     rayless timeline -o trace.json --since 60  only the last minute
 
-The cluster is named as for ``rayless status``. Exit codes: 0 written, with every live actor's
-spans; 1 with a one-line message (no head, wrong token, unwritable file); 2 written, but
-without the actors named on stderr (not answering, or their debug listener busy).
+The cluster is named as for ``rayless status``. A driver is in it when it runs a debug listener
+(it does while it records a timeline: ``actors.control.debug.start_driver``), as ``driver (pid
+P)``. Exit codes: 0 written, with every live actor's and driver's spans; 1 with a one-line
+message (no head, wrong token, unwritable file); 2 written, but without the processes named
+on stderr (not answering, or their debug listener busy).
 """
 
 from __future__ import annotations
@@ -49,6 +51,6 @@ def run(args: argparse.Namespace) -> int:
     for line in missing:
         print(f"rayless timeline: no spans of {line}", file=sys.stderr)
     if missing:
-        print(f"rayless timeline: {len(missing)} actors missing from {path}", file=sys.stderr)
+        print(f"rayless timeline: {len(missing)} processes missing from {path}", file=sys.stderr)
         return 2
     return 0

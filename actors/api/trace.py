@@ -2,11 +2,13 @@
 trace-event file (Perfetto, chrome://tracing): ``Cluster.timeline(path)`` and ``rayless
 timeline`` (``actors.api.timeline_cli``).
 
-The gatherer asks the head for the actors' debug listeners (as ``rayless stack`` does) and
-reads each one's ring (the ``timeline`` command, authenticated with the cluster token both
-ways); ``Cluster.timeline`` adds the calling process's own spans (the driver's calls).
+The gatherer asks the head for the debug listeners of the actors and of the drivers (a
+driver runs one while it records a timeline, registered under its session) and reads each
+one's ring (the ``timeline`` command, authenticated with the cluster token both ways);
+``Cluster.timeline`` reads the calling process's own spans in-process instead.
 
-The file: one process track per actor (and the driver), named ``NAME (node N, pid P)``; in
+The file: one process track per actor and per driver that runs a debug listener (the
+calling one's read in-process), named ``NAME (node N, pid P)`` (``driver (pid P)``); in
 it one thread track per lane (``calls``: the calls it made; ``async``: its async methods;
 a ``def`` method's worker thread; ``put``/``get``... store and weight operations), spans
 that overlap in a lane spread over numbered tracks; complete events (``ph: X``, ``ts`` and
@@ -51,7 +53,8 @@ class Gathered:
 
 
 async def _endpoints(address: str, token: str, timeout: float) -> list[dict[str, Any]]:
-    """Every live actor's record with its ``debug_address``, asked of the head.
+    """Every live actor's record with its ``debug_address``, and every driver's that runs a
+    listener (``kind: "driver"``), asked of the head.
 
     Raises:
         RaylessError: the head did not answer (Timeout) or rejected the token (AuthError).
@@ -61,7 +64,7 @@ async def _endpoints(address: str, token: str, timeout: float) -> list[dict[str,
     client = Client(address, token=token, name="rayless-timeline", connect_timeout=timeout)
     try:
         await client.connect()
-        return await ask(client, DebugEndpoints(), timeout=timeout)
+        return await ask(client, DebugEndpoints(drivers=True), timeout=timeout)
     finally:
         await client.aclose()
 
@@ -89,17 +92,26 @@ def _read_one(record: dict[str, Any], token: str, since_ns: int, timeout: float)
 
 
 async def gather(
-    address: str, token: str, *, since_ns: int = 0, timeout: float = 10.0, local: bool = False
+    address: str,
+    token: str,
+    *,
+    since_ns: int = 0,
+    timeout: float = 10.0,
+    local: bool = False,
+    session: str = "",
 ) -> list[Gathered]:
-    """Every live actor's spans ending at or after ``since_ns`` (and this process's when
-    ``local``), clocks aligned per node. An actor that does not answer, or whose listener is
-    busy, is skipped: the last item is then ``Gathered({"name": "unreachable"}, [], errors)``
-    naming each (``NAME: why``; also the trace's ``otherData.unreachable``).
+    """Every live actor's and driver's spans ending at or after ``since_ns`` (this
+    process's read in-process when ``local``, as the driver of the session ``session``),
+    clocks aligned per node. A process that does not answer, or whose listener is busy, is
+    skipped: the last item is then ``Gathered({"name": "unreachable"}, [], errors)`` naming
+    each (``NAME: why``; also the trace's ``otherData.unreachable``).
 
     Raises:
         RaylessError: the head did not answer (Timeout) or rejected the token (AuthError).
     """
     records = await _endpoints(address, token, timeout)
+    if local:  # this process's own listener: its spans are read here, not twice
+        records = [r for r in records if r.get("actor_id") != f"driver:{session}"]
 
     def read_all() -> tuple[list[Gathered], list[str]]:
         got, missed = [], []
@@ -169,7 +181,8 @@ def chrome_trace(gathered: list[Gathered]) -> dict[str, Any]:
         if not g.spans and g.errors:
             continue
         p = g.process
-        label = f"{p.get('name', '?')} (node {p.get('node') or '-'}, pid {p.get('pid', '?')})"
+        where = f"node {p['node']}, " if p.get("node") else ""  # (a driver has no node)
+        label = f"{p.get('name', '?')} ({where}pid {p.get('pid', '?')})"
         events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": label}})
         events.append(
             {"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}}

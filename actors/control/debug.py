@@ -41,6 +41,13 @@ nobody); ``q`` raises ``bdb.BdbQuit`` in the method, which its caller receives a
 RemoteError. PYTHONBREAKPOINT set in the actor's environment (``0`` to ignore every
 breakpoint) takes precedence over all this, as in plain Python; ``RAYLESS_DEBUG=0`` turns
 the listener off.
+
+A driver runs the same listener (:func:`start_driver`, named ``driver``) while it records a
+timeline, or with ``RAYLESS_DEBUG=1``: its runtime (``actors.api.runtime``) registers it with
+the head under its session (``DebugRegister(kind="driver")``; the head keeps it until the
+session ends) and stops it as it closes, so that ``rayless timeline`` and ``rayless stack``
+reach the driver too. It answers ``stack``, ``timeline``, ``metrics`` and ``list``; its
+``breakpoint()`` stays the terminal's own pdb.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import FrameType
@@ -88,6 +96,7 @@ _RETRY_ACCEPT = {
 }
 log = logging.getLogger("rayless.debug")
 ENV_DEBUG = "RAYLESS_DEBUG"
+DRIVER = "driver"  # a driver's listener: its name and its kind at the head
 
 
 # -- the handshake (both sides) ------------------------------------------------------------
@@ -326,8 +335,11 @@ def format_stacks(
 class DebugServer:
     """The listener of one actor process (see the module docstring)."""
 
-    def __init__(self, name: str, token: str, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, name: str, token: str, host: str = "127.0.0.1", title: str | None = None
+    ) -> None:
         self.name = name
+        self.title = f"actor {name}" if title is None else title  # how ``stack`` names it
         self.key = protocol.as_token(token)
         self.host = host
         self.handshake_timeout = HANDSHAKE_TIMEOUT  # the module's bounds, when it starts
@@ -365,10 +377,22 @@ class DebugServer:
         self.address = f"tcp://{host}:{port}"
         self._thread = threading.Thread(target=self._accept, name="rayless-debug", daemon=True)
         self._thread.start()
+        _LISTENING.add(self)
         return self.address
 
+    def _forget_in_child(self) -> None:
+        """In a forked child (a driver's DataLoader worker...): close the copies of the
+        listening socket and of its connections, so that the port goes with the parent."""
+        sock, self._sock, self._thread = self._sock, None, None
+        with self._lock:
+            handshaking = list(self._handshaking)
+            self._handshaking.clear()
+        for each in [sock, *handshaking]:
+            if each is not None:
+                each.close()  # (the child's descriptor only: the parent's listens on)
+
     def stop(self) -> None:
-        """Stop listening."""
+        """Stop listening, and cut the connections still handshaking (their threads end)."""
         sock, self._sock = self._sock, None
         if sock is not None:
             try:
@@ -378,6 +402,14 @@ class DebugServer:
             sock.close()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        _LISTENING.discard(self)
+        with self._lock:
+            handshaking = list(self._handshaking)
+        for conn in handshaking:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)  # wakes its thread's read
+            except OSError:
+                pass
 
     def _accept(self) -> None:
         backoff = 0.0
@@ -390,7 +422,7 @@ class DebugServer:
                 # out of fds or memory (strangers may hold them): wait, never give up
                 self._count("accept_failed")
                 self._ratelog.warning(
-                    "accept", "actor %s: debug listener cannot accept: %s", self.name, exc
+                    "accept", "%s: debug listener cannot accept: %s", self.title, exc
                 )
                 backoff = min(1.0, max(0.05, backoff * 2))
                 time.sleep(backoff)
@@ -401,8 +433,8 @@ class DebugServer:
                 self._count("refused")
                 self._ratelog.warning(
                     "refused",
-                    "actor %s: refused a debug connection (%d handshakes already under way)",
-                    self.name,
+                    "%s: refused a debug connection (%d handshakes already under way)",
+                    self.title,
                     self.stats["handshaking"],
                 )
                 _refuse(sock)
@@ -478,7 +510,7 @@ class DebugServer:
                     return  # cut for a newcomer (counted then), not a wrong token
                 self._count("rejected")
                 self._ratelog.warning(
-                    "rejected", "actor %s: rejected a debug client (no valid token)", self.name
+                    "rejected", "%s: rejected a debug client (no valid token)", self.title
                 )
                 conn.send_line("ERR authentication failed")
                 return
@@ -501,7 +533,7 @@ class DebugServer:
     def _command(self, conn: LineSocket, command: str) -> bool:
         """Answer one command; True when the connection now belongs to a pdb session."""
         if command == "stack":
-            title = f"actor {self.name} (pid {os.getpid()})"
+            title = f"{self.title} (pid {os.getpid()})"
             skip = frozenset({self._thread.ident if self._thread is not None else None})
             text = format_stacks(title, self.loop, skip)
             conn.sock.sendall(text.encode("utf-8", "replace"))
@@ -549,6 +581,18 @@ class DebugServer:
         )
         conn = pause.attached.get()
         RemotePdb(_SocketIO(conn)).set_trace(frame)
+
+
+_LISTENING: weakref.WeakSet[DebugServer] = weakref.WeakSet()  # started, not stopped
+
+
+def _forget_listeners_in_child() -> None:
+    for server in list(_LISTENING):
+        server._forget_in_child()
+    _LISTENING.clear()
+
+
+os.register_at_fork(after_in_child=_forget_listeners_in_child)
 
 
 def _refuse(sock: socket.socket) -> None:
@@ -627,3 +671,51 @@ def _register(head_address: str, token: str, registration: DebugRegister) -> Non
         asyncio.run(go())
     except (RaylessError, OSError) as exc:
         print(f"rayless: debug listener not registered with the head: {exc}", file=sys.stderr)
+
+
+# -- a driver's listener -------------------------------------------------------------------
+
+
+def driver_wanted() -> bool:
+    """Whether a driver runs a listener: when it records a timeline (``RAYLESS_TIMELINE``),
+    or ``RAYLESS_DEBUG=1`` says so; never with ``RAYLESS_DEBUG=0``."""
+    flag = os.environ.get(ENV_DEBUG, "").strip()
+    if flag == "0":
+        return False
+    return flag == "1" or timeline.enabled()
+
+
+def host_toward(head_address: str) -> str:
+    """This host's address on the route to the head (where the head's other clients can
+    reach it too): loopback for a head on loopback or under RAYLESS_CURVE (the listener is
+    not encrypted: it stays on the host, as an actor's does)."""
+    host = head_address.removeprefix("tcp://").rpartition(":")[0].strip("[]")
+    if protocol.curve_enabled(None) or host in ("", "localhost", "127.0.0.1", "::1"):
+        return "127.0.0.1"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))  # a UDP "connect" sends nothing: it picks the route
+            local = str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+    return f"[{local}]" if family == socket.AF_INET6 else local
+
+
+def start_driver(
+    token: str, head_address: str, loop: asyncio.AbstractEventLoop
+) -> DebugServer | None:
+    """A driver's listener, started (``stack``, ``timeline``, ``metrics`` of this process;
+    ``breakpoint()`` stays the terminal's own pdb); the driver's runtime registers it with
+    the head under its session and stops it when it closes. None when not wanted
+    (:func:`driver_wanted`) or when it cannot listen."""
+    if not driver_wanted():
+        return None
+    server = DebugServer(DRIVER, token, host_toward(head_address), title=DRIVER)
+    server.loop = loop
+    try:
+        server.start()
+    except OSError as exc:
+        print(f"rayless: driver: no debug listener ({exc})", file=sys.stderr)
+        return None
+    return server

@@ -97,6 +97,7 @@ class Head(HeadActors):
         self._keepers: set[bytes] = set()  # connections that only hold a session alive
         self._orphan_timers: dict[str, asyncio.TimerHandle] = {}
         self.debug_endpoints: dict[str, dict[str, Any]] = {}  # actor id -> its debug listener
+        self.driver_debug: dict[str, dict[str, Any]] = {}  # session -> its driver's listener
         self._tasks: set[asyncio.Task[Any]] = set()
         self.stopped = asyncio.Event()
         self._freed = asyncio.Event()  # set, then replaced, whenever resources may have freed
@@ -226,6 +227,7 @@ class Head(HeadActors):
 
     async def op_end_session(self, peer: Peer, msg: EndSession) -> int:
         """The session is over: kill every actor it owns; returns how many, once they are dead."""
+        self.driver_debug.pop(msg.session, None)
         owned = self._owned_by(msg.session)
         await asyncio.gather(
             *(self._kill(a, "its owner ended the session") for a in owned),
@@ -243,6 +245,7 @@ class Head(HeadActors):
             peers.discard(peer.routing_id)
             if not peers:
                 del self.sessions[session]
+                self.driver_debug.pop(session, None)
                 owner = self.actors.get(session)
                 if owner is not None and owner.state is not DEAD:
                     # an actor's session: what it owns dies with it (``_mark_dead``), never

@@ -38,10 +38,11 @@ from rayless.actors.errors import ActorDiedError, ActorNotFoundError, NameTakenE
 from rayless.placement.allocation import Allocation, NodeState, choose, release
 from rayless.placement.errors import PlacementError, ResourcesBusyError
 from rayless.transport.client import Client
-from rayless.transport.errors import RaylessError, Timeout
+from rayless.transport.errors import ProtocolError, RaylessError, Timeout
 from rayless.transport.peer import Peer
 
 log = logging.getLogger("rayless.head")
+DRIVER = "driver"  # the kind (and the name) of a driver's debug listener
 
 
 @dataclass
@@ -94,6 +95,8 @@ class HeadActors:
     names: dict[str, str]
     sessions: dict[str, set[bytes]]
     debug_endpoints: dict[str, dict[str, Any]]
+    driver_debug: dict[str, dict[str, Any]]
+    _peer_session: dict[bytes, str]
     _freed: asyncio.Event
 
     if TYPE_CHECKING:  # the head's sessions and event fan-out (``actors.control.head``)
@@ -234,13 +237,33 @@ class HeadActors:
         return record.public()
 
     def op_debug_register(self, peer: Peer, msg: DebugRegister) -> bool:
-        """An actor process's debug listener (``actors.control.debug``): its address and pid."""
+        """A process's debug listener (``actors.control.debug``): its address and pid.
+
+        An actor's is kept under its actor id. A driver's (``kind="driver"``) is kept under
+        the session of the connection that sends it (never an id the peer names), until that
+        session ends or the driver withdraws it (an empty address).
+
+        Raises:
+            ProtocolError: a driver's listener sent on a connection without a session, or an
+                unknown kind.
+        """
+        if msg.kind == DRIVER:
+            session = self._peer_session.get(peer.routing_id)
+            if session is None:
+                raise ProtocolError("a driver's debug listener is registered by its session")
+            if msg.address:
+                self.driver_debug[session] = {"address": msg.address, "pid": msg.pid}
+            elif self.driver_debug.get(session, {}).get("pid") == msg.pid:
+                del self.driver_debug[session]  # withdrawn (by the process that set it)
+            return True
+        if msg.kind != "actor":
+            raise ProtocolError(f"unknown debug listener kind {msg.kind!r:.40}")
         self.debug_endpoints[msg.actor_id] = {"address": msg.address, "pid": msg.pid}
         return True
 
     def op_debug_endpoints(self, peer: Peer, msg: DebugEndpoints) -> list[dict[str, Any]]:
         """The debug listeners of live or starting actors, with each actor's record (dead
-        ones forgotten)."""
+        ones forgotten); with ``msg.drivers`` then those of the drivers of live sessions."""
         found = []
         for actor_id, info in list(self.debug_endpoints.items()):
             record = self.actors.get(actor_id)
@@ -248,6 +271,22 @@ class HeadActors:
                 del self.debug_endpoints[actor_id]
             elif record.pid in (None, info["pid"]):  # (None: still starting)
                 found.append({**record.public().as_dict(), "debug_address": info["address"]})
+        if msg.drivers:
+            for session, info in list(self.driver_debug.items()):
+                if session not in self.sessions:  # (ended: normally dropped then already)
+                    del self.driver_debug[session]
+                    continue
+                found.append(
+                    {
+                        "actor_id": f"{DRIVER}:{session}",
+                        "name": DRIVER,
+                        "kind": DRIVER,
+                        "node_id": "",
+                        "state": ActorState.ALIVE.value,
+                        "pid": info["pid"],
+                        "debug_address": info["address"],
+                    }
+                )
         return found
 
     async def op_kill(self, peer: Peer, msg: Kill) -> bool:

@@ -285,21 +285,31 @@ class Kill(Request[bool]):
 @message("ctl.DebugRegister")
 @dataclass(frozen=True)
 class DebugRegister(Request[bool]):
-    """An actor process's debug listener (``actors.control.debug``). → True"""
+    """A process's debug listener (``actors.control.debug``). → True
+
+    ``kind`` ``"actor"``: an actor process's, under ``actor_id``. ``"driver"``: a driver's,
+    sent on its session's own connection to the head and kept under that session (whatever
+    ``actor_id`` says) until the session ends; an empty ``address`` withdraws it.
+    """
 
     reply = bool
 
     actor_id: str
     address: str
     pid: int | None
+    kind: str = "actor"
 
 
 @message("ctl.DebugEndpoints")
 @dataclass(frozen=True)
 class DebugEndpoints(Request[list[dict[str, Any]]]):
-    """The debug listeners of live actors. → list of records with ``debug_address``"""
+    """The debug listeners of live actors (and, with ``drivers``, of the drivers whose
+    sessions are live: records with ``kind: "driver"``, ``actor_id`` ``driver:SESSION``).
+    → list of records with ``debug_address``"""
 
     reply = list
+
+    drivers: bool = False
 
 
 # -- the cluster (→ head) -----------------------------------------------------------------

@@ -173,7 +173,40 @@ async def test_rayless_stack_and_timeline_name_an_actor_whose_debug_listener_is_
         )
         assert timeline.returncode == 2, timeline.stderr
         assert "no spans of crowded: the debug listener is busy" in timeline.stderr
-        assert "1 actors missing" in timeline.stderr and out.exists()
+        assert "1 processes missing" in timeline.stderr and out.exists()
     finally:
         for sock in idle:
             sock.close()
+
+
+FORKING = """
+import asyncio, os, sys, time
+from rayless.actors.control import debug
+
+server = debug.start_driver("d" * 32, "tcp://127.0.0.1:1", asyncio.new_event_loop())
+if os.fork() == 0:  # a DataLoader worker, say, that outlives its driver a while
+    sys.stdin.read()
+    os._exit(0)
+print(server.address, flush=True)
+os._exit(0)  # the driver dies (no stop): only the child could keep the port
+"""
+
+
+def test_a_forked_child_does_not_keep_the_port() -> None:
+    """A driver's forked children close their copy of the listening socket: when the driver
+    dies, its port is closed although a child lives on."""
+    env = {**os.environ, debug.ENV_DEBUG: "1"}
+    child = subprocess.Popen(
+        [sys.executable, "-c", FORKING], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        address = child.stdout.readline().strip()
+        assert child.wait(timeout=30) == 0  # the driver is gone; its forked child is not
+        host, _, port = address.removeprefix("tcp://").rpartition(":")
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((host, int(port)), timeout=10).close()
+    finally:
+        if child.stdin is not None:
+            child.stdin.close()  # the forked child ends

@@ -4,11 +4,15 @@ gathered from every process into one Chrome trace-event file (``Cluster.timeline
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
+import textwrap
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -191,8 +195,9 @@ async def test_rayless_timeline_cli_writes_the_trace_and_since_filters(
     names, events = _by(cli())
     (pid,) = [p for p, label in names.items() if label.startswith("cli-a ")]
     assert any(e["pid"] == pid and e["name"] == "square" for e in events)
-    # the driver is another process: its spans are not in the CLI's trace
-    assert not [label for label in names.values() if label.startswith("driver")]
+    # the driver (this process) is in the CLI's trace too, through its own debug listener
+    (driver,) = [p for p, label in names.items() if label == f"driver (pid {os.getpid()})"]
+    assert [e for e in events if e["pid"] == driver and e.get("name") == "cli-a.square"]
     _, recent = _by(cli("--since", "0.000001"))  # the actor's call is older than that
     assert not [e for e in recent if e.get("name") == "square"]
 
@@ -217,3 +222,175 @@ async def test_weight_publish_and_pull_are_spans(traced_cluster: Cluster, tmp_pa
     assert publish["args"]["tensors"] == len(state(3))
     (pull,) = [e for e in mine if e["name"] == "pull"]
     assert pull["args"]["version"] == 3
+
+
+DRIVER = textwrap.dedent(
+    """
+    import asyncio, json, os, sys
+
+    from rayless.actors import Cluster
+
+
+    class Echo:
+        def twice(self, x):
+            return 2 * x
+
+
+    async def main():
+        async with Cluster.local(nodes=1) as cluster:
+            echo = await cluster.spawn(Echo, name="echo")
+            for i in range(4):
+                assert await echo.twice(i) == 2 * i
+            fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.write(fd, cluster.info.token.encode() + b"\\n")
+            os.close(fd)
+            print(json.dumps({"address": cluster.address, "pid": os.getpid()}), flush=True)
+            await asyncio.to_thread(sys.stdin.readline)  # until the test is done
+
+
+    asyncio.run(main())
+    """
+)
+
+
+def _refused(address: str) -> bool:
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_rayless_timeline_cli_gathers_the_driver_of_another_process(tmp_path: Path) -> None:
+    """A driver recording a timeline runs a debug listener, registered under its session:
+    ``rayless timeline`` from another process has the driver's call spans, linked by flows
+    to the actor's; when the driver ends, its listener is gone."""
+    from rayless.actors.api import debugger
+
+    script, token = tmp_path / "driver.py", tmp_path / "token"
+    script.write_text(DRIVER)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    driver = subprocess.Popen(
+        [sys.executable, str(script), str(token)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**clean, timeline.ENV: "1"},
+    )
+    try:
+        assert driver.stdout is not None and driver.stdin is not None
+        started = json.loads(driver.stdout.readline())
+        address = started["address"]
+        listed = debugger.endpoints(address, token.read_text().strip(), 30, drivers=True)
+        drivers = [r for r in asyncio.run(listed) if r.get("kind") == "driver"]
+        assert [(r["name"], r["pid"]) for r in drivers] == [("driver", started["pid"])]
+        out = tmp_path / "trace.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "rayless.cli", "timeline", "--address", address,
+             "--token-file", str(token), "-o", str(out)],
+            capture_output=True, text=True, timeout=120, env=clean,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        trace = json.loads(out.read_text())
+        check_trace_format(trace)
+        names, events = _by(trace)
+        pid_of = {label: pid for pid, label in names.items()}
+        me = pid_of[f"driver (pid {started['pid']})"]
+        (echo,) = [pid for label, pid in pid_of.items() if label.startswith("echo (node ")]
+        calls = [e for e in events if e["ph"] == "X" and e["pid"] == me and e["cat"] == "call"]
+        assert [e["name"] for e in calls] == ["echo.twice"] * 4
+        assert [e for e in events if e["pid"] == me and e["cat"] == "spawn"]
+        methods = [e for e in events if e["ph"] == "X" and e["pid"] == echo]
+        assert [e["name"] for e in methods if e["cat"] == "method"] == ["twice"] * 4
+        flows: dict[int, dict[str, Any]] = {}
+        for e in events:
+            if e["ph"] in "sf":
+                flows.setdefault(e["id"], {})[e["ph"]] = e
+        linked = [f for f in flows.values() if (f["s"]["pid"], f["f"]["pid"]) == (me, echo)]
+        assert len(linked) == 4
+        # `rayless stack driver`: the driver's threads and its loop's tasks
+        stack = subprocess.run(
+            [sys.executable, "-m", "rayless.cli", "stack", "driver", "--address", address,
+             "--token-file", str(token)],
+            capture_output=True, text=True, timeout=120, env=clean,
+        )  # fmt: skip
+        assert stack.returncode == 0, stack.stderr
+        assert stack.stdout.startswith(f"driver (pid {started['pid']})")
+        assert "--- asyncio task" in stack.stdout and ", in main" in stack.stdout
+        driver.stdin.close()  # the driver ends, and its cluster with it
+        assert driver.wait(timeout=60) == 0
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert _refused(drivers[0]["debug_address"])
+
+
+JOINER = textwrap.dedent(
+    """
+    import asyncio, os, sys
+
+    from rayless import actors
+
+
+    async def main():
+        token = open(sys.argv[2]).read().strip()
+        async with actors.connect(sys.argv[1], token=token):
+            print(os.getpid(), flush=True)
+            await asyncio.to_thread(sys.stdin.readline)
+
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_the_head_forgets_a_driver_s_listener_when_its_session_ends(
+    traced_cluster: Cluster, tmp_path: Path
+) -> None:
+    """A driver that ends withdraws its listener; one killed is dropped with its session."""
+    from rayless.actors.api import debugger
+
+    script, token = tmp_path / "joiner.py", tmp_path / "token"
+    script.write_text(JOINER)
+    token.write_text(traced_cluster.info.token + "\n")
+    token.chmod(0o600)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+
+    async def drivers() -> dict[int, str]:
+        found = await debugger.endpoints(traced_cluster.address, traced_cluster.info.token, 30,
+                                         drivers=True)  # fmt: skip
+        return {r["pid"]: r["debug_address"] for r in found if r.get("kind") == "driver"}
+
+    # this process's own listener is listed, actors' records are not drivers
+    assert list(await drivers()) == [os.getpid()]
+    for end in ("exit", "kill"):
+        joiner = subprocess.Popen(
+            [sys.executable, str(script), traced_cluster.address, str(token)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**clean, timeline.ENV: "1"},
+        )
+        try:
+            assert joiner.stdout is not None and joiner.stdin is not None
+            pid = int(await asyncio.to_thread(joiner.stdout.readline))
+            listed = await drivers()
+            assert set(listed) == {os.getpid(), pid}
+            if end == "exit":
+                joiner.stdin.close()
+                assert await asyncio.to_thread(joiner.wait, 60) == 0
+                assert list(await drivers()) == [os.getpid()]  # withdrawn as it closed
+            else:
+                joiner.kill()
+                await asyncio.to_thread(joiner.wait, 60)
+                deadline = time.monotonic() + 60
+                while pid in await drivers():  # until the head drops the session
+                    assert time.monotonic() < deadline, "the killed driver is still listed"
+                    await asyncio.sleep(0.2)
+            assert _refused(listed[pid])
+        finally:
+            if joiner.poll() is None:
+                joiner.kill()
+                joiner.wait()
