@@ -9,8 +9,9 @@ that readers map instead of receiving it over the socket).
 API (all of it synchronous; run big copies in a thread):
 
 * :class:`Segment` ``.create(payload_bytes)`` / ``.open(name)``: a mapped file
-  ``/dev/shm/rayless-<pid>-<serial>-<hex>`` (the transport's naming rule) with a 64-byte header
-  (magic, committed version, payload size, writers' fence) and ``payload`` (a writable memoryview).
+  ``/dev/shm/rayless-<pid>-<start>-<serial>-<hex>`` (the transport's naming rule) with a 64-byte
+  header (magic, committed version, payload size, writers' fence) and ``payload`` (a writable
+  memoryview).
 * :class:`SlotPool` (writer): ``begin(nbytes)`` gives a :class:`Segment` leased exclusively
   (never the newest committed one, never one a reader holds: double buffering that grows to at
   most ``max_slots`` segments); ``commit(segment, version)``; ``close()`` unlinks them all.
@@ -23,9 +24,11 @@ API (all of it synchronous; run big copies in a thread):
 
 Leases are ``flock`` locks on the segment's file: the kernel drops them when their process
 dies, so a reader or writer killed with SIGKILL never blocks anyone. The file itself follows
-the transport's rule: the node agent's periodic ``transport.shm.cleanup_stale`` removes
-segments whose creator no longer runs (and whoever learns of the death first may :func:`reap`
-them sooner); this process unlinks its own at exit. Readers may keep a mapping of an
+the transport's rule: the periodic ``transport.shm.cleanup_stale`` of node agents and of a
+local cluster's reaper removes segments whose creator no longer runs, within seconds (and
+whoever learns of the death first may :func:`reap` them sooner); this process unlinks its own
+at exit (a driver ended by SIGTERM or SIGHUP exits through it too:
+``rayless.actors.api.signals``). Readers may keep a mapping of an
 unlinked segment: its memory lives until they drop it (``Reader.close``).
 """
 

@@ -2,7 +2,7 @@
 
 A CPU storage unit keeps each dense column's tensor in one
 :class:`~rayless.transport.segments.Segment`
-(``/dev/shm/rayless-<pid>-<serial>-<hex>``: the agent's sweep removes it after kill -9, the
+(``/dev/shm/rayless-<pid>-<start>-<serial>-<hex>``: the agent's sweep removes it after kill -9, the
 unit unlinks it at exit). Same-host clients map it (:mod:`rayless.store.samehost.plane`): a put's
 rows are copied by the client straight into slots the unit reserved for them, a get's rows are
 copied straight out of their slots.
