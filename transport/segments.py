@@ -183,6 +183,13 @@ class Segment:
     def _set_fence(self, fence: int) -> None:
         struct.pack_into("<q", self.mapping, _FENCE_AT, fence)
 
+    def unlinked(self) -> bool:
+        """Whether the file is gone from ``/dev/shm`` (its memory lives only while mapped)."""
+        try:
+            return os.fstat(self.fd).st_nlink == 0
+        except OSError:
+            return True
+
     def lock(self, exclusive: bool, wait: bool) -> bool:
         """Take the lease (``flock``); False when ``wait`` is False and someone holds it."""
         flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB)
@@ -262,7 +269,11 @@ class SlotPool:
 
 
 class Reader:
-    """A reader's cache of opened segments and its leases. Not thread-safe: one per thread."""
+    """A reader's cache of opened segments and its leases. Not thread-safe: one per thread.
+
+    A cached mapping keeps its segment's memory even after the writer unlinked it (a version
+    of another size, a closed publisher): opening another segment first drops the cached
+    mappings of unlinked segments."""
 
     def __init__(self, max_open: int = 8) -> None:
         self.max_open = max_open
@@ -277,6 +288,8 @@ class Reader:
         """
         seg = self._open.get(name)
         if seg is None:
+            for gone in [n for n, s in self._open.items() if s.unlinked()]:
+                self._open.pop(gone).close()  # its writer dropped it: give its memory back
             seg = Segment.open(name)
             if len(self._open) >= self.max_open:
                 self._open.pop(next(iter(self._open))).close()

@@ -57,6 +57,27 @@ def test_the_writer_never_rewrites_the_newest_version_nor_a_leased_one() -> None
         pool.close()
 
 
+def test_a_reader_drops_its_mappings_of_segments_the_writer_unlinked() -> None:
+    pool = SlotPool(max_slots=2)
+    reader = Reader()
+    try:
+        old = pool.begin(4096)
+        pool.commit(old, 1)
+        with reader.lease(old.name, 1):
+            pass
+        pool.close()  # the publisher closed: its memory must not live on in the reader
+        assert old.name in reader._open
+        pool = SlotPool(max_slots=2)
+        new = pool.begin(8192)
+        pool.commit(new, 2)
+        with reader.lease(new.name, 2):
+            pass
+        assert list(reader._open) == [new.name]
+    finally:
+        reader.close()
+        pool.close()
+
+
 def test_a_reader_never_sees_a_half_written_or_replaced_version() -> None:
     pool = SlotPool(max_slots=2)
     reader = Reader()
