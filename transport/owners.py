@@ -7,8 +7,7 @@ and the process's start time (field 22 of ``/proc/<pid>/stat``, clock ticks sinc
 start time runs (:func:`alive`), so a pid reused by an unrelated process does not keep a dead
 owner's files. Whoever survives (a node agent, the reaper a local cluster leaves behind, the
 next rayless process on the host) calls :func:`sweep` on a directory to remove the entries of
-dead owners; an entry modified in the last ``grace`` seconds is left for the next sweep (a
-message whose sender died as it sent it may still be read).
+dead owners (an entry modified in the last ``grace`` seconds may be left for a later sweep).
 
 Only entries of this user are removed (``/dev/shm`` and ``/tmp`` are shared), never through a
 symbolic link. Where ``/proc`` is missing (not Linux) the start time is 0 and liveness falls

@@ -12,9 +12,13 @@ Leaks: the sender remembers the segments it created; :func:`sweep` (every ``SWEE
 seconds from encode, and at exit) unlinks those older than ``SHM_MAX_AGE``, which the receiver
 normally unlinked long before (a message still unread after ``SHM_MAX_AGE`` then fails to decode
 with ProtocolError). A process killed with SIGKILL cannot sweep: :func:`cleanup_stale` removes
-segments whose creator no longer runs (same pid and start time: a reused pid does not count),
-``DEAD_GRACE`` seconds after it last wrote them; node agents and the reaper of a local cluster
-call it every few seconds (``rayless.actors.control.reaper``). Processes that share a host id
+segments whose creator no longer runs (same pid and start time: a reused pid does not count);
+node agents and the reaper of a local cluster call it every few seconds
+(``rayless.actors.control.reaper``), and an agent removes an actor's segments (:func:`reap`) as
+soon as it exits. A message whose sender died before the receiver opened it then fails to decode
+(ProtocolError), as its sender's call fails. No grace after the owner's death: the kernel
+stamps a mapped segment's modification time when its dying owner unmaps it, so a grace
+counted from the last write would be counted from the death. Processes that share a host id
 are assumed to share ``/dev/shm`` and a pid namespace.
 
 Imports neither torch nor numpy.
@@ -37,7 +41,6 @@ from rayless.transport.errors import ProtocolError
 from rayless.transport.owners import pid_alive
 
 __all__ = [
-    "DEAD_GRACE",
     "NAME",
     "SHM_DIR",
     "cleanup_stale",
@@ -55,8 +58,6 @@ log = logging.getLogger("rayless.transport")
 SHM_DIR = "/dev/shm"
 SHM_MAX_AGE = 60.0  # seconds after which the sender unlinks a segment nobody consumed
 SWEEP_INTERVAL = 5.0  # seconds between two sweeps run from encode
-# seconds a segment of a dead process stays after its last write (a receiver may still read it)
-DEAD_GRACE = 2.0
 NAME = re.compile(r"rayless-(?P<pid>[0-9]+)-(?P<start>[0-9]+)-[0-9]+-[0-9a-f]+", re.ASCII)
 # Below ~8 MiB, creating, mapping and unlinking a segment costs as much as the socket copy
 # (measured: a tie from 1 to 16 MiB, then 1.5-2x faster at 64-256 MiB).
@@ -248,7 +249,7 @@ def reap(pid: int, directory: str | None = None) -> list[str]:
     return removed
 
 
-def cleanup_stale(max_age: float = DEAD_GRACE, directory: str | None = None) -> list[str]:
+def cleanup_stale(max_age: float = 0.0, directory: str | None = None) -> list[str]:
     """Remove segments whose creating process no longer runs, last written ``max_age`` s ago.
 
     For processes that died without sweeping (SIGKILL). Segments of live processes (and of

@@ -198,7 +198,12 @@ class Agent:
         procs = [
             p for p in self.procs.values() if p.pid is not None and p.state is not ProcState.DEAD
         ]
+        pids = [p.pid for p in procs if p.pid is not None]
         await asyncio.gather(*(self._terminate(p, reason) for p in procs))
+        # their shared memory now: an actor leaves through os._exit (no exit handlers), and
+        # the _after_exit that would reap it is cancelled when the agent closes
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(lambda: [reap(pid) for pid in pids])
 
     async def _heartbeat(self) -> None:
         interval = max(0.05, self.head_timeout / 5)

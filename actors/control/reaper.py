@@ -30,10 +30,9 @@ Why a process rather than only the head and agents: when a driver with an embedd
 killed with SIGKILL, the kernel ends its head and agents with it (``PR_SET_PDEATHSIG``), so
 nothing of the cluster survives to remove the driver's segments (a published weight version
 is hundreds of MiB of RAM) or its directory. The reaper is the one process that outlives
-them, and it needs neither the token nor torch (it imports only the sweeps). Segments are
-removed ``shm.DEAD_GRACE`` seconds after their last write at the earliest (a message whose
-sender just died may still be read); everything is gone within about five seconds of its
-owner's death.
+them, and it needs neither the token nor torch (it imports only the sweeps). What a dead
+owner left is gone within ``SWEEP_INTERVAL`` seconds of its death (``POLL_INTERVAL`` when
+the last watched process dies).
 """
 
 from __future__ import annotations
@@ -115,7 +114,7 @@ def watch(watched: list[tuple[int, int]]) -> None:
             sweep_host()
         if gone_since is None and not any(owners.alive(p, s) for p, s in watched):
             gone_since = now
-            next_sweep = min(next_sweep, now + shm.DEAD_GRACE)
+            next_sweep = now  # at once
         if gone_since is not None and now - gone_since >= LINGER:
             sweep_host()
             return
