@@ -23,8 +23,12 @@ filtered by our prefixes; entries of live owners are left):
   and agents) every ``POLL_INTERVAL`` seconds, sweeps every ``SWEEP_INTERVAL`` seconds, and
   exits ``LINGER`` seconds after the last of them is gone (after a final sweep: the actors,
   which die after their agent, are gone by then), or at once on SIGTERM (the cluster's own
-  clean stop); it also sweeps once as it starts, which is "the next rayless command on the
-  host" for leftovers of clusters that had no survivor.
+  clean stop, after which the driver sweeps once itself); it also sweeps once as it starts,
+  which is "the next rayless command on the host" for leftovers of clusters that had no
+  survivor.
+
+The head runs no sweep of its own: every host of a launched cluster has a node agent (the
+head's too), and a local cluster has its reaper.
 
 Why a process rather than only the head and agents: when a driver with an embedded cluster is
 killed with SIGKILL, the kernel ends its head and agents with it (``PR_SET_PDEATHSIG``), so
@@ -38,7 +42,6 @@ the last watched process dies).
 from __future__ import annotations
 
 import logging
-import os
 import re
 import signal
 import sys
@@ -137,5 +140,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.pop("RAYLESS_DIE_WITH_PARENT", None)
     main()
