@@ -121,12 +121,11 @@ class Run:
 
         While the driver runs, its own segments and directory are its own; the entries are
         the head's (they must go when the head is gone)."""
-        dead = {p for p in self.pids if not _alive(p)}
-        owners = dead if driver_alive else self.pids
+        gone = {p for p in self.pids if not _alive(p)} if driver_alive else self.pids
         left: dict[str, Any] = {}
-        segs = {s for s in self.segments if int(s.split("-")[1]) in owners}
-        segs = {s for s in segs if os.path.exists(os.path.join(shm.SHM_DIR, s))}
-        segs |= _segments(dead if driver_alive else self.pids | dead)
+        recorded = {s for s in self.segments if int(s.split("-")[1]) in gone}
+        segs = {s for s in recorded if os.path.exists(os.path.join(shm.SHM_DIR, s))}
+        segs |= _segments(gone)  # and any made after the recording
         if segs:
             left["segments"] = sorted(segs)
         if not driver_alive and self.tmpdir.exists():
