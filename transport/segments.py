@@ -9,8 +9,9 @@ that readers map instead of receiving it over the socket).
 API (all of it synchronous; run big copies in a thread):
 
 * :class:`Segment` ``.create(payload_bytes)`` / ``.open(name)``: a mapped file
-  ``/dev/shm/rayless-<pid>-<serial>-<hex>`` (the transport's naming rule) with a 64-byte header
-  (magic, committed version, payload size, writers' fence) and ``payload`` (a writable memoryview).
+  ``/dev/shm/rayless-<pid>-<start>-<serial>-<hex>`` (the transport's naming rule) with a 64-byte
+  header (magic, committed version, payload size, writers' fence) and ``payload`` (a writable
+  memoryview).
 * :class:`SlotPool` (writer): ``begin(nbytes)`` gives a :class:`Segment` leased exclusively
   (never the newest committed one, never one a reader holds: double buffering that grows to at
   most ``max_slots`` segments); ``commit(segment, version)``; ``close()`` unlinks them all.
@@ -23,9 +24,11 @@ API (all of it synchronous; run big copies in a thread):
 
 Leases are ``flock`` locks on the segment's file: the kernel drops them when their process
 dies, so a reader or writer killed with SIGKILL never blocks anyone. The file itself follows
-the transport's rule: the node agent's periodic ``transport.shm.cleanup_stale`` removes
-segments whose creator no longer runs (and whoever learns of the death first may :func:`reap`
-them sooner); this process unlinks its own at exit. Readers may keep a mapping of an
+the transport's rule: the periodic ``transport.shm.cleanup_stale`` of node agents and of a
+local cluster's reaper removes segments whose creator no longer runs, within seconds (and
+whoever learns of the death first may :func:`reap` them sooner); this process unlinks its own
+at exit (a driver ended by SIGTERM or SIGHUP exits through it too:
+``rayless.actors.api.signals``). Readers may keep a mapping of an
 unlinked segment: its memory lives until they drop it (``Reader.close``).
 """
 
@@ -180,6 +183,13 @@ class Segment:
     def _set_fence(self, fence: int) -> None:
         struct.pack_into("<q", self.mapping, _FENCE_AT, fence)
 
+    def unlinked(self) -> bool:
+        """Whether the file is gone from ``/dev/shm`` (its memory lives only while mapped)."""
+        try:
+            return os.fstat(self.fd).st_nlink == 0
+        except OSError:
+            return True
+
     def lock(self, exclusive: bool, wait: bool) -> bool:
         """Take the lease (``flock``); False when ``wait`` is False and someone holds it."""
         flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB)
@@ -259,7 +269,11 @@ class SlotPool:
 
 
 class Reader:
-    """A reader's cache of opened segments and its leases. Not thread-safe: one per thread."""
+    """A reader's cache of opened segments and its leases. Not thread-safe: one per thread.
+
+    A cached mapping keeps its segment's memory even after the writer unlinked it (a version
+    of another size, a closed publisher): opening another segment first drops the cached
+    mappings of unlinked segments."""
 
     def __init__(self, max_open: int = 8) -> None:
         self.max_open = max_open
@@ -274,6 +288,8 @@ class Reader:
         """
         seg = self._open.get(name)
         if seg is None:
+            for gone in [n for n, s in self._open.items() if s.unlinked()]:
+                self._open.pop(gone).close()  # its writer dropped it: give its memory back
             seg = Segment.open(name)
             if len(self._open) >= self.max_open:
                 self._open.pop(next(iter(self._open))).close()

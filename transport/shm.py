@@ -1,17 +1,24 @@
 """Shared-memory segments for large CPU buffers sent to a peer on the same host.
 
-The sender writes a buffer into a fresh file ``/dev/shm/rayless-<pid>-<counter>-<hex>``
-(:func:`write`) and sends its name and size instead of the bytes; the receiver maps it, unlinks
-it at once and builds its tensor on the mapping (:func:`open_segment`), so the bytes are copied
-once, by the sender. The sender writes with ``pwrite`` rather than through a mapping: tmpfs then
-allocates pages without zeroing them first (about twice as fast as a populated mapping on these
-machines), and a full ``/dev/shm`` fails with ENOSPC instead of a SIGBUS.
+The sender writes a buffer into a fresh file ``/dev/shm/rayless-<pid>-<start>-<counter>-<hex>``
+(:func:`write`; ``<pid>-<start>`` is its owner tag, ``rayless.transport.owners``) and sends
+its name and size instead of the bytes; the receiver maps it, unlinks it at once and builds
+its tensor on the mapping (:func:`open_segment`), so the bytes are copied once, by the sender.
+The sender writes with ``pwrite`` rather than through a mapping: tmpfs then allocates pages
+without zeroing them first (about twice as fast as a populated mapping on these machines), and a
+full ``/dev/shm`` fails with ENOSPC instead of a SIGBUS.
 
 Leaks: the sender remembers the segments it created; :func:`sweep` (every ``SWEEP_INTERVAL``
 seconds from encode, and at exit) unlinks those older than ``SHM_MAX_AGE``, which the receiver
 normally unlinked long before (a message still unread after ``SHM_MAX_AGE`` then fails to decode
 with ProtocolError). A process killed with SIGKILL cannot sweep: :func:`cleanup_stale` removes
-segments whose creator no longer runs (the node agent calls it). Processes that share a host id
+segments whose creator no longer runs (same pid and start time: a reused pid does not count);
+node agents and the reaper of a local cluster call it every few seconds
+(``rayless.actors.control.reaper``), and an agent removes an actor's segments (:func:`reap`) as
+soon as it exits. A message whose sender died before the receiver opened it then fails to decode
+(ProtocolError), as its sender's call fails. No grace after the owner's death: the kernel
+stamps a mapped segment's modification time when its dying owner unmaps it, so a grace
+counted from the last write would be counted from the death. Processes that share a host id
 are assumed to share ``/dev/shm`` and a pid namespace.
 
 Imports neither torch nor numpy.
@@ -29,14 +36,29 @@ import threading
 import time
 from typing import Any
 
+from rayless.transport import owners
 from rayless.transport.errors import ProtocolError
+from rayless.transport.owners import pid_alive
+
+__all__ = [
+    "NAME",
+    "SHM_DIR",
+    "cleanup_stale",
+    "discard",
+    "new_name",
+    "open_segment",
+    "pid_alive",
+    "reap",
+    "sweep",
+    "write",
+]
 
 log = logging.getLogger("rayless.transport")
 
 SHM_DIR = "/dev/shm"
 SHM_MAX_AGE = 60.0  # seconds after which the sender unlinks a segment nobody consumed
 SWEEP_INTERVAL = 5.0  # seconds between two sweeps run from encode
-NAME = re.compile(r"rayless-([0-9]+)-[0-9]+-[0-9a-f]+", re.ASCII)
+NAME = re.compile(r"rayless-(?P<pid>[0-9]+)-(?P<start>[0-9]+)-[0-9]+-[0-9a-f]+", re.ASCII)
 # Below ~8 MiB, creating, mapping and unlinking a segment costs as much as the socket copy
 # (measured: a tie from 1 to 16 MiB, then 1.5-2x faster at 64-256 MiB).
 _DEFAULT_MIN = 8 << 20
@@ -97,12 +119,12 @@ def _unlink(name: str) -> None:
 
 
 def new_name() -> str:
-    """A fresh segment name of this process, ``rayless-<pid>-<serial>-<hex>`` (what
+    """A fresh segment name of this process, ``rayless-<pid>-<start>-<serial>-<hex>`` (what
     :data:`NAME` matches and the sweeps parse). Thread-safe."""
     with _NAME_LOCK:
         _State.serial += 1
         serial = _State.serial
-    return f"rayless-{os.getpid()}-{serial}-{os.urandom(4).hex()}"
+    return f"rayless-{owners.tag()}-{serial}-{os.urandom(4).hex()}"
 
 
 def write(view: memoryview) -> str | None:
@@ -202,64 +224,36 @@ def maybe_sweep() -> None:
         sweep()
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (also one of another user); False for a bad pid."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except (OverflowError, OSError):
-        return False
-    return True
-
-
 def reap(pid: int, directory: str | None = None) -> list[str]:
     """Unlink every segment created by ``pid`` now if that process no longer runs; their names.
 
     For whoever learns of a death first (the node agent, when its actor exits). Does nothing for
-    a live process (or this one). Raises OSError when the directory cannot be listed.
+    a live process (or this one); the segments of an earlier process that had the same pid go
+    too. Raises OSError when the directory cannot be listed.
     """
-    if pid == os.getpid() or pid_alive(pid):
+    if pid == os.getpid():
         return []
     removed = []
     with os.scandir(directory or SHM_DIR) as entries:
         for entry in entries:
             found = NAME.fullmatch(entry.name)
-            if found is not None and int(found.group(1)) == pid:
-                try:
-                    os.unlink(entry.path)
-                    removed.append(entry.name)
-                except OSError:
-                    pass
+            if found is None or int(found["pid"]) != pid:
+                continue
+            if owners.alive(pid, int(found["start"])):
+                continue
+            try:
+                os.unlink(entry.path)
+                removed.append(entry.name)
+            except OSError:
+                pass
     return removed
 
 
-def cleanup_stale(max_age: float = SHM_MAX_AGE, directory: str | None = None) -> list[str]:
-    """Remove segments whose creating process no longer exists and older than ``max_age`` s.
+def cleanup_stale(max_age: float = 0.0, directory: str | None = None) -> list[str]:
+    """Remove segments whose creating process no longer runs, last written ``max_age`` s ago.
 
     For processes that died without sweeping (SIGKILL). Segments of live processes (and of
     this one) are left alone. Returns the names removed. Raises OSError when ``directory``
     (default ``SHM_DIR``) cannot be listed.
     """
-    where = SHM_DIR if directory is None else directory
-    me, now, removed = os.getpid(), time.time(), []
-    with os.scandir(where) as entries:
-        for entry in entries:
-            found = NAME.fullmatch(entry.name)
-            if found is None:
-                continue
-            pid = int(found.group(1))
-            if pid == me or pid_alive(pid):
-                continue
-            try:
-                if now - entry.stat(follow_symlinks=False).st_mtime < max_age:
-                    continue
-                os.unlink(entry.path)
-            except OSError:
-                continue
-            removed.append(entry.name)
-    return removed
+    return owners.sweep(SHM_DIR if directory is None else directory, NAME, max_age)

@@ -3,10 +3,11 @@
 ``async with Cluster.local(nodes=2, gpus_per_node=4) as cluster`` starts a head, one zygote for
 this host and ``nodes`` node agents as real processes on loopback with a fresh random token
 (fake GPUs unless this machine has enough real ones) and publishes it in this user's
-runtime directory (``actors.api.published``) until it closes. ``actors.connect(address,
-token)`` joins a running cluster (e.g. one started by ``scripts/launch.py``); without
-arguments it uses the environment ``rayless launch`` gives a driver, else the one published
-local cluster. Both openers work awaited
+runtime directory (``actors.api.published``) until it closes. A driver closes on SIGTERM
+and SIGHUP as on Ctrl-C, then exits with the signal's status (``actors.api.signals``).
+``actors.connect(address, token)`` joins a running cluster (e.g. one started by
+``scripts/launch.py``); without arguments it uses the environment ``rayless launch`` gives a
+driver, else the one published local cluster. Both openers work awaited
 (``cluster = await Cluster.local()``, then ``await cluster.aclose()``) or with ``async with``.
 Actors spawned by a driver belong to it: they are killed when it closes the cluster or
 disappears. A closed Cluster raises ClosedError.
@@ -21,7 +22,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from rayless.actors.api import context, published, timeline
+from rayless.actors.api import context, published, signals, timeline
 from rayless.actors.api.actor import ClassRef, public_methods
 from rayless.actors.api.calls import call_encode_error
 from rayless.actors.api.components import spawn_component
@@ -109,6 +110,7 @@ class Cluster:
         """
         if zygote_preload not in ("eager", "lazy"):
             raise ValueError(f"zygote_preload must be 'eager' or 'lazy', got {zygote_preload!r}")
+        signals.install()  # SIGTERM/SIGHUP close it as Ctrl-C does (in the main thread)
         procs = LocalProcesses(nodes, gpus_per_node, node_timeout, zygote, log_dir, zygote_preload)
         return Opening(lambda: _start_local(procs))
 
@@ -385,6 +387,8 @@ def connect(address: str | None = None, *, token: str | None = None) -> Opening[
             local clusters are published and none was named).
         AuthError: the token is wrong.
     """
+    if not os.environ.get(context.ENV_ACTOR_ID):  # a driver: SIGTERM/SIGHUP as Ctrl-C
+        signals.install()
     return Opening(lambda: _connect(address, token))
 
 

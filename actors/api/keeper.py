@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 
@@ -132,8 +133,20 @@ class SessionKeeper:
         """The head forgot or lost this connection: register again until it takes it (or
         the keeper stops)."""
         while not stop.is_set():
+            attempt = asyncio.ensure_future(self._register(client))
+            stopping = asyncio.ensure_future(stop.wait())
+            try:  # a stop ends the attempt at once (a head that is gone holds it to its timeout)
+                await asyncio.wait((attempt, stopping), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+                if not attempt.done():
+                    attempt.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, RaylessError):
+                        await attempt
+            if attempt.cancelled():
+                return
             try:
-                await self._register(client)
+                attempt.result()
                 return
             except RaylessError as exc:
                 log.info("session keeper %s: head unreachable (%s)", self.session, exc)

@@ -162,11 +162,15 @@ def _warn(text: str) -> None:
 
 
 def _started(pid: int) -> float | None:
-    """The start time of process ``pid``, or None when there is no such process."""
+    """The start time of process ``pid``, or None when there is no such process (or it has
+    exited)."""
     import psutil
 
     try:
-        return float(psutil.Process(pid).create_time())
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:  # exited, not reaped yet by its parent
+            return None
+        return float(proc.create_time())
     except (psutil.Error, OSError):
         return None
 

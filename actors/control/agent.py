@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayless.actors.api import context
+from rayless.actors.control import reaper
 from rayless.actors.control.death import OomWatch, log_tail
 from rayless.actors.control.logs import LogTailer
 from rayless.actors.control.messages import (
@@ -57,10 +58,11 @@ from rayless.transport import loop
 from rayless.transport.client import Client
 from rayless.transport.errors import ProtocolError, RaylessError
 from rayless.transport.server import Peer, Request, Server
-from rayless.transport.shm import cleanup_stale, reap
+from rayless.transport.shm import reap
 
 log = logging.getLogger("rayless.agent")
-SHM_SWEEP_INTERVAL = 30.0
+# seconds between two sweeps of what dead processes left on this host (``reaper.sweep_host``)
+SHM_SWEEP_INTERVAL = reaper.SWEEP_INTERVAL
 
 
 @dataclass
@@ -196,7 +198,12 @@ class Agent:
         procs = [
             p for p in self.procs.values() if p.pid is not None and p.state is not ProcState.DEAD
         ]
+        pids = [p.pid for p in procs if p.pid is not None]
         await asyncio.gather(*(self._terminate(p, reason) for p in procs))
+        # their shared memory now: an actor leaves through os._exit (no exit handlers), and
+        # the _after_exit that would reap it is cancelled when the agent closes
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(lambda: [reap(pid) for pid in pids])
 
     async def _heartbeat(self) -> None:
         interval = max(0.05, self.head_timeout / 5)
@@ -204,9 +211,9 @@ class Agent:
         next_sweep = time.monotonic() + SHM_SWEEP_INTERVAL
         while True:
             await asyncio.sleep(interval)
-            if time.monotonic() > next_sweep:  # segments of actors that died with SIGKILL
+            if time.monotonic() > next_sweep:  # what processes killed with SIGKILL left
                 next_sweep = time.monotonic() + SHM_SWEEP_INTERVAL
-                await asyncio.to_thread(cleanup_stale)
+                await asyncio.to_thread(reaper.sweep_host)
             if self.head.ready:
                 lost_since = None
                 try:  # a request: one message each way per beat, and the reply keeps our session
@@ -514,7 +521,7 @@ async def serve(args: argparse.Namespace, token: str) -> int:
     )
     async with agent:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(agent.aclose()))
         print(agent.server.address, flush=True)
         await agent.stopped.wait()

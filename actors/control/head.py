@@ -433,10 +433,10 @@ def raise_socket_limits() -> None:
 
 
 async def serve(address: str, token: str, node_timeout: float) -> None:
-    """Run a head until SIGTERM/SIGINT or a shutdown request."""
+    """Run a head until SIGTERM/SIGINT/SIGHUP or a shutdown request."""
     async with Head(token, address, node_timeout=node_timeout) as head:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(sig, head.stopped.set)
         print(head.address, flush=True)
         await head.stopped.wait()

@@ -410,8 +410,8 @@ async def _actor_main(given: str | None) -> int:
     loop = asyncio.get_running_loop()
     set_home_loop(loop)  # `.call()` from the sync methods' worker thread runs here
     debug.install(name, actor_id, token, env.get(context.ENV_NODE_IP, "127.0.0.1"), head, loop)
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_signal_handler(signal.SIGINT, stop.set)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, stop.set)
 
     def agent_gone() -> None:  # from the watcher thread, whatever the loop is doing
         print(f"actor {name}: node agent lost, exiting", file=sys.stderr, flush=True)

@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 from collections.abc import Callable
 from typing import Protocol
 
@@ -40,6 +39,7 @@ from rayless.actors.control.zygote_messages import (
     unpack,
 )
 from rayless.actors.errors import StartError
+from rayless.transport import owners
 from rayless.transport.errors import ProtocolError
 from rayless.transport.files import open_append
 
@@ -166,7 +166,7 @@ class ZygoteSpawner:
         self._task = asyncio.ensure_future(self._read())
 
     async def _start_own(self) -> str:
-        self._tmpdir = tempfile.mkdtemp(prefix="rayless-zygote-")
+        self._tmpdir = owners.mkdtemp("rayless-zygote-")
         path = os.path.join(self._tmpdir, "zygote.sock")
         self._own = await asyncio.create_subprocess_exec(
             sys.executable,

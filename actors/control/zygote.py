@@ -149,6 +149,7 @@ class Zygote:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
+        signal.signal(signal.SIGHUP, self._stop)
         self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
         become_subreaper()
 
@@ -265,7 +266,7 @@ class Zygote:
     def _become_child(self, msg: Fork) -> None:
         os.setpgid(0, 0)  # lead a process group: the actor's children join it
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         self.sel.close()
         self.listener.close()

@@ -1,7 +1,10 @@
 """The processes of an embedded cluster on this host: ``Cluster.local`` and the test fixture.
 
 A head, one zygote (the fork template) and N node agents, started with the same mechanism as
-``rayless launch`` (:mod:`rayless.actors.launch.procs`) on loopback with a fresh random token.
+``rayless launch`` (:mod:`rayless.actors.launch.procs`) on loopback with a fresh random token,
+and a reaper (``rayless.actors.control.reaper``) that removes what they and the driver leave
+on this host if they are killed (its sockets and logs are in ``/tmp/rayless-local-<pid>-<start>-*``,
+the driver's owner tag).
 """
 
 from __future__ import annotations
@@ -9,10 +12,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import tempfile
+import subprocess
+import sys
 from dataclasses import dataclass, field
 
+from rayless.actors.control.reaper import reaper_args, sweep_host
 from rayless.actors.launch.procs import START_TIMEOUT, Child, first_line, start_child, terminate
+from rayless.transport import owners
 from rayless.transport.protocol import new_token
 
 __all__ = ["LocalProcesses"]
@@ -44,6 +50,7 @@ class LocalProcesses:
     zygote_proc: Child | None = None  # the torch template
     light_zygote_proc: Child | None = None  # the light template (no torch)
     agents: list[Child] = field(default_factory=list)
+    reaper: Child | None = None
     tmpdir: str = ""
 
     def _start(self, *args: str, **extra: str) -> Child:
@@ -58,7 +65,7 @@ class LocalProcesses:
         """
         if self.nodes < 1 or self.gpus_per_node < 0:
             raise ValueError("nodes must be >= 1 and gpus_per_node >= 0")
-        self.tmpdir = tempfile.mkdtemp(prefix="rayless-local-")
+        self.tmpdir = owners.mkdtemp("rayless-local-")
         log_dir = self.log_dir or os.path.join(self.tmpdir, "logs")
         try:
             self.head = self._start(
@@ -102,6 +109,7 @@ class LocalProcesses:
                 self.agents.append(self._start(*args, **extra))
             for i, agent in enumerate(self.agents):
                 first_line(agent, f"node agent {i}", timeout=START_TIMEOUT)
+            self.reaper = _start_reaper([os.getpid(), *self.pids])
         except BaseException:
             self.stop()
             raise
@@ -128,3 +136,22 @@ class LocalProcesses:
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = ""
+        if self.reaper is not None:  # stopped: what is left, this process removes now
+            terminate([self.reaper], grace)
+            self.reaper = None
+            sweep_host()  # what actors killed on the way left (killed with their agent...)
+
+
+def _start_reaper(pids: list[int]) -> Child:
+    """The reaper watching ``pids`` (``rayless.actors.control.reaper``): its own session (a
+    terminal's Ctrl-C and SIGHUP are not for it), no token, no pipes (it may outlive every
+    reader of ours), and it does not die with this process: that is its purpose."""
+    env = {k: v for k, v in os.environ.items() if k != "RAYLESS_DIE_WITH_PARENT"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "rayless.actors.control.reaper", *reaper_args(pids)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={k: v for k, v in env.items() if not k.startswith("RAYLESS_TOKEN")},
+        start_new_session=True,
+    )

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 
@@ -15,6 +14,7 @@ from rayless.actors.api import context
 from rayless.actors.errors import LaunchError
 from rayless.actors.launch.config import LaunchConfig
 from rayless.actors.launch.procs import StopFlag, read_stdin_line
+from rayless.transport import owners
 from rayless.transport.files import atomic_write
 from rayless.transport.protocol import new_token
 
@@ -70,7 +70,7 @@ class DriverTokenFile:
         if cfg.token_file:
             self.path = os.path.abspath(os.path.expanduser(cfg.token_file))
             return
-        self._tmpdir = tempfile.mkdtemp(prefix="rayless-launch-")  # mode 0700
+        self._tmpdir = owners.mkdtemp("rayless-launch-")  # mode 0700
         self.path = os.path.join(self._tmpdir, "token")
         _write_token_file(self.path, token)
 

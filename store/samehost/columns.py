@@ -2,7 +2,7 @@
 
 A CPU storage unit keeps each dense column's tensor in one
 :class:`~rayless.transport.segments.Segment`
-(``/dev/shm/rayless-<pid>-<serial>-<hex>``: the agent's sweep removes it after kill -9, the
+(``/dev/shm/rayless-<pid>-<start>-<serial>-<hex>``: the agent's sweep removes it after kill -9, the
 unit unlinks it at exit). Same-host clients map it (:mod:`rayless.store.samehost.plane`): a put's
 rows are copied by the client straight into slots the unit reserved for them, a get's rows are
 copied straight out of their slots.
@@ -45,7 +45,7 @@ import torch
 
 from rayless.store.data.schema import FieldSchema
 from rayless.store.unit.shard import _Dense
-from rayless.transport import segments
+from rayless.transport import segments, shm
 from rayless.transport.segments import HEADER, Segment
 
 __all__ = ["POOL_MAX_BYTES", "ShmDense", "drain_pool", "forget", "row_bytes_of", "tensor_on"]
@@ -53,6 +53,9 @@ __all__ = ["POOL_MAX_BYTES", "ShmDense", "drain_pool", "forget", "row_bytes_of",
 
 _POOL: list[Segment] = []  # segments of dropped columns, kept for the next column to reuse
 POOL_MAX_BYTES = 1 << 30
+# at most this share of /dev/shm stays pooled: a pooled segment is freed for the store but not
+# for the host (a weight publish, another unit, a column of another size would get ENOSPC)
+POOL_MAX_SHARE = 1 / 8
 _GENERATION = [0]  # generations are unique per process: a reused segment never repeats one
 
 
@@ -62,20 +65,37 @@ def _next_generation() -> int:
 
 
 def _segment_for(payload_bytes: int) -> Segment:
-    """A segment of exactly ``payload_bytes``: a pooled one no reader leases, else a new one."""
+    """A segment of exactly ``payload_bytes``: a pooled one no reader leases, else a new one
+    (when ``/dev/shm`` is full, the pool is unlinked first and the creation tried again).
+    Raises OSError when shared memory is exhausted."""
     for seg in _POOL:
         if seg.payload_bytes == payload_bytes and seg.lock(True, False):
             _POOL.remove(seg)
             seg.unlock()
             return seg
+    try:
+        return Segment.create(payload_bytes)
+    except OSError:
+        if not _POOL:
+            raise
+    drain_pool()
     return Segment.create(payload_bytes)
+
+
+def _pool_limit() -> int:
+    """The bytes the pool may hold: ``POOL_MAX_BYTES``, at most ``POOL_MAX_SHARE`` of /dev/shm."""
+    try:
+        info = os.statvfs(shm.SHM_DIR)
+    except OSError:
+        return 0
+    return min(POOL_MAX_BYTES, int(info.f_blocks * info.f_frsize * POOL_MAX_SHARE))
 
 
 def _retire(seg: Segment) -> None:
     """Pool a dropped column's segment (if no reader leases it and room is left), else unlink
     it. Readers that still name it see a new generation once it is reused."""
     held = sum(s.payload_bytes for s in _POOL)
-    if held + seg.payload_bytes <= POOL_MAX_BYTES and seg.lock(True, False):
+    if held + seg.payload_bytes <= _pool_limit() and seg.lock(True, False):
         seg._set_version(_next_generation())  # stale (name, generation) pairs fail now
         seg._set_fence(_next_generation())  # and so do stalled writers' (name, fence) pairs
         seg.unlock()

@@ -494,9 +494,10 @@ class LocalPlane:
         unleased mapping may be evicted by the next open). Raises Superseded when it is gone."""
         m = self._maps.get(name)
         if m is None:
-            if len(self._maps) >= _MAX_OPEN:
-                for old in [k for k, v in self._maps.items() if v.leases == 0]:
-                    forget(self._maps.pop(old).seg)
+            full = len(self._maps) >= _MAX_OPEN
+            for old in [k for k, v in self._maps.items() if v.leases == 0]:
+                if full or (self._maps[old].tensor is None and self._maps[old].seg.unlinked()):
+                    forget(self._maps.pop(old).seg)  # an unlinked one: its memory goes back
             m = self._maps[name] = _Mapped(Segment.open(name))
         return m
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from rayless.transport import shm
+from rayless.transport import owners, shm
 from rayless.transport._decoder import TENSOR
 from rayless.transport.client import Client
 from rayless.transport.codec import _MARK, decode, encode, sweep_shm
@@ -148,14 +148,15 @@ def header(ref: Any, n: int = 1024) -> bytes:
     "ref",
     [
         ["../etc/passwd", 1024],
-        ["rayless-1-1-../../etc/passwd", 1024],
-        ["rayless-1-1-ABC", 1024],
-        ["rayless-1-1-abc/x", 1024],
-        [f"rayless-{os.getpid()}-999999999-abcdef", 1024],  # no such segment
-        ["rayless-1-1-ab", -1],
-        ["rayless-1-1-ab", "1024"],
-        ["rayless-1-1-ab"],
-        [b"rayless-1-1-ab", 1024],
+        ["rayless-1-1-1-../../etc/passwd", 1024],
+        ["rayless-1-1-1-ABC", 1024],
+        ["rayless-1-1-1-abc/x", 1024],
+        ["rayless-1-1-ab", 1024],  # no start time
+        [f"rayless-{os.getpid()}-1-999999999-abcdef", 1024],  # no such segment
+        ["rayless-1-1-1-ab", -1],
+        ["rayless-1-1-1-ab", "1024"],
+        ["rayless-1-1-1-ab"],
+        [b"rayless-1-1-1-ab", 1024],
     ],
 )
 def test_hostile_references_are_protocol_errors(ref: Any) -> None:
@@ -191,25 +192,30 @@ def test_failed_encode_discards_its_segments() -> None:
     assert not ours() and not shm.LIVE
 
 
-def test_cleanup_stale_removes_dead_pids_only(tmp_path: Path) -> None:
+def test_cleanup_stale_removes_dead_owners_only(tmp_path: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
+        started = owners.start_time(live.pid)
+        assert started
         names = [
-            f"rayless-{dead.pid}-1-ab",
-            f"rayless-{live.pid}-1-ab",
-            f"rayless-{os.getpid()}-1-ab",
+            f"rayless-{dead.pid}-1-1-ab",  # its owner is gone
+            f"rayless-{live.pid}-{started + 1}-1-ab",  # the pid was reused: its owner is gone
+            f"rayless-{live.pid}-{started}-1-ab",
+            f"rayless-{owners.tag()}-1-ab",
             "other-file",
         ]
         for name in names:
             (tmp_path / name).write_bytes(b"x")
         assert shm.cleanup_stale(60.0, str(tmp_path)) == []  # too young
-        assert shm.cleanup_stale(0.0, str(tmp_path)) == [names[0]]
-        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
+        assert sorted(shm.cleanup_stale(0.0, str(tmp_path))) == sorted(names[:2])
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
+        assert shm.reap(live.pid, str(tmp_path)) == []  # alive
     finally:
         live.kill()
         live.wait()
+    assert shm.reap(live.pid, str(tmp_path)) == [names[2]]
 
 
 def test_missing_directory_falls_back_to_frames(

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -57,6 +58,27 @@ def test_the_writer_never_rewrites_the_newest_version_nor_a_leased_one() -> None
         pool.close()
 
 
+def test_a_reader_drops_its_mappings_of_segments_the_writer_unlinked() -> None:
+    pool = SlotPool(max_slots=2)
+    reader = Reader()
+    try:
+        old = pool.begin(4096)
+        pool.commit(old, 1)
+        with reader.lease(old.name, 1):
+            pass
+        pool.close()  # the publisher closed: its memory must not live on in the reader
+        assert old.name in reader._open
+        pool = SlotPool(max_slots=2)
+        new = pool.begin(8192)
+        pool.commit(new, 2)
+        with reader.lease(new.name, 2):
+            pass
+        assert list(reader._open) == [new.name]
+    finally:
+        reader.close()
+        pool.close()
+
+
 def test_a_reader_never_sees_a_half_written_or_replaced_version() -> None:
     pool = SlotPool(max_slots=2)
     reader = Reader()
@@ -89,7 +111,9 @@ def test_open_refuses_names_that_are_not_segments() -> None:
 _CHILD = textwrap.dedent(
     """
     import sys, time
+    from rayless.transport import shm
     from rayless.transport.segments import SlotPool, Reader
+    shm.SHM_DIR = sys.argv[1]  # a directory of the test's own: the host's sweepers never see it
     pool = SlotPool()
     seg = pool.begin(16)
     pool.commit(seg, 1)
@@ -99,33 +123,38 @@ _CHILD = textwrap.dedent(
 )
 
 
-def test_segments_of_a_process_killed_with_sigkill_are_reaped() -> None:
-    child = subprocess.Popen([sys.executable, "-c", _CHILD], stdout=subprocess.PIPE, text=True)
+def _child(where: Path) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-c", _CHILD, str(where)]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+
+
+def test_segments_of_a_process_killed_with_sigkill_are_reaped(tmp_path: Path) -> None:
+    child = _child(tmp_path)
     try:
         assert child.stdout is not None
         name = child.stdout.readline().strip()
-        path = os.path.join(shm.SHM_DIR, name)
-        assert os.path.exists(path)
-        assert segments.reap(child.pid) == []  # alive: left alone
+        path = tmp_path / name
+        assert path.exists()
+        assert segments.reap(child.pid, str(tmp_path)) == []  # alive: left alone
         os.kill(child.pid, signal.SIGKILL)
         child.wait(10)
-        assert segments.reap(child.pid) == [name]
-        assert not os.path.exists(path)
+        assert segments.reap(child.pid, str(tmp_path)) == [name]
+        assert not path.exists()
     finally:
         child.kill()
         child.wait(10)
 
 
-def test_the_node_agents_sweep_removes_them_too() -> None:
+def test_the_node_agents_sweep_removes_them_too(tmp_path: Path) -> None:
     # the agent runs transport.shm.cleanup_stale periodically: it knows these segments by name
-    child = subprocess.Popen([sys.executable, "-c", _CHILD], stdout=subprocess.PIPE, text=True)
+    child = _child(tmp_path)
     try:
         assert child.stdout is not None
         name = child.stdout.readline().strip()
         os.kill(child.pid, signal.SIGKILL)
         child.wait(10)
-        assert name in shm.cleanup_stale(max_age=0)
-        assert not os.path.exists(os.path.join(shm.SHM_DIR, name))
+        assert name in shm.cleanup_stale(directory=str(tmp_path))
+        assert not (tmp_path / name).exists()
     finally:
         child.kill()
         child.wait(10)
