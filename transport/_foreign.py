@@ -11,8 +11,9 @@
   ``meta_info`` (a dict). The receiver imports ``verl.protocol`` to rebuild it (a
   ProtocolError where verl is not installed).
 
-A peer can make a receiver import nothing but the modules named in :data:`FOREIGN` (and
-numpy, for an object array): the record carries an extension name, never a module path.
+A peer can make a receiver import nothing but the modules named here (:data:`FOREIGN`,
+:data:`LAZY_EXTENSIONS`, and numpy for an object array): a record carries an extension name,
+never a module path.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 from rayless.transport.errors import ProtocolError
 
-__all__ = ["FOREIGN", "OBJECT_ARRAY", "object_array", "object_array_state"]
+__all__ = ["FOREIGN", "LAZY_EXTENSIONS", "OBJECT_ARRAY", "object_array", "object_array_state"]
 
 OBJECT_ARRAY = "numpy.object_array"
 _MAX_DIMS = 64
@@ -83,4 +84,12 @@ def _dataproto(state: Any) -> Any:
 # module of a class only in its from_state, only modules named here
 FOREIGN: dict[str, tuple[str, Callable[[Any], Any], Callable[[Any], Any]]] = {
     "verl.protocol.DataProto": ("verl.DataProto", _dataproto_state, _dataproto),
+}
+
+# extension names of rayless's own upper layers -> the module that registers them, imported
+# by a receiver that meets one before it imported that module (a worker group passed to an
+# actor whose code never imported rayless.single_controller)
+LAZY_EXTENSIONS: dict[str, str] = {
+    f"rayless.single_controller.{name}": "rayless.single_controller"
+    for name in ("function_ref", "role_spec", "worker_group")
 }
