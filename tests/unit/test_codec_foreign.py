@@ -112,6 +112,7 @@ def test_a_dataproto_where_verl_is_missing_is_a_protocol_error_and_imports_nothi
         "from rayless.transport.codec import decode\n"
         "frames = pickle.loads(sys.stdin.buffer.read())\n"
         "assert 'verl' not in sys.modules\n"
+        "sys.modules['verl'] = None  # missing here, even where verl is installed\n"
         "try:\n"
         "    decode(frames)\n"
         "except Exception as exc:\n"

@@ -51,13 +51,10 @@ class DataProto:
         non_tensors: dict[str, Any] | None = None,
         meta_info: dict[str, Any] | None = None,
     ) -> DataProto:
-        tensors = tensors or {}
-        batch = None
-        if tensors:
-            n = next(iter(tensors.values())).shape[0]
-            batch = TensorDict(source=tensors, batch_size=(n,))
-        nt = {k: v if isinstance(v, np.ndarray) else np.array(v, dtype=object)
-              for k, v in (non_tensors or {}).items()}  # fmt: skip
+        assert tensors, "tensors must not be empty"
+        n = next(iter(tensors.values())).shape[0]
+        nt = {k: np.array(v, dtype=object) for k, v in (non_tensors or {}).items()}
+        batch = TensorDict(source=tensors, batch_size=(n,))
         return cls(batch=batch, non_tensor_batch=nt, meta_info=dict(meta_info or {}))
 
     def is_padding_enabled(self) -> bool:
@@ -76,11 +73,11 @@ class DataProto:
         return type(self)(batch=batch, non_tensor_batch=nt, meta_info=self.meta_info)
 
     def padding(self, padding_size: int, padding_candidate: str = "") -> None:
+        """verl's: append ``padding_size`` copies of the first or (default) the last row."""
         if padding_size == 0:
             return
-        n = len(self)
-        pad = self.select_idxs([i % n for i in range(padding_size)])
-        padded = DataProto.concat([self, pad])
+        row = 0 if padding_candidate == "first" else len(self) - 1
+        padded = DataProto.concat([self, self.select_idxs([row] * padding_size)])
         self.batch = padded.batch
         self.non_tensor_batch = padded.non_tensor_batch
 
