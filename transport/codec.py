@@ -17,8 +17,9 @@ str, bytes (bytearray and memoryview arrive as bytes), list, tuple, dict (any en
 OrderedDict, torch tensors of every non-quantized dtype (non-contiguous ones made contiguous,
 ``requires_grad`` kept, autograd history dropped, ``Parameter`` arrives as a plain tensor),
 jagged and strided nested tensors, ``torch.dtype``/``device``/``Size``, numpy arrays and
-scalars of bool and numeric dtypes (C order), TensorDict (nesting, batch_size, device, names;
-the lock is not kept), NonTensorData and NonTensorStack, every ``RaylessError`` (through
+scalars of bool and numeric dtypes (C order), numpy object arrays (item by item), verl's
+``DataProto`` (``transport._foreign``), TensorDict (nesting, batch_size, device, names; the
+lock is not kept), NonTensorData and NonTensorStack, every ``RaylessError`` (through
 ``errors.error_to_state``), and types added with :func:`register_extension`. CUDA tensors: see
 ``transport._cuda``. Anything else is a ``TypeError`` naming its path, unless ``allow_pickle``.
 
