@@ -472,3 +472,28 @@ def test_split_resource_pool_slices_the_bundles() -> None:
         split_resource_pool(pool, [3, 4])
     with pytest.raises(ValueError, match="parts of 3"):
         pool.split(3)
+
+
+def test_a_process_that_never_imported_the_single_controller_decodes_a_group() -> None:
+    """An actor process whose code never imported rayless.single_controller: the codec
+    imports it for its records (a fixed list of names), so a group passed to it arrives."""
+    import subprocess
+    import sys
+
+    wg = WorkerGroup.from_detached(
+        worker_handles=fake_handles(2), ray_cls_with_init=ClassWithInitArgs(DecoratedWorker)
+    )
+    code = (
+        "import sys, pickle\n"
+        "import rayless.actors  # as in every actor process\n"
+        "from rayless.transport import decode\n"
+        "assert 'rayless.single_controller' not in sys.modules\n"
+        "wg = decode(pickle.loads(sys.stdin.buffer.read()))\n"
+        "print(type(wg).__name__, wg.world_size, wg.method_names)\n"
+    )
+    frames = [bytes(f) for f in encode(wg)]
+    out = subprocess.run(
+        [sys.executable, "-c", code], input=pickle.dumps(frames), capture_output=True, check=True
+    )
+    assert out.stdout.decode().startswith("WorkerGroup 2 [")
+    assert "dp_compute" in out.stdout.decode()
