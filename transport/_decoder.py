@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rayless.transport import shm
+from rayless.transport._foreign import LAZY_EXTENSIONS
 from rayless.transport._registry import (
     BIGINT,
     CUDA_IPC,
@@ -144,6 +145,9 @@ class Decoder:
     def extension(self, r: list[Any]) -> Any:
         expect(r, 3)
         found = self.extensions.get(r[1]) if type(r[1]) is str else None
+        if found is None and r[1] in LAZY_EXTENSIONS:  # a fixed list of rayless's modules
+            importlib.import_module(LAZY_EXTENSIONS[r[1]])
+            found = self.extensions.get(r[1])
         if found is None:
             raise ProtocolError(f"unknown extension {r[1]!r}")
         return found[1](r[2])

@@ -20,10 +20,12 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from rayless.transport import _cuda, shm
 from rayless.transport import _tensors as T
+from rayless.transport._foreign import OBJECT_ARRAY, object_array_state
 from rayless.transport._registry import (
     CUDA_IPC,
     DEVICE,
     DTYPE,
+    EXT,
     HEAVY_KINDS,
     JAGGED,
     MARK,
@@ -89,6 +91,8 @@ def children(obj: Any) -> list[tuple[str, Any]] | None:
         return [("", obj.data)]
     if kind is NonTensorStack:
         return [(f"[{i}]", v) for i, v in enumerate(obj.tensordicts)]
+    if kind is np.ndarray and obj.dtype.kind == "O":
+        return [(str(list(i)).replace(" ", ""), obj[i]) for i in np.ndindex(obj.shape)]
     return None
 
 
@@ -136,6 +140,8 @@ def _nested(t: torch.Tensor) -> list[Any]:
 
 
 def _ndarray(enc: _Encoder, a: np.ndarray, scalar: bool = False) -> list[Any]:
+    if a.dtype.kind == "O":  # items encoded one by one (transport._foreign)
+        return [_MARK[EXT], OBJECT_ARRAY, object_array_state(a)]
     problem = T.array_problem(a)
     if problem:
         raise Unsupported(problem)

@@ -17,8 +17,9 @@ str, bytes (bytearray and memoryview arrive as bytes), list, tuple, dict (any en
 OrderedDict, torch tensors of every non-quantized dtype (non-contiguous ones made contiguous,
 ``requires_grad`` kept, autograd history dropped, ``Parameter`` arrives as a plain tensor),
 jagged and strided nested tensors, ``torch.dtype``/``device``/``Size``, numpy arrays and
-scalars of bool and numeric dtypes (C order), TensorDict (nesting, batch_size, device, names;
-the lock is not kept), NonTensorData and NonTensorStack, every ``RaylessError`` (through
+scalars of bool and numeric dtypes (C order), numpy object arrays (item by item), verl's
+``DataProto`` (``transport._foreign``), TensorDict (nesting, batch_size, device, names; the
+lock is not kept), NonTensorData and NonTensorStack, every ``RaylessError`` (through
 ``errors.error_to_state``), and types added with :func:`register_extension`. CUDA tensors: see
 ``transport._cuda``. Anything else is a ``TypeError`` naming its path, unless ``allow_pickle``.
 
@@ -45,6 +46,7 @@ import msgpack
 
 from rayless.transport import shm as _shm
 from rayless.transport._decoder import Decoder
+from rayless.transport._foreign import FOREIGN, OBJECT_ARRAY, object_array
 from rayless.transport._registry import (
     BIGINT,
     ERROR,
@@ -142,6 +144,9 @@ class _Encoder:
         ext = _EXT_BY_TYPE.get(kind)
         if ext is not None:
             return [_MARK[EXT], ext[0], ext[1](obj)]
+        foreign = FOREIGN.get(_qualified(kind))
+        if foreign is not None:
+            return [_MARK[EXT], foreign[0], foreign[1](obj)]
         if isinstance(obj, RaylessError):
             return [_MARK[ERROR], error_to_state(obj)]
         heavy = REGISTRY.heavy
@@ -176,6 +181,14 @@ REGISTRY.add_encoders(
     }
 )
 _NATIVE = (type(None), bool, int, float, str, bytes, bytearray, memoryview, list, dict)
+# extensions of other libraries' values (transport._foreign): decoded by name only
+_EXT_BY_NAME[OBJECT_ARRAY] = (object, object_array)
+for _ext_name, _to_state, _from_state in FOREIGN.values():
+    _EXT_BY_NAME[_ext_name] = (object, _from_state)
+
+
+def _qualified(kind: type) -> str:
+    return f"{getattr(kind, '__module__', '')}.{getattr(kind, '__qualname__', '')}"
 
 
 def encode(
@@ -282,6 +295,10 @@ def _children(obj: Any, heavy: ModuleType | None) -> list[tuple[str, Any]] | Non
     ext = _EXT_BY_TYPE.get(kind)
     if ext is not None:
         return [("", ext[1](obj))]
+    foreign = FOREIGN.get(_qualified(kind))
+    if foreign is not None:
+        state = foreign[1](obj)
+        return [(f".{k}", v) for k, v in state.items()] if type(state) is dict else [("", state)]
     return None
 
 

@@ -26,11 +26,14 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Union
 
+from rayless.actors.api.actor import dumps_by_value, loads_by_value
 from rayless.transport import register_extension
+from rayless.transport.errors import ProtocolError
 
 if TYPE_CHECKING:
     from rayless.single_controller.worker_group import WorkerGroup
@@ -334,9 +337,9 @@ def dispatch_dp_compute_data_proto_with_func(
     """The first argument (a function) goes to every rank; the batches after it are split.
 
     Raises:
-        TypeError: the first argument is not a plain function.
+        TypeError: the first argument is not a function.
     """
-    if not args or not inspect.isfunction(args[0]):
+    if not args or not (inspect.isfunction(args[0]) or isinstance(args[0], functools.partial)):
         raise TypeError("DP_COMPUTE_PROTO_WITH_FUNC needs a function as its first argument")
     split_args, split_kwargs = split_batches(
         wg.world_size, args[1:], kwargs, auto_padding=auto_padding, what="DP_COMPUTE_PROTO"
@@ -435,14 +438,25 @@ def check_dispatch_mode(dispatch_mode: Any) -> None:
     raise TypeError(f"dispatch_mode must be a Dispatch or a dict, got {dispatch_mode!r}")
 
 
-def resolve_mode(attrs: MethodAttrs) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """The (dispatch_fn, collect_fn) of a registered method; padding bound in."""
+def mode_functions(attrs: MethodAttrs) -> dict[str, Callable[..., Any]]:
+    """The ``{"dispatch_fn", "collect_fn"}`` of a registered method's mode (padding not bound).
+
+    Raises:
+        KeyError: a named mode without functions in this process.
+    """
     mode = attrs.dispatch_mode
-    if isinstance(mode, dict):
-        return mode["dispatch_fn"], mode["collect_fn"]
-    fns = get_predefined_dispatch_fn(mode)
+    return mode if isinstance(mode, dict) else get_predefined_dispatch_fn(mode)
+
+
+def resolve_mode(
+    attrs: MethodAttrs, fns: dict[str, Callable[..., Any]] | None = None
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The (dispatch_fn, collect_fn) of a registered method (``fns``: its mode's functions,
+    when they are not this process's own); padding bound in."""
+    fns = fns if fns is not None else mode_functions(attrs)
     dispatch_fn = fns["dispatch_fn"]
-    if mode in _PADDED and attrs.auto_padding:
+    mode = attrs.dispatch_mode
+    if isinstance(mode, Dispatch) and mode in _PADDED and attrs.auto_padding:
         dispatch_fn = functools.partial(dispatch_fn, auto_padding=True)
     return dispatch_fn, fns["collect_fn"]
 
@@ -452,48 +466,94 @@ def resolve_mode(attrs: MethodAttrs) -> tuple[Callable[..., Any], Callable[..., 
 
 @dataclass(frozen=True)
 class FunctionRef:
-    """A module-level function as it travels to the workers: by name, never pickled."""
+    """A driver's function as it travels to the workers, as code, never as data.
+
+    A module-level function of an importable module travels by name (``module``,
+    ``qualname``); any other (a lambda, a closure, a function defined inside a function or in
+    the driver's ``__main__``, a ``functools.partial``) travels by value: ``pickled`` holds it
+    pickled with cloudpickle (``actors.api.actor.dumps_by_value``). The codec never unpickles
+    it: only :meth:`load` does, which a registered method's wrapper calls on the worker for
+    its own top-level arguments (a group call's function argument, between authenticated
+    peers; docs/security.md).
+    """
 
     module: str
     qualname: str
+    pickled: bytes | None = None
 
     @classmethod
     def of(cls, fn: Callable[..., Any]) -> FunctionRef:
-        """The reference of an importable function.
+        """The reference of ``fn``: by name where the workers can import it, else by value.
 
         Raises:
-            TypeError: ``fn`` is a lambda, a nested function, or defined in ``__main__`` (the
-                workers cannot import it; move it into a module).
+            TypeError: ``fn`` is not callable, or (by value) cannot be pickled (a global it
+                references cannot, say); the message names it.
         """
+        if not callable(fn):
+            raise TypeError(f"{fn!r} is not a function")
         module = getattr(fn, "__module__", None)
-        qualname = getattr(fn, "__qualname__", "")
-        if not module or module in ("__main__", "__mp_main__") or "<" in qualname:
+        qualname = getattr(fn, "__qualname__", None)
+        if importable(fn):
+            return cls(str(module), str(qualname))
+        name = qualname if isinstance(qualname, str) else type(fn).__qualname__
+        try:
+            pickled = dumps_by_value(fn)
+        except TypeError as exc:
             raise TypeError(
-                f"{qualname or fn!r} cannot travel to the workers: functions go by name, so "
-                "they must be defined at module level in an importable module"
-            )
-        return cls(module, qualname)
+                f"{name} cannot travel to the workers: it is not importable by name, and "
+                f"pickling it by value failed ({exc.__cause__ or exc})"
+            ) from None
+        return cls(module if isinstance(module, str) else "", name, pickled)
 
     def load(self) -> Callable[..., Any]:
-        """Import the function.
+        """Import (by name) or unpickle (by value) the function.
 
         Raises:
-            ImportError / AttributeError: it cannot be found here.
+            ImportError / AttributeError: it cannot be found here; TypeError: not callable;
+            anything unpickling a by-value function raises.
         """
-        obj: Any = importlib.import_module(self.module)
-        for part in self.qualname.split("."):
-            obj = getattr(obj, part)
+        obj: Any
+        if self.pickled is not None:
+            obj = loads_by_value(self.pickled)
+        else:
+            obj = importlib.import_module(self.module)
+            for part in self.qualname.split("."):
+                obj = getattr(obj, part)
         if not callable(obj):
             raise TypeError(f"{self.module}.{self.qualname} is not callable")
         fn: Callable[..., Any] = obj
         return fn
 
 
+def importable(fn: Any) -> bool:
+    """Whether ``fn`` is what its module and qualified name find (a module-level function of
+    a module other than the driver's ``__main__``)."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        return False
+    if module in ("__main__", "__mp_main__") or "<" in qualname:
+        return False
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj is fn
+
+
+def _ref_from_state(state: Any) -> FunctionRef:
+    if not isinstance(state, (list, tuple)) or len(state) not in (2, 3):
+        raise ProtocolError("bad function reference")
+    pickled = state[2] if len(state) == 3 else None
+    if not isinstance(pickled, (bytes, type(None))):
+        raise ProtocolError("bad function reference")
+    return FunctionRef(str(state[0]), str(state[1]), pickled)
+
+
 register_extension(
     FunctionRef,
     "rayless.single_controller.function_ref",
-    lambda ref: [ref.module, ref.qualname],
-    lambda state: FunctionRef(str(state[0]), str(state[1])),
+    lambda ref: [ref.module, ref.qualname, ref.pickled],
+    _ref_from_state,
 )
 
 

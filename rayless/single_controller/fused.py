@@ -4,8 +4,10 @@
 ``ClassWithInitArgs`` of :class:`FusedWorker`; a WorkerGroup of it starts one process per
 bundle that builds every role's instance, and binds each role's group methods as
 ``{role}_{method}`` (verl's names). ``wg.spawn(prefix_set={"actor", "critic"})`` returns role
-views whose methods are the role's own names; all views run in the same processes. Role
-classes travel by name: they must be importable (defined at module level of a module).
+views whose methods are the role's own names; all views run in the same processes. A role
+class of an importable module travels by name; one defined in the driver's ``__main__`` or
+inside a function travels by value (cloudpickle, in the spawn request's ``RoleSpec``, the way
+``spawn`` ships a class of ``__main__``).
 """
 
 from __future__ import annotations
@@ -16,40 +18,77 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
+from rayless.actors.api.actor import dumps_by_value, loads_by_value
 from rayless.single_controller.worker import Worker
 from rayless.single_controller.worker_group import ClassWithInitArgs
 from rayless.transport import register_extension
+from rayless.transport.errors import ProtocolError
 
 
 @dataclass(frozen=True)
 class RoleSpec:
-    """One role of a fused worker as it travels: its key, class by name, constructor args."""
+    """One role of a fused worker as it travels: its key, its class (by name, or by value in
+    ``pickled``), its constructor arguments."""
 
     key: str
     module: str
     qualname: str
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    pickled: bytes | None = None
+
+    @classmethod
+    def of(cls, key: str, cia: ClassWithInitArgs) -> RoleSpec:
+        """The spec of role ``key``: its class by name where importable, else by value.
+
+        Raises:
+            TypeError: a class of ``__main__`` or of a function that cannot be pickled.
+        """
+        klass = cia.cls
+        module, qualname = klass.__module__, klass.__qualname__
+        pickled = None
+        if module in ("__main__", "__mp_main__") or "<locals>" in qualname:
+            try:
+                pickled = dumps_by_value(klass)
+            except TypeError as exc:
+                raise TypeError(
+                    f"role {key!r}: {qualname} is not importable and cannot be pickled by "
+                    f"value to be fused ({exc.__cause__ or exc})"
+                ) from None
+        return cls(key, module, qualname, cia.args, cia.kwargs, pickled)
 
     def load(self) -> type:
-        """Import the role's class.
+        """Import (by name) or unpickle (by value) the role's class.
 
         Raises:
             ImportError / AttributeError: it cannot be found; TypeError: not a class.
         """
-        obj: Any = importlib.import_module(self.module)
-        for part in self.qualname.split("."):
-            obj = getattr(obj, part)
+        obj: Any
+        if self.pickled is not None:
+            obj = loads_by_value(self.pickled)
+        else:
+            obj = importlib.import_module(self.module)
+            for part in self.qualname.split("."):
+                obj = getattr(obj, part)
         if not isinstance(obj, type):
             raise TypeError(f"{self.module}.{self.qualname} is not a class")
         return obj
 
 
+def _spec_from_state(s: Any) -> RoleSpec:
+    if not isinstance(s, list) or len(s) not in (5, 6):
+        raise ProtocolError("bad fused role spec")
+    pickled = s[5] if len(s) == 6 else None
+    if not isinstance(pickled, (bytes, type(None))):
+        raise ProtocolError("bad fused role spec")
+    return RoleSpec(str(s[0]), str(s[1]), str(s[2]), tuple(s[3]), dict(s[4]), pickled)
+
+
 register_extension(
     RoleSpec,
     "rayless.single_controller.role_spec",
-    lambda r: [r.key, r.module, r.qualname, list(r.args), dict(r.kwargs)],
-    lambda s: RoleSpec(str(s[0]), str(s[1]), str(s[2]), tuple(s[3]), dict(s[4])),
+    lambda r: [r.key, r.module, r.qualname, list(r.args), dict(r.kwargs), r.pickled],
+    _spec_from_state,
 )
 
 
@@ -95,8 +134,8 @@ def create_colocated_worker_cls(class_dict: dict[str, ClassWithInitArgs]) -> Cla
     """A ``ClassWithInitArgs`` of a FusedWorker holding every role of ``class_dict``.
 
     Raises:
-        TypeError: a value is not a ClassWithInitArgs, or a role class is not importable
-            (defined in ``__main__`` or inside a function).
+        TypeError: a value is not a ClassWithInitArgs, or a role class that is not
+            importable (defined in ``__main__`` or inside a function) cannot be pickled.
         ValueError: no roles, or a key that is not an identifier.
     """
     if not class_dict:
@@ -108,14 +147,8 @@ def create_colocated_worker_cls(class_dict: dict[str, ClassWithInitArgs]) -> Cla
             raise TypeError(f"role {key!r}: expected a ClassWithInitArgs, got {cia!r}")
         if not isinstance(key, str) or not key.isidentifier():
             raise ValueError(f"role keys must be identifiers, got {key!r}")
-        cls = cia.cls
-        if cls.__module__ in ("__main__", "__mp_main__") or "<locals>" in cls.__qualname__:
-            raise TypeError(
-                f"role {key!r}: {cls.__qualname__} must be importable to be fused (define it "
-                "at module level of a module, not in __main__ or a function)"
-            )
-        specs.append(RoleSpec(key, cls.__module__, cls.__qualname__, cia.args, cia.kwargs))
-        raw[key] = cls
+        specs.append(RoleSpec.of(key, cia))
+        raw[key] = cia.cls
     fused = ClassWithInitArgs(FusedWorker, specs)
     fused.fused_worker_used = True
     fused.raw_cls_dict = raw

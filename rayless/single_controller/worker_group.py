@@ -17,7 +17,9 @@ Two faces over the same group:
   ``asyncio.Future``; ``await WorkerGroup.create(pool, cia, cluster=cluster)`` builds one.
 
 A future of an earlier group call passed as an argument is resolved before the dispatch.
-Module-level functions passed as arguments travel by name (``FunctionRef``), never pickled.
+A function passed as a top-level argument travels as code (``FunctionRef``): by name when it
+is a module-level function of an importable module, else by value (cloudpickle); a registered
+method gets it back as a function.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import functools
+import inspect
 import secrets
 import threading
 from collections.abc import Callable, Sequence
@@ -37,11 +41,15 @@ from rayless.single_controller.decorator import (
     Execute,
     FunctionRef,
     MethodAttrs,
+    importable,
     method_attrs,
+    mode_functions,
     resolve_mode,
     trim,
 )
 from rayless.single_controller.resource_pool import ResourcePool
+from rayless.transport import register_extension
+from rayless.transport.errors import ProtocolError
 
 _OWNED: set[asyncio.Future[Any]] = set()  # group calls started by .submit(): held until done
 ROLE_METHOD = "execute_role"  # the FusedWorker method that runs a role's method
@@ -74,16 +82,45 @@ class ClassWithInitArgs:
 
 
 class GroupMethod:
-    """A registered method bound to a group: call it (blocking face) or ``await .aio()``."""
+    """A registered method bound to a group: call it (blocking face) or ``await .aio()``.
 
-    __slots__ = ("attrs", "collect_fn", "dispatch_fn", "method", "role", "wg")
+    ``refs``: its mode's dispatch and collect functions by name, for a group that arrived
+    from another process (imported at the first call, not when the group arrives).
+    """
 
-    def __init__(self, wg: WorkerGroup, method: str, attrs: MethodAttrs, role: str | None) -> None:
+    __slots__ = ("_fns", "attrs", "method", "refs", "role", "wg")
+
+    def __init__(
+        self,
+        wg: WorkerGroup,
+        method: str,
+        attrs: MethodAttrs,
+        role: str | None,
+        refs: tuple[FunctionRef, FunctionRef] | None = None,
+    ) -> None:
         self.wg = wg
         self.method = method
         self.attrs = attrs
         self.role = role
-        self.dispatch_fn, self.collect_fn = resolve_mode(attrs)
+        self.refs = refs
+        self._fns = resolve_mode(attrs) if refs is None else None
+
+    def _resolved(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        if self._fns is None:
+            assert self.refs is not None  # internal invariant: one or the other is set
+            fns = {"dispatch_fn": self.refs[0].load(), "collect_fn": self.refs[1].load()}
+            self._fns = resolve_mode(self.attrs, fns)
+        return self._fns
+
+    @property
+    def dispatch_fn(self) -> Callable[..., Any]:
+        """The mode's dispatch function (padding bound in)."""
+        return self._resolved()[0]
+
+    @property
+    def collect_fn(self) -> Callable[..., Any]:
+        """The mode's collect function."""
+        return self._resolved()[1]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run it on the ranks; the collected result (``blocking=False``: a future of it).
@@ -325,7 +362,7 @@ class WorkerGroup:
             lead = f"{prefix}_"
             for name, method in self._methods.items():
                 if name.startswith(lead):
-                    bound = GroupMethod(view, method.method, method.attrs, method.role)
+                    bound = GroupMethod(view, method.method, method.attrs, method.role, method.refs)
                     view._bind_one(name.removeprefix(lead), bound)
             if not view._methods:
                 raise ValueError(f"no group method starts with {lead!r} (prefixes are roles)")
@@ -509,7 +546,11 @@ async def _lookup(cluster: Cluster, names: list[str]) -> list[ActorHandle[Any]]:
 
 
 def _by_name(value: Any) -> Any:
-    if callable(value) and getattr(value, "__code__", None) is not None:
+    """A function argument as code (``FunctionRef``: by name, or by value where the workers
+    cannot import it); anything else as it is."""
+    if inspect.isfunction(value) or inspect.ismethod(value):
+        return FunctionRef.of(value)
+    if isinstance(value, functools.partial):
         return FunctionRef.of(value)
     return value
 
@@ -583,3 +624,100 @@ def _combine(
     for f in futures:
         f.add_done_callback(done)
     return out
+
+
+# ------------------------------------------------------------- a group as an argument
+
+
+def _by_name_only(fn: Any, wg: WorkerGroup, method: str) -> FunctionRef:
+    """``fn`` (a dispatch or collect function) by name: a travelling group is data, and data
+    never carries code by value.
+
+    Raises:
+        TypeError: ``fn`` is not a module-level function of an importable module.
+    """
+    if not importable(fn):
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise TypeError(
+            f"{wg!r} cannot travel: its group method {method!r} uses {name}, which is not a "
+            "module-level function of an importable module (a group travels as data, its "
+            "dispatch functions by name); define it in a module, or pass wg.worker_names or "
+            "wg.workers and rebuild the group there with WorkerGroup.from_detached"
+        )
+    return FunctionRef(fn.__module__, fn.__qualname__)
+
+
+def _group_state(wg: WorkerGroup) -> dict[str, Any]:
+    methods = []
+    for name, gm in wg._methods.items():
+        attrs = gm.attrs
+        mode = attrs.dispatch_mode
+        if gm.refs is not None:
+            refs = list(gm.refs)
+        else:
+            fns = mode_functions(attrs)
+            refs = [_by_name_only(fns[k], wg, name) for k in ("dispatch_fn", "collect_fn")]
+        mode_name = mode.name if isinstance(mode, Dispatch) else None
+        flags = [attrs.execute_mode.name, attrs.blocking, attrs.auto_padding]
+        methods.append([name, gm.method, gm.role, mode_name, *refs, *flags])
+    return {
+        "prefix": wg.name_prefix,
+        "workers": list(wg._workers),
+        "fused": wg.fused_worker_used,
+        "sub_cls_name": wg.sub_cls_name,
+        "role": wg._role,
+        "methods": methods,
+    }
+
+
+def _group_from_state(state: Any) -> WorkerGroup:
+    """Rebuild a group from :func:`_group_state`'s state (imports nothing: its dispatch
+    functions are imported by name at a method's first call).
+
+    Raises:
+        ProtocolError: a malformed state.
+    """
+    keys = {"prefix", "workers", "fused", "sub_cls_name", "role", "methods"}
+    if type(state) is not dict or set(state) != keys:
+        raise ProtocolError("bad worker group record")
+    workers, methods = state["workers"], state["methods"]
+    if type(workers) is not list or not all(isinstance(h, ActorHandle) for h in workers):
+        raise ProtocolError("bad worker group record: workers")
+    if type(methods) is not list or not isinstance(state["prefix"], str):
+        raise ProtocolError("bad worker group record")
+    wg = WorkerGroup(None, None, name_prefix=state["prefix"], worker_handles=workers)
+    wg.fused_worker_used = bool(state["fused"])
+    wg.sub_cls_name = str(state["sub_cls_name"] or "")
+    wg._role = state["role"] if isinstance(state["role"], str) else None
+    for entry in methods:
+        if type(entry) is not list or len(entry) != 9:
+            raise ProtocolError("bad worker group record: a method")
+        name, method, role, mode_name, dref, cref, execute, blocking, padding = entry
+        texts_ok = isinstance(name, str) and isinstance(method, str) and isinstance(execute, str)
+        refs_ok = isinstance(dref, FunctionRef) and isinstance(cref, FunctionRef)
+        if not (texts_ok and refs_ok and name.isidentifier() and not name.startswith("_")):
+            raise ProtocolError(f"bad worker group record: method {name!r:.100}")
+        if dref.pickled is not None or cref.pickled is not None:
+            raise ProtocolError("bad worker group record: dispatch functions travel by name")
+        if execute not in Execute._registry or not isinstance(role, (str, type(None))):
+            raise ProtocolError(f"bad worker group record: method {name!r}")
+        try:
+            mode: Any = (
+                Dispatch.register(mode_name)
+                if isinstance(mode_name, str)
+                else {"dispatch_fn": _unresolved, "collect_fn": _unresolved}
+            )
+        except ValueError:
+            raise ProtocolError(f"bad dispatch mode {mode_name!r:.100}") from None
+        attrs = MethodAttrs(mode, Execute._registry[execute], bool(blocking), bool(padding))
+        wg._bind_one(name, GroupMethod(wg, method, attrs, role, (dref, cref)))
+    return wg
+
+
+def _unresolved(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("a travelled group's dispatch functions are resolved from its refs")
+
+
+register_extension(
+    WorkerGroup, "rayless.single_controller.worker_group", _group_state, _group_from_state
+)

@@ -8,6 +8,7 @@ import os
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -166,6 +167,33 @@ class Driver(actors.Actor):
             worker_handles=handles, ray_cls_with_init=ClassWithInitArgs(TestActor, x=2)
         )
         return wg.execute_all_sync("foo", 10)
+
+
+class ProtoWorker(Worker):
+    """A worker that takes and returns verl DataProtos (never importing verl itself)."""
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def tag(self, data: Any) -> Any:
+        data.batch["obs"] = data.batch["obs"] + 1
+        data.non_tensor_batch["rank"] = np.array([self.rank] * len(data), dtype=object)
+        kind = f"{type(data).__module__}.{type(data).__qualname__}"
+        data.meta_info = {**data.meta_info, "seen_as": kind}
+        return data
+
+
+class GroupUser(actors.Actor):
+    """An actor handed a whole WorkerGroup (Ray lets a group's handles travel)."""
+
+    def call_sync(self, wg: WorkerGroup, y: int) -> dict[str, Any]:
+        return {
+            "names": wg.worker_names,
+            "rank_zero": wg.foo_rank_zero(x=1, y=y),
+            "all": wg.execute_all_sync("foo", y),
+            "one_to_all": wg.foo_one_to_all(x=1, y=y).result(),
+        }
+
+    async def call_async(self, wg: WorkerGroup, data: Any) -> Any:
+        return await wg.tag.aio(data)
 
 
 class ActorRole(Worker):

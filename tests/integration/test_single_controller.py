@@ -236,12 +236,6 @@ def test_fused_roles_run_in_the_same_processes(groups: Groups) -> None:
     assert critic.execute_all_sync("whoami")[0]["role"] == "critic"
 
 
-def test_fusing_a_class_of_main_is_refused() -> None:
-    Local = type("Local", (ActorRole,), {"__module__": "__main__"})
-    with pytest.raises(TypeError, match="importable"):
-        create_colocated_worker_cls({"actor": ClassWithInitArgs(Local, lr=1.0)})
-
-
 def test_from_detached_in_another_actor_and_here(groups: Groups) -> None:
     """verl's detached-worker and remote_call_wg scenarios."""
     wg = groups.group(groups.pool([2], use_gpu=False), ClassWithInitArgs(TestActor, x=2))

@@ -4,7 +4,9 @@ tests, re-expressed)."""
 
 from __future__ import annotations
 
+import functools
 import pickle
+import threading
 import uuid
 
 import pytest
@@ -22,6 +24,7 @@ from rayless.single_controller import (
     ResourcePool,
     Worker,
     WorkerGroup,
+    create_colocated_worker_cls,
     get_predefined_dispatch_fn,
     register,
     register_dispatch_mode,
@@ -29,12 +32,14 @@ from rayless.single_controller import (
 )
 from rayless.single_controller.decorator import (
     PADDING_SIZE_KEY,
+    collect_rank_zero,
     concat,
     method_attrs,
     split_batches,
     trim,
 )
 from rayless.transport import decode, encode
+from rayless.transport.errors import ProtocolError
 
 
 class FakeGroup:
@@ -229,23 +234,125 @@ def module_level_add_one(x: torch.Tensor) -> torch.Tensor:
     return x + 1
 
 
-def test_functions_travel_by_name_only() -> None:
+def test_importable_functions_travel_by_name_others_by_value() -> None:
+    """A lambda, a closure and a nested function were refused (TypeError): verl's tests and
+    users define them locally. They travel by value now; module-level ones still by name."""
     ref = FunctionRef.of(module_level_add_one)
     back = decode(encode(ref))
-    assert back == ref and back.load() is module_level_add_one
-    with pytest.raises(TypeError, match="module level"):
-        FunctionRef.of(lambda x: x)
+    assert back == ref and back.pickled is None and back.load() is module_level_add_one
+    offset = 10
 
-    def nested(x):
-        return x
+    def nested(x: int) -> int:
+        return x + offset
 
-    with pytest.raises(TypeError, match="module level"):
-        FunctionRef.of(nested)
+    for fn, arg, want in ((lambda x: x * 3, 2, 6), (nested, 1, 11)):
+        shipped = decode(encode(FunctionRef.of(fn)))
+        assert isinstance(shipped.pickled, bytes) and shipped.load()(arg) == want
+    partial = decode(encode(FunctionRef.of(functools.partial(pow, 2))))
+    assert partial.load()(5) == 32
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match="uses_lock cannot travel to the workers"):
+
+        def uses_lock() -> bool:
+            return lock.locked()
+
+        FunctionRef.of(uses_lock)
     fns = get_predefined_dispatch_fn(Dispatch.DP_COMPUTE_PROTO_WITH_FUNC)
     args, _ = fns["dispatch_fn"](FakeGroup(2), module_level_add_one, td(4))
     assert args[0] == [ref, ref] and args[1][1]["a"].tolist() == [2, 3]
     with pytest.raises(TypeError, match="function as its first argument"):
         fns["dispatch_fn"](FakeGroup(2), td(4))
+
+
+def test_a_registered_method_gets_a_function_back_from_its_reference() -> None:
+    scale = 4
+    worker = DecoratedWorker()
+    ref = decode(encode(FunctionRef.of(lambda w, x: x * scale)))
+    assert worker.execute_with_func_generator(ref, 2) == 8
+    assert worker.execute_func_rank_zero(FunctionRef.of(lambda: scale + 1)) == 5
+
+
+def test_a_role_class_of_main_or_a_function_is_fused_by_value() -> None:
+    """Such role classes were refused (TypeError: must be importable)."""
+    Main = type("Main", (DecoratedWorker,), {"__module__": "__main__"})
+
+    class Local(DecoratedWorker):
+        def tag(self) -> str:
+            return "local"
+
+    cia = create_colocated_worker_cls(
+        {"main": ClassWithInitArgs(Main), "local": ClassWithInitArgs(Local), "plain":
+         ClassWithInitArgs(DecoratedWorker)}
+    )  # fmt: skip
+    specs = decode(encode(cia.args[0]))
+    assert [s.pickled is not None for s in specs] == [True, True, False]
+    loaded = [s.load() for s in specs]
+    assert loaded[2] is DecoratedWorker and loaded[1]().tag() == "local"
+    assert loaded[0].__qualname__ == "Main" and issubclass(loaded[0], DecoratedWorker)
+    assert cia.raw_cls_dict["main"] is Main and cia.raw_cls_dict["local"] is Local
+    lock = threading.Lock()
+
+    class Unpicklable(DecoratedWorker):
+        held = lock
+
+    with pytest.raises(TypeError, match=r"role 'bad': .*Unpicklable.*cannot be pickled"):
+        create_colocated_worker_cls({"bad": ClassWithInitArgs(Unpicklable)})
+
+
+def local_dispatch_group() -> WorkerGroup:
+    def two_to_all(wg: object, *args: object, **kwargs: object) -> tuple:
+        return args, kwargs
+
+    class Custom(Worker):
+        @register(dispatch_mode={"dispatch_fn": two_to_all, "collect_fn": collect_rank_zero})
+        def custom(self) -> int:
+            return 1
+
+    return WorkerGroup.from_detached(
+        worker_handles=fake_handles(2), ray_cls_with_init=ClassWithInitArgs(Custom)
+    )
+
+
+def test_a_worker_group_travels_with_its_handles_and_dispatch() -> None:
+    """A WorkerGroup was refused by the codec (cannot encode WorkerGroup)."""
+    handles = [h.with_timeout(5.0) for h in fake_handles(2)]
+    wg = WorkerGroup.from_detached(
+        name_prefix="pp",
+        worker_handles=handles,
+        ray_cls_with_init=ClassWithInitArgs(DecoratedWorker),
+    )
+    back = decode(encode({"wg": wg}))["wg"]
+    assert isinstance(back, WorkerGroup) and back.name_prefix == "pp"
+    assert back.worker_names == wg.worker_names and back.world_size == 2
+    assert back.method_names == wg.method_names
+    assert [h.call_timeout for h in back.workers] == [5.0, 5.0]
+    for name in wg.method_names:
+        ours, theirs = getattr(wg, name), getattr(back, name)
+        assert theirs.attrs == ours.attrs and theirs.role == ours.role
+        d_ours, d_theirs = ours.dispatch_fn, theirs.dispatch_fn  # padded: a partial
+        assert getattr(d_theirs, "func", d_theirs) is getattr(d_ours, "func", d_ours)
+        assert theirs.collect_fn is ours.collect_fn
+    out = back.dp_compute.dispatch_fn(back, td(4))
+    assert [a["a"].tolist() for a in out[0][0]] == [[0, 1], [2, 3]]
+    with pytest.raises(TypeError, match=r"obj: .*'custom' uses .*two_to_all.*from_detached"):
+        encode(local_dispatch_group())
+
+
+def test_a_bad_worker_group_record_is_a_protocol_error() -> None:
+    from rayless.single_controller.worker_group import _group_from_state
+
+    good = decode(encode(WorkerGroup.from_detached(worker_handles=fake_handles(1))))
+    assert good.world_size == 1 and good.method_names == []
+    for state in (
+        [],
+        {"prefix": "p"},
+        {"prefix": "p", "workers": ["x"], "fused": 0, "sub_cls_name": "", "role": None,
+         "methods": []},
+        {"prefix": "p", "workers": [], "fused": 0, "sub_cls_name": "", "role": None,
+         "methods": [["_x", "m", None, "ALL_TO_ALL", None, None, "ALL", True, False]]},
+    ):  # fmt: skip
+        with pytest.raises(ProtocolError):
+            _group_from_state(state)
 
 
 def fake_handles(n: int) -> list[ActorHandle]:
@@ -365,3 +472,28 @@ def test_split_resource_pool_slices_the_bundles() -> None:
         split_resource_pool(pool, [3, 4])
     with pytest.raises(ValueError, match="parts of 3"):
         pool.split(3)
+
+
+def test_a_process_that_never_imported_the_single_controller_decodes_a_group() -> None:
+    """An actor process whose code never imported rayless.single_controller: the codec
+    imports it for its records (a fixed list of names), so a group passed to it arrives."""
+    import subprocess
+    import sys
+
+    wg = WorkerGroup.from_detached(
+        worker_handles=fake_handles(2), ray_cls_with_init=ClassWithInitArgs(DecoratedWorker)
+    )
+    code = (
+        "import sys, pickle\n"
+        "import rayless.actors  # as in every actor process\n"
+        "from rayless.transport import decode\n"
+        "assert 'rayless.single_controller' not in sys.modules\n"
+        "wg = decode(pickle.loads(sys.stdin.buffer.read()))\n"
+        "print(type(wg).__name__, wg.world_size, wg.method_names)\n"
+    )
+    frames = [bytes(f) for f in encode(wg)]
+    out = subprocess.run(
+        [sys.executable, "-c", code], input=pickle.dumps(frames), capture_output=True, check=True
+    )
+    assert out.stdout.decode().startswith("WorkerGroup 2 [")
+    assert "dp_compute" in out.stdout.decode()

@@ -1,0 +1,95 @@
+"""Values of other libraries that the codec carries as extension records, without pickle.
+
+* numpy *object* arrays (``dtype=object``): a record of their shape and their items in C
+  order; every item is encoded as any other value (str, int, float, None, lists, dicts,
+  tensors, arrays...), so an item the codec cannot encode is a TypeError naming its path
+  (``obj.non_tensor_batch['uid'][3]: cannot encode Foo``). They arrive as object arrays of the
+  same shape. The send half is in ``transport._heavy`` (numpy is loaded there).
+* verl's ``DataProto`` (``verl.protocol.DataProto``), recognised by its class's module and
+  qualified name, so that neither side imports verl to send one: its ``batch`` (a TensorDict
+  or None), ``non_tensor_batch`` (a dict of numpy arrays, object arrays included) and
+  ``meta_info`` (a dict). The receiver imports ``verl.protocol`` to rebuild it (a
+  ProtocolError where verl is not installed).
+
+A peer can make a receiver import nothing but the modules named here (:data:`FOREIGN`,
+:data:`LAZY_EXTENSIONS`, and numpy for an object array): a record carries an extension name,
+never a module path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+from rayless.transport.errors import ProtocolError
+
+__all__ = ["FOREIGN", "LAZY_EXTENSIONS", "OBJECT_ARRAY", "object_array", "object_array_state"]
+
+OBJECT_ARRAY = "numpy.object_array"
+_MAX_DIMS = 64
+_DATAPROTO_FIELDS = ("batch", "non_tensor_batch", "meta_info")
+
+
+def object_array_state(a: Any) -> list[Any]:
+    """The record state of the numpy object array ``a``: ``[shape, items in C order]``."""
+    return [list(a.shape), list(a.ravel(order="C"))]
+
+
+def object_array(state: Any) -> Any:
+    """Rebuild an object array from :func:`object_array_state`'s state.
+
+    Raises:
+        ProtocolError: a malformed state (a bad shape, or not as many items as it needs).
+    """
+    if type(state) is not list or len(state) != 2 or type(state[1]) is not list:
+        raise ProtocolError("bad numpy object array record")
+    shape, items = state
+    if type(shape) is not list or len(shape) > _MAX_DIMS:
+        raise ProtocolError(f"bad object array shape {shape!r:.200}")
+    if any(type(d) is not int or d < 0 for d in shape) or math.prod(shape) != len(items):
+        raise ProtocolError(f"bad object array shape {shape!r:.200} for {len(items)} items")
+    import numpy as np
+
+    flat = np.empty(len(items), dtype=object)
+    for i, item in enumerate(items):
+        flat[i] = item  # one by one: a list item must stay one item, not broadcast
+    return flat.reshape(shape)
+
+
+def _dataproto_state(dp: Any) -> dict[str, Any]:
+    return {
+        "batch": dp.batch,
+        "non_tensor_batch": dict(dp.non_tensor_batch or {}),
+        "meta_info": dict(dp.meta_info or {}),
+    }
+
+
+def _dataproto(state: Any) -> Any:
+    if type(state) is not dict or set(state) != set(_DATAPROTO_FIELDS):
+        raise ProtocolError("bad verl DataProto record")
+    if type(state["non_tensor_batch"]) is not dict or type(state["meta_info"]) is not dict:
+        raise ProtocolError("bad verl DataProto record")
+    try:
+        module = importlib.import_module("verl.protocol")
+    except ImportError as exc:
+        raise ProtocolError(
+            f"a verl DataProto arrived, but verl.protocol cannot be imported here: {exc}"
+        ) from None
+    return module.DataProto(**state)
+
+
+# qualified class name -> (extension name, to_state, from_state); a receiver imports the
+# module of a class only in its from_state, only modules named here
+FOREIGN: dict[str, tuple[str, Callable[[Any], Any], Callable[[Any], Any]]] = {
+    "verl.protocol.DataProto": ("verl.DataProto", _dataproto_state, _dataproto),
+}
+
+# extension names of rayless's own upper layers -> the module that registers them, imported
+# by a receiver that meets one before it imported that module (a worker group passed to an
+# actor whose code never imported rayless.single_controller)
+LAZY_EXTENSIONS: dict[str, str] = {
+    f"rayless.single_controller.{name}": "rayless.single_controller"
+    for name in ("function_ref", "role_spec", "worker_group")
+}
