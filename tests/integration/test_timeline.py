@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from rayless.actors import Cluster
 from rayless.actors.api import timeline
 from rayless.store import Store
 from tests.integration.timeline_classes import Peer
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -385,10 +385,11 @@ async def test_the_head_forgets_a_driver_s_listener_when_its_session_ends(
             else:
                 joiner.kill()
                 await asyncio.to_thread(joiner.wait, 60)
-                deadline = time.monotonic() + 60
-                while pid in await drivers():  # until the head drops the session
-                    assert time.monotonic() < deadline, "the killed driver is still listed"
-                    await asyncio.sleep(0.2)
+
+                async def dropped(pid: int = pid) -> bool:
+                    return pid not in await drivers()
+
+                await wait_until(dropped, timeout=60, what="the head to drop the killed driver")
             assert _refused(listed[pid])
         finally:
             if joiner.poll() is None:

@@ -17,6 +17,7 @@ from rayless.actors.control import messages as m
 from rayless.actors.control.head import Head
 from rayless.transport.errors import ProtocolError
 from rayless.transport.peer import Peer
+from tests.waiting import wait_until_sync
 
 TOKEN = "d" * 32
 
@@ -71,10 +72,11 @@ def test_a_driver_s_stack_names_it_and_stopping_leaves_nothing(
         assert b"".join(chunks).decode().startswith(f"driver (pid {os.getpid()})")
     finally:
         server.stop()  # cuts the stranger's handshake too
-    deadline = time.monotonic() + 10
-    while left := [t.name for t in set(threading.enumerate()) - before if "debug" in t.name]:
-        assert time.monotonic() < deadline, left
-        time.sleep(0.01)
+    wait_until_sync(
+        lambda: not [t.name for t in set(threading.enumerate()) - before if "debug" in t.name],
+        timeout=10,
+        what="the listener's threads to end",
+    )
     with stranger:  # cut: its greeting, then the end of the stream
         said = b""
         while chunk := stranger.recv(4096):
