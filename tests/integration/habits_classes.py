@@ -89,7 +89,7 @@ class Adder(Actor):
 
 
 class Reward(Actor):
-    """A Ray user's second-week actor: slow producers, consumers of their results, and a
+    """A Ray user's actor: slow producers, consumers of their results, and a
     method that raises its own TimeoutError (an HTTP reward server that did not answer)."""
 
     async def slow_gen(self, n: int, seconds: float) -> list[int]:

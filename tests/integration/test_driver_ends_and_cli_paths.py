@@ -1,4 +1,5 @@
-"""A Ray user's second week, continued: the frictions of a longer trial, on real processes.
+"""How drivers end (signals, kill -9, a launch without one), threaded slots under timeouts,
+classes shipped by value and the CLI's imports, on real processes.
 
 Each test is one defect a Ray user hit, with what Ray does: ``max_concurrency`` holds while
 timed-out ``def`` calls still run; a driver killed by SIGTERM, SIGHUP or SIGKILL leaves no
@@ -24,7 +25,7 @@ from rayless.actors.launch.procs import first_line
 from rayless.errors import Timeout
 from rayless.store import Store
 from tests import waiting
-from tests.integration.week2_classes import Slow
+from tests.integration.friction_classes import Slow
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +63,7 @@ import asyncio, os, sys
 from rayless.actors import Cluster
 from rayless.actors.launch.local import LocalProcesses
 from rayless.actors.launch.procs import first_line
-from tests.integration.week2_classes import Parent
+from tests.integration.friction_classes import Parent
 
 async def main():
     async with Cluster.local(nodes=1) as cluster:

@@ -1,4 +1,4 @@
-"""Actor classes of the second-week friction tests; importable by actor processes."""
+"""Actor classes of the driver-end and slot tests; importable by actor processes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A Ray user's second week on a real local cluster: what a longer trial found.
+"""Cancelling calls and timeouts on a real local cluster, as a Ray user expects them.
 
 Each test is one defect a Ray user hit, with what Ray does: cancelling a call leaves the
 futures passed to it alone; a method's own TimeoutError arrives as itself, not as the caller's

@@ -1,4 +1,4 @@
-"""Store v2 on a real local cluster: cancelled fetches consume nothing, restarted units come
+"""The store on a real local cluster: cancelled fetches consume nothing, restarted units come
 back and are watched again, the streaming loader's rank sharding, checkpoints into another
 unit count, the partition-keyed KV batch face and metrics."""
 

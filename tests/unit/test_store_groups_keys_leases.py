@@ -1,4 +1,4 @@
-"""Store v2 pure pieces: group sizes at put time, partition keys, un-consuming, fetch
+"""The store's pure pieces: group sizes at put time, partition keys, un-consuming, fetch
 leases, the seqlen-balanced split, rate meters and the Prometheus text."""
 
 from __future__ import annotations

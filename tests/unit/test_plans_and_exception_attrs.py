@@ -1,4 +1,4 @@
-"""Unit checks of the second week's frictions: what a Ray user tripped over, without processes."""
+"""Unknown plan components and remote exception attributes, without processes."""
 
 from __future__ import annotations
 
