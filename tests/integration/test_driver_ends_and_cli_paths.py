@@ -102,7 +102,16 @@ def wait_until_sync(
     waiting.wait_until_sync(pred, timeout, what)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
+@pytest.mark.parametrize(
+    "sig",
+    [
+        signal.SIGINT,
+        signal.SIGTERM,
+        # the same ends through test_leftovers.py's default cases too
+        pytest.param(signal.SIGHUP, marks=pytest.mark.slow),
+        pytest.param(signal.SIGKILL, marks=pytest.mark.slow),
+    ],
+)
 def test_a_signalled_driver_leaves_no_process_and_no_published_file(
     sig: signal.Signals, tmp_path: Path
 ) -> None:

@@ -166,11 +166,10 @@ TARGETS = ["driver", "head", "agent", "all"]
 
 
 def _case(target: str, sig: signal.Signals) -> Any:
-    # the driver's SIGTERM and SIGKILL, and SIGKILL of everything, run by default; the rest
-    # (the same paths through other processes) are slow
-    quick = (target == "driver" and sig != signal.SIGHUP) or (
-        target in ("head", "all") and sig == signal.SIGKILL
-    )
+    # the driver's SIGTERM (how Slurm, Kubernetes and `timeout` end a job) and SIGKILL of
+    # everything (only the reaper survives) run by default; the rest (the same paths through
+    # other processes, ~20 s each) are slow
+    quick = (target, sig) in (("driver", signal.SIGTERM), ("all", signal.SIGKILL))
     marks = () if quick else (pytest.mark.slow,)
     return pytest.param(target, sig, marks=marks, id=f"{target}-{sig.name}")
 

@@ -141,6 +141,7 @@ async def test_a_failed_send_of_the_server_fails_the_call_at_once_and_the_next_w
 # -- actors, the store and weight sync on a real cluster ----------------------------------
 
 
+@pytest.mark.local_cluster(nodes=1, gpus_per_node=0)
 @pytest.mark.parametrize(
     ("unix", "counts"),
     [
@@ -152,37 +153,47 @@ async def test_a_failed_send_of_the_server_fails_the_call_at_once_and_the_next_w
     ids=["unix", "zeromq", "unix-10000", "zeromq-more"],
 )
 async def test_actor_calls_with_state_dicts_of_many_tensors_both_ways(
-    unix: str, counts: list[int], monkeypatch: pytest.MonkeyPatch
+    local_cluster: Cluster, unix: str, counts: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # the caller picks the path when it first connects to an actor: a fresh actor each time
     monkeypatch.setenv("RAYLESS_UNIX", unix)
-    async with Cluster.local(nodes=1) as cluster:
-        h = await cluster.spawn(Echo)
+    h = await local_cluster.spawn(Echo)
+    try:
         for n in counts:
             sd = state_dict(n, seed=n)
             assert_equal(sd, await h.echo.options(timeout=60)(sd))  # argument and result
             assert_equal(state_dict(n, 7), await h.make.options(timeout=60)(n, 7))  # result
             assert await h.ping.options(timeout=30)() == "pong"
+    finally:
+        await local_cluster.kill(h)
 
 
+@pytest.mark.local_cluster(nodes=1, gpus_per_node=0)
 @pytest.mark.parametrize("n", [1100, pytest.param(10_000, marks=pytest.mark.slow)])
-async def test_store_and_weight_sync_carry_thousands_of_tensors(n: int) -> None:
+async def test_store_and_weight_sync_carry_thousands_of_tensors(
+    local_cluster: Cluster, n: int
+) -> None:
     from tensordict import TensorDict
 
-    async with Cluster.local(nodes=1) as cluster:
-        st = await Store.create(cluster, num_units=1)
+    st = await Store.create(local_cluster, num_units=1)
+    try:
         fields = {f"f{i}": torch.full((4, 2), float(i)) for i in range(min(n, 1100))}
         td = TensorDict(fields, batch_size=[4])
         meta = await st.put(td, "p")
         got = await st.get(meta)
         for key, value in fields.items():
             assert torch.equal(got[key], value), key
+    finally:
         await st.aclose()
-
-        sd = state_dict(n, seed=3)
-        async with WeightSync.create(cluster, name="many") as ws:
-            sub = await cluster.spawn(_Puller, "many", n)
+    sd = state_dict(n, seed=3)
+    name = f"many-{n}"
+    async with WeightSync.create(local_cluster, name=name) as ws:
+        sub = await local_cluster.spawn(_Puller, name, n)
+        try:
             await ws.publish(sd, version=1)
             assert await sub.pull_and_check.options(timeout=120)(1, 3) == n
+        finally:
+            await local_cluster.kill(sub)
 
 
 class _Puller(Actor):

@@ -425,6 +425,7 @@ RESULT = len(socks)
 """
 
 
+@pytest.mark.slow  # 600 strangers held for 20 s
 async def test_idle_tcp_strangers_cannot_run_a_server_out_of_descriptors() -> None:
     import subprocess
     import sys

@@ -53,6 +53,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # fresh interpreters running drivers, ~20 s
 def test_user_modules_named_like_ours_do_not_shadow_rayless(tmp_path: Path) -> None:
     for name in ("actors", "store", "transport", "placement"):
         (tmp_path / f"{name}.py").write_text(
