@@ -185,6 +185,7 @@ from rayless.actors.control import debug
 
 server = debug.start_driver("d" * 32, "tcp://127.0.0.1:1", asyncio.new_event_loop())
 if os.fork() == 0:  # a DataLoader worker, say, that outlives its driver a while
+    print("child", flush=True)  # past its fork hooks
     sys.stdin.read()
     os._exit(0)
 print(server.address, flush=True)
@@ -202,7 +203,10 @@ def test_a_forked_child_does_not_keep_the_port() -> None:
     )  # fmt: skip
     try:
         assert child.stdout is not None and child.stdin is not None
-        address = child.stdout.readline().strip()
+        # the child runs its fork hooks when it is first scheduled: wait until it has
+        lines = {child.stdout.readline().strip(), child.stdout.readline().strip()}
+        assert "child" in lines, lines
+        (address,) = lines - {"child"}
         assert child.wait(timeout=30) == 0  # the driver is gone; its forked child is not
         host, _, port = address.removeprefix("tcp://").rpartition(":")
         with pytest.raises(ConnectionRefusedError):
