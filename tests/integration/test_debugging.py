@@ -185,10 +185,10 @@ from rayless.actors.control import debug
 
 server = debug.start_driver("d" * 32, "tcp://127.0.0.1:1", asyncio.new_event_loop())
 if os.fork() == 0:  # a DataLoader worker, say, that outlives its driver a while
-    print("child", flush=True)  # past its fork hooks
+    os.write(1, b"child\\n")  # past its fork hooks; one write (< PIPE_BUF): never interleaved
     sys.stdin.read()
     os._exit(0)
-print(server.address, flush=True)
+os.write(1, f"{server.address}\\n".encode())  # one write: print may write the newline apart
 os._exit(0)  # the driver dies (no stop): only the child could keep the port
 """
 
