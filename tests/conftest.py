@@ -4,6 +4,7 @@
 * Embedded clusters publish into a runtime directory of this test process (never the user's,
   where other runs' clusters live; under pytest-xdist one per worker, so that a test that
   finds "the cluster on this machine" finds its own worker's); it is removed at the end.
+* Clusters fork from a torch template in ``demand`` mode (``RAYLESS_ZYGOTE_PRELOAD``).
 * ``RAYLESS_TEST_TIMEOUT_SCALE`` (tests/waiting.py) scales pytest-timeout's per-test limit
   (the ini ``timeout`` and every ``@pytest.mark.timeout``) as it scales every wait.
 """
@@ -21,6 +22,12 @@ from tests.waiting import timeout_scale
 
 _RUNTIME_ENV = "RAYLESS_RUNTIME_DIR"
 _made: list[str] = []
+
+# Every cluster the suite starts (here, in driver subprocesses, under `rayless launch`) forks
+# from a template that imports torch only when an actor's module does: most tests' actors
+# never touch torch, and ~3 CPU-s of torch and tensordict per cluster was a third of the
+# suite's CPU. The tests of the template's modes name theirs.
+os.environ.setdefault("RAYLESS_ZYGOTE_PRELOAD", "demand")
 
 
 def pytest_configure(config: pytest.Config) -> None:

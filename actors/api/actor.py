@@ -19,7 +19,7 @@ import inspect
 import linecache
 import types
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from rayless.transport.errors import ProtocolError
 
@@ -33,7 +33,14 @@ class Actor:
     async methods run concurrently on the actor's loop, sync ones one at a time in a worker
     thread. A method may ask :func:`current_caller` which connection called it; an actor that
     defines ``_caller_gone(caller)`` (sync, quick) is told when such a connection is gone.
+
+    ``template_imports`` names modules the host's fork template imports before it forks this
+    class's actors, beside the class's own module: with ``zygote_preload="demand"`` the way to
+    fork an actor with torch already in (``("torch",)``) although its module imports torch
+    only where used. A class need not subclass Actor to set it.
     """
+
+    template_imports: ClassVar[tuple[str, ...]] = ()
 
     async def setup(self) -> None:
         """Prepare the actor (open files, load models). Runs before the first call."""

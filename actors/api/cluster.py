@@ -46,6 +46,7 @@ from rayless.actors.control.messages import (
     Summarize,
     Template,
 )
+from rayless.actors.control.zygote import PRELOAD_MODES, preload_mode
 from rayless.actors.errors import ConnectError
 from rayless.actors.launch.local import LocalProcesses
 from rayless.transport import codec
@@ -92,7 +93,7 @@ class Cluster:
         node_timeout: float = 5.0,
         zygote: bool = True,
         log_dir: str | None = None,
-        zygote_preload: str = "eager",
+        zygote_preload: str | None = None,
     ) -> Opening[Cluster]:
         """An embedded cluster of real processes on loopback: ``async with`` it, or await it
         and ``aclose()`` the Cluster when done.
@@ -102,14 +103,18 @@ class Cluster:
         It returns once the head and the agents are up; the fork template imports torch in
         the background meanwhile, and a spawn asked for before that finished waits for it
         (within its ``timeout``). ``zygote_preload="lazy"`` keeps the idle cluster small: the
-        fork template imports torch on the first spawn instead (see
-        ``rayless.actors.control.zygote``).
+        fork template imports torch on the first spawn instead; ``"demand"`` imports it only
+        when an actor's module does (see ``rayless.actors.control.zygote``). None: the
+        ``RAYLESS_ZYGOTE_PRELOAD`` environment variable's mode, ``"eager"`` when unset.
 
         Raises:
-            ValueError: a bad ``zygote_preload``.
+            ValueError: a bad ``zygote_preload`` (or ``RAYLESS_ZYGOTE_PRELOAD``).
         """
-        if zygote_preload not in ("eager", "lazy"):
-            raise ValueError(f"zygote_preload must be 'eager' or 'lazy', got {zygote_preload!r}")
+        if zygote_preload is None:
+            zygote_preload = preload_mode()
+        elif zygote_preload not in PRELOAD_MODES:
+            modes = ", ".join(map(repr, PRELOAD_MODES))
+            raise ValueError(f"zygote_preload must be one of {modes}, got {zygote_preload!r}")
         signals.install()  # SIGTERM/SIGHUP close it as Ctrl-C does (in the main thread)
         procs = LocalProcesses(nodes, gpus_per_node, node_timeout, zygote, log_dir, zygote_preload)
         return Opening(lambda: _start_local(procs))
@@ -204,6 +209,7 @@ class Cluster:
             timeout=float(timeout),
             wait_for_resources=float(wait_for_resources),
             template=template,
+            imports=_template_imports(cls),
         )
         runtime = await self._runtime()
         try:
@@ -435,6 +441,18 @@ def _spawn_span(args: tuple[Any, ...], kwargs: Mapping[str, Any], handle: Any) -
     if handle is not None:
         info.update(actor=handle.name, node=handle.node_id)
     return info
+
+
+def _template_imports(cls: type) -> tuple[str, ...]:
+    """``cls.template_imports`` checked: a tuple of module names.
+
+    Raises:
+        TypeError: it is not a tuple or list of non-empty strings.
+    """
+    names = getattr(cls, "template_imports", ())
+    if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) and n for n in names):
+        raise TypeError(f"{cls.__qualname__}.template_imports must be a tuple of module names")
+    return tuple(names)
 
 
 def _check_count(what: str, value: object, *, none_ok: bool = False) -> None:

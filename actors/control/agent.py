@@ -274,9 +274,12 @@ class Agent:
             max_restarts=spec.max_restarts,
         )
         self.procs[actor_id] = proc
+        spawner = self.spawners[spec.template]
+        for module in spec.imports:
+            await spawner.preload(module)
         module = spec.cls[0]
         if module not in ("__main__", "__mp_main__"):
-            await self.spawners[spec.template].preload(module)
+            await spawner.preload(module)
         return await self._start(proc)
 
     async def _start(self, proc: ActorProc) -> Started:

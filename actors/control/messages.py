@@ -84,7 +84,8 @@ class SpawnSpec:
 
     ``cls`` is ``(module, qualname, cloudpickled class or None)`` (``actors.api.actor.
     ClassRef``); ``init`` the codec frames of ``(args, kwargs)``; ``methods`` the class's
-    public methods as the driver sees them (name → is async).
+    public methods as the driver sees them (name → is async); ``imports`` the modules the fork
+    template imports before this actor's class module (the class's ``template_imports``).
     """
 
     cls: tuple[str, str, bytes | None]
@@ -105,6 +106,7 @@ class SpawnSpec:
     timeout: float = 120.0
     wait_for_resources: float = 0.0
     template: Template = Template.TORCH
+    imports: tuple[str, ...] = ()
 
 
 # -- records and events -------------------------------------------------------------------

@@ -43,7 +43,13 @@ imports the heavy modules before it serves its first request; a fork asked for m
 waits in the socket's queue until they are in (only if the warm-up has not finished).
 ``lazy`` defers the imports to the first fork: an idle cluster then costs ~30 MB per host
 instead of ~300 MB, and the first torch actor on a host waits ~2 s for them (later ones fork
-as fast as ever). Measured on the 2-core machine: docs/performance.md ("Start-up").
+as fast as ever). ``demand`` never imports them of its own: the template holds what the light
+one holds plus the modules of the actor classes it was asked to fork (each spawn's module is
+imported in the template first, as in every mode), so torch enters it with the first actor
+whose module imports torch, and a cluster whose actors never do never pays for it (~3 CPU-s
+per host; the test suite runs this way). An actor that imports torch only inside a method
+then pays the import in its own process. Measured on the 2-core machine:
+docs/performance.md ("Start-up").
 """
 
 from __future__ import annotations
@@ -84,6 +90,20 @@ from rayless.transport.files import open_append
 
 PRELOAD = ("torch", "tensordict", "rayless.transport.codec", "rayless.actors.control.process")
 LIGHT_PRELOAD = ("rayless.transport.codec", "rayless.actors.control.process")
+ENV_PRELOAD = "RAYLESS_ZYGOTE_PRELOAD"
+PRELOAD_MODES = ("eager", "lazy", "demand")
+
+
+def preload_mode(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    """The torch template's mode named by ``RAYLESS_ZYGOTE_PRELOAD`` (``eager`` when unset).
+
+    Raises:
+        ValueError: a mode not in :data:`PRELOAD_MODES`.
+    """
+    mode = environ.get(ENV_PRELOAD, "") or "eager"
+    if mode not in PRELOAD_MODES:
+        raise ValueError(f"{ENV_PRELOAD} must be one of {', '.join(PRELOAD_MODES)}, got {mode!r}")
+    return mode
 
 
 class _Conn:
@@ -318,10 +338,11 @@ def main() -> None:
         die_with_parent()
     for name in ("RAYLESS_TOKEN", "RAYLESS_TOKEN_FILE", "RAYLESS_TOKEN_FD"):
         os.environ.pop(name, None)  # the fork template never needs the cluster token
-    zygote = Zygote(args.socket_path, LIGHT_PRELOAD if light else PRELOAD)
+    mode = "eager" if light else preload_mode()
+    zygote = Zygote(args.socket_path, LIGHT_PRELOAD if light or mode == "demand" else PRELOAD)
     zygote.start()
     print("ready", flush=True)
-    if light or os.environ.get("RAYLESS_ZYGOTE_PRELOAD", "eager") != "lazy":
+    if mode != "lazy":
         zygote.warm_up()
     zygote.run()
 

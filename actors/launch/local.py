@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 
 from rayless.actors.control.reaper import reaper_args, sweep_host
+from rayless.actors.control.zygote import preload_mode
 from rayless.actors.launch.procs import START_TIMEOUT, Child, first_line, start_child, terminate
 from rayless.transport import owners
 from rayless.transport.protocol import new_token
@@ -43,7 +44,7 @@ class LocalProcesses:
     node_timeout: float = 5.0
     zygote: bool = True
     log_dir: str | None = None
-    zygote_preload: str = "eager"
+    zygote_preload: str = field(default_factory=preload_mode)  # RAYLESS_ZYGOTE_PRELOAD
     token: str = field(default_factory=new_token)
     address: str = ""
     head: Child | None = None

@@ -112,6 +112,9 @@ class StorageUnit(Actor):
     """One storage unit: a shard of every partition and of the KV face, and the unit's side of
     the same-host data plane (reserve, commit, locate)."""
 
+    # its columns are torch tensors: a template on demand imports them once, not every unit
+    template_imports = ("torch", "tensordict")
+
     def __init__(
         self,
         unit_id: str,

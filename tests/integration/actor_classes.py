@@ -7,11 +7,12 @@ import os
 import sys
 import threading
 import time
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rayless.actors import Actor, ActorHandle
+
+if TYPE_CHECKING:  # torch is imported where used: a cluster of these actors need not import it
+    import torch
 
 
 class Counter(Actor):
@@ -59,6 +60,8 @@ class Counter(Actor):
         return float(t.sum())
 
     def make_tensor(self, n: int) -> torch.Tensor:
+        import torch
+
         return torch.arange(n, dtype=torch.float32)
 
     def _private(self) -> str:
@@ -164,7 +167,11 @@ class Threads(Actor):
     """Reports torch's intra-op thread count on the loop thread and on the worker thread."""
 
     async def on_loop(self) -> int:
+        import torch
+
         return torch.get_num_threads()
 
     def in_worker(self) -> int:
+        import torch
+
         return torch.get_num_threads()

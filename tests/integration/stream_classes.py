@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-
-import torch
+from typing import TYPE_CHECKING
 
 from rayless.actors import Actor
+
+if TYPE_CHECKING:  # torch is imported where used: a cluster of these actors need not import it
+    import torch
 
 
 class Streamer(Actor):
@@ -50,6 +52,8 @@ class Streamer(Actor):
         next(iter([]))  # PEP 479: a RuntimeError in a generator
 
     def tensors(self, n: int) -> Iterator[torch.Tensor]:
+        import torch
+
         for i in range(n):
             yield torch.full((1024,), float(i))
 

@@ -17,3 +17,13 @@ class Probe(Actor):
         import torch
 
         return float(torch.ones(3).sum())
+
+
+class TorchProbe(Probe):
+    """A Probe whose fork template imports torch for it (its module does not)."""
+
+    template_imports = ("torch",)
+
+
+class BadImports(Probe):
+    template_imports = "torch"  # type: ignore[assignment]  # a str, not a tuple

@@ -13,7 +13,7 @@ from tensordict import TensorDict
 
 from rayless.actors import Cluster, Template
 from rayless.store import Store
-from tests.integration.template_classes import Probe
+from tests.integration.template_classes import BadImports, Probe, TorchProbe
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 async def cluster() -> AsyncIterator[Cluster]:
     """A one-node cluster of this test's own (its templates' children are this test's)."""
-    async with Cluster.local(nodes=1) as c:
+    async with Cluster.local(nodes=1, zygote_preload="eager") as c:
         yield c
 
 
@@ -73,3 +73,33 @@ async def test_the_store_controller_starts_on_the_light_template_and_units_on_to
         assert not _maps_torch(controller), "the controller imported torch"
     finally:
         await store.aclose()
+
+
+async def test_a_template_on_demand_imports_torch_only_for_actors_that_ask() -> None:
+    """``zygote_preload="demand"``: an actor whose module does not import torch forks without
+    it; a class's ``template_imports`` has the template import torch before forking it, and
+    the store's units (which declare theirs) fork with torch in."""
+    async with Cluster.local(nodes=1, zygote_preload="demand") as cluster:
+        local = cluster._local
+        assert local is not None and local.zygote_proc is not None
+        template = psutil.Process(local.zygote_proc.pid)
+        plain = await cluster.spawn(Probe, cpus=0)
+        assert not await plain.torch_loaded(), "a torch-free actor forked with torch"
+        assert not _maps_torch(template)
+        store = await Store.create(cluster, num_units=1)  # StorageUnit.template_imports
+        try:
+            await store.ready()
+            assert _maps_torch(template), "the unit's template_imports did not reach the template"
+            (unit,) = _children(local.zygote_proc.pid)[1:]
+            assert _maps_torch(unit)
+        finally:
+            await store.aclose()
+        heavy = await cluster.spawn(TorchProbe, cpus=0)
+        assert await heavy.torch_loaded()
+
+
+async def test_template_imports_that_are_not_a_tuple_of_names_are_refused(
+    cluster: Cluster,
+) -> None:
+    with pytest.raises(TypeError, match="template_imports must be a tuple of module names"):
+        await cluster.spawn(BadImports, cpus=0)

@@ -142,6 +142,38 @@ def test_the_light_template_serves_after_its_warm_up_without_torch(tmp_path: Pat
         assert isinstance(exited, z.Exited) and exited.pid == forked.pid
 
 
+def _maps_torch(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as f:
+        return "libtorch" in f.read()
+
+
+def test_the_torch_template_on_demand_imports_torch_with_the_first_module_that_does(
+    tmp_path: Path,
+) -> None:
+    """``RAYLESS_ZYGOTE_PRELOAD=demand``: the torch template forks without torch until a
+    spawn's module imports it; from then on it holds torch, and so do its forks."""
+    path = str(tmp_path / "demand.sock")
+    proc = _start_zygote(path, preload="demand")
+    with _running(proc), _connect(path) as sock:
+        sock.sendall(z.pack(z.Preload("json")))
+        assert _read_frame(sock) == z.Preloaded("json", True, "")
+        log = str(tmp_path / "child.log")
+        sock.sendall(z.pack(z.Fork(1, {"RAYLESS_ADDRESS": "tcp://127.0.0.1:1"}, log, None, "")))
+        forked = _read_frame(sock)
+        assert isinstance(forked, z.Forked)
+        assert not _maps_torch(proc.pid), "the template imported torch for a torch-free fork"
+        assert isinstance(_read_frame(sock), z.Exited)
+        sock.sendall(z.pack(z.Preload("tests.integration.weights_classes")))  # imports torch
+        assert _read_frame(sock) == z.Preloaded("tests.integration.weights_classes", True, "")
+        assert _maps_torch(proc.pid)
+
+
+def test_an_unknown_preload_mode_is_refused(tmp_path: Path) -> None:
+    proc = _start_zygote(str(tmp_path / "z.sock"), preload="sometimes")
+    _, err = proc.communicate(timeout=scaled(60))
+    assert proc.returncode != 0 and b"RAYLESS_ZYGOTE_PRELOAD must be one of" in err
+
+
 def test_a_template_it_does_not_know_is_a_usage_error(tmp_path: Path) -> None:
     proc = _start_zygote(str(tmp_path / "z.sock"), "--template", "heavy")
     _, err = proc.communicate(timeout=scaled(60))
