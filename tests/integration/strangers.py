@@ -19,9 +19,12 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from tests.environ import without_rayless
+
 NOBODY = 65534
 _RUNNER = """
 import json, sys
+
 ARGS = json.load(open(sys.argv[1]))
 RESULT = None
 exec(compile(open(sys.argv[2]).read(), "attacker", "exec"))
@@ -74,7 +77,7 @@ def run_stranger(script: str, args: dict[str, Any], *, timeout: float = 120.0) -
             f.write(script)
         for p in paths[:2]:
             os.chmod(p, 0o644)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+        env = without_rayless()
         proc = subprocess.run(
             [*prefix, sys.executable, "-c", _RUNNER, *paths],
             capture_output=True,

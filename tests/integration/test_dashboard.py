@@ -28,6 +28,7 @@ from tensordict import TensorDict
 from rayless.actors import Cluster
 from rayless.actors.api import timeline
 from rayless.store import Store
+from tests.environ import without_rayless
 from tests.integration.test_prometheus import strict_check
 from tests.integration.timeline_classes import Peer
 from tests.waiting import wait_until, wait_until_sync
@@ -70,7 +71,7 @@ def dashboard(cluster: Cluster, tmp_path: Path) -> Iterator[str]:
     token = tmp_path / "token"
     token.write_text(cluster.info.token + "\n")
     token.chmod(0o600)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    clean = without_rayless()
     cmd = [sys.executable, "-m", "rayless.cli", "dashboard", "--port", "0"]
     cmd += ["--address", cluster.address, "--token-file", str(token)]
     proc = subprocess.Popen(

@@ -18,6 +18,7 @@ from rayless.actors import Cluster
 from rayless.actors.api.debugger import endpoints
 from rayless.actors.control import debug
 from rayless.actors.launch.local import LocalProcesses
+from tests.environ import without_rayless
 from tests.integration.debug_classes import Debuggee, PatientListener, PausedAtStart
 from tests.waiting import wait_until
 
@@ -28,7 +29,7 @@ def _env(procs: LocalProcesses, tmp_path: Path) -> dict[str, str]:
     token_file = tmp_path / "token"
     token_file.write_text(procs.token)
     token_file.chmod(0o600)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    clean = without_rayless()
     return {**clean, "RAYLESS_ADDRESS": procs.address, "RAYLESS_TOKEN_FILE": str(token_file)}
 
 

@@ -25,6 +25,7 @@ from rayless.actors.launch.procs import first_line
 from rayless.errors import Timeout
 from rayless.store import Store
 from tests import waiting
+from tests.environ import without_rayless
 from tests.integration.friction_classes import Slow
 
 pytestmark = pytest.mark.integration
@@ -235,7 +236,7 @@ sys.exit(code)
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``rayless ARGS`` in a fresh interpreter that reports the heavy modules it imported."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    clean = without_rayless()
     return subprocess.run(
         [sys.executable, "-c", CLI_IMPORTS, *args],
         capture_output=True,

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.environ import without_rayless
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BODY = """
 import asyncio, os
 from rayless import actors
+
 
 with open(os.environ["MARK"], "a") as mark:
     mark.write(f"{os.getpid()}\\n")
@@ -93,9 +96,8 @@ def _run(args: list[str], tmp_path: Path, stdin: str | None = None) -> list[str]
 
 
 def _env() -> dict[str, str]:
-    import os
 
-    return {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    return without_rayless()
 
 
 def test_a_script_without_the_main_guard(tmp_path: Path) -> None:

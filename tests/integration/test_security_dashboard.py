@@ -7,7 +7,6 @@ The flooders run as uid ``nobody`` where we are root (``tests.integration.strang
 
 from __future__ import annotations
 
-import os
 import queue
 import resource
 import socket
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from rayless.actors import Cluster
+from tests.environ import without_rayless
 from tests.integration.strangers import run_stranger
 from tests.waiting import scaled, wait_until_sync
 
@@ -63,7 +63,7 @@ def dashboard(cluster: Cluster, tmp_path: Path) -> Iterator[Dashboard]:
     token = tmp_path / "token"
     token.write_text(cluster.token + "\n")
     token.chmod(0o600)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    clean = without_rayless()
     cmd = [sys.executable, "-m", "rayless.cli", "dashboard", "--port", "0"]
     cmd += ["--address", cluster.address, "--token-file", str(token)]
     err_path = tmp_path / "dashboard.stderr"

@@ -29,6 +29,7 @@ from rayless.actors.control import debug
 from rayless.actors.control.debug import DebugServer, client_handshake
 from rayless.actors.launch.local import LocalProcesses
 from rayless.errors import AuthError, ConnectError
+from tests.environ import without_rayless
 from tests.integration.edge_classes import Holder
 from tests.waiting import wait_until_sync
 
@@ -136,7 +137,7 @@ def test_a_directory_that_was_writable_is_refused_by_its_planted_entry(
     planted = rt / f"cluster-{head.pid}.json"
     with pytest.raises(ConnectError, match=rf"{planted} belongs to uid {NOBODY}"):
         published.discover()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    env = without_rayless()
     env["RAYLESS_RUNTIME_DIR"] = str(rt)
     out = subprocess.run(
         [sys.executable, "-m", "rayless.cli", "status"],
@@ -367,7 +368,7 @@ def test_no_process_of_a_launch_has_the_token_in_its_environ(tmp_path: Path) -> 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    env = without_rayless()
     argv = [sys.executable, "-m", "rayless.actors.launch.node", "--nnodes", "1"]
     argv += ["--master-addr", "127.0.0.1", "--master-port", str(port), "--fake-gpus", "0"]
     argv += ["--log-dir", str(tmp_path / "logs"), "--", str(driver)]

@@ -14,6 +14,7 @@ import pytest
 from rayless import actors
 from rayless.actors.api import context
 from rayless.actors.launch.local import LocalProcesses
+from tests.environ import without_rayless
 from tests.integration.actor_classes import Counter
 
 pytestmark = pytest.mark.integration
@@ -65,7 +66,7 @@ async def test_an_embedded_cluster_is_found_without_an_address(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runtime = tmp_path / "rt"
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    clean = without_rayless()
     env = {**clean, "RAYLESS_RUNTIME_DIR": str(runtime), "PYTHONPATH": os.getcwd()}
     monkeypatch.setenv("RAYLESS_RUNTIME_DIR", str(runtime))
     async with actors.Cluster.local(nodes=2) as cluster:

@@ -6,13 +6,14 @@ neither break rayless nor be imported by it (each of them raises on import here)
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.environ import without_rayless
 
 pytestmark = pytest.mark.integration
 
@@ -23,6 +24,7 @@ import torch
 from tensordict import TensorDict
 
 from rayless import actors, store
+
 
 
 class Doubler(actors.Actor):
@@ -60,7 +62,7 @@ def test_user_modules_named_like_ours_do_not_shadow_rayless(tmp_path: Path) -> N
             f"raise ImportError('the user\\'s own {name}.py was imported by rayless')\n"
         )
     (tmp_path / "driver.py").write_text(textwrap.dedent(DRIVER))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    env = without_rayless()
     env.pop("PYTHONPATH", None)
     proc = subprocess.run(
         [sys.executable, "driver.py"],

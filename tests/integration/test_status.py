@@ -14,6 +14,7 @@ import pytest
 
 from rayless.actors import ActorDiedError, Cluster
 from rayless.actors.launch.local import LocalProcesses
+from tests.environ import without_rayless
 from tests.integration.actor_classes import Counter
 
 pytestmark = pytest.mark.integration
@@ -23,7 +24,7 @@ def _status(
     *args: str, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     """Run ``rayless status ARGS`` in a fresh interpreter."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    clean = without_rayless()
     return subprocess.run(
         [sys.executable, "-m", "rayless.cli", "status", *args],
         capture_output=True,

@@ -23,6 +23,7 @@ from tensordict import TensorDict
 from rayless.actors import Cluster
 from rayless.actors.api import timeline
 from rayless.store import Store
+from tests.environ import without_rayless
 from tests.integration.timeline_classes import Peer
 from tests.waiting import wait_until
 
@@ -174,7 +175,7 @@ async def test_rayless_timeline_cli_writes_the_trace_and_since_filters(
     token = tmp_path / "token"
     token.write_text(traced_cluster.info.token + "\n")
     token.chmod(0o600)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    clean = without_rayless()
     base = [sys.executable, "-m", "rayless.cli", "timeline", "--address", traced_cluster.address]
 
     def cli(*args: str) -> dict[str, Any]:
@@ -270,7 +271,7 @@ def test_rayless_timeline_cli_gathers_the_driver_of_another_process(tmp_path: Pa
 
     script, token = tmp_path / "driver.py", tmp_path / "token"
     script.write_text(DRIVER)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    clean = without_rayless()
     driver = subprocess.Popen(
         [sys.executable, str(script), str(token)],
         stdin=subprocess.PIPE,
@@ -356,7 +357,7 @@ async def test_the_head_forgets_a_driver_s_listener_when_its_session_ends(
     script.write_text(JOINER)
     token.write_text(traced_cluster.info.token + "\n")
     token.chmod(0o600)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAYLESS_")}
+    clean = without_rayless()
 
     async def drivers() -> dict[int, str]:
         found = await debugger.endpoints(traced_cluster.address, traced_cluster.info.token, 30,
