@@ -25,7 +25,7 @@ async def _demo(size_mib: int, requests: int) -> None:
     import torch
 
     token = new_token()
-    proc, address = echo.spawn("tcp://127.0.0.1:0", token)
+    proc, address = echo.spawn("tcp://127.0.0.1:0", token, torch=True)
     try:
         async with Client(address, token=token, name="demo") as client:
             print(f"connected to an echo server (pid {proc.pid}) at {address}, authenticated")

@@ -130,7 +130,7 @@ async def run_transport(kind: str, args: argparse.Namespace) -> list[tuple[str, 
     address = "tcp://127.0.0.1:0" if kind == "tcp" else f"ipc://{tmp}/s"
     raw_address = "tcp://127.0.0.1:0" if kind == "tcp" else f"ipc://{tmp}/r"
     token = new_token()
-    proc, ours_addr = echo.spawn(address, token)
+    proc, ours_addr = echo.spawn(address, token, torch=True)
     rproc, raw_addr = spawn_raw(raw_address)
     rows: list[tuple[str, float, float]] = []
     try:

@@ -1,9 +1,11 @@
 """An echo server in its own process: for diagnostics, the transport demo, benchmarks and tests.
 
-Run ``python -m rayless.transport.echo ADDRESS`` with the token in ``RAYLESS_TOKEN`` (never on the
-command line). It prints its bound address as the first line of stdout, then echoes every
-request until SIGTERM/SIGINT or a ``"__stop__"`` request. A ``("sum", tensor)`` request returns
-the sum (so large tensors need not travel back), ``"__stats__"`` returns the server's counters.
+Run ``python -m rayless.transport.echo ADDRESS [--torch]`` with the token in ``RAYLESS_TOKEN``
+(never on the command line); ``--torch`` imports torch and tensordict before it serves, so the
+first tensor request does not wait for them (benchmarks; the codec imports them on demand).
+It prints its bound address as the first line of stdout, then echoes every request until
+SIGTERM/SIGINT or a ``"__stop__"`` request. A ``("sum", tensor)`` request returns the sum
+(so large tensors need not travel back), ``"__stats__"`` returns the server's counters.
 """
 
 from __future__ import annotations
@@ -35,13 +37,15 @@ def _handle(stop: asyncio.Event, server: list[Server]) -> Any:
     return handler
 
 
-async def serve(address: str, token: str) -> None:
-    """Serve echo requests on ``address`` until a signal or a ``"__stop__"`` request."""
-    try:  # decode tensors without a first-request import stall (the codec imports lazily)
-        import tensordict  # noqa: F401
-        import torch  # noqa: F401
-    except ImportError:
-        pass
+async def serve(address: str, token: str, *, preload_torch: bool = False) -> None:
+    """Serve echo requests on ``address`` until a signal or a ``"__stop__"`` request;
+    ``preload_torch``: import torch and tensordict first (no first-request import stall)."""
+    if preload_torch:
+        try:
+            import tensordict  # noqa: F401
+            import torch  # noqa: F401
+        except ImportError:
+            pass
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -53,15 +57,18 @@ async def serve(address: str, token: str) -> None:
         await stop.wait()
 
 
-def spawn(address: str, token: str, *, timeout: float = 30.0) -> tuple[subprocess.Popen[str], str]:
-    """Start an echo server process; return it and its bound address.
+def spawn(
+    address: str, token: str, *, timeout: float = 30.0, torch: bool = False
+) -> tuple[subprocess.Popen[str], str]:
+    """Start an echo server process (``torch``: with torch imported before it serves); return
+    it and its bound address.
 
     Raises:
         RuntimeError: the process exited or printed nothing within ``timeout`` seconds.
     """
     env = {**os.environ, "RAYLESS_TOKEN": token}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rayless.transport.echo", address],
+        [sys.executable, "-m", "rayless.transport.echo", address, *(["--torch"] if torch else [])],
         stdout=subprocess.PIPE,
         env=env,
         text=True,
@@ -83,11 +90,16 @@ def spawn(address: str, token: str, *, timeout: float = 30.0) -> tuple[subproces
 
 
 def main() -> None:
-    """Entry point of ``python -m rayless.transport.echo ADDRESS``."""
+    """Entry point of ``python -m rayless.transport.echo ADDRESS [--torch]``."""
     token = os.environ.get("RAYLESS_TOKEN", "")
-    if len(sys.argv) != 2 or not token:
-        sys.exit("usage: RAYLESS_TOKEN=... python -m rayless.transport.echo tcp://127.0.0.1:0")
-    loop.run(serve(sys.argv[1], token))
+    args = sys.argv[1:]
+    preload = "--torch" in args
+    args = [a for a in args if a != "--torch"]
+    if len(args) != 1 or not token:
+        sys.exit(
+            "usage: RAYLESS_TOKEN=... python -m rayless.transport.echo tcp://127.0.0.1:0 [--torch]"
+        )
+    loop.run(serve(args[0], token, preload_torch=preload))
 
 
 if __name__ == "__main__":
