@@ -10,7 +10,8 @@ are killed when it ends. Choose the shape with a marker::
         handle = await local_cluster.spawn(Learner, gpus=1)
 
 ``isolated=True`` in the marker gives the test a cluster of its own (for tests that kill
-agents or the head). ``local_cluster_processes`` exposes the processes (pids, address,
+agents or the head). A shared cluster's fork template imports torch ahead (``eager``); an
+isolated one follows ``RAYLESS_ZYGOTE_PRELOAD``. ``local_cluster_processes`` exposes the processes (pids, address,
 token) for fault injection.
 """
 
@@ -70,8 +71,8 @@ def local_cluster_processes(request: pytest.FixtureRequest) -> Iterator[LocalPro
     if shared is not None and (shared.head is None or shared.head.poll() is not None):
         shared.stop()
         shared = None
-    if shared is None:
-        shared = LocalProcesses(*key)
+    if shared is None:  # its fork template holds torch from the start: many tests fork from it
+        shared = LocalProcesses(*key, zygote_preload="eager")
         shared.start()
         _SHARED[key] = shared
     yield shared
