@@ -11,8 +11,8 @@ are killed when it ends. Choose the shape with a marker::
 
 ``isolated=True`` in the marker gives the test a cluster of its own (for tests that kill
 agents or the head). A shared cluster's fork template imports torch ahead (``eager``); an
-isolated one follows ``RAYLESS_ZYGOTE_PRELOAD``. ``local_cluster_processes`` exposes the processes (pids, address,
-token) for fault injection.
+isolated one follows ``RAYLESS_ZYGOTE_PRELOAD``. ``local_cluster_processes`` exposes the
+processes (pids, address, token) for fault injection.
 """
 
 from __future__ import annotations
