@@ -35,7 +35,7 @@ from rayless.transport.protocol import (
     pack_control,
 )
 from rayless.transport.server import Request, Server
-from tests.waiting import wait_until
+from tests.waiting import scaled, wait_until
 
 pytestmark = pytest.mark.integration
 TOKEN = new_token()
@@ -129,7 +129,7 @@ async def test_cancelled_request_is_forgotten(server: Server) -> None:
 
 async def test_wrong_token_is_rejected_counted_and_others_keep_working(server: Server) -> None:
     with pytest.raises(AuthError):
-        async with Client(server.address, token=new_token(), connect_timeout=5):
+        async with Client(server.address, token=new_token(), connect_timeout=scaled(20)):
             pass
     assert server.stats["auth_failures"] == 1
     async with Client(server.address, token=TOKEN) as client:
@@ -139,7 +139,7 @@ async def test_wrong_token_is_rejected_counted_and_others_keep_working(server: S
 async def test_server_with_another_token_cannot_impersonate() -> None:
     async with Server(token=new_token(), handler=handler) as impostor:
         with pytest.raises(AuthError, match="could not prove"):
-            await Client(impostor.address, token=TOKEN, connect_timeout=5).connect()
+            await Client(impostor.address, token=TOKEN, connect_timeout=scaled(20)).connect()
 
 
 def _raw(address: str) -> zmq.Socket[Any]:
