@@ -105,7 +105,9 @@ async def snapshot_of(
     for a in actors:
         if a.get("cls") == WEIGHTS_CLASS and a.get("state") == ActorState.ALIVE:
             handle = await asyncio.wait_for(cluster.get_actor(a["name"]), timeout)
-            info = await asyncio.wait_for(handle.info(), timeout)  # a weights.SyncInfo
+            from rayless.weights import messages  # noqa: F401 (its answer is a SyncInfo)
+
+            info = await asyncio.wait_for(handle.info(), timeout)
             weights[a["name"]] = {"latest": info.latest, "relays": dict(info.relays)}
     return {
         "time": time.time(),

@@ -22,6 +22,7 @@ import torch
 
 from rayless.transport.errors import ProtocolError
 from rayless.weights.errors import WeightMismatchError
+from rayless.weights.messages import Layout, Row
 
 __all__ = [
     "Layout",
@@ -39,9 +40,6 @@ __all__ = [
 ]
 
 ALIGN = 64
-# One tensor's place: name, dtype (``str(torch.dtype)``), shape, bucket, byte offset, bytes.
-Row = tuple[str, str, tuple[int, ...], int, int, int]
-Layout = list[Row]
 # An engine's loader: called once per bucket with that bucket's (name, tensor) pairs.
 Loader = Callable[[Iterator[tuple[str, torch.Tensor]]], Any]
 # Published name -> loader name: a mapping (names not in it stay), or a callable (None drops).

@@ -5,7 +5,7 @@ Every value that crosses a process here is a frozen dataclass registered with th
 one raising ProtocolError), a plain scalar, or (a relay's) an actor handle, the codec's own
 type. :class:`Entry` describes one shard of one version
 where one location reads it; its :class:`PathKind` names the transfer path that reads it
-(``rayless.weights.paths``).
+(``rayless.weights.paths``). Light: no torch (``rayless status`` decodes ``SyncInfo``).
 """
 
 from __future__ import annotations
@@ -17,9 +17,12 @@ from typing import Any
 
 from rayless.actors.control.wire import message
 from rayless.transport.errors import ProtocolError
-from rayless.weights.layout import Layout
+__all__ = ["Entry", "IpcBucket", "Layout", "PathKind", "Published", "RelayPlace", "Row", "SyncInfo"]
 
-__all__ = ["Entry", "IpcBucket", "PathKind", "Published", "RelayPlace", "SyncInfo"]
+# One tensor's place in the buckets (``rayless.weights.layout``): name, dtype
+# (``str(torch.dtype)``), shape, bucket, byte offset, bytes.
+Row = tuple[str, str, tuple[int, ...], int, int, int]
+Layout = list[Row]
 
 
 class PathKind(str, enum.Enum):
