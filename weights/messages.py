@@ -17,6 +17,7 @@ from typing import Any
 
 from rayless.actors.control.wire import message
 from rayless.transport.errors import ProtocolError
+
 __all__ = ["Entry", "IpcBucket", "Layout", "PathKind", "Published", "RelayPlace", "Row", "SyncInfo"]
 
 # One tensor's place in the buckets (``rayless.weights.layout``): name, dtype

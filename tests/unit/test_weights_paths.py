@@ -111,8 +111,15 @@ def test_no_method_of_the_package_takes_an_untyped_dict() -> None:
 def test_rows_of_checks_a_layout_decoded_without_types() -> None:
     raw = msgpack.unpackb(msgpack.packb(LAYOUT))  # rows and shapes come back as lists
     assert rows_of(raw) == LAYOUT
-    for bad in ([["w", "torch.float32", [2, "3"], 0, 0, 24]], [["w", 1, [], 0, 0, 0]],
-                [["w", "torch.float32", [], 0, -1, 0]], [["w"]], "rows", [[True, "x", [], 0, 0, 0]]):  # fmt: skip
+    bad_rows: list[Any] = [
+        [["w", "torch.float32", [2, "3"], 0, 0, 24]],
+        [["w", 1, [], 0, 0, 0]],
+        [["w", "torch.float32", [], 0, -1, 0]],
+        [["w"]],
+        "rows",
+        [[True, "x", [], 0, 0, 0]],
+    ]
+    for bad in bad_rows:
         with pytest.raises(ProtocolError):
             rows_of(bad)
 
@@ -150,7 +157,9 @@ def test_paths_that_do_not_publish_or_read_say_so() -> None:
     with pytest.raises(WeightSyncError, match="relay path does not publish"):
         paths[PathKind.RELAY].write(_request(STATE))
     with pytest.raises(WeightSyncError, match="dist path, which is not read"):
-        paths[PathKind.DIST].read(Entry(PathKind.DIST, 1, LAYOUT), memoryview(b""), Targets({}, False))
+        paths[PathKind.DIST].read(
+            Entry(PathKind.DIST, 1, LAYOUT), memoryview(b""), Targets({}, False)
+        )
     with pytest.raises(WeightSyncError, match="shm path does not receive"):
         paths[PathKind.SHM].receive(Targets({}, False), PullRequest())
     only = Paths("t", Slots(2), {PathKind.RELAY: PATHS[PathKind.RELAY]})
@@ -230,7 +239,7 @@ def test_the_registry_keeps_typed_versions_and_joins_shards() -> None:
         assert published == Published(1, (first, second))
         await registry.announce(DIST_LOCATION, Entry(PathKind.DIST, 2, LAYOUT, 0))
         assert registry.latest_version() == 1  # one shard of two over a group
-        with pytest.raises(ProtocolError, match="weights.Entry"):
+        with pytest.raises(ProtocolError, match=r"weights\.Entry"):
             await registry.announce("here", {"version": 3})  # type: ignore[arg-type]
 
     asyncio.run(main())
