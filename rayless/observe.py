@@ -105,13 +105,10 @@ async def snapshot_of(
     for a in actors:
         if a.get("cls") == WEIGHTS_CLASS and a.get("state") == ActorState.ALIVE:
             handle = await asyncio.wait_for(cluster.get_actor(a["name"]), timeout)
+            from rayless.weights import messages  # noqa: F401 (its answer is a SyncInfo)
+
             info = await asyncio.wait_for(handle.info(), timeout)
-            weights[a["name"]] = {
-                "latest": info.get("latest"),
-                "relays": {
-                    str(k): getattr(v, "name", str(v)) for k, v in info.get("relays", {}).items()
-                },
-            }
+            weights[a["name"]] = {"latest": info.latest, "relays": dict(info.relays)}
     return {
         "time": time.time(),
         "nodes": nodes,

@@ -19,6 +19,10 @@ session). Paths, chosen per pair (docs/weights.md):
 * ``group=`` (a torch.distributed group between trainer and rollout workers): the buckets are
   broadcast over it (gloo: CPU, NCCL: GPU); a collective, see ``rayless.weights.dist``.
 
+Each path is one module of ``rayless.weights.paths`` behind one interface, chosen from its
+registry (``rayless.weights.paths.registry``): the client only lays the tensors out, asks the
+registry actor, and announces and reads typed entries (``rayless.weights.messages``).
+
 ``pull(into=load_weights)`` hands the weights to an inference engine's loader instead of a
 module: ``load_weights`` is called once per bucket with an iterator of ``(name, tensor)``
 (private copies, drawn lazily: extra memory one tensor beyond what the loader keeps), names
@@ -36,10 +40,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -51,33 +54,38 @@ from rayless.actors.api.timeline import traced, weights_span
 from rayless.transport import segments
 from rayless.transport.errors import ClosedError, ProtocolError, RaylessError
 from rayless.transport.protocol import host_id
-from rayless.weights.errors import WeightInputError, WeightSyncError
-from rayless.weights.layout import (
-    Layout,
-    Loader,
-    Rename,
-    bucket_sizes,
-    check,
-    feed_into,
-    make_layout,
-    read_into,
-    renamer,
-    targets_of,
-    tensors_of,
-    write_from,
-)
+from rayless.weights.layout import Loader, Rename, make_layout, tensors_of
+from rayless.weights.messages import Published, SyncInfo
+from rayless.weights.paths.base import PublishRequest, PullRequest, Slots, WeightPath
+from rayless.weights.paths.registry import Paths
+from rayless.weights.paths.relay import forward
 from rayless.weights.service import WeightRegistry, WeightRelay, location
+from rayless.weights.sinks import Sink, sink_for
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "WeightSync"]
 
 DEFAULT_BUCKET_BYTES = 512 << 20
-DIST = "@torch.distributed"  # the registry's location of versions sent over a group
-IN_FLIGHT = 2  # chunks on their way to one relay at a time
-RELAY_CHUNK = 64 << 20  # a bucket travels to a relay in pieces of this size (a pipeline)
 
 
-def _starts(sizes: list[int]) -> list[int]:
-    return [0, *itertools.accumulate(sizes)][:-1]
+def _checked(value: Any, kind: type[Any], what: str) -> Any:
+    """``value``, once it is a ``kind``. Raises ProtocolError when it is not."""
+    if not isinstance(value, kind):
+        raise ProtocolError(f"the weight registry answered {what} with {type(value).__name__}")
+    return value
+
+
+def _feeds(value: Any) -> list[tuple[str, ActorHandle[Any]]]:
+    """The registry's answer to ``begin``: (location, relay) pairs. Raises ProtocolError when
+    it is anything else."""
+    if not isinstance(value, list) or not all(
+        isinstance(f, (list, tuple))
+        and len(f) == 2
+        and isinstance(f[0], str)
+        and isinstance(f[1], ActorHandle)
+        for f in value
+    ):
+        raise ProtocolError(f"the weight registry answered begin() with {value!r:.80}")
+    return [(str(w), r) for w, r in value]
 
 
 class WeightSync:
@@ -91,7 +99,7 @@ class WeightSync:
         self,
         registry: ActorHandle[Any],
         name: str,
-        info: dict[str, Any],
+        info: SyncInfo,
         *,
         cluster: Cluster | None = None,
         owned: bool = False,
@@ -106,17 +114,16 @@ class WeightSync:
         self._owned = owned
         self._own_cluster = False
         self._relays = relays or []
-        self.location = location(bool(info["per_node"]))
+        self.location = location(_checked(info, SyncInfo, "info()").per_node)
         self.bucket_bytes = bucket_bytes
         self.cuda_ipc = cuda_ipc
         self.max_slots = max_slots
         self.version = -1
         self.last_pull_s = 0.0
         self.last_publish_s = 0.0
-        self._pool: segments.SlotPool | None = None
+        self._slots = Slots(max_slots)
+        self._paths = Paths(name, self._slots)
         self._reader = segments.Reader()
-        self._cuda: dict[str, tuple[list[torch.Tensor], list[Any]]] = {}  # segment -> buckets
-        self._opened: dict[tuple[str, int], tuple[bytes, torch.Tensor]] = {}  # IPC buckets
         self._publishing = asyncio.Lock()
         self._pulling = asyncio.Lock()
         self._closed = False
@@ -183,16 +190,15 @@ class WeightSync:
         if self._closed:
             return
         self._closed = True
-        if self._pool is not None:  # this client published: its versions go away
+        if self._slots.used:  # this client published: its versions go away
             if not self._owned:
                 try:
                     await self._registry.retire(os.getpid())
                 except RaylessError:
                     pass
-            self._pool.close()
+            self._slots.close()
         self._reader.close()
-        self._opened.clear()
-        self._cuda.clear()
+        self._paths.close()
         cluster = self._cluster
         if cluster is not None and self._owned and not cluster.closed:
             for handle in [*self._relays, self._registry]:
@@ -254,111 +260,19 @@ class WeightSync:
                 version, os.getpid(), host_id(), self.location, shard, num_shards
             )
             layout = make_layout(tensors, self.bucket_bytes)
-            if group is not None:
-                await self._broadcast(tensors, layout, version, group, src)
-                self.version = version
-                self.last_publish_s = time.perf_counter() - t0
-                return version
-            cuda = self.cuda_ipc and bool(tensors) and all(t.is_cuda for t in tensors.values())
-            write = self._write_cuda if cuda else self._write_shm
-            entry, chunks = await asyncio.to_thread(write, tensors, layout, version)
-            entry["shard"] = shard
-            await self._registry.announce(self.location, entry)
-            if feeds:
-                await asyncio.gather(*(self._feed(w, r, entry, chunks) for w, r in feeds))
+            request = PublishRequest(tensors, layout, version, shard, self.cuda_ipc, group, src)
+            path = self._paths.publisher(request)
+            written = await asyncio.to_thread(path.write, request)
+            await self._registry.announce(written.where or self.location, written.entry)
+            chunks = written.chunks
+            if chunks is not None:
+                entry = written.entry
+                await asyncio.gather(
+                    *(forward(self._registry, w, r, entry, chunks) for w, r in _feeds(feeds))
+                )
             self.version = version
             self.last_publish_s = time.perf_counter() - t0
         return version
-
-    async def _broadcast(
-        self,
-        tensors: dict[str, torch.Tensor],
-        layout: Layout,
-        version: int,
-        group: Any,
-        src: int | None,
-    ) -> None:
-        import torch.distributed as dist
-
-        from rayless.weights import dist as weights_dist
-
-        rank = dist.get_rank() if src is None else src
-        await asyncio.to_thread(weights_dist.send, tensors, layout, version, rank, group)
-        entry = {"version": version, "kind": "dist", "segment": "", "layout": layout}
-        await self._registry.announce(DIST, entry)
-
-    def _slots(self) -> segments.SlotPool:
-        if self._pool is None:
-            self._pool = segments.SlotPool(self.max_slots)
-        return self._pool
-
-    def _write_shm(
-        self, tensors: dict[str, torch.Tensor], layout: Layout, version: int
-    ) -> tuple[dict[str, Any], list[torch.Tensor]]:
-        sizes = bucket_sizes(layout)
-        starts = _starts(sizes)
-        pool = self._slots()
-        seg = pool.begin(sum(sizes))
-        try:
-            chunks: list[torch.Tensor] = []
-            if sum(sizes):
-                payload = torch.frombuffer(seg.payload, dtype=torch.uint8)
-                chunks = [payload[s : s + n] for s, n in zip(starts, sizes, strict=True)]
-                write_from(tensors, layout, [payload] * len(sizes), starts)
-        except BaseException:
-            pool.abort(seg)
-            raise
-        pool.commit(seg, version)
-        entry = {"version": version, "kind": "shm", "segment": seg.name, "layout": layout,
-                 "starts": starts}  # fmt: skip
-        return entry, chunks
-
-    def _write_cuda(
-        self, tensors: dict[str, torch.Tensor], layout: Layout, version: int
-    ) -> tuple[dict[str, Any], list[torch.Tensor]]:
-        from rayless.transport._cuda import ipc_fields
-
-        sizes = bucket_sizes(layout)
-        device = next(iter(tensors.values())).device
-        pool = self._slots()
-        seg = pool.begin(0)  # the header only: version and lease; the bytes live on the GPU
-        try:
-            have = self._cuda.get(seg.name)
-            if have is None or [b.numel() for b in have[0]] != sizes or have[0][0].device != device:
-                buckets = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
-                have = (buckets, [ipc_fields(b) for b in buckets])
-                self._cuda[seg.name] = have
-            write_from(tensors, layout, have[0])
-            torch.cuda.synchronize(device)
-        except BaseException:
-            pool.abort(seg)
-            raise
-        pool.commit(seg, version)
-        entry = {"version": version, "kind": "cuda", "segment": seg.name, "layout": layout,
-                 "buckets": have[1], "starts": _starts(sizes)}  # fmt: skip
-        return entry, have[0]
-
-    async def _feed(
-        self, where: str, relay: ActorHandle[Any], entry: dict[str, Any], chunks: list[Any]
-    ) -> None:
-        """One transfer to another host's relay, in RELAY_CHUNK pieces, IN_FLIGHT at a time."""
-        version, starts, shard = entry["version"], entry["starts"], entry["shard"]
-        await relay.begin(version, sum(c.numel() for c in chunks), shard)
-        gate = asyncio.Semaphore(IN_FLIGHT)
-
-        async def one(start: int, chunk: torch.Tensor) -> None:
-            async with gate:
-                host_chunk = await asyncio.to_thread(chunk.cpu) if chunk.is_cuda else chunk
-                await relay.write(version, start, host_chunk, shard)
-
-        pieces = [
-            (start + off, chunk[off : off + RELAY_CHUNK])
-            for start, chunk in zip(starts, chunks, strict=True)
-            for off in range(0, chunk.numel(), RELAY_CHUNK)
-        ]
-        await asyncio.gather(*(one(s, c) for s, c in pieces))
-        relayed = await relay.commit(version, entry["layout"], starts, shard)
-        await self._registry.announce(where, relayed)
 
     # -- pull ----------------------------------------------------------------------------
 
@@ -397,131 +311,53 @@ class WeightSync:
         ClosedError once closed; what the loader raises, as itself.
         """
         self._check_open()
-        sink = self._sink(target, strict, into, rename, dtype)
-        if group is not None:
-            return await self._receive(sink, min_version, group, src)
+        sink = sink_for(target, strict, into, rename, dtype)
+        request = PullRequest(group, src)
+        receiver = self._paths.receiver(request)
+        if receiver is not None:
+            return await self._receive(receiver, sink, min_version, request)
         deadline = None if timeout is None else time.monotonic() + timeout
         async with self._pulling:
             t0 = time.perf_counter()
             while True:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                entry = await self._registry.wait(self.location, min_version, left)
-                parts = entry["parts"] if entry["kind"] == "parts" else [entry]
-                sink.check([row for part in parts for row in part["layout"]])
+                published = _checked(
+                    await self._registry.wait(self.location, min_version, left),
+                    Published,
+                    "wait()",
+                )
+                sink.check([row for part in published.parts for row in part.layout])
                 try:
-                    await asyncio.to_thread(self._read, entry, sink)
+                    await asyncio.to_thread(self._read, published, sink)
                 except segments.Superseded:  # rewritten meanwhile: a newer one is out
-                    min_version = max(min_version, int(entry["version"]) + 1)
+                    min_version = max(min_version, published.version + 1)
                     continue
-                self.version = int(entry["version"])
+                self.version = published.version
                 self.last_pull_s = time.perf_counter() - t0
                 return self.version
 
-    def _sink(
-        self,
-        target: Any,
-        strict: bool,
-        into: Loader | None,
-        rename: Rename | None,
-        dtype: torch.dtype | None,
-    ) -> _Sink:
-        if (target is None) == (into is None):
-            raise WeightInputError("pull takes a target (module or dict) or into=, one of them")
-        if into is None:
-            if rename is not None or dtype is not None:
-                raise WeightInputError("rename= and dtype= apply to pull(into=...) only")
-            return _Targets(targets_of(target), strict)
-        if not callable(into):
-            raise TypeError(f"into is a callable (an engine's loader), not {type(into)}")
-        if dtype is not None and not isinstance(dtype, torch.dtype):
-            raise TypeError(f"dtype is a torch.dtype, not {type(dtype)}")
-        return _Loader(into, renamer(rename), dtype)
-
-    async def _receive(self, sink: _Sink, min_version: int, group: Any, src: int) -> int:
-        from rayless.weights import dist as weights_dist
-
+    async def _receive(
+        self, path: WeightPath, sink: Sink, min_version: int, request: PullRequest
+    ) -> int:
         async with self._pulling:
             t0 = time.perf_counter()
             while True:
-                version, layout, buckets = await asyncio.to_thread(weights_dist.receive, src, group)
-                sink.check(layout)  # after the receive: the collective stays in step
-                await asyncio.to_thread(sink.copy, layout, buckets, None)
+                version = await asyncio.to_thread(path.receive, sink, request)
                 if version >= min_version:
                     self.version = version
                     self.last_pull_s = time.perf_counter() - t0
                     return version
 
-    def _read(self, entry: dict[str, Any], sink: _Sink) -> None:
-        parts = entry["parts"] if entry["kind"] == "parts" else [entry]
+    def _read(self, published: Published, sink: Sink) -> None:
+        parts = published.parts
         with contextlib.ExitStack() as leases:  # every shard of the version leased at once
-            payloads = [leases.enter_context(self._reader.lease(p["segment"], p["version"]))
+            payloads = [leases.enter_context(self._reader.lease(p.segment, p.version))
                         for p in parts]  # fmt: skip
-            cuda = False
+            used: list[WeightPath] = []
             for part, payload in zip(parts, payloads, strict=True):
-                if part["kind"] == "cuda":
-                    sink.copy(part["layout"], self._ipc_buckets(part), None)
-                    cuda = True
-                elif payload.nbytes:
-                    flat = torch.frombuffer(payload, dtype=torch.uint8)
-                    sink.copy(part["layout"], [flat] * len(part["starts"]), part["starts"])
-            if cuda:
-                torch.cuda.synchronize()
-
-    def _ipc_buckets(self, entry: dict[str, Any]) -> list[torch.Tensor]:
-        from rayless.transport._cuda import open_ipc
-
-        out = []
-        for i, fields in enumerate(entry["buckets"]):
-            key = (entry["segment"], i)
-            have = self._opened.get(key)
-            if have is None or have[0] != fields[5]:
-                try:
-                    opened = open_ipc(torch.uint8, fields, None)
-                except (ProtocolError, RuntimeError) as exc:  # no CUDA, or not this GPU
-                    raise WeightSyncError(
-                        f"weight sync {self.name!r}: the weights are on the publisher's GPU "
-                        f"and this process cannot open them ({exc}); publish CPU tensors or "
-                        "create the sync with cuda_ipc=False"
-                    ) from None
-                have = (fields[5], opened)
-                self._opened[key] = have
-            out.append(have[1])
-        return out
-
-
-class _Sink:
-    """Where a pull's bytes go: ``check`` a layout first, then ``copy`` each part into it."""
-
-    def check(self, layout: Layout) -> None:
-        """Raise WeightMismatchError before anything is copied (default: nothing to check)."""
-
-    def copy(self, layout: Layout, buckets: list[torch.Tensor], starts: list[int] | None) -> None:
-        raise NotImplementedError
-
-
-class _Targets(_Sink):
-    """A module's or a dict's tensors, filled in place."""
-
-    def __init__(self, targets: dict[str, torch.Tensor], strict: bool) -> None:
-        self.targets = targets
-        self.strict = strict
-
-    def check(self, layout: Layout) -> None:
-        check(layout, self.targets, self.strict)
-
-    def copy(self, layout: Layout, buckets: list[torch.Tensor], starts: list[int] | None) -> None:
-        read_into(layout, buckets, self.targets, starts)
-
-
-class _Loader(_Sink):
-    """An engine's loader, called once per bucket (``feed_into``)."""
-
-    def __init__(
-        self, loader: Loader, rename: Callable[[str], str | None], dtype: torch.dtype | None
-    ) -> None:
-        self.loader = loader
-        self.rename = rename
-        self.dtype = dtype
-
-    def copy(self, layout: Layout, buckets: list[torch.Tensor], starts: list[int] | None) -> None:
-        feed_into(layout, buckets, self.loader, self.rename, self.dtype, starts)
+                path = self._paths[part.kind]
+                path.read(part, payload, sink)
+                if path not in used:
+                    used.append(path)
+            for path in used:
+                path.settle()

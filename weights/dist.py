@@ -17,7 +17,8 @@ from typing import Any
 import msgpack
 import torch
 
-from rayless.weights.layout import Layout, bucket_sizes, write_from
+from rayless.transport.errors import ProtocolError
+from rayless.weights.layout import Layout, bucket_sizes, rows_of, write_from
 
 __all__ = ["receive", "send"]
 
@@ -58,11 +59,17 @@ def send(
 
 
 def receive(src: int, group: Any) -> tuple[int, Layout, list[torch.Tensor]]:
-    """Receive one broadcast from ``src``: its version, layout and buckets."""
+    """Receive one broadcast from ``src``: its version, layout and buckets.
+
+    Raises ProtocolError for a header that is not ``[version, layout]`` (rows checked).
+    """
     import torch.distributed as dist
 
     device = _device(group)
-    version, layout = msgpack.unpackb(_broadcast_bytes(None, src, group, device))
+    header = msgpack.unpackb(_broadcast_bytes(None, src, group, device))
+    if not (isinstance(header, list) and len(header) == 2 and type(header[0]) is int):
+        raise ProtocolError(f"malformed weight broadcast header {header!r:.80}")
+    version, layout = header[0], rows_of(header[1])
     buckets = [torch.empty(n, dtype=torch.uint8, device=device) for n in bucket_sizes(layout)]
     works = [dist.broadcast(b, src, group=group, async_op=True) for b in buckets]
     for work in works:

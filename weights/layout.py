@@ -1,6 +1,7 @@
 """How a state dict lies in weight-sync buckets, and the copies in and out of them.
 
-A layout is a list of ``[name, dtype, shape, bucket, offset, nbytes]`` rows: each tensor sits
+A layout is a list of ``(name, dtype, shape, bucket, offset, nbytes)`` rows (:data:`Row`, typed
+on the wire and checked by :func:`rows_of` where it arrives untyped): each tensor sits
 whole in one bucket (a bucket holds ``bucket_bytes`` or one bigger tensor), 64-byte aligned.
 On the CPU path the buckets lie back to back in one shared-memory segment; on the CUDA path
 each bucket is one flat CUDA allocation shared by IPC. The copies convert dtypes on the way
@@ -19,22 +20,26 @@ from typing import Any, Union
 
 import torch
 
+from rayless.transport.errors import ProtocolError
 from rayless.weights.errors import WeightMismatchError
+from rayless.weights.messages import Layout, Row
 
 __all__ = [
+    "Layout",
     "Loader",
     "Rename",
+    "Row",
     "bucket_sizes",
     "feed_into",
     "make_layout",
     "read_into",
     "renamer",
+    "rows_of",
     "targets_of",
     "write_from",
 ]
 
 ALIGN = 64
-Layout = list[list[Any]]
 # An engine's loader: called once per bucket with that bucket's (name, tensor) pairs.
 Loader = Callable[[Iterator[tuple[str, torch.Tensor]]], Any]
 # Published name -> loader name: a mapping (names not in it stay), or a callable (None drops).
@@ -65,24 +70,48 @@ def make_layout(tensors: Mapping[str, torch.Tensor], bucket_bytes: int) -> Layou
     an alias of an earlier tensor (tied weights) gets its original's place."""
     rows: Layout = []
     bucket, used = 0, 0
-    placed: dict[tuple[Any, ...], list[Any]] = {}
+    placed: dict[tuple[Any, ...], Row] = {}
     for name, t in tensors.items():
         key = _identity(t)
         first = placed.get(key) if key is not None else None
         if first is not None:
-            rows.append([name, *first[1:]])
+            rows.append((name, *first[1:]))
             continue
         n = t.numel() * t.element_size()
         if used and used + n > bucket_bytes:
             bucket, used = bucket + 1, 0
-        rows.append([name, str(t.dtype), list(t.shape), bucket, used, n])
+        rows.append((name, str(t.dtype), tuple(t.shape), bucket, used, n))
         if key is not None:
             placed[key] = rows[-1]
         used += -(-n // ALIGN) * ALIGN
     return rows
 
 
-def _firsts(layout: Layout) -> list[list[Any]]:
+def rows_of(raw: Any) -> Layout:
+    """``raw`` (a layout decoded without types, e.g. from msgpack) as checked :data:`Row` s.
+
+    Raises ProtocolError when a row is not ``(str, str, [int...], int, int, int)``.
+    """
+    if not isinstance(raw, (list, tuple)):
+        raise ProtocolError(f"a weight layout is a list of rows, not {type(raw).__name__}")
+    rows: Layout = []
+    for row in raw:
+        if not (isinstance(row, (list, tuple)) and len(row) == 6):
+            raise ProtocolError(f"malformed weight layout row {row!r:.80}")
+        name, dtype, shape, bucket, offset, n = row
+        ints = [bucket, offset, n, *shape] if isinstance(shape, (list, tuple)) else None
+        if (
+            type(name) is not str
+            or type(dtype) is not str
+            or ints is None
+            or any(type(i) is not int or i < 0 for i in ints)
+        ):
+            raise ProtocolError(f"malformed weight layout row {row!r:.80}")
+        rows.append((name, dtype, tuple(shape), bucket, offset, n))
+    return rows
+
+
+def _firsts(layout: Layout) -> list[Row]:
     """The rows that own their bytes (an alias shares its original's bucket and offset)."""
     seen: set[tuple[int, int]] = set()
     out = []
@@ -106,7 +135,7 @@ def bucket_sizes(layout: Layout) -> list[int]:
     return sizes
 
 
-def _view(buffer: torch.Tensor, row: Sequence[Any], base: int) -> torch.Tensor:
+def _view(buffer: torch.Tensor, row: Row, base: int) -> torch.Tensor:
     _, dtype, shape, _, offset, n = row
     flat = buffer[base + offset : base + offset + n]
     return flat.view(_dtype(dtype)).view(shape) if n else torch.empty(shape, dtype=_dtype(dtype))
@@ -195,11 +224,11 @@ def feed_into(
     pairs: each tensor a private copy (the loader may keep it), floating tensors converted to
     ``dtype`` (None: as published), names through ``rename`` (None drops the tensor), an
     alias (tied weights) once under its first name. Returns the loader's calls."""
-    by_bucket: dict[int, list[list[Any]]] = {}
+    by_bucket: dict[int, list[Row]] = {}
     for row in _firsts(layout):
         by_bucket.setdefault(int(row[3]), []).append(row)
 
-    def items(bucket: int, rows: list[list[Any]]) -> Iterator[tuple[str, torch.Tensor]]:
+    def items(bucket: int, rows: list[Row]) -> Iterator[tuple[str, torch.Tensor]]:
         base = starts[bucket] if starts else 0
         for row in rows:
             name = rename(row[0])

@@ -9,12 +9,16 @@ and later pull fails with PublisherLostError, and its segments are unlinked on t
 :class:`WeightRelay` (one per node, cpus=0) receives a version once per host from a publisher
 on another host, bucket by bucket, writes it into its own segments and serves the host's
 subscribers from there. It also answers liveness questions about pids on its host.
+
+What they take and answer is typed (``rayless.weights.messages``): a publisher announces
+``Entry`` s, a pull gets a ``Published``, a relay commits the publisher's entry into its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import time
 from typing import Any
@@ -23,6 +27,7 @@ import torch
 
 from rayless.actors import Actor, ActorHandle
 from rayless.transport import segments
+from rayless.transport.errors import ProtocolError
 from rayless.transport.protocol import host_id
 from rayless.transport.shm import pid_alive
 from rayless.weights.errors import (
@@ -32,6 +37,7 @@ from rayless.weights.errors import (
     WeightTimeoutError,
     WeightVersionError,
 )
+from rayless.weights.messages import Entry, PathKind, Published, RelayPlace, SyncInfo
 
 __all__ = ["WeightRegistry", "WeightRelay", "location"]
 
@@ -45,6 +51,20 @@ def location(per_node: bool) -> str:
     return host_id()
 
 
+@dataclasses.dataclass(frozen=True)
+class _Publisher:
+    """A shard's publisher: its pid, its host id, and the location it reads from."""
+
+    pid: int
+    host: str
+    where: str = ""
+
+
+def _label(relay: ActorHandle[Any]) -> str:
+    """How a relay is shown (``rayless status``, the dashboard): its actor's name."""
+    return str(getattr(relay, "name", relay))
+
+
 class WeightRegistry(Actor):
     """Versions, their locations per host, and the publisher's liveness. See the module doc."""
 
@@ -52,16 +72,16 @@ class WeightRegistry(Actor):
         self.name = name
         self.per_node = per_node
         self.latest = -1
-        self.entries: dict[str, dict[str, Any]] = {}  # location -> newest entry there
+        self.entries: dict[str, Published] = {}  # location -> newest version there
         self.relays: dict[str, ActorHandle[Any]] = {}  # location -> its relay
         self.relay_hosts: dict[str, str] = {}  # location -> host id
-        self.publishers: dict[int, dict[str, Any]] = {}  # shard -> pid, host, location
+        self.publishers: dict[int, _Publisher] = {}  # shard -> its publisher
         self.num_shards = 1
         self.begun: dict[
             int, tuple[int, int, str]
         ] = {}  # shard -> newest begun: version, pid, host
         self.done: dict[int, int] = {}  # shard -> the newest version it completed
-        self.partial: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}  # shards so far
+        self.partial: dict[tuple[str, int], dict[int, Entry]] = {}  # shards so far
         self.lost: str | None = None
         self.changed = asyncio.Condition()
         self._monitor: asyncio.Task[None] | None = None
@@ -73,24 +93,30 @@ class WeightRegistry(Actor):
         if self._monitor is not None:
             self._monitor.cancel()
 
-    async def add_relays(self, relays: list[ActorHandle[Any]]) -> dict[str, ActorHandle[Any]]:
-        """Register relays (one per location is kept); the relay of each location."""
-        for relay in relays:
-            where, host = await relay.where()
-            if where not in self.relays:
-                self.relays[where] = relay
-                self.relay_hosts[where] = host
-        return dict(self.relays)
+    async def add_relays(self, relays: list[ActorHandle[Any]]) -> None:
+        """Register relays (one per location is kept).
 
-    def info(self) -> dict[str, Any]:
-        """The sync's settings, relays and newest version."""
-        return {"per_node": self.per_node, "relays": dict(self.relays), "latest": self.latest}
+        Raises ProtocolError when a relay does not answer with its place.
+        """
+        for relay in relays:
+            place = await relay.where()
+            if not isinstance(place, RelayPlace):
+                raise ProtocolError(f"a weight relay answered where() with {place!r:.60}")
+            if place.location not in self.relays:
+                self.relays[place.location] = relay
+                self.relay_hosts[place.location] = place.host
+
+    def info(self) -> SyncInfo:
+        """The sync's settings, newest version and relays (location → relay's name)."""
+        relays = {where: _label(relay) for where, relay in self.relays.items()}
+        return SyncInfo(self.per_node, self.latest, relays)
 
     async def begin(
         self, version: int, pid: int, host: str, where: str, shard: int = 0, num_shards: int = 1
-    ) -> list[Any]:
+    ) -> list[tuple[str, ActorHandle[Any]]]:
         """Start publishing shard ``shard`` of ``num_shards`` of ``version`` from ``pid``: the
-        (location, relay) pairs to feed. A version is complete once every shard announced it.
+        locations of other hosts to feed, each with its relay (handles travel as the codec's
+        own type). A version is complete once every shard announced it.
 
         Raises WeightVersionError unless ``version`` is above every complete version, every
         version this shard completed, and a version this shard began whose publisher still
@@ -108,7 +134,7 @@ class WeightRegistry(Actor):
                 f"shard {shard} already published version {self.done[shard]} (not below it)"
             )
         began, by, on = self.begun.get(shard, (-1, 0, ""))
-        if version <= began and by != pid and await self._alive({"pid": by, "host": on}):
+        if version <= began and by != pid and await self._alive(_Publisher(by, on)):
             raise WeightVersionError(
                 f"shard {shard} began version {began} (publisher pid {by}, still running) and "
                 f"has not completed it: publish a version above {began}"
@@ -118,36 +144,40 @@ class WeightRegistry(Actor):
             self.publishers = {k: v for k, v in self.publishers.items() if k < num_shards}
         self.begun[shard] = (version, pid, host)
         old = self.publishers.get(shard)
-        if old is None or old["pid"] != pid or self.lost:
-            self.publishers[shard] = {"pid": pid, "host": host, "where": where}
+        if old is None or old.pid != pid or self.lost:
+            self.publishers[shard] = _Publisher(pid, host, where)
             self.lost = None
-        return [[w, r] for w, r in self.relays.items() if w != where]
+        return [(w, r) for w, r in self.relays.items() if w != where]
 
-    async def announce(self, where: str, entry: dict[str, Any]) -> None:
-        """A shard of a version is complete at ``where`` (entry: version, shard, kind, segment,
-        layout...); with every shard there, so is the version."""
-        version = int(entry["version"])
-        shard = int(entry.get("shard", 0))
+    async def announce(self, where: str, entry: Entry) -> None:
+        """Shard ``entry.shard`` of ``entry.version`` is complete at ``where``; with every
+        shard there, so is the version.
+
+        Raises ProtocolError when ``entry`` is not an Entry.
+        """
+        if not isinstance(entry, Entry):
+            raise ProtocolError(f"announce takes a weights.Entry, not {type(entry).__name__}")
+        version, shard = entry.version, entry.shard
         self.done[shard] = max(self.done.get(shard, -1), version)
+        parts: tuple[Entry, ...] = (entry,)
         if self.num_shards > 1:
-            parts = self.partial.setdefault((where, version), {})
-            parts[int(entry.get("shard", 0))] = entry
-            if len(parts) < self.num_shards:
+            got = self.partial.setdefault((where, version), {})
+            got[shard] = entry
+            if len(got) < self.num_shards:
                 return
             for key in [k for k in self.partial if k[0] == where and k[1] <= version]:
                 del self.partial[key]
-            entry = {"version": version, "kind": "parts", "segment": "",
-                     "parts": [parts[i] for i in range(self.num_shards)]}  # fmt: skip
+            parts = tuple(got[i] for i in range(self.num_shards))
         old = self.entries.get(where)
-        if old is None or old["version"] < entry["version"]:
-            self.entries[where] = entry
-        self.latest = max(self.latest, int(entry["version"]))
+        if old is None or old.version < version:
+            self.entries[where] = Published(version, parts)
+        self.latest = max(self.latest, version)
         async with self.changed:
             self.changed.notify_all()
 
     async def retire(self, pid: int) -> None:
         """The publisher ``pid`` closed its client: pulls fail until a new publish."""
-        if any(p["pid"] == pid for p in self.publishers.values()) and not self.lost:
+        if any(p.pid == pid for p in self.publishers.values()) and not self.lost:
             self.lost = (
                 f"the publisher of {self.name!r} (pid {pid}) closed its client, and its "
                 "versions with it (a publisher keeps its client open while its weights are "
@@ -161,8 +191,8 @@ class WeightRegistry(Actor):
         """The newest version published anywhere (-1: none yet)."""
         return self.latest
 
-    async def wait(self, where: str, min_version: int, timeout: float | None) -> dict[str, Any]:
-        """The newest entry at ``where`` once its version is >= ``min_version``.
+    async def wait(self, where: str, min_version: int, timeout: float | None) -> Published:
+        """The newest version at ``where`` once it is >= ``min_version``.
 
         Raises PublisherLostError (the publisher died), WeightTimeoutError (not in time),
         WeightSyncError (no relay serves ``where``).
@@ -172,10 +202,10 @@ class WeightRegistry(Actor):
             while True:
                 if self.lost:
                     raise PublisherLostError(self.lost)
-                entry = self.entries.get(where)
-                if entry is not None and entry["version"] >= min_version:
-                    return entry
-                sources = {p["where"] for p in self.publishers.values()}
+                published = self.entries.get(where)
+                if published is not None and published.version >= min_version:
+                    return published
+                sources = {p.where for p in self.publishers.values()}
                 if sources and where not in self.relays and where not in sources:
                     raise WeightSyncError(f"weight sync {self.name!r}: no relay at {where}")
                 left = None if deadline is None else deadline - time.monotonic()
@@ -187,13 +217,13 @@ class WeightRegistry(Actor):
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.changed.wait(), left)
 
-    async def _alive(self, pub: dict[str, Any]) -> bool:
-        if pub["host"] == host_id():
-            return pid_alive(pub["pid"])
+    async def _alive(self, pub: _Publisher) -> bool:
+        if pub.host == host_id():
+            return pid_alive(pub.pid)
         for where, host in self.relay_hosts.items():
-            if host == pub["host"]:
+            if host == pub.host:
                 try:
-                    return bool(await self.relays[where].alive(pub["pid"]))
+                    return bool(await self.relays[where].alive(pub.pid))
                 except Exception:
                     return True  # the relay is gone: cannot tell
         return True
@@ -207,15 +237,15 @@ class WeightRegistry(Actor):
             if not dead:
                 continue
             pub = dead[0]
-            self.lost = f"the publisher of {self.name!r} (pid {pub['pid']}) died"
+            self.lost = f"the publisher of {self.name!r} (pid {pub.pid}) died"
             self.entries.clear()
             async with self.changed:
                 self.changed.notify_all()
             for where, relay in self.relays.items():
                 with contextlib.suppress(Exception):
-                    await relay.drop(pub["pid"] if self.relay_hosts[where] == pub["host"] else 0)
-            if pub["host"] == host_id():
-                await asyncio.to_thread(segments.reap, pub["pid"])
+                    await relay.drop(pub.pid if self.relay_hosts[where] == pub.host else 0)
+            if pub.host == host_id():
+                await asyncio.to_thread(segments.reap, pub.pid)
 
 
 class WeightRelay(Actor):
@@ -228,9 +258,9 @@ class WeightRelay(Actor):
         self.pending: dict[tuple[int, int], segments.Segment] = {}  # (version, shard) -> segment
         self.payloads: dict[tuple[int, int], torch.Tensor] = {}
 
-    def where(self) -> tuple[str, str]:
+    def where(self) -> RelayPlace:
         """This relay's location and host id."""
-        return self.location, host_id()
+        return RelayPlace(self.location, host_id())
 
     def alive(self, pid: int) -> bool:
         """Whether process ``pid`` runs on this host."""
@@ -265,17 +295,22 @@ class WeightRelay(Actor):
         n = chunk.numel()
         await asyncio.to_thread(payload[offset : offset + n].copy_, chunk.view(torch.uint8))
 
-    def commit(
-        self, version: int, layout: list[Any], starts: list[int], shard: int = 0
-    ) -> dict[str, Any]:
-        """Make the pending version readable here; the entry to announce."""
+    def commit(self, entry: Entry) -> Entry:
+        """Make the pending version of ``entry`` (the publisher's: its version, shard, layout
+        and bucket starts) readable here; the relay's entry to announce.
+
+        Raises WeightSyncError when that version was not begun, ProtocolError when ``entry``
+        is not an Entry.
+        """
+        if not isinstance(entry, Entry):
+            raise ProtocolError(f"commit takes a weights.Entry, not {type(entry).__name__}")
+        version, shard = entry.version, entry.shard
         seg = self.pending.pop((version, shard), None)
         self.payloads.pop((version, shard), None)
         if seg is None:
             raise WeightSyncError(f"relay at {self.location}: version {version} was not begun")
         self.pools[shard].commit(seg, version)
-        return {"version": version, "kind": "shm", "segment": seg.name, "layout": layout,
-                "starts": starts, "shard": shard}  # fmt: skip
+        return Entry(PathKind.RELAY, version, entry.layout, shard, seg.name, list(entry.starts))
 
     async def teardown(self) -> None:
         self._abort()

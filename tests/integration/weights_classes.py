@@ -9,6 +9,7 @@ import torch
 
 from rayless.actors import Actor
 from rayless.weights import SyncWeightSync, WeightSync
+from rayless.weights.messages import PathKind
 
 SHAPES = {"layer.weight": (64, 32), "layer.bias": (64,), "head.weight": (8, 64), "steps": ()}
 
@@ -111,7 +112,7 @@ class Publisher(Actor):
         def die(*_: Any) -> None:
             os._exit(3)
 
-        self.ws._write_shm = die
+        self.ws._paths[PathKind.SHM].write = die
         await self.ws.publish(state(version, torch.bfloat16, self.device), version)
 
     def publish_sync(self, version: int, keys: list[str], shard: int, num_shards: int) -> int:

@@ -1,0 +1,91 @@
+"""Where a pull's bytes go: a module's or a dict's tensors, or an engine's loader.
+
+Every transfer path (``rayless.weights.paths``) hands the buckets it reads to a :class:`Sink`:
+``check`` the layout first (before anything is copied), then ``copy`` each shard's buckets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rayless.weights.errors import WeightInputError
+from rayless.weights.layout import (
+    Layout,
+    Loader,
+    Rename,
+    check,
+    feed_into,
+    read_into,
+    renamer,
+    targets_of,
+)
+
+__all__ = ["LoaderSink", "Sink", "Targets", "sink_for"]
+
+
+class Sink:
+    """Where a pull's bytes go: ``check`` a layout first, then ``copy`` each part into it."""
+
+    def check(self, layout: Layout) -> None:
+        """Raise WeightMismatchError before anything is copied (default: nothing to check)."""
+
+    def copy(self, layout: Layout, buckets: list[torch.Tensor], starts: list[int] | None) -> None:
+        """Copy the tensors of ``layout`` out of ``buckets`` (flat uint8; bucket ``b`` at
+        ``starts[b]`` in its buffer, or at 0)."""
+        raise NotImplementedError
+
+
+class Targets(Sink):
+    """A module's or a dict's tensors, filled in place."""
+
+    def __init__(self, targets: dict[str, torch.Tensor], strict: bool) -> None:
+        self.targets = targets
+        self.strict = strict
+
+    def check(self, layout: Layout) -> None:
+        check(layout, self.targets, self.strict)
+
+    def copy(self, layout: Layout, buckets: list[torch.Tensor], starts: list[int] | None) -> None:
+        read_into(layout, buckets, self.targets, starts)
+
+
+class LoaderSink(Sink):
+    """An engine's loader, called once per bucket (``feed_into``)."""
+
+    def __init__(
+        self, loader: Loader, rename: Callable[[str], str | None], dtype: torch.dtype | None
+    ) -> None:
+        self.loader = loader
+        self.rename = rename
+        self.dtype = dtype
+
+    def copy(self, layout: Layout, buckets: list[torch.Tensor], starts: list[int] | None) -> None:
+        feed_into(layout, buckets, self.loader, self.rename, self.dtype, starts)
+
+
+def sink_for(
+    target: Any,
+    strict: bool,
+    into: Loader | None,
+    rename: Rename | None,
+    dtype: torch.dtype | None,
+) -> Sink:
+    """The sink of a pull's arguments (``WeightSync.pull``).
+
+    Raises WeightInputError (both or neither of ``target`` and ``into``; ``rename``/``dtype``
+    without ``into``), TypeError (not a module or dict, a bad ``rename``, ``into`` or ``dtype``).
+    """
+    if (target is None) == (into is None):
+        raise WeightInputError("pull takes a target (module or dict) or into=, one of them")
+    if into is None:
+        if rename is not None or dtype is not None:
+            raise WeightInputError("rename= and dtype= apply to pull(into=...) only")
+        return Targets(targets_of(target), strict)
+    if not callable(into):
+        raise TypeError(f"into is a callable (an engine's loader), not {type(into)}")
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype is a torch.dtype, not {type(dtype)}")
+    return LoaderSink(into, renamer(rename), dtype)
