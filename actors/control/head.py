@@ -35,26 +35,20 @@ from rayless.actors.control.messages import (
     ActorPage,
     ActorState,
     ClusterSummary,
-    DebugEndpoints,
-    DebugRegister,
     EndSession,
     FreePort,
     FreePortOn,
-    GetActor,
     Hello,
     HelloReply,
     KeepSession,
-    Kill,
     ListActors,
     ListNodes,
     LogLines,
-    LookupActor,
     NodeDied,
     NodeHeartbeat,
     NodeRegistered,
     RegisterNode,
     Shutdown,
-    Spawn,
     Summarize,
 )
 from rayless.actors.control.wire import Handlers, ask, handles
@@ -303,7 +297,8 @@ class Head:
             del summary["actors"]
             page.append(summary)
         actors = self.op_list_actors(peer, ListActors(limit=msg.limit))
-        died = (self.state.actors[a].public() for a in reversed(self.state.died) if a in self.state.actors)
+        records = self.state.actors
+        died = (records[a].public() for a in reversed(self.state.died) if a in records)
         return ClusterSummary(
             nodes=len(self.state.nodes),
             nodes_alive=sum(1 for n in nodes if n.alive),

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from rayless.actors.control.head_state import ActorRecord, HeadState
 from rayless.actors.control.messages import (
     ActorEvent,
     ActorState,
@@ -35,7 +36,6 @@ from rayless.actors.control.messages import (
     StartActor,
     StopActor,
 )
-from rayless.actors.control.head_state import ActorRecord, HeadState
 from rayless.actors.control.wire import ask, handles
 from rayless.actors.errors import ActorDiedError, ActorNotFoundError, NameTakenError
 from rayless.placement.allocation import Allocation, choose, release

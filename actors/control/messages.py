@@ -24,10 +24,11 @@ from rayless.transport.errors import RaylessError
 
 __all__ = [
     "ActorEvent", "ActorPage", "ActorState", "ActorView", "AgentStatus", "Boot", "Bootstrap",
-    "ClusterSummary", "DebugEndpoints", "DebugRegister", "EndSession", "EventKind", "Failed", "FreePort", "FreePortOn", "GetActor", "Hello",
-    "HelloReply", "KeepSession", "Kill", "ListActors", "ListNodes", "LogLines", "LookupActor",
-    "NodeDied", "NodeHeartbeat", "NodeRegistered", "ProcState", "Ready", "RegisterNode", "Shutdown",
-    "Spawn", "SpawnSpec", "StartActor", "Started", "StopActor", "Summarize", "Template",
+    "ClusterSummary", "DebugEndpoints", "DebugRegister", "EndSession", "EventKind", "Failed",
+    "FreePort", "FreePortOn", "GetActor", "Hello", "HelloReply", "KeepSession", "Kill",
+    "ListActors", "ListNodes", "LogLines", "LookupActor", "NodeDied", "NodeHeartbeat",
+    "NodeRegistered", "ProcState", "Ready", "RegisterNode", "Shutdown", "Spawn", "SpawnSpec",
+    "StartActor", "Started", "StopActor", "Summarize", "Template",
 ]  # fmt: skip
 
 
