@@ -1,7 +1,6 @@
 """The actors layer's errors: a dead actor, a name that is not there or taken, a failed start.
 
     RaylessError
-    ├── ActorDiedError       the actor's process is gone (pid, exit code or signal, node)
     ├── ActorNotFoundError   no live actor has that name or id (also a ValueError, as in Ray)
     ├── NameTakenError       an actor of that name already exists (also a ValueError, as in Ray)
     ├── StartError           a process of the runtime (head, agent, fork template) did not start
@@ -9,7 +8,8 @@
     ├── LaunchError          ``rayless launch`` could not start, rendezvous or keep its cluster
     ├── DebugBusyError       an actor's debug listener is busy: every handshake slot is taken
     └── TransportError
-        └── BrokenError
+        └── BrokenError      a peer is lost (the family of lost-peer errors)
+            ├── ActorDiedError     the actor's process is gone (pid, exit code or signal, node)
             └── ClusterLostError   the cluster's head is gone: every call fails at once
 
 ``rayless.errors`` re-exports these beside the other layers' errors.
@@ -33,8 +33,12 @@ __all__ = [
 ]
 
 
-class ActorDiedError(RaylessError, wire="rayless.ActorDiedError"):
+class ActorDiedError(BrokenError, wire="rayless.ActorDiedError"):
     """The actor's process is gone; every pending and later call fails with this.
+
+    A ``BrokenError`` (the lost-peer family): code that catches lost peers catches it. An
+    ActorDiedError that an actor's method raises (an actor it called died) reaches that
+    method's caller as itself, as every error a method raises does.
 
     Attributes name the actor, its pid and node, and how it ended: ``exitcode`` (negative: a
     signal), ``cause`` (the node agent's words for it, e.g. "killed by SIGKILL, killed by the

@@ -14,9 +14,8 @@ error modules and nothing heavy (no torch, numpy, tensordict).
     │   ├── EpisodeIndexError (IndexError), NodeAffinityError (RuntimeError, ValueError)
     │   ├── AllocationError (RuntimeError, ValueError) → NodeCapacityError
     │   └── ResourcesBusyError         feasible, but the GPUs are taken right now
-    ├── ActorDiedError, ActorNotFoundError, NameTakenError, StartError, ConnectError, LaunchError,
-    │   DebugBusyError
-    ├── BrokenError → ClusterLostError  (the head is gone)
+    ├── ActorNotFoundError, NameTakenError, StartError, ConnectError, LaunchError, DebugBusyError
+    ├── BrokenError (a lost peer) → ActorDiedError (an actor is gone), ClusterLostError (the head)
     ├── StoreError: StoreInputError (SchemaError, Unknown*Error, StaleMetaError,
     │   ForeignMetaError, CheckpointError (CheckpointNotFoundError)), StoreFullError
     │   (WriteTooLargeError), StoreTimeoutError, UnitLostError (PartialResultError)

@@ -31,7 +31,7 @@ from rayless.actors.api.sync import SyncCluster
 if TYPE_CHECKING:
     from rayless.actors.api.cluster import Cluster
 
-__all__ = ["DEFAULT_TIMEOUT", "SLACK", "BlockingFace", "public_members", "split"]
+__all__ = ["DEFAULT_TIMEOUT", "SLACK", "BlockingFace", "call_limit", "public_members", "split"]
 
 T = TypeVar("T")
 F = TypeVar("F", bound="BlockingFace")
@@ -67,7 +67,7 @@ def public_members(cls: type) -> dict[str, Any]:
     return out
 
 
-def _limit(timeout: Any) -> float | None:
+def call_limit(timeout: Any) -> float | None:
     """How long a call with its own ``timeout`` may block: None for None, else timeout plus
     SLACK (a bad value: DEFAULT_TIMEOUT, and the async method raises its own error)."""
     if timeout is None:
@@ -86,7 +86,7 @@ def _blocking(name: str, fn: Callable[..., Any], unbounded: bool) -> Callable[..
         limit = None if unbounded else DEFAULT_TIMEOUT
         if timed:
             bound = sig.bind(self._inner, *args, **kwargs)
-            limit = _limit(bound.arguments.get("timeout", sig.parameters["timeout"].default))
+            limit = call_limit(bound.arguments.get("timeout", sig.parameters["timeout"].default))
         return block(self._sync, getattr(self._inner, name)(*args, **kwargs), limit)
 
     return call

@@ -22,6 +22,12 @@ Never combined (a plain RemoteError, ``remote_type`` names the original):
 Materialised errors (and plain RemoteErrors) can be pickled and deep-copied: they rebuild
 through :func:`rebuild_materialized`, which materialises again where the original type is
 found, else gives the plain RemoteError.
+
+A rayless error a method raises travels as itself. One of the lost-peer family
+(``BrokenError``: an ``ActorDiedError`` of an actor the method called, say) is the method's
+outcome, not a break of the caller's own connection: a caller's client (:func:`caller_hook`)
+notes it, and the runtime's checks for broken connections pass what :func:`replied` names on
+as it is.
 """
 
 from __future__ import annotations
@@ -32,9 +38,9 @@ import weakref
 from typing import Any
 
 from rayless.actors.api.actor import loads_by_value
-from rayless.transport.errors import RaylessError, RemoteError
+from rayless.transport.errors import BrokenError, RaylessError, RemoteError
 
-__all__ = ["materialize", "materialize_any", "rebuild_materialized"]
+__all__ = ["caller_hook", "materialize", "materialize_any", "rebuild_materialized", "replied"]
 
 # Exceptions the interpreter itself gives a meaning to, or that cannot be rebuilt faithfully.
 _NEVER_COMBINED: tuple[type[BaseException], ...] = (StopIteration, StopAsyncIteration)
@@ -178,3 +184,23 @@ def rebuild_materialized(args: tuple[Any, ...], state: dict[str, Any]) -> Remote
     plain.__dict__.update(state)
     plain.args = tuple(args)
     return materialize(plain)
+
+
+# The lost-peer errors actors replied with (RaylessErrors can be weakly referenced; each goes
+# once nothing holds it).
+_REPLIED: weakref.WeakSet[BaseException] = weakref.WeakSet()
+
+
+def caller_hook(exc: BaseException) -> BaseException:
+    """The error hook of a caller's client of an actor: :func:`materialize_any`, noting a
+    ``BrokenError`` the actor replied with (see :func:`replied`)."""
+    exc = materialize_any(exc)
+    if isinstance(exc, BrokenError):
+        _REPLIED.add(exc)
+    return exc
+
+
+def replied(exc: BaseException) -> bool:
+    """Whether ``exc`` is a lost-peer error an actor replied with (its method's outcome),
+    not a break of this process's connection to that actor."""
+    return exc in _REPLIED

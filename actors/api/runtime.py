@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from rayless.actors.api import context, timeline
 from rayless.actors.api.calls import call_encode_error, call_limit_error
 from rayless.actors.api.keeper import SessionKeeper
-from rayless.actors.api.remote_errors import materialize, materialize_any
+from rayless.actors.api.remote_errors import caller_hook, materialize, replied
 from rayless.actors.control import debug
 from rayless.actors.control.death import death_details
 from rayless.actors.control.logs import print_lines
@@ -171,6 +171,8 @@ class Runtime:
         forgets = await self._session_ready()
         try:
             return await ask(self.head, body, timeout=timeout)
+        except ActorDiedError:  # the head's answer (a spawn's actor died starting), as itself
+            raise
         except BrokenError:
             if self.forgets == forgets:
                 raise
@@ -376,7 +378,7 @@ class Runtime:
                 conn.address,
                 token=self.info.token,
                 name=f"caller->{conn.name}",
-                error_hook=materialize_any,
+                error_hook=caller_hook,
                 # An actor's loop may be held by user code for minutes; its death is learnt
                 # from the head (the agent reaps it), never from a missed heartbeat.
                 heartbeat_timeout=math.inf,
@@ -481,6 +483,8 @@ class Runtime:
         except LimitError as exc:
             raise call_limit_error(exc, method, args, kwargs) from None
         except (BrokenError, Timeout) as exc:
+            if replied(exc):  # the method's own outcome (a peer of the actor was lost)
+                raise
             if self.lost is not None:
                 raise self.lost from None
             if conn.death is not None:
@@ -504,6 +508,8 @@ class Runtime:
         except RemoteError as exc:
             raise materialize(exc) from None
         except BrokenError as exc:
+            if replied(exc):
+                raise
             if self.lost is not None:
                 raise self.lost from None
             if conn.death is not None:

@@ -51,7 +51,7 @@ from rayless.actors.control.messages import (
 )
 from rayless.actors.control.process_util import die_with_parent, setup_logging
 from rayless.actors.control.spawner import ProcessSpawner, Spawner, ZygoteSpawner
-from rayless.actors.control.wire import Handlers, ask, check_reply
+from rayless.actors.control.wire import Handlers, ask, check_reply, handles
 from rayless.actors.errors import ActorDiedError, ActorNotFoundError
 from rayless.placement import NodeInfo, discover_node_async
 from rayless.transport import loop
@@ -139,15 +139,7 @@ class Agent:
         self.oom = OomWatch()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
-        self.requests: Handlers[Peer] = Handlers("agent")
-        self.requests.on(StartActor, self.op_spawn)
-        self.requests.on(Bootstrap, self.op_bootstrap)
-        self.requests.on(Ready, self.op_ready)
-        self.requests.on(Failed, self.op_failed)
-        self.requests.on(StopActor, self.op_kill)
-        self.requests.on(AgentStatus, self.op_status)
-        self.requests.on(FreePort, self.op_free_port)
-        self.requests.on(Shutdown, self.op_shutdown)
+        self.requests: Handlers[Peer] = Handlers("agent", self)
 
     async def __aenter__(self) -> Agent:
         os.makedirs(self.log_dir, exist_ok=True)
@@ -239,13 +231,14 @@ class Agent:
     # -- requests ------------------------------------------------------------------------
 
     def _handle(self, req: Request) -> Any:
-        """Answer a request by its message type (``messages.AGENT_REQUESTS``).
+        """Answer a request by its message type (the handlers marked ``wire.handles``).
 
         Raises:
             ProtocolError: an unknown or malformed request.
         """
         return self.requests.handle(req.peer, req.body)
 
+    @handles(StartActor)
     async def op_spawn(self, peer: Peer, msg: StartActor) -> Started:
         """Start an actor and answer once it serves (or failed to start)."""
         actor_id, name, spec = msg.actor_id, msg.name, msg.spec
@@ -297,6 +290,7 @@ class Agent:
             _signal(pid, signal.SIGKILL)
         return await proc.ready
 
+    @handles(Bootstrap)
     def op_bootstrap(self, peer: Peer, msg: Bootstrap) -> Boot:
         """What a starting actor process needs: its class, init args and limits.
 
@@ -309,6 +303,7 @@ class Agent:
         spec = proc.spec
         return Boot(spec.cls, spec.init, spec.max_concurrency, spec.sys_path)
 
+    @handles(Ready)
     def op_ready(self, peer: Peer, msg: Ready) -> None:
         """A started actor serves at ``address``; ``methods``: its class's public methods."""
         proc = self.procs.get(msg.actor_id)
@@ -329,6 +324,7 @@ class Agent:
                 )
             )
 
+    @handles(Failed)
     def op_failed(self, peer: Peer, msg: Failed) -> None:
         """A starting actor's constructor or ``setup`` raised ``error``."""
         proc = self.procs.get(msg.actor_id)
@@ -336,6 +332,7 @@ class Agent:
             proc.stop_reason = f"failed to start: {msg.error}"
             proc.ready.set_exception(msg.error)
 
+    @handles(StopActor)
     async def op_kill(self, peer: Peer, msg: StopActor) -> bool:
         """Stop an actor for good: SIGTERM, a grace period, SIGKILL; answers once it is gone.
 
@@ -358,6 +355,7 @@ class Agent:
                 log.error("actor %s (pid %s) outlived its kill", proc.name, proc.pid)
         return True
 
+    @handles(AgentStatus)
     def op_status(self, peer: Peer, msg: AgentStatus) -> dict[str, Any]:
         """This node's actors and their processes."""
         return {
@@ -375,12 +373,14 @@ class Agent:
             ],
         }
 
+    @handles(FreePort)
     def op_free_port(self, peer: Peer, msg: FreePort) -> int:
         """A TCP port free on this node's address right now (for torch.distributed groups)."""
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((self.node.ip, 0))
             return int(sock.getsockname()[1])
 
+    @handles(Shutdown)
     def op_shutdown(self, peer: Peer, msg: Shutdown) -> str:
         """Stop every actor and exit (after replying)."""
         asyncio.get_running_loop().call_soon(lambda: self._spawn_task(self.aclose()))

@@ -10,14 +10,15 @@ Run as ``python -m rayless.actors.control.head ADDRESS`` with the token in RAYLE
 its address.
 
 This module holds the head's lifecycle, request dispatch, sessions, nodes (joins, heartbeats,
-deaths) and event fan-out; the actor registry (records, spawns, kills, actor events) is
-``actors.control.head_actors``.
+deaths) and event fan-out; the actor registry (spawns, kills, lookups, actor events) is a
+:class:`~rayless.actors.control.head_actors.HeadActors` the head owns, and the tables both use
+are one :class:`~rayless.actors.control.head_state.HeadState`. The head answers exactly the
+messages of the methods of the two marked with ``wire.handles``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
 import os
@@ -27,36 +28,31 @@ import time
 from typing import Any
 
 from rayless.actors.api import context, published
-from rayless.actors.control.head_actors import ActorRecord, HeadActors
+from rayless.actors.control.head_actors import HeadActors
+from rayless.actors.control.head_state import ActorRecord, HeadState
 from rayless.actors.control.messages import (
     ActorEvent,
     ActorPage,
     ActorState,
     ClusterSummary,
-    DebugEndpoints,
-    DebugRegister,
     EndSession,
     FreePort,
     FreePortOn,
-    GetActor,
     Hello,
     HelloReply,
     KeepSession,
-    Kill,
     ListActors,
     ListNodes,
     LogLines,
-    LookupActor,
     NodeDied,
     NodeHeartbeat,
     NodeRegistered,
     RegisterNode,
     Shutdown,
-    Spawn,
     Summarize,
 )
-from rayless.actors.control.wire import Handlers, ask
-from rayless.placement.allocation import NodeState, NodeTable
+from rayless.actors.control.wire import Handlers, ask, handles
+from rayless.placement.allocation import NodeState
 from rayless.placement.errors import PlacementError
 from rayless.transport import loop
 from rayless.transport.client import Client
@@ -66,14 +62,13 @@ from rayless.transport.zmq_context import zmq_context
 
 log = logging.getLogger("rayless.head")
 DEAD = ActorState.DEAD
-DIED_SHOWN = 50  # actors that died for good that status lists (the most recent)
 # The head's pings on its connection to each agent: the agent's server forgets ZeroMQ peers
 # silent for 30 s; a node's death is learnt from its missing heartbeats, not from these.
 AGENT_PING_INTERVAL = 10.0
 
 
-class Head(HeadActors):
-    """The head's state and request handlers. Use ``async with``."""
+class Head:
+    """The head's server, sessions, nodes and request dispatch. Use ``async with``."""
 
     def __init__(
         self,
@@ -86,21 +81,14 @@ class Head(HeadActors):
         self.token = token
         self.node_timeout = node_timeout
         self.owner_grace = node_timeout if owner_grace is None else owner_grace
-        self.nodes: dict[str, NodeState] = NodeTable()  # indexed for placement
-        self.agents: dict[str, Client] = {}
-        self.actors: dict[str, ActorRecord] = {}
-        self.died: collections.deque[str] = collections.deque(maxlen=DIED_SHOWN)
-        self.owned: dict[str, set[str]] = {}  # session -> ids of its live actors
-        self.names: dict[str, str] = {}
-        self.sessions: dict[str, set[bytes]] = {}
-        self._peer_session: dict[bytes, str] = {}
+        self.state = HeadState()
+        self.registry = HeadActors(
+            self.state, broadcast=self._broadcast, kill_owned=self._kill_owned
+        )
         self._keepers: set[bytes] = set()  # connections that only hold a session alive
         self._orphan_timers: dict[str, asyncio.TimerHandle] = {}
-        self.debug_endpoints: dict[str, dict[str, Any]] = {}  # actor id -> its debug listener
-        self.driver_debug: dict[str, dict[str, Any]] = {}  # session -> its driver's listener
         self._tasks: set[asyncio.Task[Any]] = set()
         self.stopped = asyncio.Event()
-        self._freed = asyncio.Event()  # set, then replaced, whenever resources may have freed
         self.server = Server(
             address,
             token=token,
@@ -111,26 +99,8 @@ class Head(HeadActors):
             peer_idle_timeout=max(2.0, node_timeout),
         )
         self._sweeper: asyncio.Task[None] | None = None
-        self.requests: Handlers[Peer] = Handlers("head")
-        self.requests.on(Hello, self.op_hello)
-        self.requests.on(KeepSession, self.op_keep_session)
-        self.requests.on(EndSession, self.op_end_session)
-        self.requests.on(RegisterNode, self.op_register_node)
-        self.requests.on(ListNodes, self.op_nodes)
-        self.requests.on(ListActors, self.op_list_actors)
-        self.requests.on(Summarize, self.op_summarize)
-        self.requests.on(FreePortOn, self.op_free_port)
-        self.requests.on(NodeHeartbeat, self.op_node_heartbeat)
-        self.requests.on(Shutdown, self.op_shutdown)
-        self.requests.on(Spawn, self.op_spawn)
-        self.requests.on(GetActor, self.op_get_actor)
-        self.requests.on(LookupActor, self.op_actor_info)
-        self.requests.on(Kill, self.op_kill)
-        self.requests.on(DebugRegister, self.op_debug_register)
-        self.requests.on(DebugEndpoints, self.op_debug_endpoints)
-        self.oneways: Handlers[Peer] = Handlers("head")
-        self.oneways.on(ActorEvent, lambda peer, ev: self._on_actor_event(ev))
-        self.oneways.on(LogLines, lambda peer, batch: self._forward_logs(batch))
+        self.requests: Handlers[Peer] = Handlers("head", self, self.registry)
+        self.oneways: Handlers[Peer] = Handlers("head", self, self.registry, oneway=True)
 
     async def __aenter__(self) -> Head:
         await self.server.start()
@@ -150,7 +120,7 @@ class Head(HeadActors):
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
-        agents, self.agents = self.agents, {}
+        agents, self.state.agents = self.state.agents, {}
         await asyncio.gather(
             *(self._stop_agent(c) for c in agents.values()), return_exceptions=True
         )
@@ -174,7 +144,7 @@ class Head(HeadActors):
     # -- dispatch --------------------------------------------------------------------------
 
     def _handle(self, req: Request) -> Any:
-        """Answer a request by its message type (``messages.HEAD_REQUESTS``).
+        """Answer a request by its message type (the handlers marked ``wire.handles``).
 
         Raises:
             ProtocolError: an unknown or malformed request.
@@ -186,6 +156,7 @@ class Head(HeadActors):
 
     # -- sessions ------------------------------------------------------------------------
 
+    @handles(Hello)
     def op_hello(self, peer: Peer, msg: Hello) -> HelloReply:
         """A driver or actor runtime introduces its session (the owner of what it spawns).
 
@@ -199,9 +170,10 @@ class Head(HeadActors):
         if not msg.session:
             raise ProtocolError("hello needs a session id")
         self._join(peer, msg.session)
-        records = (self.actors.get(a) for a in msg.actor_ids)
+        records = (self.state.actors.get(a) for a in msg.actor_ids)
         return HelloReply(self.node_timeout, tuple(r.public() for r in records if r is not None))
 
+    @handles(KeepSession)
     def op_keep_session(self, peer: Peer, msg: KeepSession) -> bool:
         """A driver's keeper connection (``actors.api.keeper``): it holds ``session`` alive
         while it is heard, and gets no events or logs.
@@ -216,40 +188,41 @@ class Head(HeadActors):
         return True
 
     def _join(self, peer: Peer, session: str) -> None:
-        old = self._peer_session.get(peer.routing_id)
+        old = self.state.peer_session.get(peer.routing_id)
         if old is not None and old != session:  # a connection belongs to one session
             raise ProtocolError("this connection already belongs to another session")
-        self.sessions.setdefault(session, set()).add(peer.routing_id)
-        self._peer_session[peer.routing_id] = session
+        self.state.sessions.setdefault(session, set()).add(peer.routing_id)
+        self.state.peer_session[peer.routing_id] = session
         timer = self._orphan_timers.pop(session, None)
         if timer is not None:
             timer.cancel()
 
+    @handles(EndSession)
     async def op_end_session(self, peer: Peer, msg: EndSession) -> int:
         """The session is over: kill every actor it owns; returns how many, once they are dead."""
-        self.driver_debug.pop(msg.session, None)
+        self.state.driver_debug.pop(msg.session, None)
         owned = self._owned_by(msg.session)
         await asyncio.gather(
-            *(self._kill(a, "its owner ended the session") for a in owned),
+            *(self.registry.kill(a, "its owner ended the session") for a in owned),
             return_exceptions=True,
         )
         return len(owned)
 
     def _peer_gone(self, peer: Peer) -> None:
-        session = self._peer_session.pop(peer.routing_id, None)
+        session = self.state.peer_session.pop(peer.routing_id, None)
         self._keepers.discard(peer.routing_id)
         if session is None:
             return
-        peers = self.sessions.get(session)
+        peers = self.state.sessions.get(session)
         if peers is not None:
             peers.discard(peer.routing_id)
             if not peers:
-                del self.sessions[session]
-                self.driver_debug.pop(session, None)
-                owner = self.actors.get(session)
+                del self.state.sessions[session]
+                self.state.driver_debug.pop(session, None)
+                owner = self.state.actors.get(session)
                 if owner is not None and owner.state is not DEAD:
-                    # an actor's session: what it owns dies with it (``_mark_dead``), never
-                    # because its loop, held by a long method, went silent
+                    # an actor's session: what it owns dies with it (``HeadActors.mark_dead``),
+                    # never because its loop, held by a long method, went silent
                     return
                 loop = asyncio.get_running_loop()
                 self._orphan_timers[session] = loop.call_later(
@@ -260,22 +233,23 @@ class Head(HeadActors):
         self._orphan_timers.pop(session, None)
         owned = self._owned_by(session)
         for record in owned:
-            self._spawn_task(self._kill(record, reason))
+            self._spawn_task(self.registry.kill(record, reason))
         # what those actors owned goes too (their sessions are their actor ids)
         return len(owned)
 
     def _owned_by(self, session: str) -> list[ActorRecord]:
         """The live actors ``session`` owns (from the owner index: no scan of every actor)."""
-        records = (self.actors.get(a) for a in self.owned.get(session, ()))
+        records = (self.state.actors.get(a) for a in self.state.owned.get(session, ()))
         return [r for r in records if r is not None and r.state is not DEAD]
 
     # -- nodes ---------------------------------------------------------------------------
 
+    @handles(RegisterNode)
     async def op_register_node(self, peer: Peer, msg: RegisterNode) -> NodeRegistered:
         """A node agent joins (or re-joins) the cluster."""
         agent_address = msg.agent_address
         node = NodeState.create(msg.info, agent_address, time.monotonic())
-        old = self.agents.pop(node.node_id, None)
+        old = self.state.agents.pop(node.node_id, None)
         if old is not None:
             await old.aclose()
         client = Client(  # the node's liveness is its heartbeats: pings only keep the session
@@ -286,26 +260,28 @@ class Head(HeadActors):
             heartbeat_timeout=3 * AGENT_PING_INTERVAL,
         )
         await client.connect()
-        self.nodes[node.node_id] = node
-        self.agents[node.node_id] = client
-        self._resources_changed()
+        self.state.nodes[node.node_id] = node
+        self.state.agents[node.node_id] = client
+        self.registry.resources_changed()
         log.info("node %s joined (%d GPUs)", node.node_id, len(node.gpu_indices))
         return NodeRegistered(self.node_timeout)
 
+    @handles(ListNodes)
     def op_nodes(self, peer: Peer, msg: ListNodes) -> list[dict[str, Any]]:
         """Every node with its resources and number of actors; with ``msg.actors`` their
         records too."""
         out = []
-        for node in self.nodes.values():
+        for node in self.state.nodes.values():
             summary = node.summary()
             ids = summary.pop("actors")
             if msg.actors:
                 summary["actors"] = [
-                    self.actors[a].public().as_dict() for a in ids if a in self.actors
+                    self.state.actors[a].public().as_dict() for a in ids if a in self.state.actors
                 ]
             out.append(summary)
         return out
 
+    @handles(Summarize)
     def op_summarize(self, peer: Peer, msg: Summarize) -> ClusterSummary:
         """The cluster's totals and its first nodes and actors (O(nodes + limit)).
 
@@ -314,16 +290,17 @@ class Head(HeadActors):
         """
         if not (msg.limit is None or _count(msg.limit)):
             raise ProtocolError(f"limit must be an int >= 0 or None, got {msg.limit!r}")
-        nodes = self.nodes.values()
+        nodes = self.state.nodes.values()
         page = []
         for node in itertools.islice(nodes, msg.limit):
             summary = node.summary()
             del summary["actors"]
             page.append(summary)
         actors = self.op_list_actors(peer, ListActors(limit=msg.limit))
-        died = (self.actors[a].public() for a in reversed(self.died) if a in self.actors)
+        records = self.state.actors
+        died = (records[a].public() for a in reversed(self.state.died) if a in records)
         return ClusterSummary(
-            nodes=len(self.nodes),
+            nodes=len(self.state.nodes),
             nodes_alive=sum(1 for n in nodes if n.alive),
             cpus=sum(n.cpus for n in nodes),
             cpus_used=round(sum(n.cpus_used for n in nodes), 6),
@@ -336,9 +313,10 @@ class Head(HeadActors):
         )
 
     def _by_name(self, actor_id: str) -> tuple[str, str]:
-        record = self.actors.get(actor_id)
+        record = self.state.actors.get(actor_id)
         return ("" if record is None else record.name, actor_id)
 
+    @handles(ListActors)
     def op_list_actors(self, peer: Peer, msg: ListActors) -> ActorPage:
         """A page of the live actors, node by node, by name within a node (O(nodes + offset +
         limit), plus sorting each node's actors).
@@ -350,18 +328,19 @@ class Head(HeadActors):
             raise ProtocolError(
                 f"offset and limit must be ints >= 0, got {msg.offset!r}, {msg.limit!r}"
             )
-        total = sum(len(node.actors) for node in self.nodes.values())
+        total = sum(len(node.actors) for node in self.state.nodes.values())
         end = None if msg.limit is None else msg.offset + msg.limit
         ids = itertools.islice(
             itertools.chain.from_iterable(
-                sorted(n.actors, key=self._by_name) for n in self.nodes.values()
+                sorted(n.actors, key=self._by_name) for n in self.state.nodes.values()
             ),
             msg.offset,
             end,
         )
-        views = tuple(self.actors[a].public() for a in ids if a in self.actors)
+        views = tuple(self.state.actors[a].public() for a in ids if a in self.state.actors)
         return ActorPage(views, total, msg.offset)
 
+    @handles(FreePortOn)
     async def op_free_port(self, peer: Peer, msg: FreePortOn) -> int:
         """A TCP port free right now on ``node_id`` (asked of its agent).
 
@@ -369,19 +348,21 @@ class Head(HeadActors):
             PlacementError: no such live node.
         """
         node_id = msg.node_id
-        agent = self.agents.get(node_id)
-        node = self.nodes.get(node_id)
+        agent = self.state.agents.get(node_id)
+        node = self.state.nodes.get(node_id)
         if agent is None or node is None or not node.alive:
             raise PlacementError(f"node {node_id!r} is not alive in this cluster")
         return await ask(agent, FreePort(), timeout=10)
 
+    @handles(NodeHeartbeat)
     def op_node_heartbeat(self, peer: Peer, msg: NodeHeartbeat) -> bool:
         """A node agent is alive (answered: the reply is its session's heartbeat too)."""
-        node = self.nodes.get(msg.node_id)
+        node = self.state.nodes.get(msg.node_id)
         if node is not None and node.alive:
             node.last_heartbeat = time.monotonic()
         return True
 
+    @handles(Shutdown)
     def op_shutdown(self, peer: Peer, msg: Shutdown) -> str:
         """Shut the whole cluster down (after replying)."""
         asyncio.get_running_loop().call_soon(lambda: self._spawn_task(self.aclose()))
@@ -392,35 +373,38 @@ class Head(HeadActors):
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
-            for node in list(self.nodes.values()):
+            for node in list(self.state.nodes.values()):
                 if node.alive and now - node.last_heartbeat > self.node_timeout:
                     self._node_died(node, f"no heartbeat for {now - node.last_heartbeat:.1f}s")
 
     def _node_died(self, node: NodeState, reason: str) -> None:
         log.warning("node %s declared dead: %s", node.node_id, reason)
         node.alive = False
-        client = self.agents.pop(node.node_id, None)
+        client = self.state.agents.pop(node.node_id, None)
         if client is not None:
             self._spawn_task(client.aclose())
         for actor_id in list(node.actors):
-            record = self.actors.get(actor_id)
+            record = self.state.actors.get(actor_id)
             if record is not None and record.state is not DEAD:
-                self._mark_dead(record, f"node {node.node_id} died ({reason})")
+                self.registry.mark_dead(record, f"node {node.node_id} died ({reason})")
         self._broadcast(NodeDied(node.node_id, reason))
 
     # -- events --------------------------------------------------------------------------
 
     def _broadcast(self, ev: ActorEvent | NodeDied) -> None:
         # the sessions' connections (not every peer: the agents' are most of them)
-        for rid in list(self._peer_session):
+        for rid in list(self.state.peer_session):
             if rid not in self._keepers:
                 self.server.send_oneway(rid, ev)
 
-    def _forward_logs(self, batch: LogLines) -> None:
-        record = self.actors.get(batch.actor_id)
+    @handles(LogLines, oneway=True)
+    def on_log_lines(self, peer: Peer, batch: LogLines) -> None:
+        """An agent's batch of an actor's log lines: to the connections of its owner's
+        session."""
+        record = self.state.actors.get(batch.actor_id)
         if record is None:
             return
-        for rid in self.sessions.get(record.owner, ()):
+        for rid in self.state.sessions.get(record.owner, ()):
             if rid not in self._keepers:
                 self.server.send_oneway(rid, batch)
 

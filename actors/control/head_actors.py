@@ -3,20 +3,23 @@
 A spawn is placed (``placement.allocation``; with ``wait_for_resources`` it waits for busy
 GPUs, woken by each release), started by its node's agent and recorded; the agents' actor
 events (``restarting``, ``ready``, ``died``) update the record and are pushed to every session;
-a dead actor's resources are released and what it owned is killed. Part of
-:class:`~rayless.actors.control.head.Head` (a mixin; the head holds the state it declares).
+a dead actor's resources are released and what it owned is killed. The head
+(:class:`~rayless.actors.control.head.Head`) owns one :class:`HeadActors`, hands it the
+tables they share (``actors.control.head_state``) and its event fan-out, and answers the
+requests of the methods marked here (``wire.handles``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
+from rayless.actors.control.head_state import ActorRecord, HeadState
 from rayless.actors.control.messages import (
     ActorEvent,
     ActorState,
@@ -33,9 +36,9 @@ from rayless.actors.control.messages import (
     StartActor,
     StopActor,
 )
-from rayless.actors.control.wire import ask
+from rayless.actors.control.wire import ask, handles
 from rayless.actors.errors import ActorDiedError, ActorNotFoundError, NameTakenError
-from rayless.placement.allocation import Allocation, NodeState, choose, release
+from rayless.placement.allocation import Allocation, choose, release
 from rayless.placement.errors import PlacementError, ResourcesBusyError
 from rayless.transport.client import Client
 from rayless.transport.errors import ProtocolError, RaylessError, Timeout
@@ -45,66 +48,25 @@ log = logging.getLogger("rayless.head")
 DRIVER = "driver"  # the kind (and the name) of a driver's debug listener
 
 
-@dataclass
-class ActorRecord:
-    """An actor as the head knows it."""
-
-    actor_id: str
-    name: str
-    cls: str
-    owner: str
-    alloc: Allocation
-    max_restarts: int
-    methods: dict[str, bool]
-    state: ActorState = ActorState.PENDING
-    address: str = ""
-    pid: int | None = None
-    restarts: int = 0
-    death: ActorEvent | None = None
-    env: dict[str, str] = field(default_factory=dict)
-
-    def public(self) -> ActorView:
-        """The record as lookups, handles and status see it."""
-        return ActorView(
-            actor_id=self.actor_id,
-            name=self.name,
-            cls=self.cls,
-            node_id=self.alloc.node_id,
-            gpus=self.alloc.cuda_visible_devices,
-            gpu_shares=tuple((int(i), float(f)) for i, f in self.alloc.gpus),
-            cpus=float(self.alloc.cpus),
-            state=self.state,
-            address=self.address,
-            pid=self.pid,
-            restarts=self.restarts,
-            max_restarts=self.max_restarts,
-            methods=dict(self.methods),
-            death=self.death,
-        )
-
-
 class HeadActors:
     """The head's actor operations (``op_spawn``, ``op_kill``, lookups) and actor events."""
 
-    # the head's state that the actor registry uses (set by ``Head.__init__``)
-    nodes: dict[str, NodeState]
-    agents: dict[str, Client]
-    actors: dict[str, ActorRecord]
-    died: collections.deque[str]  # the newest deaths for good, oldest first
-    owned: dict[str, set[str]]
-    names: dict[str, str]
-    sessions: dict[str, set[bytes]]
-    debug_endpoints: dict[str, dict[str, Any]]
-    driver_debug: dict[str, dict[str, Any]]
-    _peer_session: dict[bytes, str]
-    _freed: asyncio.Event
+    def __init__(
+        self,
+        state: HeadState,
+        *,
+        broadcast: Callable[[ActorEvent | NodeDied], None],
+        kill_owned: Callable[[str, str], int],
+    ) -> None:
+        """``state``: the head's tables; ``broadcast``: pushes an event to every session;
+        ``kill_owned(session, reason)``: kills what a session (an actor's: its id) owns."""
+        self.state = state
+        self._broadcast = broadcast
+        self._kill_owned = kill_owned
+        self.debug_endpoints: dict[str, dict[str, Any]] = {}  # actor id -> its debug listener
+        self._freed = asyncio.Event()  # set, then replaced, whenever resources may have freed
 
-    if TYPE_CHECKING:  # the head's sessions and event fan-out (``actors.control.head``)
-
-        def _kill_owned(self, session: str, reason: str) -> int: ...
-
-        def _broadcast(self, ev: ActorEvent | NodeDied) -> None: ...
-
+    @handles(Spawn)
     async def op_spawn(self, peer: Peer, msg: Spawn) -> ActorView:
         """Place an actor, have its node start it, and return its record once it serves.
 
@@ -116,15 +78,15 @@ class HeadActors:
         """
         spec = msg.spec
         name = spec.name
-        if name is not None and name in self.names:
-            existing = self.actors.get(self.names[name])
+        if name is not None and name in self.state.names:
+            existing = self.state.actors.get(self.state.names[name])
             if existing is not None and existing.state is not ActorState.DEAD:
                 raise NameTakenError(f"an actor named {name!r} already exists")
         alloc = await self._place(spec)
-        gone = spec.wait_for_resources and spec.owner not in self.sessions
-        if gone or (name is not None and name in self.names):  # changed while we waited
-            release(self.nodes, alloc)
-            self._resources_changed()
+        gone = spec.wait_for_resources and spec.owner not in self.state.sessions
+        if gone or (name is not None and name in self.state.names):  # changed while we waited
+            release(self.state.nodes, alloc)
+            self.resources_changed()
             if gone:
                 raise PlacementError("the spawning session ended while it waited for resources")
             raise NameTakenError(f"an actor named {name!r} already exists")
@@ -138,12 +100,12 @@ class HeadActors:
             max_restarts=spec.max_restarts,
             methods=dict(spec.methods),
         )
-        self.actors[actor_id] = record
-        self.owned.setdefault(record.owner, set()).add(actor_id)
-        self.names[record.name] = actor_id  # generated names are unique too
-        node = self.nodes[alloc.node_id]
+        self.state.actors[actor_id] = record
+        self.state.owned.setdefault(record.owner, set()).add(actor_id)
+        self.state.names[record.name] = actor_id  # generated names are unique too
+        node = self.state.nodes[alloc.node_id]
         node.actors.add(actor_id)
-        agent = self.agents.get(alloc.node_id)
+        agent = self.state.agents.get(alloc.node_id)
         try:
             if agent is None:
                 raise PlacementError(f"node {alloc.node_id} has no agent connection")
@@ -158,7 +120,7 @@ class HeadActors:
                 # Its resources are freed only once it is gone, so that nothing else lands on
                 # its GPU while it finishes __init__ unknown to us.
                 await asyncio.shield(self._stop_starting(agent, record))
-            self._mark_dead(record, f"failed to start: {exc}", broadcast=False)
+            self.mark_dead(record, f"failed to start: {exc}", broadcast=False)
             if isinstance(exc, Timeout):
                 raise Timeout(
                     f"actor {record.name} did not start within its spawn timeout of "
@@ -186,7 +148,7 @@ class HeadActors:
         while True:
             try:
                 return choose(
-                    self.nodes,
+                    self.state.nodes,
                     gpus,
                     cpus,
                     node=spec.node,
@@ -208,34 +170,37 @@ class HeadActors:
                 except asyncio.TimeoutError:
                     pass
 
-    def _resources_changed(self) -> None:
+    def resources_changed(self) -> None:
         """Wake every spawn waiting for resources (they retry their placement)."""
         self._freed.set()
         self._freed = asyncio.Event()
 
+    @handles(GetActor)
     def op_get_actor(self, peer: Peer, msg: GetActor) -> ActorView:
         """The live actor called ``name``.
 
         Raises:
             ActorNotFoundError: no live actor has that name.
         """
-        actor_id = self.names.get(msg.name)
-        record = self.actors.get(actor_id) if actor_id else None
+        actor_id = self.state.names.get(msg.name)
+        record = self.state.actors.get(actor_id) if actor_id else None
         if record is None or record.state is ActorState.DEAD:
             raise ActorNotFoundError(f"no live actor named {msg.name!r}")
         return record.public()
 
+    @handles(LookupActor)
     def op_actor_info(self, peer: Peer, msg: LookupActor) -> ActorView:
         """The record of an actor (any state).
 
         Raises:
             ActorNotFoundError: the head never knew that actor.
         """
-        record = self.actors.get(msg.actor_id)
+        record = self.state.actors.get(msg.actor_id)
         if record is None:
             raise ActorNotFoundError(f"unknown actor {msg.actor_id!r}")
         return record.public()
 
+    @handles(DebugRegister)
     def op_debug_register(self, peer: Peer, msg: DebugRegister) -> bool:
         """A process's debug listener (``actors.control.debug``): its address and pid.
 
@@ -248,33 +213,34 @@ class HeadActors:
                 unknown kind.
         """
         if msg.kind == DRIVER:
-            session = self._peer_session.get(peer.routing_id)
+            session = self.state.peer_session.get(peer.routing_id)
             if session is None:
                 raise ProtocolError("a driver's debug listener is registered by its session")
             if msg.address:
-                self.driver_debug[session] = {"address": msg.address, "pid": msg.pid}
-            elif self.driver_debug.get(session, {}).get("pid") == msg.pid:
-                del self.driver_debug[session]  # withdrawn (by the process that set it)
+                self.state.driver_debug[session] = {"address": msg.address, "pid": msg.pid}
+            elif self.state.driver_debug.get(session, {}).get("pid") == msg.pid:
+                del self.state.driver_debug[session]  # withdrawn (by the process that set it)
             return True
         if msg.kind != "actor":
             raise ProtocolError(f"unknown debug listener kind {msg.kind!r:.40}")
         self.debug_endpoints[msg.actor_id] = {"address": msg.address, "pid": msg.pid}
         return True
 
+    @handles(DebugEndpoints)
     def op_debug_endpoints(self, peer: Peer, msg: DebugEndpoints) -> list[dict[str, Any]]:
         """The debug listeners of live or starting actors, with each actor's record (dead
         ones forgotten); with ``msg.drivers`` then those of the drivers of live sessions."""
         found = []
         for actor_id, info in list(self.debug_endpoints.items()):
-            record = self.actors.get(actor_id)
+            record = self.state.actors.get(actor_id)
             if record is None or record.state is ActorState.DEAD:
                 del self.debug_endpoints[actor_id]
             elif record.pid in (None, info["pid"]):  # (None: still starting)
                 found.append({**record.public().as_dict(), "debug_address": info["address"]})
         if msg.drivers:
-            for session, info in list(self.driver_debug.items()):
-                if session not in self.sessions:  # (ended: normally dropped then already)
-                    del self.driver_debug[session]
+            for session, info in list(self.state.driver_debug.items()):
+                if session not in self.state.sessions:  # (ended: normally dropped then already)
+                    del self.state.driver_debug[session]
                     continue
                 found.append(
                     {
@@ -289,12 +255,13 @@ class HeadActors:
                 )
         return found
 
+    @handles(Kill)
     async def op_kill(self, peer: Peer, msg: Kill) -> bool:
         """Kill an actor for good (no restart). False if it was already dead."""
-        record = self.actors.get(msg.actor_id)
+        record = self.state.actors.get(msg.actor_id)
         if record is None or record.state is ActorState.DEAD:
             return False
-        await self._kill(record, "killed by request")
+        await self.kill(record, "killed by request")
         return True
 
     async def _stop_starting(self, agent: Client, record: ActorRecord) -> None:
@@ -303,8 +270,10 @@ class HeadActors:
         except RaylessError as exc:
             log.warning("could not stop %s after its spawn failed: %s", record.name, exc)
 
-    async def _kill(self, record: ActorRecord, reason: str) -> None:
-        agent = self.agents.get(record.alloc.node_id)
+    async def kill(self, record: ActorRecord, reason: str) -> None:
+        """Have ``record``'s agent stop its actor for good, then mark it dead (a failed stop
+        is logged: the actor is dead to the head all the same)."""
+        agent = self.state.agents.get(record.alloc.node_id)
         record.max_restarts = record.restarts  # no more restarts
         if agent is not None:
             try:
@@ -312,11 +281,12 @@ class HeadActors:
             except RaylessError as exc:
                 log.warning("kill of %s failed: %s", record.name, exc)
         if record.state is not ActorState.DEAD:
-            self._mark_dead(record, reason)
+            self.mark_dead(record, reason)
 
-    def _on_actor_event(self, ev: ActorEvent) -> None:
+    @handles(ActorEvent, oneway=True)
+    def on_actor_event(self, peer: Peer, ev: ActorEvent) -> None:
         """An agent's event about one of its actors: update the record, tell every session."""
-        record = self.actors.get(ev.actor_id)
+        record = self.state.actors.get(ev.actor_id)
         if record is None:
             return
         ev = replace(ev, name=record.name, node=record.alloc.node_id)
@@ -329,9 +299,9 @@ class HeadActors:
             record.state, record.address, record.pid = ActorState.ALIVE, ev.address, ev.pid
             self._broadcast(ev)
         else:
-            self._mark_dead(record, ev)
+            self.mark_dead(record, ev)
 
-    def _mark_dead(
+    def mark_dead(
         self, record: ActorRecord, death: str | ActorEvent, *, broadcast: bool = True
     ) -> None:
         """``death``: the agent's DIED event, or why the head declared the actor dead."""
@@ -340,25 +310,25 @@ class HeadActors:
         if isinstance(death, str):
             death = ActorEvent(EventKind.DIED, record.actor_id, reason=death)
         record.state = ActorState.DEAD
-        self.died.append(record.actor_id)
+        self.state.died.append(record.actor_id)
         record.death = replace(
             death, kind=EventKind.DIED, name=record.name, node=record.alloc.node_id
         )
-        release(self.nodes, record.alloc)
-        self._resources_changed()
-        node = self.nodes.get(record.alloc.node_id)
+        release(self.state.nodes, record.alloc)
+        self.resources_changed()
+        node = self.state.nodes.get(record.alloc.node_id)
         if node is not None:
             node.actors.discard(record.actor_id)
-        if self.names.get(record.name) == record.actor_id:
-            del self.names[record.name]
-        siblings = self.owned.get(record.owner)
+        if self.state.names.get(record.name) == record.actor_id:
+            del self.state.names[record.name]
+        siblings = self.state.owned.get(record.owner)
         if siblings is not None:
             siblings.discard(record.actor_id)
             if not siblings:
-                del self.owned[record.owner]
+                del self.state.owned[record.owner]
         if broadcast:
             self._broadcast(record.death)
         self._kill_owned(record.actor_id, f"its owner actor {record.name} died")
 
 
-__all__ = ["ActorRecord", "HeadActors"]
+__all__ = ["HeadActors"]

@@ -6,8 +6,9 @@ registered with the codec (``actors.control.wire.message``) under a stable wire 
 (``ctl.<Name>``); docs/protocol.md lists them. Status replies (``ListNodes``,
 ``ActorPage``'s records, ``AgentStatus``, ``DebugEndpoints``) are plain data for people and the CLI.
 
-Who answers what: the head (``actors.control.head``) every request in :data:`HEAD_REQUESTS`,
-a node agent (``actors.control.agent``) those in :data:`AGENT_REQUESTS`; the head hears
+Who answers what: the head (``actors.control.head``) and a node agent
+(``actors.control.agent``) each answer the requests of their handlers marked with
+``wire.handles`` (a reply's type is the request's ``Request[R]``); the head hears
 :class:`ActorEvent` and :class:`LogLines` one-way from its agents, and pushes
 :class:`ActorEvent`, :class:`NodeDied` and :class:`LogLines` to sessions.
 """
@@ -22,12 +23,12 @@ from rayless.actors.control.wire import Request, message
 from rayless.transport.errors import RaylessError
 
 __all__ = [
-    "AGENT_REQUESTS", "HEAD_REQUESTS", "ActorEvent", "ActorPage", "ActorState", "ActorView",
-    "AgentStatus", "Boot", "Bootstrap", "ClusterSummary", "DebugEndpoints", "DebugRegister",
-    "EndSession", "EventKind", "Failed", "FreePort", "FreePortOn", "GetActor", "Hello",
-    "HelloReply", "KeepSession", "Kill", "ListActors", "ListNodes", "LogLines", "LookupActor",
-    "NodeDied", "NodeHeartbeat", "NodeRegistered", "ProcState", "Ready", "RegisterNode", "Shutdown",
-    "Spawn", "SpawnSpec", "StartActor", "Started", "StopActor", "Summarize", "Template",
+    "ActorEvent", "ActorPage", "ActorState", "ActorView", "AgentStatus", "Boot", "Bootstrap",
+    "ClusterSummary", "DebugEndpoints", "DebugRegister", "EndSession", "EventKind", "Failed",
+    "FreePort", "FreePortOn", "GetActor", "Hello", "HelloReply", "KeepSession", "Kill",
+    "ListActors", "ListNodes", "LogLines", "LookupActor", "NodeDied", "NodeHeartbeat",
+    "NodeRegistered", "ProcState", "Ready", "RegisterNode", "Shutdown", "Spawn", "SpawnSpec",
+    "StartActor", "Started", "StopActor", "Summarize", "Template",
 ]  # fmt: skip
 
 
@@ -527,13 +528,3 @@ class Failed(Request[None]):
 
     actor_id: str
     error: RaylessError
-
-
-HEAD_REQUESTS: tuple[type, ...] = (
-    Hello, KeepSession, EndSession, Spawn, GetActor, LookupActor, Kill, DebugRegister,
-    DebugEndpoints, RegisterNode, ListNodes, ListActors, Summarize,
-    FreePortOn, NodeHeartbeat, Shutdown,
-)  # fmt: skip
-AGENT_REQUESTS: tuple[type, ...] = (
-    StartActor, StopActor, FreePort, Shutdown, AgentStatus, Bootstrap, Ready, Failed,
-)  # fmt: skip

@@ -10,7 +10,9 @@ a malformed message raises ProtocolError, which the receiving server answers as 
 error reply (a request) or drops and counts (a one-way message).
 
 :class:`Handlers` is a dispatch table keyed by message type: exactly the types a process
-answers, each with its handler; anything else is a ProtocolError naming it. A request
+answers, each with its handler; anything else is a ProtocolError naming it. A process marks
+each handler with :func:`handles` and builds its tables from its handlers' owners, so that
+answering a new message is one decorated method (plus the message's dataclass). A request
 message derives from :class:`Request` ``[R]``, the type of its reply: :func:`ask` sends one
 and returns an ``R`` (checked), so that mypy checks what senders do with replies.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import inspect
 import logging
 import types
 import typing
@@ -29,14 +32,17 @@ from rayless.transport.client import Client
 from rayless.transport.codec import register_extension
 from rayless.transport.errors import ProtocolError, RaylessError
 
-__all__ = ["MESSAGES", "Handlers", "Request", "ask", "check_reply", "message"]
+__all__ = ["MESSAGES", "Handlers", "Request", "ask", "check_reply", "handles", "message"]
 
 M = TypeVar("M")
 R = TypeVar("R", covariant=True)
 P = TypeVar("P")  # who sent it, as the receiver knows them (a server's Peer; None on a client)
+S = TypeVar("S")  # the object a handler is a method of
+H = TypeVar("H")  # what a handler returns
 _Check = Callable[[Any], Any]  # returns the value as the field holds it, or raises _Bad
 MESSAGES: dict[str, type] = {}  # wire name -> class: every message this process can decode
 _NAMES: dict[type, str] = {}
+_HANDLES = "__rayless_handles__"  # a handler function's marks: [(message type, one-way?)]
 log = logging.getLogger("rayless.control")
 
 
@@ -256,15 +262,41 @@ def describe(body: object) -> str:
     return name if name is not None else f"{body!r:.100}"
 
 
+def handles(
+    cls: type[M], *, oneway: bool = False
+) -> Callable[[Callable[[S, P, M], H]], Callable[[S, P, M], H]]:
+    """Mark a method ``handler(self, peer, message)`` as what answers messages of exactly type
+    ``cls`` (requests; with ``oneway``, one-way messages). :class:`Handlers` built from the
+    method's owner dispatches them to it; one method may carry several marks."""
+
+    def mark(fn: Callable[[S, P, M], H]) -> Callable[[S, P, M], H]:
+        vars(fn).setdefault(_HANDLES, []).append((cls, oneway))
+        return fn
+
+    return mark
+
+
 class Handlers(Generic[P]):
     """A dispatch table keyed by message type: ``who`` (``head``, ``agent``...) answers the
-    messages of exactly the types given to :meth:`on`; ``P`` is what each handler learns of
-    the sender (a server's ``Peer``)."""
+    messages of exactly the types its handlers are given for; ``P`` is what each handler
+    learns of the sender (a server's ``Peer``)."""
 
-    def __init__(self, who: str) -> None:
+    def __init__(self, who: str, *owners: object, oneway: bool = False) -> None:
+        """A table of the methods of ``owners`` marked with :func:`handles` (those for
+        requests, or with ``oneway`` for one-way messages), each bound to its owner; more can
+        be added with :meth:`on`.
+
+        Raises:
+            ValueError: two marked methods answer the same message type.
+        """
         self.who = who
         self._table: dict[type, Callable[[P, Any], Any]] = {}
         self.dropped = 0  # one-way messages of a type this table does not answer
+        for owner in owners:
+            for cls, handler in _marked(owner, oneway):
+                if cls in self._table:
+                    raise ValueError(f"{who}: two handlers of {cls.__qualname__}")
+                self._table[cls] = handler
 
     def on(self, cls: type[M], handler: Callable[[P, M], object]) -> None:
         """Answer messages of exactly type ``cls`` with ``handler(peer, message)``."""
@@ -297,3 +329,19 @@ class Handlers(Generic[P]):
             log.debug("%s dropped an unexpected one-way message %s", self.who, describe(body))
             return
         handler(peer, body)
+
+
+def _marked(owner: object, oneway: bool) -> list[tuple[type, Callable[[Any, Any], Any]]]:
+    """``(message type, bound handler)`` for each :func:`handles` mark of ``owner``'s methods
+    of that kind (a subclass's override replaces its base's method)."""
+    attrs: dict[str, Any] = {}
+    for klass in reversed(type(owner).__mro__):
+        attrs.update(vars(klass))
+    found = []
+    for name, attr in attrs.items():
+        if not inspect.isfunction(attr):
+            continue
+        for cls, is_oneway in vars(attr).get(_HANDLES, ()):
+            if is_oneway == oneway:
+                found.append((cls, getattr(owner, name)))
+    return found

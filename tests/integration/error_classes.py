@@ -97,6 +97,25 @@ def builtin_error(name: str) -> BaseException:
     return cls(f"a {name}")
 
 
+class Relay:
+    """Calls another actor for its caller: that actor's death is this method's error."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def ok_of(self, other: Any) -> int:
+        self.calls += 1
+        return int(await other.ok())
+
+    def count(self) -> int:
+        return self.calls
+
+    async def lose_a_peer(self) -> None:
+        from rayless.transport.errors import BrokenError
+
+        raise BrokenError("a peer of the relay broke")
+
+
 class Raiser:
     """Raises any builtin exception from a def method (an async one for the coroutine case)."""
 

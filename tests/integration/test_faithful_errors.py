@@ -13,7 +13,8 @@ import asyncio
 import pytest
 
 from rayless.actors import ActorDiedError, Cluster, RemoteError
-from tests.integration.error_classes import CodeErr, Custom, Faulty, Unencodable
+from rayless.transport.errors import BrokenError
+from tests.integration.error_classes import CodeErr, Custom, Faulty, Relay, Unencodable
 
 pytestmark = pytest.mark.integration
 
@@ -77,3 +78,24 @@ async def test_remote_exceptions_keep_args_and_attributes(local_cluster: Cluster
     with pytest.raises(Unencodable) as unenc:
         await faulty.unencodable()
     assert unenc.value.args == (repr({1, 2}), "plain")
+
+
+async def test_an_actor_died_error_a_method_raises_reaches_its_caller_as_itself(
+    local_cluster: Cluster,
+) -> None:
+    """ActorDiedError is a BrokenError: the one a method raises (an actor it called died) is
+    its outcome, never taken for a break of the caller's connection to that method's actor,
+    on the fast path (no timeout) as on the full one (a timeout)."""
+    relay = await local_cluster.spawn(Relay)
+    target = await local_cluster.spawn(Faulty, name="relayed-target")
+    assert await relay.ok_of(target) == 1
+    assert await local_cluster.kill(target)
+    for path, ok_of in enumerate([relay.ok_of, relay.ok_of.options(timeout=60)]):
+        with pytest.raises(ActorDiedError) as info:
+            await asyncio.wait_for(ok_of(target), 60)
+        assert info.value.actor == "relayed-target" and isinstance(info.value, BrokenError)
+        assert await asyncio.wait_for(relay.count(), 60) == 2 + path  # the relay lives
+    for lose_a_peer in [relay.lose_a_peer, relay.lose_a_peer.options(timeout=60)]:
+        with pytest.raises(BrokenError, match="a peer of the relay broke") as broke:
+            await asyncio.wait_for(lose_a_peer(), 60)
+        assert type(broke.value) is BrokenError

@@ -21,7 +21,7 @@ import pytest
 from rayless import actors
 from rayless.actors.api.runtime import get_runtime
 from rayless.actors.control.head import Head
-from rayless.actors.control.head_actors import ActorRecord
+from rayless.actors.control.head_state import ActorRecord
 from rayless.actors.control.messages import ListActors, Summarize
 from rayless.actors.errors import ActorDiedError, ActorNotFoundError
 from rayless.actors.testing_scale import Pinger, SimAgent, SimCluster, close_agents, start_agents
@@ -130,7 +130,7 @@ async def test_deaths_kills_and_session_ends_do_not_walk_every_actor(
     head, _ = head_with_agents
     async with actors.connect(head.address, token="s" * 32) as cluster:
         handles = await asyncio.gather(*(cluster.spawn(Pinger, gpus=0.25) for _ in range(40)))
-        head.actors = _NoScan(head.actors)
+        head.state.actors = _NoScan(head.state.actors)
 
         def walked(self: Server) -> Any:
             raise AssertionError("an event walked every connection of the head")
@@ -141,7 +141,7 @@ async def test_deaths_kills_and_session_ends_do_not_walk_every_actor(
             await handles[0].ping(1)
     # the end of the session killed the other 39 without a walk of the table
     await wait_until(
-        lambda: all(head.actors[h.actor_id].state == "dead" for h in handles),
+        lambda: all(head.state.actors[h.actor_id].state == "dead" for h in handles),
         timeout=30,
         what="every actor of the ended session dead",
     )
@@ -161,7 +161,7 @@ async def test_status_pages_the_actors_without_building_every_record(
             return public(self)
 
         monkeypatch.setattr(ActorRecord, "public", counted)
-        head.actors = _NoScan(head.actors)
+        head.state.actors = _NoScan(head.state.actors)
         nodes = await cluster.nodes(actors=False)
         assert sum(n["num_actors"] for n in nodes) == 40 and all("actors" not in n for n in nodes)
         assert built == []

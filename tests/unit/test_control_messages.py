@@ -17,7 +17,7 @@ from rayless.actors.control.agent import Agent
 from rayless.actors.control.death import death_details
 from rayless.actors.control.head import Head
 from rayless.actors.control.spawner import ProcessSpawner
-from rayless.actors.control.wire import MESSAGES, Handlers, check_reply, message
+from rayless.actors.control.wire import MESSAGES, Handlers, Request, check_reply, handles, message
 from rayless.actors.errors import ActorDiedError
 from rayless.placement import discover_node
 from rayless.transport import codec
@@ -260,17 +260,74 @@ def test_zygote_frames_hold_one_codec_header() -> None:
         z.unpack(b"\xc1")  # not msgpack
 
 
-async def test_the_head_and_agents_answer_exactly_their_requests(tmp_path: Any) -> None:
+async def test_the_head_and_agents_answer_every_request_of_the_control_plane(
+    tmp_path: Any,
+) -> None:
     head = Head("t" * 32)
-    assert head.requests.types == set(m.HEAD_REQUESTS)
     assert m.NodeHeartbeat in head.requests.types  # a request: its reply keeps the session
+    assert m.Spawn in head.requests.types and m.Hello in head.requests.types  # both owners'
     assert head.oneways.types == {m.ActorEvent, m.LogLines}
     node = discover_node(fake_gpus=1, node_id="n0", ip="127.0.0.1")
     agent = Agent(head.address, "t" * 32, node, spawner=ProcessSpawner(), log_dir=str(tmp_path))
-    assert agent.requests.types == set(m.AGENT_REQUESTS)
+    requests = {c for c in vars(m).values() if isinstance(c, type) and issubclass(c, Request)}
+    requests.discard(Request)
+    # every request message has a process that answers it, and nothing else is answered
+    assert head.requests.types | agent.requests.types == requests
+    assert head.requests.types & agent.requests.types == {m.Shutdown}
+    assert m.StartActor in agent.requests.types and m.Hello not in agent.requests.types
     await agent.head.aclose()
     await agent.server.aclose()
     await head.server.aclose()
+
+
+class _Answers:
+    def __init__(self) -> None:
+        self.seen: list[object] = []
+
+    @handles(m.Kill)
+    def kill(self, peer: str, msg: m.Kill) -> bool:
+        self.seen.append(("kill", peer, msg.actor_id))
+        return True
+
+    @handles(m.GetActor)
+    @handles(m.LookupActor)
+    def look(self, peer: str, msg: m.GetActor | m.LookupActor) -> str:
+        return type(msg).__name__
+
+    @handles(m.LogLines, oneway=True)
+    def logs(self, peer: str, msg: m.LogLines) -> None:
+        self.seen.append(("logs", peer, msg.actor_id))
+
+
+class _Overrides(_Answers):
+    @handles(m.Kill)
+    def kill(self, peer: str, msg: m.Kill) -> bool:
+        return False
+
+
+class _AlsoKills:
+    @handles(m.Kill)
+    def kill_too(self, peer: str, msg: m.Kill) -> bool:
+        return True
+
+
+def test_tables_are_built_from_the_marked_handlers_of_their_owners() -> None:
+    owner = _Answers()
+    requests: Handlers[str] = Handlers("head", owner)
+    oneways: Handlers[str] = Handlers("head", owner, oneway=True)
+    assert requests.types == {m.Kill, m.GetActor, m.LookupActor}
+    assert oneways.types == {m.LogLines}
+    assert requests.handle("p", m.Kill("a1")) is True  # bound to its owner
+    assert requests.handle("p", m.GetActor("x")) == "GetActor"
+    assert requests.handle("p", m.LookupActor("a1")) == "LookupActor"
+    oneways.oneway("p", m.LogLines("a2", "w", 1, "n0", ("hi",)))
+    assert owner.seen == [("kill", "p", "a1"), ("logs", "p", "a2")]
+    with pytest.raises(ProtocolError, match=r"unknown head request ctl\.LogLines"):
+        requests.handle("p", m.LogLines("a2", "w", 1, "n0", ("hi",)))  # one-way only
+    # a subclass's override answers in its base's place, once
+    assert Handlers[str]("head", _Overrides()).handle("p", m.Kill("a1")) is False
+    with pytest.raises(ValueError, match="two handlers of Kill"):
+        Handlers("head", owner, _AlsoKills())
 
 
 def test_a_reply_of_the_wrong_kind_is_a_protocol_error() -> None:

@@ -93,28 +93,28 @@ async def test_the_head_keeps_a_driver_s_listener_under_its_session() -> None:
         wanted = m.DebugEndpoints(drivers=True)
         register = m.DebugRegister("driver:forged", "tcp://127.0.0.1:7", 42, "driver")
         with pytest.raises(ProtocolError, match="by its session"):
-            head.op_debug_register(stranger, register)  # a connection of no session
-        head.op_hello(driver, m.Hello("s1"))
-        assert head.op_debug_register(driver, register)
-        (record,) = head.op_debug_endpoints(driver, wanted)
+            head.requests.handle(stranger, register)  # a connection of no session
+        head.requests.handle(driver, m.Hello("s1"))
+        assert head.requests.handle(driver, register)
+        (record,) = head.requests.handle(driver, wanted)
         assert record["actor_id"] == "driver:s1"  # the session's, not the id it named
         assert (record["kind"], record["pid"]) == ("driver", 42)
         assert record["debug_address"] == "tcp://127.0.0.1:7"
-        assert head.op_debug_endpoints(driver, m.DebugEndpoints()) == []  # actors only
-        head.op_hello(stranger, m.Hello("s2"))  # another session cannot withdraw it
-        head.op_debug_register(stranger, m.DebugRegister("driver:s1", "", 42, "driver"))
-        assert len(head.op_debug_endpoints(driver, wanted)) == 1
-        head.op_debug_register(driver, m.DebugRegister("driver:s1", "", 42, "driver"))
-        assert head.op_debug_endpoints(driver, wanted) == []  # withdrawn
-        head.op_debug_register(driver, register)
+        assert head.requests.handle(driver, m.DebugEndpoints()) == []  # actors only
+        head.requests.handle(stranger, m.Hello("s2"))  # another session cannot withdraw it
+        head.requests.handle(stranger, m.DebugRegister("driver:s1", "", 42, "driver"))
+        assert len(head.requests.handle(driver, wanted)) == 1
+        head.requests.handle(driver, m.DebugRegister("driver:s1", "", 42, "driver"))
+        assert head.requests.handle(driver, wanted) == []  # withdrawn
+        head.requests.handle(driver, register)
         head._peer_gone(driver)  # its session's last connection: the session ends
-        assert head.op_debug_endpoints(stranger, wanted) == []
-        head.op_hello(driver, m.Hello("s1"))
-        head.op_debug_register(driver, register)
-        await head.op_end_session(driver, m.EndSession("s1"))
-        assert head.op_debug_endpoints(driver, wanted) == []
+        assert head.requests.handle(stranger, wanted) == []
+        head.requests.handle(driver, m.Hello("s1"))
+        head.requests.handle(driver, register)
+        await head.requests.handle(driver, m.EndSession("s1"))
+        assert head.requests.handle(driver, wanted) == []
         with pytest.raises(ProtocolError, match="unknown debug listener kind"):
-            head.op_debug_register(driver, m.DebugRegister("a1", "tcp://x:1", 1, "other"))
+            head.requests.handle(driver, m.DebugRegister("a1", "tcp://x:1", 1, "other"))
     finally:
         for timer in head._orphan_timers.values():
             timer.cancel()

@@ -65,7 +65,7 @@ def test_a_decision_looks_at_a_few_nodes_whatever_the_cluster_size(
 ) -> None:
     head = Head("t" * 32)  # the table the head keeps (its server is never started)
     for i in range(2000):
-        head.nodes[f"n-{i}"] = node(i)
+        head.state.nodes[f"n-{i}"] = node(i)
     calls = 0
     real = allocation._fit_gpus
 
@@ -76,7 +76,7 @@ def test_a_decision_looks_at_a_few_nodes_whatever_the_cluster_size(
 
     monkeypatch.setattr(allocation, "_fit_gpus", counting)
     for _ in range(500):
-        choose(head.nodes, 0.5, 1)
+        choose(head.state.nodes, 0.5, 1)
     assert calls <= 2 * 500, f"{calls} nodes examined for 500 decisions over 2000 nodes"
 
 

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from rayless.actors.api.actor import dumps_by_value
-from rayless.actors.api.remote_errors import materialize
-from rayless.actors.errors import ActorDiedError
+from rayless.actors.api.remote_errors import caller_hook, materialize, replied
+from rayless.actors.errors import ActorDiedError, ClusterLostError
 from rayless.transport.codec import decode, encode
-from rayless.transport.errors import RemoteError
+from rayless.transport.errors import BrokenError, RemoteError, Timeout
 
 
 def _wire(exc: BaseException, remote_class: bytes | None = None) -> RemoteError:
@@ -125,3 +125,17 @@ def test_interpreter_sensitive_types(kind: type[BaseException]) -> None:
         assert type(err) is RemoteError and err.remote_type == f"builtins.{kind.__name__}"
     else:
         assert isinstance(err, kind) and isinstance(err, RemoteError) and err.args == ("x",)
+
+
+def test_lost_peer_errors_an_actor_replies_with_are_noted_as_its_outcome() -> None:
+    died = ActorDiedError("b", pid=7, node="n1", reason="gone")
+    assert isinstance(died, BrokenError)  # the lost-peer family
+    back = decode([bytes(f) for f in encode(died)])
+    assert type(back) is ActorDiedError and (back.actor, back.pid, back.node) == ("b", 7, "n1")
+    assert not replied(died)  # raised here: a break the runtime looks into
+    for lost in (died, ClusterLostError("head gone"), BrokenError("peer gone")):
+        assert caller_hook(lost) is lost and replied(lost)  # an actor's reply: its outcome
+    assert not replied(BrokenError("peer gone"))
+    timeout = Timeout("slow")
+    assert caller_hook(timeout) is timeout and not replied(timeout)  # anything else: as before
+    assert isinstance(caller_hook(RemoteError.from_exception(KeyError("k"), "a")), KeyError)
