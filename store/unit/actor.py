@@ -148,11 +148,12 @@ class StorageUnit(Actor):
         self._gets = RateMeter()
 
     def _new_shard(self) -> ShardStorage:
+        from rayless.store.data.dense import DenseColumn
         from rayless.store.samehost.columns import ShmDense
         from rayless.store.samehost.columns_cuda import CudaDense
-        from rayless.store.unit.shard import ShardStorage, _Dense
+        from rayless.store.unit.shard import ShardStorage
 
-        dense: type[_Dense] = _Dense
+        dense: type[DenseColumn] = DenseColumn
         if shm_columns_enabled():  # same-host clients write and read the columns directly
             dense = CudaDense if self.device.startswith("cuda") else ShmDense
         return ShardStorage(self.unit_id, self.device, self.capacity_bytes, dense_type=dense)
