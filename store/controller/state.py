@@ -72,6 +72,7 @@ from rayless.store.controller.samplers import (
     make_sampler,
 )
 from rayless.store.data.fields import FieldSchema
+from rayless.store.data.messages import FetchMode
 from rayless.store.data.meta import NO_CUSTOM, BatchMeta
 from rayless.store.data.plain import check_plain
 from rayless.store.data.updates import DataUpdate
@@ -966,14 +967,14 @@ class ControllerState:
         *,
         task: str = "default",
         sampler: Any = None,
-        mode: str = "fetch",
+        mode: FetchMode | str = FetchMode.FETCH,
     ) -> BatchMeta | None:
         """A batch of ready samples unconsumed by ``task``, or None if not enough yet.
 
-        ``mode="fetch"`` marks them consumed by ``task``; ``"peek"`` does not. ``batch_size``
-        None takes every candidate now (possibly none; never returns None). An unknown
-        partition or field only means "not ready yet". ``sampler`` is a Sampler or a spec; a
-        spec's sampler is kept per (partition, task) so seeded random draws advance. The
+        ``mode`` FETCH (or ``"fetch"``) marks them consumed by ``task``; PEEK does not.
+        ``batch_size`` None takes every candidate now (possibly none; never returns None). An
+        unknown partition or field only means "not ready yet". ``sampler`` is a Sampler or a
+        spec; a spec's sampler is kept per (partition, task) so seeded random draws advance. The
         sequential sampler takes the oldest candidates from the (task, fields) candidate set
         (O(batch)); other samplers get every candidate.
         Raises StoreInputError for bad arguments, StoreError for a sampler that picks
@@ -982,8 +983,7 @@ class ControllerState:
         _check_name(partition, "partition")
         _check_name(task, "task")
         names = _check_fields(fields)
-        if mode not in MODES:
-            raise StoreInputError(f"mode must be one of {MODES}, got {mode!r}")
+        mode = FetchMode.of(mode)
         if batch_size is not None and (
             not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0
         ):
@@ -1002,7 +1002,7 @@ class ControllerState:
                 return None
             pos = picked
         self.positions_examined += cand.examined - before
-        if mode == "fetch":
+        if mode is FetchMode.FETCH:
             part.consume(task, pos)
         return self._meta(partition, part, pos, names)
 

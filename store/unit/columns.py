@@ -157,7 +157,9 @@ def dense_part(col: Any, shape: Sequence[int | None]) -> DenseColumn | None:
     return None
 
 
-def with_part(col: Any, part: DenseColumn, schema: FieldSchema | None = None) -> DenseColumn | _Parts:
+def with_part(
+    col: Any, part: DenseColumn, schema: FieldSchema | None = None
+) -> DenseColumn | _Parts:
     """Field column ``col`` (a dense column, parts, or None) with ``part`` among its parts, and
     ``schema`` (the merged one; None: merged here) as the field's: ``part`` itself when it is
     the only one."""

@@ -108,9 +108,7 @@ def subpackage_cycles(package: str, root: Path = ROOT) -> list[list[str]]:
                     seen.add(nxt)
                     todo.append(nxt)
         reach[start] = seen
-    components = {
-        tuple(sorted({s} | {o for o in reach[s] if s in reach[o]})) for s in edges
-    }
+    components = {tuple(sorted({s} | {o for o in reach[s] if s in reach[o]})) for s in edges}
     return sorted(list(c) for c in components if len(c) > 1)
 
 
