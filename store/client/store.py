@@ -71,6 +71,7 @@ from rayless.actors.api.timeline import store_span, traced
 from rayless.store.client.leases import LeaseKey, Leases, lease_key
 from rayless.store.controller.actor import StoreController
 from rayless.store.controller.fetches import check_timeout
+from rayless.store.controller.samplers import sampler_ref
 from rayless.store.data.messages import ColumnPut, FetchMode, Reservation, UnitView
 from rayless.store.data.meta import BatchMeta
 from rayless.store.data.packed import pack_columns
@@ -112,8 +113,12 @@ _STOP_MARGIN = 15.0  # beyond it, for the head's answers to the spawns
 
 
 def _sampler_spec(sampler: Any) -> Any:
+    """What travels for ``sampler``: a spec as it is, a Sampler's own spec, a sampler class
+    by reference (``"package.module:Class"``, built with no arguments where it runs)."""
     if sampler is None or isinstance(sampler, (str, Mapping)):
         return sampler
+    if isinstance(sampler, type):
+        return {"name": sampler_ref(sampler)}
     spec = getattr(sampler, "spec", None)
     if callable(spec):
         return spec()
@@ -864,9 +869,11 @@ class Store:
         not at all) for ``batch_size`` of them and marks them consumed by ``task``; ``"peek"``
         (``PEEK``) does not mark.
         ``batch_size`` None takes what is there now. ``sampler``: "sequential" (default),
-        "random", ``{"name": "grouped", "n": N}``, ``{"name": "seqlen_balanced", ...}`` or a
-        Sampler. ``share=(key, consumers)``: ``consumers`` calls with ``key`` get one batch
-        (the streaming loader's ranks). Raises StoreTimeoutError, StoreInputError (also for
+        "random", ``{"name": "grouped", "n": N}``, ``{"name": "seqlen_balanced", ...}``, a
+        Sampler, or a sampler class of your own (or its reference ``"package.module:Class"``,
+        with arguments in a dict spec), importable where the controller runs.
+        ``share=(key, consumers)``: ``consumers`` calls with ``key`` get one batch (the
+        streaming loader's ranks). Raises StoreTimeoutError, StoreInputError (also for
         a timeout that is not None or a number >= 0). Waiting never delays other clients.
 
         A fetch cancelled here (``asyncio.wait_for(st.get_meta(...), 1)`` timing out, a
