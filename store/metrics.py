@@ -14,8 +14,11 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
+
+# (registers the units' wire form: ``rayless status`` decodes the controller's units() here)
+from rayless.store.data.messages import UnitView
 
 __all__ = ["RateMeter", "collect", "prometheus", "render_text"]
 
@@ -52,16 +55,16 @@ class RateMeter:
 
 
 async def collect(
-    controller: Any, units: list[dict[str, Any]], store_id: str, name: str | None
+    controller: Any, units: Sequence[UnitView], store_id: str, name: str | None
 ) -> dict[str, Any]:
     """The store's metrics snapshot from its controller's handle and its ``units()`` list:
     the controller's counters and each live unit's (asked in parallel). Needs no torch, so
     ``rayless status --store`` starts fast."""
     ctl: dict[str, Any] = await controller.metrics()
     infos = {u["unit_id"]: u for u in ctl.get("units", [])}
-    live = [u for u in units if infos.get(u["unit_id"], u).get("alive")]
+    live = [u for u in units if infos.get(u.unit_id, {"alive": u.alive}).get("alive")]
     stats = await asyncio.gather(
-        *[u["handle"].stats() for u in live if u.get("handle") is not None],
+        *[u.handle.stats() for u in live if u.handle is not None],
         return_exceptions=True,
     )
     by_id = {s["unit_id"]: s for s in stats if isinstance(s, dict)}

@@ -41,6 +41,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from rayless.actors import ActorDiedError
+from rayless.store.data.messages import UnitView
 from rayless.store.data.meta import BatchMeta
 from rayless.store.data.schema import (
     estimate_plain_bytes,
@@ -336,12 +337,11 @@ def _validate(directory: Path, manifest: Any, path: Path) -> list[_Part]:
 async def _check_room(store: Store, parts: list[_Part]) -> None:
     """Raise CheckpointError unless each live unit with a capacity has room for its share of
     every group (a put gives each live unit one contiguous block of the batch)."""
-    units = [
-        u for u in await store.controller.units() if u.get("alive") and u.get("handle") is not None
-    ]
-    if not units or all(u.get("capacity_bytes") is None for u in units):
+    table: list[UnitView] = await store.controller.units()
+    units = [u for u in table if u.alive and u.handle is not None]
+    if not units or all(u.capacity_bytes is None for u in units):
         return
-    stats = await asyncio.gather(*[u["handle"].stats() for u in units])
+    stats = await asyncio.gather(*[u.handle.stats() for u in units])
     m = len(units)
     need = [0.0] * m
     for part in parts:
@@ -350,14 +350,14 @@ async def _check_room(store: Store, parts: list[_Part]) -> None:
             for k in range(m):
                 need[k] += (-(-(k + 1) * n // m) - -(-k * n // m)) * g.row_bytes
     for unit, stat, wanted in zip(units, stats, need, strict=True):
-        capacity = unit.get("capacity_bytes")
+        capacity = unit.capacity_bytes
         if capacity is None:
             continue
         held = int(stat.get("used_bytes", 0)) - int(stat.get("spare_bytes", 0))  # (given up)
         free = max(0, int(capacity) - held)
         if wanted > free:
             raise CheckpointError(
-                f"the checkpoint needs about {int(wanted)} bytes on unit {unit['unit_id']!r}, "
+                f"the checkpoint needs about {int(wanted)} bytes on unit {unit.unit_id!r}, "
                 f"which has {free} of {capacity} free; nothing was written"
             )
 

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from rayless.store.data.fields import FieldSchema
+from rayless.store.data.messages import Reservation
 from rayless.store.data.meta import BatchMeta
 from rayless.store.data.requests import PutOptions
 from rayless.store.data.schema import Column
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Lease", "LeaseKey", "LeaseState", "Leases", "lease_key"]
 
-Ahead = dict[int, tuple[int, "asyncio.Future[dict[str, Any]]"]]
+Ahead = dict[int, tuple[int, "asyncio.Future[Reservation]"]]
 
 ENV_LEASE = "RAYLESS_STORE_LEASE"  # "0": this process's clients lease nothing
 
@@ -64,16 +66,16 @@ class LeaseKey(NamedTuple):
 
     partition: str
     n: int
-    schemas: str  # the wire schemas' repr (field order included)
+    schemas: str  # the field schemas' repr, by field name
 
 
 def lease_key(
-    partition: Any, n: int, wire: Mapping[str, Mapping[str, Any]], options: PutOptions
+    partition: Any, n: int, schemas: Mapping[str, FieldSchema], options: PutOptions
 ) -> LeaseKey | None:
     """The lease key of a new put, None for one that never leases (options, empty)."""
-    if not isinstance(partition, str) or n <= 0 or not wire or options != PutOptions():
+    if not isinstance(partition, str) or n <= 0 or not schemas or options != PutOptions():
         return None
-    return LeaseKey(partition, n, repr(sorted(wire.items())))
+    return LeaseKey(partition, n, repr(sorted(schemas.items())))
 
 
 class LeaseState(Enum):
@@ -152,7 +154,7 @@ class Leases:
         self,
         key: LeaseKey | None,
         columns: Mapping[str, Column],
-        wire: dict[str, dict[str, Any]],
+        wire: dict[str, FieldSchema],
         reserve_ahead: Callable[..., Awaitable[Ahead]],
     ) -> None:
         """Lease the next put of ``key``'s shape (a lease of another shape is given back in the
@@ -222,7 +224,7 @@ class Leases:
             return  # (its connection went with it: the controller drops the lease)
         units = store._units
         drops = [
-            store._plane.drop(units[shard]["handle"], reserved)
+            store._plane.drop(units[shard].handle, reserved)
             for shard, (_, reserved) in lease.ahead.items()
             if shard < len(units)
         ]

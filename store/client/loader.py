@@ -56,6 +56,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from rayless.actors.api.portal import Portal
 from rayless.store.client.store import Store
 from rayless.store.controller.samplers import make_sampler
+from rayless.store.data.messages import FetchMode
 from rayless.store.data.meta import BatchMeta
 from rayless.store.data.requests import FetchRequest
 from rayless.store.errors import PartialResultError, StoreInputError
@@ -177,7 +178,7 @@ class StreamingLoader:
                 tuple(self.fields),
                 self.batch_size * self.dp_size,
                 self.task,
-                "fetch",
+                FetchMode.FETCH,
                 self._spec,
                 self.timeout,
             )

@@ -71,6 +71,8 @@ from rayless.actors.api.timeline import store_span, traced
 from rayless.store.client.leases import LeaseKey, Leases, lease_key
 from rayless.store.controller.actor import StoreController
 from rayless.store.controller.fetches import check_timeout
+from rayless.store.controller.samplers import sampler_ref
+from rayless.store.data.messages import ColumnPut, FetchMode, Reservation, UnitView
 from rayless.store.data.meta import BatchMeta
 from rayless.store.data.packed import pack_columns
 from rayless.store.data.partial import partial_result
@@ -111,8 +113,12 @@ _STOP_MARGIN = 15.0  # beyond it, for the head's answers to the spawns
 
 
 def _sampler_spec(sampler: Any) -> Any:
+    """What travels for ``sampler``: a spec as it is, a Sampler's own spec, a sampler class
+    by reference (``"package.module:Class"``, built with no arguments where it runs)."""
     if sampler is None or isinstance(sampler, (str, Mapping)):
         return sampler
+    if isinstance(sampler, type):
+        return {"name": sampler_ref(sampler)}
     spec = getattr(sampler, "spec", None)
     if callable(spec):
         return spec()
@@ -232,7 +238,7 @@ class Store:
     def __init__(
         self,
         controller: ActorHandle[Any],
-        units: list[dict[str, Any]],
+        units: list[UnitView],
         store_id: str,
         cluster: Cluster | None = None,
         owned: bool = False,
@@ -263,9 +269,15 @@ class Store:
 
     @property
     def units(self) -> list[dict[str, Any]]:
-        """The storage units' info (handle, shard, node). Raises ClosedError once closed,
+        """The storage units' info, a dict each (``unit_id``, ``shard``, ``node_id``,
+        ``device``, ``capacity_bytes``, ``alive``, ``handle``). Raises ClosedError once closed,
         StoreError while the units are still starting (``await ready()`` first), and the
         start's own error (PlacementError, RemoteError, ...) if they failed to start."""
+        return [u.as_dict() for u in self._table]
+
+    @property
+    def _table(self) -> list[UnitView]:
+        """The units in shard order; raises like :attr:`units`."""
         if self._closed:
             raise ClosedError(f"this client of store {self.store_id!r} is closed")
         start = self._start
@@ -277,10 +289,6 @@ class Store:
                 )
             self._start_result(start)
         return self._units
-
-    @units.setter
-    def units(self, value: list[dict[str, Any]]) -> None:
-        self._units = value
 
     @property
     def owned(self) -> bool:
@@ -520,7 +528,7 @@ class Store:
             elif not start.cancelled() and not self._start_seen:
                 error = start.exception()
                 self._start_seen = True
-        handles = self._spawned or [u["handle"] for u in self._units if u.get("handle")]
+        handles = self._spawned or [u.handle for u in self._units if u.handle is not None]
         for handle in handles:
             await cluster.kill(handle)
         await cluster.kill(self._controller)
@@ -559,18 +567,18 @@ class Store:
 
     async def refresh(self) -> None:
         """Reload the units' info (liveness) from the controller."""
-        self.units = await self.controller.units()
+        self._units = await self.controller.units()
 
     def unit_for_node(self, node_id: str) -> int:
         """The shard number of the (first) unit on ``node_id``. Raises StoreInputError, and
         what :attr:`units` raises while the units start."""
-        self.units  # noqa: B018 (raises while they start)
+        self._table  # noqa: B018 (raises while they start)
         return self._shard_on(node_id)
 
     def _shard_on(self, node_id: str) -> int:
         for unit in self._units:
-            if unit["node_id"] == node_id:
-                return int(unit["shard"])
+            if unit.node_id == node_id:
+                return unit.shard
         raise StoreInputError(f"no storage unit runs on node {node_id!r}")
 
     async def set_env_nodes(self, env_nodes: Mapping[str, str]) -> None:
@@ -609,22 +617,22 @@ class Store:
             raise StoreInputError(f"expected a BatchMeta, got {type(meta).__name__}")
         if meta.store_id != self.store_id:
             raise ForeignMetaError(f"the meta comes from store {meta.store_id!r}")
-        count = len(self.units)
+        count = len(self._table)
         bad = sorted(s for s in set(meta.shards) if not 0 <= s < count)
         if bad:
             raise StoreInputError(
-                f"the meta names shard {bad[0]}, but the store has {len(self.units)} units "
+                f"the meta names shard {bad[0]}, but the store has {count} units "
                 "(a forged or corrupted meta)"
             )
         return meta
 
     async def _lost(self, shard: int, exc: BaseException) -> UnitLostError:
-        unit = self.units[shard]
+        unit = self._table[shard]
         try:
-            await self.controller.unit_lost(unit["unit_id"], str(exc))
+            await self.controller.unit_lost(unit.unit_id, str(exc))
         except StoreError:
             pass
-        return UnitLostError(unit["unit_id"], str(exc))
+        return UnitLostError(unit.unit_id, str(exc))
 
     async def _gather(self, shards: list[int], calls: list[Any]) -> list[Any]:
         """Run per-unit calls in parallel; raise the first error (a dead unit as UnitLostError)."""
@@ -674,7 +682,7 @@ class Store:
         columns = split_columns(td)
         n = int(td.batch_size[0])
         schemas = {name: col.schema for name, col in columns.items()}
-        wire = {name: s.to_dict() for name, s in schemas.items()}
+        wire = dict(schemas)  # (as sent)
         options = PutOptions.of(env_ids, group_ids, custom_meta, keys, group_size)
         if meta is None:
             if partition is None:
@@ -693,11 +701,11 @@ class Store:
             return self._put_result(meta, columns, schemas)
         if partition is not None and set(meta.partition_ids) != {partition}:
             raise StoreInputError(f"the meta's samples are not in partition {partition!r}")
-        begun = await self.controller.begin_column_put(meta, wire)
-        put_id, fresh = int(begun["put_id"]), begun["fresh"]
+        begun: ColumnPut = await self.controller.begin_column_put(meta, wire)
+        put_id, fresh = begun.put_id, begun.fresh
         shards: list[int] = []
         try:
-            none: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]] = {}
+            none: dict[int, tuple[int, asyncio.Future[Reservation]]] = {}
             args = (meta, td, columns, n, wire, timeout, none, shards, put_id)
             await self._gather(shards, await self._put_calls(*args))
         except BaseException:
@@ -713,7 +721,7 @@ class Store:
         columns: Mapping[str, Column],
         n: int,
         schemas: Mapping[str, FieldSchema],
-        wire: dict[str, dict[str, Any]],
+        wire: dict[str, FieldSchema],
         options: PutOptions,
         timeout: float,
         key: LeaseKey | None,
@@ -725,13 +733,13 @@ class Store:
         usual way (``retry``); one that committed before a failure is acknowledged."""
         lease = self._leases.take(key) if retry else None
         meta: BatchMeta | None = None
-        ahead: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]] = {}
+        ahead: dict[int, tuple[int, asyncio.Future[Reservation]]] = {}
         if lease is not None:
             meta = await lease.meta()
             ahead = lease.usable()
             if meta is None:  # the partition was gone, or the allocation failed
                 for shard, (_, reserved) in ahead.items():
-                    self._plane.drop_later(self.units[shard]["handle"], reserved)
+                    self._plane.drop_later(self._table[shard].handle, reserved)
                 lease, ahead = None, {}
         if meta is None:
             if options.env_ids is None and isinstance(partition, str):
@@ -740,7 +748,7 @@ class Store:
                 meta = await self.controller.allocate(partition, n, wire, options)
             except BaseException:
                 for shard, (_, reserved) in ahead.items():
-                    self._plane.drop_later(self.units[shard]["handle"], reserved)
+                    self._plane.drop_later(self._table[shard].handle, reserved)
                 raise
             assert meta is not None  # (not a lease: the controller always allocates)
         shards: list[int] = []
@@ -750,7 +758,7 @@ class Store:
                 calls = await self._put_calls(*args, generation=int(meta.generations[0]))
             finally:
                 for shard, (_, reserved) in ahead.items():  # units the allocation left out
-                    self._plane.drop_later(self.units[shard]["handle"], reserved)
+                    self._plane.drop_later(self._table[shard].handle, reserved)
             await self._gather(shards, calls)
         except BaseException as exc:
             if await self.controller.abort_put(meta) and isinstance(exc, Exception):
@@ -784,9 +792,9 @@ class Store:
         td: TensorDictBase,
         columns: Mapping[str, Column],
         n: int,
-        wire: dict[str, dict[str, Any]],
+        wire: dict[str, FieldSchema],
         timeout: float,
-        ahead: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]],
+        ahead: dict[int, tuple[int, asyncio.Future[Reservation]]],
         shards: list[int],
         put_id: int | None,
         generation: int | None = None,
@@ -798,11 +806,11 @@ class Store:
         for (shard, part), positions in _groups(meta).items():
             gidx = meta.global_indexes
             indexes = list(gidx) if len(positions) == n else [gidx[p] for p in positions]
-            unit, args = self.units[shard], (indexes, columns, positions, n, wire, timeout)
+            unit, args = self._table[shard], (indexes, columns, positions, n, wire, timeout)
             shards.append(shard)
             count, reserved = ahead.pop(shard, (-1, None))
             if reserved is not None and count != len(positions):
-                self._plane.drop_later(unit["handle"], reserved)  # the guess was wrong
+                self._plane.drop_later(unit.handle, reserved)  # the guess was wrong
                 reserved = None
             if await self._plane.is_local(unit):  # same host: straight into its segments
                 put = self._plane.put(
@@ -812,7 +820,7 @@ class Store:
             else:
                 sub = pack_columns(columns, positions)
                 calls.append(
-                    unit["handle"].write(part, indexes, sub, wire, timeout, put_id, generation)
+                    unit.handle.write(part, indexes, sub, wire, timeout, put_id, generation)
                 )
         return calls
 
@@ -821,25 +829,25 @@ class Store:
         partition: str,
         n: int,
         columns: Mapping[str, Column],
-        wire: dict[str, dict[str, Any]],
+        wire: dict[str, FieldSchema],
         timeout: float,
         spare: bool = False,
-    ) -> dict[int, tuple[int, asyncio.Future[dict[str, Any]]]]:
+    ) -> dict[int, tuple[int, asyncio.Future[Reservation]]]:
         """Reserve a new put's dense rows on same-host units while the controller allocates
         its samples: ``{shard: (rows, reservation)}``. The guess is the controller's split
         without env ids (one contiguous block per live unit, in shard order); a wrong guess
         costs a release (see :meth:`put`). ``spare``: a lease's (see LocalPlane)."""
         if not self._plane.enabled or n <= 0:
             return {}
-        units = self.units
-        out: dict[int, tuple[int, asyncio.Future[dict[str, Any]]]] = {}
+        units = self._table
+        out: dict[int, tuple[int, asyncio.Future[Reservation]]] = {}
         for k, unit in enumerate(units):
             count = -(-(k + 1) * n // len(units)) - -(-k * n // len(units))
             if count and await self._plane.is_local(unit) and self._plane.dense_for(unit, columns):
                 reserved = self._plane.reserve_ahead(
                     unit, partition, count, columns, wire, timeout, spare
                 )
-                out[int(unit["shard"])] = (count, reserved)
+                out[unit.shard] = (count, reserved)
         return out
 
     @traced("store", "get_meta", store_span)
@@ -850,19 +858,22 @@ class Store:
         batch_size: int | None = None,
         *,
         task: str = "default",
-        mode: str = "fetch",
+        mode: FetchMode | str = FetchMode.FETCH,
         sampler: Any = None,
         timeout: float | None = None,
         share: tuple[str, int] | None = None,
     ) -> BatchMeta:
         """Ready samples of ``partition`` holding ``fields``, unconsumed by ``task``.
 
-        ``mode="fetch"`` waits up to ``timeout`` (None: forever, 0: not at all) for
-        ``batch_size`` of them and marks them consumed by ``task``; ``"peek"`` does not mark.
+        ``mode="fetch"`` (:attr:`FetchMode.FETCH`) waits up to ``timeout`` (None: forever, 0:
+        not at all) for ``batch_size`` of them and marks them consumed by ``task``; ``"peek"``
+        (``PEEK``) does not mark.
         ``batch_size`` None takes what is there now. ``sampler``: "sequential" (default),
-        "random", ``{"name": "grouped", "n": N}``, ``{"name": "seqlen_balanced", ...}`` or a
-        Sampler. ``share=(key, consumers)``: ``consumers`` calls with ``key`` get one batch
-        (the streaming loader's ranks). Raises StoreTimeoutError, StoreInputError (also for
+        "random", ``{"name": "grouped", "n": N}``, ``{"name": "seqlen_balanced", ...}``, a
+        Sampler, or a sampler class of your own (or its reference ``"package.module:Class"``,
+        with arguments in a dict spec), importable where the controller runs.
+        ``share=(key, consumers)``: ``consumers`` calls with ``key`` get one batch (the
+        streaming loader's ranks). Raises StoreTimeoutError, StoreInputError (also for
         a timeout that is not None or a number >= 0). Waiting never delays other clients.
 
         A fetch cancelled here (``asyncio.wait_for(st.get_meta(...), 1)`` timing out, a
@@ -870,6 +881,7 @@ class Store:
         drops it, or hands its batch back if it was already served.
         """
         check_timeout(timeout)
+        mode = FetchMode.of(mode)
         request = FetchRequest(
             partition, tuple(fields), batch_size, task, mode, _sampler_spec(sampler), timeout
         )
@@ -881,7 +893,7 @@ class Store:
         except asyncio.CancelledError:
             self._note(self._controller.cancel_fetch(fetch_id))
             raise
-        if mode == "fetch":
+        if mode is FetchMode.FETCH:
             self._note(self._controller.ack_fetch(fetch_id))
         return meta
 
@@ -924,20 +936,22 @@ class Store:
             await self.controller.check_readable(meta)
             return TensorDict({}, batch_size=[meta.size])
         groups = _groups(meta)
-        local = await self._plane.get(self, meta, names, groups, zero_copy, device)
+        local = await self._plane.get(
+            self.controller, self._table, meta, names, groups, zero_copy, device
+        )
         if local is not None:
             return place(local, meta.field_schemas, device)
         calls = [self.controller.lost_positions(meta)]
         for (shard, part), positions in groups.items():
             indexes = [meta.global_indexes[p] for p in positions]
-            calls.append(self.units[shard]["handle"].read(part, indexes, names))
+            calls.append(self._table[shard].handle.read(part, indexes, names))
         results = await asyncio.gather(*calls, return_exceptions=True)
         if isinstance(results[0], BaseException):
             raise results[0]
         if any(isinstance(r, (UnknownFieldError, UnknownPartitionError)) for r in results[1:]):
             # cleared meanwhile: StaleMetaError (lost samples are the partial result's below)
             await self.controller.lost_positions(meta)
-        lost = {int(pos): str(unit) for pos, unit in results[0]}
+        lost: dict[int, str] = dict(results[0])
         dead = [isinstance(r, (ActorDiedError, UnitLostError)) for r in results[1:]]
         if lost or any(dead):
             await partial_result(self, meta, groups, results[1:], lost, device)
@@ -1019,12 +1033,12 @@ class Store:
         """The controller's and every unit's counters (see :mod:`rayless.store.metrics`:
         ``render_text``, ``prometheus``)."""
         name = getattr(self._controller, "name", None)
-        return await collect(self.controller, self.units, self.store_id, name)
+        return await collect(self.controller, self._table, self.store_id, name)
 
     async def stats(self) -> dict[str, Any]:
         """The controller's counts and each live unit's bytes and rows."""
         out: dict[str, Any] = await self.controller.stats()
-        calls = [u["handle"].stats() for u in self.units if u.get("alive")]
+        calls = [u.handle.stats() for u in self._table if u.alive]
         out["unit_stats"] = await asyncio.gather(*calls, return_exceptions=True)
         return out
 
@@ -1107,7 +1121,7 @@ class Store:
     def _by_key(self, keys: Sequence[str]) -> dict[int, list[int]]:
         groups: dict[int, list[int]] = {}
         for pos, key in enumerate(keys):
-            groups.setdefault(kv_shard_of(key, len(self.units)), []).append(pos)
+            groups.setdefault(kv_shard_of(key, len(self._table)), []).append(pos)
         return groups
 
     async def kv_put(
@@ -1149,7 +1163,7 @@ class Store:
             sub = td if len(groups) == 1 else take(columns, positions, len(keys))
             shards.append(shard)
             calls.append(
-                self.units[shard]["handle"].kv_put([keys[p] for p in positions], sub, timeout)
+                self._table[shard].handle.kv_put([keys[p] for p in positions], sub, timeout)
             )
         await self._gather(shards, calls)
         return None
@@ -1177,7 +1191,7 @@ class Store:
         groups = self._by_key(keys)
         f = None if fields is None else list(fields)
         calls = [
-            self.units[s]["handle"].kv_get([keys[p] for p in pos], f) for s, pos in groups.items()
+            self._table[s].handle.kv_get([keys[p] for p in pos], f) for s, pos in groups.items()
         ]
         results = await self._gather(list(groups), calls)
         if not results:
@@ -1190,8 +1204,9 @@ class Store:
 
     async def kv_keys(self) -> list[str]:
         """Every unit key, unit by unit (``kv_list`` lists partition keys)."""
-        shards = [int(u["shard"]) for u in self.units]
-        lists = await self._gather(shards, [u["handle"].kv_list() for u in self.units])
+        table = self._table
+        shards = [u.shard for u in table]
+        lists = await self._gather(shards, [u.handle.kv_list() for u in table])
         return [k for keys in lists for k in keys]
 
     async def kv_delete(self, keys: Sequence[str]) -> int:
@@ -1199,6 +1214,6 @@ class Store:
         keys = _kv_keys(keys)
         groups = self._by_key(keys)
         calls = [
-            self.units[s]["handle"].kv_delete([keys[p] for p in pos]) for s, pos in groups.items()
+            self._table[s].handle.kv_delete([keys[p] for p in pos]) for s, pos in groups.items()
         ]
         return sum(await self._gather(list(groups), calls))

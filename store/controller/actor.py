@@ -34,10 +34,17 @@ from rayless.store.controller.fetches import Fetches, Share, Shares, Waiter, che
 from rayless.store.controller.leases import LeaseTable
 from rayless.store.controller.state import ClearPlan, ControllerState
 from rayless.store.data.fields import FieldSchema
+from rayless.store.data.messages import ColumnPut, FetchMode, UnitView, WaitingFetch
 from rayless.store.data.meta import BatchMeta
 from rayless.store.data.requests import FetchRequest, PutOptions
 from rayless.store.data.updates import DataUpdate
-from rayless.store.errors import StoreError, StoreInputError, StoreTimeoutError, UnitLostError
+from rayless.store.errors import (
+    SchemaError,
+    StoreError,
+    StoreInputError,
+    StoreTimeoutError,
+    UnitLostError,
+)
 from rayless.store.metrics import RateMeter
 
 __all__ = ["StoreController"]
@@ -52,8 +59,13 @@ def _wait_log_interval() -> float:
         return 10.0
 
 
-def _schemas(data: Mapping[str, Any] | None) -> dict[str, FieldSchema]:
-    return {k: FieldSchema.from_dict(v) for k, v in (data or {}).items()}
+def _schemas(data: Mapping[str, FieldSchema] | None) -> dict[str, FieldSchema]:
+    """The field schemas a client sent, by field. Raises SchemaError for one that is not."""
+    out = dict(data or {})
+    for name, schema in out.items():
+        if type(schema) is not FieldSchema:
+            raise SchemaError(f"not a field schema for {name!r}: {schema!r:.80}")
+    return out
 
 
 REAP_INTERVAL = 1.0
@@ -126,8 +138,8 @@ class StoreController(Actor):
         device: str = "cpu",
         capacity_bytes: int | None = None,
         incarnation: str | None = None,
-    ) -> dict[str, Any]:
-        """A unit's handshake; returns its info (with its shard number).
+    ) -> UnitView:
+        """A unit's handshake; returns what the controller knows of it (its shard number...).
 
         A unit that registers again with a new ``incarnation`` (its process restarted, e.g.
         by ``max_restarts``) holds nothing: its samples are marked lost first (if its death
@@ -140,12 +152,12 @@ class StoreController(Actor):
             self._wake_all()
         info = self.state.register_unit(
             unit_id, node_id=node_id, device=device, capacity_bytes=capacity_bytes
-        ).to_dict()
+        )
         self._incarnation[unit_id] = incarnation
         handle = self.handles.get(unit_id)
         if handle is not None and unit_id not in self._watching:
             self._spawn(self._watch(unit_id, handle))
-        return info
+        return info.view(handle)
 
     async def set_units(self, handles: dict[str, ActorHandle]) -> None:
         """Record the units' handles (after they registered) and start watching them."""
@@ -177,8 +189,8 @@ class StoreController(Actor):
         if self._incarnation.get(unit_id) != incarnation and unit_id not in self._watching:
             self._spawn(self._watch(unit_id, handle))  # it registered again while we waited
 
-    async def units(self, timeout: float = UNITS_TIMEOUT) -> list[dict[str, Any]]:
-        """Every unit's info (shard order) with its handle under ``"handle"``.
+    async def units(self, timeout: float = UNITS_TIMEOUT) -> list[UnitView]:
+        """Every unit (shard order), with its handle.
 
         While the store's creator is still starting the units (``Store.create`` returns before
         they serve) the table is not complete: this waits until it is, up to ``timeout`` s.
@@ -197,7 +209,7 @@ class StoreController(Actor):
                 ) from None
             finally:
                 self._table_waiters -= 1
-        return [{**u.to_dict(), "handle": self.handles.get(u.unit_id)} for u in self.state.units()]
+        return [u.view(self.handles.get(u.unit_id)) for u in self.state.units()]
 
     async def unit_lost(self, unit_id: str, reason: str = "") -> None:
         """Mark a unit lost (its samples become not ready); idempotent."""
@@ -220,7 +232,7 @@ class StoreController(Actor):
         self,
         partition: str,
         n: int,
-        schemas: Mapping[str, Any] | None = None,
+        schemas: Mapping[str, FieldSchema] | None = None,
         options: PutOptions | None = None,
         lease: str | None = None,
     ) -> BatchMeta | None:
@@ -287,8 +299,8 @@ class StoreController(Actor):
             for index in plan.indexes:
                 self._unwritten.pop(index, None)
             self.state.release(plan.indexes)
-        wire = {k: v.to_dict() for k, v in meta.field_schemas.items()}
-        return await self.allocate(meta.partition_ids[0], meta.size, wire, PutOptions(), token)
+        schemas = dict(meta.field_schemas)
+        return await self.allocate(meta.partition_ids[0], meta.size, schemas, PutOptions(), token)
 
     async def _renewed(self, lease: str | None) -> BatchMeta | None:
         """:meth:`_renew_lease` after a clear: None when there is no lease or it cannot be
@@ -307,18 +319,20 @@ class StoreController(Actor):
             self._spawn(self.abort_put(meta))
 
     async def check_put(
-        self, meta: BatchMeta, schemas: Mapping[str, Any]
+        self, meta: BatchMeta, schemas: Mapping[str, FieldSchema]
     ) -> dict[str, dict[str, list[int]]]:
         """Raise unless fields ``schemas`` may be written onto ``meta``'s samples; returns the
         rows the put adds (pass them to :meth:`abort_fields` if the put fails)."""
         return self.state.check_put(meta, _schemas(schemas))
 
-    async def begin_column_put(self, meta: BatchMeta, schemas: Mapping[str, Any]) -> dict[str, Any]:
+    async def begin_column_put(
+        self, meta: BatchMeta, schemas: Mapping[str, FieldSchema]
+    ) -> ColumnPut:
         """:meth:`check_put`, then stage an atomic column-wise put (store.controller.column_puts):
-        ``{"put_id": pass it to the units' writes, "fresh": the rows it adds}``."""
+        its id (pass it to the units' writes) and the rows it adds."""
         put_id, fresh = self.state.begin_column_put(meta, _schemas(schemas))
         self._column_started[put_id] = time.monotonic()
-        return {"put_id": put_id, "fresh": fresh}
+        return ColumnPut(put_id, fresh)
 
     async def abort_fields(
         self,
@@ -346,9 +360,13 @@ class StoreController(Actor):
             if isinstance(res, BaseException) and not isinstance(res, ActorDiedError):
                 raise res
 
-    async def on_data_update(self, unit_id: str, update: Mapping[str, Any]) -> None:
-        """A unit stored new data: record it (the ACK is this call's return) and wake fetches."""
-        upd = DataUpdate.from_dict(update)
+    async def on_data_update(self, unit_id: str, update: DataUpdate) -> None:
+        """A unit stored new data: record it (the ACK is this call's return) and wake fetches.
+        Raises StoreInputError for an update that is not a DataUpdate, and what
+        ControllerState.on_data_update raises."""
+        if type(update) is not DataUpdate:
+            raise StoreInputError(f"expected a DataUpdate, got {type(update).__name__}")
+        upd = update
         settled: list[int] = []
         ready = self.state.on_data_update(unit_id, upd, settled)
         if (settled or ready) and upd.generation is not None:
@@ -419,7 +437,7 @@ class StoreController(Actor):
             meta = await self._fetch(request, waiter)
         finally:
             self.fetches.done(waiter)
-        if request.mode == "fetch" and meta.size:
+        if request.mode is FetchMode.FETCH and meta.size:
             self._served.add(meta.size)
             if fetch_id is not None:
                 self.fetches.lease(fetch_id, request.task, request.partition, meta.global_indexes)
@@ -459,7 +477,7 @@ class StoreController(Actor):
                     f"for task {task!r} did not arrive within {timeout or 0}s"
                 )
             if loop.time() >= next_log:
-                log.warning("store %s: %s", self.state.store_id, self._describe(waiter)["text"])
+                log.warning("store %s: %s", self.state.store_id, self._describe(waiter).text)
                 next_log = loop.time() + self.wait_log_interval
             event = self._events.setdefault(partition, asyncio.Event())
             waiter.event = event
@@ -486,7 +504,7 @@ class StoreController(Actor):
         if fetch_id is not None and (not isinstance(fetch_id, str) or not fetch_id):
             raise StoreInputError(f"fetch_id must be a non-empty str, got {fetch_id!r}")
         key = (request.partition, request.task, share[0])
-        fetching = request.mode == "fetch"
+        fetching = request.mode is FetchMode.FETCH
         entry = self.shares.get(key)
         if entry is None:
             waiter = self.fetches.wait(None, request)
@@ -554,10 +572,10 @@ class StoreController(Actor):
         """Raise unless every field of ``meta`` is readable (UnitLostError names the unit)."""
         self.state.check_readable(meta)
 
-    async def lost_positions(self, meta: BatchMeta) -> list[list[Any]]:
-        """``[[position, unit id], ...]`` of ``meta``'s samples lost with their unit; raises
-        like check_readable for everything else (stale/foreign meta, unwritten fields)."""
-        return [[pos, unit] for pos, unit in self.state.lost_positions(meta).items()]
+    async def lost_positions(self, meta: BatchMeta) -> dict[int, str]:
+        """``{position: unit id}`` of ``meta``'s samples lost with their unit; raises like
+        check_readable for everything else (stale/foreign meta, unwritten fields)."""
+        return self.state.lost_positions(meta)
 
     async def lost_meta(self, partition: str) -> BatchMeta:
         """A meta of ``partition``'s samples lost with their unit (see ControllerState)."""
@@ -678,7 +696,7 @@ class StoreController(Actor):
 
     # -- status and metrics ----------------------------------------------------------------
 
-    def _describe(self, waiter: Waiter) -> dict[str, Any]:
+    def _describe(self, waiter: Waiter) -> WaitingFetch:
         """What a waiting fetch waits for: partition, fields (missing ones), ready vs asked."""
         request = waiter.request
         exists = request.partition in self.state.partitions()
@@ -700,19 +718,19 @@ class StoreController(Actor):
             + (f" (not written yet: {missing})" if missing else "")
             + f", task {request.task!r}: {ready} ready of {asked} asked"
         )
-        return {
-            "partition": request.partition,
-            "exists": exists,
-            "fields": list(request.fields),
-            "missing_fields": missing,
-            "task": request.task,
-            "ready": ready,
-            "asked": request.batch_size,
-            "waited_s": round(waited, 3),
-            "text": text,
-        }
+        return WaitingFetch(
+            request.partition,
+            exists,
+            list(request.fields),
+            missing,
+            request.task,
+            ready,
+            request.batch_size,
+            round(waited, 3),
+            text,
+        )
 
-    async def waiting(self) -> list[dict[str, Any]]:
+    async def waiting(self) -> list[WaitingFetch]:
         """Every waiting fetch, described (see :meth:`_describe`)."""
         return [self._describe(w) for w in self.fetches.waiters()]
 
@@ -737,7 +755,7 @@ class StoreController(Actor):
             "store_id": self.state.store_id,
             "puts": self._puts.snapshot(),
             "fetches": self._served.snapshot(),
-            "waiting": await self.waiting(),
+            "waiting": [w.as_dict() for w in await self.waiting()],
             "leased": self.fetches.leased(),
             "partitions": {
                 p: {
@@ -770,10 +788,9 @@ class StoreController(Actor):
 
     # -- KV keys and checkpoints -----------------------------------------------------------
 
-    async def kv_lookup(self, partition: str, keys: Sequence[str]) -> list[Any]:
-        """``[meta of the existing keys, positions of the missing ones]``."""
-        meta, missing = self.state.kv_lookup(partition, list(keys))
-        return [meta, missing]
+    async def kv_lookup(self, partition: str, keys: Sequence[str]) -> tuple[BatchMeta, list[int]]:
+        """The meta of the existing keys and the positions of the missing ones."""
+        return self.state.kv_lookup(partition, list(keys))
 
     async def kv_meta(
         self, partition: str, keys: Sequence[str], fields: Sequence[str] | None = None

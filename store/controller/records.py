@@ -1,7 +1,7 @@
 """The records ControllerState keeps (units, samples, partitions, staged puts, clear plans)
 and the argument checks its methods share.
 
-- :class:`UnitInfo`: a registered storage unit (wire form: :meth:`UnitInfo.to_dict`).
+- :class:`UnitInfo`: a registered storage unit (on the wire: :meth:`UnitInfo.view`).
 - :class:`ClearPlan`: the rows units delete after a clear, and the indexes to release then.
 - ``_IndexTable``: where each global index lives (partition code, position), as columns.
 - ``_Partition``: one partition as columns indexed by position in allocation order (global
@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from rayless.store.data.fields import FieldSchema
+from rayless.store.data.messages import FetchMode, UnitView
 from rayless.store.data.meta import BatchMeta
 from rayless.store.data.updates import DataUpdate
 from rayless.store.errors import StoreInputError
@@ -29,7 +30,7 @@ from rayless.store.errors import StoreInputError
 __all__ = ["MODES", "ClearPlan", "EnvShards", "UnitInfo"]
 
 EnvShards = Mapping[str, int] | Callable[[str], int]
-MODES = ("fetch", "peek")
+MODES = tuple(m.value for m in FetchMode)
 
 
 @dataclass
@@ -43,8 +44,20 @@ class UnitInfo:
     capacity_bytes: int | None = None
     alive: bool = True
 
+    def view(self, handle: Any = None) -> UnitView:
+        """The unit as the controller tells it (with its actor ``handle``)."""
+        return UnitView(
+            self.unit_id,
+            self.shard,
+            self.node_id,
+            self.device,
+            self.capacity_bytes,
+            self.alive,
+            handle,
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain values for the wire."""
+        """Plain values (the controller's stats and metrics show units so)."""
         return dict(vars(self))
 
 
@@ -57,10 +70,6 @@ class ClearPlan:
 
     shards: dict[int, dict[str, list[int]]] = field(default_factory=dict)
     indexes: list[int] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values for the wire."""
-        return {"shards": {str(k): v for k, v in self.shards.items()}, "indexes": self.indexes}
 
 
 # Per-sample flag bits of a partition's ``flags`` column.

@@ -5,27 +5,117 @@ by the requesting task, in allocation order), or returns ``None`` when it cannot
 batch yet (the caller then waits for more data). Samplers are pure apart from their own random
 state; they travel as specs (``"sequential"``, ``{"name": "random", "seed": 1}``,
 ``{"name": "grouped", "n": 8}``) built with :func:`make_sampler`.
+
+Samplers are found by name in a registry (:func:`register_sampler`): a spec
+``{"name": name, **kwargs}`` builds ``cls(**kwargs)``. A sampler of the user's own travels by
+class reference: its spec's name is ``"package.module:Class"`` (:func:`sampler_ref`), which
+the controller imports. What the controller may rely on, a sampler declares as its
+``capabilities`` (:class:`Capabilities`: whole groups of some size, oldest first); one that
+declares none gets every candidate and no groups. Adding a sampler is one class::
+
+    @register_sampler("longest")
+    class LongestSampler:
+        capabilities = Capabilities()
+
+        def select(self, candidates, batch_size, group_of): ...
+        def spec(self): return {"name": "longest"}
 """
 
 from __future__ import annotations
 
+import importlib
 import random
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from rayless.store.errors import StoreInputError
 
 __all__ = [
+    "Capabilities",
     "GroupedSampler",
     "RandomSampler",
     "Sampler",
     "SeqlenBalancedSampler",
     "SequentialSampler",
     "balanced_split",
+    "capabilities_of",
     "make_sampler",
+    "register_sampler",
+    "sampler_names",
+    "sampler_ref",
 ]
 
 GroupOf = Callable[[int], Hashable]
+C = TypeVar("C", bound=type)
+_REGISTRY: dict[str, type] = {}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a sampler promises the controller: ``group_size``: it picks whole groups of this
+    many samples (the partition's group size is checked and fixed by it; None: no groups);
+    ``sequential``: it takes the oldest candidates first (the controller then hands it no
+    candidate list and takes them itself, in O(batch))."""
+
+    group_size: int | None = None
+    sequential: bool = False
+
+
+NO_CAPABILITIES = Capabilities()
+
+
+def capabilities_of(sampler: object) -> Capabilities:
+    """What ``sampler`` declares (its ``capabilities``); nothing for one that declares none."""
+    caps = getattr(sampler, "capabilities", None)
+    return caps if isinstance(caps, Capabilities) else NO_CAPABILITIES
+
+
+def register_sampler(name: str) -> Callable[[C], C]:
+    """Make the spec ``{"name": name, **kwargs}`` build ``cls(**kwargs)`` (a class decorator).
+
+    Raises:
+        ValueError: ``name`` is empty, holds ``":"`` (class references), or is taken by
+            another class.
+    """
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"a sampler name must be a non-empty str without ':', got {name!r}")
+
+    def register(cls: C) -> C:
+        taken = _REGISTRY.get(name)
+        if taken is not None and taken is not cls:
+            raise ValueError(f"sampler name {name!r} is taken by {taken.__qualname__}")
+        _REGISTRY[name] = cls
+        return cls
+
+    return register
+
+
+def sampler_names() -> list[str]:
+    """The registered samplers' names."""
+    return sorted(_REGISTRY)
+
+
+def sampler_ref(cls: type) -> str:
+    """The class reference of a sampler class (``"package.module:Class"``): a spec with it as
+    its name builds the class wherever it is importable."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _by_ref(ref: str) -> type:
+    """The sampler class ``ref`` (:func:`sampler_ref`) names. Raises StoreInputError."""
+    module, _, qualname = ref.partition(":")
+    try:
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise StoreInputError(f"cannot import sampler {ref!r}: {exc}") from None
+    if not isinstance(found, type) or not all(
+        callable(getattr(found, m, None)) for m in ("select", "spec")
+    ):
+        raise StoreInputError(f"{ref!r} is not a sampler class (select and spec)")
+    return found
 
 
 def _check_batch_size(batch_size: int) -> None:
@@ -48,8 +138,11 @@ class Sampler(Protocol):
         ...
 
 
+@register_sampler("sequential")
 class SequentialSampler:
     """The oldest candidates first (allocation order)."""
+
+    capabilities = Capabilities(sequential=True)
 
     def select(
         self, candidates: Sequence[int], batch_size: int, group_of: GroupOf
@@ -65,8 +158,11 @@ class SequentialSampler:
         return {"name": "sequential"}
 
 
+@register_sampler("random")
 class RandomSampler:
     """A uniformly random subset of the candidates, reproducible for a given ``seed``."""
+
+    capabilities = NO_CAPABILITIES
 
     def __init__(self, seed: int | None = None) -> None:
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
@@ -88,6 +184,7 @@ class RandomSampler:
         return {"name": "random", "seed": self.seed}
 
 
+@register_sampler("grouped")
 class GroupedSampler:
     """Whole groups of ``n`` samples (GRPO: the ``n`` responses of one prompt) and nothing less.
 
@@ -106,6 +203,7 @@ class GroupedSampler:
         self.shuffle = bool(shuffle)
         self.seed = seed
         self._rng = random.Random(seed)
+        self.capabilities = Capabilities(group_size=n)
 
     def select(
         self, candidates: Sequence[int], batch_size: int, group_of: GroupOf
@@ -170,6 +268,7 @@ def balanced_split(lengths: Sequence[int], parts: int, group: int = 1) -> list[l
     return [[g * group + k for g in sorted(gs) for k in range(group)] for gs in chosen]
 
 
+@register_sampler("seqlen_balanced")
 class SeqlenBalancedSampler:
     """A global batch for ``dp_size`` data-parallel ranks whose per-rank token totals are
     balanced (sequence-length balancing, as verl and TransferQueue do).
@@ -191,6 +290,7 @@ class SeqlenBalancedSampler:
         self.n = n if n > 1 else None
         self.length_key = length_key
         self._inner: Sampler = GroupedSampler(n) if n > 1 else SequentialSampler()
+        self.capabilities = capabilities_of(self._inner)
 
     def select(
         self, candidates: Sequence[int], batch_size: int, group_of: GroupOf
@@ -221,8 +321,9 @@ def _length(value: Any) -> int:
 
 
 def make_sampler(spec: str | Mapping[str, Any] | Sampler | None = None) -> Sampler:
-    """A sampler from a spec: None/``"sequential"``, ``"random"``, ``"grouped"`` (needs ``n``),
-    a dict ``{"name": ..., **kwargs}``, or a Sampler (returned as is). Raises StoreInputError.
+    """A sampler from a spec: None/``"sequential"``, a registered name (``"random"``,
+    ``"grouped"`` needs ``n``...) or a class reference (``"package.module:Class"``), a dict
+    ``{"name": ..., **kwargs}``, or a Sampler (returned as is). Raises StoreInputError.
     """
     if spec is None:
         return SequentialSampler()
@@ -234,15 +335,15 @@ def make_sampler(spec: str | Mapping[str, Any] | Sampler | None = None) -> Sampl
         raise StoreInputError(f"not a sampler spec: {spec!r}")
     kwargs = dict(spec)
     name = kwargs.pop("name", None)
+    cls = _REGISTRY.get(name) if isinstance(name, str) else None
+    if cls is None and isinstance(name, str) and ":" in name:
+        cls = _by_ref(name)
+    if cls is None:
+        raise StoreInputError(f"unknown sampler spec {dict(spec)!r}")
     try:
-        if name == "sequential" and not kwargs:
-            return SequentialSampler()
-        if name == "random":
-            return RandomSampler(**kwargs)
-        if name == "grouped":
-            return GroupedSampler(**kwargs)
-        if name == "seqlen_balanced":
-            return SeqlenBalancedSampler(**kwargs)
+        sampler = cls(**kwargs)
     except TypeError as exc:
-        raise StoreInputError(f"bad arguments for sampler {name!r}: {exc}")
-    raise StoreInputError(f"unknown sampler spec {dict(spec)!r}")
+        raise StoreInputError(f"bad arguments for sampler {name!r}: {exc}") from None
+    if not isinstance(sampler, Sampler):
+        raise StoreInputError(f"sampler {name!r} built a {type(sampler).__name__}, no Sampler")
+    return sampler

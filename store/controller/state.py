@@ -65,13 +65,9 @@ from rayless.store.controller.records import (
 from rayless.store.controller.records import (
     MODES as MODES,
 )
-from rayless.store.controller.samplers import (
-    Sampler,
-    SeqlenBalancedSampler,
-    SequentialSampler,
-    make_sampler,
-)
+from rayless.store.controller.samplers import Sampler, capabilities_of, make_sampler
 from rayless.store.data.fields import FieldSchema
+from rayless.store.data.messages import FetchMode
 from rayless.store.data.meta import NO_CUSTOM, BatchMeta
 from rayless.store.data.plain import check_plain
 from rayless.store.data.updates import DataUpdate
@@ -129,13 +125,6 @@ def check_group_size(
                 f"is {size}: the put is refused"
             )
     return size
-
-
-def _sequential(chooser: Sampler) -> bool:
-    """Whether ``chooser`` takes the oldest candidates (then a fetch needs no candidate list)."""
-    if type(chooser) is SequentialSampler:
-        return True
-    return type(chooser) is SeqlenBalancedSampler and chooser.n is None
 
 
 def _meta_arrays(
@@ -966,24 +955,23 @@ class ControllerState:
         *,
         task: str = "default",
         sampler: Any = None,
-        mode: str = "fetch",
+        mode: FetchMode | str = FetchMode.FETCH,
     ) -> BatchMeta | None:
         """A batch of ready samples unconsumed by ``task``, or None if not enough yet.
 
-        ``mode="fetch"`` marks them consumed by ``task``; ``"peek"`` does not. ``batch_size``
-        None takes every candidate now (possibly none; never returns None). An unknown
-        partition or field only means "not ready yet". ``sampler`` is a Sampler or a spec; a
-        spec's sampler is kept per (partition, task) so seeded random draws advance. The
-        sequential sampler takes the oldest candidates from the (task, fields) candidate set
-        (O(batch)); other samplers get every candidate.
+        ``mode`` FETCH (or ``"fetch"``) marks them consumed by ``task``; PEEK does not.
+        ``batch_size`` None takes every candidate now (possibly none; never returns None). An
+        unknown partition or field only means "not ready yet". ``sampler`` is a Sampler or a
+        spec; a spec's sampler is kept per (partition, task) so seeded random draws advance. A
+        sampler declaring itself sequential (its capabilities) gets the oldest candidates from
+        the (task, fields) candidate set (O(batch)); other samplers get every candidate.
         Raises StoreInputError for bad arguments, StoreError for a sampler that picks
         samples that are not candidates.
         """
         _check_name(partition, "partition")
         _check_name(task, "task")
         names = _check_fields(fields)
-        if mode not in MODES:
-            raise StoreInputError(f"mode must be one of {MODES}, got {mode!r}")
+        mode = FetchMode.of(mode)
         if batch_size is not None and (
             not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0
         ):
@@ -1002,7 +990,7 @@ class ControllerState:
                 return None
             pos = picked
         self.positions_examined += cand.examined - before
-        if mode == "fetch":
+        if mode is FetchMode.FETCH:
             part.consume(task, pos)
         return self._meta(partition, part, pos, names)
 
@@ -1015,14 +1003,15 @@ class ControllerState:
         batch_size: int,
     ) -> np.ndarray | None:
         """The positions ``chooser`` picks out of ``cand``, or None if too few."""
-        group_size = getattr(chooser, "n", 1) or 1
-        if getattr(chooser, "n", None) is not None:
+        caps = capabilities_of(chooser)
+        group_size = caps.group_size or 1
+        if caps.group_size is not None:
             self.check_group_n(part, partition, group_size)
             if part.group_size is None and batch_size % group_size == 0:
                 part.group_size = group_size  # later group puts must fit it
         if cand.count < batch_size:
             return None
-        if _sequential(chooser):
+        if caps.sequential:
             return cand.take(batch_size)
         at = cand.all()
         candidates = part.index[at].tolist()

@@ -1,8 +1,9 @@
 """Field schemas: the kinds of field, the dtypes a storage unit holds, and :class:`FieldSchema`.
 
 A field is a leaf of a TensorDict named by its key path joined with :data:`FIELD_SEP`; its
-schema (kind, dtype, per-sample shape, device) travels as a plain dict (``to_dict``/
-``from_dict``) and merges with the schema of newly written data (:meth:`FieldSchema.merged`).
+schema (kind, dtype, per-sample shape, device) is a typed message on the wire
+(``store.FieldSchema``; ``to_dict``/``from_dict`` give the plain form a BatchMeta and a
+checkpoint keep) and merges with the schema of newly written data (:meth:`FieldSchema.merged`).
 :mod:`rayless.store.data.schema` re-exports everything here. This module does not import torch
 (the store's controller uses it): only :func:`dtype_from_name` and
 :attr:`FieldSchema.torch_dtype`, which hand out torch dtypes, import it, when called.
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from rayless.actors.control.wire import message
 from rayless.store.errors import SchemaError
 
 if TYPE_CHECKING:
@@ -74,6 +76,7 @@ def field_key(name: str) -> tuple[str, ...]:
     return tuple(name.split(FIELD_SEP))
 
 
+@message("store.FieldSchema")
 @dataclass(frozen=True)
 class FieldSchema:
     """What the store knows of one field: kind, dtype, per-sample shape and original device.
@@ -128,7 +131,7 @@ class FieldSchema:
         return None if self.dtype is None else dtype_from_name(self.dtype)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain values for the wire."""
+        """Plain values (a BatchMeta's wire form and a checkpoint keep schemas so)."""
         return {
             "kind": self.kind,
             "dtype": self.dtype,

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rayless.store.data.messages import FetchMode
 from rayless.store.errors import StoreInputError
 
 __all__ = ["FetchRequest", "PutOptions"]
@@ -93,16 +94,21 @@ class PutOptions:
 class FetchRequest:
     """One ``get_meta``: ``batch_size`` ready samples of ``partition`` holding ``fields``,
     unconsumed by ``task``, chosen by ``sampler`` (a spec), waiting up to ``timeout`` s (None:
-    forever); ``mode`` "fetch" marks them consumed, "peek" does not. The checks of each field
-    are the controller's (:meth:`ControllerState.try_fetch`); this only carries them."""
+    forever); ``mode`` :attr:`FetchMode.FETCH` marks them consumed, ``PEEK`` does not (its
+    string is taken too; another raises StoreInputError). The checks of the other fields are
+    the controller's (:meth:`ControllerState.try_fetch`); this only carries them."""
 
     partition: str
     fields: tuple[str, ...]
     batch_size: int | None = None
     task: str = "default"
-    mode: str = "fetch"
+    mode: FetchMode = FetchMode.FETCH
     sampler: Any = None
     timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if type(self.mode) is not FetchMode:
+            object.__setattr__(self, "mode", FetchMode.of(self.mode))
 
     def to_dict(self) -> dict[str, Any]:
         """The wire form."""
@@ -111,7 +117,7 @@ class FetchRequest:
             "fields": list(self.fields),
             "batch_size": self.batch_size,
             "task": self.task,
-            "mode": self.mode,
+            "mode": self.mode.value,
             "sampler": self.sampler,
             "timeout": self.timeout,
         }

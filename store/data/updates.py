@@ -1,9 +1,11 @@
 """The data update a storage unit sends the controller after a write, and per-sample shapes
 on the wire.
 
-:class:`DataUpdate` travels as a plain dict (``to_dict``/``from_dict``); :func:`shapes_to_wire`
-packs per-sample shapes into one flat list when they share a rank (:func:`shapes_from_wire`,
-:func:`known_shapes` rebuild them). :mod:`rayless.store.data.schema` re-exports everything here.
+:class:`DataUpdate` travels as a codec extension (``rayless.store.data_update``) of its
+checked plain form (``to_dict``/``from_dict``: StoreInputError for a malformed one);
+:func:`shapes_to_wire` packs per-sample shapes into one flat list when they share a rank
+(:func:`shapes_from_wire`, :func:`known_shapes` rebuild them).
+:mod:`rayless.store.data.schema` re-exports everything here.
 """
 
 from __future__ import annotations
@@ -119,3 +121,14 @@ def known_shapes(value: Any) -> list[tuple[int, ...]]:
     if any(s is None for s in shapes):
         raise StoreInputError("a data update's sample shapes must all be known")
     return list(shapes)  # type: ignore[arg-type]
+
+
+def _register_wire() -> None:
+    from rayless.transport.codec import register_extension
+
+    register_extension(
+        DataUpdate, "rayless.store.data_update", DataUpdate.to_dict, DataUpdate.from_dict
+    )
+
+
+_register_wire()

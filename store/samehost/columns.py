@@ -43,8 +43,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from rayless.store.data.dense import DenseColumn
 from rayless.store.data.schema import FieldSchema
-from rayless.store.unit.shard import _Dense
 from rayless.transport import segments, shm
 from rayless.transport.segments import HEADER, Segment
 
@@ -141,7 +141,7 @@ def tensor_on(
     return flat.view(dtype).view(rows, *row_shape)
 
 
-class ShmDense(_Dense):
+class ShmDense(DenseColumn):
     """A dense column whose tensor lives in a shared-memory segment (see the module docstring)."""
 
     def __init__(self, schema: FieldSchema, device: torch.device) -> None:

@@ -63,21 +63,16 @@ class CudaDense(ShmDense):
         if old is not None:
             forget(old, unlink=True)
 
-    def export(self) -> dict[str, Any]:
-        """A CUDA IPC share of the whole column for one client to open (``open_ipc``):
-        ``{"segment", "generation", "rows", "ipc"}``. Each call makes a new share, so call it
-        once per client and allocation (the client caches what it opened). Raises
+    def export(self) -> list[Any]:
+        """A CUDA IPC share of the whole column for one client to open (``open_ipc``; the
+        column's segment, generation and rows travel beside it). Each call makes a new share,
+        so call it once per client and allocation (the client caches what it opened). Raises
         RuntimeError without CUDA."""
         from rayless.transport._cuda import ipc_fields
 
         if self.data.device.type != "cuda":
             raise RuntimeError("only a column on a CUDA device can be exported")
-        return {
-            "segment": None if self.segment is None else self.segment.name,
-            "generation": self.generation,
-            "rows": self.capacity,
-            "ipc": ipc_fields(self.data),
-        }
+        return ipc_fields(self.data)
 
     def close(self) -> None:
         """Unlink the lease segment and drop the tensor (clients' mappings keep the memory

@@ -35,7 +35,7 @@ import math
 import os
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,7 @@ import torch
 from tensordict import TensorDict
 
 from rayless.actors import ActorDiedError
+from rayless.store.data.messages import LocalInfo, Located, Place, Reservation, Slots, UnitView
 from rayless.store.data.meta import BatchMeta
 from rayless.store.data.packed import pack_columns
 from rayless.store.data.rows import target_device
@@ -100,28 +101,28 @@ class LocalPlane:
 
     def reserve_ahead(
         self,
-        unit: Mapping[str, Any],
+        unit: UnitView,
         partition: str,
         count: int,
         columns: Mapping[str, Column],
-        wire: dict[str, dict[str, Any]],
+        schemas: Mapping[str, FieldSchema],
         timeout: float,
         spare: bool = False,
-    ) -> asyncio.Future[dict[str, Any]]:
+    ) -> asyncio.Future[Reservation]:
         """Reserve ``count`` rows of the dense ``columns`` on a unit while the controller still
         allocates the put's samples (one round trip less per put); pass the result to
         :meth:`put` as ``reserved``, or to :meth:`drop_later` if the allocation went elsewhere.
         ``spare``: for a lease (store.client.leases): no wait for room, given up when full."""
-        dense = {k: wire[k] for k in self.dense_for(unit, columns)}
+        dense = {k: schemas[k] for k in self.dense_for(unit, columns)}
         known = self.known(unit)
-        call = unit["handle"].reserve(partition, count, dense, timeout, known, spare)
+        call = unit.handle.reserve(partition, count, dense, timeout, known, spare)
         return asyncio.ensure_future(call)
 
-    async def drop(self, handle: Any, reserved: asyncio.Future[dict[str, Any]]) -> None:
+    async def drop(self, handle: Any, reserved: asyncio.Future[Reservation]) -> None:
         """Give back a reservation made ahead that no put will use (errors ignored)."""
         await _drop(handle, reserved)
 
-    def drop_later(self, handle: Any, reserved: asyncio.Future[dict[str, Any]]) -> None:
+    def drop_later(self, handle: Any, reserved: asyncio.Future[Reservation]) -> None:
         """Give back a reservation made ahead that the put does not use, in the background
         (errors ignored; a client gone before it runs leaves it to the reservation's expiry)."""
         task = asyncio.ensure_future(_drop(handle, reserved))
@@ -130,15 +131,15 @@ class LocalPlane:
 
     async def put(
         self,
-        unit: Mapping[str, Any],
+        unit: UnitView,
         partition: str,
         indexes: list[int],
         columns: Mapping[str, Column],
         positions: list[int],
         n: int,
-        wire: dict[str, dict[str, Any]],
+        schemas: Mapping[str, FieldSchema],
         timeout: float,
-        reserved: asyncio.Future[dict[str, Any]] | None = None,
+        reserved: asyncio.Future[Reservation] | None = None,
         put_id: int | None = None,
         generation: int | None = None,
     ) -> None:
@@ -146,24 +147,26 @@ class LocalPlane:
         ``reserved`` ahead if given (its count must be ``len(indexes)``); ``put_id``: the
         column-wise put it belongs to; ``generation``: a new put's allocation (checked by
         the unit and the controller). Raises like ``write``."""
-        handle, gpu = unit["handle"], self.gpu_of(unit)
+        handle, gpu = unit.handle, self.gpu_of(unit)
+        wire = dict(schemas)
         dense = self.dense_for(unit, columns)
         if not dense:
             sub = pack_columns(columns, positions)
             await handle.write(partition, indexes, sub, wire, timeout, put_id, generation)
             return
+        res: Reservation
         if reserved is None:
             want = {k: wire[k] for k in dense}
             res = await handle.reserve(partition, indexes, want, timeout, self.known(unit))
         else:
             res = await reserved
-        token = res["token"]
+        token = res.token
         try:
             events: list[Any] = []
             if gpu is not None:
-                self._map_cuda(res["fields"], {k: c.schema for k, c in dense.items()})
+                self._map_cuda(res.fields, {k: c.schema for k, c in dense.items()})
                 events = ready_events(c.dense for c in dense.values() if c.dense is not None)
-            args = (res["fields"], dense, positions, events, gpu)
+            args = (res.fields, dense, positions, events, gpu)
             rows_bytes = sum(_row_bytes(c.dense) for c in dense.values()) * len(positions)
             if gpu is None and rows_bytes <= INLINE_COPY_BYTES:
                 copied = self._copy_in(*args)  # cheaper than the hand-off to a thread
@@ -185,7 +188,7 @@ class LocalPlane:
 
     def _copy_in(
         self,
-        fields: Mapping[str, Any],
+        fields: Mapping[str, Slots],
         dense: Mapping[str, Column],
         positions: list[int],
         events: list[Any],
@@ -199,16 +202,16 @@ class LocalPlane:
         try:
             for name, where in fields.items():
                 col = dense[name]
-                if where["segment"] is None or col.dense is None:
+                if where.segment is None or col.dense is None:
                     continue  # rows of zero bytes
-                m = self._acquire(where["segment"], fence=int(where.get("fence", 0)))
+                m = self._acquire(where.segment, fence=where.fence)
                 if m is None:
                     return False
                 held.append(m)
                 if gpu is not None and m.tensor is None:
                     return False  # not opened (evicted meanwhile): the socket path
-                dst = self._view(m, col.schema, int(where["rows"]), own=False)
-                copies.append((dst, where["slots"], col.dense))
+                dst = self._view(m, col.schema, where.rows, own=False)
+                copies.append((dst, where.slots, col.dense))
             if gpu is None:
                 for dst, slots, src in copies:
                     _scatter(dst, slots, _rows(src, positions))
@@ -229,7 +232,8 @@ class LocalPlane:
 
     async def get(
         self,
-        store: Any,
+        controller: Any,
+        table: Sequence[UnitView],
         meta: BatchMeta,
         names: list[str],
         groups: dict[tuple[int, str], list[int]],
@@ -238,8 +242,9 @@ class LocalPlane:
     ) -> TensorDict | None:
         """``meta``'s fields ``names`` read through the units' memory (CPU tensors; a CUDA
         unit's: on its GPU), or None when the socket path must do it (a unit is remote, lost
-        samples, any error)."""
-        units = [store.units[shard] for shard, _ in groups]
+        samples, any error). ``table``: the store's units (shard order); ``controller``: its
+        controller's handle."""
+        units = [table[shard] for shard, _ in groups]
         for unit in units:
             if not await self.is_local(unit):
                 return None
@@ -258,17 +263,17 @@ class LocalPlane:
             for k in rest
         ):
             return None  # shapes unknown here: the socket path rebuilds them
-        calls = [store.controller.lost_positions(meta)]
+        calls = [controller.lost_positions(meta)]
         for (_, part), positions in groups.items():
             idx = [meta.global_indexes[p] for p in positions]
             unit = units[len(calls) - 1]
-            calls.append(unit["handle"].locate(part, idx, dense, rest, self.known(unit)))
+            calls.append(unit.handle.locate(part, idx, dense, rest, self.known(unit)))
         results = await asyncio.gather(*calls, return_exceptions=True)
         if isinstance(results[0], BaseException):
             raise results[0]
         if results[0] or any(isinstance(r, BaseException) for r in results[1:]):
             return None
-        located: list[dict[str, Any]] = list(results[1:])  # type: ignore[arg-type]
+        located: list[Located] = list(results[1:])  # type: ignore[arg-type]
         shaped = shapes.plan(schemas, dense, located, list(groups.values()))
         if shaped is None:
             return None  # a shape the meta does not know: the socket path says why
@@ -287,12 +292,22 @@ class LocalPlane:
             elif not view or name in shaped.rows:
                 out[name] = _result((rows, *shape), dtype)
         if gpu is not None:
-            for found in located:
-                self._map_cuda(found["fields"], schemas)
+            for places in shaped.places:
+                self._map_cuda(places, schemas)
         events = ready_events(out.values()) if gpu is not None else []
         copies = [
             self._read_group(
-                units[g], part, meta, schemas, positions, dense, rest, located[g], out, view, events
+                units[g],
+                part,
+                meta,
+                schemas,
+                positions,
+                dense,
+                rest,
+                (located[g], shaped.places[g]),
+                out,
+                view,
+                events,
             )
             for g, ((_, part), positions) in enumerate(groups.items())
         ]
@@ -304,7 +319,7 @@ class LocalPlane:
         # StaleMetaError); a unit that died meanwhile leaves the socket path to return the
         # live part (PartialResultError), never a bare UnitLostError.
         relocated = any(r[2] for r in done if r is not None)
-        if relocated and await store.controller.lost_positions(meta):
+        if relocated and await controller.lost_positions(meta):
             return None
         parts = [(r[0], r[1]) for r in done if r is not None]
         td = assemble(size, {k: (schemas[k], _unpack(meta, k, size, parts)) for k in rest})
@@ -317,38 +332,41 @@ class LocalPlane:
 
     async def _read_group(
         self,
-        unit: Mapping[str, Any],
+        unit: UnitView,
         part: str,
         meta: BatchMeta,
         schemas: Mapping[str, FieldSchema],
         positions: list[int],
         dense: list[str],
         rest: list[str],
-        found: dict[str, Any],
+        found: tuple[Located, dict[str, Place]],
         out: dict[str, torch.Tensor],
         view: bool,
         events: list[Any],
     ) -> tuple[list[int], Any, bool] | None:
         """Copy one unit's rows into ``out`` (``schemas``: the meta's, with the shape
-        ``locate`` found for a multi-shape field); ``(positions, other fields, whether the
-        rows were located again)``, None: give up."""
+        ``locate`` found for a multi-shape field; ``found``: the unit's answer and the places
+        the plan copies from); ``(positions, other fields, whether the rows were located
+        again)``, None: give up."""
         gpu = self.gpu_of(unit)
+        located, places = found
         for attempt in range(_RETRIES):
-            args = (found["fields"], schemas, positions, meta.size, out, view, events, gpu)
-            nbytes = sum(_schema_row_bytes(schemas[k]) for k in found["fields"]) * len(positions)
+            args = (places, schemas, positions, meta.size, out, view, events, gpu)
+            nbytes = sum(_schema_row_bytes(schemas[k]) for k in places) * len(positions)
             small = gpu is None and nbytes <= INLINE_COPY_BYTES
             if self._copy_out(*args) if small else await asyncio.to_thread(self._copy_out, *args):
-                return positions, found["rest"], attempt > 0
+                return positions, located.rest, attempt > 0
             idx = [meta.global_indexes[p] for p in positions]
             try:
-                if any("to" in w for w in found["fields"].values()):
+                if any(w.to is not None for w in places.values()):
                     return None  # (a read mixing shapes located again: the socket path)
-                found = await unit["handle"].locate(part, idx, dense, rest, self.known(unit))
-                again = shapes.plan(schemas, dense, [found], [positions])
+                located = await unit.handle.locate(part, idx, dense, rest, self.known(unit))
+                again = shapes.plan(schemas, dense, [located], [positions])
                 if again is None or again.pieces or again.schemas != schemas:
                     return None  # another shape there now: a stale meta (the socket path)
+                places = again.places[0]
                 if gpu is not None:
-                    self._map_cuda(found["fields"], schemas)
+                    self._map_cuda(places, schemas)
             except (ActorDiedError, UnitLostError, StoreInputError):
                 return None  # the socket path raises the typed error (StaleMetaError...)
             if attempt > 10:
@@ -357,7 +375,7 @@ class LocalPlane:
 
     def _copy_out(
         self,
-        fields: Mapping[str, Any],
+        fields: Mapping[str, Place],
         schemas: Mapping[str, FieldSchema],
         positions: list[int],
         size: int,
@@ -371,20 +389,21 @@ class LocalPlane:
         try:
             for name, where in fields.items():
                 schema = schemas[name]
-                if where["segment"] is None:
+                if where.segment is None:
                     continue
-                m = self._acquire(where["segment"], int(where["generation"]))
+                m = self._acquire(where.segment, where.generation)
                 if m is None:
                     return False
-                held[where["segment"]] = m
+                held[where.segment] = m
                 if gpu is not None and m.tensor is None:
                     return False  # not opened yet: locate again (the share comes then)
             if gpu is not None:  # one device-to-device copy per byte, under the leases
                 copies: list[tuple[torch.Tensor, torch.Tensor, list[int], list[int]]] = []
                 for name, w in fields.items():
-                    src = held[w["segment"]].tensor if w["segment"] is not None else None
+                    src = held[w.segment].tensor if w.segment is not None else None
                     if src is not None:  # ("to": a piece of a field that mixes shapes)
-                        copies.append((out[name], src, w["slots"], w.get("to", positions)))
+                        to = w.to if w.to is not None else positions
+                        copies.append((out[name], src, w.slots, to))
                 devices = {gpu, *(dst.device for dst, _, _, _ in copies)}
 
                 def copy() -> None:
@@ -397,19 +416,20 @@ class LocalPlane:
                 schema = schemas[name]
                 dtype = schema.torch_dtype or torch.float32
                 shape = tuple(int(d or 0) for d in schema.shape or ())
-                to = where.get("to", positions)  # (a piece of a field that mixes shapes)
-                if where["segment"] is None:
+                # (``to``: a piece of a field that mixes shapes)
+                to = where.to if where.to is not None else positions
+                if where.segment is None:
                     if name not in out:
                         out[name] = torch.empty((size, *shape), dtype=dtype)
                     continue
-                m = held[where["segment"]]
-                slots = where["slots"]
+                m = held[where.segment]
+                slots = where.slots
                 run = _run(slots)
                 if view and run is not None and run[1] == 1 and to == list(range(size)):
-                    src = self._view(m, schema, int(where["rows"]), own=True)
+                    src = self._view(m, schema, where.rows, own=True)
                     out[name] = src.narrow(0, run[0], len(slots))
                     continue
-                src = self._view(m, schema, int(where["rows"]), own=False)
+                src = self._view(m, schema, where.rows, own=False)
                 dst = out.get(name)
                 if dst is None:
                     dst = out[name] = _result((size, *shape), dtype)
@@ -426,32 +446,30 @@ class LocalPlane:
         _close_unleased(self._maps, self._guard)
         self._local.clear()
 
-    async def is_local(self, unit: Mapping[str, Any]) -> bool:
-        """Whether ``unit`` (its info) runs on this host with shared-memory columns."""
-        if not self.enabled or unit.get("handle") is None:
+    async def is_local(self, unit: UnitView) -> bool:
+        """Whether ``unit`` runs on this host with shared-memory columns."""
+        if not self.enabled or unit.handle is None:
             return False
-        key = str(unit["unit_id"])
+        key = unit.unit_id
         if key not in self._local:
             try:
-                info = await unit["handle"].local_info()
+                info: LocalInfo = await unit.handle.local_info()
             except ActorDiedError:
                 return False
             except Exception:  # not reachable now: the socket path will say why
                 return False
-            same = info.get("host") == self._host
-            gpu = visible_device(info.get("gpu_uuid")) if info.get("cuda_ipc") else None
+            same = info.host == self._host
+            gpu = visible_device(info.gpu_uuid) if info.cuda_ipc else None
             if same and gpu is not None:
                 self._gpu[key] = gpu
-            self._local[key] = same and (bool(info.get("shm")) or gpu is not None)
+            self._local[key] = same and (info.shm or gpu is not None)
         return self._local[key]
 
-    def gpu_of(self, unit: Mapping[str, Any]) -> torch.device | None:
+    def gpu_of(self, unit: UnitView) -> torch.device | None:
         """A local CUDA unit's GPU (after :meth:`is_local`), None for a CPU unit."""
-        return self._gpu.get(str(unit["unit_id"]))
+        return self._gpu.get(unit.unit_id)
 
-    def dense_for(
-        self, unit: Mapping[str, Any], columns: Mapping[str, Column]
-    ) -> dict[str, Column]:
+    def dense_for(self, unit: UnitView, columns: Mapping[str, Column]) -> dict[str, Column]:
         """The columns a same-host put writes straight into ``unit``'s columns: dense CPU
         tensors, and for a CUDA unit dense tensors on any device."""
         cuda = self.gpu_of(unit) is not None
@@ -461,7 +479,7 @@ class LocalPlane:
             if c.dense is not None and (cuda or c.dense.device.type == "cpu")
         }
 
-    def known(self, unit: Mapping[str, Any]) -> list[str] | None:
+    def known(self, unit: UnitView) -> list[str] | None:
         """For a CUDA unit: the columns (lease segments) this client has opened, which the
         unit then sends no IPC share for; None for a CPU unit."""
         if self.gpu_of(unit) is None:
@@ -469,10 +487,12 @@ class LocalPlane:
         with self._guard:
             return [k for k, m in self._maps.items() if m.tensor is not None]
 
-    def _map_cuda(self, fields: Mapping[str, Any], schemas: Mapping[str, FieldSchema]) -> None:
+    def _map_cuda(
+        self, fields: Mapping[str, Slots | Place], schemas: Mapping[str, FieldSchema]
+    ) -> None:
         """Open the CUDA columns whose IPC shares came with ``fields`` (reserve, locate)."""
         for name, where in fields.items():
-            ipc, seg_name = where.get("ipc"), where.get("segment")
+            ipc, seg_name = where.ipc, where.segment
             if ipc is None or seg_name is None:
                 continue
             tensor = open_column(ipc, schemas[name].torch_dtype or torch.float32)
@@ -578,12 +598,12 @@ def _schema_row_bytes(schema: FieldSchema) -> int:
     return math.prod(int(d or 0) for d in schema.shape or ()) * dtype.itemsize
 
 
-async def _drop(handle: Any, reserved: asyncio.Future[dict[str, Any]]) -> None:
+async def _drop(handle: Any, reserved: asyncio.Future[Reservation]) -> None:
     try:
         res = await reserved
     except BaseException:
         return
-    await _quiet(handle.release(res["token"]))
+    await _quiet(handle.release(res.token))
 
 
 async def _quiet(call: Any) -> None:

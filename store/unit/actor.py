@@ -31,13 +31,14 @@ import functools
 import os
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rayless.actors import Actor, ActorHandle, current_caller
 from rayless.actors.api.context import ENV_NODE_ID
 from rayless.store.data.fields import FieldSchema
+from rayless.store.data.messages import LocalInfo, Located, Place, Reservation, Slots
 from rayless.store.data.meta import BatchMeta  # noqa: F401  (registers BatchMeta with the codec)
 from rayless.store.data.updates import DataUpdate
 from rayless.store.errors import (
@@ -58,6 +59,15 @@ if TYPE_CHECKING:  # (imported when first used: they import torch)
     from rayless.store.unit.shard import ShardStorage
 
 __all__ = ["StorageUnit", "unit_device"]
+
+
+def _schemas(data: Mapping[str, FieldSchema]) -> dict[str, FieldSchema]:
+    """The field schemas a client sent, by field. Raises SchemaError for one that is not."""
+    out = dict(data)
+    for name, schema in out.items():
+        if type(schema) is not FieldSchema:
+            raise SchemaError(f"not a field schema for {name!r}: {schema!r:.80}")
+    return out
 
 
 def unit_device(device: str) -> str:
@@ -148,11 +158,12 @@ class StorageUnit(Actor):
         self._gets = RateMeter()
 
     def _new_shard(self) -> ShardStorage:
+        from rayless.store.data.dense import DenseColumn
         from rayless.store.samehost.columns import ShmDense
         from rayless.store.samehost.columns_cuda import CudaDense
-        from rayless.store.unit.shard import ShardStorage, _Dense
+        from rayless.store.unit.shard import ShardStorage
 
-        dense: type[_Dense] = _Dense
+        dense: type[DenseColumn] = DenseColumn
         if shm_columns_enabled():  # same-host clients write and read the columns directly
             dense = CudaDense if self.device.startswith("cuda") else ShmDense
         return ShardStorage(self.unit_id, self.device, self.capacity_bytes, dense_type=dense)
@@ -216,12 +227,13 @@ class StorageUnit(Actor):
         partition: str,
         indexes: list[int],
         td: Any,
-        schemas: dict[str, dict[str, Any]],
+        schemas: dict[str, FieldSchema],
         timeout: float = 0.0,
         put_id: int | None = None,
         generation: int | None = None,
     ) -> None:
-        """Store ``td`` as samples ``indexes`` of ``partition``; return after the controller's ACK.
+        """Store ``td`` (fields ``schemas``) as samples ``indexes`` of ``partition``; return
+        after the controller's ACK.
         ``put_id``: the column-wise put this write belongs to (store.controller.column_puts);
         ``generation``: the allocation of a new put's samples (see :meth:`_check_new_rows`).
 
@@ -230,7 +242,7 @@ class StorageUnit(Actor):
         and their indexes hold another put's rows), the controller's refusal (rows rolled back).
         """
         await self._loaded()
-        declared = {k: FieldSchema.from_dict(v) for k, v in schemas.items()}
+        declared = _schemas(schemas)
         fresh = [n for n in declared if not self.shard.has_any(partition, indexes, n)]
         new = generation is not None
         update = await self._write_when_room(partition, indexes, td, declared, timeout, new)
@@ -240,7 +252,7 @@ class StorageUnit(Actor):
         if self.shard.device.type == "cuda":
             await asyncio.to_thread(self._sync_device)  # IPC sources may be reused after ACK
         try:
-            await self.controller.on_data_update(self.unit_id, update.to_dict())
+            await self.controller.on_data_update(self.unit_id, update)
         except BaseException:
             if fresh:
                 self.shard.delete(partition, indexes, fresh)
@@ -354,8 +366,10 @@ class StorageUnit(Actor):
         self._notify_freed()
         return freed
 
-    async def kv_put(self, keys: list[str], td: Any, timeout: float = 0.0) -> dict[str, Any]:
-        """Store ``td``'s rows under ``keys``; returns the written fields' schemas (as dicts).
+    async def kv_put(
+        self, keys: list[str], td: Any, timeout: float = 0.0
+    ) -> dict[str, FieldSchema]:
+        """Store ``td``'s rows under ``keys``; returns the written fields' schemas.
 
         Waits up to ``timeout`` for room like :meth:`write`; raises like ShardStorage.kv_put.
         """
@@ -364,7 +378,7 @@ class StorageUnit(Actor):
         del td
         if self.shard.device.type == "cuda":
             await asyncio.to_thread(self._sync_device)
-        return {k: v.to_dict() for k, v in schemas.items()}
+        return dict(schemas)
 
     async def kv_get(self, keys: list[str], fields: list[str] | None = None) -> Any:
         """The rows under ``keys``. Raises UnknownKeyError, UnknownFieldError."""
@@ -409,9 +423,8 @@ class StorageUnit(Actor):
 
     # -- same-host reserve, commit, locate ----------------------------------------------------
 
-    async def local_info(self) -> dict[str, Any]:
-        """``{"host": host id, "shm": whether dense columns live in shared memory, "cuda_ipc":
-        whether they live in GPU memory exported by CUDA IPC, "gpu_uuid": that GPU's UUID}``."""
+    async def local_info(self) -> LocalInfo:
+        """This unit's host and how same-host clients reach its dense columns."""
         shm = shm_columns_enabled()  # (as _new_shard chooses: no torch needed to tell)
         cuda = shm and self.device.startswith("cuda")
         gpu_uuid = None
@@ -419,19 +432,18 @@ class StorageUnit(Actor):
             from rayless.store.samehost.columns_cuda import cuda_uuid
 
             gpu_uuid = cuda_uuid(self.shard.device)
-        return {"host": host_id(), "shm": shm and not cuda, "cuda_ipc": cuda, "gpu_uuid": gpu_uuid}
+        return LocalInfo(host_id(), shm and not cuda, cuda, gpu_uuid)
 
-    def _where(self, col: ShmDense, known: list[str] | None) -> dict[str, Any]:
-        """A column's place for a same-host client: segment, rows (and for a CUDA column
-        whose lease segment is not in ``known``, the IPC share the client opens)."""
+    def _share(self, col: ShmDense, known: list[str] | None) -> list[Any] | None:
+        """The IPC share a same-host client opens for a CUDA column whose lease segment is
+        not in ``known`` (None: a CPU column, or one the client has opened)."""
         from rayless.store.samehost.columns_cuda import CudaDense
 
         seg = col.segment
-        out: dict[str, Any] = {"segment": None if seg is None else seg.name, "rows": col.capacity}
         wants_share = known is not None and seg is not None and seg.name not in known
         if isinstance(col, CudaDense) and wants_share:  # known None: a CPU-only client
-            out["ipc"] = col.export()["ipc"]
-        return out
+            return col.export()
+        return None
 
     def _expire(self) -> None:
         """Drop the reservations past their expiry (the oldest first: they expire in order)."""
@@ -506,7 +518,7 @@ class StorageUnit(Actor):
         dense: dict[str, FieldSchema],
         known: list[str] | None = None,
         spare: bool = False,
-    ) -> dict[str, Any]:
+    ) -> Reservation:
         from rayless.store.samehost.columns import ShmDense, row_bytes_of
         from rayless.store.unit.columns import _Parts, dense_part, part_schema, with_part
 
@@ -557,7 +569,7 @@ class StorageUnit(Actor):
                 if plan[name][0] is None:
                     col.close()
             raise self.shard.shm_full(needed, exc) from None
-        out: dict[str, Any] = {}
+        out: dict[str, Slots] = {}
         taken: dict[str, tuple[ShmDense, torch.Tensor, list[int]]] = {}
         cols = self.shard._parts.setdefault(partition, cols)
         for name, col in made.items():
@@ -565,7 +577,8 @@ class StorageUnit(Actor):
             slots = col.take_slots(count)
             col.pending += len(slots)
             taken[name] = (col, col.data, slots)
-            out[name] = {**self._where(col, known), "fence": col.fence, "slots": slots}
+            seg = None if col.segment is None else col.segment.name
+            out[name] = Slots(seg, col.capacity, col.fence, slots, self._share(col, known))
         token = uuid.uuid4().hex
         rows = None if isinstance(idx, int) else idx
         owner = current_caller()
@@ -575,22 +588,22 @@ class StorageUnit(Actor):
         )
         if owner is not None:
             self._owned.setdefault(owner, set()).add(token)
-        return {"token": token, "fields": out}
+        return Reservation(token, out)
 
     async def reserve(
         self,
         partition: str,
         indexes: list[int] | int,
-        dense: dict[str, dict[str, Any]],
+        dense: dict[str, FieldSchema],
         timeout: float = 0.0,
         known: list[str] | None = None,
         spare: bool = False,
-    ) -> dict[str, Any]:
-        """Slots for the dense fields ``dense`` (wire schemas) of samples ``indexes``:
-        ``{"token", "fields": {name: {"segment", "rows", "slots"}}}``. ``indexes`` may be a
+    ) -> Reservation:
+        """Slots for the dense fields ``dense`` (their schemas) of samples ``indexes``: the
+        reservation's token and each field's slots in its column. ``indexes`` may be a
         count: slots reserved while the controller still allocates the samples (their indexes
         then come with ``commit``). ``known``: the CUDA columns (lease segment names) the
-        client has opened; the others come with their IPC share (``"ipc"``). ``spare``: a
+        client has opened; the others come with their IPC share (``Slots.ipc``). ``spare``: a
         client's reservation ahead of its next put (store.client.leases): it never waits for
         room nor takes another spare's, grows columns only while the unit keeps as much room
         free as it takes (StoreFullError), and a write that finds the unit full takes its
@@ -611,7 +624,7 @@ class StorageUnit(Actor):
             idx = indexes
         else:
             idx = _check_indexes(indexes)
-        declared = {k: FieldSchema.from_dict(v) for k, v in dense.items()}
+        declared = _schemas(dense)
         caller, task = current_caller(), asyncio.current_task()
         if caller is not None and task is not None:  # cancelled if the caller goes meanwhile
             self._waiting.setdefault(caller, set()).add(task)
@@ -632,7 +645,7 @@ class StorageUnit(Actor):
         self,
         token: str,
         rest: Any,
-        schemas: dict[str, dict[str, Any]],
+        schemas: dict[str, FieldSchema],
         timeout: float = 0.0,
         indexes: list[int] | None = None,
         put_id: int | None = None,
@@ -681,8 +694,7 @@ class StorageUnit(Actor):
             reported: dict[str, FieldSchema] = {}
             shapes: dict[str, list[tuple[int, ...]]] = {}
             if rest is not None:
-                declared = {k: FieldSchema.from_dict(v) for k, v in schemas.items()}
-                declared = {k: v for k, v in declared.items() if k not in res.columns}
+                declared = {k: v for k, v in _schemas(schemas).items() if k not in res.columns}
                 new = generation is not None
                 update = await self._write_when_room(part, idx, rest, declared, timeout, new)
                 reported.update(update.schemas)
@@ -729,7 +741,7 @@ class StorageUnit(Actor):
         try:
             await self.controller.on_data_update(
                 self.unit_id,
-                DataUpdate(part, idx, reported, shapes, put_id, generation).to_dict(),
+                DataUpdate(part, idx, reported, shapes, put_id, generation),
             )
         except BaseException:
             if fresh:
@@ -752,13 +764,11 @@ class StorageUnit(Actor):
         dense: list[str],
         rest: list[str],
         known: list[str] | None = None,
-    ) -> dict[str, Any]:
-        """Where the dense fields ``dense`` of samples ``indexes`` are (``{"fields": {name:
-        {"segment", "generation", "rows", "slots", "shape"}}, "rest": {name: the rows of the
-        other fields ``rest``: one flat tensor of a ragged field, a list of a plain one}}``;
-        a multi-shape field whose rows here sit in several parts: ``{name: {"parts": [{...,
-        "shape", "at": their positions in indexes}]}}``); ``known`` as for ``reserve``.
-        Raises like ``read``."""
+    ) -> Located:
+        """Where the dense fields ``dense`` of samples ``indexes`` are (one place per column
+        part holding some: a multi-shape field's rows may sit in several, each place with the
+        positions ``at`` of its rows in ``indexes``), and the rows of the other fields
+        ``rest``; ``known`` as for ``reserve``. Raises like ``read``."""
         await self._loaded()
         import torch
 
@@ -771,7 +781,7 @@ class StorageUnit(Actor):
         cols = self.shard._parts.get(part)
         if cols is None:
             self.shard.read(part, idx, dense or rest)  # raises UnknownPartitionError
-        fields: dict[str, Any] = {}
+        fields: dict[str, list[Place]] = {}
         for name in dense:
             col = (cols or {}).get(name)
             if not isinstance(col, (ShmDense, _Parts)):
@@ -781,12 +791,7 @@ class StorageUnit(Actor):
                 missing = [i for i in idx if i not in col.slot_of]
                 if missing:
                     self.shard.read(part, idx, [name])  # raises UnknownFieldError
-                fields[name] = {
-                    **self._where(col, known),
-                    "generation": col.generation,
-                    "slots": [col.slot_of[i] for i in idx],
-                    "shape": list(_Parts.shape_of(col)),
-                }
+                fields[name] = [self._place(col, known, [col.slot_of[i] for i in idx])]
                 continue
             if any(i not in col for i in idx):
                 self.shard.read(part, idx, [name])  # raises UnknownFieldError
@@ -794,21 +799,14 @@ class StorageUnit(Actor):
             places = []
             for one, at in groups:  # one per per-sample shape (a multi-shape field's parts)
                 assert isinstance(one, ShmDense)
-                places.append(
-                    {
-                        **self._where(one, known),
-                        "generation": one.generation,
-                        "slots": [one.slot_of[idx[k]] for k in at],
-                        "shape": list(_Parts.shape_of(one)),
-                        "at": list(at),
-                    }
-                )
+                slots = [one.slot_of[idx[k]] for k in at]
+                places.append(self._place(one, known, slots, list(at)))
             # one shape: as ever (the client copies into one dense tensor); several: each
             # part's rows with their positions in ``indexes`` (the client copies each into a
             # piece of that shape and nests them: store/samehost/shapes.py)
             if len(places) == 1:
-                del places[0]["at"]
-            fields[name] = places[0] if len(places) == 1 else {"parts": places}
+                places = [replace(places[0], at=None)]
+            fields[name] = places
         packed: dict[str, Any] = {}
         for name in rest:  # one flat tensor (or one list of values) per field
             col = (cols or {}).get(name)
@@ -824,4 +822,16 @@ class StorageUnit(Actor):
                 )
                 packed[name] = torch.cat(flat)
         self._gets.add(len(idx))
-        return {"fields": fields, "rest": packed}
+        return Located(fields, packed)
+
+    def _place(
+        self, col: ShmDense, known: list[str] | None, slots: list[int], at: list[int] | None = None
+    ) -> Place:
+        """Where rows ``slots`` of column ``col`` are for a same-host client (``at``: their
+        positions in the located indexes, for a field whose rows sit in several parts)."""
+        from rayless.store.unit.columns import _Parts
+
+        seg = None if col.segment is None else col.segment.name
+        shape = list(_Parts.shape_of(col))
+        share = self._share(col, known)
+        return Place(seg, col.capacity, col.generation, slots, shape, share, at)

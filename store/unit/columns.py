@@ -1,12 +1,12 @@
 """The column kinds of a shard: dense slots of one growable tensor, and one entry per sample.
 
-:class:`_Dense` holds a dense field as slots of one preallocated tensor (``index_copy_`` in,
-``index_select`` out, growth by doubling within a byte budget, freed slots reused). :class:`_Rows`
-holds a nested or non-tensor field as one entry per sample with its size in bytes.
-:class:`_Parts` holds a *multi-shape* dense field (puts of different per-sample shapes): one
-:class:`_Dense` column part per shape, each sample's row in the part of its shape; rows never
-move between parts. :class:`~rayless.store.unit.shard.ShardStorage` keeps one of these per
-partition x field (a field is a plain :class:`_Dense` until a put of another shape arrives).
+A dense field is a :class:`~rayless.store.data.dense.DenseColumn` (slots of one growable
+tensor). :class:`_Rows` holds a nested or non-tensor field as one entry per sample with its
+size in bytes. :class:`_Parts` holds a *multi-shape* dense field (puts of different per-sample
+shapes): one :class:`DenseColumn` part per shape, each sample's row in the part of its shape;
+rows never move between parts. :class:`~rayless.store.unit.shard.ShardStorage` keeps one of
+these per partition x field (a field is a plain :class:`DenseColumn` until a put of another
+shape arrives).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rayless.store.data.dense import DenseColumn
 from rayless.store.data.schema import (
     Column,
     FieldSchema,
@@ -25,100 +26,6 @@ from rayless.store.data.schema import (
 )
 
 __all__: list[str] = []
-
-
-class _Dense:
-    """A dense column: slots of one growable tensor."""
-
-    def __init__(self, schema: FieldSchema, device: torch.device) -> None:
-        self.schema = schema
-        dtype = schema.torch_dtype or torch.float32
-        self.data = torch.empty(
-            (0, *(d or 0 for d in schema.shape or ())), dtype=dtype, device=device
-        )
-        self.slot_of: dict[int, int] = {}
-        self.free: list[int] = []
-        self.top = 0  # slots [top, capacity) were never used
-
-    @property
-    def capacity(self) -> int:
-        return int(self.data.shape[0])
-
-    @property
-    def row_bytes(self) -> int:
-        return tensor_bytes(self.data[:1]) if self.capacity else tensor_bytes(self._one_row())
-
-    def _one_row(self) -> torch.Tensor:
-        return torch.empty((1, *self.data.shape[1:]), dtype=self.data.dtype, device="meta")
-
-    @property
-    def nbytes(self) -> int:
-        return tensor_bytes(self.data)
-
-    def growth(self, indexes: Sequence[int], budget: int) -> tuple[int, int]:
-        """The capacity to add ``indexes`` within ``budget`` bytes, and the bytes it costs.
-
-        Doubles when the budget allows, else grows exactly; the capacity is -1 (with the least
-        cost) when even that is over budget, and unchanged (cost 0) when spare slots suffice.
-        """
-        return self._growth_for(sum(1 for i in indexes if i not in self.slot_of), budget)
-
-    def _growth_for(self, new_rows: int, budget: int) -> tuple[int, int]:
-        """``growth`` for ``new_rows`` rows that need a slot of their own."""
-        spare = len(self.free) + self.capacity - self.top
-        if new_rows <= spare:
-            return self.capacity, 0
-        required = self.capacity + new_rows - spare
-        row = self.row_bytes
-        for cap in (max(required, 2 * self.capacity), required):
-            if (cap - self.capacity) * row <= budget:
-                return cap, (cap - self.capacity) * row
-        return -1, (required - self.capacity) * row
-
-    def grow(self, capacity: int) -> None:
-        bigger = torch.empty(
-            (capacity, *self.data.shape[1:]), dtype=self.data.dtype, device=self.data.device
-        )
-        if self.top:
-            bigger[: self.top].copy_(self.data[: self.top])
-        self.data = bigger
-
-    def write(self, indexes: Sequence[int], value: torch.Tensor) -> None:
-        slots = []
-        for i in indexes:
-            slot = self.slot_of.get(i)
-            if slot is None:
-                if self.free:
-                    slot = self.free.pop()
-                else:
-                    slot = self.top
-                    self.top += 1
-                self.slot_of[i] = slot
-            slots.append(slot)
-        where = torch.tensor(slots, dtype=torch.int64, device=self.data.device)
-        self.data.index_copy_(0, where, value.to(self.data.device))
-
-    def read(self, indexes: Sequence[int]) -> torch.Tensor:
-        where = torch.tensor(
-            [self.slot_of[i] for i in indexes], dtype=torch.int64, device=self.data.device
-        )
-        return self.data.index_select(0, where)
-
-    def delete(self, indexes: Iterable[int]) -> None:
-        for i in indexes:
-            slot = self.slot_of.pop(i, None)
-            if slot is not None:
-                self.free.append(slot)
-
-    def __contains__(self, index: int) -> bool:
-        return index in self.slot_of
-
-    def holds_any(self, indexes: Iterable[int]) -> bool:
-        """Whether any of ``indexes`` has a row here (one C-level pass)."""
-        return not self.slot_of.keys().isdisjoint(indexes)
-
-    def __len__(self) -> int:
-        return len(self.slot_of)
 
 
 class _Rows:
@@ -161,26 +68,26 @@ class _Parts:
     of samples of one part are that part's dense read; a read mixing parts is a nested tensor
     (:func:`~rayless.store.data.schema.nest_rows`)."""
 
-    def __init__(self, schema: FieldSchema, parts: dict[tuple[int, ...], _Dense]) -> None:
+    def __init__(self, schema: FieldSchema, parts: dict[tuple[int, ...], DenseColumn]) -> None:
         self.schema = schema  # the field's (merged) schema: None where the parts' shapes differ
         self.parts = parts
 
     @staticmethod
-    def shape_of(col: _Dense) -> tuple[int, ...]:
+    def shape_of(col: DenseColumn) -> tuple[int, ...]:
         return tuple(int(d) for d in col.data.shape[1:])
 
-    def part_of(self, index: int) -> _Dense | None:
+    def part_of(self, index: int) -> DenseColumn | None:
         """The part holding ``index``'s row (None: none)."""
         for part in self.parts.values():
             if index in part:
                 return part
         return None
 
-    def groups(self, indexes: Sequence[int]) -> list[tuple[_Dense, list[int]]]:
+    def groups(self, indexes: Sequence[int]) -> list[tuple[DenseColumn, list[int]]]:
         """``(part, positions in indexes)`` for each part holding some of ``indexes``, in the
         parts' order. Raises KeyError for an index no part holds."""
         left = {i: k for k, i in enumerate(indexes)}
-        out: list[tuple[_Dense, list[int]]] = []
+        out: list[tuple[DenseColumn, list[int]]] = []
         for part in self.parts.values():  # (set intersections: O(indexes), not x parts)
             hit = part.slot_of.keys() & left.keys()
             if hit:
@@ -240,17 +147,19 @@ def _dims(shape: Sequence[int | None]) -> tuple[int, ...]:
     return tuple(0 if d is None else int(d) for d in shape)
 
 
-def dense_part(col: Any, shape: Sequence[int | None]) -> _Dense | None:
+def dense_part(col: Any, shape: Sequence[int | None]) -> DenseColumn | None:
     """The dense column (part) of field column ``col`` that holds rows of per-sample ``shape``
     (None: none yet, or ``col`` is not dense)."""
     if isinstance(col, _Parts):
         return col.parts.get(_dims(shape))
-    if isinstance(col, _Dense) and _Parts.shape_of(col) == _dims(shape):
+    if isinstance(col, DenseColumn) and _Parts.shape_of(col) == _dims(shape):
         return col
     return None
 
 
-def with_part(col: Any, part: _Dense, schema: FieldSchema | None = None) -> _Dense | _Parts:
+def with_part(
+    col: Any, part: DenseColumn, schema: FieldSchema | None = None
+) -> DenseColumn | _Parts:
     """Field column ``col`` (a dense column, parts, or None) with ``part`` among its parts, and
     ``schema`` (the merged one; None: merged here) as the field's: ``part`` itself when it is
     the only one."""
@@ -263,7 +172,7 @@ def with_part(col: Any, part: _Dense, schema: FieldSchema | None = None) -> _Den
         col.parts.setdefault(shape, part)
         col.schema = schema
         return col
-    assert isinstance(col, _Dense)
+    assert isinstance(col, DenseColumn)
     return _Parts(schema, {_Parts.shape_of(col): col, shape: part})
 
 
@@ -272,7 +181,7 @@ def part_schema(schema: FieldSchema, shape: Sequence[int | None]) -> FieldSchema
     return FieldSchema("dense", schema.dtype, _dims(shape), schema.device)
 
 
-_Col = _Dense | _Rows | _Parts
+_Col = DenseColumn | _Rows | _Parts
 
 
 def _close(col: Any) -> None:

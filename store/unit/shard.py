@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from rayless.store.data.dense import DenseColumn
 from rayless.store.data.packed import is_packed, unpack_columns
 from rayless.store.data.schema import (
     Column,
@@ -56,7 +57,6 @@ from rayless.store.errors import (
 from rayless.store.unit.columns import (
     _close,
     _Col,
-    _Dense,
     _Parts,
     _row_sizes,
     _Rows,
@@ -66,9 +66,6 @@ from rayless.store.unit.columns import (
 )
 
 __all__ = ["KV_PARTITION", "ShardStorage", "kv_shard_of"]
-
-# _Dense and _Rows live in store/unit/columns.py; unit.py, unit_local.py and columns.py import
-# them from here.
 
 KV_PARTITION = "\x00kv"
 
@@ -107,7 +104,7 @@ class ShardStorage:
         unit_id: str,
         device: str | torch.device = "cpu",
         capacity_bytes: int | None = None,
-        dense_type: type[_Dense] = _Dense,
+        dense_type: type[DenseColumn] = DenseColumn,
     ) -> None:
         if not isinstance(unit_id, str) or not unit_id:
             raise StoreInputError(f"unit_id must be a non-empty str, got {unit_id!r}")
@@ -272,11 +269,11 @@ class ShardStorage:
         merged: Mapping[str, FieldSchema],
         growths: Mapping[str, int],
         needed: int,
-    ) -> dict[str, _Dense]:
+    ) -> dict[str, DenseColumn]:
         """The dense columns of a write, grown as planned (new ones not yet in the partition).
         Raises StoreFullError naming ``/dev/shm`` when shared memory is exhausted (new columns
         are closed again, grown ones keep their room)."""
-        out: dict[str, _Dense] = {}
+        out: dict[str, DenseColumn] = {}
         try:
             for name, col in columns.items():
                 if col.schema.kind != "dense":
@@ -298,7 +295,7 @@ class ShardStorage:
         return out
 
     @staticmethod
-    def moved(cols: dict[str, _Col], name: str, part: _Dense, indexes: Sequence[int]) -> None:
+    def moved(cols: dict[str, _Col], name: str, part: DenseColumn, indexes: Sequence[int]) -> None:
         """Rows ``indexes`` of field ``name`` were just written into its column ``part``: drop
         their older rows of another shape (other parts), and a part left empty; a field left
         with one part is a plain dense column again."""
@@ -312,7 +309,7 @@ class ShardStorage:
         if len(col.parts) == 1:
             cols[name] = next(iter(col.parts.values()))
 
-    def drop_part(self, partition: str, name: str, part: _Dense) -> None:
+    def drop_part(self, partition: str, name: str, part: DenseColumn) -> None:
         """Drop field ``name``'s column ``part`` if it holds nothing (a dropped reservation's):
         close it; a field left with one part is a plain dense column again."""
         cols = self._parts.get(partition, {})
@@ -397,7 +394,7 @@ class ShardStorage:
         data: dict[str, tuple[FieldSchema, Any]] = {}
         for n in names:
             col = cols[n]
-            if isinstance(col, (_Dense, _Parts)):  # (_Parts: nested when idx mixes shapes)
+            if isinstance(col, (DenseColumn, _Parts)):  # (_Parts: nested when idx mixes shapes)
                 data[n] = (col.schema, col.read(idx))
             else:
                 data[n] = (col.schema, [col.rows[i] for i in idx])

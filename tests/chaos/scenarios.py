@@ -128,8 +128,8 @@ async def _kill_unit(store: Store, cluster: Cluster, shard: int, timeout: float)
     os.kill(pid, signal.SIGKILL)
 
     async def lost() -> bool:
-        units = {u["unit_id"]: u for u in await store.controller.units()}
-        return not units[unit_id]["alive"]
+        units = {u.unit_id: u for u in await store.controller.units()}
+        return not units[unit_id].alive
 
     if await until(lost, timeout):
         kill.detected_s = time.monotonic() - start

@@ -56,7 +56,7 @@ async def test_a_put_after_every_unit_died_names_the_lost_unit(local_cluster: Cl
     os.kill(int(records[unit_id]["pid"]), signal.SIGKILL)
 
     async def lost() -> bool:
-        return not (await st.controller.units())[0]["alive"]
+        return not (await st.controller.units())[0].alive
 
     await wait_until(lost, timeout=20, what="the controller to mark the unit lost")
     with pytest.raises(UnitLostError) as info:  # before the fix: a bare StoreError
@@ -72,7 +72,7 @@ async def test_a_partition_serves_new_data_after_a_unit_loss(local_cluster: Clus
     os.kill(int(records[victim["unit_id"]]["pid"]), signal.SIGKILL)
 
     async def lost() -> bool:
-        return not (await st.controller.units())[1]["alive"]
+        return not (await st.controller.units())[1].alive
 
     await wait_until(lost, timeout=30, what="the controller to mark unit 1 lost")
     alive = sorted(meta.global_indexes[i] for i, s in enumerate(meta.shards) if s == 0)

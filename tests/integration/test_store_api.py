@@ -19,6 +19,8 @@ from rayless.store import (
     SyncStore,
     UnknownKeyError,
 )
+from rayless.store.controller.samplers import RandomSampler
+from rayless.store.data.messages import FetchMode
 from rayless.transport.errors import ClosedError
 from tests.waiting import wait_until
 
@@ -120,6 +122,12 @@ async def test_fetch_and_peek_per_task_and_reset(local_cluster: Cluster) -> None
     assert len(await st.get_meta("p", ["x"], 6, task="a", timeout=0)) == 6
     rand = await st.get_meta("p", ["x"], 3, task="r", sampler={"name": "random", "seed": 1})
     assert len(set(rand.global_indexes)) == 3
+    # a sampler class travels by reference and is built in the controller; a FetchMode is
+    # taken as its string is
+    by_class = await st.get_meta("p", ["x"], 3, task="c", sampler=RandomSampler, timeout=0)
+    assert len(set(by_class.global_indexes)) == 3
+    peeked = await st.get_meta("p", ["x"], None, task="c", mode=FetchMode.PEEK)
+    assert len(peeked) == 3  # the 3 the class-built sampler's fetch left unconsumed
 
 
 async def test_waiting_fetch_never_blocks_other_clients(local_cluster: Cluster) -> None:

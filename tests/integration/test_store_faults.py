@@ -16,6 +16,7 @@ import rayless.actors as actors
 from rayless.actors import Cluster
 from rayless.store import (
     BatchMeta,
+    FieldSchema,
     ForeignMetaError,
     PartialResultError,
     SchemaError,
@@ -176,7 +177,7 @@ async def test_unwritten_allocations_are_reclaimed(local_cluster: Cluster) -> No
     st = await Store.create(local_cluster, num_units=2)
     await st.ready()  # the raw controller handle below skips the client's wait for the units
     # A client that allocated and then died before writing anything.
-    await st.controller.allocate("p", 4, {"x": {"kind": "dense", "dtype": "int64", "shape": []}})
+    await st.controller.allocate("p", 4, {"x": FieldSchema("dense", "int64", ())})
     assert (await st.stats())["unwritten"] == 4
     with pytest.raises(StoreTimeoutError):
         await st.get_meta("p", ["x"], 1, timeout=0)  # never visible as ready
@@ -209,7 +210,7 @@ def _with_shards(meta: BatchMeta, shards: list[int]) -> BatchMeta:
 
 async def _wait_lost(st: Store, shard: int) -> None:
     async def lost() -> bool:
-        return not (await st.controller.units())[shard]["alive"]
+        return not (await st.controller.units())[shard].alive
 
     await wait_until(lost, timeout=30, what=f"the controller to mark unit {shard} lost")
 

@@ -18,6 +18,7 @@ from tensordict import TensorDict
 from rayless.actors import Cluster
 from rayless.store import Store, StoreError, StoreInputError, StoreTimeoutError
 from rayless.store.client.loader import StreamingLoader
+from rayless.store.data.fields import FieldSchema
 from rayless.store.data.requests import FetchRequest
 from rayless.store.metrics import prometheus, render_text
 from tests.waiting import wait_until
@@ -99,7 +100,7 @@ async def test_a_restarted_unit_registers_again_and_is_watched_again(
 
         async def back(old: int = old) -> bool:
             units = await st.controller.units()
-            return units[1]["alive"] and (await pid()) not in (0, old)
+            return units[1].alive and (await pid()) not in (0, old)
 
         await until(back, f"unit back after kill {round_}")
         lost = await st.lost_samples("p")
@@ -235,14 +236,14 @@ async def test_a_column_wise_put_whose_client_died_is_aborted_by_the_reaper(
     st = await Store.create(local_cluster, num_units=2, name="v2-colreap", reclaim_after=0.5)
     meta = await st.put(td(4), "p")
     used = (await st.units[0]["handle"].stats())["used_bytes"]
-    wire = {"y": {"kind": "dense", "dtype": "int64", "shape": [], "device": "cpu"}}
+    wire = {"y": FieldSchema("dense", "int64", (), "cpu")}
     begun = await st.controller.begin_column_put(meta, wire)
     by_shard = meta.by_shard()
     idx0 = [meta.global_indexes[p] for p in by_shard[0]]
     idx1 = [meta.global_indexes[p] for p in by_shard[1]]
     rows = TensorDict({"y": torch.arange(len(idx0))}, [len(idx0)])
     # what a client does before it is killed: unit 0 writes its part; unit 1 never does
-    await st.units[0]["handle"].write("p", idx0, rows, wire, 0.0, begun["put_id"])
+    await st.units[0]["handle"].write("p", idx0, rows, wire, 0.0, begun.put_id)
     assert (await st.production_status("p"))["fields"].get("y", 0) == 0
 
     async def reaped() -> bool:
@@ -251,6 +252,6 @@ async def test_a_column_wise_put_whose_client_died_is_aborted_by_the_reaper(
     await until(reaped, "the reaper deleted unit 0's row of the dead client's put")
     late = TensorDict({"y": torch.arange(len(idx1))}, [len(idx1)])
     with pytest.raises(StoreInputError, match="aborted"):
-        await st.units[1]["handle"].write("p", idx1, late, wire, 0.0, begun["put_id"])
+        await st.units[1]["handle"].write("p", idx1, late, wire, 0.0, begun.put_id)
     assert (await st.production_status("p"))["fields"].get("y", 0) == 0
     await st.shutdown()

@@ -30,6 +30,6 @@ async def test_clients_and_a_unit_killed_midway_lose_nothing_unreported(
         assert not verdict.missing, figures  # acknowledged, never read, not reported lost
         assert verdict.read + verdict.lost >= verdict.acked
         units = await st.controller.units()
-        assert not units[-1]["alive"] and all(u["alive"] for u in units[:-1])
+        assert not units[-1].alive and all(u.alive for u in units[:-1])
     finally:
         await st.shutdown()

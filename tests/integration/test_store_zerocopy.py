@@ -16,6 +16,7 @@ from tensordict import NonTensorStack, TensorDict
 
 from rayless.actors import Cluster
 from rayless.store import PartialResultError, Store, StoreInputError, UnitLostError
+from rayless.store.data.fields import FieldSchema
 from rayless.transport import shm
 from tests.chaos.scenarios import until
 from tests.integration.zerocopy_classes import Holder
@@ -256,14 +257,14 @@ async def test_a_commit_whose_indexes_do_not_fit_a_reservation_by_count_is_refus
     st = await Store.create(local_cluster, num_units=1, name="zc-count")
     await st.ready()
     unit = st.units[0]["handle"]
-    wire = {"x": {"kind": "dense", "dtype": "float32", "shape": [4]}}
+    wire = {"x": FieldSchema("dense", "float32", (4,))}
     for bad in (-1, True, "3"):
         with pytest.raises(StoreInputError):
             await unit.reserve("p", bad, wire)
     res = await unit.reserve("p", 3, wire)
-    assert len(res["fields"]["x"]["slots"]) == 3
+    assert len(res.fields["x"].slots) == 3
     with pytest.raises(StoreInputError, match="2 indexes for a reservation of 3 rows"):
-        await unit.commit(res["token"], None, wire, 0.0, [0, 1])
+        await unit.commit(res.token, None, wire, 0.0, [0, 1])
     assert await _no_reservations(st)
     assert (await unit.stats())["used_bytes"] == 0  # nothing was written
     await st.shutdown()

@@ -96,8 +96,8 @@ SAMPLES: list[Any] = [
 
 
 def _control() -> dict[str, type]:
-    """The control plane's messages (other packages register theirs in the same table:
-    weight sync's ``weights.*``, when a test of this process imported them)."""
+    """The control plane's messages (``ctl.``, ``zyg.``): other packages register theirs in
+    the same table once imported (the store's ``store.``, weight sync's ``weights.``)."""
     return {n: c for n, c in MESSAGES.items() if n.startswith(("ctl.", "zyg."))}
 
 

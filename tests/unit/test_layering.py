@@ -1,5 +1,8 @@
 """Imports only go downward: transport, placement -> actors -> store -> rayless/scripts.
 
+Inside the store, the subpackages (data/, controller/, unit/, samehost/, client/) form a DAG:
+no two of them import each other, directly or through others (late imports count too).
+
 Everything imports our packages under the one root (``rayless.actors``, ...); a bare
 ``import actors`` would load a second copy of a module under another name (or a user's own
 ``actors.py``), so it fails this test anywhere in the repository.
@@ -71,6 +74,44 @@ def violations(package: str, root: Path = ROOT) -> list[str]:
     return bad
 
 
+def subpackage_edges(package: str, root: Path = ROOT) -> dict[str, set[str]]:
+    """Subpackage -> the other subpackages of ``package`` it imports (every import counts:
+    in functions and under ``TYPE_CHECKING`` too)."""
+    base = root / package
+    subs = {p.name for p in base.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    dotted = f"rayless.{package}"
+    edges: dict[str, set[str]] = {s: set() for s in subs}
+    for sub in subs:
+        for path in (base / sub).rglob("*.py"):
+            for _, module, names in _imports(path):
+                if module == dotted:
+                    targets = {n for n in names if n in subs}
+                elif module.startswith(dotted + "."):
+                    first = module[len(dotted) + 1 :].split(".")[0]
+                    targets = {first} if first in subs else set()
+                else:
+                    targets = set()
+                edges[sub] |= targets - {sub}
+    return edges
+
+
+def subpackage_cycles(package: str, root: Path = ROOT) -> list[list[str]]:
+    """The strongly connected components of more than one subpackage of ``package``."""
+    edges = subpackage_edges(package, root)
+    reach: dict[str, set[str]] = {}
+    for start in edges:
+        seen: set[str] = set()
+        todo = [start]
+        while todo:
+            for nxt in edges[todo.pop()]:
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        reach[start] = seen
+    components = {tuple(sorted({s} | {o for o in reach[s] if s in reach[o]})) for s in edges}
+    return sorted(list(c) for c in components if len(c) > 1)
+
+
 def bare_imports(root: Path = ROOT) -> list[str]:
     """Bare ``import actors|store|transport|placement`` in any tracked Python file."""
     files = subprocess.run(
@@ -94,6 +135,34 @@ def test_imports_go_only_downward(package: str) -> None:
 
 def test_no_bare_imports_of_our_packages_anywhere() -> None:
     assert bare_imports() == []
+
+
+def test_store_subpackages_form_a_dag() -> None:
+    assert subpackage_edges("store")  # (the check sees the subpackages)
+    assert subpackage_cycles("store") == []
+
+
+def test_subpackage_check_catches_a_cycle_through_a_late_import(tmp_path: Path) -> None:
+    for sub in ("data", "unit", "samehost", "client"):
+        (tmp_path / "store" / sub).mkdir(parents=True)
+        (tmp_path / "store" / sub / "__init__.py").write_text("")
+    (tmp_path / "store" / "unit" / "actor.py").write_text(
+        "from rayless.store.data.meta import BatchMeta\n"
+        "def shard():\n    from rayless.store.samehost.columns import ShmDense\n"
+    )
+    (tmp_path / "store" / "samehost" / "columns.py").write_text(
+        "from rayless.store.unit.columns import Dense\n"
+    )
+    (tmp_path / "store" / "client" / "store.py").write_text(
+        "from rayless.store import unit, samehost\n"
+    )
+    assert subpackage_edges("store", tmp_path) == {
+        "data": set(),
+        "unit": {"data", "samehost"},
+        "samehost": {"unit"},
+        "client": {"unit", "samehost"},
+    }
+    assert subpackage_cycles("store", tmp_path) == [["samehost", "unit"]]
 
 
 def test_checker_catches_an_upward_import(tmp_path: Path) -> None:

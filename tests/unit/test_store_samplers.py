@@ -1,21 +1,32 @@
-"""Samplers: sequential, seeded random, grouped-N (never splits a group)."""
+"""Samplers: sequential, seeded random, grouped-N (never splits a group); the registry, class
+references and the capabilities the controller relies on."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rayless.store.controller import samplers
 from rayless.store.controller.samplers import (
+    Capabilities,
     GroupedSampler,
+    GroupOf,
     RandomSampler,
     Sampler,
+    SeqlenBalancedSampler,
     SequentialSampler,
+    capabilities_of,
     make_sampler,
+    register_sampler,
+    sampler_names,
+    sampler_ref,
 )
 from rayless.store.errors import StoreInputError
+from tests.unit.controller_state_helpers import put, state_with_units
 
 
 def by_four(index: int) -> Hashable:
@@ -116,3 +127,68 @@ def test_the_loader_and_its_samplers_are_exported_from_rayless_store() -> None:
     assert store.StreamingLoader is StreamingLoader
     assert store.StreamingDataset is StreamingDataset
     assert {"SeqlenBalancedSampler", "StreamingLoader", "StreamingDataset"} <= set(store.__all__)
+
+
+class _OldestFirst:
+    """A sampler of the user's own that declares it takes the oldest candidates: the
+    controller takes them itself and never asks it."""
+
+    capabilities = Capabilities(sequential=True)
+
+    def select(
+        self, candidates: Sequence[int], batch_size: int, group_of: GroupOf
+    ) -> list[int] | None:
+        raise AssertionError("a sequential sampler is never asked")
+
+    def spec(self) -> dict[str, Any]:
+        return {"name": sampler_ref(type(self))}
+
+
+def test_samplers_are_found_by_name_in_the_registry() -> None:
+    assert {"sequential", "random", "grouped", "seqlen_balanced"} <= set(sampler_names())
+
+    @register_sampler("test-every-other")
+    class EveryOther:
+        def select(
+            self, candidates: Sequence[int], batch_size: int, group_of: GroupOf
+        ) -> list[int] | None:
+            picked = list(candidates[::2])
+            return picked[:batch_size] if len(picked) >= batch_size else None
+
+        def spec(self) -> dict[str, Any]:
+            return {"name": "test-every-other"}
+
+    try:
+        made = make_sampler({"name": "test-every-other"})
+        assert isinstance(made, EveryOther) and capabilities_of(made) == Capabilities()
+        assert made.select([0, 1, 2, 3], 2, by_four) == [0, 2]
+        with pytest.raises(ValueError, match="taken"):
+            register_sampler("random")(EveryOther)
+        with pytest.raises(ValueError, match="':'"):
+            register_sampler("a:b")
+        with pytest.raises(StoreInputError, match="bad arguments"):
+            make_sampler({"name": "test-every-other", "k": 1})
+    finally:
+        samplers._REGISTRY.pop("test-every-other", None)
+
+
+def test_a_sampler_class_travels_by_reference() -> None:
+    ref = sampler_ref(RandomSampler)
+    assert ref == "rayless.store.controller.samplers:RandomSampler"
+    made = make_sampler({"name": ref, "seed": 4})
+    assert isinstance(made, RandomSampler) and made.seed == 4
+    for bad in ("no_such_module_xyz:Thing", "collections:OrderedDict", "collections:Nope"):
+        with pytest.raises(StoreInputError):
+            make_sampler(bad)
+
+
+def test_declared_capabilities_are_what_the_controller_relies_on() -> None:
+    assert capabilities_of(SequentialSampler()) == Capabilities(sequential=True)
+    assert capabilities_of(GroupedSampler(4)) == Capabilities(group_size=4)
+    assert capabilities_of(SeqlenBalancedSampler(2)).sequential
+    assert capabilities_of(SeqlenBalancedSampler(2, n=3)) == Capabilities(group_size=3)
+    assert capabilities_of(object()) == Capabilities()  # declares nothing
+    c = state_with_units()
+    put(c, "p", 4)
+    meta = c.try_fetch("p", ["x"], 3, task="t", sampler=_OldestFirst())
+    assert meta is not None and list(meta.global_indexes) == [0, 1, 2]

@@ -18,7 +18,7 @@ from rayless.store.unit.shard import ShardStorage
 from rayless.transport.errors import error_from_state, error_to_state
 from rayless.transport.segments import Segment
 
-WIRE = {"x": {"kind": "dense", "dtype": "float32", "shape": [4]}}
+WIRE = {"x": FieldSchema("dense", "float32", (4,))}
 
 
 def _no_room(code: int) -> object:
@@ -56,7 +56,7 @@ async def test_a_reservation_in_a_full_dev_shm_is_a_store_full_error(
         assert unit.shard.partitions() == [] and not unit._reservations
         monkeypatch.undo()
         res = await unit.reserve("p", 4, WIRE, 0.0)  # room again: the same call works
-        assert len(res["fields"]["x"]["slots"]) == 4
+        assert len(res.fields["x"].slots) == 4
     finally:
         await unit.teardown()
 
