@@ -74,6 +74,26 @@ FACES = [
         inner="self.cluster",
         call="self.run({aw})",
     ),
+    Face(
+        path="store/client/sync.py",
+        face="SyncStore",
+        source="rayless.store.client.store:Store",
+        inner="self.store",
+        call="self.run({aw})",
+        timed_call="self.run({aw}, call_limit(timeout))",
+        unbounded_call="self.run({aw}, None)",
+        needs=("from rayless.actors.api.blocking import call_limit",),
+    ),
+    Face(
+        path="weights/sync.py",
+        face="SyncWeightSync",
+        source="rayless.weights.client:WeightSync",
+        inner="self.ws",
+        call="self.run({aw})",
+        timed_call="self.run({aw}, call_limit(timeout))",
+        unbounded_call="self.run({aw}, None)",
+        needs=("from rayless.actors.api.blocking import call_limit",),
+    ),
 ]
 
 
