@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rayless.transport.errors import RaylessError
+from rayless.transport.errors import BrokenError, RaylessError
 
 __all__ = [
     "CheckpointError",
@@ -119,8 +119,10 @@ class StoreTimeoutError(StoreError, TimeoutError, wire="rayless.StoreTimeoutErro
     """A ``get_meta`` whose batch did not become ready within its timeout; nothing changed."""
 
 
-class UnitLostError(StoreError, wire="rayless.UnitLostError"):
-    """A storage unit is gone; the samples it held are lost. ``unit`` names it."""
+class UnitLostError(StoreError, BrokenError, wire="rayless.UnitLostError"):
+    """A storage unit is gone; the samples it held are lost. ``unit`` names it.
+
+    A ``BrokenError`` too (the lost-peer family, with ``ActorDiedError``)."""
 
     def __init__(self, unit: str, reason: str = "") -> None:
         self.unit = unit

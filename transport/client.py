@@ -24,6 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from enum import Enum
 from typing import Any, Literal
 
 import msgpack
@@ -67,9 +68,16 @@ log = logging.getLogger("rayless.transport")
 Broke = Literal["forgotten", "lost", "silent", "rejected"]
 
 
-# a client's session: not yet handshaken, authenticated, broken (the next request handshakes
-# again), closed for good
-_NEW, _READY, _BROKEN, _CLOSED = "new", "ready", "broken", "closed"
+class SessionState(Enum):
+    """A client's session: not yet handshaken, authenticated, broken (the next request
+    handshakes again), closed for good."""
+
+    NEW = "new"
+    READY = "ready"
+    BROKEN = "broken"
+    CLOSED = "closed"
+
+
 # seconds after a UNIX connection's EOF at which a server that still listens is checked again
 # (a dying process closes its connections and its listener in no set order)
 _RECHECK = (0.25, 1.0)
@@ -138,7 +146,7 @@ class Client:
         self._device = device
         self._allow_pickle = allow_pickle
         self._ctx = context or zmq_context()
-        self._state = _NEW
+        self._state = SessionState.NEW
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future[Any], asyncio.TimerHandle | None]] = {}
         self._pump: SocketPump | StreamPump | None = None
@@ -165,12 +173,12 @@ class Client:
     @property
     def closed(self) -> bool:
         """Whether :meth:`aclose` was called."""
-        return self._state == _CLOSED
+        return self._state is SessionState.CLOSED
 
     @property
     def ready(self) -> bool:
         """Whether the session is authenticated and unbroken."""
-        return self._state == _READY
+        return self._state is SessionState.READY
 
     @property
     def queued(self) -> int:
@@ -239,12 +247,12 @@ class Client:
             AuthError: the server rejected our token, or could not prove it knows it.
             Timeout: no handshake within ``connect_timeout``.
         """
-        if self._state == _CLOSED:
+        if self._state is SessionState.CLOSED:
             raise ClosedError(f"client {self.name} is closed")
         if self._connecting is None:
             self._connecting = asyncio.Lock()
         async with self._connecting:
-            if self._state == _READY:
+            if self._state is SessionState.READY:
                 return self
             if self._pump is None:
                 self._open_socket()
@@ -282,13 +290,13 @@ class Client:
         does a server that still listens a moment after closing us (its process is alive:
         no death will come to end the calls).
         """
-        if self._state == _CLOSED:
+        if self._state is SessionState.CLOSED:
             return
         pump = self._pump
         if self._handshake is not None and not self._handshake.done():
             self._handshake.set_exception(BrokenError(f"{self.address}: {reason}"))
         elif (
-            self._state == _READY
+            self._state is SessionState.READY
             and math.isinf(self._hb_timeout)
             and isinstance(pump, StreamPump)
             and pump.peer_gone
@@ -301,7 +309,8 @@ class Client:
         self._break(f"connection lost: {reason}", "lost")
 
     def _recheck_listener(self, pump: StreamPump, reason: str, attempt: int) -> None:
-        if self._state != _READY or self._pump is not pump or not self._still_listens():
+        ready = self._state is SessionState.READY
+        if not ready or self._pump is not pump or not self._still_listens():
             return  # handled meanwhile, or the server is gone: its owner fails what waits
         if attempt < len(_RECHECK):
             asyncio.get_running_loop().call_later(
@@ -324,10 +333,10 @@ class Client:
 
     async def aclose(self) -> None:
         """Fail pending requests with ClosedError and close the socket. Idempotent."""
-        if self._state == _CLOSED:
+        if self._state is SessionState.CLOSED:
             return
-        was_ready = self._state == _READY
-        self._state = _CLOSED
+        was_ready = self._state is SessionState.READY
+        self._state = SessionState.CLOSED
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         self._fail_all(ClosedError(f"client {self.name} was closed"))
@@ -348,9 +357,9 @@ class Client:
             pump.close()
 
     def _break(self, reason: str, why: Broke) -> None:
-        if self._state != _READY:
+        if self._state is not SessionState.READY:
             return
-        self._state = _BROKEN
+        self._state = SessionState.BROKEN
         self._broken_reason = reason
         self.broke = why
         self._fail_all(
@@ -412,7 +421,7 @@ class Client:
                 self._on_oneway(body)
         elif kind in (Kind.CHALLENGE, Kind.WELCOME) or (kind is Kind.REJECT and req_id == 0):
             body = msgpack.unpackb(bytes(payload[0]), raw=False) if payload else {}
-            if kind is Kind.REJECT and self._state == _READY:
+            if kind is Kind.REJECT and self._state is SessionState.READY:
                 forgotten = body.get("code") == RejectCode.NEED_HANDSHAKE
                 reason = str(body.get("reason", "rejected"))
                 self._break(reason, "forgotten" if forgotten else "rejected")
@@ -441,13 +450,13 @@ class Client:
         self._heartbeat = loop.call_later(self._hb_interval / 2, self._beat)
 
     def _beat(self) -> None:
-        if self._state == _CLOSED:
+        if self._state is SessionState.CLOSED:
             return
         now = time.monotonic()
         late = now - self._beat_due
         if late > self._hb_interval:  # our own loop was blocked: we could not have heard
             self._last_recv = max(self._last_recv, now - self._hb_interval)
-        if self._state == _READY and self._pump is not None:
+        if self._state is SessionState.READY and self._pump is not None:
             if now - self._last_recv > self._hb_timeout:
                 self._break(f"no heartbeat for {now - self._last_recv:.1f}s", "silent")
             elif now - self._last_send >= self._hb_interval or self._pending:
@@ -469,7 +478,7 @@ class Client:
             TypeError: ``body`` cannot be encoded.
             RaylessError or RemoteError: whatever the server's handler raised.
         """
-        if self._state != _READY:
+        if self._state is not SessionState.READY:
             await self.connect()
         elif self._pump is not None and self._pump.queued >= self.limits.send_queue:
             await self.wait_room(timeout)
@@ -487,8 +496,8 @@ class Client:
             ClosedError / BrokenError: the client is closed, or its session is not ready.
             TypeError: ``body`` cannot be encoded.
         """
-        if self._state != _READY:
-            if self._state == _CLOSED:
+        if self._state is not SessionState.READY:
+            if self._state is SessionState.CLOSED:
                 raise ClosedError(f"client {self.name} is closed")
             raise BrokenError(f"no session with {self.address}: {self._broken_reason or 'new'}")
         req_id, fut = self._send_request(body, timeout)
@@ -499,7 +508,7 @@ class Client:
         """The fastest submit: a future of the reply, or None when the session is not ready
         or the send queue is backed up (then use :meth:`request`). An encoding error comes
         back inside the future. Cancelling the future cancels the request at the server."""
-        if self._state != _READY or (self._pump is not None and self._pump.queued):
+        if self._state is not SessionState.READY or (self._pump is not None and self._pump.queued):
             return None
         try:
             req_id, fut = self._send_request(body, timeout)
@@ -538,8 +547,8 @@ class Client:
             ClosedError / BrokenError: the client is closed, or its session is not ready.
             TypeError: ``body`` cannot be encoded.
         """
-        if self._state != _READY or self._pump is None:
-            raise (ClosedError if self._state == _CLOSED else BrokenError)(
+        if self._state is not SessionState.READY or self._pump is None:
+            raise (ClosedError if self._state is SessionState.CLOSED else BrokenError)(
                 f"no session with {self.address}"
             )
         frames = codec.encode(
@@ -561,7 +570,7 @@ class Client:
             return  # answered already, or failed with the session
         if entry[1] is not None:
             entry[1].cancel()
-        if self._state == _READY and self._pump is not None:
+        if self._state is SessionState.READY and self._pump is not None:
             try:
                 self._pump.send(envelope(Kind.CANCEL, req_id))
             except (RaylessError, zmq.ZMQError):  # closing: nothing to cancel any more
@@ -630,7 +639,7 @@ class Client:
         self.peer_host = str(body.get("host", ""))
         self.same_host = self.peer_host == host_id()
         self._last_recv = time.monotonic()
-        self._state = _READY
+        self._state = SessionState.READY
 
     def _merge_bounds(self, advertised: dict[str, Any]) -> tuple[int, int, int]:
         return peer_bounds(self.limits, advertised)
@@ -644,7 +653,7 @@ class Client:
         timeout: float,
     ) -> tuple[Kind, dict[str, Any]]:
         if self._pump is None:  # the stream ended between two steps (the peer went away)
-            if self._state == _CLOSED:
+            if self._state is SessionState.CLOSED:
                 raise ClosedError(f"client {self.name} was closed during the handshake")
             raise BrokenError(f"{self.address}: the connection was lost during the handshake")
         self._handshake = loop.create_future()

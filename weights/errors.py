@@ -12,7 +12,7 @@ Every error here crosses processes intact (the error tree registers subclasses f
 
 from __future__ import annotations
 
-from rayless.transport.errors import RaylessError
+from rayless.transport.errors import BrokenError, RaylessError
 
 __all__ = [
     "PublisherLostError",
@@ -52,5 +52,7 @@ class WeightTimeoutError(WeightSyncError, TimeoutError, wire="rayless.WeightTime
     """No version >= ``min_version`` was published within the pull's timeout."""
 
 
-class PublisherLostError(WeightSyncError, wire="rayless.PublisherLostError"):
-    """The publisher died (crash, kill -9); pulls fail until a new publisher publishes."""
+class PublisherLostError(WeightSyncError, BrokenError, wire="rayless.PublisherLostError"):
+    """The publisher died (crash, kill -9); pulls fail until a new publisher publishes.
+
+    A ``BrokenError`` too (the lost-peer family, with ``ActorDiedError``)."""
