@@ -38,7 +38,7 @@ import weakref
 from typing import Any
 
 from rayless.actors.api.actor import loads_by_value
-from rayless.transport.errors import BrokenError, RaylessError, RemoteError
+from rayless.transport.errors import BrokenError, RaylessError, RemoteError, Timeout
 
 __all__ = ["caller_hook", "materialize", "materialize_any", "rebuild_materialized", "replied"]
 
@@ -193,14 +193,14 @@ _REPLIED: weakref.WeakSet[BaseException] = weakref.WeakSet()
 
 def caller_hook(exc: BaseException) -> BaseException:
     """The error hook of a caller's client of an actor: :func:`materialize_any`, noting a
-    ``BrokenError`` the actor replied with (see :func:`replied`)."""
+    ``BrokenError`` or ``Timeout`` the actor replied with (see :func:`replied`)."""
     exc = materialize_any(exc)
-    if isinstance(exc, BrokenError):
+    if isinstance(exc, (BrokenError, Timeout)):
         _REPLIED.add(exc)
     return exc
 
 
 def replied(exc: BaseException) -> bool:
-    """Whether ``exc`` is a lost-peer error an actor replied with (its method's outcome),
-    not a break of this process's connection to that actor."""
+    """Whether ``exc`` is a lost-peer error or a timeout an actor replied with (its method's
+    outcome), not a break of this process's connection to that actor or its own deadline."""
     return exc in _REPLIED

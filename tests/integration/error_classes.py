@@ -115,6 +115,11 @@ class Relay:
 
         raise BrokenError("a peer of the relay broke")
 
+    async def time_out(self) -> None:
+        from rayless.transport.errors import Timeout
+
+        raise Timeout("the relay's own wait ran out")
+
 
 class Raiser:
     """Raises any builtin exception from a def method (an async one for the coroutine case)."""

@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from rayless.actors import ActorDiedError, Cluster, RemoteError
-from rayless.transport.errors import BrokenError
+from rayless.transport.errors import BrokenError, Timeout
 from tests.integration.error_classes import CodeErr, Custom, Faulty, Relay, Unencodable
 
 pytestmark = pytest.mark.integration
@@ -85,7 +85,8 @@ async def test_an_actor_died_error_a_method_raises_reaches_its_caller_as_itself(
 ) -> None:
     """ActorDiedError is a BrokenError: the one a method raises (an actor it called died) is
     its outcome, never taken for a break of the caller's connection to that method's actor,
-    on the fast path (no timeout) as on the full one (a timeout)."""
+    on the fast path (no timeout) as on the full one (a timeout); so is a Timeout it raises,
+    never taken for the call's own deadline."""
     relay = await local_cluster.spawn(Relay)
     target = await local_cluster.spawn(Faulty, name="relayed-target")
     assert await relay.ok_of(target) == 1
@@ -99,3 +100,7 @@ async def test_an_actor_died_error_a_method_raises_reaches_its_caller_as_itself(
         with pytest.raises(BrokenError, match="a peer of the relay broke") as broke:
             await asyncio.wait_for(lose_a_peer(), 60)
         assert type(broke.value) is BrokenError
+    for time_out in [relay.time_out, relay.time_out.options(timeout=60)]:
+        # a Timeout the method raises is its outcome, not this call's deadline
+        with pytest.raises(Timeout, match="the relay's own wait ran out"):
+            await asyncio.wait_for(time_out(), 60)
