@@ -136,6 +136,7 @@ def test_lost_peer_errors_an_actor_replies_with_are_noted_as_its_outcome() -> No
     for lost in (died, ClusterLostError("head gone"), BrokenError("peer gone")):
         assert caller_hook(lost) is lost and replied(lost)  # an actor's reply: its outcome
     assert not replied(BrokenError("peer gone"))
-    timeout = Timeout("slow")
-    assert caller_hook(timeout) is timeout and not replied(timeout)  # anything else: as before
+    timeout = Timeout("slow")  # a method's own deadline ran out: its outcome too
+    assert caller_hook(timeout) is timeout and replied(timeout)
+    assert not replied(Timeout("slow"))  # raised here: this call's deadline
     assert isinstance(caller_hook(RemoteError.from_exception(KeyError("k"), "a")), KeyError)
