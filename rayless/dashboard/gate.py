@@ -10,11 +10,14 @@ own and :class:`Gate` runs the accept loop:
   middleware then calls :meth:`Gate.trusted`); a stranger has ``head_timeout`` seconds in
   all, from its accept, to get a request through (one deadline for the whole head, not per
   read), and is cut then;
-* at most ``max_strangers`` strangers at once in total, and a quarter of that per peer
-  address: a new connection beyond either cap closes the *oldest* stranger (of that peer, or
-  of all). A key holder's request arrives right after its connect and is marked trusted
-  within a few turns of the loop, long before as many newer strangers could push it out, so a
-  flood, from any number of peers, cannot keep it away. ``max_strangers`` also stays within
+* at most ``max_strangers`` strangers at once in total, and a quarter of that per peer: a new
+  connection beyond either cap closes the *oldest* stranger (of that peer, or of all). A peer
+  is the local user at the other end for a loopback connection (``transport.tcp_owner`` asks
+  the kernel; every local process connects from the same address), else the peer's address.
+  So another user's flood only ever pushes out its own connections: it cannot evict a key
+  holder's connection while that connection has not sent its request yet (a browser opens
+  connections before it has a request for them; a loaded machine may not run the client
+  between its connect and its send for a while). ``max_strangers`` also stays within
   the fds the process has left under its soft ``RLIMIT_NOFILE`` (:func:`stranger_room`);
 * when ``accept()`` fails for want of fds or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the
   loop closes the oldest stranger, backs off (50 ms doubling to 1 s) and logs one line per
@@ -38,6 +41,7 @@ from typing import Any
 
 from rayless.transport.fds import fds_left
 from rayless.transport.ratelog import RateLimitedLog
+from rayless.transport.tcp_owner import TcpOwners
 
 __all__ = ["Gate", "stranger_room"]
 
@@ -84,6 +88,7 @@ class Gate:
         self.per_peer = max(2, self.max_strangers // 4)
         self._strangers: OrderedDict[object, _Stranger] = OrderedDict()
         self._ratelog = RateLimitedLog(log, LOG_INTERVAL)
+        self._owners = TcpOwners()
         self._task: asyncio.Task[None] | None = None
         self.stats = dict.fromkeys(("accepted", "evicted", "timed_out", "out_of_fds"), 0)
 
@@ -100,6 +105,7 @@ class Gate:
         self.sock.close()
         for key in list(self._strangers):
             self._drop(key)
+        self._owners.close()
 
     def trusted(self, protocol: object) -> None:
         """The connection of ``protocol`` showed the key: no deadline or cap for it now."""
@@ -137,8 +143,14 @@ class Gate:
                 continue
             backoff = 0.0
             self.stats["accepted"] += 1
-            peer = str(addr[0]) if isinstance(addr, tuple) else str(addr)
-            await self._admit(loop, conn, peer)
+            await self._admit(loop, conn, self._peer(conn, addr))
+
+    def _peer(self, conn: socket.socket, addr: object) -> str:
+        """Whom ``conn`` counts against: its local user's uid, else its address."""
+        uid = self._owners.uid(conn)
+        if uid is not None:
+            return f"uid {uid}"
+        return str(addr[0]) if isinstance(addr, tuple) else str(addr)
 
     async def _admit(self, loop: asyncio.AbstractEventLoop, conn: socket.socket, peer: str) -> None:
         for key in [k for k, s in self._strangers.items() if s.transport.is_closing()]:

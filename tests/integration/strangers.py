@@ -59,6 +59,11 @@ def _prefix() -> list[str]:
     return list(_SETPRIV)
 
 
+def strangers_have_another_uid() -> bool:
+    """Whether :func:`run_stranger` runs its scripts under another uid (as root, with setpriv)."""
+    return bool(_prefix())
+
+
 def run_stranger(script: str, args: dict[str, Any], *, timeout: float = 120.0) -> StrangerRun:
     """Run ``script`` as a tokenless stranger (uid ``nobody`` when we are root).
 
