@@ -11,8 +11,8 @@ from rayless.actors.api.actor import Actor, current_caller
 from rayless.actors.api.cluster import Cluster, connect
 from rayless.actors.api.handle import ActorHandle, ActorMethod, endpoint, gather, wait
 from rayless.actors.api.streams import RemoteStream
-from rayless.actors.control.messages import Template
 from rayless.actors.errors import ActorDiedError
+from rayless.actors.protocol.messages import Template
 from rayless.placement.errors import PlacementError
 from rayless.transport.errors import RaylessError, RemoteError
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from rayless.actors.api import context
 from rayless.actors.api.cluster import Cluster
 from rayless.actors.api.runtime import get_runtime
+from rayless.actors.core import context
 from rayless.actors.launch.local import LocalProcesses
 
 _SHARED: dict[tuple[int, int, float], LocalProcesses] = {}

@@ -38,17 +38,17 @@ from typing import Any, TypeVar, cast
 
 import zmq
 
-from rayless.actors.api import context
 from rayless.actors.api.actor import ClassRef, public_methods
 from rayless.actors.control import agent as agent_module
-from rayless.actors.control import wire
 from rayless.actors.control.agent import ActorProc, Agent
 from rayless.actors.control.logs import LogTailer
-from rayless.actors.control.messages import Bootstrap, Failed, ProcState, Ready
-from rayless.actors.control.process import remote_error
 from rayless.actors.control.process_util import die_with_parent
+from rayless.actors.core import context
 from rayless.actors.errors import StartError
+from rayless.actors.host.process import remote_error
 from rayless.actors.launch.procs import START_TIMEOUT, first_line, terminate
+from rayless.actors.protocol import wire
+from rayless.actors.protocol.messages import Bootstrap, Failed, ProcState, Ready
 from rayless.placement import NodeInfo, discover_node
 from rayless.transport import codec
 from rayless.transport.errors import ProtocolError

@@ -6,7 +6,7 @@ Gathered, in one session of the caller's (it spawns nothing):
 * the head's nodes (alive, CPUs, GPUs total and free, each GPU's used share and memory) and
   actors (state, restarts, node, pid, last death);
 * each live actor's calls and errors per method and its queue depth, read through its debug
-  listener (``metrics``; ``actors.api.callstats``): actors without a listener
+  listener (``metrics``; ``actors.core.callstats``): actors without a listener
   (``RAYLESS_DEBUG=0``) have none;
 * every store of the cluster (the actors of class ``StoreController``, or the names given):
   ``Store.metrics()``'s partitions, units and rates (``rayless.store.metrics``);
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from rayless.actors.api import status as cluster_status
-from rayless.actors.control.messages import ActorState
+from rayless.actors.protocol.messages import ActorState
 from rayless.transport.errors import RaylessError
 
 __all__ = ["actor_stats", "exposition", "snapshot", "snapshot_of"]
@@ -67,7 +67,7 @@ async def snapshot(
 
 async def actor_stats(cluster: Any, timeout: float = 10.0) -> dict[str, Any]:
     """Each reachable actor's counters by actor id: ``calls`` and ``errors`` per method since
-    its process started, ``queued`` and ``running`` now (``actors.api.callstats``). Asks
+    its process started, ``queued`` and ``running`` now (``actors.core.callstats``). Asks
     nothing of the actors' methods, so reading it changes no count.
 
     Raises:

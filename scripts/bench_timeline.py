@@ -1,4 +1,4 @@
-"""The CPU cost of the timeline's hooks per actor call (rayless.actors.api.timeline), measured
+"""The CPU cost of the timeline's hooks per actor call (rayless.actors.core.timeline), measured
 in one process: the caller's (span, flow id, reply callback) and the actor's (the method
 wrapper), each as the difference to the same work without the hook.
 
@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rayless.actors.api import timeline
+from rayless.actors.core import timeline
 
 
 def _per_call(fn: Callable[[], Any], n: int) -> float:

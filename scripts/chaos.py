@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rayless.actors import ActorDiedError, Cluster
-from rayless.actors.api import context
+from rayless.actors.core import context
 from rayless.actors.launch.local import LocalProcesses
 from rayless.demo.config import load_config
 from rayless.store import UnitLostError

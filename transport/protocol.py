@@ -320,7 +320,7 @@ def host_id() -> str:
 # The session protocol revision, sent as ``v`` in HELLO and CHALLENGE. The control block's
 # version byte (VERSION) stays 1 so that peers of every revision can still parse each other's
 # handshake and refuse a mismatch with a clear error. Revision 2 added BATCH; revision 3 made
-# the control plane's messages typed (``actors.control.messages``, docs/protocol.md).
+# the control plane's messages typed (``actors.protocol.messages``, docs/protocol.md).
 PROTOCOL = 3
 # Kind byte of a coalesced batch; outside ``Kind`` on purpose: batches are split by the socket
 # pump before any message reaches a handler, and a batch inside a batch is an unknown kind.

@@ -50,7 +50,7 @@ import torch
 from rayless.actors import ActorHandle, Cluster, connect
 from rayless.actors.api.components import spawn_all
 from rayless.actors.api.lifecycle import opener
-from rayless.actors.api.timeline import traced, weights_span
+from rayless.actors.core.timeline import traced, weights_span
 from rayless.transport import segments
 from rayless.transport.errors import ClosedError, ProtocolError, RaylessError
 from rayless.transport.protocol import host_id

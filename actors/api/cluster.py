@@ -3,7 +3,7 @@
 ``async with Cluster.local(nodes=2, gpus_per_node=4) as cluster`` starts a head, one zygote for
 this host and ``nodes`` node agents as real processes on loopback with a fresh random token
 (fake GPUs unless this machine has enough real ones) and publishes it in this user's
-runtime directory (``actors.api.published``) until it closes. A driver closes on SIGTERM
+runtime directory (``actors.core.published``) until it closes. A driver closes on SIGTERM
 and SIGHUP as on Ctrl-C, then exits with the signal's status (``actors.api.signals``).
 ``actors.connect(address, token)`` joins a running cluster (e.g. one started by
 ``scripts/launch.py``); without arguments it uses the environment ``rayless launch`` gives a
@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from rayless.actors.api import context, published, signals, timeline
+from rayless.actors.api import signals
 from rayless.actors.api.actor import ClassRef, public_methods
 from rayless.actors.api.calls import call_encode_error
 from rayless.actors.api.components import spawn_component
@@ -32,7 +32,11 @@ from rayless.actors.api.lifecycle import Opening
 from rayless.actors.api.remote_errors import materialize
 from rayless.actors.api.runtime import Runtime, close_runtimes, get_runtime
 from rayless.actors.api.sync import DEFAULT_TIMEOUT, SyncCluster
-from rayless.actors.control.messages import (
+from rayless.actors.core import context, published, timeline
+from rayless.actors.core.preload import PRELOAD_MODES, preload_mode
+from rayless.actors.errors import ConnectError
+from rayless.actors.launch.local import LocalProcesses
+from rayless.actors.protocol.messages import (
     ActorPage,
     ClusterSummary,
     EndSession,
@@ -46,9 +50,6 @@ from rayless.actors.control.messages import (
     Summarize,
     Template,
 )
-from rayless.actors.control.zygote import PRELOAD_MODES, preload_mode
-from rayless.actors.errors import ConnectError
-from rayless.actors.launch.local import LocalProcesses
 from rayless.transport import codec
 from rayless.transport.errors import ClosedError, RaylessError, RemoteError
 
@@ -104,7 +105,7 @@ class Cluster:
         the background meanwhile, and a spawn asked for before that finished waits for it
         (within its ``timeout``). ``zygote_preload="lazy"`` keeps the idle cluster small: the
         fork template imports torch on the first spawn instead; ``"demand"`` imports it only
-        when an actor's module does (see ``rayless.actors.control.zygote``). None: the
+        when an actor's module does (see ``rayless.actors.host.zygote``). None: the
         ``RAYLESS_ZYGOTE_PRELOAD`` environment variable's mode, ``"eager"`` when unset.
 
         Raises:

@@ -43,14 +43,14 @@ from typing import TYPE_CHECKING, Any
 
 from rayless.actors.api import status
 from rayless.actors.control.debug import LineSocket, open_actor
-from rayless.actors.control.messages import (
+from rayless.actors.errors import DebugBusyError
+from rayless.actors.protocol.messages import (
     ActorState,
     DebugEndpoints,
     GetActor,
     LookupActor,
 )
-from rayless.actors.control.wire import ask
-from rayless.actors.errors import DebugBusyError
+from rayless.actors.protocol.wire import ask
 from rayless.transport.errors import AuthError, RaylessError
 from rayless.transport.errors import Timeout as TransportTimeout
 

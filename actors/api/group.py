@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayless.actors.api.components import slots_of, spawn_all
 from rayless.actors.api.runtime import get_runtime
-from rayless.actors.control.messages import FreePortOn
+from rayless.actors.protocol.messages import FreePortOn
 from rayless.placement.errors import PlacementError
 
 if TYPE_CHECKING:

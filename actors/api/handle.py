@@ -32,7 +32,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 from rayless.actors.api.calls import has_futures, resolve_futures
 from rayless.actors.api.portal import run_sync, submit_sync
 from rayless.actors.api.runtime import fast_submit, get_runtime
-from rayless.actors.control.messages import ActorView
+from rayless.actors.protocol.messages import ActorView
 from rayless.transport.codec import register_extension
 from rayless.transport.errors import Timeout
 

@@ -19,8 +19,8 @@ import contextlib
 import logging
 import threading
 
-from rayless.actors.control.messages import KeepSession
-from rayless.actors.control.wire import ask
+from rayless.actors.protocol.messages import KeepSession
+from rayless.actors.protocol.wire import ask
 from rayless.transport.client import Client
 from rayless.transport.errors import RaylessError
 

@@ -26,14 +26,15 @@ import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from rayless.actors.api import context, timeline
 from rayless.actors.api.calls import call_encode_error, call_limit_error
 from rayless.actors.api.keeper import SessionKeeper
 from rayless.actors.api.remote_errors import caller_hook, materialize, replied
 from rayless.actors.control import debug
 from rayless.actors.control.death import death_details
 from rayless.actors.control.logs import print_lines
-from rayless.actors.control.messages import (
+from rayless.actors.core import context, timeline
+from rayless.actors.errors import ActorDiedError, ClusterLostError
+from rayless.actors.protocol.messages import (
     ActorEvent,
     ActorState,
     ActorView,
@@ -44,8 +45,7 @@ from rayless.actors.control.messages import (
     LookupActor,
     NodeDied,
 )
-from rayless.actors.control.wire import Handlers, Request, ask
-from rayless.actors.errors import ActorDiedError, ClusterLostError
+from rayless.actors.protocol.wire import Handlers, Request, ask
 from rayless.transport.client import Client
 from rayless.transport.codec import encode
 from rayless.transport.errors import (

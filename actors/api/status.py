@@ -6,7 +6,7 @@
 The address comes from ``--address`` or RAYLESS_ADDRESS; the token from ``--token``,
 ``--token-file``, RAYLESS_TOKEN or RAYLESS_TOKEN_FILE (first found wins, in that order).
 Without any, the one embedded cluster (``Cluster.local()``) published on this host is used;
-an address of a published cluster needs no token (see ``actors.api.published``). The
+an address of a published cluster needs no token (see ``actors.core.published``). The
 command joins the cluster as a session of its own, asks the head for its totals (nodes,
 CPUs, GPUs, actors) and the first ``--limit`` nodes and live actors (100 by default, as
 Ray's ``ray list actors``; 0: all), prints them and ends its session: its cost grows with
@@ -29,12 +29,12 @@ import sys
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rayless.actors.api import context, published
+from rayless.actors.core import context, published
 from rayless.transport.errors import AuthError, RaylessError
 
 if TYPE_CHECKING:
     from rayless.actors.api.cluster import Cluster
-    from rayless.actors.control.messages import ActorView, ClusterSummary
+    from rayless.actors.protocol.messages import ActorView, ClusterSummary
 
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_LIMIT = 100

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from rayless.actors.api import portal as portals
 from rayless.actors.api.handle import ActorHandle, _call, split_ready
-from rayless.actors.control.messages import Template
+from rayless.actors.protocol.messages import Template
 from rayless.transport.errors import ClosedError, Timeout
 
 T = TypeVar("T")
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import os
 
     from rayless.actors.api.cluster import Cluster
-    from rayless.actors.control.messages import ActorPage, ClusterSummary
+    from rayless.actors.protocol.messages import ActorPage, ClusterSummary
 
 DEFAULT_TIMEOUT = 300.0
 

@@ -1,4 +1,4 @@
-"""Gather every process's timeline spans (``actors.api.timeline``) into one Chrome
+"""Gather every process's timeline spans (``actors.core.timeline``) into one Chrome
 trace-event file (Perfetto, chrome://tracing): ``Cluster.timeline(path)`` and ``rayless
 timeline`` (``actors.api.timeline_cli``).
 
@@ -29,11 +29,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayless.actors.api import timeline
 from rayless.actors.control.debug import open_actor
-from rayless.actors.control.messages import DebugEndpoints
-from rayless.actors.control.wire import ask
+from rayless.actors.core import timeline
 from rayless.actors.errors import DebugBusyError
+from rayless.actors.protocol.messages import DebugEndpoints
+from rayless.actors.protocol.wire import ask
 from rayless.transport.errors import RaylessError
 from rayless.transport.files import atomic_file
 

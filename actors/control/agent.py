@@ -25,11 +25,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayless.actors.api import context
 from rayless.actors.control import reaper
 from rayless.actors.control.death import OomWatch, log_tail
 from rayless.actors.control.logs import LogTailer
-from rayless.actors.control.messages import (
+from rayless.actors.control.process_util import die_with_parent, setup_logging
+from rayless.actors.control.spawner import ProcessSpawner, Spawner, ZygoteSpawner
+from rayless.actors.core import context
+from rayless.actors.errors import ActorDiedError, ActorNotFoundError
+from rayless.actors.protocol.messages import (
     ActorEvent,
     AgentStatus,
     Boot,
@@ -49,10 +52,7 @@ from rayless.actors.control.messages import (
     StopActor,
     Template,
 )
-from rayless.actors.control.process_util import die_with_parent, setup_logging
-from rayless.actors.control.spawner import ProcessSpawner, Spawner, ZygoteSpawner
-from rayless.actors.control.wire import Handlers, ask, check_reply, handles
-from rayless.actors.errors import ActorDiedError, ActorNotFoundError
+from rayless.actors.protocol.wire import Handlers, ask, check_reply, handles
 from rayless.placement import NodeInfo, discover_node_async
 from rayless.transport import loop
 from rayless.transport.client import Client

@@ -17,8 +17,8 @@ The protocol, one line each way, then the command's answer::
     S: OK <server proof, hex>      (or "ERR <why>", and the connection closes)
 
 Commands: ``stack`` (the text of every thread's stack and every asyncio task's, then close),
-``timeline [SINCE_NS]`` (this process's timeline spans, ``actors.api.timeline.dump``),
-``metrics`` (its calls and errors per method and queue depth, ``actors.api.callstats.dump``),
+``timeline [SINCE_NS]`` (this process's timeline spans, ``actors.core.timeline.dump``),
+``metrics`` (its calls and errors per method and queue depth, ``actors.core.callstats.dump``),
 ``list`` (a JSON list of the breakpoints paused in this process, then close) and ``attach
 ID`` (``READY``, then the pdb session of breakpoint ID over the connection).
 
@@ -71,10 +71,10 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from rayless.actors.api import callstats, timeline
-from rayless.actors.control.messages import DebugRegister
-from rayless.actors.control.wire import ask
+from rayless.actors.core import callstats, timeline
 from rayless.actors.errors import DebugBusyError
+from rayless.actors.protocol.messages import DebugRegister
+from rayless.actors.protocol.wire import ask
 from rayless.transport import protocol
 from rayless.transport.errors import AuthError, ProtocolError
 from rayless.transport.ratelog import RateLimitedLog

@@ -27,10 +27,10 @@ import sys
 import time
 from typing import Any
 
-from rayless.actors.api import context, published
 from rayless.actors.control.head_actors import HeadActors
 from rayless.actors.control.head_state import ActorRecord, HeadState
-from rayless.actors.control.messages import (
+from rayless.actors.core import context, published
+from rayless.actors.protocol.messages import (
     ActorEvent,
     ActorPage,
     ActorState,
@@ -51,7 +51,7 @@ from rayless.actors.control.messages import (
     Shutdown,
     Summarize,
 )
-from rayless.actors.control.wire import Handlers, ask, handles
+from rayless.actors.protocol.wire import Handlers, ask, handles
 from rayless.placement.allocation import NodeState
 from rayless.placement.errors import PlacementError
 from rayless.transport import loop

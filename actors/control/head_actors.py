@@ -20,7 +20,8 @@ from dataclasses import replace
 from typing import Any
 
 from rayless.actors.control.head_state import ActorRecord, HeadState
-from rayless.actors.control.messages import (
+from rayless.actors.errors import ActorDiedError, ActorNotFoundError, NameTakenError
+from rayless.actors.protocol.messages import (
     ActorEvent,
     ActorState,
     ActorView,
@@ -36,8 +37,7 @@ from rayless.actors.control.messages import (
     StartActor,
     StopActor,
 )
-from rayless.actors.control.wire import ask, handles
-from rayless.actors.errors import ActorDiedError, ActorNotFoundError, NameTakenError
+from rayless.actors.protocol.wire import ask, handles
 from rayless.placement.allocation import Allocation, choose, release
 from rayless.placement.errors import PlacementError, ResourcesBusyError
 from rayless.transport.client import Client

@@ -11,7 +11,7 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayless.actors.control.messages import ActorEvent, ActorState, ActorView
+from rayless.actors.protocol.messages import ActorEvent, ActorState, ActorView
 from rayless.placement.allocation import Allocation, NodeState, NodeTable
 from rayless.transport.client import Client
 

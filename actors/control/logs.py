@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from rayless.actors.control.messages import LogLines
+from rayless.actors.protocol.messages import LogLines
 
 MAX_LINE = 8192
 MAX_LINES_PER_TICK = 2000

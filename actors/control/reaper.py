@@ -8,7 +8,7 @@ owner (pid and start time, ``rayless.transport.owners``):
 * temporary directories, ``/tmp/rayless-{local,zygote,launch}-<pid>-<start>-<random>`` (a local
   cluster's sockets and logs, an agent's own fork template, a launch's token file);
 * runtime entries of a local cluster's head, ``cluster-<head pid>.json`` and its ``.token``
-  (``rayless.actors.api.published``: the entry holds the head's pid and start time).
+  (``rayless.actors.core.published``: the entry holds the head's pid and start time).
 
 An owner that exits normally, or on SIGINT, SIGTERM or SIGHUP (a driver: see
 ``rayless.actors.api.signals``), removes its own. One killed with SIGKILL cannot, and a kill
@@ -49,7 +49,7 @@ import tempfile
 import time
 from types import FrameType
 
-from rayless.actors.api import published
+from rayless.actors.core import published
 from rayless.actors.errors import ConnectError
 from rayless.transport import owners, shm
 

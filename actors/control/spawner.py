@@ -21,11 +21,12 @@ import sys
 from collections.abc import Callable
 from typing import Protocol
 
-from rayless.actors.api import context
-from rayless.actors.control.messages import Template
 from rayless.actors.control.process_util import kill_group
-from rayless.actors.control.wire import Handlers
-from rayless.actors.control.zygote_messages import (
+from rayless.actors.core import context
+from rayless.actors.errors import StartError
+from rayless.actors.protocol.messages import Template
+from rayless.actors.protocol.wire import Handlers
+from rayless.actors.protocol.zygote_messages import (
     LENGTH,
     MAX_FRAME,
     Exited,
@@ -38,7 +39,6 @@ from rayless.actors.control.zygote_messages import (
     pack,
     unpack,
 )
-from rayless.actors.errors import StartError
 from rayless.transport import owners
 from rayless.transport.errors import ProtocolError
 from rayless.transport.files import open_append
@@ -64,7 +64,7 @@ class Spawner(Protocol):
 
 
 class ProcessSpawner:
-    """Starts ``python -m rayless.actors.control.process`` per actor (slower: imports anew)."""
+    """Starts ``python -m rayless.actors.host.process`` per actor (slower: imports anew)."""
 
     def __init__(self, token: str = "") -> None:
         self._token = token
@@ -84,7 +84,7 @@ class ProcessSpawner:
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-m",
-                    "rayless.actors.control.process",
+                    "rayless.actors.host.process",
                     env=child_env,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=out,
@@ -171,7 +171,7 @@ class ZygoteSpawner:
         self._own = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "rayless.actors.control.zygote",
+            "rayless.actors.host.zygote",
             path,
             "--template",
             self._template.value,

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayless.actors.api import context
+from rayless.actors.core import context
 from rayless.actors.errors import LaunchError
 
 DEFAULT_PORT = 29400

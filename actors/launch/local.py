@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 
 from rayless.actors.control.reaper import reaper_args, sweep_host
-from rayless.actors.control.zygote import preload_mode
+from rayless.actors.core.preload import preload_mode
 from rayless.actors.launch.procs import START_TIMEOUT, Child, first_line, start_child, terminate
 from rayless.transport import owners
 from rayless.transport.protocol import new_token
@@ -76,13 +76,13 @@ class LocalProcesses:
             if self.zygote:
                 zygote_path = os.path.join(self.tmpdir, "zygote.sock")
                 light_path = os.path.join(self.tmpdir, "zygote-light.sock")
-                zygote_args = ("-m", "rayless.actors.control.zygote", zygote_path)
+                zygote_args = ("-m", "rayless.actors.host.zygote", zygote_path)
                 self.zygote_proc = start_child(  # the fork templates never hold the token
                     zygote_args, None, os.environ, {"RAYLESS_ZYGOTE_PRELOAD": self.zygote_preload}
                 )
                 light_args = (
                     "-m",
-                    "rayless.actors.control.zygote",
+                    "rayless.actors.host.zygote",
                     light_path,
                     "--template",
                     "light",

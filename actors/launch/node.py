@@ -15,7 +15,7 @@ the cluster is shut down (exit 128 + signal). Without a driver command, rank 0 k
 cluster up until it is signalled (exit 128 + signal too).
 
 Actor logs go to ``--log-dir``, else to a fresh private directory of this launch under
-``<runtime dir>/logs`` (see ``actors.api.published``), printed at start and removed at the end
+``<runtime dir>/logs`` (see ``actors.core.published``), printed at start and removed at the end
 when every log in it is empty; nothing is written into the working directory.
 
 Defaults come from torchrun's MASTER_ADDR/MASTER_PORT/NODE_RANK/NNODES, else Slurm's (see
@@ -63,7 +63,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import replace
 
-from rayless.actors.api import context, published
+from rayless.actors.core import context, published
 from rayless.actors.launch.addresses import claim_node_id, head_bind_address, ip_towards
 from rayless.actors.launch.config import (
     DEFAULT_PORT,

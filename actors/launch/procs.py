@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from rayless.actors.api import context
+from rayless.actors.core import context
 from rayless.actors.errors import LaunchError, StartError
 from rayless.transport.errors import RaylessError
 

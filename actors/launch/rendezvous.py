@@ -9,11 +9,11 @@ import socket
 import time
 from typing import Any
 
-from rayless.actors.control.messages import ListNodes, Shutdown
-from rayless.actors.control.wire import ask
 from rayless.actors.errors import LaunchError
 from rayless.actors.launch.config import LaunchConfig
 from rayless.actors.launch.procs import NodeProcesses, StopFlag
+from rayless.actors.protocol.messages import ListNodes, Shutdown
+from rayless.actors.protocol.wire import ask
 from rayless.transport.errors import RaylessError
 
 

@@ -34,7 +34,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from rayless.actors.api import context
+from rayless.actors.core import context
 from rayless.actors.launch.node import DEFAULT_PORT
 from rayless.actors.launch.procs import LaunchError, StopFlag, exit_code
 from rayless.transport.errors import RaylessError

@@ -10,7 +10,7 @@ import shutil
 import time
 from collections.abc import Mapping
 
-from rayless.actors.api import context
+from rayless.actors.core import context
 from rayless.actors.errors import LaunchError
 from rayless.actors.launch.config import LaunchConfig
 from rayless.actors.launch.procs import StopFlag, read_stdin_line

@@ -1,6 +1,6 @@
 """The typed messages between the store's client, controller and storage units.
 
-Each is a frozen dataclass registered with the codec (``actors.control.wire.message``) under a
+Each is a frozen dataclass registered with the codec (``actors.protocol.wire.message``) under a
 stable wire name (``store.<Name>``): a peer's value is checked field by field on decode, and a
 malformed one is a ProtocolError naming the message and the field. The field schema
 (:class:`~rayless.store.data.fields.FieldSchema`, ``store.FieldSchema``) is one too.
@@ -21,7 +21,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from rayless.actors.control.wire import message
+from rayless.actors.protocol.wire import message
 from rayless.store.errors import StoreInputError
 
 __all__ = [

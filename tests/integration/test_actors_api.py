@@ -12,7 +12,8 @@ import torch
 import rayless.actors as actors
 from rayless.actors import ActorDiedError, Cluster, PlacementError, RemoteError
 from rayless.actors.api.runtime import get_runtime
-from rayless.actors.control.messages import (
+from rayless.actors.launch.local import LocalProcesses
+from rayless.actors.protocol.messages import (
     AgentStatus,
     Bootstrap,
     Kill,
@@ -20,7 +21,6 @@ from rayless.actors.control.messages import (
     Spawn,
     SpawnSpec,
 )
-from rayless.actors.launch.local import LocalProcesses
 from rayless.errors import ActorNotFoundError, ConnectError, NameTakenError, ProtocolError
 from rayless.transport.client import Client
 from rayless.transport.errors import ClosedError

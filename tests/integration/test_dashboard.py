@@ -26,7 +26,7 @@ import torch
 from tensordict import TensorDict
 
 from rayless.actors import Cluster
-from rayless.actors.api import timeline
+from rayless.actors.core import timeline
 from rayless.store import Store
 from tests.environ import without_rayless
 from tests.integration.test_prometheus import strict_check

@@ -22,8 +22,8 @@ from rayless import actors
 from rayless.actors.api.runtime import get_runtime
 from rayless.actors.control.head import Head
 from rayless.actors.control.head_state import ActorRecord
-from rayless.actors.control.messages import ListActors, Summarize
 from rayless.actors.errors import ActorDiedError, ActorNotFoundError
+from rayless.actors.protocol.messages import ListActors, Summarize
 from rayless.actors.testing_scale import Pinger, SimAgent, SimCluster, close_agents, start_agents
 from rayless.transport.errors import ProtocolError
 from rayless.transport.protocol import Kind, open_envelope

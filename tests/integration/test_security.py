@@ -24,8 +24,8 @@ import zmq
 from tensordict import TensorDict
 
 from rayless.actors import Cluster
-from rayless.actors.control.messages import AgentStatus, ListNodes, Spawn, SpawnSpec
 from rayless.actors.launch.local import LocalProcesses
+from rayless.actors.protocol.messages import AgentStatus, ListNodes, Spawn, SpawnSpec
 from rayless.store import Store
 from rayless.transport import codec
 from rayless.transport.client import Client

@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from rayless.actors import Cluster
-from rayless.actors.control.messages import ListNodes
+from rayless.actors.protocol.messages import ListNodes
 from rayless.transport import codec
 from rayless.transport.client import Client
 from rayless.transport.errors import LimitError, Timeout

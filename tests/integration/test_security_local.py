@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from rayless.actors import Cluster
-from rayless.actors.api import context, published
 from rayless.actors.control import debug
 from rayless.actors.control.debug import DebugServer, client_handshake
+from rayless.actors.core import context, published
 from rayless.actors.launch.local import LocalProcesses
 from rayless.errors import AuthError, ConnectError
 from tests.environ import without_rayless
@@ -380,7 +380,7 @@ def test_no_process_of_a_launch_has_the_token_in_its_environ(tmp_path: Path) -> 
     procs = found["procs"]
     assert str(found["child"]) in procs  # the actor's child is among what was read
     roles = " ".join(cmd for cmd, _ in procs.values())
-    for role in ("control.head", "control.agent", "control.zygote", "driver.py"):
+    for role in ("control.head", "control.agent", "host.zygote", "driver.py"):
         assert role in roles
     assert [cmd for cmd, holds in procs.values() if holds] == []
 

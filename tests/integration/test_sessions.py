@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rayless import actors
-from rayless.actors.api import context
+from rayless.actors.core import context
 from rayless.actors.launch.local import LocalProcesses
 from tests.environ import without_rayless
 from tests.integration.actor_classes import Counter

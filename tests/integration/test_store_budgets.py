@@ -1,5 +1,5 @@
 """Machine-independent budgets of the store's operations: the control messages each costs,
-counted by the controller's and the units' own call counters (``actors.api.callstats``, read
+counted by the controller's and the units' own call counters (``actors.core.callstats``, read
 through their debug listeners, which no store method sees) while a real local cluster serves
 N same-host puts, fetches and gets of dense rows. The budgets are the ones docs/store.md
 states ("Round trips"); no timing is asserted."""

@@ -17,8 +17,8 @@ import msgpack
 import psutil
 import pytest
 
-from rayless.actors.control import zygote_messages as z
-from rayless.actors.control.messages import Kill
+from rayless.actors.protocol import zygote_messages as z
+from rayless.actors.protocol.messages import Kill
 from rayless.transport._registry import EXT, MARK
 from tests.waiting import scaled
 
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 def _start_zygote(path: str, *args: str, preload: str = "lazy") -> subprocess.Popen[bytes]:
     env = {**os.environ, "RAYLESS_ZYGOTE_PRELOAD": preload, "RAYLESS_DIE_WITH_PARENT": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "rayless.actors.control.zygote", path, *args],
+        [sys.executable, "-m", "rayless.actors.host.zygote", path, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,

@@ -9,8 +9,9 @@ import inspect
 import pytest
 
 from rayless.actors import ActorHandle, Cluster, endpoint
-from rayless.actors.api import context, portal
+from rayless.actors.api import portal
 from rayless.actors.api.lifecycle import Opening, opener
+from rayless.actors.core import context
 from rayless.store import Store, SyncStore
 from rayless.transport import codec
 from rayless.transport.errors import ClosedError, RaylessError

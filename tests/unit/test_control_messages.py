@@ -11,14 +11,14 @@ from typing import Any
 import msgpack
 import pytest
 
-from rayless.actors.control import messages as m
-from rayless.actors.control import zygote_messages as z
 from rayless.actors.control.agent import Agent
 from rayless.actors.control.death import death_details
 from rayless.actors.control.head import Head
 from rayless.actors.control.spawner import ProcessSpawner
-from rayless.actors.control.wire import MESSAGES, Handlers, Request, check_reply, handles, message
 from rayless.actors.errors import ActorDiedError
+from rayless.actors.protocol import messages as m
+from rayless.actors.protocol import zygote_messages as z
+from rayless.actors.protocol.wire import MESSAGES, Handlers, Request, check_reply, handles, message
 from rayless.placement import discover_node
 from rayless.transport import codec
 from rayless.transport._registry import EXT, MARK

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from rayless.actors.api import timeline
 from rayless.actors.control import debug
-from rayless.actors.control import messages as m
 from rayless.actors.control.head import Head
+from rayless.actors.core import timeline
+from rayless.actors.protocol import messages as m
 from rayless.transport.errors import ProtocolError
 from rayless.transport.peer import Peer
 from tests.waiting import wait_until_sync

@@ -1,7 +1,10 @@
 """Imports only go downward: transport, placement -> actors -> store -> rayless/scripts.
 
-Inside the store, the subpackages (data/, controller/, unit/, samehost/, client/) form a DAG:
-no two of them import each other, directly or through others (late imports count too).
+Inside each package the subpackages form a DAG: no two of them import each other, directly or
+through others (late imports count too). In actors/ the order is fixed: protocol/ (the typed
+messages) and core/ (process-wide state: context, published entries, call stats, the
+timeline) < control/ (head, agent, spawner) < launch/ < api/ (the user API) < host/ (the
+actor process and the fork template, which run user classes through the api).
 
 Everything imports our packages under the one root (``rayless.actors``, ...); a bare
 ``import actors`` would load a second copy of a module under another name (or a user's own
@@ -137,9 +140,26 @@ def test_no_bare_imports_of_our_packages_anywhere() -> None:
     assert bare_imports() == []
 
 
-def test_store_subpackages_form_a_dag() -> None:
-    assert subpackage_edges("store")  # (the check sees the subpackages)
-    assert subpackage_cycles("store") == []
+@pytest.mark.parametrize("package", ["actors", "store", "weights"])
+def test_subpackages_form_a_dag(package: str) -> None:
+    assert subpackage_edges(package)  # (the check sees the subpackages)
+    assert subpackage_cycles(package) == []
+
+
+# The actors subpackages, lowest first: each may import only those before it.
+ACTORS_ORDER = ("protocol", "core", "control", "launch", "api", "host")
+
+
+def test_actors_subpackages_import_only_those_below() -> None:
+    edges = subpackage_edges("actors")
+    assert set(edges) == set(ACTORS_ORDER)
+    upward = {
+        (sub, target)
+        for sub, targets in edges.items()
+        for target in targets
+        if ACTORS_ORDER.index(target) > ACTORS_ORDER.index(sub)
+    }
+    assert upward == set()
 
 
 def test_subpackage_check_catches_a_cycle_through_a_late_import(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rayless.actors.api import context, published
+from rayless.actors.core import context, published
 from rayless.errors import ConnectError
 
 

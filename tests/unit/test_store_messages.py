@@ -104,7 +104,7 @@ def test_every_store_message_has_a_sample_and_only_free_form_fields_are_any() ->
     form), and the rows of the other fields (tensors or plain values)."""
     import typing
 
-    from rayless.actors.control.wire import MESSAGES
+    from rayless.actors.protocol.wire import MESSAGES
 
     store = {n: c for n, c in MESSAGES.items() if n.startswith("store.")}
     assert set(store.values()) == {type(s) for s in SAMPLES} | {Slots, Place}

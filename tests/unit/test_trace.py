@@ -1,4 +1,4 @@
-"""The timeline's ring and its Chrome trace export (rayless.actors.api.timeline, .trace),
+"""The timeline's ring and its Chrome trace export (rayless.actors.core.timeline, .trace),
 without processes."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from rayless.actors.api import timeline
 from rayless.actors.api.trace import Gathered, _align, chrome_trace
+from rayless.actors.core import timeline
 
 
 def test_the_ring_is_bounded_and_filters_by_end_time() -> None:

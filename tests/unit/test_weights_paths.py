@@ -15,7 +15,7 @@ import msgpack
 import pytest
 import torch
 
-from rayless.actors.control.wire import MESSAGES
+from rayless.actors.protocol.wire import MESSAGES
 from rayless.transport import codec, segments
 from rayless.transport._registry import EXT, MARK
 from rayless.transport.errors import ProtocolError

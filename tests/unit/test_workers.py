@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rayless.actors.control.workers import SyncWorker
+from rayless.actors.host.workers import SyncWorker
 from rayless.transport.counters import COUNTERS
 from tests.waiting import wait_until
 

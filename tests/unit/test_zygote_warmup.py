@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from rayless.actors.control import zygote
+from rayless.actors.host import zygote
 
 
 def test_ready_is_printed_before_the_warm_up(

@@ -7,7 +7,7 @@ directory). It never creates a ZeroMQ context, threads or a CUDA context, so for
 safe; each child sets its own environment (CUDA_VISIBLE_DEVICES first) before touching CUDA.
 
 Protocol: length-prefixed (4 bytes, big endian) codec headers of the typed messages of
-``actors.control.zygote_messages``:
+``actors.protocol.zygote_messages``:
     agent → zygote  Fork(tag, env, log, cwd, token) / Preload(module)
     zygote → agent  Forked(tag, pid) / ForkFailed(tag, error)
                     Exited(pid, code)   (code < 0: killed by signal -code)
@@ -23,14 +23,14 @@ children inherit it), and the zygote is a child subreaper (PR_SET_CHILD_SUBREAPE
 descendants that escaped the group (``setsid``) are reparented here. When an actor exits
 (kill -9 included), the zygote SIGKILLs its group and every orphan reparented to it.
 
-Run as ``python -m rayless.actors.control.zygote SOCKET_PATH [--template torch|light]``;
+Run as ``python -m rayless.actors.host.zygote SOCKET_PATH [--template torch|light]``;
 prints "ready" once it listens.
 
 Two templates per host. The *torch* template (the default, ``--template torch``) holds torch
 and tensordict; the *light* one (``--template light``) never imports them, only the runtime's
 own modules (:data:`LIGHT_PRELOAD`, ~0.3 s), so it can fork at once while the torch template
 is still warming up. A spawn picks one with ``SpawnSpec.template``
-(``rayless.actors.control.messages.Template``): user actors get the torch template unless
+(``rayless.actors.protocol.messages.Template``): user actors get the torch template unless
 they ask otherwise; rayless's own torch-free actors (the store's controller) ask for the
 light one. A light child that imports torch works, only slower (the import, ~2 s,
 and its memory are its own). One template that forked light children during its torch
@@ -71,8 +71,9 @@ from rayless.actors.control.process_util import (
     kill_group,
     kill_orphans,
 )
-from rayless.actors.control.wire import Handlers
-from rayless.actors.control.zygote_messages import (
+from rayless.actors.core.preload import preload_mode
+from rayless.actors.protocol.wire import Handlers
+from rayless.actors.protocol.zygote_messages import (
     LENGTH,
     MAX_FRAME,
     Exited,
@@ -88,22 +89,8 @@ from rayless.actors.control.zygote_messages import (
 from rayless.transport.errors import ProtocolError
 from rayless.transport.files import open_append
 
-PRELOAD = ("torch", "tensordict", "rayless.transport.codec", "rayless.actors.control.process")
-LIGHT_PRELOAD = ("rayless.transport.codec", "rayless.actors.control.process")
-ENV_PRELOAD = "RAYLESS_ZYGOTE_PRELOAD"
-PRELOAD_MODES = ("eager", "lazy", "demand")
-
-
-def preload_mode(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
-    """The torch template's mode named by ``RAYLESS_ZYGOTE_PRELOAD`` (``eager`` when unset).
-
-    Raises:
-        ValueError: a mode not in :data:`PRELOAD_MODES`.
-    """
-    mode = environ.get(ENV_PRELOAD, "") or "eager"
-    if mode not in PRELOAD_MODES:
-        raise ValueError(f"{ENV_PRELOAD} must be one of {', '.join(PRELOAD_MODES)}, got {mode!r}")
-    return mode
+PRELOAD = ("torch", "tensordict", "rayless.transport.codec", "rayless.actors.host.process")
+LIGHT_PRELOAD = ("rayless.transport.codec", "rayless.actors.host.process")
 
 
 class _Conn:
@@ -270,7 +257,7 @@ class Zygote:
             code = 1
             try:
                 self._become_child(msg)
-                from rayless.actors.control.process import child_main
+                from rayless.actors.host.process import child_main
 
                 code = child_main(msg.token or None)
             except BaseException:
@@ -328,8 +315,8 @@ class Zygote:
 
 
 def main() -> None:
-    """Entry point of ``python -m rayless.actors.control.zygote SOCKET_PATH [--template T]``."""
-    parser = argparse.ArgumentParser(prog="python -m rayless.actors.control.zygote")
+    """Entry point of ``python -m rayless.actors.host.zygote SOCKET_PATH [--template T]``."""
+    parser = argparse.ArgumentParser(prog="python -m rayless.actors.host.zygote")
     parser.add_argument("socket_path")
     parser.add_argument("--template", choices=("torch", "light"), default="torch")
     args = parser.parse_args()

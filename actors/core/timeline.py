@@ -34,7 +34,7 @@ from asyncio import Future
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
-from rayless.actors.api import context
+from rayless.actors.core import context
 
 __all__ = [
     "ENV",

@@ -1,9 +1,9 @@
 """The actor process: fetch the spec from the node agent, build the actor, serve its calls.
 
-Started by the zygote (a fork) or, without one, as ``python -m rayless.actors.control.process``.
+Started by the zygote (a fork) or, without one, as ``python -m rayless.actors.host.process``.
 It serves calls on its own ROUTER socket; async methods run concurrently on its loop (at most
 ``max_concurrency`` at once), sync methods in worker threads: one at a time, or up to
-``max_concurrency`` at once when the actor was spawned with it (``actors.control.workers``).
+``max_concurrency`` at once when the actor was spawned with it (``actors.host.workers``).
 A caller that gives up (timeout, cancel) cancels its call here: an async method's task is
 cancelled, a queued sync call is dropped, a running one finishes without its slot. It exits
 when told to (SIGTERM: ``teardown`` runs), or when its node agent goes away.
@@ -30,19 +30,19 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from rayless.actors.api import context, timeline
 from rayless.actors.api.actor import _CALLER, ClassRef, by_value, dumps_by_value, public_methods
-from rayless.actors.api.callstats import STATS
 from rayless.actors.api.handle import ActorHandle
 from rayless.actors.api.portal import set_home_loop
 from rayless.actors.api.streams import CLOSE, NEXT, StreamHost, is_stream
 from rayless.actors.control import debug
-from rayless.actors.control.messages import Boot, Bootstrap, Failed, Ready
 from rayless.actors.control.process_util import setup_logging
-from rayless.actors.control.wire import ask
-from rayless.actors.control.workers import Exiting as _Exiting
-from rayless.actors.control.workers import SyncWorker, apply_torch_threads
+from rayless.actors.core import context, timeline
+from rayless.actors.core.callstats import STATS
 from rayless.actors.errors import StartError
+from rayless.actors.host.workers import Exiting as _Exiting
+from rayless.actors.host.workers import SyncWorker, apply_torch_threads
+from rayless.actors.protocol.messages import Boot, Bootstrap, Failed, Ready
+from rayless.actors.protocol.wire import ask
 from rayless.transport import codec, loop
 from rayless.transport.client import Client
 from rayless.transport.errors import ProtocolError, RaylessError, RemoteError

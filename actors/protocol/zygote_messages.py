@@ -1,6 +1,6 @@
 """The messages between a node agent (``spawner.ZygoteSpawner``) and its host's zygote.
 
-Each is a frozen dataclass registered with the codec (``actors.control.wire.message``) under
+Each is a frozen dataclass registered with the codec (``actors.protocol.wire.message``) under
 ``zyg.<Name>``; on the zygote's private UNIX socket each travels as one codec header (no
 out-of-band frames) behind a 4-byte big-endian length (:func:`pack`, :func:`unpack`).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from rayless.actors.control.wire import message
+from rayless.actors.protocol.wire import message
 from rayless.transport import codec
 from rayless.transport.errors import ProtocolError
 

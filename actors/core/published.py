@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rayless.actors.api import context
+from rayless.actors.core import context
 from rayless.actors.errors import ConnectError
 from rayless.transport.files import atomic_write
 

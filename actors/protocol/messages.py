@@ -2,7 +2,7 @@
 processes.
 
 Every request, reply, one-way message and event of this conversation is a frozen dataclass
-registered with the codec (``actors.control.wire.message``) under a stable wire name
+registered with the codec (``actors.protocol.wire.message``) under a stable wire name
 (``ctl.<Name>``); docs/protocol.md lists them. Status replies (``ListNodes``,
 ``ActorPage``'s records, ``AgentStatus``, ``DebugEndpoints``) are plain data for people and the CLI.
 
@@ -19,7 +19,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayless.actors.control.wire import Request, message
+from rayless.actors.protocol.wire import Request, message
 from rayless.transport.errors import RaylessError
 
 __all__ = [
@@ -70,7 +70,7 @@ class Template(str, enum.Enum):
     waits for it. ``LIGHT``: the template that never imports them, so it forks at once; for
     actors whose class does not need torch (the store's controller asks for it).
     A ``LIGHT`` actor that imports torch still works: it pays the import itself (~2 s, and
-    torch's memory in its own process). See ``rayless.actors.control.zygote``.
+    torch's memory in its own process). See ``rayless.actors.host.zygote``.
     """
 
     TORCH = "torch"
