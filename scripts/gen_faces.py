@@ -82,7 +82,7 @@ FACES = [
         call="self.run({aw})",
         timed_call="self.run({aw}, call_limit(timeout))",
         unbounded_call="self.run({aw}, None)",
-        needs=("from rayless.actors.api.blocking import call_limit",),
+        needs=("from rayless.actors.ext import call_limit",),
     ),
     Face(
         path="weights/sync.py",
@@ -92,7 +92,7 @@ FACES = [
         call="self.run({aw})",
         timed_call="self.run({aw}, call_limit(timeout))",
         unbounded_call="self.run({aw}, None)",
-        needs=("from rayless.actors.api.blocking import call_limit",),
+        needs=("from rayless.actors.ext import call_limit",),
     ),
 ]
 

@@ -48,12 +48,10 @@ from typing import Any
 import torch
 
 from rayless.actors import ActorHandle, Cluster, connect
-from rayless.actors.api.components import spawn_all
-from rayless.actors.api.lifecycle import opener
-from rayless.actors.core.timeline import traced, weights_span
+from rayless.actors.ext import opener, spawn_all, traced, weights_span
 from rayless.transport import segments
 from rayless.transport.errors import ClosedError, ProtocolError, RaylessError
-from rayless.transport.protocol import host_id
+from rayless.transport.ext import host_id
 from rayless.weights.layout import Loader, Rename, make_layout, tensors_of
 from rayless.weights.messages import Published, SyncInfo
 from rayless.weights.paths.base import PublishRequest, PullRequest, Slots, WeightPath

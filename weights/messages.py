@@ -15,7 +15,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayless.actors.protocol.wire import message
+from rayless.actors.ext import message
 from rayless.transport.errors import ProtocolError
 
 __all__ = ["Entry", "IpcBucket", "Layout", "PathKind", "Published", "RelayPlace", "Row", "SyncInfo"]

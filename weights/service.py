@@ -28,8 +28,7 @@ import torch
 from rayless.actors import Actor, ActorHandle
 from rayless.transport import segments
 from rayless.transport.errors import ProtocolError
-from rayless.transport.protocol import host_id
-from rayless.transport.shm import pid_alive
+from rayless.transport.ext import host_id, pid_alive
 from rayless.weights.errors import (
     PublisherLostError,
     WeightInputError,

@@ -19,8 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rayless.actors import Cluster
-from rayless.actors.api.blocking import BlockingFace, call_limit
-from rayless.actors.api.sync import SyncCluster
+from rayless.actors.ext import BlockingFace, SyncCluster, call_limit
 from rayless.weights.client import WeightSync
 
 if TYPE_CHECKING:

@@ -38,9 +38,10 @@ from rayless.actors.control import debug
 from rayless.actors.control.process_util import setup_logging
 from rayless.actors.core import context, timeline
 from rayless.actors.core.callstats import STATS
+from rayless.actors.core.threads import apply_torch_threads, torch_threads
 from rayless.actors.errors import StartError
 from rayless.actors.host.workers import Exiting as _Exiting
-from rayless.actors.host.workers import SyncWorker, apply_torch_threads
+from rayless.actors.host.workers import SyncWorker
 from rayless.actors.protocol.messages import Boot, Bootstrap, Failed, Ready
 from rayless.actors.protocol.wire import ask
 from rayless.transport import codec, loop
@@ -50,22 +51,6 @@ from rayless.transport.peer import Peer
 from rayless.transport.server import Request, Server
 
 DEFAULT_MAX_CONCURRENCY = 1000
-
-
-def torch_threads() -> int:
-    """Intra-op threads for this actor: OMP_NUM_THREADS if set, else its CPU share (min 1).
-
-    Like Ray, an actor gets as many compute threads as CPUs it asked for: on shared nodes
-    more threads than cores only spin against each other (a small MLP's forward pass went
-    from 0.14 ms to 15 ms in an actor with the default thread count on 2 busy cores).
-    """
-    for name in ("OMP_NUM_THREADS", "RAYLESS_CPUS"):
-        try:
-            value = float(os.environ.get(name, ""))
-        except ValueError:
-            continue
-        return max(1, int(value))
-    return 1
 
 
 def remote_error(exc: BaseException, actor: str) -> RaylessError:

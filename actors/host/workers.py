@@ -28,20 +28,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import queue
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from rayless.actors.core.threads import apply_torch_threads
 from rayless.transport.counters import COUNTERS
 from rayless.transport.errors import RemoteError
-
-
-def apply_torch_threads(n: int) -> None:
-    """Set torch's thread count for the calling thread (it is per thread), if torch is loaded."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(n)
 
 
 class _Job:

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from rayless.actors import ActorHandle, Cluster
-from rayless.actors.api.components import cluster_info, slots_of
+from rayless.actors.ext import cluster_info, slots_of
 from rayless.demo import grpo_task as task
 from rayless.demo.grpo_config import GrpoConfig
 from rayless.demo.grpo_trainer import GrpoTrainWorker

@@ -39,7 +39,7 @@ import torch
 from tensordict import TensorDict
 
 from rayless.actors import Actor, ActorHandle
-from rayless.actors.host.process import apply_torch_threads, torch_threads
+from rayless.actors.ext import apply_torch_threads, torch_threads
 from rayless.demo import grpo_task as task
 from rayless.demo.grpo_algo import evaluate, policy_ops
 from rayless.demo.grpo_config import GrpoAlgoConfig

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rayless.actors import ActorDiedError, Cluster, RaylessError, connect
-from rayless.actors.core import timeline
-from rayless.actors.core.context import ENV_ADDRESS
+from rayless.actors.ext import ENV_ADDRESS, timeline
 from rayless.demo.config import DEFAULT_CONFIG, load_config
 from rayless.demo.grpo_config import CONFIG_DIR, GrpoConfig, is_grpo_config, load_grpo_config
 from rayless.transport import loop

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from rayless.actors import ActorDiedError, ActorHandle, Cluster
-from rayless.actors.api.components import cluster_info, slots_of
+from rayless.actors.ext import cluster_info, slots_of
 from rayless.demo.config import PipelineConfig, WorkerConfig
 from rayless.demo.rollout import ReturnTracker
 from rayless.demo.workers import EnvWorker, EvalWorker, TrainWorker

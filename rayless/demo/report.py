@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 from rayless.demo.config import PipelineConfig
 from rayless.demo.pipeline import IterationStats, RunResult
-from rayless.transport.files import atomic_file, atomic_write
+from rayless.transport.ext import atomic_file, atomic_write
 
 BAR = 24
 

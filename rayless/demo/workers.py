@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from rayless.actors import Actor, ActorHandle
-from rayless.actors.host.process import apply_torch_threads, torch_threads
+from rayless.actors.ext import apply_torch_threads, torch_threads
 from rayless.demo.config import AlgoConfig
 from rayless.demo.env import VecCartPole
 from rayless.demo.ppo import (

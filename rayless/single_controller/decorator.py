@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Union
 
-from rayless.actors.api.actor import dumps_by_value, loads_by_value
+from rayless.actors.ext import dumps_by_value, loads_by_value
 from rayless.transport import register_extension
 from rayless.transport.errors import ProtocolError
 

@@ -18,7 +18,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from rayless.actors.api.actor import dumps_by_value, loads_by_value
+from rayless.actors.ext import dumps_by_value, loads_by_value
 from rayless.single_controller.worker import Worker
 from rayless.single_controller.worker_group import ClassWithInitArgs
 from rayless.transport import register_extension

@@ -55,7 +55,7 @@ from rayless.store.errors import (
     StoreError,
     StoreInputError,
 )
-from rayless.transport.files import atomic_file, atomic_write
+from rayless.transport.ext import atomic_file, atomic_write
 
 if TYPE_CHECKING:
     from rayless.store.client.store import Store

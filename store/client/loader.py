@@ -53,7 +53,7 @@ from typing import Any
 from tensordict import TensorDict
 from torch.utils.data import IterableDataset, get_worker_info
 
-from rayless.actors.api.portal import Portal
+from rayless.actors.ext import Portal
 from rayless.store.client.store import Store
 from rayless.store.controller.samplers import make_sampler
 from rayless.store.data.messages import FetchMode

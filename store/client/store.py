@@ -65,9 +65,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict, TensorDictBase
 
 from rayless.actors import ActorDiedError, ActorHandle, Cluster, Template, connect
-from rayless.actors.api.components import spawn_all
-from rayless.actors.api.lifecycle import opener
-from rayless.actors.core.timeline import store_span, traced
+from rayless.actors.ext import opener, spawn_all, store_span, traced
 from rayless.store.client.leases import LeaseKey, Leases, lease_key
 from rayless.store.controller.actor import StoreController
 from rayless.store.controller.fetches import check_timeout

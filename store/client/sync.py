@@ -20,8 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rayless.actors import Cluster
-from rayless.actors.api.blocking import BlockingFace, call_limit
-from rayless.actors.api.sync import SyncCluster
+from rayless.actors.ext import BlockingFace, SyncCluster, call_limit
 from rayless.store.client.store import DEFAULT_NAME, PUT_TIMEOUT, START_TIMEOUT, Store
 from rayless.store.data.messages import FetchMode
 

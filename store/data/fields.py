@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from rayless.actors.protocol.wire import message
+from rayless.actors.ext import message
 from rayless.store.errors import SchemaError
 
 if TYPE_CHECKING:

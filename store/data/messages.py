@@ -21,7 +21,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from rayless.actors.protocol.wire import message
+from rayless.actors.ext import message
 from rayless.store.errors import StoreInputError
 
 __all__ = [

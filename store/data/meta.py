@@ -413,7 +413,7 @@ def _unrun(flat: Sequence[Any], n: int, kind: type | None = None) -> tuple[Any, 
 
 def _register_wire() -> None:
     # BatchMeta travels between processes as its plain dict (a codec extension).
-    from rayless.transport.codec import register_extension
+    from rayless.transport import register_extension
 
     register_extension(
         BatchMeta, "rayless.store.batch_meta", BatchMeta.to_dict, BatchMeta.from_dict

@@ -140,7 +140,7 @@ class FetchRequest:
 
 
 def _register_wire() -> None:
-    from rayless.transport.codec import register_extension
+    from rayless.transport import register_extension
 
     register_extension(
         PutOptions, "rayless.store.put_options", PutOptions.to_dict, PutOptions.from_dict

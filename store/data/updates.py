@@ -124,7 +124,7 @@ def known_shapes(value: Any) -> list[tuple[int, ...]]:
 
 
 def _register_wire() -> None:
-    from rayless.transport.codec import register_extension
+    from rayless.transport import register_extension
 
     register_extension(
         DataUpdate, "rayless.store.data_update", DataUpdate.to_dict, DataUpdate.from_dict

@@ -46,7 +46,7 @@ import torch
 from rayless.store.data.dense import DenseColumn
 from rayless.store.data.schema import FieldSchema
 from rayless.transport import segments, shm
-from rayless.transport.segments import HEADER, Segment
+from rayless.transport.ext import HEADER, Segment
 
 __all__ = ["POOL_MAX_BYTES", "ShmDense", "drain_pool", "forget", "row_bytes_of", "tensor_on"]
 

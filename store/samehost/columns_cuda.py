@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from rayless.store.samehost.columns import ShmDense, forget
-from rayless.transport.segments import Segment
+from rayless.transport.ext import Segment
 
 __all__ = ["LEASE_BYTES", "CudaDense", "cuda_uuid"]
 
@@ -68,7 +68,7 @@ class CudaDense(ShmDense):
         column's segment, generation and rows travel beside it). Each call makes a new share,
         so call it once per client and allocation (the client caches what it opened). Raises
         RuntimeError without CUDA."""
-        from rayless.transport._cuda import ipc_fields
+        from rayless.transport.cuda_ipc import ipc_fields
 
         if self.data.device.type != "cuda":
             raise RuntimeError("only a column on a CUDA device can be exported")

@@ -56,8 +56,7 @@ from rayless.store.samehost.results import result as _result
 from rayless.store.samehost.slots import gather_rows as _rows
 from rayless.store.samehost.slots import run_of as _run
 from rayless.store.samehost.slots import scatter_rows as _scatter
-from rayless.transport.protocol import host_id
-from rayless.transport.segments import HEADER, Segment, Superseded
+from rayless.transport.ext import HEADER, Segment, Superseded, host_id
 
 __all__ = ["LocalPlane"]
 

@@ -38,7 +38,7 @@ def visible_device(uuid: Any) -> torch.device | None:
 def open_column(ipc: list[Any], dtype: torch.dtype) -> torch.Tensor:
     """The unit's column tensor from its IPC share (``CudaDense.export``). Raises
     ProtocolError for a malformed share, RuntimeError when CUDA cannot open it."""
-    from rayless.transport._cuda import open_ipc
+    from rayless.transport.cuda_ipc import open_ipc
 
     return open_ipc(dtype, ipc, None)
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rayless.actors import Actor, ActorHandle, current_caller
-from rayless.actors.core.context import ENV_NODE_ID
+from rayless.actors.ext import ENV_NODE_ID
 from rayless.store.data.fields import FieldSchema
 from rayless.store.data.messages import LocalInfo, Located, Place, Reservation, Slots
 from rayless.store.data.meta import BatchMeta  # noqa: F401  (registers BatchMeta with the codec)
@@ -50,7 +50,7 @@ from rayless.store.errors import (
     WriteTooLargeError,
 )
 from rayless.store.metrics import RateMeter
-from rayless.transport.protocol import host_id
+from rayless.transport.ext import host_id
 
 if TYPE_CHECKING:  # (imported when first used: they import torch)
     import torch

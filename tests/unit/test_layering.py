@@ -115,6 +115,33 @@ def subpackage_cycles(package: str, root: Path = ROOT) -> list[list[str]]:
     return sorted(list(c) for c in components if len(c) > 1)
 
 
+# The surfaces the layers above may use of the runtime and the transport: the public API, the
+# errors, and the extension facades. Everything else under actors/ and transport/ is theirs.
+EXPORTED = {
+    "actors": {"rayless.actors", "rayless.actors.errors", "rayless.actors.ext"},
+    "transport": {
+        "rayless.transport",
+        "rayless.transport.errors",
+        "rayless.transport.ext",
+        "rayless.transport.cuda_ipc",
+    },
+}
+ABOVE = ("store", "weights", "rayless/demo", "rayless/single_controller")
+
+
+def unexported_imports(folder: str, root: Path = ROOT) -> list[str]:
+    """Imports in ``folder`` of actors/ or transport/ modules that are not exported to it."""
+    bad = []
+    for path in sorted((root / folder).rglob("*.py")):
+        for lineno, module, names in _imports(path):
+            parts = module.split(".")
+            if len(parts) < 2 or parts[0] != "rayless" or parts[1] not in EXPORTED:
+                continue
+            if module not in EXPORTED[parts[1]]:
+                bad.append(f"{path.relative_to(root)}:{lineno}: imports {module} {names}")
+    return bad
+
+
 def bare_imports(root: Path = ROOT) -> list[str]:
     """Bare ``import actors|store|transport|placement`` in any tracked Python file."""
     files = subprocess.run(
@@ -144,6 +171,24 @@ def test_no_bare_imports_of_our_packages_anywhere() -> None:
 def test_subpackages_form_a_dag(package: str) -> None:
     assert subpackage_edges(package)  # (the check sees the subpackages)
     assert subpackage_cycles(package) == []
+
+
+@pytest.mark.parametrize("folder", ABOVE)
+def test_layers_above_use_only_what_actors_and_transport_export(folder: str) -> None:
+    assert unexported_imports(folder) == []
+
+
+def test_unexported_check_catches_a_deep_import(tmp_path: Path) -> None:
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "x.py").write_text(
+        "from rayless.actors.ext import spawn_all\n"
+        "def f():\n    from rayless.actors.api.blocking import call_limit\n"
+        "from rayless.transport._cuda import open_ipc\n"
+    )
+    assert sorted(unexported_imports("store", tmp_path)) == [
+        "store/x.py:3: imports rayless.actors.api.blocking ['call_limit']",
+        "store/x.py:4: imports rayless.transport._cuda ['open_ipc']",
+    ]
 
 
 # The actors subpackages, lowest first: each may import only those before it.

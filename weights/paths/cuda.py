@@ -39,7 +39,7 @@ class CudaPath(WeightPath):
         )
 
     def write(self, request: PublishRequest) -> Written:
-        from rayless.transport._cuda import ipc_fields
+        from rayless.transport.cuda_ipc import ipc_fields
 
         tensors, layout = request.tensors, request.layout
         sizes = bucket_sizes(layout)
@@ -72,7 +72,7 @@ class CudaPath(WeightPath):
             torch.cuda.synchronize()
 
     def _ipc_buckets(self, entry: Entry) -> list[torch.Tensor]:
-        from rayless.transport._cuda import open_ipc
+        from rayless.transport.cuda_ipc import open_ipc
 
         out = []
         for i, bucket in enumerate(entry.ipc):

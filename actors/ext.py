@@ -1,0 +1,44 @@
+"""What the layers above the runtime (the store, weight sync, the demos, verl's worker groups)
+may use of it besides the public API in ``rayless.actors``: spawning helpers, blocking faces,
+tracing, by-value pickling, torch's thread settings, and the typed-message decorator.
+
+Code outside ``actors/`` imports the runtime only from ``rayless.actors``,
+``rayless.actors.errors`` and this module (``tests/unit/test_layering.py``); everything else
+under ``actors/`` may change without notice.
+"""
+
+from __future__ import annotations
+
+from rayless.actors.api.actor import dumps_by_value, loads_by_value
+from rayless.actors.api.blocking import BlockingFace, call_limit
+from rayless.actors.api.components import cluster_info, slots_of, spawn_all
+from rayless.actors.api.lifecycle import opener
+from rayless.actors.api.portal import Portal
+from rayless.actors.api.sync import SyncCluster
+from rayless.actors.core import timeline
+from rayless.actors.core.context import ENV_ADDRESS, ENV_NODE_ID
+from rayless.actors.core.threads import apply_torch_threads, torch_threads
+from rayless.actors.core.timeline import store_span, traced, weights_span
+from rayless.actors.protocol.wire import message
+
+__all__ = [
+    "ENV_ADDRESS",
+    "ENV_NODE_ID",
+    "BlockingFace",
+    "Portal",
+    "SyncCluster",
+    "apply_torch_threads",
+    "call_limit",
+    "cluster_info",
+    "dumps_by_value",
+    "loads_by_value",
+    "message",
+    "opener",
+    "slots_of",
+    "spawn_all",
+    "store_span",
+    "timeline",
+    "torch_threads",
+    "traced",
+    "weights_span",
+]
