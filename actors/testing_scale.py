@@ -38,7 +38,8 @@ from typing import Any, TypeVar, cast
 
 import zmq
 
-from rayless.actors.api.actor import ClassRef, public_methods
+from rayless.actors.api.actor import ClassRef
+from rayless.actors.api.binding import public_methods
 from rayless.actors.control import agent as agent_module
 from rayless.actors.control.agent import ActorProc, Agent
 from rayless.actors.control.logs import LogTailer
@@ -48,7 +49,7 @@ from rayless.actors.errors import StartError
 from rayless.actors.host.process import remote_error
 from rayless.actors.launch.procs import START_TIMEOUT, first_line, terminate
 from rayless.actors.protocol import wire
-from rayless.actors.protocol.messages import Bootstrap, Failed, ProcState, Ready
+from rayless.actors.protocol.messages import Bootstrap, Failed, MethodInfo, ProcState, Ready
 from rayless.placement import NodeInfo, discover_node
 from rayless.transport import codec
 from rayless.transport.errors import ProtocolError
@@ -100,7 +101,7 @@ class SimActor:
         self.pid = pid
         self.server: Server | None = None
         self.instance: Any = None
-        self.methods: dict[str, bool] = {}
+        self.methods: dict[str, MethodInfo] = {}
         self.frozen: asyncio.Future[None] | None = None
 
     async def start(self, agent: Agent) -> None:

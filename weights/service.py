@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from rayless.actors import Actor, ActorHandle
+from rayless.actors import Actor, ActorHandle, endpoint
 from rayless.transport import segments
 from rayless.transport.errors import ProtocolError
 from rayless.transport.ext import host_id, pid_alive
@@ -92,6 +92,7 @@ class WeightRegistry(Actor):
         if self._monitor is not None:
             self._monitor.cancel()
 
+    @endpoint
     async def add_relays(self, relays: list[ActorHandle[Any]]) -> None:
         """Register relays (one per location is kept).
 
@@ -105,11 +106,13 @@ class WeightRegistry(Actor):
                 self.relays[place.location] = relay
                 self.relay_hosts[place.location] = place.host
 
+    @endpoint
     def info(self) -> SyncInfo:
         """The sync's settings, newest version and relays (location → relay's name)."""
         relays = {where: _label(relay) for where, relay in self.relays.items()}
         return SyncInfo(self.per_node, self.latest, relays)
 
+    @endpoint
     async def begin(
         self, version: int, pid: int, host: str, where: str, shard: int = 0, num_shards: int = 1
     ) -> list[tuple[str, ActorHandle[Any]]]:
@@ -148,6 +151,7 @@ class WeightRegistry(Actor):
             self.lost = None
         return [(w, r) for w, r in self.relays.items() if w != where]
 
+    @endpoint
     async def announce(self, where: str, entry: Entry) -> None:
         """Shard ``entry.shard`` of ``entry.version`` is complete at ``where``; with every
         shard there, so is the version.
@@ -174,6 +178,7 @@ class WeightRegistry(Actor):
         async with self.changed:
             self.changed.notify_all()
 
+    @endpoint
     async def retire(self, pid: int) -> None:
         """The publisher ``pid`` closed its client: pulls fail until a new publish."""
         if any(p.pid == pid for p in self.publishers.values()) and not self.lost:
@@ -186,10 +191,12 @@ class WeightRegistry(Actor):
             async with self.changed:
                 self.changed.notify_all()
 
+    @endpoint
     def latest_version(self) -> int:
         """The newest version published anywhere (-1: none yet)."""
         return self.latest
 
+    @endpoint
     async def wait(self, where: str, min_version: int, timeout: float | None) -> Published:
         """The newest version at ``where`` once it is >= ``min_version``.
 
@@ -257,14 +264,17 @@ class WeightRelay(Actor):
         self.pending: dict[tuple[int, int], segments.Segment] = {}  # (version, shard) -> segment
         self.payloads: dict[tuple[int, int], torch.Tensor] = {}
 
+    @endpoint
     def where(self) -> RelayPlace:
         """This relay's location and host id."""
         return RelayPlace(self.location, host_id())
 
+    @endpoint
     def alive(self, pid: int) -> bool:
         """Whether process ``pid`` runs on this host."""
         return pid_alive(pid)
 
+    @endpoint
     def drop(self, dead_pid: int) -> list[str]:
         """Forget every version (the publisher died); unlink ``dead_pid``'s segments here."""
         self._abort()
@@ -278,6 +288,7 @@ class WeightRelay(Actor):
             self.pools[key[1]].abort(self.pending.pop(key))
             self.payloads.pop(key, None)
 
+    @endpoint
     async def begin(self, version: int, nbytes: int, shard: int = 0) -> None:
         """Lease a segment of ``nbytes`` for ``version`` (waits for slow readers)."""
         self._abort(shard)  # an unfinished earlier version (its publisher gave up) is dropped
@@ -286,6 +297,7 @@ class WeightRelay(Actor):
         self.pending[version, shard] = seg
         self.payloads[version, shard] = torch.frombuffer(seg.payload, dtype=torch.uint8)
 
+    @endpoint
     async def write(self, version: int, offset: int, chunk: torch.Tensor, shard: int = 0) -> None:
         """Copy one bucket (flat uint8) to ``offset`` of the pending version."""
         payload = self.payloads.get((version, shard))
@@ -294,6 +306,7 @@ class WeightRelay(Actor):
         n = chunk.numel()
         await asyncio.to_thread(payload[offset : offset + n].copy_, chunk.view(torch.uint8))
 
+    @endpoint
     def commit(self, entry: Entry) -> Entry:
         """Make the pending version of ``entry`` (the publisher's: its version, shard, layout
         and bucket starts) readable here; the relay's entry to announce.

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextvars
 import importlib
-import inspect
 import linecache
 import types
 from dataclasses import dataclass
@@ -31,8 +30,10 @@ class Actor:
     again after every restart); ``teardown`` runs on a clean shutdown. Both may be sync or
     async. Every public method (no leading underscore) is callable through a handle;
     async methods run concurrently on the actor's loop, sync ones one at a time in a worker
-    thread. A method may ask :func:`current_caller` which connection called it; an actor that
-    defines ``_caller_gone(caller)`` (sync, quick) is told when such a connection is gone.
+    thread. A class that marks methods with ``@endpoint`` (``rayless.actors.endpoint``)
+    exposes only those. A method may ask :func:`current_caller` which connection called it;
+    an actor that defines ``_caller_gone(caller)`` (sync, quick) is told when such a
+    connection is gone.
 
     ``template_imports`` names modules the host's fork template imports before it forks this
     class's actors, beside the class's own module: with ``zygote_preload="demand"`` the way to
@@ -49,8 +50,6 @@ class Actor:
         """Release what ``setup`` acquired. Runs on a clean shutdown."""
 
 
-_LIFECYCLE = frozenset({"setup", "teardown"})
-
 _CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("caller", default=None)
 
 
@@ -58,20 +57,6 @@ def current_caller() -> str | None:
     """The connection whose call this actor method serves (an opaque id, the one later passed
     to the actor's ``_caller_gone`` hook when that connection is gone); None outside a call."""
     return _CALLER.get()
-
-
-def public_methods(cls: type) -> dict[str, bool]:
-    """The remotely callable methods of ``cls``: name → whether it is a coroutine function."""
-    methods: dict[str, bool] = {}
-    for name in dir(cls):
-        if name.startswith("_") or name in _LIFECYCLE:
-            continue
-        attr = inspect.getattr_static(cls, name, None)
-        if isinstance(attr, (staticmethod, classmethod)):
-            attr = attr.__func__
-        if callable(attr) and not isinstance(attr, type):
-            methods[name] = inspect.iscoroutinefunction(attr)
-    return methods
 
 
 _MAIN = ("__main__", "__mp_main__")

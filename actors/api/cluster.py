@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from rayless.actors.api import signals
-from rayless.actors.api.actor import ClassRef, public_methods
+from rayless.actors.api.actor import ClassRef
+from rayless.actors.api.binding import public_methods
 from rayless.actors.api.calls import call_encode_error
 from rayless.actors.api.components import spawn_component
 from rayless.actors.api.group import spawn_group

@@ -17,9 +17,14 @@ One call semantics:
   inside an event loop (an actor's async method, async code) it raises RuntimeError instead of
   blocking the loop (an actor calling itself that way would deadlock).
 
-``actors.endpoint(handle, Cls.method)`` gives a typed view of one method (its parameters and
-result type checked by mypy); ``wait`` and ``gather`` work over the futures, like
-``ray.wait``/``ray.get``.
+A call's arguments are checked against the method's parameters before it is sent (a wrong
+call is a TypeError in the caller, ``actors.api.binding``), and a method marked
+``@endpoint(timeout=S)`` has S as its calls' default deadline.
+
+``actors.endpoint`` is also how a class marks its remote methods (``@endpoint``, then only
+those are remote) and, as ``endpoint(handle, Cls.method)``, a typed view of one method (its
+parameters and result type checked by mypy); ``wait`` and ``gather`` work over the futures,
+like ``ray.wait``/``ray.get``.
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ import concurrent.futures
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
+from rayless.actors.api.binding import check_arguments, endpoint_marker
 from rayless.actors.api.calls import has_futures, resolve_futures
 from rayless.actors.api.portal import run_sync, submit_sync
 from rayless.actors.api.runtime import fast_submit, get_runtime
-from rayless.actors.protocol.messages import ActorView
+from rayless.actors.protocol.messages import ActorView, MethodInfo
 from rayless.transport.codec import register_extension
 from rayless.transport.errors import Timeout
 
@@ -40,6 +46,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 F = TypeVar("F", asyncio.Future[Any], concurrent.futures.Future[Any])
+FN = TypeVar("FN")
 
 _FIELDS = ("actor_id", "address", "call_timeout", "cls_name", "methods", "name", "node_id")
 # the handle's own names: an actor class whose public methods use one is refused at spawn
@@ -50,8 +57,9 @@ _INFLIGHT: set[asyncio.Future[Any]] = set()  # calls started by handle.m(x): own
 class ActorHandle(Generic[T]):
     """A reference to a live actor of class ``T``. Attribute access gives its methods.
 
-    ``methods`` maps each public method name to whether it is async; None (a handle built by
-    hand) means unknown, and then any public name is tried (the actor refuses unknown ones).
+    ``methods`` maps each remote method's name to its :class:`MethodInfo` (a bool, for a
+    handle built by hand: whether it is async, its arguments unchecked); None means unknown,
+    and then any public name is tried (the actor refuses unknown ones).
     """
 
     __slots__ = _FIELDS
@@ -62,7 +70,7 @@ class ActorHandle(Generic[T]):
         name: str,
         address: str,
         cls_name: str = "",
-        methods: Mapping[str, bool] | None = None,
+        methods: Mapping[str, MethodInfo | bool] | None = None,
         node_id: str | None = None,
         call_timeout: float | None = None,
     ) -> None:
@@ -71,7 +79,7 @@ class ActorHandle(Generic[T]):
         self.name = name
         self.address = address
         self.cls_name = cls_name
-        self.methods: dict[str, bool] | None = None if methods is None else dict(methods)
+        self.methods: dict[str, MethodInfo] | None = None if methods is None else _infos(methods)
         self.node_id = node_id
 
     @classmethod
@@ -136,7 +144,14 @@ class ActorHandle(Generic[T]):
         return state if self.call_timeout is None else [*state, self.call_timeout]
 
 
-def check_method_names(cls_name: str, methods: Mapping[str, bool]) -> None:
+def _infos(methods: Mapping[str, MethodInfo | bool]) -> dict[str, MethodInfo]:
+    return {
+        name: info if isinstance(info, MethodInfo) else MethodInfo(is_async=bool(info))
+        for name, info in methods.items()
+    }
+
+
+def check_method_names(cls_name: str, methods: Mapping[str, object]) -> None:
     """Refuse an actor class whose public methods would be shadowed by the handle's own
     attributes (``h.address`` would be the handle's address, not the method).
 
@@ -169,12 +184,21 @@ def _check_timeout(seconds: float | None) -> float | None:
 class ActorMethod(Generic[P, R]):
     """One method of an actor, bound to its handle (parameters ``P``, result ``R``)."""
 
-    __slots__ = ("handle", "method", "timeout")
+    __slots__ = ("handle", "info", "method", "timeout")
 
     def __init__(self, handle: ActorHandle[Any], method: str, timeout: float | None = None) -> None:
         self.handle = handle
         self.method = method
-        self.timeout = timeout if timeout is not None else handle.call_timeout
+        methods = handle.methods
+        self.info = None if methods is None else methods.get(method)
+        if timeout is None:
+            timeout = handle.call_timeout
+        if timeout is None and self.info is not None:
+            timeout = self.info.timeout
+        self.timeout = timeout
+
+    def _describe(self) -> str:
+        return f"{self.method}() of {self.handle._describe()}"
 
     def options(self, *, timeout: float | None = None) -> ActorMethod[P, R]:
         """This method with per-call options (Ray's ``actor.f.options(...)``).
@@ -192,6 +216,7 @@ class ActorMethod(Generic[P, R]):
         """Send the call now; an ``asyncio.Future`` of its result.
 
         Raises:
+            TypeError: the arguments do not fit the method's parameters.
             RuntimeError: no event loop runs in this thread (use ``.call``/``.remote``).
         Raises (from the future):
             ActorDiedError: the actor died before or during the call.
@@ -206,6 +231,8 @@ class ActorMethod(Generic[P, R]):
                 f"from sync code use .{self.method}.call(...) (blocks) or "
                 f".{self.method}.remote(...) (a concurrent.futures.Future)"
             ) from None
+        if self.info is not None:
+            check_arguments(self.info, self._describe, args, kwargs)
         fut: asyncio.Future[R] | None = None
         if not (args or kwargs) or not has_futures(args, kwargs):
             fut = fast_submit(self.handle, self.method, args, kwargs, self.timeout)
@@ -222,10 +249,16 @@ class ActorMethod(Generic[P, R]):
     ) -> asyncio.Future[R] | concurrent.futures.Future[R]:
         """Ray's spelling: ``handle.m(x)`` inside a running loop; from plain threads the call
         runs on the home loop and this returns a ``concurrent.futures.Future`` (for
-        ``SyncCluster.get``/``wait``)."""
+        ``SyncCluster.get``/``wait``).
+
+        Raises:
+            TypeError: the arguments do not fit the method's parameters.
+        """
         try:
             asyncio.get_running_loop()
         except RuntimeError:
+            if self.info is not None:
+                check_arguments(self.info, self._describe, args, kwargs)
             return submit_sync(_call(self.handle, self.method, args, kwargs, self.timeout))
         return self(*args, **kwargs)
 
@@ -238,7 +271,10 @@ class ActorMethod(Generic[P, R]):
             RuntimeError: an event loop runs in this thread (an actor's async method, async
                 code): blocking it would stall it, and an actor calling itself would deadlock;
                 ``await handle.method(x)`` there.
+            TypeError: the arguments do not fit the method's parameters.
         """
+        if self.info is not None:
+            check_arguments(self.info, self._describe, args, kwargs)
         timeout = self.timeout if timeout is None else timeout
         result: R = run_sync(_call(self.handle, self.method, args, kwargs, timeout), timeout)
         return result
@@ -253,18 +289,36 @@ def endpoint(
 ) -> ActorMethod[P, R]: ...
 @overload
 def endpoint(handle: ActorHandle[T], fn: Callable[Concatenate[T, P], R]) -> ActorMethod[P, R]: ...
-def endpoint(handle: ActorHandle[Any], fn: Callable[..., Any]) -> ActorMethod[..., Any]:
-    """A typed view of one method: ``endpoint(counter, Counter.add)(1)`` is checked by mypy
-    against ``Counter.add``'s parameters and result (async methods give their awaited result).
+@overload
+def endpoint(handle: FN, fn: None = None) -> FN: ...
+@overload
+def endpoint(*, timeout: float | None = None) -> Callable[[FN], FN]: ...
+def endpoint(
+    handle: Any = None, fn: Callable[..., Any] | None = None, *, timeout: float | None = None
+) -> Any:
+    """Three forms, one concept (a remote method of an actor):
+
+    * ``@endpoint`` on a method marks it remote; a class that marks any method exposes only
+      the marked ones (a class that marks none: every public method);
+    * ``@endpoint(timeout=S)`` also gives its calls a default deadline of S seconds;
+    * ``endpoint(counter, Counter.add)(1)`` is a typed view of one method of a handle,
+      checked by mypy against ``Counter.add``'s parameters and result (async methods give
+      their awaited result).
 
     Raises:
-        AttributeError: ``fn`` is not a public method of the handle's class.
+        AttributeError: (a view) ``fn`` is not a public method of the handle's class.
+        ValueError: ``timeout`` is not a positive number.
+        TypeError: (a mark) what is marked is not callable.
     """
-    name = getattr(fn, "__name__", None)
-    if not isinstance(name, str):
-        raise AttributeError(f"{fn!r} is not a method")
-    method: ActorMethod[..., Any] = getattr(handle, name)
-    return method
+    if isinstance(handle, ActorHandle):
+        name = getattr(fn, "__name__", None)
+        if not isinstance(name, str):
+            raise AttributeError(f"{fn!r} is not a method")
+        method: ActorMethod[..., Any] = getattr(handle, name)
+        return method
+    if handle is None:
+        return endpoint_marker(timeout=timeout)
+    return endpoint_marker(handle, timeout=timeout)
 
 
 async def _call(

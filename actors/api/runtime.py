@@ -493,7 +493,7 @@ class Runtime:
                 raise await self._why_unreachable(conn, exc) from None
             raise Timeout(
                 f"{method}(...) of actor {conn.name!r} gave no result within {timeout}s "
-                f"({_after_timeout((handle.methods or {}).get(method))})"
+                f"({_after_timeout(_is_async(handle, method))})"
             ) from None
 
     async def request(self, handle: Any, body: tuple[Any, ...]) -> Any:
@@ -522,6 +522,12 @@ def _warm_codec() -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         encode(torch.zeros(1))
+
+
+def _is_async(handle: Any, method: str) -> bool | None:
+    """Whether ``method`` of ``handle``'s actor is async (None: unknown)."""
+    info = (handle.methods or {}).get(method)
+    return None if info is None else bool(info.is_async)
 
 
 def _after_timeout(is_async: bool | None) -> str:

@@ -11,7 +11,7 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayless.actors.protocol.messages import ActorEvent, ActorState, ActorView
+from rayless.actors.protocol.messages import ActorEvent, ActorState, ActorView, MethodInfo
 from rayless.placement.allocation import Allocation, NodeState, NodeTable
 from rayless.transport.client import Client
 
@@ -28,7 +28,7 @@ class ActorRecord:
     owner: str
     alloc: Allocation
     max_restarts: int
-    methods: dict[str, bool]
+    methods: dict[str, MethodInfo]
     state: ActorState = ActorState.PENDING
     address: str = ""
     pid: int | None = None

@@ -30,7 +30,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from rayless.actors.api.actor import _CALLER, ClassRef, by_value, dumps_by_value, public_methods
+from rayless.actors.api.actor import _CALLER, ClassRef, by_value, dumps_by_value
+from rayless.actors.api.binding import public_methods
 from rayless.actors.api.handle import ActorHandle
 from rayless.actors.api.portal import set_home_loop
 from rayless.actors.api.streams import CLOSE, NEXT, StreamHost, is_stream
@@ -42,7 +43,7 @@ from rayless.actors.core.threads import apply_torch_threads, torch_threads
 from rayless.actors.errors import StartError
 from rayless.actors.host.workers import Exiting as _Exiting
 from rayless.actors.host.workers import SyncWorker
-from rayless.actors.protocol.messages import Boot, Bootstrap, Failed, Ready
+from rayless.actors.protocol.messages import Boot, Bootstrap, Failed, MethodInfo, Ready
 from rayless.actors.protocol.wire import ask
 from rayless.transport import codec, loop
 from rayless.transport.client import Client
@@ -200,7 +201,7 @@ class ActorHost:
         self.token = token
         self.bind_ip = bind_ip
         self.instance: Any = None
-        self.methods: dict[str, bool] = {}
+        self.methods: dict[str, MethodInfo] = {}
         self.worker: SyncWorker | None = None
         self.worker_loop = asyncio.get_running_loop()  # where sync methods report an exit
         limit = spec.max_concurrency
@@ -265,14 +266,15 @@ class ActorHost:
         if type(body) is not tuple or len(body) not in (4, 5) or body[0] != "c":
             return self._stream_step(body)
         _, method, args, kwargs = body[:4]  # a 5th: the caller's timeline flow id
-        is_async = self.methods.get(method) if isinstance(method, str) else None
-        if is_async is None:
+        info = self.methods.get(method) if isinstance(method, str) else None
+        if info is None:
             missing = AttributeError(
                 f"actor {self.name!r} ({type(self.instance).__qualname__}) has no public "
                 f"method {method!r}"
             )
             raise remote_error(missing, self.name)
         fn = getattr(self.instance, method)
+        is_async = info.is_async
         STATS.call(method)
         if timeline.RECORDER.enabled:
             fn = timeline.traced_method(fn, method, body[4] if len(body) == 5 else 0, is_async)

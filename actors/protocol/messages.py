@@ -26,7 +26,8 @@ __all__ = [
     "ActorEvent", "ActorPage", "ActorState", "ActorView", "AgentStatus", "Boot", "Bootstrap",
     "ClusterSummary", "DebugEndpoints", "DebugRegister", "EndSession", "EventKind", "Failed",
     "FreePort", "FreePortOn", "GetActor", "Hello", "HelloReply", "KeepSession", "Kill",
-    "ListActors", "ListNodes", "LogLines", "LookupActor", "NodeDied", "NodeHeartbeat",
+    "ListActors", "ListNodes", "LogLines", "LookupActor", "MethodInfo", "NodeDied",
+    "NodeHeartbeat",
     "NodeRegistered", "ProcState", "Ready", "RegisterNode", "Shutdown", "Spawn", "SpawnSpec",
     "StartActor", "Started", "StopActor", "Summarize", "Template",
 ]  # fmt: skip
@@ -77,6 +78,24 @@ class Template(str, enum.Enum):
     LIGHT = "light"
 
 
+@message("ctl.MethodInfo")
+@dataclass(frozen=True)
+class MethodInfo:
+    """One remotely callable method of an actor class, as handles carry it.
+
+    ``is_async``: a coroutine function (runs on the actor's loop) or not (a worker thread).
+    ``params``: its parameters after ``self``/``cls`` as a parameter list's text, with each
+    default shown as ``=`` alone (``"x, y=, /, *args, k=, **kw"``); callers check their
+    arguments against it before sending (``actors.api.binding``); None where the signature
+    cannot be read (the far side then decides). ``timeout``: the seconds a call may take by
+    default (``@endpoint(timeout=...)``), None for none.
+    """
+
+    is_async: bool
+    params: str | None = None
+    timeout: float | None = None
+
+
 @message("ctl.SpawnSpec")
 @dataclass(frozen=True)
 class SpawnSpec:
@@ -85,7 +104,7 @@ class SpawnSpec:
 
     ``cls`` is ``(module, qualname, cloudpickled class or None)`` (``actors.api.actor.
     ClassRef``); ``init`` the codec frames of ``(args, kwargs)``; ``methods`` the class's
-    public methods as the driver sees them (name → is async); ``imports`` the modules the fork
+    public methods as the driver sees them; ``imports`` the modules the fork
     template imports before this actor's class module (the class's ``template_imports``).
     """
 
@@ -101,7 +120,7 @@ class SpawnSpec:
     max_restarts: int = 0
     max_concurrency: int | None = None
     env: dict[str, str] = field(default_factory=dict)
-    methods: dict[str, bool] = field(default_factory=dict)
+    methods: dict[str, MethodInfo] = field(default_factory=dict)
     cwd: str | None = None
     sys_path: tuple[str, ...] = ()
     timeout: float = 120.0
@@ -161,7 +180,7 @@ class ActorView:
     pid: int | None
     restarts: int
     max_restarts: int
-    methods: dict[str, bool]
+    methods: dict[str, MethodInfo]
     death: ActorEvent | None
 
     def as_dict(self) -> dict[str, Any]:
@@ -180,7 +199,7 @@ class ActorView:
             "pid": self.pid,
             "restarts": self.restarts,
             "max_restarts": self.max_restarts,
-            "methods": dict(self.methods),
+            "methods": {name: info.is_async for name, info in self.methods.items()},
             "death": None if death is None else {"reason": death.reason, "pid": death.pid,
                                                  "exitcode": death.exitcode,
                                                  "cause": death.cause, "oom": death.oom},
@@ -442,7 +461,7 @@ class Started:
 
     address: str
     pid: int
-    methods: dict[str, bool] | None
+    methods: dict[str, MethodInfo] | None
 
 
 @message("ctl.StartActor")
@@ -516,7 +535,7 @@ class Ready(Request[None]):
     actor_id: str
     address: str
     pid: int
-    methods: dict[str, bool]
+    methods: dict[str, MethodInfo]
 
 
 @message("ctl.Failed")

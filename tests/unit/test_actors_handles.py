@@ -12,6 +12,7 @@ from rayless.actors import ActorHandle, Cluster, endpoint
 from rayless.actors.api import portal
 from rayless.actors.api.lifecycle import Opening, opener
 from rayless.actors.core import context
+from rayless.actors.protocol.messages import MethodInfo
 from rayless.store import Store, SyncStore
 from rayless.transport import codec
 from rayless.transport.errors import ClosedError, RaylessError
@@ -54,7 +55,10 @@ def test_a_handle_without_a_method_list_is_permissive() -> None:
 def test_the_method_list_travels_with_the_handle() -> None:
     h = counter_handle()
     back = codec.decode(codec.encode(h))
-    assert back == h and back.methods == {"add": False, "aadd": True}
+    assert back == h and back.methods == {
+        "add": MethodInfo(is_async=False),
+        "aadd": MethodInfo(is_async=True),
+    }
     with pytest.raises(AttributeError, match="no public method 'typo'"):
         back.typo  # noqa: B018
 

@@ -24,6 +24,8 @@ from rayless.transport import codec
 from rayless.transport._registry import EXT, MARK
 from rayless.transport.errors import ProtocolError, RemoteError
 
+STEP = m.MethodInfo(is_async=True, params="batch, *, lr=", timeout=30.0)
+GET = m.MethodInfo(is_async=False)
 SPEC = m.SpawnSpec(
     cls=("pkg.mod", "Learner", None),
     cls_name="Learner",
@@ -34,7 +36,7 @@ SPEC = m.SpawnSpec(
     gpu_indices=(0, 3),
     max_concurrency=4,
     env={"A": "1"},
-    methods={"step": True, "get": False},
+    methods={"step": STEP, "get": GET},
     cwd="/tmp",
     sys_path=("/a", "/b"),
 )
@@ -45,13 +47,15 @@ DEATH = m.ActorEvent(
 )  # fmt: skip
 VIEW = m.ActorView(
     "a1", "learner", "Learner", "n0", "0", ((0, 0.5),), 1.0, m.ActorState.DEAD, "tcp://x:1",
-    9, 0, 2, {"step": True}, DEATH,
+    9, 0, 2, {"step": STEP}, DEATH,
 )  # fmt: skip
 SAMPLES: list[Any] = [
     SPEC,
     m.Spawn(SPEC),
     m.StartActor("a1", "learner", SPEC, {"CUDA_VISIBLE_DEVICES": "0"}),
-    m.Started("tcp://x:1", 9, {"step": True}),
+    m.Started("tcp://x:1", 9, {"step": STEP}),
+    STEP,
+    GET,
     m.Started("tcp://x:1", 9, None),
     m.Boot(("m", "C", b"pickled"), (b"h", b"b"), None, ("/a",)),
     m.Ready("a1", "tcp://x:1", 9, {}),

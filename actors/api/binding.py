@@ -1,0 +1,213 @@
+"""Which methods of an actor class are remote, what each looks like to a caller, and checking
+a call's arguments on the caller's side.
+
+* :func:`endpoint_marker` is ``@endpoint`` on a method (``rayless.actors.endpoint``, Monarch's
+  model): a class that marks any of its methods exposes only the marked ones; a class that
+  marks none exposes every public method (no leading underscore) as before. ``@endpoint
+  (timeout=S)`` also gives the method's calls a default deadline.
+* :func:`public_methods` builds each remote method's :class:`MethodInfo` once, when the class
+  is spawned: async or not, its parameter list, its default timeout. Handles carry them.
+* :func:`check_arguments` binds a call's arguments to that parameter list before anything is
+  sent, so a wrong call is a ``TypeError`` in the caller, as calling the method locally would
+  be (Ray checks ``.remote()`` arguments the same way).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from rayless.actors.protocol.messages import MethodInfo
+
+__all__ = ["EndpointOptions", "check_arguments", "endpoint_marker", "public_methods"]
+
+FN = TypeVar("FN")
+_MARK = "__rayless_endpoint__"
+_LIFECYCLE = frozenset({"setup", "teardown"})
+
+
+class _Default:
+    """Stands for a default value: printed as nothing, so ``x=1`` reads ``x=``."""
+
+    def __repr__(self) -> str:
+        return ""
+
+
+_DEFAULT = _Default()
+
+
+@dataclass(frozen=True)
+class EndpointOptions:
+    """What ``@endpoint(...)`` said of a method."""
+
+    timeout: float | None = None
+
+
+def endpoint_marker(fn: Any = None, *, timeout: float | None = None) -> Any:
+    """``@endpoint`` / ``@endpoint(timeout=S)``: mark a method as remotely callable.
+
+    Raises:
+        ValueError: ``timeout`` is not a positive number.
+        TypeError: what is marked is not callable.
+    """
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+    ):
+        raise ValueError(f"an endpoint's timeout must be a positive number, got {timeout!r}")
+    options = EndpointOptions(None if timeout is None else float(timeout))
+
+    def mark(f: FN) -> FN:
+        inner = f.__func__ if isinstance(f, (staticmethod, classmethod)) else f
+        if not callable(inner):
+            raise TypeError(f"@endpoint marks methods, not {type(f).__name__}")
+        setattr(inner, _MARK, options)
+        return f
+
+    return mark if fn is None else mark(fn)
+
+
+def _options(attr: Any) -> EndpointOptions | None:
+    inner = attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
+    found = getattr(inner, _MARK, None)
+    return found if isinstance(found, EndpointOptions) else None
+
+
+def public_methods(cls: type) -> dict[str, MethodInfo]:
+    """The remotely callable methods of ``cls`` and what callers need of each: its endpoints
+    when it marks any, else every public method but the lifecycle hooks."""
+    found: dict[str, tuple[Any, EndpointOptions | None]] = {}
+    for name in dir(cls):
+        if name.startswith("_") or name in _LIFECYCLE:
+            continue
+        attr = inspect.getattr_static(cls, name, None)
+        inner = attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
+        if callable(inner) and not isinstance(inner, type):
+            found[name] = (attr, _options(attr))
+    if any(options is not None for _, options in found.values()):
+        found = {n: (a, o) for n, (a, o) in found.items() if o is not None}
+    return {
+        name: MethodInfo(
+            is_async=inspect.iscoroutinefunction(
+                attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
+            ),
+            params=_params(attr),
+            timeout=None if options is None else options.timeout,
+        )
+        for name, (attr, options) in found.items()
+    }
+
+
+def _params(attr: Any) -> str | None:
+    """``attr``'s parameters as a caller passes them (``self``/``cls`` dropped), as text; None
+    where they cannot be read."""
+    if isinstance(attr, staticmethod):
+        fn, drop = attr.__func__, 0
+    elif isinstance(attr, classmethod) or inspect.isfunction(attr):
+        fn, drop = (attr.__func__ if isinstance(attr, classmethod) else attr), 1
+    else:
+        return None  # a callable object or a C function: its binding to the instance is unknown
+    try:
+        params = list(inspect.signature(fn).parameters.values())[drop:]
+    except (TypeError, ValueError):
+        return None
+    plain = [
+        p.replace(annotation=p.empty, default=p.empty if p.default is p.empty else _DEFAULT)
+        for p in params
+    ]
+    return str(inspect.Signature(plain))[1:-1]
+
+
+@functools.lru_cache(maxsize=4096)
+def _signature(params: str) -> inspect.Signature:
+    """The signature that ``params`` (:func:`_params`' text) describes, defaults as markers."""
+    out: list[inspect.Parameter] = []
+    kind: inspect._ParameterKind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    for token in (t.strip() for t in params.split(",")) if params else ():
+        if token == "/":
+            out = [p.replace(kind=inspect.Parameter.POSITIONAL_ONLY) for p in out]
+        elif token == "*":
+            kind = inspect.Parameter.KEYWORD_ONLY
+        elif token.startswith("**"):
+            out.append(inspect.Parameter(token[2:], inspect.Parameter.VAR_KEYWORD))
+        elif token.startswith("*"):
+            out.append(inspect.Parameter(token[1:], inspect.Parameter.VAR_POSITIONAL))
+            kind = inspect.Parameter.KEYWORD_ONLY
+        else:
+            name, eq, _ = token.partition("=")
+            default = _DEFAULT if eq else inspect.Parameter.empty
+            out.append(inspect.Parameter(name.strip(), kind, default=default))
+    return inspect.Signature(out)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What a call must look like, precomputed from a parameter list for a quick check."""
+
+    positional: tuple[str, ...]  # positional parameters in order
+    positional_only: frozenset[str]
+    var_positional: bool
+    keywords: frozenset[str]  # names a keyword argument may have
+    var_keyword: bool
+    required: frozenset[str]  # parameters without a default
+
+    def fits(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+        """Whether the call surely binds (False: let ``Signature.bind`` decide and explain)."""
+        n = len(args)
+        if n > len(self.positional) and not self.var_positional:
+            return False
+        given = self.positional[:n]
+        if kwargs:
+            for key in kwargs:
+                if key in given or key in self.positional_only:
+                    return False
+                if key not in self.keywords and not self.var_keyword:
+                    return False
+        for name in self.required:
+            if name not in kwargs and name not in given:
+                return False
+        return True
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape(params: str) -> _Shape:
+    sig = _signature(params).parameters.values()
+    kinds = inspect.Parameter
+    return _Shape(
+        positional=tuple(
+            p.name for p in sig if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+        ),
+        positional_only=frozenset(p.name for p in sig if p.kind is kinds.POSITIONAL_ONLY),
+        var_positional=any(p.kind is kinds.VAR_POSITIONAL for p in sig),
+        keywords=frozenset(
+            p.name for p in sig if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
+        ),
+        var_keyword=any(p.kind is kinds.VAR_KEYWORD for p in sig),
+        required=frozenset(
+            p.name
+            for p in sig
+            if p.default is p.empty and p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)
+        ),
+    )
+
+
+def check_arguments(
+    info: MethodInfo | None,
+    describe: Callable[[], str],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+) -> None:
+    """Check that ``args``/``kwargs`` fit the method ``info`` describes (nothing to check
+    where ``info`` or its parameters are unknown).
+
+    Raises:
+        TypeError: they do not, with Python's reason and the method ``describe()`` names.
+    """
+    if info is None or info.params is None or _shape(info.params).fits(args, kwargs):
+        return
+    try:
+        _signature(info.params).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{describe()}: {exc}") from None
