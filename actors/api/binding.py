@@ -165,10 +165,7 @@ class _Shape:
                     return False
                 if key not in self.keywords and not self.var_keyword:
                     return False
-        for name in self.required:
-            if name not in kwargs and name not in given:
-                return False
-        return True
+        return all(name in kwargs or name in given for name in self.required)
 
 
 @functools.lru_cache(maxsize=4096)
