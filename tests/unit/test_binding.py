@@ -22,8 +22,8 @@ NAMES = ["x", "y", "z", "k", "m", "a", "b", "scale", "q", "args", "kw"]
 
 class Shapes:
     def f(
-        self, x: int, y: int = 3, /, z: Any = [1, 2], *args: int, k: int, m: Any = None, **kw: Any
-    ) -> None:  # noqa: B006, E501
+        self, x: int, y: int = 3, /, z: Any = (1, 2), *args: int, k: int, m: Any = None, **kw: Any
+    ) -> None:
         pass
 
     async def g(self) -> None:
