@@ -12,7 +12,7 @@ from rayless.actors.api.cluster import Cluster, connect
 from rayless.actors.api.handle import ActorHandle, ActorMethod, endpoint, gather, wait
 from rayless.actors.api.streams import RemoteStream
 from rayless.actors.errors import ActorDiedError
-from rayless.actors.protocol.messages import Template
+from rayless.actors.protocol.messages import GpuView, NodeView, Template
 from rayless.placement.errors import PlacementError
 from rayless.transport.errors import RaylessError, RemoteError
 
@@ -22,6 +22,8 @@ __all__ = [
     "ActorHandle",
     "ActorMethod",
     "Cluster",
+    "GpuView",
+    "NodeView",
     "PlacementError",
     "RaylessError",
     "RemoteError",

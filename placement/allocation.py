@@ -62,27 +62,6 @@ class NodeState:
         """GPUs with nothing allocated on them."""
         return sum(1 for f in self.gpu_free.values() if f >= 1.0 - _EPS)
 
-    def summary(self) -> dict[str, Any]:
-        """Plain values for ``cluster.nodes()`` and ``rayless status``."""
-        return {
-            "node_id": self.node_id,
-            "hostname": self.info.get("hostname"),
-            "ip": self.info.get("ip"),
-            "rank": self.info.get("rank"),
-            "alive": self.alive,
-            "cpus": self.cpus,
-            "cpus_used": round(self.cpus_used, 6),
-            "gpus": [
-                {**g, "free": round(self.gpu_free.get(int(g["index"]), 0.0), 6)}
-                for g in self.info.get("gpus", [])
-            ],
-            "gpus_total": len(self.gpu_indices),
-            "gpus_free": self.whole_gpus_free(),
-            "fake_gpus": bool(self.info.get("fake_gpus", False)),
-            "actors": sorted(self.actors),
-            "num_actors": len(self.actors),
-        }
-
 
 @dataclass(frozen=True)
 class Allocation:

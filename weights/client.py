@@ -149,7 +149,7 @@ class WeightSync:
         if bucket_bytes < 1 or max_slots < 2:
             raise ValueError("bucket_bytes must be >= 1 and max_slots >= 2")
         registry = await cluster.spawn(WeightRegistry, name, per_node, name=name, cpus=0)
-        alive = [n["node_id"] for n in await cluster.nodes(actors=False) if n.get("alive", True)]
+        alive = [n.node_id for n in await cluster.node_views() if n.alive]
         relays = await spawn_all(
             cluster,
             [cluster.spawn(WeightRelay, per_node, max_slots, node=node, cpus=0) for node in alive],

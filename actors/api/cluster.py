@@ -45,6 +45,7 @@ from rayless.actors.protocol.messages import (
     Kill,
     ListActors,
     ListNodes,
+    NodeView,
     Shutdown,
     Spawn,
     SpawnSpec,
@@ -278,11 +279,18 @@ class Cluster:
         return await asyncio.to_thread(trace.write_trace, path, got)
 
     async def nodes(self, *, actors: bool = True) -> list[dict[str, Any]]:
-        """Every node: its resources (GPUs free/used), ``num_actors`` and, unless ``actors``
-        is False, each live actor's record (``"actors"``: what makes this O(actors); with
-        ``actors=False`` it is O(nodes))."""
+        """Every node as plain values (:meth:`NodeView.as_dict`, Ray's ``ray.nodes()`` shape):
+        its resources (GPUs free/used), ``num_actors`` and, unless ``actors`` is False, each
+        live actor's record (``"actors"``: what makes this O(actors); with ``actors=False``
+        it is O(nodes))."""
+        return [view.as_dict() for view in await self.node_views(actors=actors)]
+
+    async def node_views(self, *, actors: bool = False) -> list[NodeView]:
+        """Every node as a typed :class:`NodeView` (``.node_id``, ``.alive``, ``.gpus``...);
+        with ``actors`` also its live actors' records (O(actors)), else O(nodes)."""
         runtime = await self._runtime()
-        return await runtime.head_request(ListNodes(actors=actors))
+        views: list[NodeView] = await runtime.head_request(ListNodes(actors=actors))
+        return views
 
     async def summary(self, limit: int | None = 100) -> ClusterSummary:
         """The whole cluster in one answer: node, CPU, GPU and live-actor totals, with the

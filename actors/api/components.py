@@ -44,13 +44,13 @@ async def spawn_all(
 async def cluster_info(cluster: Cluster) -> dict[str, Any]:
     """The planner's ``cluster_info`` for the live nodes of ``cluster`` (real GPU indices)."""
     table: dict[str, Any] = {}
-    for node in await cluster.nodes(actors=False):
-        if not node.get("alive", True):
+    for node in await cluster.node_views():
+        if not node.alive:
             continue
-        indices = [int(g["index"]) for g in node.get("gpus", [])]
-        table[str(node["node_id"])] = {
-            "ip": node.get("ip", ""),
-            "CPU": node.get("cpus", 0),
+        indices = [g.index for g in node.gpus]
+        table[node.node_id] = {
+            "ip": node.ip or "",
+            "CPU": node.cpus,
             "GPU": len(indices),
             "gpu_indices": indices,
         }

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayless.actors.api.components import slots_of, spawn_all
 from rayless.actors.api.runtime import get_runtime
-from rayless.actors.protocol.messages import FreePortOn
+from rayless.actors.protocol.messages import FreePortOn, NodeView
 from rayless.placement.errors import PlacementError
 
 if TYPE_CHECKING:
@@ -38,12 +38,12 @@ def block_assignment(n: int, nodes: list[str]) -> list[str]:
     return [nodes[i * m // n] for i in range(n)]
 
 
-def _node_order(records: list[dict[str, Any]], gpus: float) -> list[str]:
-    alive = [r for r in records if r.get("alive", True)]
+def _node_order(views: list[NodeView], gpus: float) -> list[str]:
+    alive = [v for v in views if v.alive]
     if gpus > 0:
-        alive = [r for r in alive if int(r.get("gpus_total", 0)) >= math.ceil(gpus)]
-    alive.sort(key=lambda r: (r.get("rank") is None, r.get("rank") or 0, str(r["node_id"])))
-    return [str(r["node_id"]) for r in alive]
+        alive = [v for v in alive if v.gpus_total >= math.ceil(gpus)]
+    alive.sort(key=lambda v: (v.rank is None, v.rank or 0, v.node_id))
+    return [v.node_id for v in alive]
 
 
 def torch_env(ranks_nodes: list[str], master_addr: str, master_port: int) -> list[dict[str, str]]:
@@ -118,11 +118,11 @@ async def spawn_group(
                 }
             )
     else:
-        records = await cluster.nodes(actors=False)
+        views = await cluster.node_views()
         if node is not None:
             targets = [node] * n
         else:
-            order = list(nodes) if nodes is not None else _node_order(records, gpus)
+            order = list(nodes) if nodes is not None else _node_order(views, gpus)
             if not order:
                 raise PlacementError(f"no live node can hold members with gpus={gpus}")
             targets = block_assignment(n, order)
@@ -130,8 +130,8 @@ async def spawn_group(
     ranks_nodes = [str(p["node"]) for p in per_rank]
     envs: list[dict[str, str]] = [{} for _ in range(n)]
     if torch_distributed:
-        records = await cluster.nodes(actors=False)
-        ips = {str(r["node_id"]): str(r.get("ip") or "") for r in records if r.get("alive")}
+        views = await cluster.node_views()
+        ips = {v.node_id: v.ip or "" for v in views if v.alive}
         if ranks_nodes[0] not in ips:
             raise PlacementError(f"node {ranks_nodes[0]!r} of rank 0 is not alive")
         if master_port is None:

@@ -34,7 +34,7 @@ from rayless.transport.errors import AuthError, RaylessError
 
 if TYPE_CHECKING:
     from rayless.actors.api.cluster import Cluster
-    from rayless.actors.protocol.messages import ActorView, ClusterSummary
+    from rayless.actors.protocol.messages import ActorView, ClusterSummary, NodeView
 
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_LIMIT = 100
@@ -226,32 +226,27 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def gpu_shares(node: dict[str, Any]) -> str:
+def gpu_shares(node: NodeView) -> str:
     """Each GPU's used share, e.g. ``0:0.5 1:1 2:0``."""
-    parts = []
-    for gpu in node.get("gpus") or []:
-        used = max(0.0, 1.0 - float(gpu.get("free", 0.0)))
-        parts.append(f"{gpu.get('index', '?')}:{used:g}")
+    parts = [f"{gpu.index}:{max(0.0, 1.0 - gpu.free):g}" for gpu in node.gpus]
     return " ".join(parts) or "-"
 
 
-def format_nodes(nodes: list[dict[str, Any]]) -> str:
+def format_nodes(nodes: list[NodeView]) -> str:
     """The nodes table."""
     rows = []
     for n in nodes:
-        gpus = n.get("gpus") or []
-        total = int(n.get("gpus_total", len(gpus)))
-        free = int(n.get("gpus_free", 0))
+        total, free = n.gpus_total, n.gpus_free
         rows.append(
             [
-                n.get("node_id", "?"),
-                n.get("ip") or "?",
-                "yes" if n.get("alive") else "NO",
-                f"{_num(n.get('cpus_used', 0))}/{_num(n.get('cpus', 0))}",
-                f"{free}/{total}" + (" (fake)" if n.get("fake_gpus") and total else ""),
+                n.node_id,
+                n.ip or "?",
+                "yes" if n.alive else "NO",
+                f"{_num(n.cpus_used)}/{_num(n.cpus)}",
+                f"{free}/{total}" + (" (fake)" if n.fake_gpus and total else ""),
                 total - free,
                 gpu_shares(n),
-                n.get("num_actors", len(n.get("actors") or [])),
+                n.num_actors,
             ]
         )
     headers = ["NODE", "IP", "ALIVE", "CPUS USED/TOTAL", "GPUS FREE", "GPUS USED", "USED PER GPU"]

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import os
 
     from rayless.actors.api.cluster import Cluster
-    from rayless.actors.protocol.messages import ActorPage, ClusterSummary
+    from rayless.actors.protocol.messages import ActorPage, ClusterSummary, NodeView
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -195,10 +195,16 @@ class SyncCluster:
         return self.run(self.cluster.timeline(path, since=since))
 
     def nodes(self, *, actors: bool = True) -> list[dict[str, Any]]:
-        """Every node: its resources (GPUs free/used), ``num_actors`` and, unless ``actors``
-        is False, each live actor's record (``"actors"``: what makes this O(actors); with
-        ``actors=False`` it is O(nodes))."""
+        """Every node as plain values (:meth:`NodeView.as_dict`, Ray's ``ray.nodes()`` shape):
+        its resources (GPUs free/used), ``num_actors`` and, unless ``actors`` is False, each
+        live actor's record (``"actors"``: what makes this O(actors); with ``actors=False``
+        it is O(nodes))."""
         return self.run(self.cluster.nodes(actors=actors))
+
+    def node_views(self, *, actors: bool = False) -> list[NodeView]:
+        """Every node as a typed :class:`NodeView` (``.node_id``, ``.alive``, ``.gpus``...);
+        with ``actors`` also its live actors' records (O(actors)), else O(nodes)."""
+        return self.run(self.cluster.node_views(actors=actors))
 
     def summary(self, limit: int | None = 100) -> ClusterSummary:
         """The whole cluster in one answer: node, CPU, GPU and live-actor totals, with the

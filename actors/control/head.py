@@ -38,6 +38,7 @@ from rayless.actors.protocol.messages import (
     EndSession,
     FreePort,
     FreePortOn,
+    GpuView,
     Hello,
     HelloReply,
     KeepSession,
@@ -47,6 +48,7 @@ from rayless.actors.protocol.messages import (
     NodeDied,
     NodeHeartbeat,
     NodeRegistered,
+    NodeView,
     RegisterNode,
     Shutdown,
     Summarize,
@@ -267,19 +269,43 @@ class Head:
         return NodeRegistered(self.node_timeout)
 
     @handles(ListNodes)
-    def op_nodes(self, peer: Peer, msg: ListNodes) -> list[dict[str, Any]]:
+    def op_nodes(self, peer: Peer, msg: ListNodes) -> list[NodeView]:
         """Every node with its resources and number of actors; with ``msg.actors`` their
         records too."""
-        out = []
-        for node in self.state.nodes.values():
-            summary = node.summary()
-            ids = summary.pop("actors")
-            if msg.actors:
-                summary["actors"] = [
-                    self.state.actors[a].public().as_dict() for a in ids if a in self.state.actors
-                ]
-            out.append(summary)
-        return out
+        return [self._node_view(node, msg.actors) for node in self.state.nodes.values()]
+
+    def _node_view(self, node: NodeState, with_actors: bool) -> NodeView:
+        info = node.info
+        rank = info.get("rank")
+        actors = None
+        if with_actors:
+            records = self.state.actors
+            actors = tuple(records[a].public() for a in sorted(node.actors) if a in records)
+        return NodeView(
+            node_id=node.node_id,
+            hostname=None if info.get("hostname") is None else str(info["hostname"]),
+            ip=None if info.get("ip") is None else str(info["ip"]),
+            rank=None if rank is None else int(rank),
+            alive=node.alive,
+            cpus=float(node.cpus),
+            cpus_used=round(node.cpus_used, 6),
+            gpus=tuple(
+                GpuView(
+                    index=int(g["index"]),
+                    uuid=str(g.get("uuid", "")),
+                    name=str(g.get("name", "")),
+                    memory_bytes=int(g.get("memory_bytes", 0)),
+                    pci_bus_id=str(g.get("pci_bus_id", "")),
+                    free=round(node.gpu_free.get(int(g["index"]), 0.0), 6),
+                )
+                for g in info.get("gpus", [])
+            ),
+            gpus_total=len(node.gpu_indices),
+            gpus_free=node.whole_gpus_free(),
+            fake_gpus=bool(info.get("fake_gpus", False)),
+            num_actors=len(node.actors),
+            actors=actors,
+        )
 
     @handles(Summarize)
     def op_summarize(self, peer: Peer, msg: Summarize) -> ClusterSummary:
@@ -291,11 +317,7 @@ class Head:
         if not (msg.limit is None or _count(msg.limit)):
             raise ProtocolError(f"limit must be an int >= 0 or None, got {msg.limit!r}")
         nodes = self.state.nodes.values()
-        page = []
-        for node in itertools.islice(nodes, msg.limit):
-            summary = node.summary()
-            del summary["actors"]
-            page.append(summary)
+        page = [self._node_view(node, False) for node in itertools.islice(nodes, msg.limit)]
         actors = self.op_list_actors(peer, ListActors(limit=msg.limit))
         records = self.state.actors
         died = (records[a].public() for a in reversed(self.state.died) if a in records)

@@ -7,19 +7,18 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from typing import Any
 
 from rayless.actors.errors import LaunchError
 from rayless.actors.launch.config import LaunchConfig
 from rayless.actors.launch.procs import NodeProcesses, StopFlag
-from rayless.actors.protocol.messages import ListNodes, Shutdown
+from rayless.actors.protocol.messages import ListNodes, NodeView, Shutdown
 from rayless.actors.protocol.wire import ask
 from rayless.transport.errors import RaylessError
 
 
 async def rendezvous(
     cfg: LaunchConfig, token: str, stop: StopFlag, procs: NodeProcesses
-) -> list[dict[str, Any]]:
+) -> list[NodeView]:
     """Wait until a live node has registered each rank ``0..nnodes-1``; return the nodes.
 
     Raises:
@@ -34,23 +33,20 @@ async def rendezvous(
             procs.check_alive()
             if stop.is_set():
                 raise LaunchError(f"stopped during the rendezvous ({stop.reason})")
-            nodes = [
-                n for n in await ask(client, ListNodes(actors=False), timeout=30) if n.get("alive")
-            ]
+            views = await ask(client, ListNodes(actors=False), timeout=30)
+            nodes = [n for n in views if n.alive]
             ranks: dict[int, str] = {}
             for node in nodes:
-                rank = node.get("rank")
+                rank = node.rank
                 if rank is None:
                     continue
-                if not 0 <= int(rank) < cfg.nnodes:
+                if not 0 <= rank < cfg.nnodes:
                     raise LaunchError(
-                        f"node {node['node_id']} joined as rank {rank} of --nnodes {cfg.nnodes}"
+                        f"node {node.node_id} joined as rank {rank} of --nnodes {cfg.nnodes}"
                     )
-                if int(rank) in ranks:
-                    raise LaunchError(
-                        f"rank {rank} joined twice ({ranks[int(rank)]}, {node['node_id']})"
-                    )
-                ranks[int(rank)] = str(node["node_id"])
+                if rank in ranks:
+                    raise LaunchError(f"rank {rank} joined twice ({ranks[rank]}, {node.node_id})")
+                ranks[rank] = node.node_id
             missing = sorted(set(range(cfg.nnodes)) - set(ranks))
             if not missing:
                 return nodes

@@ -25,9 +25,9 @@ from rayless.transport.errors import RaylessError
 __all__ = [
     "ActorEvent", "ActorPage", "ActorState", "ActorView", "AgentStatus", "Boot", "Bootstrap",
     "ClusterSummary", "DebugEndpoints", "DebugRegister", "EndSession", "EventKind", "Failed",
-    "FreePort", "FreePortOn", "GetActor", "Hello", "HelloReply", "KeepSession", "Kill",
+    "FreePort", "FreePortOn", "GetActor", "GpuView", "Hello", "HelloReply", "KeepSession", "Kill",
     "ListActors", "ListNodes", "LogLines", "LookupActor", "MethodInfo", "NodeDied",
-    "NodeHeartbeat",
+    "NodeHeartbeat", "NodeView",
     "NodeRegistered", "ProcState", "Ready", "RegisterNode", "Shutdown", "Spawn", "SpawnSpec",
     "StartActor", "Started", "StopActor", "Summarize", "Template",
 ]  # fmt: skip
@@ -356,12 +356,79 @@ class RegisterNode(Request[NodeRegistered]):
     agent_address: str
 
 
+@message("ctl.GpuView")
+@dataclass(frozen=True)
+class GpuView:
+    """One GPU of a node as the head sees it: what discovery found, and ``free``, the share
+    of it nothing holds (0.0 to 1.0)."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_bytes: int
+    pci_bus_id: str
+    free: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values (``Cluster.nodes``)."""
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "name": self.name,
+            "memory_bytes": self.memory_bytes,
+            "pci_bus_id": self.pci_bus_id,
+            "free": self.free,
+        }
+
+
+@message("ctl.NodeView")
+@dataclass(frozen=True)
+class NodeView:
+    """One node as the head answers for it: where it is, whether it is alive, its resources
+    (CPUs counted and used; GPUs, whole ones free), its number of live actors and, when
+    asked for (``ListNodes(actors=True)``), their records."""
+
+    node_id: str
+    hostname: str | None
+    ip: str | None
+    rank: int | None
+    alive: bool
+    cpus: float
+    cpus_used: float
+    gpus: tuple[GpuView, ...]
+    gpus_total: int
+    gpus_free: int
+    fake_gpus: bool
+    num_actors: int
+    actors: tuple[ActorView, ...] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values, for ``Cluster.nodes`` (Ray's ``ray.nodes()`` is a list of dicts too)
+        and status output; ``"actors"`` only when the view holds them."""
+        out: dict[str, Any] = {
+            "node_id": self.node_id,
+            "hostname": self.hostname,
+            "ip": self.ip,
+            "rank": self.rank,
+            "alive": self.alive,
+            "cpus": self.cpus,
+            "cpus_used": self.cpus_used,
+            "gpus": [g.as_dict() for g in self.gpus],
+            "gpus_total": self.gpus_total,
+            "gpus_free": self.gpus_free,
+            "fake_gpus": self.fake_gpus,
+            "num_actors": self.num_actors,
+        }
+        if self.actors is not None:
+            out["actors"] = [a.as_dict() for a in self.actors]
+        return out
+
+
 @message("ctl.ListNodes")
 @dataclass(frozen=True)
-class ListNodes(Request[list[dict[str, Any]]]):
-    """Every node with its resources and its number of actors (``num_actors``); with
-    ``actors`` also each live actor's record under ``"actors"`` (O(actors): a whole-cluster
-    listing). → list of status dicts"""
+class ListNodes(Request[list[NodeView]]):
+    """Every node with its resources and its number of actors; with ``actors`` also each
+    live actor's record (O(actors): a whole-cluster listing). → list of NodeView"""
 
     reply = list
 
@@ -405,7 +472,7 @@ class ClusterSummary:
     gpus: int
     gpus_free: int  # whole GPUs with nothing on them
     actors: int
-    node_page: tuple[dict[str, Any], ...]
+    node_page: tuple[NodeView, ...]
     actor_page: tuple[ActorView, ...]
     died: tuple[ActorView, ...] = ()
 

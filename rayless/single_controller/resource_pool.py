@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from rayless.actors import NodeView
 from rayless.placement import PlacementError, WorkerSlot
 
 # (head address, node id, GPU index) held by a live pool of this process
@@ -127,9 +127,9 @@ class ResourcePool:
             raise RuntimeError("the pool's bundles are not chosen yet")
         return list(self._bundles)
 
-    def choose(self, address: str, nodes: list[dict[str, Any]]) -> list[Bundle]:
+    def choose(self, address: str, nodes: list[NodeView]) -> list[Bundle]:
         """Choose (once) and hold the bundles on the live ``nodes`` of the cluster at
-        ``address`` (the records of ``cluster.nodes()``); they are the pool's from then on.
+        ``address`` (``cluster.node_views()``); they are the pool's from then on.
 
         Raises:
             PlacementError: the live nodes cannot hold the pool (naming what is missing).
@@ -141,25 +141,24 @@ class ResourcePool:
             return list(self._bundles)
         if not self._store:
             raise PlacementError("the resource pool has no processes (process_on_nodes=[])")
-        alive = [r for r in nodes if r.get("alive", True)]
-        alive.sort(key=lambda r: (r.get("rank") is None, r.get("rank") or 0, str(r["node_id"])))
+        alive = [v for v in nodes if v.alive]
+        alive.sort(key=lambda v: (v.rank is None, v.rank or 0, v.node_id))
         bundles: list[Bundle] = []
         held: list[tuple[str, str, int]] = []
         used_nodes: set[str] = set()
         for slot, count in enumerate(self._store):
             picked: tuple[str, list[int | None]] | None = None
             for record in alive:
-                node_id = str(record["node_id"])
+                node_id = record.node_id
                 if node_id in used_nodes:
                     continue
                 if not self.use_gpu:
                     picked = (node_id, [None] * count)
                     break
                 free = [
-                    int(g["index"])
-                    for g in record.get("gpus", [])
-                    if float(g.get("free", 1.0)) >= 1.0 - 1e-9
-                    and (address, node_id, int(g["index"])) not in _HELD
+                    g.index
+                    for g in record.gpus
+                    if g.free >= 1.0 - 1e-9 and (address, node_id, g.index) not in _HELD
                 ]
                 if len(free) >= count:
                     picked = (node_id, list(free[:count]))
@@ -215,15 +214,9 @@ class ResourcePool:
         )
 
 
-def _describe(record: dict[str, Any], address: str) -> str:
-    node_id = str(record["node_id"])
-    gpus = record.get("gpus", [])
-    free = sum(
-        1
-        for g in gpus
-        if float(g.get("free", 1.0)) >= 1.0 - 1e-9
-        and (address, node_id, int(g["index"])) not in _HELD
-    )
+def _describe(record: NodeView, address: str) -> str:
+    node_id, gpus = record.node_id, record.gpus
+    free = sum(1 for g in gpus if g.free >= 1.0 - 1e-9 and (address, node_id, g.index) not in _HELD)
     return f"{node_id} ({free} of {len(gpus)} GPUs free)"
 
 

@@ -513,7 +513,7 @@ async def _spawn_workers(
 ) -> list[ActorHandle[Any]]:
     """Spawn one rank of ``cia`` per bundle of ``pool`` (choosing its bundles first)."""
     if not pool.resolved and (pool._parent is None or not pool._parent.resolved):
-        pool.choose(cluster.address, await cluster.nodes())
+        pool.choose(cluster.address, await cluster.node_views())
     slots = pool.slots(prefix)
     options = dict(cia._options)
     env = {"WG_PREFIX": prefix, "WG_BACKEND": "rayless", **dict(options.pop("env", None) or {})}

@@ -182,7 +182,7 @@ async def test_status_pages_the_actors_without_building_every_record(
         assert (summary.nodes, summary.nodes_alive, summary.actors) == (8, 8, 40)
         free = sum(n["gpus_free"] for n in nodes)
         assert (summary.gpus, summary.gpus_free, len(summary.node_page)) == (32, free, 3)
-        assert len(summary.actor_page) == 3 and all("actors" not in n for n in summary.node_page)
+        assert len(summary.actor_page) == 3 and all(n.actors is None for n in summary.node_page)
         assert len(built) == 40 + 3  # the pages built each record once, the summary 3
         with pytest.raises(ProtocolError, match="limit"):
             await runtime.head_request(Summarize(limit=-1))

@@ -13,7 +13,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rayless.actors import ActorHandle
+from rayless.actors import ActorHandle, GpuView, NodeView
 from rayless.placement import PlacementError
 from rayless.single_controller import (
     MAGIC_ATTR,
@@ -393,15 +393,25 @@ def test_a_group_needs_a_sync_cluster_to_spawn() -> None:
         WorkerGroup()
 
 
-def nodes(n: int, gpus: int, busy: set[tuple[str, int]] = frozenset()) -> list[dict]:
+def nodes(n: int, gpus: int, busy: set[tuple[str, int]] = frozenset()) -> list[NodeView]:
+    def gpu(i: int, g: int) -> GpuView:
+        return GpuView(g, f"GPU-{g}", "fake", 0, "", 0.0 if (f"node-{i}", g) in busy else 1.0)
+
     return [
-        {
-            "node_id": f"node-{i}",
-            "alive": True,
-            "gpus": [
-                {"index": g, "free": 0.0 if (f"node-{i}", g) in busy else 1.0} for g in range(gpus)
-            ],
-        }
+        NodeView(
+            f"node-{i}",
+            None,
+            None,
+            None,
+            True,
+            8.0,
+            0.0,
+            tuple(gpu(i, g) for g in range(gpus)),
+            gpus,
+            gpus,
+            True,
+            0,
+        )
         for i in range(n)
     ]
 
