@@ -30,7 +30,7 @@ from rayless.actors.control.death import OomWatch, log_tail
 from rayless.actors.control.logs import LogTailer
 from rayless.actors.control.process_util import die_with_parent, setup_logging
 from rayless.actors.control.spawner import ProcessSpawner, Spawner, ZygoteSpawner
-from rayless.actors.core import context
+from rayless.actors.core import context, gc_policy
 from rayless.actors.errors import ActorDiedError, ActorNotFoundError
 from rayless.actors.protocol.messages import (
     ActorEvent,
@@ -575,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
     if not token:
         print("RAYLESS_TOKEN_FD, RAYLESS_TOKEN or RAYLESS_TOKEN_FILE must be set", file=sys.stderr)
         return 2
+    gc_policy.apply()
+    gc_policy.freeze()
     return loop.run(serve(args, token))
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from rayless.actors.control.head_actors import HeadActors
 from rayless.actors.control.head_state import ActorRecord, HeadState
-from rayless.actors.core import context, published
+from rayless.actors.core import context, gc_policy, published
 from rayless.actors.protocol.messages import (
     ActorEvent,
     ActorPage,
@@ -463,6 +463,8 @@ def main() -> None:
         )
     timeout = float(sys.argv[2]) if len(sys.argv) == 3 else 5.0
     raise_socket_limits()
+    gc_policy.apply()
+    gc_policy.freeze()
     try:
         loop.run(serve(sys.argv[1], token, timeout))
     finally:  # an embedded cluster's entry, if its driver died without removing it

@@ -37,7 +37,7 @@ from rayless.actors.api.portal import set_home_loop
 from rayless.actors.api.streams import CLOSE, NEXT, StreamHost, is_stream
 from rayless.actors.control import debug
 from rayless.actors.control.process_util import setup_logging
-from rayless.actors.core import context, timeline
+from rayless.actors.core import context, gc_policy, timeline
 from rayless.actors.core.callstats import STATS
 from rayless.actors.core.threads import apply_torch_threads, torch_threads
 from rayless.actors.errors import StartError
@@ -429,6 +429,7 @@ async def _actor_main(given: str | None) -> int:
             await ask(agent, Failed(actor_id, remote_error(exc, name)), timeout=10)
             return 1
         # the class's methods as loaded here: the handles everyone gets are strict about them
+        gc_policy.freeze()  # the class, its instance and what setup loaded stay
         await ask(agent, Ready(actor_id, address, os.getpid(), host.methods), timeout=10)
         debug.announce()  # `rayless debug`/`stack` find this actor's listener from now on
         # From here the agent is watched by pid (watch_parent), never by heartbeats: a method
@@ -449,6 +450,7 @@ def child_main(token: str | None = None) -> int:
     """Run the actor described by the environment, with ``token`` (the zygote's) or the one
     of RAYLESS_TOKEN_FD; returns the exit code."""
     setup_logging(f"actor {os.environ.get(context.ENV_ACTOR_NAME, '?')}")
+    gc_policy.apply()
     return loop.run(_actor_main(token))
 
 
