@@ -6,7 +6,15 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from rayless.store.controller.allocation import Allocation
+from rayless.store.controller.catalog import Catalog
+from rayless.store.controller.clearing import Clearing
+from rayless.store.controller.consumption import Consumption
+from rayless.store.controller.kv import KeyValues
+from rayless.store.controller.readiness import Readiness
+from rayless.store.controller.staging import StagedPuts
 from rayless.store.controller.state import ControllerState
+from rayless.store.controller.units import Units
 from rayless.store.data.meta import BatchMeta
 from rayless.store.data.schema import DataUpdate, FieldSchema
 
@@ -16,8 +24,30 @@ RAG = FieldSchema("jagged", "int64", (None,), "cpu")
 TXT = FieldSchema("non_tensor")
 
 
+# What ControllerState composes; a snapshot compares their attributes, not the objects.
+COLLABORATORS = (
+    Allocation,
+    Catalog,
+    Clearing,
+    Consumption,
+    KeyValues,
+    Readiness,
+    StagedPuts,
+    Units,
+)
+
+
 def snapshot(c: ControllerState) -> dict[str, Any]:
-    state = {k: v for k, v in vars(c).items() if k != "_samplers"}
+    """A deep copy of every attribute of ``c`` and of its collaborators (samplers aside), to
+    compare before and after a call that must leave the state unchanged."""
+    state: dict[str, Any] = {}
+    for name, value in vars(c).items():
+        if not isinstance(value, COLLABORATORS):
+            state[name] = value
+            continue
+        for attr, inner in vars(value).items():
+            if attr != "_samplers" and not isinstance(inner, COLLABORATORS):
+                state[f"{name}.{attr}"] = inner
     return copy.deepcopy(state)
 
 
