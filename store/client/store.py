@@ -27,7 +27,11 @@ their rows reserved while the controller allocates the samples); each unit ACKs 
 controller recorded its data. ``get_meta`` asks the controller for a BatchMeta (waiting fetches,
 samplers). A get reads only the units holding the meta's samples, in parallel, while the
 controller checks the meta, then merges in order and moves the fields to their device. A dead
-unit fails a call as UnitLostError (and is reported to the controller).
+unit fails a call as UnitLostError (and is reported to the controller). The Store keeps the
+lifecycle and delegates: puts to its :class:`~rayless.store.client.put_path.PutPath`, fetches
+and reads to its :class:`~rayless.store.client.get_path.GetPath`, unit keys to its
+:class:`~rayless.store.client.unit_keys.UnitKeys`; they reach the actors through the client's
+:class:`~rayless.store.client.link.StoreLink`.
 
 Clearing samples and partitions, production and consumption status, consumption resets, lost
 samples, custom metadata, and the controller's and units' metrics and stats: each is one
@@ -68,12 +72,13 @@ from rayless.store.client.get_path import GetPath
 from rayless.store.client.leases import Leases
 from rayless.store.client.link import StoreLink
 from rayless.store.client.put_path import PutPath
+from rayless.store.client.unit_keys import UnitKeys
 from rayless.store.controller.actor import StoreController
 from rayless.store.controller.fetches import check_timeout
 from rayless.store.data.messages import FetchMode, UnitView
 from rayless.store.data.meta import BatchMeta
-from rayless.store.data.rows import place, take
-from rayless.store.data.schema import merge_parts, split_columns
+from rayless.store.data.rows import take
+from rayless.store.data.schema import split_columns
 from rayless.store.errors import (
     StoreError,
     StoreInputError,
@@ -83,7 +88,6 @@ from rayless.store.metrics import collect
 from rayless.store.samehost.plane import LocalPlane
 from rayless.store.unit.actor import StorageUnit
 from rayless.store.unit.actor import reservation_ttl as _reservation_ttl
-from rayless.store.unit.shard import kv_shard_of
 from rayless.transport.errors import ClosedError, RaylessError
 
 if TYPE_CHECKING:
@@ -209,6 +213,7 @@ class Store:
         self._leases = Leases(self)  # the next put's allocation and slots, made ahead
         self._puts = PutPath(self._link, self._plane, self._leases)
         self._gets = GetPath(self._link, self._plane)
+        self._unit_keys = UnitKeys(self._link)
 
     @property
     def controller(self) -> ActorHandle[Any]:
@@ -805,12 +810,6 @@ class Store:
         if meta.size:
             await self.clear(meta)
 
-    def _by_key(self, keys: Sequence[str]) -> dict[int, list[int]]:
-        groups: dict[int, list[int]] = {}
-        for pos, key in enumerate(keys):
-            groups.setdefault(kv_shard_of(key, len(self._table)), []).append(pos)
-        return groups
-
     async def kv_put(
         self,
         keys: Sequence[str] | str | None = None,
@@ -842,17 +841,7 @@ class Store:
             )
         if td is None:
             raise StoreInputError("kv_put(keys, td) needs a TensorDict of the keys' rows")
-        keys = _kv_keys(keys)
-        columns = split_columns(td, len(keys))
-        groups = self._by_key(keys)
-        shards, calls = [], []
-        for shard, positions in groups.items():
-            sub = td if len(groups) == 1 else take(columns, positions, len(keys))
-            shards.append(shard)
-            calls.append(
-                self._table[shard].handle.kv_put([keys[p] for p in positions], sub, timeout)
-            )
-        await self._link.gather(shards, calls)
+        await self._unit_keys.put(_kv_keys(keys), td, timeout)
         return None
 
     async def _kv_put_one(self, key: Any, partition: Any, fields: Any, tag: Any) -> KVBatchMeta:
@@ -874,33 +863,12 @@ class Store:
         self, keys: Sequence[str], fields: Sequence[str] | None = None, *, device: Any = None
     ) -> TensorDict:
         """The rows under ``keys``, in order. Raises UnknownKeyError, UnknownFieldError."""
-        keys = _kv_keys(keys)
-        groups = self._by_key(keys)
-        f = None if fields is None else list(fields)
-        calls = [
-            self._table[s].handle.kv_get([keys[p] for p in pos], f) for s, pos in groups.items()
-        ]
-        results = await self._link.gather(list(groups), calls)
-        if not results:
-            return TensorDict({}, batch_size=[0])
-        schemas = {n: c.schema for n, c in split_columns(results[0]).items()}
-        td = merge_parts(len(keys), schemas, list(zip(groups.values(), results, strict=True)))
-        if device is not None:
-            td = place(td, schemas, device)
-        return td
+        return await self._unit_keys.get(_kv_keys(keys), fields, device)
 
     async def kv_keys(self) -> list[str]:
         """Every unit key, unit by unit (``kv_list`` lists partition keys)."""
-        table = self._table
-        shards = [u.shard for u in table]
-        lists = await self._link.gather(shards, [u.handle.kv_list() for u in table])
-        return [k for keys in lists for k in keys]
+        return await self._unit_keys.keys()
 
     async def kv_delete(self, keys: Sequence[str]) -> int:
         """Delete unit ``keys`` (absent ones ignored); returns how many were deleted."""
-        keys = _kv_keys(keys)
-        groups = self._by_key(keys)
-        calls = [
-            self._table[s].handle.kv_delete([keys[p] for p in pos]) for s, pos in groups.items()
-        ]
-        return sum(await self._link.gather(list(groups), calls))
+        return await self._unit_keys.delete(_kv_keys(keys))
