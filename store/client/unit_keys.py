@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict
 
 from rayless.store.client.link import StoreLink
 from rayless.store.data.rows import place, take
@@ -32,9 +32,10 @@ class UnitKeys:
             groups.setdefault(kv_shard_of(key, len(self._link.table)), []).append(pos)
         return groups
 
-    async def put(self, keys: list[str], td: TensorDictBase, timeout: float) -> None:
-        """Store ``td``'s rows under ``keys`` (validated str) on their units. Raises what
-        the units raise (StoreInputError/SchemaError, StoreFullError), UnitLostError."""
+    async def put(self, keys: list[str], td: Any, timeout: float) -> None:
+        """Store ``td``'s rows under ``keys`` (validated str) on their units. Raises
+        SchemaError (``td`` is not a TensorDict of ``len(keys)`` rows), what the units raise
+        (StoreInputError/SchemaError, StoreFullError), UnitLostError."""
         columns = split_columns(td, len(keys))
         groups = self._by_key(keys)
         shards, calls = [], []
