@@ -222,7 +222,7 @@ class Leases:
         store = self._ref()
         if store is None:
             return  # (its connection went with it: the controller drops the lease)
-        units = store._units
+        units = store._link.units
         drops = [
             store._plane.drop(units[shard].handle, reserved)
             for shard, (_, reserved) in lease.ahead.items()
@@ -231,7 +231,7 @@ class Leases:
         meta = await lease.meta()
         calls: list[Awaitable[Any]] = list(drops)
         if meta is not None:
-            calls.append(store._controller.abort_put(meta))
+            calls.append(store._link.handle.abort_put(meta))
         await asyncio.gather(*calls, return_exceptions=True)
 
     async def close(self) -> None:

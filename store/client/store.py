@@ -27,7 +27,11 @@ their rows reserved while the controller allocates the samples); each unit ACKs 
 controller recorded its data. ``get_meta`` asks the controller for a BatchMeta (waiting fetches,
 samplers). A get reads only the units holding the meta's samples, in parallel, while the
 controller checks the meta, then merges in order and moves the fields to their device. A dead
-unit fails a call as UnitLostError (and is reported to the controller).
+unit fails a call as UnitLostError (and is reported to the controller). The Store keeps the
+lifecycle and delegates: puts to its :class:`~rayless.store.client.put_path.PutPath`, fetches
+and reads to its :class:`~rayless.store.client.get_path.GetPath`, unit keys to its
+:class:`~rayless.store.client.unit_keys.UnitKeys`; they reach the actors through the client's
+:class:`~rayless.store.client.link.StoreLink`.
 
 Clearing samples and partitions, production and consumption status, consumption resets, lost
 samples, custom metadata, and the controller's and units' metrics and stats: each is one
@@ -54,45 +58,36 @@ import asyncio
 import contextlib
 import functools
 import inspect
-import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
 import torch
 from tensordict import NonTensorStack, TensorDict, TensorDictBase
 
-from rayless.actors import ActorDiedError, ActorHandle, Cluster, Template, connect
+from rayless.actors import ActorHandle, Cluster, Template, connect
 from rayless.actors.ext import opener, spawn_all, store_span, traced
-from rayless.store.client.leases import LeaseKey, Leases, lease_key
+from rayless.store.client.get_path import GetPath
+from rayless.store.client.leases import Leases
+from rayless.store.client.link import StoreLink
+from rayless.store.client.put_path import PutPath
+from rayless.store.client.unit_keys import UnitKeys
 from rayless.store.controller.actor import StoreController
 from rayless.store.controller.fetches import check_timeout
-from rayless.store.controller.samplers import sampler_ref
-from rayless.store.data.messages import ColumnPut, FetchMode, Reservation, UnitView
+from rayless.store.data.messages import FetchMode, UnitView
 from rayless.store.data.meta import BatchMeta
-from rayless.store.data.packed import pack_columns
-from rayless.store.data.partial import partial_result
-from rayless.store.data.requests import FetchRequest, PutOptions
-from rayless.store.data.rows import merge, place, take
-from rayless.store.data.schema import Column, FieldSchema, merge_parts, split_columns
+from rayless.store.data.rows import take
+from rayless.store.data.schema import split_columns
 from rayless.store.errors import (
-    ForeignMetaError,
-    StaleMetaError,
     StoreError,
-    StoreFullError,
     StoreInputError,
     StoreTimeoutError,
-    UnitLostError,
-    UnknownFieldError,
-    UnknownPartitionError,
 )
 from rayless.store.metrics import collect
 from rayless.store.samehost.plane import LocalPlane
 from rayless.store.unit.actor import StorageUnit
 from rayless.store.unit.actor import reservation_ttl as _reservation_ttl
-from rayless.store.unit.shard import kv_shard_of
 from rayless.transport.errors import ClosedError, RaylessError
 
 if TYPE_CHECKING:
@@ -108,41 +103,6 @@ S = TypeVar("S")
 PUT_TIMEOUT = 30.0
 START_TIMEOUT = 120.0  # the default bound of a wait for the units' start (a spawn's own)
 _STOP_MARGIN = 15.0  # beyond it, for the head's answers to the spawns
-
-
-def _sampler_spec(sampler: Any) -> Any:
-    """What travels for ``sampler``: a spec as it is, a Sampler's own spec, a sampler class
-    by reference (``"package.module:Class"``, built with no arguments where it runs)."""
-    if sampler is None or isinstance(sampler, (str, Mapping)):
-        return sampler
-    if isinstance(sampler, type):
-        return {"name": sampler_ref(sampler)}
-    spec = getattr(sampler, "spec", None)
-    if callable(spec):
-        return spec()
-    raise StoreInputError(f"not a sampler or sampler spec: {sampler!r}")
-
-
-async def _done(value: Any) -> Any:
-    if isinstance(value, BaseException):
-        raise value
-    return value
-
-
-def _groups(meta: BatchMeta) -> dict[tuple[int, str], list[int]]:
-    """Positions of ``meta``'s samples by (shard, partition), in first-seen order."""
-    parts, shards, n = meta.partition_ids, meta.shards, meta.size
-    if n and parts.count(parts[0]) == n:  # one partition (the usual case): by shard, vectorised
-        sh = np.asarray(shards)
-        uniq, first = np.unique(sh, return_index=True)
-        order = uniq[np.argsort(first)].tolist()
-        if len(order) == 1:
-            return {(order[0], parts[0]): list(range(n))}
-        return {(s, parts[0]): np.flatnonzero(sh == s).tolist() for s in order}
-    groups: dict[tuple[int, str], list[int]] = {}
-    for pos, (shard, part) in enumerate(zip(meta.shards, meta.partition_ids, strict=True)):
-        groups.setdefault((shard, part), []).append(pos)
-    return groups
 
 
 @dataclass(frozen=True)
@@ -185,7 +145,7 @@ def _after_start(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]
 
     @functools.wraps(fn)
     async def call(self: Store, *args: Any, **kwargs: Any) -> T:
-        if self._start is not None:
+        if self._link.start is not None:
             bound = _start_bound(kwargs.get("timeout", default)) if timed else START_TIMEOUT
             await self.ready(bound)
         return await fn(self, *args, **kwargs)
@@ -241,29 +201,24 @@ class Store:
         cluster: Cluster | None = None,
         owned: bool = False,
     ) -> None:
-        self._controller = controller
-        self._units = units
         self.store_id = store_id
         self._cluster = cluster
         self._owned = owned
         self._own_cluster = False  # connect() opened the cluster session itself
-        self._closed = False
-        self._notes: set[asyncio.Future[Any]] = set()  # acks and cancels in flight
+        # The controller, the unit table, closed or not, and the units' start that create()
+        # leaves running (every operation waits for it first: see _after_start and ready()).
+        self._link = StoreLink(controller, units, store_id)
         self._plane = LocalPlane()  # the same-host data plane
-        # The units' start, which create() leaves running (None once seen done): every
-        # operation waits for it first (see _after_start and ready()).
-        self._start: asyncio.Future[None] | None = None
-        self._start_seen = False  # the start's error reached a caller
-        self._stopping = False  # shutdown began: the start must not complete the table
         self._spawned: list[ActorHandle[Any]] = []  # the units create() started
         self._leases = Leases(self)  # the next put's allocation and slots, made ahead
+        self._puts = PutPath(self._link, self._plane, self._leases)
+        self._gets = GetPath(self._link, self._plane)
+        self._unit_keys = UnitKeys(self._link)
 
     @property
     def controller(self) -> ActorHandle[Any]:
         """The controller actor. Raises ClosedError once the client is closed."""
-        if self._closed:
-            raise ClosedError(f"this client of store {self.store_id!r} is closed")
-        return self._controller
+        return self._link.controller
 
     @property
     def units(self) -> list[dict[str, Any]]:
@@ -276,17 +231,7 @@ class Store:
     @property
     def _table(self) -> list[UnitView]:
         """The units in shard order; raises like :attr:`units`."""
-        if self._closed:
-            raise ClosedError(f"this client of store {self.store_id!r} is closed")
-        start = self._start
-        if start is not None:
-            if not start.done():
-                raise StoreError(
-                    f"the units of store {self.store_id!r} are still starting: "
-                    "await ready() (or any operation) first"
-                )
-            self._start_result(start)
-        return self._units
+        return self._link.table
 
     @property
     def owned(self) -> bool:
@@ -296,7 +241,7 @@ class Store:
     @property
     def closed(self) -> bool:
         """Whether :meth:`aclose` ran."""
-        return self._closed
+        return self._link.closed
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -401,7 +346,7 @@ class Store:
         ]
         start = asyncio.ensure_future(store._start_units(cluster, name, spawns, env_nodes))
         start.add_done_callback(_retrieve)  # its error is raised by ready(), never lost
-        store._start = start
+        store._link.start = start
         return store
 
     async def _start_units(
@@ -413,14 +358,14 @@ class Store:
     ) -> None:
         """Create()'s background: the units' spawns and handshakes, then the controller's
         unit table; all or nothing (a failure kills every actor of the store)."""
-        controller = self._controller
+        controller = self._link.handle
         handles = await spawn_all(cluster, spawns, kill_on_error=[controller])
         self._spawned = handles
-        if self._stopping:  # shut down while they started: shutdown kills them
+        if self._link.stopping:  # shut down while they started: shutdown kills them
             return
         try:
             await controller.set_units({f"{name}-unit-{i}": h for i, h in enumerate(handles)})
-            self._units = await controller.units()
+            self._link.units = await controller.units()
             if env_nodes is not None:
                 shards = {e: self._shard_on(n) for e, n in env_nodes.items()}
                 await controller.set_env_shards(shards)
@@ -428,20 +373,6 @@ class Store:
             doomed = [*handles, controller]
             await asyncio.gather(*(cluster.kill(h) for h in doomed), return_exceptions=True)
             raise
-
-    def _start_result(self, start: asyncio.Future[None]) -> None:
-        """Raise the finished start's error (marking it seen), else forget the start."""
-        if start.cancelled():
-            self._start_seen = True
-            raise StoreError(f"the start of store {self.store_id!r} was cancelled")
-        error = start.exception()
-        if error is not None:
-            self._start_seen = True
-            raise error
-        if self._stopping:  # it ended early: the unit table was never completed
-            raise StoreError(f"store {self.store_id!r} was shut down while its units started")
-        if self._start is start:
-            self._start = None
 
     async def ready(self, timeout: float | None = START_TIMEOUT) -> None:
         """Wait until the store's units serve. ``Store.create`` returns before they do (the
@@ -454,9 +385,9 @@ class Store:
         bound, START_TIMEOUT), ClosedError once closed.
         """
         check_timeout(timeout)
-        if self._closed:
+        if self._link.closed:
             raise ClosedError(f"this client of store {self.store_id!r} is closed")
-        start = self._start
+        start = self._link.start
         if start is None:
             return
         if not start.done():
@@ -466,7 +397,7 @@ class Store:
                 raise StoreTimeoutError(
                     f"the units of store {self.store_id!r} did not serve within {limit:g}s"
                 )
-        self._start_result(start)
+        self._link.start_result(start)
 
     @classmethod
     @opener
@@ -504,7 +435,7 @@ class Store:
             raised yet: a failed start is never silent.
         """
         if not self._owned or self._cluster is None:
-            if self._closed:
+            if self._link.closed:
                 raise ClosedError(f"this client of store {self.store_id!r} is closed")
             raise StoreError("only the client that created the store can shut it down")
         error = await self._stop(self._cluster)
@@ -515,21 +446,21 @@ class Store:
         """Kill the store's actors (after the units' spawns ended); the start's error if no
         caller saw it yet."""
         self._owned = False
-        self._stopping = True
-        start, error = self._start, None
+        self._link.stopping = True
+        start, error = self._link.start, None
         if start is not None:
             # The head starts a spawn even if its caller gives up: wait for the spawns to end
             # (bounded by their own timeout) so that every unit that started is killed here.
             await asyncio.wait([start], timeout=START_TIMEOUT + _STOP_MARGIN)
             if not start.done():
                 start.cancel()  # (its units die with the session)
-            elif not start.cancelled() and not self._start_seen:
+            elif not start.cancelled() and not self._link.start_seen:
                 error = start.exception()
-                self._start_seen = True
-        handles = self._spawned or [u.handle for u in self._units if u.handle is not None]
+                self._link.start_seen = True
+        handles = self._spawned or [u.handle for u in self._link.units if u.handle is not None]
         for handle in handles:
             await cluster.kill(handle)
-        await cluster.kill(self._controller)
+        await cluster.kill(self._link.handle)
         return error
 
     async def aclose(self) -> None:
@@ -537,7 +468,7 @@ class Store:
         units still starting, then killing them); a connected client only detaches. Every
         later call raises ClosedError. Never raises for a cluster that is already gone;
         raises the units' start error if no operation raised it yet (after closing)."""
-        if self._closed:
+        if self._link.closed:
             return
         error: BaseException | None = None
         try:
@@ -550,7 +481,7 @@ class Store:
             pass
         finally:
             self._owned = False
-            self._closed = True
+            self._link.closed = True
             self._plane.close()
             if self._own_cluster and self._cluster is not None:
                 await self._cluster.aclose()
@@ -565,7 +496,7 @@ class Store:
 
     async def refresh(self) -> None:
         """Reload the units' info (liveness) from the controller."""
-        self._units = await self.controller.units()
+        self._link.units = await self.controller.units()
 
     def unit_for_node(self, node_id: str) -> int:
         """The shard number of the (first) unit on ``node_id``. Raises StoreInputError, and
@@ -574,7 +505,7 @@ class Store:
         return self._shard_on(node_id)
 
     def _shard_on(self, node_id: str) -> int:
-        for unit in self._units:
+        for unit in self._link.units:
             if unit.node_id == node_id:
                 return unit.shard
         raise StoreInputError(f"no storage unit runs on node {node_id!r}")
@@ -610,40 +541,9 @@ class Store:
 
     # -- put and get -----------------------------------------------------------------------
 
-    def _check_meta(self, meta: Any) -> BatchMeta:
-        if not isinstance(meta, BatchMeta):
-            raise StoreInputError(f"expected a BatchMeta, got {type(meta).__name__}")
-        if meta.store_id != self.store_id:
-            raise ForeignMetaError(f"the meta comes from store {meta.store_id!r}")
-        count = len(self._table)
-        bad = sorted(s for s in set(meta.shards) if not 0 <= s < count)
-        if bad:
-            raise StoreInputError(
-                f"the meta names shard {bad[0]}, but the store has {count} units "
-                "(a forged or corrupted meta)"
-            )
-        return meta
-
-    async def _lost(self, shard: int, exc: BaseException) -> UnitLostError:
-        unit = self._table[shard]
-        try:
-            await self.controller.unit_lost(unit.unit_id, str(exc))
-        except StoreError:
-            pass
-        return UnitLostError(unit.unit_id, str(exc))
-
-    async def _gather(self, shards: list[int], calls: list[Any]) -> list[Any]:
-        """Run per-unit calls in parallel; raise the first error (a dead unit as UnitLostError)."""
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        first: BaseException | None = None
-        for shard, res in zip(shards, results, strict=True):
-            if isinstance(res, ActorDiedError):
-                res = await self._lost(shard, res)
-            if isinstance(res, BaseException) and first is None:
-                first = res
-        if first is not None:
-            raise first
-        return list(results)
+    def _note(self, future: asyncio.Future[Any]) -> None:
+        """Keep a one-way note (ack, cancel) alive until sent; its errors do not matter."""
+        self._gets.note(future)
 
     @traced("store", "put", store_span)
     async def put(
@@ -677,176 +577,17 @@ class Store:
         it was stored, consumers may hold it, and what died with the unit is in
         :meth:`lost_samples`.
         """
-        columns = split_columns(td)
-        n = int(td.batch_size[0])
-        schemas = {name: col.schema for name, col in columns.items()}
-        wire = dict(schemas)  # (as sent)
-        options = PutOptions.of(env_ids, group_ids, custom_meta, keys, group_size)
-        if meta is None:
-            if partition is None:
-                raise StoreInputError("put needs a partition (or the meta of existing samples)")
-            if n == 0:  # nothing to store (every sample filtered out): a no-op
-                return self._put_result(self._empty_meta(), columns, schemas)
-            key = lease_key(partition, n, wire, options)
-            new = (td, partition, columns, n, schemas, wire, options, timeout)
-            return await self._put_new(*new, key, retry=True)
-        if options.for_new_samples:
-            raise StoreInputError("keys/group_ids/group_size apply to new samples only")
-        meta = self._check_meta(meta)
-        if meta.size != n:
-            raise StoreInputError(f"the TensorDict holds {n} samples, the meta {meta.size}")
-        if n == 0:  # no samples, no fields to write
-            return self._put_result(meta, columns, schemas)
-        if partition is not None and set(meta.partition_ids) != {partition}:
-            raise StoreInputError(f"the meta's samples are not in partition {partition!r}")
-        begun: ColumnPut = await self.controller.begin_column_put(meta, wire)
-        put_id, fresh = begun.put_id, begun.fresh
-        shards: list[int] = []
-        try:
-            none: dict[int, tuple[int, asyncio.Future[Reservation]]] = {}
-            args = (meta, td, columns, n, wire, timeout, none, shards, put_id)
-            await self._gather(shards, await self._put_calls(*args))
-        except BaseException:
-            with contextlib.suppress(StoreError):
-                await self.controller.abort_fields(meta, fresh, put_id)
-            raise
-        return self._put_result(meta, columns, schemas)
-
-    async def _put_new(
-        self,
-        td: TensorDictBase,
-        partition: str,
-        columns: Mapping[str, Column],
-        n: int,
-        schemas: Mapping[str, FieldSchema],
-        wire: dict[str, FieldSchema],
-        options: PutOptions,
-        timeout: float,
-        key: LeaseKey | None,
-        retry: bool,
-    ) -> BatchMeta:
-        """A put of new samples: into the lease if one matches ``key``, else allocate ∥
-        reserve ahead; then the next put of its shape is leased. One that fails without
-        committing because its lease (or its allocation) went stale is put again once the
-        usual way (``retry``); one that committed before a failure is acknowledged."""
-        lease = self._leases.take(key) if retry else None
-        meta: BatchMeta | None = None
-        ahead: dict[int, tuple[int, asyncio.Future[Reservation]]] = {}
-        if lease is not None:
-            meta = await lease.meta()
-            ahead = lease.usable()
-            if meta is None:  # the partition was gone, or the allocation failed
-                for shard, (_, reserved) in ahead.items():
-                    self._plane.drop_later(self._table[shard].handle, reserved)
-                lease, ahead = None, {}
-        if meta is None:
-            if options.env_ids is None and isinstance(partition, str):
-                ahead = await self._reserve_ahead(partition, n, columns, wire, timeout)
-            try:
-                meta = await self.controller.allocate(partition, n, wire, options)
-            except BaseException:
-                for shard, (_, reserved) in ahead.items():
-                    self._plane.drop_later(self._table[shard].handle, reserved)
-                raise
-            assert meta is not None  # (not a lease: the controller always allocates)
-        shards: list[int] = []
-        try:
-            try:
-                args = (meta, td, columns, n, wire, timeout, ahead, shards, None)
-                calls = await self._put_calls(*args, generation=int(meta.generations[0]))
-            finally:
-                for shard, (_, reserved) in ahead.items():  # units the allocation left out
-                    self._plane.drop_later(self._table[shard].handle, reserved)
-            await self._gather(shards, calls)
-        except BaseException as exc:
-            if await self.controller.abort_put(meta) and isinstance(exc, Exception):
-                # It committed before the failure (a reply lost): it is acknowledged,
-                # and samples lost with a unit since are in lost_samples().
-                return self._put_result(meta, columns, schemas)
-            stale = lease is not None and not isinstance(exc, StoreFullError)
-            if retry and isinstance(exc, Exception) and (stale or isinstance(exc, StaleMetaError)):
-                self._leases.retried += 1
-                again = (td, partition, columns, n, schemas, wire, options, timeout)
-                return await self._put_new(*again, None, retry=False)
-            raise
-        # Lease the next put now that this one is done: a spare reserve sent before this
-        # put's copies could grow the column under them (the copies then go the socket way).
-        await self._leases.refill(key, columns, wire, self._reserve_ahead)
-        return self._put_result(meta, columns, schemas)
-
-    def _empty_meta(self) -> BatchMeta:
-        return BatchMeta(self.store_id, (), (), (), (), {})
-
-    @staticmethod
-    def _put_result(
-        meta: BatchMeta, columns: Mapping[str, Column], schemas: Mapping[str, FieldSchema]
-    ) -> BatchMeta:
-        shapes = {k: c.sample_shapes or [] for k, c in columns.items() if c.schema.is_nested}
-        return meta.with_fields(schemas, shapes)
-
-    async def _put_calls(
-        self,
-        meta: BatchMeta,
-        td: TensorDictBase,
-        columns: Mapping[str, Column],
-        n: int,
-        wire: dict[str, FieldSchema],
-        timeout: float,
-        ahead: dict[int, tuple[int, asyncio.Future[Reservation]]],
-        shards: list[int],
-        put_id: int | None,
-        generation: int | None = None,
-    ) -> list[Any]:
-        """One write per unit of a put (appending each unit's shard to ``shards``); uses and
-        removes the reservations in ``ahead`` that fit; ``generation``: a new put's
-        allocation (the units and the controller refuse its writes once it is stale)."""
-        calls: list[Any] = []
-        for (shard, part), positions in _groups(meta).items():
-            gidx = meta.global_indexes
-            indexes = list(gidx) if len(positions) == n else [gidx[p] for p in positions]
-            unit, args = self._table[shard], (indexes, columns, positions, n, wire, timeout)
-            shards.append(shard)
-            count, reserved = ahead.pop(shard, (-1, None))
-            if reserved is not None and count != len(positions):
-                self._plane.drop_later(unit.handle, reserved)  # the guess was wrong
-                reserved = None
-            if await self._plane.is_local(unit):  # same host: straight into its segments
-                put = self._plane.put(
-                    unit, part, *args, reserved=reserved, put_id=put_id, generation=generation
-                )
-                calls.append(put)
-            else:
-                sub = pack_columns(columns, positions)
-                calls.append(
-                    unit.handle.write(part, indexes, sub, wire, timeout, put_id, generation)
-                )
-        return calls
-
-    async def _reserve_ahead(
-        self,
-        partition: str,
-        n: int,
-        columns: Mapping[str, Column],
-        wire: dict[str, FieldSchema],
-        timeout: float,
-        spare: bool = False,
-    ) -> dict[int, tuple[int, asyncio.Future[Reservation]]]:
-        """Reserve a new put's dense rows on same-host units while the controller allocates
-        its samples: ``{shard: (rows, reservation)}``. The guess is the controller's split
-        without env ids (one contiguous block per live unit, in shard order); a wrong guess
-        costs a release (see :meth:`put`). ``spare``: a lease's (see LocalPlane)."""
-        if not self._plane.enabled or n <= 0:
-            return {}
-        units = self._table
-        out: dict[int, tuple[int, asyncio.Future[Reservation]]] = {}
-        for k, unit in enumerate(units):
-            count = -(-(k + 1) * n // len(units)) - -(-k * n // len(units))
-            if count and await self._plane.is_local(unit) and self._plane.dense_for(unit, columns):
-                reserved = self._plane.reserve_ahead(
-                    unit, partition, count, columns, wire, timeout, spare
-                )
-                out[unit.shard] = (count, reserved)
-        return out
+        return await self._puts.put(
+            td,
+            partition,
+            meta=meta,
+            env_ids=env_ids,
+            group_ids=group_ids,
+            custom_meta=custom_meta,
+            timeout=timeout,
+            keys=keys,
+            group_size=group_size,
+        )
 
     @traced("store", "get_meta", store_span)
     async def get_meta(
@@ -878,33 +619,16 @@ class Store:
         cancelled task, a SyncStore call that timed out) consumes nothing: the controller
         drops it, or hands its batch back if it was already served.
         """
-        check_timeout(timeout)
-        mode = FetchMode.of(mode)
-        request = FetchRequest(
-            partition, tuple(fields), batch_size, task, mode, _sampler_spec(sampler), timeout
+        return await self._gets.get_meta(
+            partition,
+            fields,
+            batch_size,
+            task=task,
+            mode=mode,
+            sampler=sampler,
+            timeout=timeout,
+            share=share,
         )
-        if share is not None:
-            return await self.controller.get_meta(request, None, list(share))
-        fetch_id = uuid.uuid4().hex
-        try:
-            meta: BatchMeta = await self.controller.get_meta(request, fetch_id)
-        except asyncio.CancelledError:
-            self._note(self._controller.cancel_fetch(fetch_id))
-            raise
-        if mode is FetchMode.FETCH:
-            self._note(self._controller.ack_fetch(fetch_id))
-        return meta
-
-    def _note(self, future: asyncio.Future[Any]) -> None:
-        """Keep a one-way note (ack, cancel) alive until sent; its errors do not matter."""
-        self._notes.add(future)
-
-        def done(f: asyncio.Future[Any]) -> None:
-            self._notes.discard(f)
-            if not f.cancelled():
-                f.exception()
-
-        future.add_done_callback(done)
 
     @traced("store", "get", store_span)
     async def get(
@@ -926,38 +650,7 @@ class Store:
         UnknownFieldError, PartialResultError (a UnitLostError naming the unit that held some
         samples; its ``data``/``meta`` are the samples read from live units, ``lost`` the rest).
         """
-        meta = self._check_meta(meta)
-        if fields is not None:
-            meta = meta.select_fields(fields)
-        names = meta.field_names
-        if meta.size == 0 or not names:
-            await self.controller.check_readable(meta)
-            return TensorDict({}, batch_size=[meta.size])
-        groups = _groups(meta)
-        local = await self._plane.get(
-            self.controller, self._table, meta, names, groups, zero_copy, device
-        )
-        if local is not None:
-            return place(local, meta.field_schemas, device)
-        calls = [self.controller.lost_positions(meta)]
-        for (shard, part), positions in groups.items():
-            indexes = [meta.global_indexes[p] for p in positions]
-            calls.append(self._table[shard].handle.read(part, indexes, names))
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        if isinstance(results[0], BaseException):
-            raise results[0]
-        if any(isinstance(r, (UnknownFieldError, UnknownPartitionError)) for r in results[1:]):
-            # cleared meanwhile: StaleMetaError (lost samples are the partial result's below)
-            await self.controller.lost_positions(meta)
-        lost: dict[int, str] = dict(results[0])
-        dead = [isinstance(r, (ActorDiedError, UnitLostError)) for r in results[1:]]
-        if lost or any(dead):
-            await partial_result(self, meta, groups, results[1:], lost, device)
-        results = await self._gather(
-            [shard for shard, _ in groups], [_done(r) for r in results[1:]]
-        )
-        parts = [(pos, td) for pos, td in zip(groups.values(), results, strict=True)]
-        return place(merge(meta.size, meta.field_schemas, parts), meta.field_schemas, device)
+        return await self._gets.get(meta, fields, device=device, zero_copy=zero_copy)
 
     # -- status and housekeeping -----------------------------------------------------------
 
@@ -965,7 +658,7 @@ class Store:
     async def clear(self, meta: BatchMeta) -> None:
         """Remove ``meta``'s samples; their indexes are reused. Raises Foreign/StaleMetaError.
         A lease this client holds is renewed then (its next put takes the freed indexes)."""
-        checked = self._check_meta(meta)
+        checked = self._link.check_meta(meta)
         await self._renewing(lambda lease: self.controller.clear(checked, lease))
 
     async def _renewing(self, clear: Any) -> None:
@@ -1014,7 +707,7 @@ class Store:
         ``partition`` (None: everywhere), or only ``meta``'s samples (e.g.
         ``PartialResultError.meta``, to fetch them again). Raises StoreInputError,
         UnknownPartitionError."""
-        checked = None if meta is None else self._check_meta(meta)
+        checked = None if meta is None else self._link.check_meta(meta)
         await self.controller.reset_consumption(task, partition, checked)
 
     async def lost_samples(self, partition: str) -> BatchMeta:
@@ -1025,12 +718,13 @@ class Store:
 
     async def set_custom_meta(self, meta: BatchMeta, custom: Sequence[Mapping[str, Any]]) -> None:
         """Replace the per-sample custom metadata of ``meta``'s samples."""
-        await self.controller.set_custom_meta(self._check_meta(meta), [dict(c) for c in custom])
+        checked = self._link.check_meta(meta)
+        await self.controller.set_custom_meta(checked, [dict(c) for c in custom])
 
     async def metrics(self) -> dict[str, Any]:
         """The controller's and every unit's counters (see :mod:`rayless.store.metrics`:
         ``render_text``, ``prometheus``)."""
-        name = getattr(self._controller, "name", None)
+        name = getattr(self._link.handle, "name", None)
         return await collect(self.controller, self._table, self.store_id, name)
 
     async def stats(self) -> dict[str, Any]:
@@ -1116,12 +810,6 @@ class Store:
         if meta.size:
             await self.clear(meta)
 
-    def _by_key(self, keys: Sequence[str]) -> dict[int, list[int]]:
-        groups: dict[int, list[int]] = {}
-        for pos, key in enumerate(keys):
-            groups.setdefault(kv_shard_of(key, len(self._table)), []).append(pos)
-        return groups
-
     async def kv_put(
         self,
         keys: Sequence[str] | str | None = None,
@@ -1153,17 +841,7 @@ class Store:
             )
         if td is None:
             raise StoreInputError("kv_put(keys, td) needs a TensorDict of the keys' rows")
-        keys = _kv_keys(keys)
-        columns = split_columns(td, len(keys))
-        groups = self._by_key(keys)
-        shards, calls = [], []
-        for shard, positions in groups.items():
-            sub = td if len(groups) == 1 else take(columns, positions, len(keys))
-            shards.append(shard)
-            calls.append(
-                self._table[shard].handle.kv_put([keys[p] for p in positions], sub, timeout)
-            )
-        await self._gather(shards, calls)
+        await self._unit_keys.put(_kv_keys(keys), td, timeout)
         return None
 
     async def _kv_put_one(self, key: Any, partition: Any, fields: Any, tag: Any) -> KVBatchMeta:
@@ -1185,33 +863,12 @@ class Store:
         self, keys: Sequence[str], fields: Sequence[str] | None = None, *, device: Any = None
     ) -> TensorDict:
         """The rows under ``keys``, in order. Raises UnknownKeyError, UnknownFieldError."""
-        keys = _kv_keys(keys)
-        groups = self._by_key(keys)
-        f = None if fields is None else list(fields)
-        calls = [
-            self._table[s].handle.kv_get([keys[p] for p in pos], f) for s, pos in groups.items()
-        ]
-        results = await self._gather(list(groups), calls)
-        if not results:
-            return TensorDict({}, batch_size=[0])
-        schemas = {n: c.schema for n, c in split_columns(results[0]).items()}
-        td = merge_parts(len(keys), schemas, list(zip(groups.values(), results, strict=True)))
-        if device is not None:
-            td = place(td, schemas, device)
-        return td
+        return await self._unit_keys.get(_kv_keys(keys), fields, device)
 
     async def kv_keys(self) -> list[str]:
         """Every unit key, unit by unit (``kv_list`` lists partition keys)."""
-        table = self._table
-        shards = [u.shard for u in table]
-        lists = await self._gather(shards, [u.handle.kv_list() for u in table])
-        return [k for keys in lists for k in keys]
+        return await self._unit_keys.keys()
 
     async def kv_delete(self, keys: Sequence[str]) -> int:
         """Delete unit ``keys`` (absent ones ignored); returns how many were deleted."""
-        keys = _kv_keys(keys)
-        groups = self._by_key(keys)
-        calls = [
-            self._table[s].handle.kv_delete([keys[p] for p in pos]) for s, pos in groups.items()
-        ]
-        return sum(await self._gather(list(groups), calls))
+        return await self._unit_keys.delete(_kv_keys(keys))

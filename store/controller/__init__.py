@@ -1,1 +1,2 @@
-"""The store controller: the actor, its state, fetches, column-wise puts and samplers."""
+"""The store controller: the actor, its state (ControllerState and its collaborators), fetches,
+column-wise puts and samplers."""

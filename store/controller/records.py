@@ -1,5 +1,6 @@
-"""The records ControllerState keeps (units, samples, partitions, staged puts, clear plans)
-and the argument checks its methods share.
+"""The records ControllerState's collaborators keep (units, samples, partitions, staged puts,
+clear plans) and the argument checks they share. The underscored ones are private to the
+controller package (its collaborators share them), not part of the store's API.
 
 - :class:`UnitInfo`: a registered storage unit (on the wire: :meth:`UnitInfo.view`).
 - :class:`ClearPlan`: the rows units delete after a clear, and the indexes to release then.
@@ -9,7 +10,7 @@ and the argument checks its methods share.
   task), sparse custom metadata, KV keys and shapes, and the candidate sets of its fetches.
 - ``_Candidates``: the ready and unconsumed positions of one (task, field set), so a
   sequential fetch costs O(batch) whatever the partition's size.
-- ``_Staging``: one atomic put that has not committed yet. Private to ``state``.
+- ``_Staging``: one atomic put that has not committed yet (kept by ``StagedPuts``).
 """
 
 from __future__ import annotations

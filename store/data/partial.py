@@ -32,18 +32,20 @@ def empty_batch(schemas: Mapping[str, FieldSchema]) -> TensorDict:
 
 
 async def partial_result(
-    store: Any,
+    link: Any,
     meta: BatchMeta,
     groups: dict[tuple[int, str], list[int]],
     results: list[Any],
     lost: dict[int, str],
     device: Any,
 ) -> None:
-    """A get that met lost samples: raise PartialResultError with the live part's data."""
+    """A get that met lost samples: raise PartialResultError with the live part's data.
+    ``link``: the client's :class:`~rayless.store.client.link.StoreLink` (it reports dead
+    units and holds the unit table)."""
     parts: list[tuple[list[int], Any]] = []
     for ((shard, part), positions), res in zip(groups.items(), results, strict=True):
         if isinstance(res, ActorDiedError):
-            res = await store._lost(shard, res)
+            res = await link.lost(shard, res)
         if isinstance(res, UnitLostError):
             lost.update({p: res.unit for p in positions})
             continue
@@ -53,7 +55,7 @@ async def partial_result(
         if isinstance(res, BaseException) or len(live) < len(positions):
             # this unit holds lost rows too (it registered again): read the live ones
             indexes = [meta.global_indexes[p] for p in live]
-            res = await store.units[shard]["handle"].read(part, indexes, meta.field_names)
+            res = await link.table[shard].handle.read(part, indexes, meta.field_names)
         parts.append((live, res))
     keep = sorted(p for positions, _ in parts for p in positions)
     gone = sorted(lost)

@@ -30,6 +30,7 @@ from rayless.store import (
     UnknownPartitionError,
     WriteTooLargeError,
 )
+from rayless.store.client.link import StoreLink
 from tests.waiting import scaled, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_cluster(nodes=2, gpus_per_node=2)]
@@ -353,14 +354,14 @@ async def test_a_put_whose_reply_is_lost_after_it_committed_is_kept_and_acknowle
     st = await Store.create(local_cluster, num_units=2, name="lostreply")
     first = await st.put(TensorDict({"x": torch.arange(4)}, [4]), partition="p")
     held: list[BatchMeta] = []
-    real = Store._gather
+    real = StoreLink.gather
 
-    async def reply_lost(self: Store, shards: list[int], calls: list[Any]) -> list[Any]:
+    async def reply_lost(self: StoreLink, shards: list[int], calls: list[Any]) -> list[Any]:
         await real(self, shards, calls)  # every unit committed
         held.append(await st.get_meta("p", ["x"], 8, task="t", timeout=10))  # a consumer
         raise UnitLostError(st.units[1]["unit_id"], "its reply was lost")
 
-    monkeypatch.setattr(Store, "_gather", reply_lost)
+    monkeypatch.setattr(StoreLink, "gather", reply_lost)
     second = await st.put(TensorDict({"x": torch.arange(4, 8)}, [4]), partition="p")
     monkeypatch.undo()
     assert sorted(second.global_indexes) == sorted(

@@ -257,18 +257,18 @@ async def test_a_put_racing_a_clear_never_lands_on_the_next_puts_samples(
     b = await Store.connect("lease-race", cluster=local_cluster)
     await a.put(_td(8, 0.0), "p")  # indexes 0..7
     gate, entered = asyncio.Event(), asyncio.Event()
-    real = a._put_calls
+    real = a._puts._put_calls
 
     async def paused(*args: Any, **kwargs: Any) -> list[Any]:  # allocated, not yet written
         entered.set()
         await gate.wait()
         return await real(*args, **kwargs)
 
-    a._put_calls = paused  # type: ignore[method-assign]
+    a._puts._put_calls = paused  # type: ignore[method-assign]
     putting = asyncio.ensure_future(a.put(_td(8, 1.0), "p"))  # allocated 8..15
     try:
         await wait_until(entered.is_set, 30, "the put to allocate")
-        a._put_calls = real  # type: ignore[method-assign]
+        a._puts._put_calls = real  # type: ignore[method-assign]
         await b.clear_partition("p")
         theirs = await b.put(_td(16, 2.0), "p")  # takes 0..15
         assert sorted(theirs.global_indexes) == list(range(16))

@@ -118,7 +118,7 @@ async def test_closing_while_the_units_start_kills_them_all(
     await closing
     with pytest.raises(StoreError, match="shut down while its units started"):
         await pending  # the put that waited for them: the table was never completed
-    assert st.closed and st._start is not None and st._start.done()
+    assert st.closed and st._link.start is not None and st._link.start.done()
     assert await _actors(local_cluster, "start-close") == {}
     with pytest.raises(ClosedError):
         await st.put(TensorDict({"x": torch.arange(2)}, [2]), partition="p")
@@ -153,7 +153,7 @@ async def test_a_start_error_no_operation_saw_is_raised_by_aclose(local_cluster:
 
     async def unit0_up() -> bool:
         pids.update(await _actors(local_cluster, "start-unseen-unit-0"))
-        return bool(pids) or (st._start is not None and st._start.done())
+        return bool(pids) or (st._link.start is not None and st._link.start.done())
 
     await wait_until(unit0_up, timeout=30, what="unit 0 started (or the start ended)")
     with pytest.raises(NameTakenError, match="start-unseen-unit-1"):
