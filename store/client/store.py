@@ -296,7 +296,7 @@ class Store:
         ):  # (a unit would refuse it only once started)
             raise StoreInputError(f"capacity_bytes must be an int >= 0, got {capacity_bytes!r}")
         if nodes is None:
-            alive = [n["node_id"] for n in await cluster.nodes() if n.get("alive", True)]
+            alive = [n.node_id for n in await cluster.node_views() if n.alive]
             nodes = [alive[i % len(alive)] for i in range(num_units)]
         elif len(nodes) != num_units:
             raise StoreInputError(f"nodes names {len(nodes)} nodes for {num_units} units")

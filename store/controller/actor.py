@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rayless.actors import Actor, ActorDiedError, ActorHandle, current_caller
+from rayless.actors import Actor, ActorDiedError, ActorHandle, current_caller, endpoint
 from rayless.store.controller.fetches import Fetches, Share, Shares, Waiter, check_timeout
 from rayless.store.controller.leases import LeaseTable
 from rayless.store.controller.state import ClearPlan, ControllerState
@@ -131,6 +131,7 @@ class StoreController(Actor):
 
     # -- units ---------------------------------------------------------------------------
 
+    @endpoint
     async def register_unit(
         self,
         unit_id: str,
@@ -159,6 +160,7 @@ class StoreController(Actor):
             self._spawn(self._watch(unit_id, handle))
         return info.view(handle)
 
+    @endpoint
     async def set_units(self, handles: dict[str, ActorHandle]) -> None:
         """Record the units' handles (after they registered) and start watching them."""
         known = {u.unit_id for u in self.state.units()}
@@ -189,6 +191,7 @@ class StoreController(Actor):
         if self._incarnation.get(unit_id) != incarnation and unit_id not in self._watching:
             self._spawn(self._watch(unit_id, handle))  # it registered again while we waited
 
+    @endpoint
     async def units(self, timeout: float = UNITS_TIMEOUT) -> list[UnitView]:
         """Every unit (shard order), with its handle.
 
@@ -211,6 +214,7 @@ class StoreController(Actor):
                 self._table_waiters -= 1
         return [u.view(self.handles.get(u.unit_id)) for u in self.state.units()]
 
+    @endpoint
     async def unit_lost(self, unit_id: str, reason: str = "") -> None:
         """Mark a unit lost (its samples become not ready); idempotent."""
         info = {u.unit_id: u for u in self.state.units()}.get(unit_id)
@@ -218,16 +222,19 @@ class StoreController(Actor):
             self.state.mark_unit_lost(unit_id, reason)
             self._wake_all()
 
+    @endpoint
     async def store_id(self) -> str:
         """This store's id (metas carry it)."""
         return self.state.store_id
 
+    @endpoint
     async def set_env_shards(self, env_shards: Mapping[str, int] | None) -> None:
         """Replace the env id → shard table."""
         self.state.set_env_shards(dict(env_shards) if env_shards is not None else None)
 
     # -- puts ----------------------------------------------------------------------------
 
+    @endpoint
     async def allocate(
         self,
         partition: str,
@@ -325,6 +332,7 @@ class StoreController(Actor):
         rows the put adds (pass them to :meth:`abort_fields` if the put fails)."""
         return self.state.check_put(meta, _schemas(schemas))
 
+    @endpoint
     async def begin_column_put(
         self, meta: BatchMeta, schemas: Mapping[str, FieldSchema]
     ) -> ColumnPut:
@@ -334,6 +342,7 @@ class StoreController(Actor):
         self._column_started[put_id] = time.monotonic()
         return ColumnPut(put_id, fresh)
 
+    @endpoint
     async def abort_fields(
         self,
         meta: BatchMeta,
@@ -360,6 +369,7 @@ class StoreController(Actor):
             if isinstance(res, BaseException) and not isinstance(res, ActorDiedError):
                 raise res
 
+    @endpoint
     async def on_data_update(self, unit_id: str, update: DataUpdate) -> None:
         """A unit stored new data: record it (the ACK is this call's return) and wake fetches.
         Raises StoreInputError for an update that is not a DataUpdate, and what
@@ -383,6 +393,7 @@ class StoreController(Actor):
             self._puts.add(len(ready))
             self._wake(upd.partition)
 
+    @endpoint
     async def abort_put(self, meta: BatchMeta) -> bool:
         """Undo a failed put of new samples: clear them wherever they were written, and drop
         the partition if the put created it and it is empty now. A put that committed
@@ -401,6 +412,7 @@ class StoreController(Actor):
 
     # -- gets ----------------------------------------------------------------------------
 
+    @endpoint
     async def get_meta(
         self,
         request: FetchRequest,
@@ -535,6 +547,7 @@ class StoreController(Actor):
             self.shares.ack(given)
         return meta
 
+    @endpoint
     async def cancel_fetch(self, fetch_id: str) -> int:
         """Drop the fetch ``fetch_id`` (its caller cancelled it or left): a waiting one stops
         waiting and consumes nothing; a served one hands its samples back to its task.
@@ -554,6 +567,7 @@ class StoreController(Actor):
         self._wake(lease.partition)
         return len(back)
 
+    @endpoint
     async def ack_fetch(
         self,
         fetch_id: str,
@@ -568,29 +582,35 @@ class StoreController(Actor):
         if not self.shares.ack(fetch_id, got, consumer):
             self.fetches.unlease(fetch_id)
 
+    @endpoint
     async def check_readable(self, meta: BatchMeta) -> None:
         """Raise unless every field of ``meta`` is readable (UnitLostError names the unit)."""
         self.state.check_readable(meta)
 
+    @endpoint
     async def lost_positions(self, meta: BatchMeta) -> dict[int, str]:
         """``{position: unit id}`` of ``meta``'s samples lost with their unit; raises like
         check_readable for everything else (stale/foreign meta, unwritten fields)."""
         return self.state.lost_positions(meta)
 
+    @endpoint
     async def lost_meta(self, partition: str) -> BatchMeta:
         """A meta of ``partition``'s samples lost with their unit (see ControllerState)."""
         return self.state.lost_meta(partition)
 
+    @endpoint
     async def meta_of(
         self, partition: str, indexes: Sequence[int], fields: Sequence[str] | None = None
     ) -> BatchMeta:
         """A meta for existing samples (default: their ready fields)."""
         return self.state.meta_of(partition, indexes, fields)
 
+    @endpoint
     async def set_custom_meta(self, meta: BatchMeta, custom: Sequence[Mapping[str, Any]]) -> None:
         """Replace the custom metadata of ``meta``'s samples."""
         self.state.set_custom_meta(meta, custom)
 
+    @endpoint
     async def reset_consumption(
         self, task: str | None, partition: str | None = None, meta: BatchMeta | None = None
     ) -> None:
@@ -621,6 +641,7 @@ class StoreController(Actor):
                 raise res
         self.state.release(plan.indexes)
 
+    @endpoint
     async def clear(self, meta: BatchMeta, lease: str | None = None) -> BatchMeta | None:
         """Remove ``meta``'s samples (hidden at once; rows deleted; indexes then reusable);
         ``lease``: the token of the caller's leased allocation, renewed once the indexes are
@@ -635,6 +656,7 @@ class StoreController(Actor):
             self._wake(partition)
         await self._apply(plan)
 
+    @endpoint
     async def clear_partition(self, partition: str, lease: str | None = None) -> BatchMeta | None:
         """Remove a whole partition; ``lease`` as for :meth:`clear`. Raises
         UnknownPartitionError."""
@@ -660,6 +682,7 @@ class StoreController(Actor):
                     self.state.unconsume(task, partition, back)
                 self._wake(partition)
 
+    @endpoint
     async def reclaim(self, older_than: float | None = None) -> int:
         """Clear samples allocated more than ``older_than`` s ago (default ``reclaim_after``)
         and never written (a client died mid-put); returns how many."""
@@ -730,22 +753,27 @@ class StoreController(Actor):
             text,
         )
 
+    @endpoint
     async def waiting(self) -> list[WaitingFetch]:
         """Every waiting fetch, described (see :meth:`_describe`)."""
         return [self._describe(w) for w in self.fetches.waiters()]
 
+    @endpoint
     async def partitions(self) -> list[str]:
         """Existing partitions."""
         return self.state.partitions()
 
+    @endpoint
     async def production_status(self, partition: str) -> dict[str, Any]:
         """Samples, ready count per field, schemas of ``partition``."""
         return self.state.production_status(partition)
 
+    @endpoint
     async def consumption_status(self, partition: str, task: str) -> dict[str, int]:
         """Samples and how many ``task`` consumed in ``partition``."""
         return self.state.consumption_status(partition, task)
 
+    @endpoint
     async def metrics(self) -> dict[str, Any]:
         """Counters for monitoring: puts/fetches (total, per second), waiting fetches,
         partitions with their samples, fields produced and consumers per task, units."""
@@ -768,6 +796,7 @@ class StoreController(Actor):
             "units": [u.to_dict() for u in self.state.units()],
         }
 
+    @endpoint
     async def stats(self) -> dict[str, Any]:
         """Monitoring counts (partitions, allocated, free, units, waiting partitions;
         ``units_starting``: the creator has not completed the unit table yet, and
@@ -788,24 +817,29 @@ class StoreController(Actor):
 
     # -- KV keys and checkpoints -----------------------------------------------------------
 
+    @endpoint
     async def kv_lookup(self, partition: str, keys: Sequence[str]) -> tuple[BatchMeta, list[int]]:
         """The meta of the existing keys and the positions of the missing ones."""
         return self.state.kv_lookup(partition, list(keys))
 
+    @endpoint
     async def kv_meta(
         self, partition: str, keys: Sequence[str], fields: Sequence[str] | None = None
     ) -> BatchMeta:
         """The meta of existing ``keys`` (see ControllerState.kv_meta)."""
         return self.state.kv_meta(partition, list(keys), None if fields is None else list(fields))
 
+    @endpoint
     async def kv_list(self, partition: str | None = None) -> dict[str, Any]:
         """``{partition: {key: tags}}``."""
         return self.state.kv_list(partition)
 
+    @endpoint
     async def export_partition(self, partition: str) -> dict[str, Any]:
         """A partition's samples and statuses for a checkpoint (no data)."""
         return self.state.export_partition(partition)
 
+    @endpoint
     async def mark_consumed(self, task: str, meta: BatchMeta) -> None:
         """Mark ``meta``'s samples consumed by ``task`` (checkpoint restore)."""
         self.state.mark_consumed(task, meta)

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from rayless.actors import Actor, ActorHandle, current_caller
+from rayless.actors import Actor, ActorHandle, current_caller, endpoint
 from rayless.actors.ext import ENV_NODE_ID
 from rayless.store.data.fields import FieldSchema
 from rayless.store.data.messages import LocalInfo, Located, Place, Reservation, Slots
@@ -222,6 +222,7 @@ class StorageUnit(Actor):
 
             torch.cuda.synchronize(self.shard.device)
 
+    @endpoint
     async def write(
         self,
         partition: str,
@@ -325,6 +326,7 @@ class StorageUnit(Actor):
         old, self._freed = self._freed, asyncio.Event()
         old.set()
 
+    @endpoint
     async def read(
         self, partition: str, indexes: list[int], fields: list[str] | None = None
     ) -> Any:
@@ -339,6 +341,7 @@ class StorageUnit(Actor):
         self._gets.add(len(indexes))
         return td
 
+    @endpoint
     async def delete(self, plan: dict[str, list[int]]) -> int:
         """Delete rows ``{partition: [indexes]}`` (absent ones ignored); returns bytes freed."""
         await self._loaded()
@@ -348,6 +351,7 @@ class StorageUnit(Actor):
         self._notify_freed()
         return freed
 
+    @endpoint
     async def delete_fields(self, plan: dict[str, dict[str, list[int]]]) -> int:
         """Delete fields of rows ``{partition: {field: [indexes]}}`` (a failed column-wise
         put's); absent ones ignored. Returns bytes freed."""
@@ -359,6 +363,7 @@ class StorageUnit(Actor):
         self._notify_freed()
         return freed
 
+    @endpoint
     async def drop_partition(self, partition: str) -> int:
         """Delete a whole partition; returns bytes freed."""
         await self._loaded()
@@ -366,6 +371,7 @@ class StorageUnit(Actor):
         self._notify_freed()
         return freed
 
+    @endpoint
     async def kv_put(
         self, keys: list[str], td: Any, timeout: float = 0.0
     ) -> dict[str, FieldSchema]:
@@ -380,6 +386,7 @@ class StorageUnit(Actor):
             await asyncio.to_thread(self._sync_device)
         return dict(schemas)
 
+    @endpoint
     async def kv_get(self, keys: list[str], fields: list[str] | None = None) -> Any:
         """The rows under ``keys``. Raises UnknownKeyError, UnknownFieldError."""
         await self._loaded()
@@ -388,11 +395,13 @@ class StorageUnit(Actor):
             await asyncio.to_thread(self._sync_device)
         return td
 
+    @endpoint
     async def kv_list(self) -> list[str]:
         """Keys held here, in insertion order."""
         await self._loaded()
         return self.shard.kv_list()
 
+    @endpoint
     async def kv_delete(self, keys: list[str]) -> int:
         """Delete ``keys`` (absent ones ignored); returns how many were deleted."""
         await self._loaded()
@@ -400,6 +409,7 @@ class StorageUnit(Actor):
         self._notify_freed()
         return n
 
+    @endpoint
     async def stats(self) -> dict[str, Any]:
         """Bytes used, capacity, rows per partition, KV keys, puts/gets (rows: total and per
         second over the last 10 s)."""
@@ -417,12 +427,14 @@ class StorageUnit(Actor):
             "reserving": sum(len(t) for t in self._waiting.values()),  # reserves waiting for room
         }
 
+    @endpoint
     async def watch(self) -> None:
         """Return only when this unit shuts down: the controller's death watch on it."""
         await self._stop.wait()
 
     # -- same-host reserve, commit, locate ----------------------------------------------------
 
+    @endpoint
     async def local_info(self) -> LocalInfo:
         """This unit's host and how same-host clients reach its dense columns."""
         shm = shm_columns_enabled()  # (as _new_shard chooses: no torch needed to tell)
@@ -590,6 +602,7 @@ class StorageUnit(Actor):
             self._owned.setdefault(owner, set()).add(token)
         return Reservation(token, out)
 
+    @endpoint
     async def reserve(
         self,
         partition: str,
@@ -641,6 +654,7 @@ class StorageUnit(Actor):
                 if not waiting:
                     del self._waiting[caller]  # type: ignore[arg-type]
 
+    @endpoint
     async def commit(
         self,
         token: str,
@@ -750,6 +764,7 @@ class StorageUnit(Actor):
             raise
         self._puts.add(len(idx))
 
+    @endpoint
     async def release(self, token: str) -> bool:
         """Give back reservation ``token`` (a failed same-host put); whether it was still live
         (False: unknown or expired, and nothing done)."""
@@ -757,6 +772,7 @@ class StorageUnit(Actor):
         self._notify_freed()
         return live
 
+    @endpoint
     async def locate(
         self,
         partition: str,
