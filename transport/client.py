@@ -1,6 +1,11 @@
 """The DEALER side: a client that authenticates to one server and makes requests to it.
 
 Many requests may be in flight on one :class:`Client`; replies are matched by request id.
+At most half of the server's in-flight bound (``Limits.max_inflight_per_peer``, which it
+advertises in the handshake) is sent at once: the others wait in the client, in order, and go
+out as replies come back, so a caller may submit any number of requests at once (the server
+never refuses one for being past its bound, and a cancelled request that still runs there
+leaves room).
 Each request can have its own timeout; heartbeats detect a server that stopped answering;
 closing the client fails every pending request with ClosedError (as pyzmq's socket close
 cancels pending futures). A request that times out, or whose caller is cancelled, is
@@ -19,6 +24,7 @@ timeouts and cancellation), the routing of received messages and heartbeats.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import math
@@ -53,6 +59,7 @@ from rayless.transport.protocol import (
     curve_server_keys,
     envelope,
     host_id,
+    inflight_window,
     new_nonce,
     open_envelope,
     peer_bounds,
@@ -149,6 +156,12 @@ class Client:
         self._state = SessionState.NEW
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future[Any], asyncio.TimerHandle | None]] = {}
+        # the in-flight window (module docstring): requests sent and not yet answered or
+        # cancelled, at most ``_window``; the ones past it wait in ``_held``, in order
+        self._window = inflight_window(self.limits, {})
+        self._sent = 0
+        self._held: collections.deque[tuple[int, list[Any]]] = collections.deque()
+        self._held_ids: set[int] = set()
         self._pump: SocketPump | StreamPump | None = None
         self.via_unix = False  # the session runs over the same-host UNIX path
         self.hello_answered = False
@@ -202,8 +215,13 @@ class Client:
 
     @property
     def pending(self) -> int:
-        """Requests waiting for a reply."""
+        """Requests waiting for a reply (sent, or held back by the in-flight window)."""
         return len(self._pending)
+
+    @property
+    def held(self) -> int:
+        """Requests held back by the in-flight window (not sent yet)."""
+        return len(self._held_ids)
 
     def _open_socket(self, same_host: bool = True) -> None:
         name = None if self._curve or not same_host else stream.local_name(self.address)
@@ -387,6 +405,7 @@ class Client:
             entry = self._pending.pop(req_id, None)
             if entry is None:
                 return  # a late reply to a request that timed out or was cancelled
+            self._answered()
             fut, timer = entry
             if timer is not None:
                 timer.cancel()
@@ -536,9 +555,31 @@ class Client:
             timer = loop.call_later(timeout, self._expire, req_id, timeout)
         self._pending[req_id] = (fut, timer)
         assert self._pump is not None  # internal invariant: READY implies an open socket
-        self._pump.send(envelope(Kind.REQUEST, req_id, frames))
+        message = envelope(Kind.REQUEST, req_id, frames)
+        if self._sent >= self._window or self._held:
+            self._held.append((req_id, message))
+            self._held_ids.add(req_id)
+            return req_id, fut
+        self._sent += 1
+        self._pump.send(message)
         self._last_send = time.monotonic()
         return req_id, fut
+
+    def _answered(self) -> None:
+        """A sent request is answered or cancelled: its room in the window goes to the
+        requests held back, in order."""
+        self._sent -= 1
+        held = self._held
+        while held and self._sent < self._window:
+            req_id, message = held.popleft()
+            if req_id not in self._held_ids:
+                continue  # cancelled or timed out while held: never sent
+            self._held_ids.discard(req_id)
+            if self._pump is None or self._state is not SessionState.READY:
+                return
+            self._sent += 1
+            self._pump.send(message)
+            self._last_send = time.monotonic()
 
     def send_oneway(self, body: Any) -> None:
         """Send a one-way message (no reply).
@@ -570,11 +611,15 @@ class Client:
             return  # answered already, or failed with the session
         if entry[1] is not None:
             entry[1].cancel()
+        if req_id in self._held_ids:  # never sent: nothing to cancel at the server
+            self._held_ids.discard(req_id)
+            return
         if self._state is SessionState.READY and self._pump is not None:
             try:
                 self._pump.send(envelope(Kind.CANCEL, req_id))
             except (RaylessError, zmq.ZMQError):  # closing: nothing to cancel any more
                 pass
+        self._answered()
 
     def _expire(self, req_id: int, timeout: float) -> None:
         entry = self._pending.get(req_id)
@@ -594,6 +639,9 @@ class Client:
 
     def _fail_all(self, exc: RaylessError) -> None:
         pending, self._pending = self._pending, {}
+        self._sent = 0
+        self._held.clear()
+        self._held_ids.clear()
         for fut, timer in pending.values():
             if timer is not None:
                 timer.cancel()
@@ -633,6 +681,7 @@ class Client:
             raise self._rejection(welcome)
         limits = body.get("limits")
         self._bounds = self._merge_bounds(limits if isinstance(limits, dict) else {})
+        self._window = inflight_window(self.limits, limits)
         if self._pump is not None:  # a coalesced batch must stay under the server's bound
             self._pump.batch_limit = min(self._pump.batch_limit, self._bounds[0])
         self.peer_name = str(body.get("name", ""))

@@ -144,6 +144,7 @@ class Limits:
             "max_message_bytes": self.max_message_bytes,
             "max_frames": self.max_frames,
             "max_header_bytes": self.max_header_bytes,
+            "max_inflight_per_peer": self.max_inflight_per_peer,
         }
 
 
@@ -165,6 +166,18 @@ def peer_bounds(own: Limits, advertised: object) -> tuple[int, int, int]:
         return mine
 
     return bound("max_message_bytes"), bound("max_frames"), bound("max_header_bytes")
+
+
+def inflight_window(own: Limits, advertised: object) -> int:
+    """How many requests a client sends before it waits for replies: half the server's
+    in-flight bound (its advertised ``max_inflight_per_peer``, else ours), 1 at least. Half,
+    so that requests the client cancelled but the server still runs (a ``def`` method runs to
+    its end) never take the server past its bound."""
+    theirs = advertised if isinstance(advertised, dict) else {}
+    bound = theirs.get("max_inflight_per_peer")
+    if not (isinstance(bound, int) and not isinstance(bound, bool) and bound > 0):
+        bound = own.max_inflight_per_peer
+    return max(1, bound // 2)
 
 
 def check_outgoing(frames: Sequence[Any], bounds: tuple[int, int, int], peer: str) -> None:

@@ -32,7 +32,7 @@ from rayless.actors.api.remote_errors import caller_hook, materialize, replied
 from rayless.actors.control import debug
 from rayless.actors.control.death import death_details
 from rayless.actors.control.logs import print_lines
-from rayless.actors.core import context, timeline
+from rayless.actors.core import context, gc_policy, timeline
 from rayless.actors.errors import ActorDiedError, ClusterLostError
 from rayless.actors.protocol.messages import (
     ActorEvent,
@@ -570,6 +570,7 @@ async def get_runtime() -> Runtime:
         return await asyncio.shield(starting)
     fut: asyncio.Future[Runtime] = loop.create_future()
     _STARTING[loop] = fut
+    gc_policy.apply()  # a caller's in-flight calls must not make the collector's passes longer
     try:
         runtime = await Runtime(context.current()).start()
     except BaseException as exc:

@@ -1,5 +1,7 @@
-"""How rayless' own processes (actor processes, heads, node agents) run Python's cyclic
-garbage collector, so that a call's cost does not grow with the calls in flight.
+"""How rayless' processes run Python's cyclic garbage collector, so that a call's cost does
+not grow with the calls in flight: actor processes, heads and node agents (:func:`apply` and
+:func:`freeze`), and a driver once it makes its first call (:func:`apply` only: its objects
+are the user's).
 
 Every call in flight holds a few container objects (its task, future, coroutine frame,
 arguments). CPython's collector starts a young-generation pass every 700 net allocations

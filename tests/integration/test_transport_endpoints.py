@@ -211,11 +211,52 @@ async def test_inflight_limit_answers_with_limit_error() -> None:
         Server(token=TOKEN, handler=handler, limits=limits) as srv,
         Client(srv.address, token=TOKEN) as client,
     ):
+        client._window = 10  # a peer that ignores the bound the server advertised
         slow = [client.submit({"sleep": 0.3}) for _ in range(2)]
         with pytest.raises(LimitError, match="2 requests in flight"):
             await client.request({"sleep": 0.3}, timeout=5)
         assert await asyncio.gather(*slow) == ["slept", "slept"]
         assert srv.stats["over_limit"] == 1
+
+
+async def test_requests_past_the_window_wait_in_the_client_in_order() -> None:
+    running, most, order = 0, 0, []
+
+    async def counting(req: Request) -> Any:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        order.append(req.body)
+        await asyncio.sleep(0.001)
+        running -= 1
+        return req.body
+
+    async with (
+        Server(token=TOKEN, handler=counting, limits=Limits(max_inflight_per_peer=8)) as srv,
+        Client(srv.address, token=TOKEN) as client,
+    ):
+        futures = [client.submit(i) for i in range(2000)]  # far past the server's bound
+        assert client.held == 2000 - 4  # half the advertised bound is sent
+        assert await asyncio.gather(*futures) == list(range(2000))
+        assert srv.stats["over_limit"] == 0 and most <= 4 and order == list(range(2000))
+        assert (client.pending, client.held) == (0, 0)
+
+
+async def test_a_request_cancelled_while_held_never_reaches_the_server() -> None:
+    async with (
+        Server(token=TOKEN, handler=handler, limits=Limits(max_inflight_per_peer=4)) as srv,
+        Client(srv.address, token=TOKEN) as client,
+    ):
+        slow = [client.submit({"sleep": 0.2}) for _ in range(2)]
+        held = client.submit("never")
+        timed = asyncio.ensure_future(client.request("late", timeout=0.05))
+        after = client.submit("after")
+        held.cancel()
+        with pytest.raises(Timeout):
+            await timed
+        assert await asyncio.gather(*slow, after) == ["slept", "slept", "after"]
+        assert srv.stats["requests"] == 3  # the two slow ones and "after"
+        assert (client.pending, client.held) == (0, 0)
 
 
 async def test_peer_limit_rejects_new_connections() -> None:
