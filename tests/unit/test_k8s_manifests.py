@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import stat
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from rayless.cli import main
 
 client = pytest.importorskip("kubernetes.client", reason="the k8s extra (kubernetes) is missing")
 
+REPO = Path(__file__).resolve().parents[2]
 MODELS = {"Secret": "V1Secret", "Service": "V1Service", "Job": "V1Job"}
 # JobSet v1alpha2 (sigs.k8s.io/jobset api/jobset/v1alpha2/jobset_types.go): the fields of the
 # parts we write, and the required ones
@@ -229,3 +232,24 @@ def test_apply_creates_each_object_through_the_client(monkeypatch: pytest.Monkey
             ("jobset.x-k8s.io", "v1alpha2", "ns", "jobsets", jobset[0]),
         )
     ]
+
+
+def test_the_docs_examples_are_what_rayless_k8s_writes(capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    text = (REPO / "docs" / "launching.md").read_text()
+    section = text[text.index("## Kubernetes") : text.index("## SSH")]
+    examples = re.findall(
+        r"```bash\n(rayless k8s manifest .*?) > \S+\n.*?```\s*```yaml\n(.*?)```", section, re.S
+    )
+    assert len(examples) == 2, "docs/launching.md: the JobSet and Indexed Job examples"
+    kinds = []
+    for command, shown in examples:
+        argv = shlex.split(command.replace("\\\n", " "))
+        capsys.readouterr()
+        assert main(argv[1:]) == 0
+        assert capsys.readouterr().out == shown, f"rerun `{command}` for the docs"
+        objects = list(yaml.safe_load_all(shown))
+        check(objects)
+        kinds.append(objects[-1]["kind"])
+    assert kinds == ["JobSet", "Job"]
