@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from rayless import k8s
-from tests.netns import Net, cannot_make_namespaces, ns_pids
+from tests.netns import Net, cannot_make_namespaces, ns_pids, sh
 from tests.waiting import eventually_sync, scaled, wait_until_sync
 
 # xdist_group: the SSH, Slurm and pod tests build network namespaces and bridges (machine-wide)
@@ -172,23 +172,35 @@ class Cluster:
     tmp: Path
     pods: list[Pod] = field(default_factory=list)
 
-    def start(self, objects: list[dict[str, Any]]) -> None:
+    def start(self, objects: list[dict[str, Any]], late: tuple[int, ...] = ()) -> None:
+        """Make the pods' namespaces and start every pod but those in ``late`` (not scheduled
+        yet: no process, no DNS name; :meth:`run` starts one later)."""
         self.pods = pods_of(objects)
         for pod in self.pods:
-            pod.ns = self.net.add(pod.hostname)
-            pod.addr = self.net.addrs[-1]
-        self.write_hosts()
+            self.place(pod)
         for k in range(len(self.pods)):
-            self.run(k)
+            if k not in late:
+                self.run(k)
+        self.write_hosts()
+
+    def place(self, pod: Pod) -> None:
+        """A new namespace (and address) for ``pod``, with a default route as a pod has."""
+        pod.ns = self.net.add(pod.hostname)
+        pod.addr = self.net.addrs[-1]
+        sh("ip", "-n", pod.ns, "route", "add", "default", "via", f"{self.net.subnet}.1")
 
     def write_hosts(self) -> None:
+        """Every namespace's hosts file: the DNS names of the pods that run (a headless
+        Service publishes a pod's names once it has an address)."""
         lines = ["127.0.0.1 localhost"]
         for pod in self.pods:
+            if pod.proc is None:
+                continue
             fqdn = f"{pod.hostname}.{pod.subdomain}.{NAMESPACE}.svc.cluster.local"
             lines.append(f"{pod.addr} {pod.hostname}.{pod.subdomain} {fqdn} {pod.hostname}")
         for pod in self.pods:
             os.makedirs(f"/etc/netns/{pod.ns}", exist_ok=True)
-            Path(f"/etc/netns/{pod.ns}/hosts").write_text("\n".join(lines) + "\n")
+            Path(f"/etc/netns/{pod.ns}/hosts").write_text("\n".join(lines) + "\n")  # in place
 
     def run(self, k: int) -> None:
         """Start pod ``k``'s container: its own host name and mounts, the Secret read-only."""
@@ -201,18 +213,18 @@ class Cluster:
         argv = ["ip", "netns", "exec", pod.ns, "unshare", "--uts", "--mount", "sh", "-c", script]
         argv += [pod.hostname, str(volume), pod.mount, *pod.command]
         pod.log = self.tmp / f"{pod.hostname}.log"
+        os.makedirs(f"/etc/netns/{pod.ns}", exist_ok=True)
+        Path(f"/etc/netns/{pod.ns}/hosts").touch()  # `ip netns exec` mounts it over /etc/hosts
         with open(pod.log, "ab") as log:
             pod.proc = subprocess.Popen(
                 argv, env=pod.env, cwd=self.tmp, stdin=subprocess.DEVNULL, stdout=log, stderr=log
             )
+        self.write_hosts()
 
     def replace(self, k: int) -> None:
         """The Job controller's replacement of pod ``k``: same host name, a new namespace and
         address (the DNS names follow)."""
-        pod = self.pods[k]
-        pod.ns = self.net.add(pod.hostname)
-        pod.addr = self.net.addrs[-1]
-        self.write_hosts()
+        self.place(self.pods[k])
         self.run(k)
 
     def delete(self, k: int, grace: float) -> int | None:
@@ -292,8 +304,15 @@ def test_a_jobset_runs_the_ppo_demo_and_rank_0s_code_is_the_jobs(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     job = demo_job(k8s.Layout.JOBSET, 2, tmp_path)
-    cluster.start(job.manifests())
+    cluster.start(job.manifests(), late=(0,))  # the worker first: the leader is not scheduled
     leader, worker = cluster.pods
+    assert worker.proc is not None
+    # the worker waits for the leader's DNS name and port; then the leader's pod starts
+    wait_until_sync(
+        lambda: "actor logs in" in worker.output(), timeout=30, what="the worker's launch"
+    )
+    assert worker.proc.poll() is None, cluster.outputs()
+    cluster.run(0)
     assert leader.hostname == "ppo-leader-0-0" and worker.hostname == "ppo-workers-0-0"
     assert leader.proc is not None and worker.proc is not None
     try:
