@@ -59,7 +59,8 @@ def env_defaults(environ: Mapping[str, str]) -> dict[str, Any]:
     launch in a job's pod; empty outside one.
 
     Raises:
-        LaunchError: a variable does not parse, or RAYLESS_K8S_NNODES is missing.
+        LaunchError: a variable does not parse, or RAYLESS_K8S_NNODES is missing (and
+            torchrun's NNODES too).
     """
     if not in_job_pod(environ):
         return {}
@@ -77,10 +78,9 @@ def env_defaults(environ: Mapping[str, str]) -> dict[str, Any]:
         except ValueError:
             raise LaunchError(f"{name}={value!r} is not an integer") from None
 
-    out: dict[str, Any] = {
-        "nnodes": integer(ENV_NNODES),
-        "node_rank": integer(ENV_RANK_OFFSET, 0) + integer(ENV_INDEX),
-    }
+    out: dict[str, Any] = {"node_rank": integer(ENV_RANK_OFFSET, 0) + integer(ENV_INDEX)}
+    if environ.get(ENV_NNODES, "").strip() or not environ.get("NNODES", "").strip():
+        out["nnodes"] = integer(ENV_NNODES)  # torchrun's NNODES may stand in for it
     master = environ.get(ENV_MASTER, "").strip()
     if master:
         out["master_addr"] = master

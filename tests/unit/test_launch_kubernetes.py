@@ -51,6 +51,8 @@ def test_a_jobset_worker_adds_the_offset_and_torchrun_still_wins() -> None:
     env = {**env, "NODE_RANK": "3", "MASTER_PORT": "1234", "MASTER_ADDR": "m"}
     cfg = parse(env=env)
     assert (cfg.node_rank, cfg.master_port, cfg.master_addr) == (3, 1234, "m")
+    env = {**POD, "RAYLESS_K8S_NNODES": "", "NNODES": "5"}  # a pod template of another tool
+    assert (parse(env=env).nnodes, parse(env=env).node_rank) == (5, 2)
 
 
 def test_slurm_variables_in_a_pod_are_ignored_and_outside_one_nothing_changes() -> None:
