@@ -91,6 +91,7 @@ class SlurmJob:
         self.token = ""
         self.address = ""
         self._private: str | None = None
+        self._cancelled = False
 
     # -- the job ----------------------------------------------------------------------------
 
@@ -195,7 +196,8 @@ class SlurmJob:
         """scancel the job, wait until it left the queue (up to ``timeout`` seconds) and
         remove the token. Idempotent."""
         atexit.unregister(self.cancel)
-        if self.job_id is not None:
+        if self.job_id is not None and not self._cancelled:
+            self._cancelled = True
             self._run(["scancel", str(self.job_id)])
             deadline = time.monotonic() + timeout
             while self._in_queue() and time.monotonic() < deadline:
