@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "dashboard": ("rayless.dashboard", "serve a live page of a running cluster (127.0.0.1)"),
     "launch": ("rayless.actors.launch.node", "start rayless on this node, torchrun-style"),
     "ssh-launch": ("rayless.actors.launch.ssh", "start rayless on many hosts over SSH"),
+    "k8s": ("rayless.k8s", "write or apply the Kubernetes manifests of a job (JobSet, Job)"),
 }
 
 
@@ -77,6 +78,11 @@ def _missing_extra(exc: ModuleNotFoundError) -> str | None:
         return (
             f"rayless: this command needs {exc.name}, from the demo extra: "
             "pip install 'rayless[demo]' (or pip install -e '.[demo]' in a checkout)"
+        )
+    if exc.name == "kubernetes":
+        return (
+            "rayless: this command needs the kubernetes client, from the k8s extra: "
+            "pip install 'rayless[k8s]' (or pip install -e '.[k8s]' in a checkout)"
         )
     return None
 

@@ -1,9 +1,10 @@
-"""A launch's configuration: ``rayless launch`` options and their defaults from torchrun's and
-Slurm's environment variables (see ``actors.launch.node`` for the launch as a whole).
+"""A launch's configuration: ``rayless launch`` options and their defaults from torchrun's,
+Kubernetes' and Slurm's environment variables (see ``actors.launch.node`` for the launch as a
+whole).
 
 :func:`add_arguments` declares the options, :func:`env_defaults` reads MASTER_ADDR /
-MASTER_PORT / NODE_RANK / NNODES, else Slurm's variables, and :func:`config_from_args` merges
-and checks them into a :class:`LaunchConfig`.
+MASTER_PORT / NODE_RANK / NNODES, else a Kubernetes job pod's or Slurm's variables, and
+:func:`config_from_args` merges and checks them into a :class:`LaunchConfig`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from rayless.actors.core import context
 from rayless.actors.errors import LaunchError
+from rayless.actors.launch import kubernetes
 
 DEFAULT_PORT = 29400
 # Under Slurm without --master-port / MASTER_PORT: SLURM_PORT_BASE + SLURM_JOB_ID % SLURM_PORT_SPAN
@@ -37,7 +39,8 @@ class LaunchConfig:
     command: list[str] = field(default_factory=list)
     node_ip: str | None = None
     node_id: str | None = None  # explicit (--node-id / RAYLESS_NODE_ID): taken → an error
-    default_node_id: str | None = None  # from Slurm; else the host's default id
+    default_node_id: str | None = None  # from Slurm or the pod's name; else the host's id
+    secret_token_file: str | None = None  # a mounted Kubernetes Secret's (kubernetes.py)
     gpus: str | None = None
     fake_gpus: int | None = None
     token_file: str | None = None
@@ -89,9 +92,15 @@ def env_defaults(environ: Mapping[str, str]) -> dict[str, Any]:
     Outside a step (a batch script, ``salloc``'s shell): SLURM_NNODES, SLURM_NODEID and
     SLURM_JOB_NODELIST. With SLURM_JOB_ID the port is ``20000 + SLURM_JOB_ID % 10000``.
 
+    In a Kubernetes job's pod, Kubernetes' defaults (``actors.launch.kubernetes``) replace
+    Slurm's; torchrun's variables still win.
+
     Raises:
         LaunchError: a variable that is present does not parse.
     """
+    pod = kubernetes.env_defaults(environ)
+    if pod:  # a pod is in no Slurm step, whatever its environment says
+        environ = {k: v for k, v in environ.items() if not k.startswith("SLURM")}
     out: dict[str, Any] = {}
 
     def integer(name: str) -> int | None:
@@ -141,6 +150,8 @@ def env_defaults(environ: Mapping[str, str]) -> dict[str, Any]:
         if nodes is not None and tasks is not None and tasks > nodes:
             node_id += f"-{text('SLURM_LOCALID') or '0'}"
         out["node_id"] = node_id
+    for key, value in pod.items():
+        out.setdefault(key, value)
     return out
 
 
@@ -229,6 +240,7 @@ def config_from_args(
         node_ip=args.node_ip or env.get(context.ENV_NODE_IP) or None,
         node_id=node_id,
         default_node_id=defaults.get("node_id"),
+        secret_token_file=defaults.get("secret_token_file"),
         gpus=args.gpus,
         fake_gpus=args.fake_gpus,
         token_file=args.token_file,

@@ -23,6 +23,8 @@ Defaults come from torchrun's MASTER_ADDR/MASTER_PORT/NODE_RANK/NNODES, else Slu
 inside an ``srun`` step a launch is one task (rank SLURM_PROCID of SLURM_STEP_NUM_TASKS), the
 master is the first host of the step's node list, the node id is the Slurm node name and the
 port is ``20000 + SLURM_JOB_ID % 10000``, so two jobs on the same nodes do not clash.
+In a Kubernetes job's pod the defaults come from the pod instead (``actors.launch.kubernetes``:
+the completion index, the master's DNS name, the token of a mounted Secret).
 
 Node ids: ``--node-id`` (or RAYLESS_NODE_ID), else the Slurm node name, else the host's default
 id (see ``rayless.placement.discovery``). Every launch claims its node id on its host (an

@@ -1,6 +1,7 @@
 """A launch's cluster token: from stdin, a token file (rank 0 writes it when it is missing), the
-environment, or a fresh one for a one-node launch (the rules are in ``actors.launch.node``);
-and the 0600 file that hands it to the driver (:func:`driver_token_file`).
+environment, a mounted Kubernetes Secret, or a fresh one for a one-node launch (the rules are
+in ``actors.launch.node``); and the 0600 file that hands it to the driver
+(:func:`driver_token_file`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 
 from rayless.actors.core import context
 from rayless.actors.errors import LaunchError
+from rayless.actors.launch import kubernetes
 from rayless.actors.launch.config import LaunchConfig
 from rayless.actors.launch.procs import StopFlag, read_stdin_line
 from rayless.transport import owners
@@ -52,6 +54,8 @@ def resolve_token(cfg: LaunchConfig, stop: StopFlag, environ: Mapping[str, str])
         return environ[context.ENV_TOKEN]
     if environ.get(context.ENV_TOKEN_FILE):
         return context.read_token_file(environ[context.ENV_TOKEN_FILE])
+    if cfg.secret_token_file:
+        return kubernetes.read_secret_token(cfg.secret_token_file)
     if cfg.nnodes == 1:
         return new_token()
     raise LaunchError(

@@ -15,6 +15,7 @@ munge packages cannot be had; .ci/run installs slurm-wlm and munge.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -29,6 +30,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+import rayless.actors as actors
+from rayless.slurm import SlurmJob
 from tests.netns import Net, cannot_make_namespaces, ns_pids
 from tests.waiting import eventually_sync
 
@@ -66,6 +69,13 @@ async def main(mode, go):
 if __name__ == "__main__":
     sys.exit(asyncio.run(main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "")))
 """
+
+
+class Where(actors.Actor):
+    """Where it runs: ``node id@node address``."""
+
+    def where(self) -> str:
+        return os.environ["RAYLESS_NODE_ID"] + "@" + os.environ["RAYLESS_NODE_IP"]
 
 
 def _tool(name: str) -> str | None:
@@ -395,3 +405,52 @@ def test_the_docs_sbatch_example_two_jobs_at_once_and_scancel(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def _slurm_job(slurm: Slurm, tmp: Path, mark: str) -> SlurmJob:
+    env = {**slurm.env(mark), "PYTHONPATH": str(REPO)}  # the actors import this module
+    return SlurmJob(
+        nodes=2,
+        sbatch_args=["--cpus-per-task=1"],
+        launch_args=["--node-timeout=5", "--grace=5"],
+        workdir=tmp,
+        token_dir=tmp / ".rayless",
+        env=env,
+    )
+
+
+def test_slurm_job_attaches_this_process_as_the_driver_and_cancels_at_the_end(
+    slurm: Slurm, tmp_path: Path
+) -> None:
+    mark = uuid.uuid4().hex
+    job = _slurm_job(slurm, tmp_path, mark)
+
+    async def drive() -> list[str]:
+        async with job:
+            cluster = await job.connect()
+            try:
+                nodes = await cluster.nodes()
+                handles = [await cluster.spawn(Where, node=n["node_id"]) for n in nodes]
+                return sorted([await h.where() for h in handles])
+            finally:
+                await cluster.aclose()
+
+    seen = asyncio.run(drive())
+    assert "ACTORS " + ",".join(seen) == _actors_line(slurm), job.output_path.read_text()
+    host, port = slurm.nodes()[0][1], 20000 + (job.job_id or 0) % 10000
+    assert job.address == f"tcp://{host}:{port}"  # the first node's NodeAddr, the job's port
+    assert not job._in_queue()  # cancelled, and gone from the queue
+    assert list((tmp_path / ".rayless").iterdir()) == []  # the token went with it
+    assert_none_left(mark)
+    assert slurm.leftovers() == []
+
+
+def test_slurm_job_is_cancelled_by_ctrl_c_in_its_block(slurm: Slurm, tmp_path: Path) -> None:
+    mark = uuid.uuid4().hex
+    job = _slurm_job(slurm, tmp_path, mark)
+    with pytest.raises(KeyboardInterrupt), job:
+        assert job.address and marked(mark)  # the cluster is up
+        raise KeyboardInterrupt
+    assert not job._in_queue()
+    assert_none_left(mark)
+    assert slurm.leftovers() == []
