@@ -144,7 +144,9 @@ class Server:
         ] = collections.OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
         # handler tasks by (peer routing id, request id): what a CANCEL names
-        self._running: dict[tuple[bytes, int], asyncio.Task[None]] = {}
+        # handlers still running, by (peer, request id): a task for a coroutine, or the future
+        # a handler returned (an actor's def method queued on its worker), awaited by none
+        self._running: dict[tuple[bytes, int], asyncio.Future[Any]] = {}
         self._cancellable = cancellable
         self._pump: SocketPump | None = None
         self._gate: Gate | None = None
@@ -263,6 +265,8 @@ class Server:
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
+        for running in list(self._running.values()):
+            running.cancel()  # the futures handlers returned (tasks: above)
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
         if self._gate is not None:
@@ -525,7 +529,12 @@ class Server:
             result = self._handler(request)
         except Exception as exc:
             return self._reply_error(peer, req_id, exc)
-        if inspect.isawaitable(result):
+        if isinstance(result, asyncio.Future):  # no task needed: its result is the reply
+            peer.inflight += 1
+            key = (peer.routing_id, req_id)
+            self._running[key] = result
+            result.add_done_callback(functools.partial(self._future_done, peer, key))
+        elif inspect.isawaitable(result):
             peer.inflight += 1
             key = (peer.routing_id, req_id)
             task = asyncio.ensure_future(self._finish(peer, req_id, result))
@@ -547,6 +556,24 @@ class Server:
             self._reply_error(peer, req_id, exc)
         else:
             self._reply(peer, req_id, value)
+
+    def _future_done(self, peer: Peer, key: tuple[bytes, int], fut: asyncio.Future[Any]) -> None:
+        """A future a handler returned is done: reply with its outcome (as :meth:`_finish`
+        does for a coroutine), unless the caller cancelled it or we are closing."""
+        peer.inflight -= 1
+        ours = self._running.get(key) is fut
+        if ours:
+            del self._running[key]
+        if fut.cancelled():
+            if ours and not self._closed:  # cancelled by the handler's side, not by CANCEL
+                self._reply_error(peer, key[1], ClosedError("request was cancelled"))
+            return
+        exc = fut.exception()
+        if exc is None:
+            self._reply(peer, key[1], fut.result())
+        elif isinstance(exc, Exception):
+            self._reply_error(peer, key[1], exc)
+        # else a BaseException (an actor exiting from its method): no reply, as from a task
 
     def _finished(
         self, peer: Peer, key: tuple[bytes, int], pending: Awaitable[Any], task: asyncio.Task[None]

@@ -153,11 +153,16 @@ class _Shape:
     var_keyword: bool
     required: frozenset[str]  # parameters without a default
 
+    least: int  # positional parameters without a default (they come first)
+    keyword_required: bool  # a keyword-only parameter without a default
+
     def fits(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
         """Whether the call surely binds (False: let ``Signature.bind`` decide and explain)."""
         n = len(args)
         if n > len(self.positional) and not self.var_positional:
             return False
+        if not kwargs:
+            return n >= self.least and not self.keyword_required
         given = self.positional[:n]
         if kwargs:
             for key in kwargs:
@@ -187,6 +192,13 @@ def _shape(params: str) -> _Shape:
             for p in sig
             if p.default is p.empty and p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)
         ),
+        least=sum(
+            1
+            for p in sig
+            if p.default is p.empty
+            and p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+        ),
+        keyword_required=any(p.default is p.empty and p.kind is kinds.KEYWORD_ONLY for p in sig),
     )
 
 

@@ -62,7 +62,7 @@ class ActorHandle(Generic[T]):
     and then any public name is tried (the actor refuses unknown ones).
     """
 
-    __slots__ = _FIELDS
+    __slots__ = (*_FIELDS, "__dict__")  # the dict caches the methods looked up (one each)
 
     def __init__(
         self,
@@ -125,7 +125,9 @@ class ActorHandle(Generic[T]):
             raise AttributeError(
                 f"{self._describe()} has no public method {method!r}; its methods: {listed}"
             )
-        return ActorMethod(self, method)
+        bound: ActorMethod[..., Any] = ActorMethod(self, method)
+        self.__dict__[method] = bound  # found without __getattr__ from now on
+        return bound
 
     def __dir__(self) -> list[str]:
         return sorted({*_FIELDS, "from_record", "with_timeout", *(self.methods or {})})
