@@ -43,11 +43,19 @@ CPU-burning processes (``while 1: pass``) beside them, and prints that table too
 holds only on an idle machine is not a result. The burners are killed at the end, also on
 Ctrl-C or SIGTERM (and die with this script if it is killed outright).
 
+``--depths 200,3000,10000`` measures only the depth rows, both sides alternating: N calls to a
+``def`` method submitted at once and then gathered (``handle.f()`` N times /
+``ray.get`` of N refs), again and again (at least 30,000 calls per row), with the CPU each side
+spent per call (µs: the driver's and the actor process's own, from ``time.process_time``), so
+that a cost that grows with the calls in flight shows; ``--load N`` repeats them beside N
+burners.
+
 ``--startup`` measures only our start-up and idle-memory rows (with the PSS and USS of each
 process), and with ``--load N`` the start-up rows again beside N burners; no Ray.
 
     python scripts/bench_actors.py [--quick] [--skip-ray] [--repeats 3] [--load 2] [--json OUT]
     python scripts/bench_actors.py --startup [--repeats 3] [--load 2]
+    python scripts/bench_actors.py --depths 200,3000,10000 [--repeats 3] [--load 2]
 """
 
 from __future__ import annotations
@@ -144,6 +152,10 @@ class Target:
     async def atake(self, t: torch.Tensor) -> int:
         """Receive a tensor on the loop, return a scalar."""
         return int(t.numel())
+
+    def cpu(self) -> float:
+        """This actor process's CPU seconds so far."""
+        return time.process_time()
 
 
 class Caller:
@@ -360,6 +372,69 @@ async def ours_spawn(cluster: Any) -> float:
     return elapsed
 
 
+DEPTH_CALLS = 30_000  # calls per depth row at least
+
+
+async def ours_depth(target: Any, depth: int) -> dict[str, float]:
+    """``depth`` calls to a ``def`` method submitted at once, then gathered, repeated: calls/s
+    and CPU µs per call of the driver and of the actor process."""
+    total = max(DEPTH_CALLS, 3 * depth)
+    await asyncio.gather(*[target.ping() for _ in range(min(depth, 1000))])  # warm
+    actor0, driver0, start = await target.cpu(), time.process_time(), time.perf_counter()
+    done = 0
+    while done < total:
+        await asyncio.gather(*[target.ping() for _ in range(depth)])
+        done += depth
+    elapsed = time.perf_counter() - start
+    driver = time.process_time() - driver0
+    actor = await target.cpu() - actor0
+    return {
+        "rate": done / elapsed,
+        "driver_us": driver / done * 1e6,
+        "actor_us": actor / done * 1e6,
+    }
+
+
+async def depth_rows(
+    s: Sizes, depths: list[int], log: Callable[[str], None], ray: RayPeer | None
+) -> dict[int, dict[str, dict[str, float]]]:
+    """Each depth on both sides, alternating repeat by repeat; medians."""
+    from rayless.actors import Cluster
+
+    runs: dict[int, dict[str, list[dict[str, float]]]] = {
+        d: {"ours": [], "ray": []} for d in depths
+    }
+    async with Cluster.local(nodes=1) as cluster:
+        target = await cluster.spawn(Target, cpus=0)
+        for _ in range(s.repeats):
+            for depth in depths:
+                log(f"ours: depth {depth}")
+                runs[depth]["ours"].append(await ours_depth(target, depth))
+                if ray is not None:
+                    log(f"ray: depth {depth}")
+                    runs[depth]["ray"].append(await ray.row(f"depth:{depth}"))
+    return {
+        d: {
+            side: {k: median([r[k] for r in rs]) for k in rs[0]} for side, rs in sides.items() if rs
+        }
+        for d, sides in runs.items()
+    }
+
+
+def print_depths(res: dict[int, dict[str, dict[str, float]]], title: str) -> None:
+    """The depth table: calls/s and CPU µs per call (driver / actor) on each side."""
+    print(f"\ncalls submitted at once to one def method — {title}")
+    print(f"{'in flight':>10} {'ours calls/s':>13} {'ours µs drv/actor':>18} "
+          f"{'Ray calls/s':>12} {'Ray µs drv/actor':>17} {'ratio':>6}")  # fmt: skip
+    for depth, sides in res.items():
+        o, r = sides["ours"], sides.get("ray")
+        line = f"{depth:>10,} {o['rate']:>13,.0f} {o['driver_us']:>8.1f} / {o['actor_us']:<7.1f}"
+        if r:
+            line += f" {r['rate']:>12,.0f} {r['driver_us']:>7.1f} / {r['actor_us']:<7.1f}"
+            line += f" {o['rate'] / r['rate']:>5.2f}x"
+        print(line)
+
+
 async def run_ours(
     s: Sizes, log: Callable[[str], None], ray: RayPeer | None, calls_only: bool = False
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -455,6 +530,9 @@ class RaySide:
             def take_np(self, a: Any) -> int:
                 return int(torch.from_numpy(a).numel())
 
+            def cpu(self) -> float:
+                return time.process_time()
+
         @ray.remote
         class RayPing:  # no torch reference: its workers need not import torch
             def ping(self) -> int:
@@ -533,6 +611,26 @@ class RaySide:
             done += k
         return n / (time.perf_counter() - start)
 
+    def depth_once(self, depth: int) -> dict[str, float]:
+        """``depth`` refs submitted at once, then ``ray.get``, repeated: calls/s and CPU µs
+        per call of the driver and the actor."""
+        total = max(DEPTH_CALLS, 3 * depth)
+        self.get([self.target.ping.remote() for _ in range(min(depth, 1000))])
+        actor0, driver0 = self.get(self.target.cpu.remote()), time.process_time()
+        start = time.perf_counter()
+        done = 0
+        while done < total:
+            self.get([self.target.ping.remote() for _ in range(depth)])
+            done += depth
+        elapsed = time.perf_counter() - start
+        driver = time.process_time() - driver0
+        actor = self.get(self.target.cpu.remote()) - actor0
+        return {
+            "rate": done / elapsed,
+            "driver_us": driver / done * 1e6,
+            "actor_us": actor / done * 1e6,
+        }
+
     def nn_once(self) -> float:
         """Calls/s of N_PAIRS async caller actors each pipelining to its own target."""
         self.warm()
@@ -607,6 +705,9 @@ def serve_ray(s: Sizes, log: Callable[[str], None]) -> int:
             name = line.strip()
             if name == "quit":
                 break
+            if name.startswith("depth:"):
+                print("RAY_ROW " + json.dumps(side.depth_once(int(name[6:]))), flush=True)
+                continue
             print("RAY_ROW " + json.dumps(rows[name]()), flush=True)
     finally:
         side.close()
@@ -713,6 +814,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--startup", action="store_true", help="only our start-up and idle-memory rows"
     )
+    parser.add_argument(
+        "--depths",
+        metavar="N,N,...",
+        help="only the depth rows: N calls submitted at once (e.g. 200,3000,10000)",
+    )
     parser.add_argument("--ray-part", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeats < 0:
@@ -735,6 +841,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 before = _load_avg()
                 res = asyncio.run(startup_rows(s, log, False))
                 print_startup(res, f"start-up, {args.load} burners; {before}, {_load_avg()}")
+        return 0
+    if args.depths:
+        depths = [int(d) for d in args.depths.split(",") if d.strip()]
+        if not depths or min(depths) < 1:
+            parser.error("--depths takes positive ints, e.g. 200,3000,10000")
+        peer = None if args.skip_ray else RayPeer(args, log)
+        try:
+            res = asyncio.run(depth_rows(s, depths, log, peer))
+            print_depths(
+                res, f"{os.cpu_count()} CPUs, repeats={s.repeats}; {load_before}, {_load_avg()}"
+            )
+            if args.load:
+                with cpu_load(args.load, log):
+                    before = _load_avg()
+                    res = asyncio.run(depth_rows(s, depths, log, peer))
+                    print_depths(res, f"{args.load} burners; {before}, {_load_avg()}")
+        finally:
+            if peer is not None:
+                peer.close()
         return 0
     peer = None if args.skip_ray else RayPeer(args, log)
     loaded: tuple[dict[str, Any], dict[str, Any] | None, str, str] | None = None
