@@ -75,7 +75,10 @@ class Recorder:
 
     def __init__(self, capacity: int | None = None, on: bool | None = None) -> None:
         self.enabled = _env_on() if on is None else on
-        self.spans: collections.deque[Span] = collections.deque(maxlen=capacity or _capacity())
+        # spans, and the compact records of the per-call hooks (see :meth:`snapshot`)
+        self.spans: collections.deque[tuple[Any, ...]] = collections.deque(
+            maxlen=capacity or _capacity()
+        )
         self._ids = itertools.count(1)
         self._base = random.getrandbits(28) << 24  # flow ids: unique across processes (JSON-safe)
 
@@ -105,9 +108,13 @@ class Recorder:
         self.spans.append((cat, name, start, end, lane, args, flow_out, flow_in))
 
     def snapshot(self, since_ns: int = 0) -> list[Span]:
-        """The spans that ended at or after ``since_ns``, oldest first."""
+        """The spans that ended at or after ``since_ns``, oldest first.
+
+        The per-call hooks append compact records (:data:`_CALL`, :data:`_METHOD`: plain
+        values, no dict or name built per call); they become spans here, when someone asks.
+        """
         spans = list(self.spans)  # a copy first: other threads may append meanwhile
-        return [s for s in spans if s[3] >= since_ns]
+        return [_span(s) for s in spans if s[3] >= since_ns]
 
 
 RECORDER = Recorder()
@@ -136,8 +143,34 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
 
 
+# Compact records the per-call hooks append (first item: which kind; the 4th: the end, as
+# in a span, so that ``snapshot`` filters both alike); :func:`_span` makes spans of them.
+_CALL = "\x00call"  # (_CALL, actor, method, end, start, error or None, flow_out)
+_METHOD = "\x00method"  # (_METHOD, method, queued_ns, end, start, lane, error or None, flow_in)
+_LANES: dict[int, str] = {}  # thread ident -> its name, for the lanes of def methods
+
+
+def _span(record: tuple[Any, ...]) -> Span:
+    kind = record[0]
+    if kind is _CALL:
+        _, actor, method, end, start, error, flow = record
+        args: dict[str, Any] = {"actor": actor}
+        if error is not None:
+            args["error"] = error
+        return ("call", f"{actor}.{method}", start, end, "calls", args, flow, 0)
+    if kind is _METHOD:
+        _, method, queued, end, start, lane, error, flow_in = record
+        args = {"queued_us": (start - queued) // 1000}
+        if error is not None:
+            args["error"] = error
+        name = lane if isinstance(lane, str) else _LANES.get(lane, f"thread {lane}")
+        return ("method", method, start, end, name, args, 0, flow_in)
+    return record  # a span recorded as one (``Recorder.add``)
+
+
 class CallSpan:
-    """The caller's side of one actor call: ``await span.wrap(request)``."""
+    """The caller's side of one actor call: ``await span.wrap(request)``, or ``span.done``
+    as the reply future's done callback."""
 
     __slots__ = ("actor", "flow", "method", "start")
 
@@ -149,31 +182,26 @@ class CallSpan:
 
     def done(self, fut: Future[Any]) -> None:
         """Record the span of a call whose future ``fut`` is done (a done callback)."""
-        args: dict[str, Any] = {"actor": self.actor}
+        error = None
         if fut.cancelled():
-            args["error"] = "cancelled"
+            error = "cancelled"
         elif fut.exception() is not None:
-            args["error"] = _error(fut.exception())  # type: ignore[arg-type]
-        name = f"{self.actor}.{self.method}"
-        RECORDER.add("call", name, self.start, time.time_ns(), "calls", args, self.flow)
+            error = _error(fut.exception())  # type: ignore[arg-type]
+        RECORDER.spans.append(
+            (_CALL, self.actor, self.method, time.time_ns(), self.start, error, self.flow)
+        )
 
     async def wrap(self, request: Awaitable[T]) -> T:
         """Await the call's ``request`` and record its span (with its failure, if any)."""
-        args: dict[str, Any] = {"actor": self.actor}
+        error = None
         try:
             return await request
         except BaseException as exc:
-            args["error"] = _error(exc)
+            error = _error(exc)
             raise
         finally:
-            RECORDER.add(
-                "call",
-                f"{self.actor}.{self.method}",
-                self.start,
-                time.time_ns(),
-                "calls",
-                args,
-                flow_out=self.flow,
+            RECORDER.spans.append(
+                (_CALL, self.actor, self.method, time.time_ns(), self.start, error, self.flow)
             )
 
 
@@ -195,11 +223,19 @@ class _Method:
         self.flow_in = flow_in
         self.queued = time.time_ns()
 
-    def _finish(self, start: int, lane: str, error: BaseException | None) -> None:
-        args: dict[str, Any] = {"queued_us": (start - self.queued) // 1000}
-        if error is not None:
-            args["error"] = _error(error)
-        RECORDER.add("method", self.__name__, start, time.time_ns(), lane, args, 0, self.flow_in)
+    def _finish(self, start: int, lane: int | str, error: BaseException | None) -> None:
+        RECORDER.spans.append(
+            (
+                _METHOD,
+                self.__name__,
+                self.queued,
+                time.time_ns(),
+                start,
+                lane,
+                None if error is None else _error(error),
+                self.flow_in,
+            )
+        )
 
 
 class _SyncMethod(_Method):
@@ -207,12 +243,15 @@ class _SyncMethod(_Method):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         start = time.time_ns()
+        lane = threading.get_ident()
+        if lane not in _LANES:
+            _LANES[lane] = threading.current_thread().name
         try:
             result = self.fn(*args, **kwargs)
         except BaseException as exc:
-            self._finish(start, threading.current_thread().name, exc)
+            self._finish(start, lane, exc)
             raise
-        self._finish(start, threading.current_thread().name, None)
+        self._finish(start, lane, None)
         return result
 
 
