@@ -161,7 +161,9 @@ async def test_rayless_stack_and_timeline_name_an_actor_whose_debug_listener_is_
             sock = socket.create_connection((host, int(port)), timeout=30)
             idle.append(sock)
             assert sock.recv(64).startswith(b"RAYLESS-DEBUG 1 ")  # it got a slot
-        env = _env(procs, tmp_path)
+        # without py-spy on the PATH: where it is installed, `rayless stack` reads a busy local
+        # actor's stacks through it instead (its fallback), and this test is about the refusal
+        env = {**_env(procs, tmp_path), "PATH": "/usr/bin:/bin"}
         stack = await _stack(env, "--timeout", "10")
         assert stack.returncode == 2, stack.stderr
         assert "actor roomy (pid " in stack.stdout  # what could be gathered is printed
