@@ -10,7 +10,9 @@ subprocess (its own Ray) after ours. Each measured round follows ``WARMUP`` roun
 stores). CPU only, ours only: a plain copy of the dense batch's bytes in the same run, the
 faster of torch's default threads and one thread (and put, get, put + get, put + zero-copy get
 against it), 1 GiB batches (``--no-big`` skips them), and 8 producers + 8 consumers (separate
-clients; aggregate GB/s and a check that every sample arrived exactly once).
+clients; aggregate GB/s and a check that every sample arrived exactly once). The "step" rows
+use the store as verl uses TransferQueue: a new partition per step (put the dense batch,
+``get_meta`` of its 1,024 samples, get them, ``clear_partition``), both stores.
 Same-host clients use the units' shared-memory columns (``RAYLESS_STORE_LOCAL=0``: the socket).
 
     python scripts/bench_store.py [--device cpu|cuda] [--quick] [--skip-tq] [--repeats 5]
@@ -140,6 +142,7 @@ async def run_ours(device: str, reps: int, big: bool = True) -> dict[str, Any]:
             res["ipc_columns_opened"] = sum(
                 1 for m in st._plane._maps.values() if m.tensor is not None
             )
+        res.update(await _step_rows(st, batches["dense"], reps))
         small = TensorDict({"x": torch.ones(N, 4)}, [N])
         lat = []
         for i in range(reps):
@@ -298,6 +301,31 @@ async def _concurrent_rows(cluster: Any, clients: int = 8, batches: int = 16) ->
     }
 
 
+async def _step_rows(st: Any, td: TensorDict, reps: int) -> dict[str, Any]:
+    """verl's pattern: a fresh partition per step (put, get_meta, get, clear_partition)."""
+    size = payload_bytes(td)
+    puts, gets, steps = [], [], []
+    for i in range(WARMUP + reps):
+        partition = f"step-{i}"
+        t0 = time.perf_counter()
+        await st.put(td, partition=partition)
+        t1 = time.perf_counter()
+        meta = await st.get_meta(partition, ["x"], N, task="train", timeout=60)
+        out = await st.get(meta)
+        t2 = time.perf_counter()
+        del out
+        await st.clear_partition(partition)
+        if i >= WARMUP:
+            puts.append(t1 - t0)
+            gets.append(t2 - t1)
+            steps.append(time.perf_counter() - t0)
+    return {
+        "step_put_GBps": size / statistics.median(puts) / 1e9,
+        "step_get_GBps": size / statistics.median(gets) / 1e9,
+        "step_ms": statistics.median(steps) * 1e3,
+    }
+
+
 async def _put_ms(st: Any, td: TensorDict, reps: int) -> float:
     times = []
     for i in range(WARMUP + reps):
@@ -353,6 +381,25 @@ def run_tq(reps: int) -> dict[str, Any]:
                 res[f"{name}_put_GBps"] = size / statistics.median(puts) / 1e9
                 res[f"{name}_get_GBps"] = size / statistics.median(gets) / 1e9
                 res[f"{name}_put_ms"] = statistics.median(puts) * 1e3
+        dense_td = make_batches("cpu")["dense"]
+        puts, gets, steps = [], [], []
+        for i in range(WARMUP + reps):  # verl's pattern: a fresh partition per step
+            partition = f"step-{i}"
+            t0 = time.perf_counter()
+            client.put(dense_td, partition_id=partition)
+            t1 = time.perf_counter()
+            meta = client.get_meta(["x"], N, partition, mode="fetch", task_name="train")
+            client.get_data(meta)
+            t2 = time.perf_counter()
+            client.clear_partition(partition)
+            if i >= WARMUP:
+                puts.append(t1 - t0)
+                gets.append(t2 - t1)
+                steps.append(time.perf_counter() - t0)
+        size = payload_bytes(dense_td)
+        res["step_put_GBps"] = size / statistics.median(puts) / 1e9
+        res["step_get_GBps"] = size / statistics.median(gets) / 1e9
+        res["step_ms"] = statistics.median(steps) * 1e3
         small = TensorDict({"x": torch.ones(N, 4)}, [N])
         lat = []
         for i in range(reps):
@@ -401,6 +448,9 @@ ROWS = [
     ("dense_get_GBps", "get 16 MiB dense (GB/s)", "higher"),
     ("mixed_put_GBps", "put mixed (GB/s)", "higher"),
     ("mixed_get_GBps", "get mixed (GB/s)", "higher"),
+    ("step_put_GBps", "put 16 MiB, a new partition per step (GB/s)", "higher"),
+    ("step_get_GBps", "get_meta + get 16 MiB, a new partition per step (GB/s)", "higher"),
+    ("step_ms", "a step: put, get_meta, get, clear_partition (ms)", "lower"),
     ("get_meta_ms", "get_meta fetch 1024 (ms)", "lower"),
     ("idle_put_ms", "put 16 MiB, idle (ms)", "lower"),
     ("put_during_fetch_ms", "put 16 MiB while a fetch waits (ms)", "lower"),
