@@ -76,7 +76,7 @@ _IGNORED_INIT = frozenset(
 )
 
 
-class RayContext(dict):  # type: ignore[type-arg]
+class RayContext(dict[str, Any]):
     """What ``ray.init`` returns: ``address_info`` items, and ``with ray.init():`` shuts the
     session down at the end."""
 
@@ -263,7 +263,7 @@ def wait(
     if len({id(r._future) for r in refs}) != len(refs):
         raise ValueError("Wait requires a list of unique object refs.")
     if num_returns <= 0:
-        raise ValueError("Invalid number of objects to return %d." % num_returns)
+        raise ValueError(f"Invalid number of objects to return {num_returns}.")
     if num_returns > len(refs):
         raise ValueError(
             "num_returns cannot be greater than the number of objects provided to ray.wait."
@@ -363,7 +363,8 @@ def kill(actor: Any, *, no_restart: bool = True) -> None:
     """
     if not isinstance(actor, ActorHandle):
         raise ValueError(
-            f"ray.kill() only supported for actors. For tasks, try ray.cancel(). Got: {type(actor)}."
+            "ray.kill() only supported for actors. For tasks, try ray.cancel(). "
+            f"Got: {type(actor)}."
         )
     if not no_restart and type(actor) is ActorHandle and actor._opts.get("max_restarts"):
         raise ValueError(

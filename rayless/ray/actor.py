@@ -21,6 +21,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from rayless.actors import ActorHandle as _RaylessHandle
+from rayless.actors import Cluster
 from rayless.errors import ActorNotFoundError, RaylessError, RemoteError
 from rayless.ray import _worker
 from rayless.ray.exceptions import ActorDiedError, _mixed
@@ -32,9 +33,12 @@ __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "exit_actor", "method"]
 _HIDDEN = "__ray_actor_class__"  # the attribute of an ActorClass that holds the class itself
 # rayless.actors.Cluster.spawn's own keyword arguments: a constructor keyword of one of
 # these names is passed positionally
-_SPAWN_KEYWORDS = frozenset(
-    inspect.signature(__import__("rayless.actors", fromlist=["Cluster"]).Cluster.spawn).parameters
-) - {"self", "cls", "args", "kwargs"}
+_SPAWN_KEYWORDS = frozenset(inspect.signature(Cluster.spawn).parameters) - {
+    "self",
+    "cls",
+    "args",
+    "kwargs",
+}
 
 
 def _public(cls: type) -> set[str]:
@@ -218,7 +222,7 @@ async def _spawn(
     args, kwargs = _positional(cls, args, kwargs)
     where: Placement = await place(s, opts)
     try:
-        handle = await cluster.spawn(
+        handle: _RaylessHandle[Any] = await cluster.spawn(
             cls,
             *args,
             name=rname,

@@ -89,7 +89,7 @@ class OutOfMemoryError(RayError):
     """The kernel's OOM killer ended the worker or actor that ran the task."""
 
 
-_MIXED: dict[tuple[type, type], type] = {}
+_MIXED: dict[tuple[type, type], type[BaseException]] = {}
 
 
 def _mixed(ray_cls: type[BaseException], err: BaseException) -> BaseException:
@@ -97,9 +97,9 @@ def _mixed(ray_cls: type[BaseException], err: BaseException) -> BaseException:
     args and attributes (no ``__init__`` runs). Falls back to ``ray_cls(str(err))``."""
     base = type(err)
     key = (ray_cls, base)
-    cls = _MIXED.get(key)
+    cls: type[BaseException] | None = _MIXED.get(key)
     if cls is None:
-        shown = getattr(err, "remote_type", None) or getattr(base, "__name__", "?")
+        shown = str(getattr(err, "remote_type", None) or getattr(base, "__name__", "?"))
         name = f"{ray_cls.__name__}({shown.rpartition('.')[2]})"
         kwds: dict[str, Any] = {"wire": None} if issubclass(base, RaylessError) else {}
         try:
@@ -109,6 +109,7 @@ def _mixed(ray_cls: type[BaseException], err: BaseException) -> BaseException:
         except TypeError:  # layouts that cannot be combined
             cls = ray_cls
         _MIXED[key] = cls
+    out: BaseException
     if cls is ray_cls:
         out = ray_cls(str(err))
     else:

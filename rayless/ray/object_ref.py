@@ -68,7 +68,7 @@ class ObjectRef:
             else:
                 out.set_result(f.result())
 
-        self._future.add_done_callback(done)  # type: ignore[arg-type]
+        self._future.add_done_callback(done)
         return out
 
     def check_alive(self) -> None:
