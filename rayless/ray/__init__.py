@@ -262,6 +262,8 @@ def wait(
     refs = [_ref(r) for r in object_refs]
     if len({id(r._future) for r in refs}) != len(refs):
         raise ValueError("Wait requires a list of unique object refs.")
+    if not refs:
+        return [], []
     if num_returns <= 0:
         raise ValueError(f"Invalid number of objects to return {num_returns}.")
     if num_returns > len(refs):

@@ -32,6 +32,7 @@ T = TypeVar("T")
 
 ENV_NAMESPACE = "RAYLESS_RAY_NAMESPACE"
 ENV_JOB_ID = "RAYLESS_RAY_JOB_ID"
+ENV_ANONYMOUS_NAMESPACE = "RAYLESS_RAY_ANONYMOUS_NAMESPACE"
 ENV_ENV_VARS = "RAYLESS_RAY_ENV_VARS"  # the session's runtime_env env var names, for children
 RUNTIME_ENV_KEYS = frozenset({"env_vars"})
 
@@ -139,6 +140,7 @@ def open_session(
         inherited = [k for k in os.environ.get(ENV_ENV_VARS, "").split(",") if k]
         env_vars = {**{k: os.environ[k] for k in inherited if k in os.environ}, **env_vars}
         s = Session(loop, None, ns, job, env_vars)
+        s.anonymous_namespace = os.environ.get(ENV_ANONYMOUS_NAMESPACE) or s.anonymous_namespace
     else:
         if num_gpus is not None and (num_gpus < 0 or num_gpus != int(num_gpus)):
             raise ValueError(f"num_gpus must be a whole number >= 0, got {num_gpus!r}")
@@ -174,7 +176,21 @@ def close_session() -> None:
             pass
 
 
-atexit.register(close_session)
+def _close_at_exit() -> None:
+    """A script that never called ``ray.shutdown``: end its session while the interpreter
+    can still run threads (a local cluster also dies with its driver in any case)."""
+    try:
+        close_session()
+    except Exception:
+        pass
+
+
+# before concurrent.futures stops its executors (atexit handlers run after that)
+_register = getattr(threading, "_register_atexit", None)
+if _register is not None:
+    _register(_close_at_exit)
+else:  # pragma: no cover
+    atexit.register(_close_at_exit)
 
 
 def on_loop(s: Session) -> bool:

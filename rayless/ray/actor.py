@@ -26,7 +26,7 @@ from rayless.errors import ActorNotFoundError, RaylessError, RemoteError
 from rayless.ray import _worker
 from rayless.ray.exceptions import ActorDiedError, _mixed
 from rayless.ray.object_ref import ObjectRef
-from rayless.ray.options import ACTOR_OPTIONS, Placement, check, env_for, place
+from rayless.ray.options import ACTOR_OPTIONS, Placement, check, check_group, env_for, place
 
 __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "exit_actor", "method"]
 
@@ -106,6 +106,7 @@ class ActorClass:
         """
         s = _worker.session()
         opts = self._options
+        check_group(opts)
         name = opts.get("name")
         if name is not None and (not isinstance(name, str) or not name):
             raise ValueError(f"an actor's name must be a non-empty string, got {name!r}")

@@ -19,7 +19,15 @@ from rayless.ray.util.scheduling_strategies import (
     PlacementGroupSchedulingStrategy,
 )
 
-__all__ = ["ACTOR_OPTIONS", "TASK_OPTIONS", "Placement", "check", "place"]
+__all__ = [
+    "ACTOR_OPTIONS",
+    "TASK_OPTIONS",
+    "Placement",
+    "check",
+    "check_group",
+    "env_for",
+    "place",
+]
 
 COMMON = frozenset(
     {
@@ -89,6 +97,16 @@ def check(options: dict[str, Any], allowed: frozenset[str], what: str) -> dict[s
             raise ValueError(f"{key} must be a number >= 0, got {value!r}")
     _worker.check_runtime_env(options.get("runtime_env"))
     return dict(options)
+
+
+def check_group(options: dict[str, Any]) -> None:
+    """Raise ValueError at once when ``options`` schedule into a removed placement group."""
+    strategy = _strategy(options)
+    if isinstance(strategy, PlacementGroupSchedulingStrategy):
+        pg = strategy.placement_group
+        if pg.removed:
+            raise ValueError(f"placement group {pg.name or pg.id.hex()} was removed")
+        pg.bundle(strategy.placement_group_bundle_index)  # the index in range
 
 
 @dataclass
@@ -181,6 +199,7 @@ def env_for(s: _worker.Session, options: dict[str, Any]) -> dict[str, str]:
     ns = options.get("namespace") if options.get("namespace") is not None else s.namespace
     if ns is not None:
         env[_worker.ENV_NAMESPACE] = ns
+    env[_worker.ENV_ANONYMOUS_NAMESPACE] = s.anonymous_namespace
     if s.env_vars:
         env[_worker.ENV_ENV_VARS] = ",".join(sorted(s.env_vars))
     return env

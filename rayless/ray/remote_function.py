@@ -28,7 +28,7 @@ from rayless.ray import _worker
 from rayless.ray._task_worker import TaskWorker
 from rayless.ray.actor import resolve_all, split
 from rayless.ray.object_ref import ObjectRef
-from rayless.ray.options import TASK_OPTIONS, Placement, check, env_for, place
+from rayless.ray.options import TASK_OPTIONS, Placement, check, check_group, env_for, place
 
 __all__ = ["RemoteFunction", "TaskPools"]
 
@@ -282,6 +282,7 @@ class RemoteFunction:
         """Run the function as a task: its ObjectRef (a list of refs for ``num_returns``
         other than 1; None for 0)."""
         s = _worker.session()
+        check_group(self._options)
         state = TaskState()
         coro = run_task(s, self._key, self._pickled(), args, kwargs, self._options, state)
         fut = _worker.submit(s, coro)
