@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Generator
 from typing import Any
 
+from rayless.errors import RaylessError, RemoteError
 from rayless.ray import _worker
 from rayless.ray.exceptions import ObjectLostError, map_error
 
@@ -72,9 +73,17 @@ class ObjectRef:
         return out
 
     def check_alive(self) -> None:
-        """Raise ObjectLostError when this ref's session was shut down before it finished."""
+        """Raise ObjectLostError when this ref's session was shut down before its value was
+        made (the call was still running, or failed because the session closed)."""
         s = _worker.current()
-        if (s is None or s.generation != self._generation) and not self._future.done():
+        if s is not None and s.generation == self._generation:
+            return
+        fut = self._future
+        lost = not fut.done() or fut.cancelled()
+        if not lost:
+            exc = fut.exception()
+            lost = isinstance(exc, RaylessError) and not isinstance(exc, RemoteError)
+        if lost:
             raise ObjectLostError(
                 f"ObjectRef {self.hex()[:16]} belongs to a ray session that was shut down "
                 "before its value was made"
