@@ -22,6 +22,7 @@ from typing import Any
 
 from rayless.actors import ActorHandle as _RaylessHandle
 from rayless.actors import Cluster
+from rayless.errors import ActorDiedError as _RaylessDied
 from rayless.errors import ActorNotFoundError, RaylessError, RemoteError
 from rayless.ray import _worker
 from rayless.ray.exceptions import ActorDiedError, _mixed
@@ -31,6 +32,7 @@ from rayless.ray.options import ACTOR_OPTIONS, Placement, check, check_group, en
 __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "exit_actor", "method"]
 
 _HIDDEN = "__ray_actor_class__"  # the attribute of an ActorClass that holds the class itself
+_RETRY_PAUSE = 0.05  # seconds before a call retried on a restarting actor
 # rayless.actors.Cluster.spawn's own keyword arguments: a constructor keyword of one of
 # these names is passed positionally
 _SPAWN_KEYWORDS = frozenset(inspect.signature(Cluster.spawn).parameters) - {
@@ -373,12 +375,16 @@ class ActorMethod:
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Call the method; its ObjectRef (a list of ``num_returns`` refs when that is not 1)."""
         s = _worker.session()
-        inner = self._handle._inner
+        handle = self._handle
+        inner = handle._inner
+        retries = handle._opts.get("max_task_retries") or 0
         fut: Any
-        if inner is not None and (not (args or kwargs) or not needs_resolve(args, kwargs)):
+        if retries and handle._opts.get("max_restarts"):
+            fut = _worker.submit(s, _call_retrying(handle, self._name, args, kwargs, retries))
+        elif inner is not None and (not (args or kwargs) or not needs_resolve(args, kwargs)):
             fut = _send(s, inner, self._name, args, kwargs)
         else:
-            fut = _worker.submit(s, _call_resolved(self._handle, self._name, args, kwargs))
+            fut = _worker.submit(s, _call_resolved(handle, self._name, args, kwargs))
         if self._num_returns == 1:
             return ObjectRef(fut, s.generation)
         return split(s, fut, self._num_returns)
@@ -423,6 +429,22 @@ async def _call_resolved(
     inner = await handle._resolved()
     args, kwargs = await resolve_all(args, kwargs)
     return await getattr(inner, name)(*args, **kwargs)
+
+
+async def _call_retrying(
+    handle: ActorHandle, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], retries: int
+) -> Any:
+    """A call retried on the restarted actor when the actor dies under it
+    (``max_task_retries``; -1: as long as it restarts)."""
+    attempt = 0
+    while True:
+        try:
+            return await _call_resolved(handle, name, args, kwargs)
+        except _RaylessDied:
+            if retries != -1 and attempt >= retries:
+                raise
+            attempt += 1
+            await asyncio.sleep(_RETRY_PAUSE)
 
 
 def split(s: _worker.Session, fut: Any, n: int, *, task: bool = False) -> list[ObjectRef]:

@@ -190,3 +190,19 @@ def flaky(marker: str) -> str:
 @ray.remote
 def pid_of_worker() -> int:
     return os.getpid()
+
+
+@ray.remote(max_restarts=1, max_task_retries=1)
+class Restartable:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def die_first_time(self, marker: str) -> int:
+        if not os.path.exists(marker):
+            with open(marker, "w"):
+                pass
+            os._exit(1)
+        return os.getpid()

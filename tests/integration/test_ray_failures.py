@@ -24,6 +24,7 @@ from rayless.ray.exceptions import (
 from tests.integration.ray_api_classes import (
     AppError,
     Counter,
+    Restartable,
     die_always,
     die_once,
     flaky,
@@ -65,6 +66,16 @@ def test_actor_exit_names_the_cause(session: None) -> None:
     assert info.value.exitcode == 3 and "exit code 3" in str(info.value)
     with pytest.raises(ActorDiedError):
         ray.get(c.get.remote(), timeout=30)
+
+
+def test_actor_restarts_and_retries_the_call(session: None, tmp_path: Path) -> None:
+    # test_actor_failures.py::test_actor_restart / max_task_retries (the call that died with
+    # the actor runs again on the restarted one)
+    a = Restartable.remote()
+    first = ray.get(a.pid.remote())
+    again = ray.get(a.die_first_time.remote(str(tmp_path / "r")), timeout=120)
+    assert again != first
+    assert ray.get(a.pid.remote()) == again
 
 
 def test_task_retried_when_its_worker_dies(session: None, tmp_path: Path) -> None:
