@@ -134,8 +134,11 @@ class ActorClass:
 def remote_class(cls: type, options: dict[str, Any]) -> ActorClass:
     """``@ray.remote`` on a class: the ActorClass that stands for it in its module. The class
     itself stays reachable by its qualified name (``A.__ray_actor_class__``), so an actor
-    process importing it by name finds the class, not the ActorClass."""
-    if not cls.__qualname__.endswith("." + _HIDDEN):
+    process importing it by name finds the class, not the ActorClass. A class defined inside a
+    function travels by value (cloudpickle), as a class of the driver's ``__main__`` does."""
+    if "<locals>" in cls.__qualname__:
+        cls.__module__ = "__main__"  # not importable: it travels by value, as in Ray
+    elif not cls.__qualname__.endswith("." + _HIDDEN):
         cls.__qualname__ = f"{cls.__qualname__}.{_HIDDEN}"
     return ActorClass(cls, options)
 
