@@ -140,6 +140,8 @@ def remote_class(cls: type, options: dict[str, Any]) -> ActorClass:
         cls.__module__ = "__main__"  # not importable: it travels by value, as in Ray
     elif not cls.__qualname__.endswith("." + _HIDDEN):
         cls.__qualname__ = f"{cls.__qualname__}.{_HIDDEN}"
+        # also found where the module keeps the class itself (``RemoteA = ray.remote(A)``)
+        setattr(cls, _HIDDEN, cls)
     return ActorClass(cls, options)
 
 

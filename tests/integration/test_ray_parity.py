@@ -155,7 +155,7 @@ def test_fractional_gpu_actors_share_a_bundle(ray: Any) -> None:
     util = import_module(ray.__name__ + ".util")
     strategies = import_module(ray.__name__ + ".util.scheduling_strategies")
 
-    @ray.remote(num_gpus=0.5)
+    @ray.remote(num_gpus=0.5, num_cpus=0.5)  # both fit the bundle's one CPU on Ray too
     class G:
         def where(self) -> tuple[Any, str]:
             return ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES", "")
