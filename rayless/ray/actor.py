@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import sys
 from collections.abc import Coroutine
 from typing import Any
 
@@ -31,7 +32,9 @@ from rayless.ray.options import ACTOR_OPTIONS, Placement, check, check_group, en
 
 __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "exit_actor", "method"]
 
-_HIDDEN = "__ray_actor_class__"  # the attribute of an ActorClass that holds the class itself
+# where an actor process finds a decorated class by its qualified name: the attribute of the
+# ActorClass that stands for it in its module
+_HIDDEN = "_ray_cls"
 _RETRY_PAUSE = 0.05  # seconds before a call retried on a restarting actor
 # rayless.actors.Cluster.spawn's own keyword arguments: a constructor keyword of one of
 # these names is passed positionally
@@ -68,7 +71,7 @@ class ActorClass:
     """A class made remote by ``@ray.remote``: ``A.remote(...)`` starts an actor of it."""
 
     def __init__(self, cls: type, options: dict[str, Any]) -> None:
-        self._cls = cls
+        self._ray_cls = cls
         self._options = check(options, ACTOR_OPTIONS, "actor")
         self._methods = _public(cls)
         self._num_returns = {
@@ -80,11 +83,6 @@ class ActorClass:
         self.__qualname__ = cls.__qualname__.removesuffix("." + _HIDDEN)
         self.__module__ = cls.__module__
 
-    def __getattr__(self, name: str) -> Any:
-        if name == _HIDDEN:  # how an actor process finds the class by its qualified name
-            return self._cls
-        raise AttributeError(name)
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(
             f"Actors cannot be instantiated directly. Instead of '{self.__name__}()', use "
@@ -93,7 +91,7 @@ class ActorClass:
 
     def options(self, **options: Any) -> ActorClass:
         """This class with ``options`` over its own (``A.options(num_gpus=1).remote()``)."""
-        return ActorClass._derived(self._cls, {**self._options, **options})
+        return ActorClass._derived(self._ray_cls, {**self._options, **options})
 
     @classmethod
     def _derived(cls, klass: type, options: dict[str, Any]) -> ActorClass:
@@ -112,9 +110,9 @@ class ActorClass:
         name = opts.get("name")
         if name is not None and (not isinstance(name, str) or not name):
             raise ValueError(f"an actor's name must be a non-empty string, got {name!r}")
-        coro = _spawn(s, self._cls, args, kwargs, opts)
+        coro = _spawn(s, self._ray_cls, args, kwargs, opts)
         handle = ActorHandle(
-            self._cls.__qualname__.removesuffix("." + _HIDDEN),
+            self._ray_cls.__qualname__.removesuffix("." + _HIDDEN),
             self._methods,
             {**opts, "__num_returns__": self._num_returns},
         )
@@ -133,16 +131,24 @@ class ActorClass:
 
 def remote_class(cls: type, options: dict[str, Any]) -> ActorClass:
     """``@ray.remote`` on a class: the ActorClass that stands for it in its module. The class
-    itself stays reachable by its qualified name (``A.__ray_actor_class__``), so an actor
-    process importing it by name finds the class, not the ActorClass. A class defined inside a
+    itself stays reachable by its qualified name (``A._ray_cls``), so an actor
+    process importing it by name finds the class, not the ActorClass; ``ray.remote(A)`` called
+    on a class its module keeps as it is changes nothing. A class defined inside a
     function travels by value (cloudpickle), as a class of the driver's ``__main__`` does."""
     if "<locals>" in cls.__qualname__:
         cls.__module__ = "__main__"  # not importable: it travels by value, as in Ray
-    elif not cls.__qualname__.endswith("." + _HIDDEN):
+    elif _found_at(cls) is not cls and not cls.__qualname__.endswith("." + _HIDDEN):
+        # the decorator form: the module's name for it is about to be the ActorClass
         cls.__qualname__ = f"{cls.__qualname__}.{_HIDDEN}"
-        # also found where the module keeps the class itself (``RemoteA = ray.remote(A)``)
-        setattr(cls, _HIDDEN, cls)
     return ActorClass(cls, options)
+
+
+def _found_at(cls: type) -> Any:
+    """What the class's module holds at its qualified name now (None: nothing)."""
+    obj: Any = sys.modules.get(cls.__module__)
+    for part in cls.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def qualified_name(s: _worker.Session, name: str, namespace: str | None) -> str:
@@ -324,7 +330,9 @@ class ActorHandle(metaclass=_HandleType):
                 f"'{self._cls_name}' actor has no method {name!r}; its methods: "
                 f"{', '.join(sorted(methods)) or 'none'}"
             )
-        return ActorMethod(self, name, self._opts.get("__num_returns__", {}).get(name, 1))
+        method = ActorMethod(self, name, self._opts.get("__num_returns__", {}).get(name, 1))
+        self.__dict__[name] = method  # found without __getattr__ from now on
+        return method
 
     @property
     def _actor_id(self) -> Any:

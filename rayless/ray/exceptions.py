@@ -113,7 +113,7 @@ def _mixed(ray_cls: type[BaseException], err: BaseException) -> BaseException:
     if cls is ray_cls:
         out = ray_cls(str(err))
     else:
-        out = BaseException.__new__(cls)
+        out = cls.__new__(cls)
         out.args = err.args
         try:
             out.__dict__.update(getattr(err, "__dict__", {}))

@@ -243,15 +243,28 @@ async def run_task(
         where.release()
 
 
+def _checked(options: dict[str, Any]) -> dict[str, Any]:
+    """A task's options checked (``num_returns`` an int: no streaming generators).
+
+    Raises:
+        ValueError: an unsupported option or value.
+    """
+    out = check(options, TASK_OPTIONS, "task")
+    nr = out.get("num_returns", 1)
+    if isinstance(nr, bool) or not isinstance(nr, int) or nr < 0:
+        raise ValueError(
+            f"num_returns must be an int >= 0, got {nr!r} (streaming generators are not "
+            "supported by rayless.ray)"
+        )
+    return out
+
+
 class RemoteFunction:
     """A function made remote by ``@ray.remote``: ``f.remote(x)`` runs it as a task."""
 
     def __init__(self, fn: Any, options: dict[str, Any]) -> None:
         self._function = fn
-        self._options = check(options, TASK_OPTIONS, "task")
-        nr = self._options.get("num_returns", 1)
-        if not isinstance(nr, int) or nr < 0:
-            raise ValueError(f"num_returns must be an int >= 0, got {nr!r}")
+        self._options = _checked(options)
         self._key = f"{getattr(fn, '__qualname__', 'fn')}-{uuid.uuid4().hex[:12]}"
         self._code: bytes | None = None
         self.__doc__ = fn.__doc__
@@ -270,7 +283,7 @@ class RemoteFunction:
         """This function with ``options`` over its own."""
         derived = RemoteFunction.__new__(RemoteFunction)
         derived.__dict__.update(self.__dict__)
-        derived._options = check({**self._options, **options}, TASK_OPTIONS, "task")
+        derived._options = _checked({**self._options, **options})
         return derived
 
     def _pickled(self) -> bytes:
