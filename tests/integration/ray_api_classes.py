@@ -102,6 +102,9 @@ class AsyncActor:
     async def await_ref(self, other: Any) -> int:
         return await other.incr.remote(5)
 
+    async def blocking_get(self, other: Any) -> None:
+        ray.get(other.sleep.remote(0.5))  # would block this loop: refused
+
 
 @ray.remote(max_concurrency=2)
 class Threaded:

@@ -252,6 +252,8 @@ def test_await_ref_in_async_code() -> None:
     assert asyncio.run(main()) == [2, 3, 5]
     a = AsyncActor.remote()
     assert ray.get(a.await_ref.remote(c)) == 8
+    with pytest.raises(RuntimeError, match="await ref"):  # deliberate: Ray blocks the loop
+        ray.get(a.blocking_get.remote(c))
 
 
 def test_threaded_actor_runs_sync_methods_together() -> None:

@@ -172,6 +172,49 @@ def test_refs_of_a_shut_down_session_are_lost() -> None:
     assert proc.stdout.startswith("lost")
 
 
+def test_init_auto_joins_a_running_cluster() -> None:
+    # test_basic.py / ray.init(address="auto"): a driver joins the cluster another process
+    # runs (here a rayless local cluster published on this host); shutdown leaves it running
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from rayless.actors import Cluster\n"
+            "c = Cluster.local_sync(nodes=1)\n"
+            "print(c.address, flush=True)\n"
+            "sys.stdin.read()\n"
+            "c.close()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=str(REPO),
+    )
+    try:
+        assert holder.stdout is not None
+        address = holder.stdout.readline().strip()
+        assert address
+        for how in ('"auto"', repr(address)):
+            proc = _run(
+                f"""
+                from rayless import ray
+                from tests.integration.ray_api_classes import add
+                ctx = ray.init(address={how})
+                print(ctx["address"], ray.get(add.remote(2, 3)))
+                ray.shutdown()
+                """
+            )
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            assert proc.stdout.split() == [address, "5"]
+        assert holder.poll() is None  # the joined cluster still runs
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=60)
+
+
 def test_import_is_cheap_and_all_spellings_work() -> None:
     # the one-import move: every spelling, and no torch at import
     proc = _run(
