@@ -5,10 +5,11 @@ idle worker of its kind (resources, node or bundle, ``runtime_env``) or starts o
 kind has fewer than its cap (the cluster's CPUs divided by the task's ``num_cpus``; for GPU
 tasks its GPUs divided by ``num_gpus``), and otherwise queues for one, first come first
 served. A driver fanning out thousands of tasks so holds a handful of workers and
-connections. The function travels pickled (cloudpickle) once per worker. A worker that dies
-under a task is replaced and the task retried up to ``max_retries`` (3, as Ray; -1: without
-end); ``retry_exceptions`` retries on the function's own errors too. Tasks may submit tasks
-(the worker's process has its own pool).
+connections. A worker that holds GPUs is stopped when no task waits for it, so idle task
+workers never keep GPUs from actors. The function travels pickled (cloudpickle) once per
+worker. A worker that dies under a task is replaced and the task retried up to
+``max_retries`` (3, as Ray; -1: without end); ``retry_exceptions`` retries on the function's
+own errors too. Tasks may submit tasks (the worker's process has its own pool).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from rayless.ray.options import TASK_OPTIONS, Placement, check, check_group, env
 __all__ = ["RemoteFunction", "TaskPools"]
 
 DEFAULT_RETRIES = 3
+_RETIRING: set[asyncio.Task[None]] = set()  # workers being stopped in the background
 GPU_WAIT = 3600.0  # a GPU task's worker waits this long for GPUs others hold (Ray: forever)
 
 
@@ -47,6 +49,7 @@ class Worker:
 @dataclass(eq=False)
 class _Pool:
     cap: int
+    holds_gpus: bool = False  # its workers hold GPUs: none is kept idle
     idle: list[Worker] = field(default_factory=list)
     size: int = 0
     waiters: collections.deque[asyncio.Future[Worker | None]] = field(
@@ -98,7 +101,7 @@ class TaskPools:
                     cap = int(gpus_total // gpus) if gpus_total else 1
                 else:
                     cap = int(cpus_total // cpus) if cpus > 0 else int(cpus_total)
-                pool = self.pools[key] = _Pool(max(1, cap))
+                pool = self.pools[key] = _Pool(max(1, cap), holds_gpus=gpus > 0)
         while True:
             if pool.idle:
                 return pool.idle.pop()
@@ -134,15 +137,34 @@ class TaskPools:
                 raise
             return await cluster.spawn(TaskWorker, **kwargs)
 
-    def release(self, key: tuple[Any, ...], worker: Worker) -> None:
-        """Give ``worker`` back: to the first task waiting, else to the idle list."""
+    def release(self, key: tuple[Any, ...], worker: Worker) -> bool:
+        """Give ``worker`` back: to the first task waiting, else to the idle list. False for a
+        worker that holds GPUs and nobody waits for: the caller stops it (:meth:`retire`), so
+        idle workers never keep GPUs from actors."""
         pool = self.pools[key]
         while pool.waiters:
             waiter = pool.waiters.popleft()
             if not waiter.done():
                 waiter.set_result(worker)
-                return
+                return True
+        if pool.holds_gpus:
+            pool.size -= 1
+            return False
         pool.idle.append(worker)
+        return True
+
+    async def retire(self, worker: Worker) -> None:
+        """Stop a worker :meth:`release` did not keep (its GPUs free once this returns)."""
+        cluster = await self.session.cluster()
+        try:
+            await cluster.kill(worker.handle)
+        except Exception:
+            pass
+
+    async def give_back(self, key: tuple[Any, ...], worker: Worker) -> None:
+        """:meth:`release`, then :meth:`retire` what it did not keep."""
+        if not self.release(key, worker):
+            await self.retire(worker)
 
     def discard(self, key: tuple[Any, ...], worker: Worker) -> None:
         """Forget a dead worker; a waiting task may start a new one."""
@@ -225,7 +247,7 @@ async def run_task(
                 continue
             except RemoteError as exc:
                 worker.sent.add(key)
-                pools.release(kind, worker)
+                await pools.give_back(kind, worker)
                 if _retry_on(exc, opts.get("retry_exceptions")) and (
                     retries == -1 or attempt < retries
                 ):
@@ -233,10 +255,13 @@ async def run_task(
                     continue
                 raise
             except BaseException:
-                pools.release(kind, worker)
+                if not pools.release(kind, worker):  # cancelled: stop it in the background
+                    retiring = asyncio.get_running_loop().create_task(pools.retire(worker))
+                    _RETIRING.add(retiring)
+                    retiring.add_done_callback(_RETIRING.discard)
                 raise
             worker.sent.add(key)
-            pools.release(kind, worker)
+            await pools.give_back(kind, worker)
             return result
     finally:
         state.worker = None

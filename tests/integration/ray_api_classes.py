@@ -209,3 +209,9 @@ class Restartable:
                 pass
             os._exit(1)
         return os.getpid()
+
+
+@ray.remote(num_gpus=1)
+def gpu_task(seconds: float) -> str:
+    time.sleep(seconds)
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "")

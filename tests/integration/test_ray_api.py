@@ -32,6 +32,7 @@ from tests.integration.ray_api_classes import (
     Failing,
     Threaded,
     add,
+    gpu_task,
     nested_sum,
     raises,
     sleepy,
@@ -147,6 +148,19 @@ def test_many_tasks_reuse_a_few_workers() -> None:
 
     pids = set(ray.get([pid_of_worker.remote() for _ in range(200)]))
     assert 1 <= len(pids) <= 4
+
+
+def test_gpu_tasks_get_a_gpu_each_and_give_it_back() -> None:
+    # test_basic.py::test_gpu_ids / test_scheduling: num_gpus=1 tasks see their GPU; idle
+    # task workers keep no GPU from actors
+    before = ray.available_resources().get("GPU", 0)
+    seen = ray.get([gpu_task.remote(0.3) for _ in range(2)], timeout=120)
+    assert all(s.isdigit() for s in seen)
+    assert ray.available_resources().get("GPU", 0) == before
+    actors = [Counter.options(num_gpus=1).remote() for _ in range(int(before))]
+    assert all(ray.get([a.context.remote() for a in actors])) and before >= 2
+    for a in actors:
+        ray.kill(a)
 
 
 # -- actors (test_actor.py, test_asyncio.py, test_threaded_actor.py) ----------------------
