@@ -107,3 +107,18 @@ def test_remote_spellings() -> None:
         f.options(num_returns="streaming")
     with pytest.raises(ValueError, match="unsupported"):
         ray.init(no_such_keyword=1)
+
+
+def test_a_setup_method_with_arguments_is_refused_at_decoration() -> None:
+    class Worker:
+        def setup(self, config: dict[str, int]) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="rename the method"):
+        ray.remote(Worker)
+
+    class Fine:
+        def setup(self) -> None:
+            pass
+
+    assert isinstance(ray.remote(Fine), ray.ActorClass)
