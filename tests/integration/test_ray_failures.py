@@ -106,8 +106,10 @@ def test_force_cancel_kills_the_task_worker(session: None) -> None:
     assert ray.get(sleepy.remote(0), timeout=60) == 0  # the pool goes on
 
 
-def _run(script: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def _run(
+    script: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = env or {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)],
         capture_output=True,
@@ -172,9 +174,11 @@ def test_refs_of_a_shut_down_session_are_lost() -> None:
     assert proc.stdout.startswith("lost")
 
 
-def test_init_auto_joins_a_running_cluster() -> None:
+def test_init_auto_joins_a_running_cluster(tmp_path: Path) -> None:
     # test_basic.py / ray.init(address="auto"): a driver joins the cluster another process
-    # runs (here a rayless local cluster published on this host); shutdown leaves it running
+    # runs (here a rayless local cluster published on this host); shutdown leaves it running.
+    # A runtime directory of their own: "auto" finds exactly the holder's cluster.
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAYLESS_RUNTIME_DIR": str(tmp_path)}
     holder = subprocess.Popen(
         [
             sys.executable,
@@ -189,7 +193,7 @@ def test_init_auto_joins_a_running_cluster() -> None:
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=env,
         cwd=str(REPO),
     )
     try:
@@ -204,7 +208,8 @@ def test_init_auto_joins_a_running_cluster() -> None:
                 ctx = ray.init(address={how})
                 print(ctx["address"], ray.get(add.remote(2, 3)))
                 ray.shutdown()
-                """
+                """,
+                env=env,
             )
             assert proc.returncode == 0, proc.stderr[-2000:]
             assert proc.stdout.split() == [address, "5"]
