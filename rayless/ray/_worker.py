@@ -179,6 +179,8 @@ def close_session() -> None:
 def _close_at_exit() -> None:
     """A script that never called ``ray.shutdown``: end its session while the interpreter
     can still run threads (a local cluster also dies with its driver in any case)."""
+    if in_actor():  # an actor's task workers die with it; its loop may be stopping
+        return
     try:
         close_session()
     except Exception:

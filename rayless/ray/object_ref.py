@@ -104,7 +104,14 @@ class ObjectRef:
                         "ray.get of a pending ref inside an async actor method would block "
                         "the actor's event loop for good: use `await ref` there"
                     )
-                return _worker.run(s, _awaited(fut), timeout)
+                try:
+                    return _worker.run(s, _awaited(fut), timeout)
+                except concurrent.futures.TimeoutError:
+                    if fut.done():  # the call's own TimeoutError, not the wait's
+                        return _value(fut, self._task)
+                    raise
+                except BaseException as exc:
+                    raise map_error(exc, task=self._task) from None
             return _value(fut, self._task)
         try:
             return fut.result(timeout)
