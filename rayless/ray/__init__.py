@@ -236,7 +236,9 @@ def _get_one(ref: ObjectRef, timeout: float | None) -> Any:
         ref.check_alive()
     try:
         return ref.result(timeout)
-    except concurrent.futures.TimeoutError:
+    except concurrent.futures.TimeoutError as exc:
+        if isinstance(exc, exceptions.RayError):  # the call's own TimeoutError, mapped
+            raise
         raise GetTimeoutError(
             f"Get timed out: some object(s) not ready within {timeout} s"
         ) from None

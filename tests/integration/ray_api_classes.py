@@ -147,6 +147,11 @@ def raises(msg: str) -> None:
 
 
 @ray.remote
+def times_out() -> None:
+    raise TimeoutError("the task's own timeout")
+
+
+@ray.remote
 def task_context() -> dict[str, Any]:
     ctx = ray.get_runtime_context()
     return {

@@ -38,6 +38,7 @@ from tests.integration.ray_api_classes import (
     sleepy,
     task_context,
     three,
+    times_out,
     use_handle,
 )
 
@@ -140,6 +141,10 @@ def test_task_error_is_ray_task_error_and_the_user_class() -> None:
     assert isinstance(err, RayTaskError)
     assert isinstance(err.as_instanceof_cause(), AppError)
     assert err.code == 42 and "bad input" in str(err)
+    with pytest.raises(TimeoutError) as timed:  # a task's own TimeoutError stays itself
+        ray.get(times_out.remote(), timeout=60)
+    assert isinstance(timed.value, RayTaskError)
+    assert not isinstance(timed.value, GetTimeoutError)
 
 
 def test_many_tasks_reuse_a_few_workers() -> None:
