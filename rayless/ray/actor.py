@@ -18,7 +18,6 @@ import asyncio
 import concurrent.futures
 import inspect
 import sys
-from collections.abc import Coroutine
 from typing import Any
 
 from rayless.actors import ActorHandle as _RaylessHandle
@@ -90,19 +89,24 @@ class ActorClass:
         )
 
     def options(self, **options: Any) -> ActorClass:
-        """This class with ``options`` over its own (``A.options(num_gpus=1).remote()``)."""
-        return ActorClass._derived(self._ray_cls, {**self._options, **options})
+        """This class with ``options`` over its own (``A.options(num_gpus=1).remote()``).
 
-    @classmethod
-    def _derived(cls, klass: type, options: dict[str, Any]) -> ActorClass:
-        return cls(klass, options)
+        Raises:
+            ValueError: an unsupported option (named).
+        """
+        derived = ActorClass.__new__(ActorClass)
+        derived.__dict__.update(self.__dict__)
+        derived._options = check({**self._options, **options}, ACTOR_OPTIONS, "actor")
+        return derived
 
     def remote(self, *args: Any, **kwargs: Any) -> ActorHandle:
         """Start an actor of the class; its handle.
 
         Raises:
-            ValueError: a named actor's name is taken (unless ``get_if_exists``).
-            PlacementError: (a named actor) no node can hold it.
+            ValueError: a named actor's name is taken (unless ``get_if_exists``), or the
+                options schedule it into a removed placement group.
+            ActorDiedError: (a named actor, started before this returns) its constructor
+                raised, or no node can hold it (the rayless error kept as its cause).
         """
         s = _worker.session()
         opts = self._options
@@ -519,8 +523,3 @@ def split(s: _worker.Session, fut: Any, n: int, *, task: bool = False) -> list[O
 def from_rayless(handle: _RaylessHandle[Any]) -> ActorHandle:
     """A Ray-style handle on a rayless actor (``ray.get_actor``)."""
     return ActorHandle(handle.cls_name.removesuffix("." + _HIDDEN), None, {}, handle)
-
-
-def run_coroutine(s: _worker.Session, coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run ``coro`` on the session's loop and block (helpers of ``ray.kill``...)."""
-    return _worker.run(s, coro)
