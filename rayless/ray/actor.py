@@ -82,6 +82,12 @@ class ActorClass:
         self.__qualname__ = cls.__qualname__.removesuffix("." + _HIDDEN)
         self.__module__ = cls.__module__
 
+    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
+        raise TypeError(
+            "Inheriting from actor classes is not allowed. Inherit from the undecorated class "
+            "instead (as in Ray)."
+        )
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(
             f"Actors cannot be instantiated directly. Instead of '{self.__name__}()', use "

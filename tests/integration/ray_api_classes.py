@@ -220,3 +220,23 @@ class Restartable:
 def gpu_task(seconds: float) -> str:
     time.sleep(seconds)
     return os.environ.get("CUDA_VISIBLE_DEVICES", "")
+
+
+class PlainBase:
+    """A base class that is not remote: its methods are the actor's too."""
+
+    def base_method(self) -> str:
+        return "from the base"
+
+
+@ray.remote
+class Derived(PlainBase):
+    def own(self) -> str:
+        return "own"
+
+    def run_tasks(self, n: int) -> int:
+        return sum(ray.get([add.remote(i, 1) for i in range(n)]))
+
+    def make_counter(self, start: int) -> int:
+        inner = Counter.remote(start)
+        return ray.get(inner.incr.remote())

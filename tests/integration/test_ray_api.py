@@ -29,6 +29,7 @@ from tests.integration.ray_api_classes import (
     AppError,
     AsyncActor,
     Counter,
+    Derived,
     Failing,
     Threaded,
     add,
@@ -188,6 +189,20 @@ def test_actor_class_cannot_be_instantiated_directly() -> None:
         c.incr()
     with pytest.raises(AttributeError, match="no method"):
         c.nope  # noqa: B018
+
+
+def test_actor_inheritance_tasks_and_actors_from_an_actor() -> None:
+    # test_actor.py::test_actor_inheritance (a remote class inheriting from a plain one;
+    # inheriting from an actor class is refused), test_actor.py::test_remote_function_within_actor,
+    # test_actor.py::test_define_actor_within_actor
+    d = Derived.remote()
+    assert ray.get([d.base_method.remote(), d.own.remote()]) == ["from the base", "own"]
+    assert ray.get(d.run_tasks.remote(3)) == 6
+    assert ray.get(d.make_counter.remote(41)) == 42
+    with pytest.raises(TypeError, match="Inheriting from actor classes"):
+
+        class Bad(Counter):  # type: ignore[misc,valid-type]
+            pass
 
 
 def test_actor_method_error_is_ray_task_error() -> None:
