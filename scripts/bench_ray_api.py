@@ -55,7 +55,6 @@ def rows(ray: Any, n: int, tensor_iters: int) -> dict[str, float]:
     task = ray.remote(ping_task)
     a = actor_cls.remote()
     ray.get(a.ping.remote())
-    ray.get([task.remote() for _ in range(8)])
     out: dict[str, float] = {}
     start = time.perf_counter()
     for _ in range(n):
@@ -64,15 +63,17 @@ def rows(ray: Any, n: int, tensor_iters: int) -> dict[str, float]:
     start = time.perf_counter()
     ray.get([a.ping.remote() for _ in range(n)])
     out["pipelined actor calls/s"] = n / (time.perf_counter() - start)
-    start = time.perf_counter()
-    ray.get([task.remote() for _ in range(n)])
-    out["tasks/s"] = n / (time.perf_counter() - start)
     array = np.ones(64 * MIB, dtype=np.uint8)
     ray.get(a.take.remote(ray.put(array)))
     start = time.perf_counter()
     for _ in range(tensor_iters):
         ray.get(a.take.remote(ray.put(array)))
     out["put+get 64 MiB (MB/s)"] = tensor_iters * 64 / (time.perf_counter() - start)
+    ray.get([task.remote() for _ in range(64)])  # the task workers started (after the actor rows)
+    time.sleep(1.0)
+    start = time.perf_counter()
+    ray.get([task.remote() for _ in range(n)])
+    out["tasks/s"] = n / (time.perf_counter() - start)
     start = time.perf_counter()
     pg = util.placement_group([{"GPU": 1, "CPU": 1}] * 8, strategy="PACK")
     ray.get(pg.ready())
@@ -147,19 +148,22 @@ def main() -> None:
         print(json.dumps(ray_part(n, iters)))
         return
     repeats = 1 if args.quick else args.repeats
-    layer = [ours(n, iters) for _ in range(repeats)]
-    direct = [direct_rows(n, iters) for _ in range(repeats)]
-    theirs: list[dict[str, float]] = []
     have_ray = not args.skip_ray and __import__("importlib").util.find_spec("ray") is not None
-    for _ in range(repeats if have_ray else 0):
-        child = subprocess.run(
-            [sys.executable, __file__, "--ray-part", *(["--quick"] if args.quick else [])],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "RAY_DEDUP_LOGS": "0"},
-            check=True,
-        )
-        theirs.append(json.loads(child.stdout.strip().splitlines()[-1]))
+    layer: list[dict[str, float]] = []
+    direct: list[dict[str, float]] = []
+    theirs: list[dict[str, float]] = []
+    for _ in range(repeats):  # the three alternate, repeat by repeat
+        layer.append(ours(n, iters))
+        direct.append(direct_rows(n, iters))
+        if have_ray:
+            child = subprocess.run(
+                [sys.executable, __file__, "--ray-part", *(["--quick"] if args.quick else [])],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "RAY_DEDUP_LOGS": "0"},
+                check=True,
+            )
+            theirs.append(json.loads(child.stdout.strip().splitlines()[-1]))
 
     def med(runs: list[dict[str, float]], key: str) -> float | None:
         vals = [r[key] for r in runs if key in r]
