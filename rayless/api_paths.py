@@ -19,6 +19,11 @@ PACKAGES = (
     "rayless.actors",
     "rayless.errors",
     "rayless.placement",
+    "rayless.ray",
+    "rayless.ray.exceptions",
+    "rayless.ray.util",
+    "rayless.ray.util.placement_group",
+    "rayless.ray.util.scheduling_strategies",
     "rayless.single_controller",
     "rayless.store",
     "rayless.transport",
@@ -27,6 +32,10 @@ PACKAGES = (
 
 PATHS = (
     "rayless.actors.testing",
+    "rayless.ray.actor:ActorHandle",
+    "rayless.ray.actor:ActorClass",
+    "rayless.ray.object_ref:ObjectRef",
+    "rayless.ray.runtime_context:RuntimeContext",
     "rayless.actors.api.sync:SyncCluster",
     "rayless.actors.api.blocking",
     "rayless.actors.api.components",

@@ -43,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--output-dir", default=None, help="where metrics.json/report.png go")
     parser.add_argument("--time-limit", type=float, default=None, help="override run.time_limit_s")
+    parser.add_argument(
+        "--api",
+        choices=["rayless", "ray"],
+        default="rayless",
+        help="ray: the PPO demo written against Ray's API only (from rayless import ray)",
+    )
 
 
 def resolve_config(name: str) -> Path:
@@ -181,9 +187,34 @@ async def _write_timeline(cluster: Cluster, out_dir: Path) -> Path | None:
         return None
 
 
+def _run_ray_api(args: argparse.Namespace) -> int:
+    """``--api ray``: the PPO demo on ``rayless.ray`` (:mod:`rayless.demo.ray_ppo`)."""
+    path = resolve_config(args.config)
+    if is_grpo_config(path):
+        raise ValueError("--api ray runs the PPO demo only (a PPO config, e.g. default)")
+    cfg = load_config(path)
+    if args.iterations is not None:
+        cfg.algo.iterations = args.iterations
+    if args.time_limit is not None:
+        cfg.run.time_limit_s = args.time_limit
+    cfg.validate()
+    from rayless.demo import ray_ppo
+
+    print("PPO on Ray's API (from rayless import ray)", flush=True)
+    result = ray_ppo.run(cfg, log=lambda line: print(line, flush=True))
+    outcome = "solved" if result["solved"] else "not solved"
+    print(
+        f"{outcome}: mean return {result['final_return']:.1f} after {result['iterations']} "
+        f"iterations, {result['seconds']:.1f} s"
+    )
+    return 0 if result["solved"] else 2
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``rayless demo``; Ctrl-C stops the run and the cluster cleanly."""
     try:
+        if getattr(args, "api", "rayless") == "ray":
+            return _run_ray_api(args)
         return loop.run(_main(args))
     except KeyboardInterrupt:
         print("\ninterrupted: the cluster was shut down", file=sys.stderr)

@@ -1,0 +1,13 @@
+"""The few rayless internals the Ray layer needs, imported in this one place.
+
+* ``home_loop``: the event loop sync calls of this process run on (a driver's sync facade, or
+  an actor's own loop), where the Ray layer runs its work inside an actor.
+* The environment variable names an actor process finds its id, node and node IP in.
+"""
+
+from __future__ import annotations
+
+from rayless.actors.api.portal import home_loop
+from rayless.actors.core.context import ENV_ACTOR_ID, ENV_ACTOR_NAME, ENV_NODE_ID, ENV_NODE_IP
+
+__all__ = ["ENV_ACTOR_ID", "ENV_ACTOR_NAME", "ENV_NODE_ID", "ENV_NODE_IP", "home_loop"]

@@ -1,0 +1,52 @@
+"""The actor that runs remote functions: one process serves many tasks, one at a time.
+
+The driver's pool (``remote_function.TaskPools``) sends each function once per worker,
+pickled with cloudpickle, and afterwards only its key. A function's exception travels back as
+itself (rayless remote errors); a worker that dies is replaced by the pool, and its task
+retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+from typing import Any
+
+import cloudpickle
+
+ENV_TASK_WORKER = "RAYLESS_RAY_TASK_WORKER"
+
+
+class TaskWorker:
+    """Runs remote functions of the Ray layer (its ``run`` method is the task)."""
+
+    def __init__(self) -> None:
+        self._functions: dict[str, Any] = {}
+        # get_runtime_context().get_actor_id() is None in a task, as in Ray
+        os.environ[ENV_TASK_WORKER] = "1"
+
+    def run(self, key: str, code: bytes | None, args: Any, kwargs: Any) -> Any:
+        """Run the function ``key`` (unpickled from ``code`` the first time) on the arguments.
+
+        Raises:
+            KeyError: ``key`` was never sent with its code.
+            Exception: whatever the function raises.
+        """
+        fn = self._functions.get(key)
+        if fn is None:
+            if code is None:
+                raise KeyError(f"task function {key} was not sent to this worker")
+            fn = self._functions[key] = cloudpickle.loads(code)
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            return asyncio.run(_awaited(result))
+        return result
+
+    def ping(self) -> str:
+        """Whether the worker serves."""
+        return "pong"
+
+
+async def _awaited(aw: Any) -> Any:
+    return await aw

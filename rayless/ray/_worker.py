@@ -1,0 +1,229 @@
+"""The process-wide state of the Ray layer: the session ``ray.init`` opened, and where its
+work runs.
+
+A driver's session owns a sync facade (``Cluster.local_sync`` or ``Cluster.connect_sync``):
+its loop thread runs every call of the layer. Inside an actor or task worker the session is
+the actor's own cluster and loop, joined on first use (as Ray's workers are connected). Code
+on the session's loop (an ``async def`` actor method) gets asyncio futures; code on any other
+thread gets ``concurrent.futures`` ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import os
+import threading
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from rayless.actors import Cluster, connect
+from rayless.ray import _internals
+
+if TYPE_CHECKING:
+    from rayless.actors.api.sync import SyncCluster
+    from rayless.ray.remote_function import TaskPools
+    from rayless.ray.util.placement_group import PlacementGroup
+
+T = TypeVar("T")
+
+ENV_NAMESPACE = "RAYLESS_RAY_NAMESPACE"
+ENV_JOB_ID = "RAYLESS_RAY_JOB_ID"
+ENV_ANONYMOUS_NAMESPACE = "RAYLESS_RAY_ANONYMOUS_NAMESPACE"
+ENV_ENV_VARS = "RAYLESS_RAY_ENV_VARS"  # the session's runtime_env env var names, for children
+RUNTIME_ENV_KEYS = frozenset({"env_vars"})
+
+
+@dataclass
+class Session:
+    """One ``ray.init``: the cluster, the loop its work runs on, and the session's defaults."""
+
+    loop: asyncio.AbstractEventLoop
+    sync: SyncCluster | None
+    namespace: str | None
+    job_id: str
+    env_vars: dict[str, str]
+    num_cpus: float | None = None
+    num_gpus: float | None = None
+    generation: int = 0
+    _cluster: Cluster | None = None
+    tasks: TaskPools | None = None
+    groups: dict[str, PlacementGroup] = field(default_factory=dict)
+    placements: dict[str, Any] = field(default_factory=dict)  # actor id → its Placement
+    anonymous_namespace: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    async def cluster(self) -> Cluster:
+        """The cluster (inside an actor: joined on first use)."""
+        if self._cluster is None:
+            self._cluster = await connect()
+        return self._cluster
+
+    @property
+    def effective_namespace(self) -> str:
+        """The namespace named actors live in (Ray's anonymous one when none was given)."""
+        return self.namespace if self.namespace is not None else self.anonymous_namespace
+
+
+_session: Session | None = None
+_generation = 0
+_lock = threading.RLock()
+
+
+def in_actor() -> bool:
+    """Whether this process is an actor (or task worker) of a rayless cluster."""
+    return bool(os.environ.get(_internals.ENV_ACTOR_ID))
+
+
+def current() -> Session | None:
+    """The open session, if any."""
+    return _session
+
+
+def session() -> Session:
+    """The open session; a default ``ray.init()`` first if there is none (as Ray does)."""
+    s = _session
+    if s is not None:
+        return s
+    with _lock:
+        if _session is None:
+            open_session()
+        assert _session is not None
+        return _session
+
+
+def check_runtime_env(runtime_env: dict[str, Any] | None) -> dict[str, str]:
+    """The ``env_vars`` of a ``runtime_env``.
+
+    Raises:
+        ValueError: it has other keys (rayless ships no code or packages per job).
+    """
+    if not runtime_env:
+        return {}
+    if not isinstance(runtime_env, dict):
+        raise ValueError(f"runtime_env must be a dict, got {type(runtime_env).__name__}")
+    other = sorted(set(runtime_env) - RUNTIME_ENV_KEYS)
+    if other:
+        raise ValueError(
+            f"runtime_env keys {other} are not supported by rayless.ray: only 'env_vars' "
+            "(install packages and code on every node instead; see docs/moving-from-ray.md)"
+        )
+    env = runtime_env.get("env_vars") or {}
+    if not isinstance(env, dict):
+        raise ValueError("runtime_env['env_vars'] must be a dict of str to str")
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def open_session(
+    address: str | None = None,
+    *,
+    num_cpus: float | None = None,
+    num_gpus: float | None = None,
+    namespace: str | None = None,
+    runtime_env: dict[str, Any] | None = None,
+    num_nodes: int = 1,
+) -> Session:
+    """Start or join a cluster and make it this process's session.
+
+    Raises:
+        ValueError: unsupported ``runtime_env`` keys, bad resource amounts.
+        ConnectError / StartError: no cluster to join, or the local one did not start.
+    """
+    global _session, _generation
+    env_vars = check_runtime_env(runtime_env)
+    if in_actor():
+        loop = _internals.home_loop()
+        ns = namespace if namespace is not None else os.environ.get(ENV_NAMESPACE) or None
+        job = os.environ.get(ENV_JOB_ID) or uuid.uuid4().hex[:8]
+        inherited = [k for k in os.environ.get(ENV_ENV_VARS, "").split(",") if k]
+        env_vars = {**{k: os.environ[k] for k in inherited if k in os.environ}, **env_vars}
+        s = Session(loop, None, ns, job, env_vars)
+        s.anonymous_namespace = os.environ.get(ENV_ANONYMOUS_NAMESPACE) or s.anonymous_namespace
+    else:
+        if num_gpus is not None and (num_gpus < 0 or num_gpus != int(num_gpus)):
+            raise ValueError(f"num_gpus must be a whole number >= 0, got {num_gpus!r}")
+        if num_cpus is not None and not num_cpus > 0:
+            raise ValueError(f"num_cpus must be > 0, got {num_cpus!r}")
+        if address is None:
+            sync = Cluster.local_sync(nodes=num_nodes, gpus_per_node=int(num_gpus or 0))
+        else:
+            sync = Cluster.connect_sync(address)
+        s = Session(sync.portal.loop, sync, namespace, uuid.uuid4().hex[:8], env_vars)
+        s._cluster = sync.cluster
+        s.num_cpus = num_cpus
+        s.num_gpus = num_gpus
+    _generation += 1
+    s.generation = _generation
+    _session = s
+    return s
+
+
+def close_session() -> None:
+    """End the session: its actors, task workers and (a local one) the cluster. Idempotent."""
+    global _session
+    with _lock:
+        s, _session = _session, None
+    if s is None:
+        return
+    if s.sync is not None:
+        s.sync.close()
+    elif s.tasks is not None:  # inside an actor: give back the task workers it started
+        try:
+            run(s, s.tasks.aclose(), timeout=30)
+        except Exception:
+            pass
+
+
+def _close_at_exit() -> None:
+    """A script that never called ``ray.shutdown``: end its session while the interpreter
+    can still run threads (a local cluster also dies with its driver in any case)."""
+    if in_actor():  # an actor's task workers die with it; its loop may be stopping
+        return
+    try:
+        close_session()
+    except Exception:
+        pass
+
+
+# before concurrent.futures stops its executors (atexit handlers run after that)
+_register = getattr(threading, "_register_atexit", None)
+if _register is not None:
+    _register(_close_at_exit)
+else:  # pragma: no cover
+    atexit.register(_close_at_exit)
+
+
+def on_loop(s: Session) -> bool:
+    """Whether this thread runs the session's loop (work must not block it)."""
+    try:
+        return asyncio.get_running_loop() is s.loop
+    except RuntimeError:
+        return False
+
+
+def submit(
+    s: Session, coro: Coroutine[Any, Any, T]
+) -> asyncio.Future[T] | concurrent.futures.Future[T]:
+    """Start ``coro`` on the session's loop: an asyncio task there when called from that
+    loop, else a ``concurrent.futures.Future``."""
+    if on_loop(s):
+        return s.loop.create_task(coro)
+    return asyncio.run_coroutine_threadsafe(coro, s.loop)
+
+
+def run(s: Session, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    """Run ``coro`` on the session's loop and block for its result.
+
+    Raises:
+        RuntimeError: called on the session's loop (an ``async def`` actor method), where
+            blocking would deadlock: ``await`` there.
+    """
+    if on_loop(s):
+        coro.close()
+        raise RuntimeError(
+            "a blocking ray call inside an async actor method would block the actor's event "
+            "loop for good: use `await ref` (or `await asyncio.gather(*refs)`) there"
+        )
+    return asyncio.run_coroutine_threadsafe(coro, s.loop).result(timeout)

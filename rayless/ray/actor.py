@@ -1,0 +1,531 @@
+"""``@ray.remote`` classes: ``ActorClass`` (``.remote()``, ``.options()``) and
+``ActorHandle`` (``handle.method.remote(x)`` → ``ObjectRef``), over rayless actors.
+
+``A.remote(...)`` starts a rayless actor of the class: at once and in the background for an
+anonymous actor (a failed start fails its calls with ``ActorDiedError``, as in Ray), before
+returning for a named one (so a taken name raises ``ValueError`` there, as in Ray). Method
+calls go straight to rayless' call path; ``ObjectRef`` and ``ActorHandle`` arguments are
+resolved first (refs at the top level, handles also inside a list, tuple or dict).
+
+A handle that reaches another process (an argument of a task or actor call) arrives as
+rayless' own ``rayless.actors.ActorHandle``: ``isinstance(h, ray.actor.ActorHandle)`` holds
+for it too, and its ``h.method.remote(x)`` futures work with ``ray.get`` and ``ray.wait``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import sys
+from typing import Any
+
+from rayless.actors import ActorHandle as _RaylessHandle
+from rayless.actors import Cluster
+from rayless.errors import ActorDiedError as _RaylessDied
+from rayless.errors import ActorNotFoundError, RaylessError, RemoteError
+from rayless.ray import _worker
+from rayless.ray.exceptions import ActorDiedError, _mixed
+from rayless.ray.object_ref import ObjectRef
+from rayless.ray.options import ACTOR_OPTIONS, Placement, check, check_group, env_for, place
+
+__all__ = ["ActorClass", "ActorHandle", "ActorMethod", "exit_actor", "method"]
+
+# where an actor process finds a decorated class by its qualified name: the attribute of the
+# ActorClass that stands for it in its module
+_HIDDEN = "_ray_cls"
+_RETRY_PAUSE = 0.05  # seconds before a call retried on a restarting actor
+# rayless.actors.Cluster.spawn's own keyword arguments: a constructor keyword of one of
+# these names is passed positionally
+_SPAWN_KEYWORDS = frozenset(inspect.signature(Cluster.spawn).parameters) - {
+    "self",
+    "cls",
+    "args",
+    "kwargs",
+}
+
+
+def _public(cls: type) -> set[str]:
+    return {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n, None))}
+
+
+def method(*args: Any, **kwargs: Any) -> Any:
+    """``@ray.method(num_returns=k)``: a method's default call options."""
+
+    def mark(fn: Any) -> Any:
+        fn.__ray_method_options__ = dict(kwargs)
+        return fn
+
+    if args and callable(args[0]) and not kwargs:
+        return mark(args[0])
+    return mark
+
+
+def exit_actor() -> None:
+    """End this actor (``sys.exit(0)``: callers get ``ActorDiedError``)."""
+    raise SystemExit(0)
+
+
+class ActorClass:
+    """A class made remote by ``@ray.remote``: ``A.remote(...)`` starts an actor of it."""
+
+    def __init__(self, cls: type, options: dict[str, Any]) -> None:
+        self._ray_cls = cls
+        self._options = check(options, ACTOR_OPTIONS, "actor")
+        self._methods = _public(cls)
+        self._num_returns = {
+            n: getattr(getattr(cls, n), "__ray_method_options__", {}).get("num_returns", 1)
+            for n in self._methods
+        }
+        self.__doc__ = cls.__doc__
+        self.__name__ = cls.__name__
+        self.__qualname__ = cls.__qualname__.removesuffix("." + _HIDDEN)
+        self.__module__ = cls.__module__
+
+    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
+        raise TypeError(
+            "Inheriting from actor classes is not allowed. Inherit from the undecorated class "
+            "instead (as in Ray)."
+        )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"Actors cannot be instantiated directly. Instead of '{self.__name__}()', use "
+            f"'{self.__name__}.remote()'."
+        )
+
+    def options(self, **options: Any) -> ActorClass:
+        """This class with ``options`` over its own (``A.options(num_gpus=1).remote()``).
+
+        Raises:
+            ValueError: an unsupported option (named).
+        """
+        derived = ActorClass.__new__(ActorClass)
+        derived.__dict__.update(self.__dict__)
+        derived._options = check({**self._options, **options}, ACTOR_OPTIONS, "actor")
+        return derived
+
+    def remote(self, *args: Any, **kwargs: Any) -> ActorHandle:
+        """Start an actor of the class; its handle.
+
+        Raises:
+            ValueError: a named actor's name is taken (unless ``get_if_exists``), or the
+                options schedule it into a removed placement group.
+            ActorDiedError: (a named actor, started before this returns) its constructor
+                raised, or no node can hold it (the rayless error kept as its cause).
+        """
+        s = _worker.session()
+        opts = self._options
+        check_group(opts)
+        name = opts.get("name")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ValueError(f"an actor's name must be a non-empty string, got {name!r}")
+        coro = _spawn(s, self._ray_cls, args, kwargs, opts)
+        handle = ActorHandle(
+            self._ray_cls.__qualname__.removesuffix("." + _HIDDEN),
+            self._methods,
+            {**opts, "__num_returns__": self._num_returns},
+        )
+        if name is not None and not _worker.on_loop(s):
+            try:
+                handle._inner = _worker.run(s, coro)
+            except BaseException as exc:
+                raise _start_error(exc) from None
+            return handle
+        handle._pending = _worker.submit(s, coro)
+        return handle
+
+    def __repr__(self) -> str:
+        return f"ActorClass({self.__qualname__})"
+
+
+def _check_lifecycle(cls: type) -> None:
+    """Refuse a class whose ``setup``/``teardown`` take arguments: rayless runs those
+    methods itself (at spawn and at a clean stop), so a Ray class's own could not work.
+
+    Raises:
+        TypeError: naming the method and what to do.
+    """
+    for name in ("setup", "teardown"):
+        fn = getattr(cls, name, None)
+        if fn is None or not callable(fn):
+            continue
+        try:
+            params = list(inspect.signature(fn).parameters.values())[1:]
+        except (TypeError, ValueError):
+            continue
+        needed = [
+            p.name
+            for p in params
+            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        if needed:
+            raise TypeError(
+                f"{cls.__qualname__}.{name}() takes arguments ({', '.join(needed)}), but rayless "
+                f"runs a class's {name}() itself, without arguments (at spawn / at a clean stop): "
+                "rename the method to call it remotely"
+            )
+
+
+def remote_class(cls: type, options: dict[str, Any]) -> ActorClass:
+    """``@ray.remote`` on a class: the ActorClass that stands for it in its module. The class
+    itself stays reachable by its qualified name (``A._ray_cls``), so an actor
+    process importing it by name finds the class, not the ActorClass; ``ray.remote(A)`` called
+    on a class its module keeps as it is changes nothing. A class defined inside a
+    function travels by value (cloudpickle), as a class of the driver's ``__main__`` does."""
+    _check_lifecycle(cls)
+    if "<locals>" in cls.__qualname__:
+        cls.__module__ = "__main__"  # not importable: it travels by value, as in Ray
+    elif _found_at(cls) is not cls and not cls.__qualname__.endswith("." + _HIDDEN):
+        # the decorator form: the module's name for it is about to be the ActorClass
+        cls.__qualname__ = f"{cls.__qualname__}.{_HIDDEN}"
+    return ActorClass(cls, options)
+
+
+def _found_at(cls: type) -> Any:
+    """What the class's module holds at its qualified name now (None: nothing)."""
+    obj: Any = sys.modules.get(cls.__module__)
+    for part in cls.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def qualified_name(s: _worker.Session, name: str, namespace: str | None) -> str:
+    """The rayless name of a named actor: ``namespace/name`` when a namespace applies."""
+    ns = namespace if namespace is not None else s.namespace
+    return name if ns is None else f"{ns}/{name}"
+
+
+def _positional(
+    cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Constructor arguments with keywords that ``spawn`` would take as its own made
+    positional.
+
+    Raises:
+        TypeError: a keyword-only constructor parameter has such a name.
+    """
+    if not _SPAWN_KEYWORDS.intersection(kwargs):
+        return args, kwargs
+    bound = inspect.signature(cls).bind(*args, **kwargs)
+    clash = _SPAWN_KEYWORDS.intersection(bound.kwargs)
+    if clash:
+        raise TypeError(
+            f"{cls.__qualname__}(): keyword-only parameters {sorted(clash)} clash with "
+            "rayless spawn options; make them positional-or-keyword"
+        )
+    return tuple(bound.args), dict(bound.kwargs)
+
+
+async def resolve(value: Any) -> Any:
+    """``value`` ready to send: a ref's value, an ActorHandle's rayless handle (also one
+    level inside lists, tuples and dicts)."""
+    if isinstance(value, ObjectRef):
+        return await value
+    if type(value) is ActorHandle:
+        return await value._resolved()
+    if isinstance(value, (list, tuple)) and any(type(v) is ActorHandle for v in value):
+        items = [await value_handle(v) for v in value]
+        return type(value)(items) if isinstance(value, tuple) else items
+    if isinstance(value, dict) and any(type(v) is ActorHandle for v in value.values()):
+        return {k: await value_handle(v) for k, v in value.items()}
+    return value
+
+
+async def value_handle(v: Any) -> Any:
+    return await v._resolved() if type(v) is ActorHandle else v
+
+
+def needs_resolve(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether an argument is a ref or a handle (or a container holding a handle)."""
+    for v in (*args, *kwargs.values()):
+        t = type(v)
+        if t is ObjectRef or t is ActorHandle:
+            return True
+        if t in (list, tuple) and any(type(x) is ActorHandle for x in v):
+            return True
+        if t is dict and any(type(x) is ActorHandle for x in v.values()):
+            return True
+    return False
+
+
+async def resolve_all(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Every argument :func:`resolve`d."""
+    return tuple([await resolve(a) for a in args]), {k: await resolve(v) for k, v in kwargs.items()}
+
+
+async def _spawn(
+    s: _worker.Session,
+    cls: type,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    opts: dict[str, Any],
+) -> _RaylessHandle[Any]:
+    cluster = await s.cluster()
+    name = opts.get("name")
+    rname = qualified_name(s, name, opts.get("namespace")) if name else None
+    if rname is not None and opts.get("get_if_exists"):
+        try:
+            return await cluster.get_actor(rname)
+        except ActorNotFoundError:
+            pass
+    args, kwargs = await resolve_all(args, kwargs)
+    args, kwargs = _positional(cls, args, kwargs)
+    where: Placement = await place(s, opts)
+    try:
+        handle: _RaylessHandle[Any] = await cluster.spawn(
+            cls,
+            *args,
+            name=rname,
+            node=where.node,
+            gpus=float(opts.get("num_gpus") or 0),
+            cpus=float(opts["num_cpus"]) if opts.get("num_cpus") is not None else 1.0,
+            max_restarts=max(0, int(opts.get("max_restarts") or 0)),
+            max_concurrency=opts.get("max_concurrency"),
+            env=env_for(s, opts),
+            gpu_indices=where.gpu_indices,
+            **kwargs,
+        )
+    except BaseException:
+        where.release()
+        raise
+    if where.group is not None:
+        where.group.actors.append(handle)
+    if where.bundle is not None:
+        s.placements[handle.actor_id] = where
+    return handle
+
+
+def _start_error(exc: BaseException) -> BaseException:
+    """The error a failed actor start raises: a taken name or a bad option as itself, a
+    constructor's error or an unplaceable request as Ray's ActorDiedError (keeping it)."""
+    if isinstance(exc, (ValueError, TypeError)) and not isinstance(exc, RemoteError):
+        return exc
+    if isinstance(exc, (RaylessError, RemoteError)):
+        out = _mixed(ActorDiedError, exc)
+        if isinstance(out, ActorDiedError):
+            out.error_msg = f"The actor died because of an error raised in its creation task: {exc}"
+        return out
+    return exc
+
+
+class _HandleType(type):
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return type.__instancecheck__(cls, obj) or isinstance(obj, _RaylessHandle)
+
+
+class ActorHandle(metaclass=_HandleType):
+    """A handle on a Ray-style actor: ``handle.method.remote(x)`` returns an ObjectRef.
+
+    ``isinstance(h, ActorHandle)`` also holds for a rayless handle (how a handle arrives in
+    another process).
+    """
+
+    def __init__(
+        self,
+        cls_name: str,
+        methods: set[str] | None,
+        options: dict[str, Any],
+        inner: _RaylessHandle[Any] | None = None,
+    ) -> None:
+        self._cls_name = cls_name
+        self._methods = methods
+        self._opts = options
+        self._inner: _RaylessHandle[Any] | None = inner
+        self._pending: asyncio.Future[Any] | concurrent.futures.Future[Any] | None = None
+
+    async def _resolved(self) -> _RaylessHandle[Any]:
+        if self._inner is None:
+            assert self._pending is not None
+            fut = self._pending
+            try:
+                if isinstance(fut, asyncio.Future):
+                    inner = await asyncio.shield(fut)
+                else:
+                    inner = await asyncio.shield(asyncio.wrap_future(fut))
+            except BaseException as exc:
+                raise _start_error(exc) from None
+            self._inner = inner
+        return self._inner
+
+    def _wait_started(self) -> _RaylessHandle[Any]:
+        if self._inner is None:
+            s = _worker.session()
+            return _worker.run(s, self._resolved())
+        return self._inner
+
+    def __getattr__(self, name: str) -> ActorMethod:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        methods = (
+            self._methods
+            if self._inner is None or self._inner.methods is None
+            else self._inner.methods
+        )
+        if methods is not None and name not in methods:
+            raise AttributeError(
+                f"'{self._cls_name}' actor has no method {name!r}; its methods: "
+                f"{', '.join(sorted(methods)) or 'none'}"
+            )
+        method = ActorMethod(self, name, self._opts.get("__num_returns__", {}).get(name, 1))
+        self.__dict__[name] = method  # found without __getattr__ from now on
+        return method
+
+    @property
+    def _actor_id(self) -> Any:
+        return _Id(self._wait_started().actor_id)
+
+    def __repr__(self) -> str:
+        inner = self._inner
+        return f"Actor({self._cls_name}, {inner.actor_id if inner is not None else 'starting'})"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ActorHandle) and type(other) is ActorHandle:
+            if self is other:
+                return True
+            return (
+                self._inner is not None and other._inner is not None and self._inner == other._inner
+            )
+        return False
+
+    def __hash__(self) -> int:
+        return id(self) if self._inner is None else hash(self._inner)
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a ray ActorHandle travels as an argument of a task or actor call (top level, or "
+            "inside a list, tuple or dict), not pickled"
+        )
+
+
+class _Id:
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def hex(self) -> str:
+        return self._value
+
+
+class ActorMethod:
+    """One method of a Ray-style actor: ``.remote(...)`` and ``.options(...)``."""
+
+    __slots__ = ("_handle", "_name", "_num_returns")
+
+    def __init__(self, handle: ActorHandle, name: str, num_returns: int = 1) -> None:
+        self._handle = handle
+        self._name = name
+        self._num_returns = num_returns
+
+    def options(self, *, num_returns: int = 1, name: str | None = None, **_: Any) -> ActorMethod:
+        """The method with call options (``num_returns``; ``name`` only names the call)."""
+        if not isinstance(num_returns, int) or num_returns < 0:
+            raise ValueError(f"num_returns must be an int >= 0, got {num_returns!r}")
+        return ActorMethod(self._handle, self._name, num_returns)
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the method; its ObjectRef (a list of ``num_returns`` refs when that is not 1)."""
+        s = _worker.session()
+        handle = self._handle
+        inner = handle._inner
+        retries = handle._opts.get("max_task_retries") or 0
+        fut: Any
+        if retries and handle._opts.get("max_restarts"):
+            fut = _worker.submit(s, _call_retrying(handle, self._name, args, kwargs, retries))
+        elif inner is not None and (not (args or kwargs) or not needs_resolve(args, kwargs)):
+            fut = _send(s, inner, self._name, args, kwargs)
+        else:
+            fut = _worker.submit(s, _call_resolved(handle, self._name, args, kwargs))
+        if self._num_returns == 1:
+            return ObjectRef(fut, s.generation)
+        return split(s, fut, self._num_returns)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"Actor methods cannot be called directly. Instead of '{self._name}()', try "
+            f"'{self._name}.remote()'."
+        )
+
+    def bind(self, *args: Any, **kwargs: Any) -> Any:
+        """Ray's DAG API is not supported."""
+        raise NotImplementedError("Ray DAGs (.bind) are not supported by rayless.ray")
+
+
+def _send(
+    s: _worker.Session,
+    inner: _RaylessHandle[Any],
+    name: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """Start the call on the session's loop: rayless' own path from this thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return getattr(inner, name).remote(*args, **kwargs)  # a thread: the home loop
+    if _worker.on_loop(s):
+        return getattr(inner, name)(*args, **kwargs)
+    return asyncio.run_coroutine_threadsafe(_invoke(inner, name, args, kwargs), s.loop)
+
+
+async def _invoke(
+    inner: _RaylessHandle[Any], name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    return await getattr(inner, name)(*args, **kwargs)
+
+
+async def _call_resolved(
+    handle: ActorHandle, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    inner = await handle._resolved()
+    args, kwargs = await resolve_all(args, kwargs)
+    return await getattr(inner, name)(*args, **kwargs)
+
+
+async def _call_retrying(
+    handle: ActorHandle, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], retries: int
+) -> Any:
+    """A call retried on the restarted actor when the actor dies under it
+    (``max_task_retries``; -1: as long as it restarts)."""
+    attempt = 0
+    while True:
+        try:
+            return await _call_resolved(handle, name, args, kwargs)
+        except _RaylessDied:
+            if retries != -1 and attempt >= retries:
+                raise
+            attempt += 1
+            await asyncio.sleep(_RETRY_PAUSE)
+
+
+def split(s: _worker.Session, fut: Any, n: int, *, task: bool = False) -> list[ObjectRef]:
+    """``n`` refs for the items of one result (``num_returns=n``)."""
+    outs: list[concurrent.futures.Future[Any]] = [concurrent.futures.Future() for _ in range(n)]
+
+    def done(f: Any) -> None:
+        if f.cancelled():
+            for o in outs:
+                o.cancel()
+            return
+        exc = f.exception()
+        if exc is None:
+            value = f.result()
+            if not isinstance(value, (list, tuple)) or len(value) != n:
+                exc = ValueError(
+                    f"num_returns={n}, but the result is {type(value).__name__} {value!r:.80}"
+                )
+            else:
+                for o, v in zip(outs, value, strict=True):
+                    o.set_result(v)
+                return
+        for o in outs:
+            o.set_exception(exc)
+
+    fut.add_done_callback(done)
+    return [ObjectRef(o, s.generation, task=task) for o in outs]
+
+
+def from_rayless(handle: _RaylessHandle[Any]) -> ActorHandle:
+    """A Ray-style handle on a rayless actor (``ray.get_actor``)."""
+    return ActorHandle(handle.cls_name.removesuffix("." + _HIDDEN), None, {}, handle)

@@ -1,0 +1,153 @@
+"""Ray's exception classes, each raised in place of the rayless error it maps.
+
+    RayError
+    ├── RayTaskError          a task or actor method raised; the raised object is also an
+    │                         instance of the user's exception class (Ray's ``as_instanceof_cause``)
+    ├── RayActorError         the actor is gone
+    │   └── ActorDiedError    ... with the death cause, pid, exit code and last log lines
+    ├── WorkerCrashedError    a task's worker died more often than ``max_retries`` allow
+    ├── GetTimeoutError       ``ray.get`` ran past its timeout (also a ``TimeoutError``)
+    ├── TaskCancelledError    the task or call was cancelled (``ray.cancel``)
+    ├── ObjectLostError       the ref belongs to a session that was shut down
+    └── OutOfMemoryError      the worker or actor was killed by the kernel's OOM killer
+
+Each mapped error keeps the rayless one: ``err.cause`` of an ``ActorDiedError`` names the
+death, ``err.log_tail`` the last lines of the actor's log, and ``__cause__`` is the original.
+A mapped error is also an instance of the rayless class it came from (``except
+rayless.errors.ActorDiedError`` still works).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import types
+from typing import Any
+
+from rayless.errors import ActorDiedError as _RaylessDied
+from rayless.errors import RaylessError, RemoteError, Timeout
+
+__all__ = [
+    "ActorDiedError",
+    "GetTimeoutError",
+    "ObjectLostError",
+    "OutOfMemoryError",
+    "RayActorError",
+    "RayError",
+    "RayTaskError",
+    "TaskCancelledError",
+    "WorkerCrashedError",
+    "map_error",
+]
+
+
+class RayError(Exception):
+    """Root of Ray's errors."""
+
+
+class RayTaskError(RayError):
+    """A task or actor method raised. The object raised is also an instance of the user's
+    exception class; ``cause`` is that exception (rayless' ``RemoteError``, with the remote
+    traceback in its message)."""
+
+    cause: BaseException | None = None
+
+    def as_instanceof_cause(self) -> RayTaskError:
+        """This error (it already is an instance of its cause's class)."""
+        return self
+
+
+class RayActorError(RayError):
+    """The actor died (or could not start); every call to it fails with this."""
+
+    actor_id: str | None = None
+    error_msg: str = ""
+
+
+class ActorDiedError(RayActorError):
+    """The actor's process is gone: ``cause`` (the node agent's words: a signal, the OOM
+    killer, an exit code), ``pid``, ``exitcode``, ``log_tail`` say how."""
+
+
+class WorkerCrashedError(RayError):
+    """A task's worker process died and the task's retries are spent."""
+
+
+class GetTimeoutError(RayError, TimeoutError):
+    """``ray.get`` or ``ray.wait`` ran past its timeout; the work goes on."""
+
+
+class TaskCancelledError(RayError):
+    """The task or actor call was cancelled with ``ray.cancel``."""
+
+
+class ObjectLostError(RayError):
+    """The object's owner is gone: the ref was made in a session that was shut down."""
+
+
+class OutOfMemoryError(RayError):
+    """The kernel's OOM killer ended the worker or actor that ran the task."""
+
+
+_MIXED: dict[tuple[type, type], type[BaseException]] = {}
+
+
+def _mixed(ray_cls: type[BaseException], err: BaseException) -> BaseException:
+    """``err`` as an instance of a class derived from ``ray_cls`` and ``type(err)``, with its
+    args and attributes (no ``__init__`` runs). Falls back to ``ray_cls(str(err))``."""
+    base = type(err)
+    key = (ray_cls, base)
+    cls: type[BaseException] | None = _MIXED.get(key)
+    if cls is None:
+        shown = str(getattr(err, "remote_type", None) or getattr(base, "__name__", "?"))
+        name = f"{ray_cls.__name__}({shown.rpartition('.')[2]})"
+        kwds: dict[str, Any] = {"wire": None} if issubclass(base, RaylessError) else {}
+        try:
+            cls = types.new_class(name, (ray_cls, base), kwds)
+            cls.__module__ = ray_cls.__module__
+            cls.__str__ = base.__str__  # type: ignore[method-assign]
+        except TypeError:  # layouts that cannot be combined
+            cls = ray_cls
+        _MIXED[key] = cls
+    out: BaseException
+    if cls is ray_cls:
+        out = ray_cls(str(err))
+    else:
+        out = cls.__new__(cls)
+        out.args = err.args
+        try:
+            out.__dict__.update(getattr(err, "__dict__", {}))
+        except (AttributeError, TypeError):
+            pass
+    out.__cause__ = err
+    out.__traceback__ = err.__traceback__
+    return out
+
+
+def map_error(err: BaseException, *, task: bool = False) -> BaseException:
+    """The Ray error to raise for rayless' ``err`` (itself where Ray has no counterpart).
+
+    ``task``: the error ended a task's last retry on a dead worker (WorkerCrashedError).
+    """
+    if isinstance(err, RayError):
+        return err
+    if isinstance(err, (asyncio.CancelledError, concurrent.futures.CancelledError)):
+        out = TaskCancelledError("the task was cancelled (ray.cancel)")
+        out.__cause__ = err
+        return out
+    if isinstance(err, Timeout):
+        return _mixed(GetTimeoutError, err)
+    if isinstance(err, _RaylessDied):
+        if "OOM" in (err.cause or ""):
+            return _mixed(OutOfMemoryError, err)
+        mapped = _mixed(WorkerCrashedError if task else ActorDiedError, err)
+        if isinstance(mapped, RayActorError):
+            mapped.actor_id = err.actor
+            mapped.error_msg = str(err)
+        return mapped
+    if isinstance(err, RemoteError):
+        mapped = _mixed(RayTaskError, err)
+        if isinstance(mapped, RayTaskError):
+            mapped.cause = err
+        return mapped
+    return err

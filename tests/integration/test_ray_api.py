@@ -1,0 +1,534 @@
+"""``rayless.ray``: Ray's core API on one shared local cluster (2 nodes, 2 fake GPUs each).
+
+Each test re-expresses a scenario of Ray's own tests (python/ray/tests, named in a comment)
+or an RL framework's habit; the tests here kill nothing the others use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from rayless import ray
+from rayless.ray.exceptions import (
+    GetTimeoutError,
+    RayActorError,
+    RayTaskError,
+    TaskCancelledError,
+)
+from rayless.ray.util import placement_group, remove_placement_group
+from rayless.ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
+from tests.integration.ray_api_classes import (
+    AppError,
+    AsyncActor,
+    Counter,
+    Derived,
+    Failing,
+    Threaded,
+    add,
+    gpu_task,
+    nested_sum,
+    raises,
+    sleepy,
+    task_context,
+    three,
+    times_out,
+    use_handle,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("rayless_ray_api")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def session() -> Iterator[None]:
+    ray.init(
+        num_cpus=4,
+        num_gpus=2,
+        _num_nodes=2,
+        runtime_env={"env_vars": {"RAYLESS_TEST_FLAG": "on"}},
+    )
+    yield
+    ray.shutdown()
+
+
+# -- lifecycle ----------------------------------------------------------------------------
+
+
+def test_init_twice_raises_unless_ignored() -> None:
+    # test_basic.py: ray.init twice ("Maybe you called ray.init twice by accident?")
+    assert ray.is_initialized()
+    with pytest.raises(RuntimeError, match="twice"):
+        ray.init()
+    ray.init(ignore_reinit_error=True)
+
+
+# -- tasks (test_basic.py) ----------------------------------------------------------------
+
+
+def test_remote_function_results_and_keywords() -> None:
+    # test_basic.py::test_simple_serialization / function calls with keyword defaults
+    assert ray.get(add.remote(1, 2)) == 3
+    assert ray.get(add.remote(1)) == 1
+    assert ray.get(add.remote("a", b="b")) == "ab"
+    assert ray.get([add.remote(i, i) for i in range(20)]) == [2 * i for i in range(20)]
+
+
+def test_remote_function_called_directly_raises() -> None:
+    # test_basic.py::test_invalid_arguments ("Remote functions cannot be called directly")
+    with pytest.raises(TypeError, match="cannot be called directly"):
+        add(1, 2)
+
+
+def test_put_get_values_and_arrays() -> None:
+    # test_basic.py::test_put_get (plain values and a numpy array) and ray.put(ref) refused
+    for value in [1, "s", [1, 2], {"a": (1, 2)}, None, b"bytes", 1.5]:
+        assert ray.get(ray.put(value)) == value
+    array = np.arange(1 << 16, dtype=np.float32)
+    assert ray.get(ray.put(array)) is array  # held by the driver until a call sends it
+    with pytest.raises(TypeError):
+        ray.put(ray.put(1))
+
+
+def test_refs_as_arguments_resolve() -> None:
+    # test_basic.py::test_passing_arguments_by_value_out_of_the_box / chained tasks
+    x = add.remote(1, 2)
+    y = add.remote(x, x)
+    assert ray.get(add.remote(y, b=x)) == 9
+
+
+def test_num_returns() -> None:
+    # test_basic.py::test_multiple_return_values (num_returns on the decorator and options)
+    a, b, c = three.remote(1)
+    assert ray.get([a, b, c]) == [1, 2, 3]
+    refs = add.options(num_returns=2).remote((1,), (2,))
+    assert ray.get(refs) == [1, 2]
+
+
+def test_nested_tasks() -> None:
+    # test_basic.py::test_submit_api / nested remote calls from a task
+    assert ray.get(nested_sum.remote(4)) == 10
+
+
+def test_get_timeout_raises_get_timeout_error() -> None:
+    # test_basic.py::test_get_with_timeout
+    ref = sleepy.remote(1.5)
+    start = time.monotonic()
+    with pytest.raises(GetTimeoutError):
+        ray.get(ref, timeout=0.2)
+    assert time.monotonic() - start < 1.0
+    with pytest.raises(TimeoutError):  # also a TimeoutError, as Ray's
+        ray.get(ref, timeout=0)
+    assert ray.get(ref, timeout=30) == 1.5
+
+
+def test_get_of_a_non_ref_raises() -> None:
+    # test_basic.py: ray.get(1) → ValueError
+    with pytest.raises(ValueError):
+        ray.get(1)
+
+
+def test_task_error_is_ray_task_error_and_the_user_class() -> None:
+    # test_failure.py::test_failed_task (RayTaskError, as_instanceof_cause)
+    with pytest.raises(AppError) as info:
+        ray.get(raises.remote("bad input"))
+    err = info.value
+    assert isinstance(err, RayTaskError)
+    assert isinstance(err.as_instanceof_cause(), AppError)
+    assert err.code == 42 and "bad input" in str(err)
+    with pytest.raises(TimeoutError) as timed:  # a task's own TimeoutError stays itself
+        ray.get(times_out.remote(), timeout=60)
+    assert isinstance(timed.value, RayTaskError)
+    assert not isinstance(timed.value, GetTimeoutError)
+
+
+def test_many_tasks_reuse_a_few_workers() -> None:
+    # the pool: 200 tasks run on at most num_cpus workers, reused
+    from tests.integration.ray_api_classes import pid_of_worker
+
+    pids = set(ray.get([pid_of_worker.remote() for _ in range(200)]))
+    assert 1 <= len(pids) <= 4
+
+
+def test_gpu_tasks_get_a_gpu_each_and_give_it_back() -> None:
+    # test_basic.py::test_gpu_ids / test_scheduling: num_gpus=1 tasks see their GPU; idle
+    # task workers keep no GPU from actors
+    before = ray.available_resources().get("GPU", 0)
+    seen = ray.get([gpu_task.remote(0.3) for _ in range(2)], timeout=120)
+    assert all(s.isdigit() for s in seen)
+    assert ray.available_resources().get("GPU", 0) == before
+    actors = [Counter.options(num_gpus=1).remote() for _ in range(int(before))]
+    assert all(ray.get([a.context.remote() for a in actors])) and before >= 2
+    for a in actors:
+        ray.kill(a)
+
+
+# -- actors (test_actor.py, test_asyncio.py, test_threaded_actor.py) ----------------------
+
+
+def test_actor_keeps_state_across_calls() -> None:
+    # test_actor.py::test_actor_counter / keyword arguments of the constructor
+    c = Counter.remote(10, step=5)
+    assert ray.get(c.incr.remote()) == 15
+    assert ray.get([c.incr.remote(1) for _ in range(5)]) == [16, 17, 18, 19, 20]
+    assert ray.get(c.get.remote()) == 20
+
+
+def test_actor_class_cannot_be_instantiated_directly() -> None:
+    # test_actor.py::test_actor_class_methods ("Actors cannot be instantiated directly")
+    with pytest.raises(TypeError, match="cannot be instantiated directly"):
+        Counter()
+    c = Counter.remote()
+    with pytest.raises(TypeError, match="cannot be called directly"):
+        c.incr()
+    with pytest.raises(AttributeError, match="no method"):
+        c.nope  # noqa: B018
+
+
+def test_actor_inheritance_tasks_and_actors_from_an_actor() -> None:
+    # test_actor.py::test_actor_inheritance (a remote class inheriting from a plain one;
+    # inheriting from an actor class is refused), test_actor.py::test_remote_function_within_actor,
+    # test_actor.py::test_define_actor_within_actor
+    d = Derived.remote()
+    assert ray.get([d.base_method.remote(), d.own.remote()]) == ["from the base", "own"]
+    assert ray.get(d.run_tasks.remote(3)) == 6
+    assert ray.get(d.make_counter.remote(41)) == 42
+    with pytest.raises(TypeError, match="Inheriting from actor classes"):
+
+        class Bad(Counter):  # type: ignore[misc,valid-type]
+            pass
+
+
+def test_actor_method_error_is_ray_task_error() -> None:
+    # test_actor_failures.py: an exception in a method; the actor keeps serving
+    c = Counter.remote()
+    with pytest.raises(RayTaskError) as info:
+        ray.get(c.fail.remote("nope"))
+    assert isinstance(info.value, AppError) and info.value.code == 7
+    assert ray.get(c.incr.remote()) == 1
+
+
+def test_actor_constructor_failure_fails_calls_with_actor_died() -> None:
+    # test_actor_failures.py::test_actor_init_fails (creation task error → ActorDiedError)
+    f = Failing.remote()
+    with pytest.raises(RayActorError, match="constructor failed"):
+        ray.get(f.ping.remote())
+
+
+def test_handles_pass_to_tasks_and_actors() -> None:
+    # test_actor.py::test_pass_actor_handle / test_actor_handle_passing (and isinstance)
+    c = Counter.remote()
+    assert isinstance(c, ray.actor.ActorHandle)
+    assert ray.get(use_handle.remote(c, 3)) == 3
+    other = Counter.remote()
+    assert ray.get(other.call_other.remote(c, 4)) == 7
+    assert ray.get([use_handle.remote(c, 1) for _ in range(3)]) is not None
+
+
+def test_method_num_returns() -> None:
+    # test_actor.py::test_actor_method_num_returns (@ray.method(num_returns=2), .options)
+    c = Counter.remote(3)
+    a, b = c.pair.remote()
+    assert ray.get([a, b]) == [3, -3]
+
+
+def test_named_actor_get_actor_and_taken_name() -> None:
+    # test_actor.py::test_named_actor / test_get_actor (taken name → ValueError)
+    c = Counter.options(name="shared-counter").remote(1)
+    same = ray.get_actor("shared-counter")
+    assert ray.get(same.incr.remote()) == 2
+    with pytest.raises(ValueError):
+        Counter.options(name="shared-counter").remote()
+    again = Counter.options(name="shared-counter", get_if_exists=True).remote()
+    assert ray.get(again.get.remote()) == 2
+    with pytest.raises(ValueError, match="Failed to look up actor"):
+        ray.get_actor("no-such-actor")
+    assert ray.get(c.get.remote()) == 2
+
+
+def test_named_actors_live_in_namespaces() -> None:
+    # test_namespace.py::test_namespace_basic (one name in two namespaces)
+    a = Counter.options(name="ns-counter", namespace="alpha").remote(1)
+    b = Counter.options(name="ns-counter", namespace="beta").remote(2)
+    assert ray.get(ray.get_actor("ns-counter", namespace="alpha").get.remote()) == 1
+    assert ray.get(ray.get_actor("ns-counter", namespace="beta").get.remote()) == 2
+    with pytest.raises(ValueError):
+        ray.get_actor("ns-counter")
+    assert ray.get([a.get.remote(), b.get.remote()]) == [1, 2]
+
+
+def test_async_actor_runs_calls_concurrently() -> None:
+    # test_asyncio.py::test_asyncio_actor (a call waits for a later one)
+    a = AsyncActor.remote()
+    waiting = a.wait_for_go.remote()
+    ready, _ = ray.wait([waiting], timeout=0.2)
+    assert ready == []
+    ray.get(a.go.remote())
+    assert ray.get(waiting, timeout=30) == "went"
+
+
+def test_await_ref_in_async_code() -> None:
+    # test_asyncio.py::test_asyncio_get (await ObjectRef), in a driver's event loop and an
+    # async actor method
+    c = Counter.remote()
+
+    async def main() -> list[int]:
+        first = await c.incr.remote(2)
+        both = await asyncio.gather(c.incr.remote(1), add.remote(2, 3))
+        return [first, *both]
+
+    assert asyncio.run(main()) == [2, 3, 5]
+    a = AsyncActor.remote()
+    assert ray.get(a.await_ref.remote(c)) == 8
+    with pytest.raises(RuntimeError, match="await ref"):  # deliberate: Ray blocks the loop
+        ray.get(a.blocking_get.remote(c))
+
+
+def test_threaded_actor_runs_sync_methods_together() -> None:
+    # test_threaded_actor.py::test_threaded_actor_basic (max_concurrency=2: two meet)
+    t = Threaded.remote()
+    assert sorted(ray.get([t.meet.remote(), t.meet.remote()], timeout=60)) == [0, 1]
+
+
+# -- wait (test_wait.py) ------------------------------------------------------------------
+
+
+def test_wait_shapes_and_errors() -> None:
+    # test_wait.py::test_wait
+    refs = [add.remote(i) for i in range(4)]
+    ready, rest = ray.wait(refs)
+    assert len(ready) == 1 and len(rest) == 3
+    ready, rest = ray.wait(refs, num_returns=4)
+    assert set(ready) == set(refs) and rest == []
+    slow = [add.remote(0), sleepy.remote(5)]
+    ready, rest = ray.wait(slow, timeout=0.5, num_returns=2)
+    assert len(ready) == 1 and len(rest) == 1
+    x = ray.put(1)
+    with pytest.raises(ValueError):
+        ray.wait([x, x])
+    assert ray.wait([]) == ([], [])
+    puts = [ray.put(i) for i in range(10)]
+    found, left = ray.wait(puts, num_returns=2)
+    assert found == puts[:2] and left == puts[2:]  # Ray's order: as given
+    for bad in (x, 1, [1]):
+        with pytest.raises(TypeError):
+            ray.wait(bad)  # type: ignore[arg-type]
+
+
+def test_wait_timing() -> None:
+    # test_wait.py::test_wait_timing
+    future = sleepy.remote(1)
+    start = time.monotonic()
+    ready, not_ready = ray.wait([future], timeout=0.2)
+    assert 0.2 <= time.monotonic() - start < 0.8
+    assert ready == [] and not_ready == [future]
+
+
+def test_router_probe_of_busy_actors() -> None:
+    # rLightning's routers: ray.wait(futures, num_returns=len(futures), timeout=0.01) tells
+    # which actors are idle without waiting for the busy one
+    busy, idle = Counter.remote(), Counter.remote()
+    ray.get([busy.get.remote(), idle.get.remote()])
+    futures = [busy.sleep.remote(2.0), idle.get.remote()]
+    ray.get(futures[1])
+    ready, pending = ray.wait(futures, num_returns=len(futures), timeout=0.01)
+    assert ready == [futures[1]] and pending == [futures[0]]
+
+
+# -- cancel (test_cancel.py) --------------------------------------------------------------
+
+
+def test_cancel_queued_and_running_async_calls() -> None:
+    # test_cancel.py::test_async_actor_cancel and a queued call dropped
+    a = AsyncActor.remote()
+    ref = a.forever.remote()
+    time.sleep(0.3)
+    ray.cancel(ref)
+    with pytest.raises(TaskCancelledError):
+        ray.get(ref, timeout=30)
+    assert ray.get(a.cancelled_count.remote(), timeout=30) == 1
+    with pytest.raises(ValueError, match="force"):
+        ray.cancel(a.forever.remote(), force=True)
+
+
+def test_cancel_a_task() -> None:
+    # test_cancel.py::test_cancel_chain (a task cancelled before it ran)
+    blockers = [sleepy.remote(1.0) for _ in range(4)]
+    queued = add.remote(1, 2)
+    ray.cancel(queued)
+    with pytest.raises(TaskCancelledError):
+        ray.get(queued, timeout=30)
+    ray.get(blockers)
+
+
+# -- placement groups (test_placement_group*.py) ------------------------------------------
+
+
+def test_placement_group_pack_one_actor_per_bundle() -> None:
+    # test_placement_group.py::test_placement_group_pack (actors land on their bundles)
+    pg = placement_group([{"CPU": 1, "GPU": 1}, {"CPU": 1, "GPU": 1}], strategy="PACK")
+    assert ray.get(pg.ready(), timeout=10) is not None and pg.wait(5)
+    actors = [
+        Counter.options(
+            num_gpus=1,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i),
+        ).remote()
+        for i in range(2)
+    ]
+    seen = ray.get([a.context.remote() for a in actors])
+    assert len({s["node_id"] for s in seen}) == 1  # packed onto one node
+    assert sorted(s["cuda"] for s in seen) == ["0", "1"]
+    remove_placement_group(pg)
+
+
+def test_placement_group_fractional_gpu_actors_share_a_bundle() -> None:
+    # OpenRLHF/verl: colocated actors, num_gpus=0.5 each in one GPU bundle per GPU
+    pg = placement_group([{"GPU": 1, "CPU": 1}] * 2, strategy="STRICT_PACK")
+    ray.get(pg.ready())
+    seen = []
+    for bundle in range(2):
+        for _ in range(2):
+            a = Counter.options(
+                num_gpus=0.5,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    pg, placement_group_bundle_index=bundle
+                ),
+            ).remote()
+            seen.append(ray.get(a.context.remote()))
+    assert [s["cuda"] for s in seen[:2]] == [seen[0]["cuda"]] * 2
+    assert [s["cuda"] for s in seen[2:]] == [seen[2]["cuda"]] * 2
+    assert seen[0]["cuda"] != seen[2]["cuda"]
+    assert seen[0]["gpus"] == [int(seen[0]["cuda"])]
+    assert seen[0]["accelerators"] == {"GPU": [seen[0]["cuda"]]}
+    with pytest.raises(RayActorError, match="no room"):
+        ray.get(
+            Counter.options(
+                num_gpus=0.5, scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0)
+            )
+            .remote()
+            .get.remote()
+        )
+    remove_placement_group(pg)
+
+
+def test_placement_group_spread_and_strict_spread() -> None:
+    # test_placement_group.py::test_placement_group_spread / strict_spread
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
+    actors = [
+        Counter.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i)).remote()
+        for i in range(2)
+    ]
+    nodes = {s["node_id"] for s in ray.get([a.context.remote() for a in actors])}
+    assert len(nodes) == 2
+    remove_placement_group(pg)
+
+
+def test_infeasible_placement_group_fails_fast_with_the_reason() -> None:
+    # test_placement_group.py::test_placement_group_infeasible (Ray: pending forever)
+    start = time.monotonic()
+    with pytest.raises(Exception, match="can never be placed"):
+        placement_group([{"GPU": 1}] * 3, strategy="STRICT_PACK")
+    with pytest.raises(Exception, match="can never be placed"):
+        placement_group([{"CPU": 1}] * 3, strategy="STRICT_SPREAD")
+    assert time.monotonic() - start < 5
+    with pytest.raises(ValueError, match="strategy"):
+        placement_group([{"CPU": 1}], strategy="NOPE")
+
+
+def test_remove_placement_group_kills_its_actors() -> None:
+    # test_placement_group.py::test_remove_placement_group
+    pg = placement_group([{"CPU": 1}])
+    a = Counter.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0)).remote()
+    assert ray.get(a.incr.remote()) == 1
+    remove_placement_group(pg)
+    with pytest.raises(RayActorError):
+        ray.get(a.incr.remote(), timeout=30)
+    with pytest.raises(ValueError, match="removed"):
+        Counter.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0)).remote()
+
+
+def test_tasks_in_a_placement_group_bundle() -> None:
+    # test_placement_group.py::test_placement_group_task (a task scheduled into a bundle)
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
+    strategy = PlacementGroupSchedulingStrategy(pg, 1)
+    got = ray.get(task_context.options(scheduling_strategy=strategy).remote())
+    assert got["node_id"] == pg.bundles[1].node_id
+    remove_placement_group(pg)
+
+
+# -- scheduling strategies (test_scheduling*.py) ------------------------------------------
+
+
+def test_node_affinity_pins_actors_and_tasks() -> None:
+    # test_scheduling_2.py::test_node_affinity_scheduling_strategy (hard and soft)
+    node_ids = [n["NodeID"] for n in ray.nodes()]
+    assert len(node_ids) == 2
+    for node in node_ids:
+        strategy = NodeAffinitySchedulingStrategy(node, soft=False)
+        a = Counter.options(scheduling_strategy=strategy).remote()
+        assert ray.get(a.context.remote())["node_id"] == node
+        assert (
+            ray.get(task_context.options(scheduling_strategy=strategy).remote())["node_id"] == node
+        )
+    soft = NodeAffinitySchedulingStrategy("no-such-node", soft=True)
+    assert ray.get(task_context.options(scheduling_strategy=soft).remote())["node_id"]
+    with pytest.raises(Exception, match="not alive"):
+        hard = NodeAffinitySchedulingStrategy("no-such-node", soft=False)
+        ray.get(Counter.options(scheduling_strategy=hard).remote().get.remote())
+
+
+def test_spread_strategy_uses_both_nodes() -> None:
+    # test_scheduling.py::test_spread_scheduling_strategy
+    actors = [Counter.options(scheduling_strategy="SPREAD").remote() for _ in range(4)]
+    assert len({ray.get(a.context.remote())["node_id"] for a in actors}) == 2
+
+
+# -- introspection (test_runtime_context.py, test_basic.py) -------------------------------
+
+
+def test_runtime_context_in_driver_actor_and_task() -> None:
+    # test_runtime_context.py::test_get_context_dict / test_actor_get_runtime_context;
+    # TransferQueue's storage manager reads get_runtime_context() the same way
+    ctx = ray.get_runtime_context()
+    assert ctx.get_actor_id() is None
+    c = Counter.remote()
+    in_actor = ray.get(c.context.remote())
+    in_task = ray.get(task_context.remote())
+    assert in_actor["actor_id"] and in_task["actor_id"] is None
+    assert in_actor["job_id"] == in_task["job_id"] == ctx.get_job_id()
+    assert in_actor["node_id"] in {n["NodeID"] for n in ray.nodes()}
+    assert in_actor["namespace"] == ctx.namespace
+    assert in_actor["gpus"] == [] and in_actor["accelerators"] == {"GPU": []}
+
+
+def test_nodes_and_resources_use_ray_key_names() -> None:
+    # test_basic.py::test_cluster_resources / test_available_resources
+    nodes = ray.nodes()
+    assert all(n["Alive"] and "node:127.0.0.1" in n["Resources"] for n in nodes)
+    total = ray.cluster_resources()
+    assert total["GPU"] == 4 and total["CPU"] >= 2 and total["memory"] > 0
+    free = ray.available_resources()
+    assert set(free) <= set(total) and free.get("GPU", 0) <= 4
+
+
+def test_runtime_env_env_vars_reach_actors_and_tasks() -> None:
+    # test_runtime_env_env_vars.py: session-wide and per-actor env_vars
+    assert ray.get(task_context.remote())["env"] == "on"
+    c = Counter.options(runtime_env={"env_vars": {"RAYLESS_TEST_FLAG": "mine"}}).remote()
+    assert ray.get(c.context.remote())["env"] == "mine"
+    with pytest.raises(ValueError, match="pip"):
+        Counter.options(runtime_env={"pip": ["x"]}).remote()
+
+
+def test_unsupported_options_raise_clearly() -> None:
+    # deliberate differences: named, not ignored
+    with pytest.raises(ValueError, match="detached"):
+        Counter.options(lifetime="detached").remote()
+    with pytest.raises(ValueError, match="custom resources"):
+        add.options(resources={"TPU": 1}).remote(1)

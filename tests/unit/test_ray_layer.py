@@ -1,0 +1,124 @@
+"""``rayless.ray``'s pure parts: placement group planning, the error mapping, option checks,
+the decorators' spellings (no cluster)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rayless import ray
+from rayless.errors import ActorDiedError as RaylessDied
+from rayless.errors import PlacementError, RemoteError, Timeout
+from rayless.ray import exceptions
+from rayless.ray.options import ACTOR_OPTIONS, TASK_OPTIONS, check
+from rayless.ray.util.placement_group import Bundle, plan
+
+
+def _node(node_id: str, gpus: int, cpus: float = 8) -> dict[str, object]:
+    return {
+        "node_id": node_id,
+        "alive": True,
+        "cpus": cpus,
+        "gpus": [{"index": i, "free": 1.0} for i in range(gpus)],
+    }
+
+
+NODES = [_node("a", 2), _node("b", 2)]
+FREE = {"a": {0: 1.0, 1: 1.0}, "b": {0: 1.0, 1: 1.0}}
+
+
+def test_pack_fills_one_node_first() -> None:
+    got = plan([{"GPU": 1}, {"GPU": 1}, {"GPU": 1}], "PACK", NODES, FREE)
+    assert got is not None
+    assert [n for n, _ in got] == ["a", "a", "b"]
+
+
+def test_spread_and_strict_spread() -> None:
+    got = plan([{"CPU": 1}, {"CPU": 1}], "SPREAD", NODES, FREE)
+    assert got is not None and {n for n, _ in got} == {"a", "b"}
+    assert plan([{"CPU": 1}] * 3, "STRICT_SPREAD", NODES, FREE) is None
+
+
+def test_strict_pack_needs_one_node() -> None:
+    assert plan([{"GPU": 1}] * 3, "STRICT_PACK", NODES, FREE) is None
+    got = plan([{"GPU": 1}] * 2, "STRICT_PACK", NODES, FREE)
+    assert got is not None and len({n for n, _ in got}) == 1
+
+
+def test_fractional_bundles_pack_onto_one_gpu() -> None:
+    got = plan([{"GPU": 0.5}, {"GPU": 0.5}], "STRICT_PACK", NODES, FREE)
+    assert got is not None and got[0][1] == got[1][1] and list(got[0][1].values()) == [0.5]
+    assert plan([{"GPU": 1}], "PACK", NODES, {"a": {0: 0.4, 1: 0.0}, "b": {0: 0.0, 1: 0.9}}) is None
+
+
+def test_a_bundle_shares_its_gpu_between_fractional_members() -> None:
+    b = Bundle({"GPU": 1}, "a", {1: 1.0})
+    assert b.take(0.5, 0) == (1,) and b.take(0.5, 0) == (1,)
+    with pytest.raises(PlacementError, match="no room"):
+        b.take(0.5, 0)
+    b.give_back(0.5, (1,))
+    assert b.take(0.25, 0) == (1,)
+
+
+def test_errors_map_to_rays_and_keep_rayless_detail() -> None:
+    died = RaylessDied("w", pid=1, exitcode=-9, cause="killed by SIGKILL")
+    mapped = exceptions.map_error(died)
+    assert isinstance(mapped, exceptions.ActorDiedError) and isinstance(mapped, RaylessDied)
+    assert mapped.cause == "killed by SIGKILL" and "SIGKILL" in str(mapped)
+    oom = exceptions.map_error(RaylessDied("w", cause="killed by the kernel's OOM killer"))
+    assert isinstance(oom, exceptions.OutOfMemoryError)
+    assert isinstance(exceptions.map_error(died, task=True), exceptions.WorkerCrashedError)
+    timeout = exceptions.map_error(Timeout("late"))
+    assert isinstance(timeout, exceptions.GetTimeoutError) and isinstance(timeout, TimeoutError)
+    remote = exceptions.map_error(RemoteError("builtins.ValueError", "bad"))
+    assert isinstance(remote, exceptions.RayTaskError) and type(remote).__name__.startswith(
+        "RayTaskError("
+    )
+    plain = ValueError("x")
+    assert exceptions.map_error(plain) is plain
+
+
+def test_unsupported_options_are_named() -> None:
+    with pytest.raises(ValueError, match="unknown or unsupported"):
+        check({"num_tpus": 1}, ACTOR_OPTIONS, "actor")
+    with pytest.raises(ValueError, match="detached"):
+        check({"lifetime": "detached"}, ACTOR_OPTIONS, "actor")
+    with pytest.raises(ValueError, match="custom resources"):
+        check({"resources": {"TPU": 1}}, TASK_OPTIONS, "task")
+    with pytest.raises(ValueError, match="working_dir"):
+        check({"runtime_env": {"working_dir": "."}}, TASK_OPTIONS, "task")
+    assert check({"resources": {"node:10.0.0.1": 0.01}}, TASK_OPTIONS, "task")
+
+
+def test_remote_spellings() -> None:
+    @ray.remote
+    def f() -> int:
+        return 1
+
+    @ray.remote(num_returns=2)
+    def g() -> tuple[int, int]:
+        return 1, 2
+
+    assert isinstance(f, ray.RemoteFunction) and isinstance(g, ray.RemoteFunction)
+    with pytest.raises(TypeError, match="directly"):
+        f()
+    with pytest.raises(TypeError):
+        ray.remote(1, 2)
+    with pytest.raises(ValueError):
+        f.options(num_returns="streaming")
+    with pytest.raises(ValueError, match="unsupported"):
+        ray.init(no_such_keyword=1)
+
+
+def test_a_setup_method_with_arguments_is_refused_at_decoration() -> None:
+    class Worker:
+        def setup(self, config: dict[str, int]) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="rename the method"):
+        ray.remote(Worker)
+
+    class Fine:
+        def setup(self) -> None:
+            pass
+
+    assert isinstance(ray.remote(Fine), ray.ActorClass)
