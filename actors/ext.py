@@ -1,6 +1,7 @@
 """What the layers above the runtime (the store, weight sync, the demos, verl's worker groups)
 may use of it besides the public API in ``rayless.actors``: spawning helpers, blocking faces,
-tracing, by-value pickling, torch's thread settings, and the typed-message decorator.
+tracing, by-value pickling, torch's thread settings, the typed-message decorator, the loop
+sync calls run on, and the environment variables an actor process finds itself in.
 
 Code outside ``actors/`` imports the runtime only from ``rayless.actors``,
 ``rayless.actors.errors`` and this module (``tests/unit/test_layering.py``); everything else
@@ -13,17 +14,26 @@ from rayless.actors.api.actor import dumps_by_value, loads_by_value
 from rayless.actors.api.blocking import BlockingFace, call_limit
 from rayless.actors.api.components import cluster_info, slots_of, spawn_all
 from rayless.actors.api.lifecycle import opener
-from rayless.actors.api.portal import Portal
+from rayless.actors.api.portal import Portal, home_loop
 from rayless.actors.api.sync import SyncCluster
 from rayless.actors.core import timeline
-from rayless.actors.core.context import ENV_ADDRESS, ENV_NODE_ID
+from rayless.actors.core.context import (
+    ENV_ACTOR_ID,
+    ENV_ACTOR_NAME,
+    ENV_ADDRESS,
+    ENV_NODE_ID,
+    ENV_NODE_IP,
+)
 from rayless.actors.core.threads import apply_torch_threads, torch_threads
 from rayless.actors.core.timeline import store_span, traced, weights_span
 from rayless.actors.protocol.wire import message
 
 __all__ = [
+    "ENV_ACTOR_ID",
+    "ENV_ACTOR_NAME",
     "ENV_ADDRESS",
     "ENV_NODE_ID",
+    "ENV_NODE_IP",
     "BlockingFace",
     "Portal",
     "SyncCluster",
@@ -31,6 +41,7 @@ __all__ = [
     "call_limit",
     "cluster_info",
     "dumps_by_value",
+    "home_loop",
     "loads_by_value",
     "message",
     "opener",

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-from rayless.actors.api.portal import home_loop
-from rayless.actors.core.context import ENV_ACTOR_ID, ENV_ACTOR_NAME, ENV_NODE_ID, ENV_NODE_IP
+from rayless.actors.ext import ENV_ACTOR_ID, ENV_ACTOR_NAME, ENV_NODE_ID, ENV_NODE_IP, home_loop
 
 __all__ = ["ENV_ACTOR_ID", "ENV_ACTOR_NAME", "ENV_NODE_ID", "ENV_NODE_IP", "home_loop"]

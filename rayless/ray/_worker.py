@@ -24,7 +24,7 @@ from rayless.actors import Cluster, connect
 from rayless.ray import _internals
 
 if TYPE_CHECKING:
-    from rayless.actors.api.sync import SyncCluster
+    from rayless.actors.ext import SyncCluster
     from rayless.ray.remote_function import TaskPools
     from rayless.ray.util.placement_group import PlacementGroup
 

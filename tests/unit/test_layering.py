@@ -126,7 +126,7 @@ EXPORTED = {
         "rayless.transport.cuda_ipc",
     },
 }
-ABOVE = ("store", "weights", "rayless/demo", "rayless/single_controller")
+ABOVE = ("store", "weights", "rayless/demo", "rayless/single_controller", "rayless/ray")
 
 
 def unexported_imports(folder: str, root: Path = ROOT) -> list[str]:
