@@ -65,11 +65,17 @@ def _next_generation() -> int:
 
 
 def _segment_for(payload_bytes: int) -> Segment:
-    """A segment of exactly ``payload_bytes``: a pooled one no reader leases, else a new one
-    (when ``/dev/shm`` is full, the pool is unlinked first and the creation tried again).
-    Raises OSError when shared memory is exhausted."""
-    for seg in _POOL:
-        if seg.payload_bytes == payload_bytes and seg.lock(True, False):
+    """A segment of at least ``payload_bytes``: the smallest pooled one of at most twice that
+    which no reader leases, else a new one of exactly that (when ``/dev/shm`` is full, the
+    pool is unlinked first and the creation tried again). A column takes only the rows it
+    asked for (its budget); the rest lets it grow in place (:meth:`ShmDense.grow`). So a
+    store used with a new partition per step (put, get, ``clear_partition``) reuses the same
+    segments step after step, including the room its client's lease grew them by, instead
+    of creating, zero-filling and copying into new ones. Raises OSError when shared memory is
+    exhausted."""
+    fits = [s for s in _POOL if payload_bytes <= s.payload_bytes <= 2 * payload_bytes]
+    for seg in sorted(fits, key=lambda s: s.payload_bytes):
+        if seg.lock(True, False):
             _POOL.remove(seg)
             seg.unlock()
             return seg
@@ -188,9 +194,16 @@ class ShmDense(DenseColumn):
         return self._growth_for(len(indexes), budget)
 
     def grow(self, capacity: int) -> None:
-        """Move to a new segment of ``capacity`` rows (the old one is unlinked; readers' mappings
-        keep its bytes). Raises OSError when shared memory is exhausted."""
+        """Hold ``capacity`` rows: in place when the segment has room past the current rows
+        (a pooled one bigger than asked; the rows stay where they are, and the new slots are
+        nobody's yet), else on a new segment (the old one is unlinked; readers' mappings keep
+        its bytes). Raises OSError when shared memory is exhausted."""
         row_shape = tuple(self.data.shape[1:])
+        seg = self.segment
+        if seg is not None and seg.payload_bytes >= capacity * row_bytes_of(self.schema):
+            self._stamp(seg)
+            self.data = tensor_on(seg, self.data.dtype, row_shape, capacity)
+            return
         seg = _segment_for(capacity * row_bytes_of(self.schema))
         self._stamp(seg)
         bigger = tensor_on(seg, self.data.dtype, row_shape, capacity)

@@ -31,6 +31,7 @@ def _no_room(code: int) -> object:
 def test_a_socket_write_into_a_full_dev_shm_is_a_store_full_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    drain_pool()  # (a pooled segment of this process's earlier tests would take the write)
     shard = ShardStorage("u0", "cpu", None, dense_type=ShmDense)
     monkeypatch.setattr(Segment, "create", _no_room(errno.ENOSPC))
     td = TensorDict({"x": torch.ones(2, 4), "y": torch.ones(2, 3)}, [2])
@@ -48,6 +49,7 @@ def test_a_socket_write_into_a_full_dev_shm_is_a_store_full_error(
 async def test_a_reservation_in_a_full_dev_shm_is_a_store_full_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    drain_pool()  # (a pooled segment of this process's earlier tests would take the write)
     unit = StorageUnit("u1", None)
     try:
         monkeypatch.setattr(Segment, "create", _no_room(errno.ENOSPC))
@@ -88,3 +90,29 @@ def test_reservation_ttl_is_checked() -> None:
     for bad in (0, -1, float("nan"), float("inf"), "x", True):
         with pytest.raises(StoreInputError):
             reservation_ttl(bad)  # type: ignore[arg-type]
+
+
+def test_a_partition_per_step_reuses_its_columns_segments_and_grows_them_in_place() -> None:
+    # verl's pattern: each step's partition gets a column of the put's rows, which the
+    # client's lease then grows to twice that; the step's clear_partition drops the column.
+    # Before, the next step's column (asking for the put's rows again) found no pooled
+    # segment of exactly that size: a new one was created and zero-filled, and the lease's
+    # growth copied the rows into another.
+    schema = FieldSchema("dense", "float32", (4,))
+    names = []
+    try:
+        for step in range(4):
+            col = ShmDense(schema, torch.device("cpu"))
+            col.grow(8)  # the put's rows
+            col.write(list(range(8)), torch.full((8, 4), float(step)))
+            first = col.segment
+            col.grow(16)  # the lease's spare slots
+            assert col.segment is not None
+            if step:  # a pooled segment of twice the rows: the growth is in place
+                assert col.segment is first
+            assert torch.equal(col.read(list(range(8))), torch.full((8, 4), float(step)))
+            names.append(col.segment.name)
+            col.close()  # clear_partition
+        assert len(set(names[1:])) == 1, names  # every step after the first: one segment
+    finally:
+        drain_pool()
