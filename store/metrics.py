@@ -17,8 +17,10 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-# (registers the units' wire form: ``rayless status`` decodes the controller's units() here)
+# (registers the units' and the status documents' wire forms: ``rayless status`` decodes the
+# controller's units() and metrics() and the units' stats() here)
 from rayless.store.data.messages import UnitView
+from rayless.store.data.status import ControllerMetrics, Rate, UnitStats
 
 __all__ = ["RateMeter", "collect", "prometheus", "render_text"]
 
@@ -49,9 +51,9 @@ class RateMeter:
         self._trim(time.monotonic() if now is None else now)
         return sum(n for _, n in self._events) / self.window
 
-    def snapshot(self) -> dict[str, float]:
-        """``{"total": n, "per_s": rate}``."""
-        return {"total": self.total, "per_s": round(self.rate(), 3)}
+    def snapshot(self) -> Rate:
+        """The total and the rate per second (rounded to 3 decimals)."""
+        return Rate(self.total, round(self.rate(), 3))
 
 
 async def collect(
@@ -60,31 +62,31 @@ async def collect(
     """The store's metrics snapshot from its controller's handle and its ``units()`` list:
     the controller's counters and each live unit's (asked in parallel). Needs no torch, so
     ``rayless status --store`` starts fast."""
-    ctl: dict[str, Any] = await controller.metrics()
-    infos = {u["unit_id"]: u for u in ctl.get("units", [])}
-    live = [u for u in units if infos.get(u.unit_id, {"alive": u.alive}).get("alive")]
+    ctl: ControllerMetrics = await controller.metrics()
+    infos = {u.unit_id: u for u in ctl.units}
+    live = [u for u in units if infos.get(u.unit_id, u).alive]
     stats = await asyncio.gather(
         *[u.handle.stats() for u in live if u.handle is not None],
         return_exceptions=True,
     )
-    by_id = {s["unit_id"]: s for s in stats if isinstance(s, dict)}
+    by_id = {s.unit_id: s for s in stats if isinstance(s, UnitStats)}
     rows = []
     for unit_id, info in infos.items():
-        s = by_id.get(unit_id, {})
+        s = by_id.get(unit_id)
         rows.append(
             {
                 "unit_id": unit_id,
-                "node_id": info.get("node_id"),
-                "alive": bool(info.get("alive")) and unit_id in by_id,
-                "device": info.get("device"),
-                "bytes_used": s.get("used_bytes", 0),
-                "capacity_bytes": info.get("capacity_bytes"),
-                "rows": sum((s.get("rows") or {}).values()),
-                "puts": s.get("puts", {}),
-                "gets": s.get("gets", {}),
+                "node_id": info.node_id,
+                "alive": info.alive and s is not None,
+                "device": info.device,
+                "bytes_used": 0 if s is None else s.used_bytes,
+                "capacity_bytes": info.capacity_bytes,
+                "rows": 0 if s is None else sum(s.rows.values()),
+                "puts": {} if s is None else s.puts.as_dict(),
+                "gets": {} if s is None else s.gets.as_dict(),
             }
         )
-    return {"name": name, "store_id": store_id, "controller": ctl, "units": rows}
+    return {"name": name, "store_id": store_id, "controller": ctl.as_dict(), "units": rows}
 
 
 def _label(value: Any) -> str:

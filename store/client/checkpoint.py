@@ -49,6 +49,7 @@ from rayless.store.data.schema import (
     split_columns,
     tensor_bytes,
 )
+from rayless.store.data.status import PartitionExport, UnitStats
 from rayless.store.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -97,27 +98,27 @@ async def save(
         "partitions": [],
     }
     for p_num, partition in enumerate(await store.partitions()):
-        info = await store.controller.export_partition(partition)
-        samples = info["samples"]
-        number = {s["index"]: k for k, s in enumerate(samples)}
+        info: PartitionExport = await store.controller.export_partition(partition)
+        samples = info.samples
+        number = {s.index: k for k, s in enumerate(samples)}
         by_fields: dict[tuple[str, ...], list[int]] = {}
         for k, s in enumerate(samples):
-            by_fields.setdefault(tuple(s["fields"]), []).append(k)
+            by_fields.setdefault(tuple(s.fields), []).append(k)
         groups: list[dict[str, Any]] = []
         for fields, members in by_fields.items():
             chunks: list[tuple[list[int], Any]] = [(members, None)]
             if fields:
                 meta = await store.controller.meta_of(
-                    partition, [samples[k]["index"] for k in members], list(fields)
+                    partition, [samples[k].index for k in members], list(fields)
                 )
                 chunks = await _dense_chunks(store, meta, members)
             for chunk, td in chunks:
                 entry: dict[str, Any] = {
                     "samples": chunk,
                     "fields": list(fields),
-                    "keys": [samples[k]["key"] for k in chunk],
-                    "group_ids": [samples[k]["group"] for k in chunk],
-                    "tags": [samples[k]["custom"] for k in chunk],
+                    "keys": [samples[k].key for k in chunk],
+                    "group_ids": [samples[k].group for k in chunk],
+                    "tags": [dict(samples[k].custom) for k in chunk],
                     "file": None,
                 }
                 if td is not None:
@@ -129,10 +130,9 @@ async def save(
         manifest["partitions"].append(
             {
                 "name": partition,
-                "group_size": info["group_size"],
+                "group_size": info.group_size,
                 "consumed": {
-                    t: [number[i] for i in idx if i in number]
-                    for t, idx in info["consumed"].items()
+                    t: [number[i] for i in idx if i in number] for t, idx in info.consumed.items()
                 },
                 "groups": groups,
             }
@@ -341,7 +341,7 @@ async def _check_room(store: Store, parts: list[_Part]) -> None:
     units = [u for u in table if u.alive and u.handle is not None]
     if not units or all(u.capacity_bytes is None for u in units):
         return
-    stats = await asyncio.gather(*[u.handle.stats() for u in units])
+    stats: list[UnitStats] = await asyncio.gather(*[u.handle.stats() for u in units])
     m = len(units)
     need = [0.0] * m
     for part in parts:
@@ -353,7 +353,7 @@ async def _check_room(store: Store, parts: list[_Part]) -> None:
         capacity = unit.capacity_bytes
         if capacity is None:
             continue
-        held = int(stat.get("used_bytes", 0)) - int(stat.get("spare_bytes", 0))  # (given up)
+        held = stat.used_bytes - stat.spare_bytes  # (spare: given up)
         free = max(0, int(capacity) - held)
         if wanted > free:
             raise CheckpointError(

@@ -79,6 +79,7 @@ from rayless.store.data.messages import FetchMode, UnitView
 from rayless.store.data.meta import BatchMeta
 from rayless.store.data.rows import take
 from rayless.store.data.schema import split_columns
+from rayless.store.data.status import ControllerStats, KeyListing, ProductionStatus, UnitStats
 from rayless.store.errors import (
     StoreError,
     StoreInputError,
@@ -688,8 +689,8 @@ class Store:
 
     async def production_status(self, partition: str) -> dict[str, Any]:
         """``{"samples": n, "fields": {field: ready}, "schemas": {...}}``."""
-        result: dict[str, Any] = await self.controller.production_status(partition)
-        return result
+        status: ProductionStatus = await self.controller.production_status(partition)
+        return status.as_dict()
 
     async def consumption_status(self, partition: str, task: str = "default") -> dict[str, int]:
         """``{"samples": n, "consumed": c}`` for ``task``."""
@@ -729,9 +730,11 @@ class Store:
 
     async def stats(self) -> dict[str, Any]:
         """The controller's counts and each live unit's bytes and rows."""
-        out: dict[str, Any] = await self.controller.stats()
+        stats: ControllerStats = await self.controller.stats()
+        out = stats.as_dict()
         calls = [u.handle.stats() for u in self._table if u.alive]
-        out["unit_stats"] = await asyncio.gather(*calls, return_exceptions=True)
+        units = await asyncio.gather(*calls, return_exceptions=True)
+        out["unit_stats"] = [s.as_dict() if isinstance(s, UnitStats) else s for s in units]
         return out
 
     # -- KV keys ---------------------------------------------------------------------------
@@ -800,8 +803,8 @@ class Store:
     async def kv_list(self, partition_id: str | None = None) -> dict[str, dict[str, Any]]:
         """``{partition: {key: tags}}`` of one partition or of every partition with keys;
         ``{}`` for an unknown partition or one without keys."""
-        result: dict[str, dict[str, Any]] = await self.controller.kv_list(partition_id)
-        return result
+        listing: KeyListing = await self.controller.kv_list(partition_id)
+        return listing.as_dict()
 
     async def kv_clear(self, keys: Sequence[str] | str, partition_id: str) -> None:
         """Remove ``keys`` (and their samples) from ``partition_id``; absent keys are ignored."""

@@ -37,6 +37,14 @@ from rayless.store.data.fields import FieldSchema
 from rayless.store.data.messages import ColumnPut, FetchMode, UnitView, WaitingFetch
 from rayless.store.data.meta import BatchMeta
 from rayless.store.data.requests import FetchRequest, PutOptions
+from rayless.store.data.status import (
+    ControllerMetrics,
+    ControllerStats,
+    KeyListing,
+    PartitionExport,
+    PartitionMetrics,
+    ProductionStatus,
+)
 from rayless.store.data.updates import DataUpdate
 from rayless.store.errors import (
     SchemaError,
@@ -726,7 +734,7 @@ class StoreController(Actor):
         missing: list[str] = []
         ready = 0
         if exists:
-            status = self.state.production_status(request.partition)["fields"]
+            status = self.state.production_status(request.partition).fields
             missing = [f for f in request.fields if f not in status]
             with contextlib.suppress(StoreError):
                 ready = len(
@@ -764,7 +772,7 @@ class StoreController(Actor):
         return self.state.partitions()
 
     @endpoint
-    async def production_status(self, partition: str) -> dict[str, Any]:
+    async def production_status(self, partition: str) -> ProductionStatus:
         """Samples, ready count per field, schemas of ``partition``."""
         return self.state.production_status(partition)
 
@@ -774,46 +782,47 @@ class StoreController(Actor):
         return self.state.consumption_status(partition, task)
 
     @endpoint
-    async def metrics(self) -> dict[str, Any]:
+    async def metrics(self) -> ControllerMetrics:
         """Counters for monitoring: puts/fetches (total, per second), waiting fetches,
         partitions with their samples, fields produced and consumers per task, units."""
         consumers = self.state.consumers()
         production = {p: self.state.production_status(p) for p in self.state.partitions()}
-        return {
-            "store_id": self.state.store_id,
-            "puts": self._puts.snapshot(),
-            "fetches": self._served.snapshot(),
-            "waiting": [w.as_dict() for w in await self.waiting()],
-            "leased": self.fetches.leased(),
-            "partitions": {
-                p: {
-                    "samples": status["samples"],
-                    "fields": status["fields"],  # samples holding each field
-                    "consumers": consumers.get(p, {}),
-                }
+        return ControllerMetrics(
+            self.state.store_id,
+            self._puts.snapshot(),
+            self._served.snapshot(),
+            await self.waiting(),
+            self.fetches.leased(),
+            {
+                p: PartitionMetrics(status.samples, status.fields, consumers.get(p, {}))
                 for p, status in production.items()
             },
-            "units": [u.to_dict() for u in self.state.units()],
-        }
+            [u.view() for u in self.state.units()],
+        )
 
     @endpoint
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> ControllerStats:
         """Monitoring counts (partitions, allocated, free, units, waiting partitions;
         ``units_starting``: the creator has not completed the unit table yet, and
         ``units_waiters``: the units() calls waiting for it); the samples clients leased
         ahead (store.client.leases) are ``leased``, not allocated, staged or unwritten."""
         out = self.state.stats()
         leased = sum(self.state.staged_count(serial) for serial in self.leases.serials())
-        return {  # the samples clients leased ahead of their next puts are counted apart
-            **out,
-            "allocated": out["allocated"] - leased,
-            "staged": out["staged"] - leased,
-            "unwritten": len(self._unwritten) - leased,
-            "leased": leased,
-            "waiting_fetches": self._waiting,
-            "units_starting": not self._table.is_set(),
-            "units_waiters": self._table_waiters,
-        }
+        return ControllerStats(  # the samples clients leased ahead are counted apart
+            out.partitions,
+            out.allocated - leased,
+            out.free,
+            out.pending_release,
+            out.staged - leased,
+            out.column_puts,
+            out.high_water,
+            out.units,
+            unwritten=len(self._unwritten) - leased,
+            leased=leased,
+            waiting_fetches=self._waiting,
+            units_starting=not self._table.is_set(),
+            units_waiters=self._table_waiters,
+        )
 
     # -- KV keys and checkpoints -----------------------------------------------------------
 
@@ -830,12 +839,12 @@ class StoreController(Actor):
         return self.state.kv_meta(partition, list(keys), None if fields is None else list(fields))
 
     @endpoint
-    async def kv_list(self, partition: str | None = None) -> dict[str, Any]:
+    async def kv_list(self, partition: str | None = None) -> KeyListing:
         """``{partition: {key: tags}}``."""
         return self.state.kv_list(partition)
 
     @endpoint
-    async def export_partition(self, partition: str) -> dict[str, Any]:
+    async def export_partition(self, partition: str) -> PartitionExport:
         """A partition's samples and statuses for a checkpoint (no data)."""
         return self.state.export_partition(partition)
 

@@ -10,7 +10,6 @@ metas handed out, and the checkpoint export of a partition.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -23,6 +22,7 @@ from rayless.store.controller.records import (
 )
 from rayless.store.data.fields import FieldSchema
 from rayless.store.data.meta import NO_CUSTOM, BatchMeta
+from rayless.store.data.status import ExportedSample, PartitionExport
 from rayless.store.errors import (
     ForeignMetaError,
     SchemaError,
@@ -228,7 +228,7 @@ class Catalog:
 
     # -- checkpoint export -----------------------------------------------------------------
 
-    def export_partition(self, partition: str) -> dict[str, Any]:
+    def export_partition(self, partition: str) -> PartitionExport:
         """Everything a checkpoint needs of ``partition`` except the data: samples in order
         (index, key, group, custom, fields ready), consumed per task, group size.
         Raises UnknownPartitionError."""
@@ -240,17 +240,15 @@ class Catalog:
         for k, (p, i) in enumerate(zip(keep.tolist(), part.index[keep].tolist(), strict=True)):
             group = part.group_value(p)
             samples.append(
-                {
-                    "index": i,
-                    "key": part.key_at.get(p),
-                    "group": list(group) if isinstance(group, tuple) else group,
-                    "custom": dict(part.custom.get(p, NO_CUSTOM)),
-                    "fields": sorted(f for f, r in ready.items() if r[k]),
-                }
+                ExportedSample(
+                    i,
+                    part.key_at.get(p),
+                    list(group) if isinstance(group, tuple) else group,
+                    dict(part.custom.get(p, NO_CUSTOM)),
+                    sorted(f for f, r in ready.items() if r[k]),
+                )
             )
         consumed = {t: part.index[keep[bits[keep]]].tolist() for t, bits in part.consumed.items()}
-        return {
-            "samples": samples,
-            "consumed": {t: sorted(c) for t, c in consumed.items()},
-            "group_size": part.group_size,
-        }
+        return PartitionExport(
+            samples, {t: sorted(c) for t, c in consumed.items()}, part.group_size
+        )

@@ -57,10 +57,6 @@ class UnitInfo:
             handle,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values (the controller's stats and metrics show units so)."""
-        return dict(vars(self))
-
 
 @dataclass
 class ClearPlan:

@@ -54,6 +54,7 @@ from rayless.store.controller.units import Units
 from rayless.store.data.fields import FieldSchema
 from rayless.store.data.messages import FetchMode
 from rayless.store.data.meta import BatchMeta
+from rayless.store.data.status import KeyListing, PartitionExport, ProductionStatus, StateStats
 from rayless.store.data.updates import DataUpdate
 
 __all__ = ["ClearPlan", "ControllerState", "EnvShards", "UnitInfo"]
@@ -92,18 +93,15 @@ class ControllerState:
         """The shard that holds allocated sample ``index``. Raises StoreInputError."""
         return self._catalog.shard_of(index)
 
-    def production_status(self, partition: str) -> dict[str, Any]:
-        """``{"samples": n, "lost": lost with their unit, "fields": {field: ready count},
-        "schemas": {...}}`` of a partition; ``n`` counts the samples of committed puts (not
-        those a put in flight or a client's lease allocated)."""
+    def production_status(self, partition: str) -> ProductionStatus:
+        """A partition's samples, those lost with their unit, the ready count per field and
+        the schemas; the samples are those of committed puts (not those a put in flight or a
+        client's lease allocated). Raises UnknownPartitionError."""
         part = self._catalog.part(partition)
         staged, staged_lost = self._staged_in(partition)
-        return {
-            "samples": part.live - staged,
-            "lost": part.lost - staged_lost,
-            "fields": dict(part.ready_count),
-            "schemas": {f: s.to_dict() for f, s in part.schemas.items()},
-        }
+        return ProductionStatus(
+            part.live - staged, part.lost - staged_lost, dict(part.ready_count), dict(part.schemas)
+        )
 
     def consumption_status(self, partition: str, task: str) -> dict[str, int]:
         """``{"samples": n, "consumed": c}`` for ``task`` in ``partition``."""
@@ -121,19 +119,20 @@ class ControllerState:
         part = catalog.partitions.get(partition)
         return self._staging.in_partition(partition, part, catalog.where)
 
-    def stats(self) -> dict[str, Any]:
-        """Counts for monitoring: partitions, allocated, free, pending release, units."""
+    def stats(self) -> StateStats:
+        """Counts for monitoring: partitions, allocated, free, pending release, staged,
+        column-wise puts not finished, high water, units."""
         counts = self._allocation.stats()
-        return {
-            "partitions": len(self._catalog.partitions),
-            "allocated": counts["allocated"],
-            "free": counts["free"],
-            "pending_release": counts["pending_release"],
-            "staged": self._staging.total(),
-            "column_puts": len(self.column_puts),  # column-wise puts not finished yet
-            "high_water": counts["high_water"],
-            "units": [u.to_dict() for u in self._units.all()],
-        }
+        return StateStats(
+            len(self._catalog.partitions),
+            counts["allocated"],
+            counts["free"],
+            counts["pending_release"],
+            self._staging.total(),
+            len(self.column_puts),
+            counts["high_water"],
+            [u.view() for u in self._units.all()],
+        )
 
     def state_bytes(self) -> int:
         """Bytes held by the partitions' columns and bitmaps (the per-sample state)."""
@@ -433,12 +432,12 @@ class ControllerState:
         Raises UnknownPartitionError, UnknownKeyError, UnknownFieldError."""
         return self._kv.meta(partition, keys, fields)
 
-    def kv_list(self, partition: str | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    def kv_list(self, partition: str | None = None) -> KeyListing:
         """``{partition: {key: tags}}`` (one partition, or every one that has keys); an
         unknown partition or one without keys lists as ``{}`` (as in TransferQueue)."""
-        return self._kv.listing(partition)
+        return KeyListing(self._kv.listing(partition))
 
-    def export_partition(self, partition: str) -> dict[str, Any]:
+    def export_partition(self, partition: str) -> PartitionExport:
         """Everything a checkpoint needs of ``partition`` except the data: samples in order
         (index, key, group, custom, fields ready), consumed per task, group size.
         Raises UnknownPartitionError."""

@@ -40,6 +40,7 @@ from rayless.actors.ext import ENV_NODE_ID
 from rayless.store.data.fields import FieldSchema
 from rayless.store.data.messages import LocalInfo, Located, Place, Reservation, Slots
 from rayless.store.data.meta import BatchMeta  # noqa: F401  (registers BatchMeta with the codec)
+from rayless.store.data.status import UnitStats
 from rayless.store.data.updates import DataUpdate
 from rayless.store.errors import (
     SchemaError,
@@ -410,22 +411,21 @@ class StorageUnit(Actor):
         return n
 
     @endpoint
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> UnitStats:
         """Bytes used, capacity, rows per partition, KV keys, puts/gets (rows: total and per
         second over the last 10 s)."""
         await self._loaded()
         spare = sum(1 for r in self._reservations.values() if r.spare)
-        return {
-            "spare_bytes": self._spare_bytes(),
-            **self.shard.stats(),
-            "unit_id": self.unit_id,
-            "incarnation": self.incarnation,
-            "puts": self._puts.snapshot(),
-            "gets": self._gets.snapshot(),
-            "reservations": len(self._reservations) - spare,  # same-host puts under way
-            "spare": spare,  # reservations clients leased ahead of their next puts
-            "reserving": sum(len(t) for t in self._waiting.values()),  # reserves waiting for room
-        }
+        return UnitStats.of(
+            self.shard.stats(),
+            spare_bytes=self._spare_bytes(),
+            incarnation=self.incarnation,
+            puts=self._puts.snapshot(),
+            gets=self._gets.snapshot(),
+            reservations=len(self._reservations) - spare,  # same-host puts under way
+            spare=spare,  # reservations clients leased ahead of their next puts
+            reserving=sum(len(t) for t in self._waiting.values()),  # reserves waiting for room
+        )
 
     @endpoint
     async def watch(self) -> None:

@@ -45,6 +45,7 @@ from rayless.store.data.schema import (
     split_columns,
     tensor_bytes,
 )
+from rayless.store.data.status import ShardStats
 from rayless.store.errors import (
     SchemaError,
     StoreFullError,
@@ -139,19 +140,19 @@ class ShardStorage:
         """Partitions with data on this unit (the KV partition excluded)."""
         return [p for p in self._parts if p != KV_PARTITION]
 
-    def stats(self) -> dict[str, Any]:
-        """Plain counts for monitoring: bytes, capacity, rows per partition."""
-        return {
-            "unit_id": self.unit_id,
-            "device": str(self.device),
-            "used_bytes": self.used_bytes,
-            "capacity_bytes": self.capacity_bytes,
-            "rows": {
+    def stats(self) -> ShardStats:
+        """Counts for monitoring: bytes, capacity, rows per partition, KV keys."""
+        return ShardStats(
+            self.unit_id,
+            str(self.device),
+            self.used_bytes,
+            self.capacity_bytes,
+            {
                 p: max((len(c) - getattr(c, "pending", 0) for c in cols.values()), default=0)
                 for p, cols in self._parts.items()
             },
-            "kv_keys": len(self._kv_rows),
-        }
+            len(self._kv_rows),
+        )
 
     def close(self) -> None:
         """Give every column's memory back (shared-memory segments are unlinked)."""

@@ -25,6 +25,7 @@ from rayless.store import (
     StoreError,
     UnitLostError,
 )
+from rayless.store.data.status import UnitStats
 from rayless.store.samehost import plane as local_maps
 from tests.integration.fence_classes import Writer
 from tests.waiting import wait_until as _wait_until
@@ -40,7 +41,8 @@ async def wait_until(pred: Callable[[], Any], timeout: float, what: str) -> None
 
 
 async def _stats(st: Store, shard: int = 0) -> dict[str, Any]:
-    return dict(await st.units[shard]["handle"].stats())
+    stats: UnitStats = await st.units[shard]["handle"].stats()
+    return stats.as_dict()
 
 
 def _full(rows: int, value: float) -> TensorDict:

@@ -34,7 +34,7 @@ async def _leased(st: Store) -> bool:
 
 
 async def _unit_stats(st: Store) -> list[dict[str, Any]]:
-    return [await u["handle"].stats() for u in st.units]
+    return [(await u["handle"].stats()).as_dict() for u in st.units]
 
 
 async def test_the_next_put_takes_the_lease_and_users_see_only_committed_samples(

@@ -40,7 +40,7 @@ async def test_a_fetch_cancelled_by_its_caller_consumes_nothing(local_cluster: C
         await asyncio.wait_for(st.get_meta("p", ["x"], 4, task="t"), 0.5)
 
     async def dropped() -> bool:
-        return (await st.controller.metrics())["waiting"] == []
+        return (await st.controller.metrics()).waiting == []
 
     await until(dropped, "the cancelled fetch left the controller")
     await st.put(td(4), partition="p")
@@ -62,12 +62,12 @@ async def test_a_waiting_fetch_says_what_it_waits_for(local_cluster: Cluster) ->
     waiting = asyncio.ensure_future(st.get_meta("nope", ["a", "b"], 3, task="t", timeout=30))
 
     async def listed() -> bool:
-        return bool((await st.controller.metrics())["waiting"])
+        return bool((await st.controller.metrics()).waiting)
 
     await until(listed, "the fetch is listed")
-    (w,) = (await st.controller.metrics())["waiting"]
-    assert w["partition"] == "nope" and not w["exists"] and w["asked"] == 3 and w["ready"] == 0
-    assert "does not exist yet" in w["text"] and "['a', 'b']" in w["text"]
+    (w,) = (await st.controller.metrics()).waiting
+    assert w.partition == "nope" and not w.exists and w.asked == 3 and w.ready == 0
+    assert "does not exist yet" in w.text and "['a', 'b']" in w.text
     await st.put(TensorDict({"a": torch.arange(3)}, [3]), partition="nope")
     await until(lambda: _missing(st), "field b is reported missing")
     await st.put(TensorDict({"b": torch.arange(3)}, [3]), meta=await _meta(st))
@@ -75,8 +75,8 @@ async def test_a_waiting_fetch_says_what_it_waits_for(local_cluster: Cluster) ->
 
 
 async def _missing(st: Store) -> bool:
-    ws = (await st.controller.metrics())["waiting"]
-    return bool(ws) and ws[0]["missing_fields"] == ["b"] and ws[0]["exists"]
+    ws = (await st.controller.metrics()).waiting
+    return bool(ws) and ws[0].missing_fields == ["b"] and ws[0].exists
 
 
 async def _meta(st: Store):  # type: ignore[no-untyped-def]
@@ -206,7 +206,7 @@ async def test_a_failed_column_wise_put_never_shows_on_the_unit_that_wrote(
         env_shards={"a": 0, "b": 1},
     )
     meta = await st.put(td(8), "p", env_ids=["a"] + ["b"] * 7)
-    used = [(await u["handle"].stats())["used_bytes"] for u in st.units]
+    used = [(await u["handle"].stats()).used_bytes for u in st.units]
     waiting = asyncio.ensure_future(st.get_meta("p", ["x", "y"], 1, task="t", timeout=2.0))
 
     async def one_waits() -> bool:
@@ -220,7 +220,7 @@ async def test_a_failed_column_wise_put_never_shows_on_the_unit_that_wrote(
     assert (await st.production_status("p"))["fields"].get("y", 0) == 0
 
     async def rows_deleted() -> bool:
-        return [(await u["handle"].stats())["used_bytes"] for u in st.units] == used
+        return [(await u["handle"].stats()).used_bytes for u in st.units] == used
 
     await until(rows_deleted, "unit 0 deleted its row of the failed put")
     # a column-wise put that fits shows on all samples at once
@@ -235,7 +235,7 @@ async def test_a_column_wise_put_whose_client_died_is_aborted_by_the_reaper(
 ) -> None:
     st = await Store.create(local_cluster, num_units=2, name="v2-colreap", reclaim_after=0.5)
     meta = await st.put(td(4), "p")
-    used = (await st.units[0]["handle"].stats())["used_bytes"]
+    used = (await st.units[0]["handle"].stats()).used_bytes
     wire = {"y": FieldSchema("dense", "int64", (), "cpu")}
     begun = await st.controller.begin_column_put(meta, wire)
     by_shard = meta.by_shard()
@@ -247,7 +247,7 @@ async def test_a_column_wise_put_whose_client_died_is_aborted_by_the_reaper(
     assert (await st.production_status("p"))["fields"].get("y", 0) == 0
 
     async def reaped() -> bool:
-        return bool((await st.units[0]["handle"].stats())["used_bytes"] == used)
+        return bool((await st.units[0]["handle"].stats()).used_bytes == used)
 
     await until(reaped, "the reaper deleted unit 0's row of the dead client's put")
     late = TensorDict({"y": torch.arange(len(idx1))}, [len(idx1)])

@@ -58,7 +58,7 @@ async def test_create_returns_before_the_units_serve_and_the_first_put_waits(
     with held_units(local_cluster_processes):
         st = await Store.create(local_cluster, num_units=2, name="start-early")
         stats = await st.controller.stats()  # the controller serves; no unit registered yet
-        assert stats["units_starting"] and stats["units"] == []
+        assert stats.units_starting and stats.units == []
         with pytest.raises(StoreError, match="still starting"):
             st.units  # noqa: B018
         with pytest.raises(StoreTimeoutError, match="did not serve"):
@@ -75,7 +75,7 @@ async def test_create_returns_before_the_units_serve_and_the_first_put_waits(
     assert (await st.get(meta))["x"].tolist() == list(range(6))
     assert len(st.units) == 2 and all(u["handle"] is not None and u["alive"] for u in st.units)
     stats = await st.controller.stats()
-    assert not stats["units_starting"] and len(stats["units"]) == 2
+    assert not stats.units_starting and len(stats.units) == 2
     await st.aclose()
 
 
@@ -101,7 +101,7 @@ async def test_connect_while_the_units_start_gets_the_whole_table(
 
 
 async def _waiters(st: Store) -> bool:
-    return int((await st.controller.stats())["units_waiters"]) == 1
+    return int((await st.controller.stats()).units_waiters) == 1
 
 
 async def test_closing_while_the_units_start_kills_them_all(

@@ -34,7 +34,7 @@ async def _pids(cluster: Cluster) -> dict[str, int]:
 
 
 async def _used(st: Store, shard: int = 0) -> int:
-    return int((await st.units[shard]["handle"].stats())["used_bytes"])
+    return int((await st.units[shard]["handle"].stats()).used_bytes)
 
 
 def _mixed(n: int, base: float = 0.0) -> TensorDict:
@@ -145,7 +145,7 @@ async def test_a_client_killed_mid_put_loses_nothing_acknowledged(local_cluster:
 
     async def reserved() -> bool:
         stats = [await u["handle"].stats() for u in st.units]
-        return sum(s["reservations"] for s in stats) == 2
+        return sum(s.reservations for s in stats) == 2
 
     assert await until(reserved, 20), "the put reserved its slots on both units"
     os.kill(pid, signal.SIGKILL)
@@ -226,7 +226,7 @@ def acked_x(n: int) -> torch.Tensor:
 
 
 async def _no_reservations(st: Store) -> bool:
-    return all([int((await u["handle"].stats())["reservations"]) == 0 for u in st.units])
+    return all([(await u["handle"].stats()).reservations == 0 for u in st.units])
 
 
 async def test_rows_reserved_ahead_are_given_back_when_the_allocation_fails_or_goes_elsewhere(
@@ -266,7 +266,7 @@ async def test_a_commit_whose_indexes_do_not_fit_a_reservation_by_count_is_refus
     with pytest.raises(StoreInputError, match="2 indexes for a reservation of 3 rows"):
         await unit.commit(res.token, None, wire, 0.0, [0, 1])
     assert await _no_reservations(st)
-    assert (await unit.stats())["used_bytes"] == 0  # nothing was written
+    assert (await unit.stats()).used_bytes == 0  # nothing was written
     await st.shutdown()
 
 

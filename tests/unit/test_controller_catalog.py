@@ -83,5 +83,5 @@ def test_export_lists_the_samples_with_their_fields_and_consumers() -> None:
     part = cat.part("a")
     part.consume("t", np.asarray([1]))
     out = cat.export_partition("a")
-    assert [s["index"] for s in out["samples"]] == [3, 4]
-    assert out["samples"][0]["fields"] == ["x"] and out["consumed"] == {"t": [4]}
+    assert [s.index for s in out.samples] == [3, 4]
+    assert out.samples[0].fields == ["x"] and out.consumed == {"t": [4]}

@@ -105,7 +105,7 @@ def test_a_rolling_partition_does_not_grow_with_its_history() -> None:
         put(c, BATCH)
         sizes.append(c.state_bytes())
     assert max(sizes[100:]) <= max(sizes[:100])
-    assert c.stats()["high_water"] <= 5 * BATCH
+    assert c.stats().high_water <= 5 * BATCH
 
 
 def test_committed_follows_an_atomic_put_through_its_writes_and_a_clear() -> None:

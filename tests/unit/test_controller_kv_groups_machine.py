@@ -200,10 +200,10 @@ class KvGroupMachine(RuleBasedStateMachine):
             kv = self.c.kv_meta("kv", names, ["a"])
             assert list(kv.global_indexes) == [self.keys[k] for k in names]
             assert [c["tag"] for c in kv.custom_meta] == names
-            listed = self.c.kv_list("kv")
+            listed = self.c.kv_list("kv").as_dict()
             assert listed == {"kv": {k: {"tag": k} for k in self.keys}}
         else:
-            assert self.c.kv_list("kv") == {}
+            assert self.c.kv_list("kv").keys == {}
 
     @invariant()
     def counts_match(self) -> None:
@@ -216,8 +216,8 @@ class KvGroupMachine(RuleBasedStateMachine):
                 status = self.c.consumption_status(p, t)
                 assert status == {"samples": len(order), "consumed": len(self.consumed[(p, t)])}
                 assert self.c.ready_indexes(p, ["a"], t) == self._candidates(p, t)
-        assert self.c.stats()["allocated"] == len(self.gen)
-        assert self.c.stats()["pending_release"] == len(self.pending)
+        assert self.c.stats().allocated == len(self.gen)
+        assert self.c.stats().pending_release == len(self.pending)
 
 
 KvGroupMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)

@@ -117,7 +117,7 @@ def test_freed_indexes_are_reused_only_after_release() -> None:
     assert c.allocate("train", 3).global_indexes == (1, 4, 7)
     with pytest.raises(StoreInputError):
         c.release([1])  # allocated again, not waiting
-    assert c.stats()["high_water"] == 8
+    assert c.stats().high_water == 8
 
 
 def test_production_status_and_column_wise_readiness() -> None:
@@ -133,7 +133,7 @@ def test_production_status_and_column_wise_readiness() -> None:
     write(c, sub, {"reward": I64})
     assert c.ready_indexes("train", ["prompt", "reward"]) == [0, 2]
     status = c.production_status("train")
-    assert status["samples"] == 4 and status["fields"] == {"prompt": 4, "reward": 2}
+    assert status.samples == 4 and status.fields == {"prompt": 4, "reward": 2}
     got = c.try_fetch("train", ["prompt", "reward"], 2, task="train")
     assert got is not None and got.global_indexes == (0, 2)
     assert got.field_names == ["prompt", "reward"]
@@ -344,7 +344,7 @@ def test_clear_partition_and_schema_forgotten() -> None:
     # the field's schema went with its last sample: a new dtype is fine now
     meta2 = c.allocate("train", 1, schemas={"x": I64})
     write(c, meta2, {"x": I64})
-    assert c.production_status("train")["schemas"]["x"]["dtype"] == "int64"
+    assert c.production_status("train").schemas["x"].dtype == "int64"
     assert meta.size == 3
 
 
@@ -354,7 +354,7 @@ def test_clear_drops_consumption_and_schema_of_cleared_samples() -> None:
     c.try_fetch("train", ["x"], 2, task="t")
     c.clear(meta)
     assert c.consumption_status("train", "t") == {"samples": 0, "consumed": 0}
-    assert c.production_status("train")["schemas"] == {}
+    assert c.production_status("train").schemas == {}
 
 
 def test_set_custom_meta() -> None:

@@ -26,12 +26,12 @@ def test_atomic_put_becomes_ready_only_once_every_unit_wrote() -> None:
     u1 = [meta.global_indexes[p] for p in meta.by_shard()[1]]
     assert c.on_data_update("u0", DataUpdate("p", u0, {"x": F32})) == []
     # one unit's half of the put is stored but not acknowledged: never visible
-    assert c.ready_indexes("p", ["x"]) == [] and c.stats()["staged"] == 4
+    assert c.ready_indexes("p", ["x"]) == [] and c.stats().staged == 4
     nothing = c.try_fetch("p", ["x"], None)
     assert nothing is not None and nothing.size == 0
     assert c.on_data_update("u1", DataUpdate("p", u1, {"x": F32})) == list(meta.global_indexes)
     assert c.ready_indexes("p", ["x"]) == list(meta.global_indexes)
-    assert c.stats()["staged"] == 0
+    assert c.stats().staged == 0
 
 
 def test_a_torn_atomic_put_is_never_ready_and_clears_away() -> None:
@@ -41,7 +41,7 @@ def test_a_torn_atomic_put_is_never_ready_and_clears_away() -> None:
     c.on_data_update("u0", DataUpdate("p", u0, {"x": F32}))  # the producer dies here
     plan = c.clear(meta)  # what the reclaimer does
     assert sorted(plan.indexes) == sorted(meta.global_indexes)
-    assert c.stats()["staged"] == 0 and c.ready_indexes("p", ["x"]) == []
+    assert c.stats().staged == 0 and c.ready_indexes("p", ["x"]) == []
     # an atomic put whose last write conflicts with a committed schema is refused whole
     other = c.allocate("q", 2, schemas={"y": F32}, atomic=True)
     first = c.allocate("q", 2, schemas={"y": I64}, atomic=True)
@@ -65,14 +65,14 @@ def test_unit_loss_fails_only_fetches_that_waited_through_it() -> None:
     assert c.lost_since("p", start) == "u1"  # a fetch waiting through the loss
     later = c.loss_count("p")
     assert c.lost_since("p", later) is None  # a later fetch waits for new data instead
-    assert c.production_status("p")["lost"] == 2
+    assert c.production_status("p").lost == 2
     lost = c.lost_meta("p")
     assert lost.global_indexes == (1, 3) and lost.field_names == []
     new = put(c, "p", 3)
     got = c.try_fetch("p", ["x"], 5, task="t")
     assert got is not None and set(got.global_indexes) == {0, 2, *new.global_indexes}
     c.clear(lost)
-    assert c.production_status("p")["lost"] == 0 and c.lost_meta("p").size == 0
+    assert c.production_status("p").lost == 0 and c.lost_meta("p").size == 0
 
 
 def test_lost_positions_name_the_lost_part_of_a_meta() -> None:
@@ -112,7 +112,7 @@ def test_a_failed_column_wise_put_is_undone() -> None:
     rows = c.drop_fields(meta, fresh)  # unit 1 failed
     assert rows == {0: {"p": {"y": [2], "z": [0, 2]}}, 1: {"p": {"y": [1, 3], "z": [1, 3]}}}
     status = c.production_status("p")
-    assert status["fields"] == {"x": 4, "y": 1} and "z" not in status["schemas"]
+    assert status.fields == {"x": 4, "y": 1} and "z" not in status.schemas
     with pytest.raises(StoreInputError):
         c.drop_fields(meta.select([0]), {"p": {"y": [3]}})
 
@@ -206,4 +206,4 @@ def test_an_atomic_put_completed_after_one_of_its_units_died_keeps_those_samples
     assert c.lost_positions(meta) == {p: "u1" for p in meta.by_shard()[1]}
     got = c.try_fetch("p", ["x"], None, task="t")
     assert got is not None and sorted(got.global_indexes) == sorted(u0)
-    assert c.stats()["staged"] == 0
+    assert c.stats().staged == 0

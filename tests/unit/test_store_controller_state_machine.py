@@ -227,11 +227,11 @@ class ControllerMachine(RuleBasedStateMachine):
     @invariant()
     def indexes_stay_compact(self) -> None:
         stats = self.c.stats()
-        assert stats["allocated"] == len(self.live)
-        assert stats["pending_release"] == len(self.pending)
-        assert stats["high_water"] == len(self.ever)
-        assert stats["staged"] == len(self.staged)
-        assert stats["column_puts"] == len(self.col)
+        assert stats.allocated == len(self.live)
+        assert stats.pending_release == len(self.pending)
+        assert stats.high_water == len(self.ever)
+        assert stats.staged == len(self.staged)
+        assert stats.column_puts == len(self.col)
 
 
 ControllerMachine.TestCase.settings = settings(

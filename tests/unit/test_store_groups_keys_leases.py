@@ -57,7 +57,7 @@ def test_partition_keys_map_to_samples_and_are_forgotten_on_clear() -> None:
         c.allocate("p", 1, keys=["k1"])
     found, missing = c.kv_lookup("p", ["k2", "zz"])
     assert found.global_indexes == (meta.global_indexes[1],) and missing == [1]
-    assert c.kv_list("p") == {"p": {"k1": {"t": 1}, "k2": {"t": 2}}}
+    assert c.kv_list("p").as_dict() == {"p": {"k1": {"t": 1}, "k2": {"t": 2}}}
     c.release(c.clear(c.kv_meta("p", ["k1"])).indexes)
     with pytest.raises(UnknownKeyError):
         c.kv_meta("p", ["k1"])

@@ -239,7 +239,7 @@ def test_drop_partition() -> None:
     assert s.drop_partition("a") > 0
     assert s.partitions() == ["b"]
     assert s.drop_partition("a") == 0
-    assert s.stats()["rows"] == {"b": 1}
+    assert s.stats().rows == {"b": 1}
 
 
 def test_capacity_refuses_before_writing() -> None:
