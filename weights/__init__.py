@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayless.weights.errors import (
     PublisherLostError,
+    WeightChecksumError,
     WeightInputError,
     WeightMismatchError,
     WeightSyncError,
@@ -41,6 +42,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "PublisherLostError",
     "SyncWeightSync",
+    "WeightChecksumError",
     "WeightMismatchError",
     "WeightInputError",
     "WeightSync",

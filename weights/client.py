@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import inspect
 import os
 import time
 from collections.abc import Mapping
@@ -52,8 +54,10 @@ from rayless.actors.ext import opener, spawn_all, traced, weights_span
 from rayless.transport import segments
 from rayless.transport.errors import ClosedError, ProtocolError, RaylessError
 from rayless.transport.ext import host_id
+from rayless.weights.checksums import verify as verify_sums
+from rayless.weights.errors import WeightInputError
 from rayless.weights.layout import Loader, Rename, make_layout, tensors_of
-from rayless.weights.messages import Published, SyncInfo
+from rayless.weights.messages import Entry, Published, SyncInfo
 from rayless.weights.paths.base import PublishRequest, PullRequest, Slots, WeightPath
 from rayless.weights.paths.registry import Paths
 from rayless.weights.paths.relay import forward
@@ -70,6 +74,31 @@ def _checked(value: Any, kind: type[Any], what: str) -> Any:
     if not isinstance(value, kind):
         raise ProtocolError(f"the weight registry answered {what} with {type(value).__name__}")
     return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are one pull target: the same object, or the same bound method
+    (``model.load_weights`` is a new object at each access)."""
+    if a is b:
+        return True
+    return (
+        inspect.ismethod(a)
+        and inspect.ismethod(b)
+        and a.__self__ is b.__self__
+        and a.__func__ is b.__func__
+    )
+
+
+def _changed_since(part: Entry, since: int | None) -> Entry:
+    """``part`` reduced to the rows that changed since version ``since`` (a delta), when the
+    publisher described that delta; else ``part``, whole."""
+    if since is None:
+        return part
+    delta = next((d for d in part.deltas if d.version == since), None)
+    if delta is None:
+        return part
+    sums = [part.sums[i] for i in delta.rows] if len(part.sums) == len(part.layout) else []
+    return dataclasses.replace(part, layout=[part.layout[i] for i in delta.rows], sums=sums)
 
 
 def _feeds(value: Any) -> list[tuple[str, ActorHandle[Any]]]:
@@ -105,6 +134,7 @@ class WeightSync:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         cuda_ipc: bool = True,
         max_slots: int = 3,
+        checksums: bool = True,
     ) -> None:
         self.name = name
         self._registry = registry
@@ -116,6 +146,7 @@ class WeightSync:
         self.bucket_bytes = bucket_bytes
         self.cuda_ipc = cuda_ipc
         self.max_slots = max_slots
+        self.checksums = checksums
         self.version = -1
         self.last_pull_s = 0.0
         self.last_publish_s = 0.0
@@ -125,6 +156,8 @@ class WeightSync:
         self._publishing = asyncio.Lock()
         self._pulling = asyncio.Lock()
         self._closed = False
+        self._held: tuple[Any, int] | None = None  # (target or loader, version it holds)
+        self._relayed: dict[tuple[str, int], int] = {}  # (location, shard) -> version sent
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -139,12 +172,15 @@ class WeightSync:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         cuda_ipc: bool = True,
         max_slots: int = 3,
+        checksums: bool = True,
     ) -> WeightSync:
         """Spawn the registry (an actor named ``name``) and one relay per node.
 
         ``per_node`` treats every node as its own host (each node's subscribers read their
-        relay's copy: the cross-host path on one machine, for tests and benchmarks). Raises
-        ValueError for bad sizes, NameTakenError when ``name`` is taken.
+        relay's copy: the cross-host path on one machine, for tests and benchmarks).
+        ``checksums``: this client's publishes carry a checksum per tensor (what
+        ``pull(verify=True)`` checks; on the shared-memory paths). Raises ValueError for bad
+        sizes, NameTakenError when ``name`` is taken.
         """
         if bucket_bytes < 1 or max_slots < 2:
             raise ValueError("bucket_bytes must be >= 1 and max_slots >= 2")
@@ -158,14 +194,16 @@ class WeightSync:
         await registry.add_relays(relays)
         info = await registry.info()
         return cls(registry, name, info, cluster=cluster, owned=True, relays=relays,
-                   bucket_bytes=bucket_bytes, cuda_ipc=cuda_ipc, max_slots=max_slots)  # fmt: skip
+                   bucket_bytes=bucket_bytes, cuda_ipc=cuda_ipc, max_slots=max_slots,
+                   checksums=checksums)  # fmt: skip
 
     @classmethod
     @opener
     async def connect(
         cls, name: str = "weights", cluster: Cluster | None = None, **options: Any
     ) -> WeightSync:
-        """A client of the running sync ``name`` (options: bucket_bytes, cuda_ipc, max_slots).
+        """A client of the running sync ``name`` (options: bucket_bytes, cuda_ipc, max_slots,
+        checksums).
 
         Raises ActorNotFoundError when no such sync runs.
         """
@@ -234,6 +272,7 @@ class WeightSync:
         num_shards: int = 1,
         group: Any = None,
         src: int | None = None,
+        delta: bool = False,
     ) -> int:
         """Publish the tensors of ``state`` (a state dict) as ``version``; returns it once
         every host can pull it. Publishes of one client run one at a time.
@@ -245,6 +284,11 @@ class WeightSync:
         With ``group`` (a torch.distributed process group, e.g. ``dist.group.WORLD``) the
         version is broadcast over it from ``src`` (default: this process's global rank)
         instead, and only that group's members get it (each calls ``pull(group=...)``).
+
+        ``delta``: write and send only the tensors whose bytes differ from this client's
+        previous version (same names, shapes and dtypes; else everything); a subscriber that
+        holds one of the last few versions copies only what changed since it, any other (new,
+        restarted, behind) copies the whole version. Over a group everything is sent.
 
         Raises WeightVersionError unless ``version`` is above every version published (and
         every version this shard published), WeightInputError for a bad shard, OSError when
@@ -258,16 +302,22 @@ class WeightSync:
                 version, os.getpid(), host_id(), self.location, shard, num_shards
             )
             layout = make_layout(tensors, self.bucket_bytes)
-            request = PublishRequest(tensors, layout, version, shard, self.cuda_ipc, group, src)
+            request = PublishRequest(tensors, layout, version, shard, self.cuda_ipc, group, src,
+                                     checksums=self.checksums, delta=delta)  # fmt: skip
             path = self._paths.publisher(request)
             written = await asyncio.to_thread(path.write, request)
             await self._registry.announce(written.where or self.location, written.entry)
             chunks = written.chunks
             if chunks is not None:
                 entry = written.entry
+                feeds_to = _feeds(feeds)
+                # what each relay was sent last; one that fails below gets everything next time
+                bases = {w: self._relayed.pop((w, shard), -1) for w, _ in feeds_to}
                 await asyncio.gather(
-                    *(forward(self._registry, w, r, entry, chunks) for w, r in _feeds(feeds))
+                    *(forward(self._registry, w, r, entry, chunks, bases[w]) for w, r in feeds_to)
                 )
+                for w, _ in feeds_to:
+                    self._relayed[w, shard] = version
             self.version = version
             self.last_publish_s = time.perf_counter() - t0
         return version
@@ -287,6 +337,7 @@ class WeightSync:
         into: Loader | None = None,
         rename: Rename | None = None,
         dtype: torch.dtype | None = None,
+        verify: bool = False,
     ) -> int:
         """Load the newest version >= ``min_version`` into ``target`` in place, or hand it to
         the loader ``into``; its number.
@@ -300,8 +351,13 @@ class WeightSync:
         ``group``: receive the broadcasts of global rank ``src`` over that torch.distributed
         group (one per ``publish(group=...)``, in order, until one is >= ``min_version``;
         ``timeout`` does not apply to the collective).
+        ``verify``: check every tensor's bytes against the checksum published with them
+        before copying anything (the shared-memory paths; the publisher's ``checksums``).
+        After a delta publish, a pull into the same target (or loader) as this client's last
+        pull copies only the tensors that changed since the version that pull got.
 
         Raises WeightMismatchError (a name or shape differs; nothing copied),
+        WeightChecksumError (``verify``: a tensor's bytes do not match; nothing copied),
         WeightTimeoutError (no such version within ``timeout`` s; None waits on),
         PublisherLostError (the publisher died), WeightSyncError (no path to the weights),
         WeightInputError (both or neither of ``target`` and ``into``; ``rename``/``dtype``
@@ -312,7 +368,13 @@ class WeightSync:
         sink = sink_for(target, strict, into, rename, dtype)
         request = PullRequest(group, src)
         receiver = self._paths.receiver(request)
+        key = target if into is None else into
+        held = self._held
+        self._held = None  # until this pull completes: a failed copy leaves a target torn
+        since = held[1] if held is not None and _same(held[0], key) else None
         if receiver is not None:
+            if verify:
+                raise WeightInputError("verify= applies to pulls through the registry")
             return await self._receive(receiver, sink, min_version, request)
         deadline = None if timeout is None else time.monotonic() + timeout
         async with self._pulling:
@@ -326,10 +388,11 @@ class WeightSync:
                 )
                 sink.check([row for part in published.parts for row in part.layout])
                 try:
-                    await asyncio.to_thread(self._read, published, sink)
+                    await asyncio.to_thread(self._read, published, sink, since, verify)
                 except segments.Superseded:  # rewritten meanwhile: a newer one is out
                     min_version = max(min_version, published.version + 1)
                     continue
+                self._held = (key, published.version)
                 self.version = published.version
                 self.last_pull_s = time.perf_counter() - t0
                 return self.version
@@ -346,11 +409,14 @@ class WeightSync:
                     self.last_pull_s = time.perf_counter() - t0
                     return version
 
-    def _read(self, published: Published, sink: Sink) -> None:
-        parts = published.parts
+    def _read(self, published: Published, sink: Sink, since: int | None, verify: bool) -> None:
+        parts = [_changed_since(p, since) for p in published.parts]
         with contextlib.ExitStack() as leases:  # every shard of the version leased at once
             payloads = [leases.enter_context(self._reader.lease(p.segment, p.version))
                         for p in parts]  # fmt: skip
+            if verify:  # every shard checked before anything is copied
+                for part, payload in zip(parts, payloads, strict=True):
+                    verify_sums(part, payload)
             used: list[WeightPath] = []
             for part, payload in zip(parts, payloads, strict=True):
                 path = self._paths[part.kind]

@@ -34,6 +34,8 @@ __all__ = [
     "make_layout",
     "read_into",
     "renamer",
+    "row_bytes",
+    "row_view",
     "rows_of",
     "targets_of",
     "write_from",
@@ -135,10 +137,16 @@ def bucket_sizes(layout: Layout) -> list[int]:
     return sizes
 
 
-def _view(buffer: torch.Tensor, row: Row, base: int) -> torch.Tensor:
+def row_view(buffer: torch.Tensor, row: Row, base: int) -> torch.Tensor:
+    """The tensor of ``row`` in ``buffer`` (flat uint8; its bucket at ``base``), a view."""
     _, dtype, shape, _, offset, n = row
     flat = buffer[base + offset : base + offset + n]
     return flat.view(_dtype(dtype)).view(shape) if n else torch.empty(shape, dtype=_dtype(dtype))
+
+
+def row_bytes(payload: memoryview, row: Row, base: int) -> memoryview:
+    """The bytes of ``row`` in ``payload`` (its bucket at ``base``)."""
+    return payload[base + row[4] : base + row[4] + row[5]]
 
 
 def write_from(
@@ -152,7 +160,7 @@ def write_from(
     for row in _firsts(layout):
         b = row[3]
         if row[5]:
-            _view(buckets[b], row, starts[b] if starts else 0).copy_(tensors[row[0]])
+            row_view(buckets[b], row, starts[b] if starts else 0).copy_(tensors[row[0]])
 
 
 def targets_of(target: Any) -> dict[str, torch.Tensor]:
@@ -197,7 +205,7 @@ def read_into(
         for row in layout:
             dst = targets.get(row[0])
             if dst is not None and row[5]:
-                dst.copy_(_view(buckets[row[3]], row, starts[row[3]] if starts else 0))
+                dst.copy_(row_view(buckets[row[3]], row, starts[row[3]] if starts else 0))
 
 
 def renamer(rename: Rename | None) -> Callable[[str], str | None]:
@@ -234,7 +242,7 @@ def feed_into(
             name = rename(row[0])
             if name is None:
                 continue
-            view = _view(buckets[bucket], row, base)
+            view = row_view(buckets[bucket], row, base)
             to = dtype if dtype is not None and view.is_floating_point() else view.dtype
             yield name, view.to(to, copy=True)
 

@@ -18,7 +18,17 @@ from typing import Any
 from rayless.actors.ext import message
 from rayless.transport.errors import ProtocolError
 
-__all__ = ["Entry", "IpcBucket", "Layout", "PathKind", "Published", "RelayPlace", "Row", "SyncInfo"]
+__all__ = [
+    "Delta",
+    "Entry",
+    "IpcBucket",
+    "Layout",
+    "PathKind",
+    "Published",
+    "RelayPlace",
+    "Row",
+    "SyncInfo",
+]
 
 # One tensor's place in the buckets (``rayless.weights.layout``): name, dtype
 # (``str(torch.dtype)``), shape, bucket, byte offset, bytes.
@@ -66,6 +76,16 @@ class IpcBucket:
         return [getattr(self, f.name) for f in dataclasses.fields(self)]
 
 
+@message("weights.Delta")
+@dataclass(frozen=True)
+class Delta:
+    """The rows of an entry's layout whose bytes differ from ``version`` (an earlier version
+    of the same layout): a subscriber that holds ``version`` copies only those."""
+
+    version: int
+    rows: list[int]
+
+
 @message("weights.Entry")
 @dataclass(frozen=True)
 class Entry:
@@ -74,7 +94,9 @@ class Entry:
     ``layout`` places its tensors in buckets; ``segment`` is the shared-memory segment whose
     header carries the version and the readers' lease (its payload holds the bytes at
     ``starts``, one offset per bucket, unless the path keeps them elsewhere); ``ipc`` holds one
-    CUDA IPC share per bucket where the bytes stay on the publisher's GPU.
+    CUDA IPC share per bucket where the bytes stay on the publisher's GPU. ``sums`` holds one
+    checksum per layout row (``rayless.weights.checksums``; empty: not computed); ``deltas``
+    say which rows changed since each of the publisher's recent versions (a delta publish).
     """
 
     kind: PathKind
@@ -84,6 +106,8 @@ class Entry:
     segment: str = ""
     starts: list[int] = field(default_factory=list)
     ipc: tuple[IpcBucket, ...] = ()
+    sums: list[int] = field(default_factory=list)
+    deltas: tuple[Delta, ...] = ()
 
 
 @message("weights.Published")

@@ -289,13 +289,27 @@ class WeightRelay(Actor):
             self.payloads.pop(key, None)
 
     @endpoint
-    async def begin(self, version: int, nbytes: int, shard: int = 0) -> None:
-        """Lease a segment of ``nbytes`` for ``version`` (waits for slow readers)."""
+    async def begin(self, version: int, nbytes: int, shard: int = 0, base: int = -1) -> bool:
+        """Lease a segment of ``nbytes`` for ``version`` (waits for slow readers). With
+        ``base`` (a delta), first copy the newest copy here into it when that holds ``base``
+        in ``nbytes``; whether it did (else the publisher sends every byte)."""
         self._abort(shard)  # an unfinished earlier version (its publisher gave up) is dropped
         pool = self.pools.setdefault(shard, segments.SlotPool(self.max_slots))
+        newest = pool.newest
         seg = await asyncio.to_thread(pool.begin, nbytes)
+        payload = torch.frombuffer(seg.payload, dtype=torch.uint8) if nbytes else torch.empty(0)
         self.pending[version, shard] = seg
-        self.payloads[version, shard] = torch.frombuffer(seg.payload, dtype=torch.uint8)
+        self.payloads[version, shard] = payload
+        seeded = (
+            base >= 0
+            and newest is not None
+            and newest.version == base
+            and newest.payload_bytes == nbytes
+        )
+        if seeded and nbytes and newest is not None:
+            old = torch.frombuffer(newest.payload, dtype=torch.uint8)
+            await asyncio.to_thread(payload.copy_, old)
+        return seeded
 
     @endpoint
     async def write(self, version: int, offset: int, chunk: torch.Tensor, shard: int = 0) -> None:
@@ -322,7 +336,8 @@ class WeightRelay(Actor):
         if seg is None:
             raise WeightSyncError(f"relay at {self.location}: version {version} was not begun")
         self.pools[shard].commit(seg, version)
-        return Entry(PathKind.RELAY, version, entry.layout, shard, seg.name, list(entry.starts))
+        return Entry(PathKind.RELAY, version, entry.layout, shard, seg.name, list(entry.starts),
+                     sums=list(entry.sums), deltas=entry.deltas)  # fmt: skip
 
     async def teardown(self) -> None:
         self._abort()

@@ -63,6 +63,7 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
         num_shards: int = 1,
         group: Any = None,
         src: int | None = None,
+        delta: bool = False,
     ) -> int:
         """Publish the tensors of ``state`` (a state dict) as ``version``; returns it once
         every host can pull it. Publishes of one client run one at a time.
@@ -75,13 +76,24 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
         version is broadcast over it from ``src`` (default: this process's global rank)
         instead, and only that group's members get it (each calls ``pull(group=...)``).
 
+        ``delta``: write and send only the tensors whose bytes differ from this client's
+        previous version (same names, shapes and dtypes; else everything); a subscriber that
+        holds one of the last few versions copies only what changed since it, any other (new,
+        restarted, behind) copies the whole version. Over a group everything is sent.
+
         Raises WeightVersionError unless ``version`` is above every version published (and
         every version this shard published), WeightInputError for a bad shard, OSError when
         shared memory is exhausted, ClosedError once closed.
         """
         return self.run(
             self.ws.publish(
-                state, version, shard=shard, num_shards=num_shards, group=group, src=src
+                state,
+                version,
+                shard=shard,
+                num_shards=num_shards,
+                group=group,
+                src=src,
+                delta=delta,
             )
         )
 
@@ -97,6 +109,7 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
         into: Loader | None = None,
         rename: Rename | None = None,
         dtype: torch.dtype | None = None,
+        verify: bool = False,
     ) -> int:
         """Load the newest version >= ``min_version`` into ``target`` in place, or hand it to
         the loader ``into``; its number.
@@ -110,8 +123,13 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
         ``group``: receive the broadcasts of global rank ``src`` over that torch.distributed
         group (one per ``publish(group=...)``, in order, until one is >= ``min_version``;
         ``timeout`` does not apply to the collective).
+        ``verify``: check every tensor's bytes against the checksum published with them
+        before copying anything (the shared-memory paths; the publisher's ``checksums``).
+        After a delta publish, a pull into the same target (or loader) as this client's last
+        pull copies only the tensors that changed since the version that pull got.
 
         Raises WeightMismatchError (a name or shape differs; nothing copied),
+        WeightChecksumError (``verify``: a tensor's bytes do not match; nothing copied),
         WeightTimeoutError (no such version within ``timeout`` s; None waits on),
         PublisherLostError (the publisher died), WeightSyncError (no path to the weights),
         WeightInputError (both or neither of ``target`` and ``into``; ``rename``/``dtype``
@@ -129,6 +147,7 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
                 into=into,
                 rename=rename,
                 dtype=dtype,
+                verify=verify,
             ),
             call_limit(timeout),
         )

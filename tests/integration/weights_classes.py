@@ -170,3 +170,65 @@ class DistMember(Actor):
             dist.destroy_process_group()
         if self.ws is not None:
             await self.ws.aclose()
+
+
+MOE = 20  # tensors of moe_state; two of them change at each version (10%)
+
+
+def last_change(i: int, version: int) -> int:
+    """The newest version <= ``version`` at which tensor ``i`` of moe_state changed (0: none)."""
+    return next((u for u in range(version, 0, -1) if (7 * u + i) % 10 == 0), 0)
+
+
+def moe_state(version: int) -> dict[str, torch.Tensor]:
+    """A state dict of which two tensors in ten change at each version (frozen experts)."""
+    out = {}
+    for i in range(MOE):
+        base = torch.arange(16 * (i + 1), dtype=torch.float32).reshape(i + 1, 16)
+        out[f"expert{i}.weight"] = base + 1000.0 * last_change(i, version)
+    return out
+
+
+class DeltaSubscriber(Actor):
+    """A rollout worker pulling moe_state versions, verified, into its own tensors."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.tensors = {k: torch.zeros_like(v) for k, v in moe_state(0).items()}
+        self.loaded: list[str] = []
+        self.ws: Any = None
+
+    async def setup(self) -> None:
+        self.ws = await WeightSync.connect(self.name)
+
+    async def pull(self, min_version: int, verify: bool = True) -> tuple[int, bool]:
+        """Pull; the version and whether every tensor now equals moe_state(version) exactly."""
+        v = await self.ws.pull(self.tensors, min_version, timeout=30, verify=verify)
+        want = moe_state(v)
+        return v, all(torch.equal(self.tensors[k], want[k]) for k in want)
+
+    def holds(self, version: int) -> bool:
+        """Whether every tensor equals moe_state(version) exactly."""
+        want = moe_state(version)
+        return all(torch.equal(self.tensors[k], want[k]) for k in want)
+
+    def _load(self, weights: Any) -> None:
+        for name, t in weights:
+            self.loaded.append(name)
+            self.tensors[name].copy_(t)
+
+    async def load(self, min_version: int) -> tuple[int, list[str], bool]:
+        """Pull into a loader: the version, the tensors it was handed, and exactness."""
+        self.loaded = []
+        v = await self.ws.pull(into=self._load, min_version=min_version, timeout=30)
+        want = moe_state(v)
+        return v, sorted(self.loaded), all(torch.equal(self.tensors[k], want[k]) for k in want)
+
+    async def reconnect(self) -> None:
+        """A new client (as a restarted worker's): it knows no version it holds."""
+        await self.ws.aclose()
+        self.ws = await WeightSync.connect(self.name)
+
+    async def teardown(self) -> None:
+        if self.ws is not None:
+            await self.ws.aclose()

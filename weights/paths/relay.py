@@ -16,10 +16,11 @@ from rayless.weights.paths.base import WeightPath
 from rayless.weights.paths.shm import read_segment
 from rayless.weights.sinks import Sink
 
-__all__ = ["IN_FLIGHT", "RELAY_CHUNK", "RelayPath", "forward"]
+__all__ = ["IN_FLIGHT", "MERGE_GAP", "RELAY_CHUNK", "RelayPath", "changed_spans", "forward"]
 
 IN_FLIGHT = 2  # chunks on their way to one relay at a time
 RELAY_CHUNK = 64 << 20  # a bucket travels to a relay in pieces of this size (a pipeline)
+MERGE_GAP = 1 << 20  # changed tensors closer than this travel as one piece (gap included)
 
 
 async def forward(
@@ -28,14 +29,22 @@ async def forward(
     relay: ActorHandle[Any],
     entry: Entry,
     chunks: list[torch.Tensor],
+    base: int = -1,
 ) -> None:
     """Send the version of ``entry`` (each bucket's bytes in ``chunks``, CPU or CUDA) to
-    ``relay``, then announce the relay's copy at its location ``where``.
+    ``relay``, then announce the relay's copy at its location ``where``. With ``base`` (the
+    version this relay was last sent) and a delta from it in ``entry``, only the changed
+    tensors' bytes travel when the relay still holds ``base``.
 
-    Raises ProtocolError when the relay answers its commit with anything but an Entry.
+    Raises ProtocolError when the relay answers its begin or commit with the wrong type.
     """
     version, starts, shard = entry.version, entry.starts, entry.shard
-    await relay.begin(version, sum(c.numel() for c in chunks), shard)
+    delta = next((d for d in entry.deltas if d.version == base), None) if base >= 0 else None
+    seeded = await relay.begin(
+        version, sum(c.numel() for c in chunks), shard, base if delta is not None else -1
+    )
+    if not isinstance(seeded, bool):
+        raise ProtocolError(f"a weight relay answered begin() with {type(seeded).__name__}")
     gate = asyncio.Semaphore(IN_FLIGHT)
 
     async def one(start: int, chunk: torch.Tensor) -> None:
@@ -43,16 +52,35 @@ async def forward(
             host_chunk = await asyncio.to_thread(chunk.cpu) if chunk.is_cuda else chunk
             await relay.write(version, start, host_chunk, shard)
 
+    if seeded and delta is not None:
+        spans = changed_spans(entry, delta.rows)
+    else:
+        spans = [(b, 0, c.numel()) for b, c in enumerate(chunks)]
     pieces = [
-        (start + off, chunk[off : off + RELAY_CHUNK])
-        for start, chunk in zip(starts, chunks, strict=True)
-        for off in range(0, chunk.numel(), RELAY_CHUNK)
+        (starts[b] + off, chunks[b][off : min(end, off + RELAY_CHUNK)])
+        for b, begin, end in spans
+        for off in range(begin, end, RELAY_CHUNK)
     ]
     await asyncio.gather(*(one(s, c) for s, c in pieces))
     relayed = await relay.commit(entry)
     if not isinstance(relayed, Entry):
         raise ProtocolError(f"a weight relay committed with {type(relayed).__name__}")
     await registry.announce(where, relayed)
+
+
+def changed_spans(entry: Entry, rows: list[int]) -> list[tuple[int, int, int]]:
+    """The byte spans ``(bucket, start, end)`` that hold ``rows`` of ``entry``'s layout, spans
+    less than :data:`MERGE_GAP` apart merged (sending unchanged bytes again is harmless)."""
+    places = sorted({(entry.layout[i][3], entry.layout[i][4], entry.layout[i][5]) for i in rows})
+    spans: list[tuple[int, int, int]] = []
+    for bucket, offset, n in places:
+        if not n:
+            continue
+        if spans and spans[-1][0] == bucket and offset - spans[-1][2] < MERGE_GAP:
+            spans[-1] = (bucket, spans[-1][1], max(spans[-1][2], offset + n))
+        else:
+            spans.append((bucket, offset, offset + n))
+    return spans
 
 
 class RelayPath(WeightPath):
