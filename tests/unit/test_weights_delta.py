@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -215,3 +216,66 @@ def test_a_relay_seeds_a_delta_from_the_version_it_holds() -> None:
             await relay.teardown()
 
     asyncio.run(main())
+
+
+def test_a_delta_publish_writes_only_what_changed_since_the_segment_s_version(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rayless.weights.paths import shm
+
+    written: list[list[str]] = []
+    real = shm.write_from
+
+    def counting(tensors: Any, layout: Any, *args: Any) -> None:
+        written.append(sorted({r[0] for r in layout}))
+        real(tensors, layout, *args)
+
+    monkeypatch.setattr(shm, "write_from", counting)
+    slots = Slots(2)  # two segments: each version overwrites the one before the newest
+    try:
+        path = ShmPath("t", slots)
+        state = _state(10)
+        _publish(path, state, 1, delta=True)  # no base: everything
+        _publish(path, dict(state, t3=state["t3"] + 1), 2, delta=True)  # a new segment: all
+        _publish(path, dict(state, t3=state["t3"] + 1, t5=state["t5"] + 1), 3, delta=True)
+        assert written[2] == ["t3", "t5"]  # the segment of version 1: changed since 1
+        entry = _publish(path, dict(state, t3=state["t3"] + 1, t5=state["t5"] + 1), 4, delta=True)
+        assert written[3] == ["t5"] and entry.deltas[-1] == Delta(3, [])
+        _publish(path, state, 5)  # without delta: everything
+        assert len(written[4]) == 12
+    finally:
+        slots.close()
+
+
+def test_forward_sends_a_relay_that_holds_the_base_only_the_changed_bytes() -> None:
+    from rayless.weights.paths.relay import forward
+
+    class Relay:
+        def __init__(self, seeded: bool) -> None:
+            self.seeded = seeded
+            self.writes: list[tuple[int, int]] = []
+
+        async def begin(self, version: int, nbytes: int, shard: int, base: int) -> bool:
+            return self.seeded and base >= 0
+
+        async def write(self, version: int, offset: int, chunk: torch.Tensor, shard: int) -> None:
+            self.writes.append((offset, chunk.numel()))
+
+        async def commit(self, entry: Entry) -> Entry:
+            return entry
+
+    class Registry:
+        async def announce(self, where: str, entry: Entry) -> None: ...
+
+    state = {"a": torch.zeros(4), "big": torch.zeros(MERGE_GAP), "b": torch.zeros(4)}
+    layout = make_layout(state, 1 << 30)
+    chunks = [torch.zeros(sum(r[5] for r in layout) + 128, dtype=torch.uint8)]
+    entry = Entry(PathKind.SHM, 2, layout, 0, "s", [0], deltas=(Delta(1, [2]),))
+    for seeded, base, want in [
+        (True, 1, [(layout[2][4], 16)]),
+        (False, 1, [(0, chunks[0].numel())]),
+        (True, 0, [(0, chunks[0].numel())]),  # no delta from 0: everything
+    ]:
+        relay = Relay(seeded)
+        asyncio.run(forward(Registry(), "w", relay, entry, chunks, base))  # type: ignore[arg-type]
+        assert relay.writes == want
