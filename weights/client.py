@@ -44,7 +44,7 @@ import dataclasses
 import inspect
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -55,12 +55,13 @@ from rayless.transport import segments
 from rayless.transport.errors import ClosedError, ProtocolError, RaylessError
 from rayless.transport.ext import host_id
 from rayless.weights.checksums import verify as verify_sums
-from rayless.weights.errors import WeightInputError
-from rayless.weights.layout import Loader, Rename, make_layout, tensors_of
-from rayless.weights.messages import Entry, Published, SyncInfo
+from rayless.weights.errors import WeightInputError, WeightMismatchError
+from rayless.weights.layout import Layout, Loader, Rename, make_layout, tensors_of
+from rayless.weights.messages import Entry, Piece, Published, ShardSpec, SyncInfo
 from rayless.weights.paths.base import PublishRequest, PullRequest, Slots, WeightPath
 from rayless.weights.paths.registry import Paths
 from rayless.weights.paths.relay import forward
+from rayless.weights.reshard import Spec, spec_of
 from rayless.weights.service import WeightRegistry, WeightRelay, location
 from rayless.weights.sinks import Sink, sink_for
 
@@ -74,6 +75,19 @@ def _checked(value: Any, kind: type[Any], what: str) -> Any:
     if not isinstance(value, kind):
         raise ProtocolError(f"the weight registry answered {what} with {type(value).__name__}")
     return value
+
+
+def _pieces(layout: Layout, slices: Callable[[str], ShardSpec | None]) -> tuple[Piece, ...]:
+    """The rows of ``layout`` that are slices (``slices`` of their names). Raises
+    WeightMismatchError for a slice along a dimension the tensor has not."""
+    out = []
+    for i, row in enumerate(layout):
+        spec = slices(row[0])
+        if spec is not None:
+            if spec.dim >= len(row[2]):
+                raise WeightMismatchError(row[0], f"is {len(row[2])}-d: no slice along {spec.dim}")
+            out.append(Piece(i, spec))
+    return tuple(out)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -98,7 +112,11 @@ def _changed_since(part: Entry, since: int | None) -> Entry:
     if delta is None:
         return part
     sums = [part.sums[i] for i in delta.rows] if len(part.sums) == len(part.layout) else []
-    return dataclasses.replace(part, layout=[part.layout[i] for i in delta.rows], sums=sums)
+    index = {old: new for new, old in enumerate(delta.rows)}
+    pieces = tuple(Piece(index[p.row], p.spec) for p in part.pieces if p.row in index)
+    return dataclasses.replace(
+        part, layout=[part.layout[i] for i in delta.rows], sums=sums, pieces=pieces
+    )
 
 
 def _feeds(value: Any) -> list[tuple[str, ActorHandle[Any]]]:
@@ -273,6 +291,7 @@ class WeightSync:
         group: Any = None,
         src: int | None = None,
         delta: bool = False,
+        split: Spec | None = None,
     ) -> int:
         """Publish the tensors of ``state`` (a state dict) as ``version``; returns it once
         every host can pull it. Publishes of one client run one at a time.
@@ -290,12 +309,20 @@ class WeightSync:
         holds one of the last few versions copies only what changed since it, any other (new,
         restarted, behind) copies the whole version. Over a group everything is sent.
 
+        ``split`` (with ``shard``/``num_shards``: a tensor- or FSDP-parallel trainer): which
+        tensors of ``state`` are slices, and which (a ``ShardSpec``, a mapping of names, or a
+        function of the name; None: whole). Every rank then publishes the same names, each
+        its slices; a pull with ``shard=`` copies its own slice of each from every shard.
+
         Raises WeightVersionError unless ``version`` is above every version published (and
         every version this shard published), WeightInputError for a bad shard, OSError when
         shared memory is exhausted, ClosedError once closed.
         """
         self._check_open()
         tensors = tensors_of(state)
+        slices = spec_of(split)
+        if split is not None and group is not None:
+            raise WeightInputError("split= does not travel over a group")
         async with self._publishing:
             t0 = time.perf_counter()
             feeds = await self._registry.begin(
@@ -306,6 +333,9 @@ class WeightSync:
                                      checksums=self.checksums, delta=delta)  # fmt: skip
             path = self._paths.publisher(request)
             written = await asyncio.to_thread(path.write, request)
+            pieces = _pieces(layout, slices)
+            if pieces:
+                written.entry = dataclasses.replace(written.entry, pieces=pieces)
             await self._registry.announce(written.where or self.location, written.entry)
             chunks = written.chunks
             if chunks is not None:
@@ -338,6 +368,7 @@ class WeightSync:
         rename: Rename | None = None,
         dtype: torch.dtype | None = None,
         verify: bool = False,
+        shard: Spec | None = None,
     ) -> int:
         """Load the newest version >= ``min_version`` into ``target`` in place, or hand it to
         the loader ``into``; its number.
@@ -355,6 +386,10 @@ class WeightSync:
         before copying anything (the shared-memory paths; the publisher's ``checksums``).
         After a delta publish, a pull into the same target (or loader) as this client's last
         pull copies only the tensors that changed since the version that pull got.
+        ``shard``: this engine rank's slice of each tensor (a ``ShardSpec(dim, rank, world)``
+        for every tensor, a mapping of names, or a function of the name; None: whole), put
+        together from whatever slices the publisher's shards published; ``target``'s tensors
+        have the slices' shapes; a loader gets them once every shard is copied.
 
         Raises WeightMismatchError (a name or shape differs; nothing copied),
         WeightChecksumError (``verify``: a tensor's bytes do not match; nothing copied),
@@ -365,7 +400,7 @@ class WeightSync:
         ClosedError once closed; what the loader raises, as itself.
         """
         self._check_open()
-        sink = sink_for(target, strict, into, rename, dtype)
+        sink = sink_for(target, strict, into, rename, dtype, shard, self.bucket_bytes)
         request = PullRequest(group, src)
         receiver = self._paths.receiver(request)
         key = target if into is None else into
@@ -386,7 +421,7 @@ class WeightSync:
                     Published,
                     "wait()",
                 )
-                sink.check([row for part in published.parts for row in part.layout])
+                sink.check_parts(published.parts)
                 try:
                     await asyncio.to_thread(self._read, published, sink, since, verify)
                 except segments.Superseded:  # rewritten meanwhile: a newer one is out
@@ -425,3 +460,4 @@ class WeightSync:
                     used.append(path)
             for path in used:
                 path.settle()
+        sink.finish()

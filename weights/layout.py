@@ -30,6 +30,7 @@ __all__ = [
     "Rename",
     "Row",
     "bucket_sizes",
+    "dtype_of",
     "feed_into",
     "make_layout",
     "read_into",
@@ -48,7 +49,8 @@ Loader = Callable[[Iterator[tuple[str, torch.Tensor]]], Any]
 Rename = Union[Mapping[str, str], Callable[[str], Union[str, None]]]
 
 
-def _dtype(name: str) -> torch.dtype:
+def dtype_of(name: str) -> torch.dtype:
+    """The torch dtype a layout row names. Raises WeightMismatchError for an unknown one."""
     dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
         raise WeightMismatchError(name, f"unknown dtype {name!r}")
@@ -141,7 +143,9 @@ def row_view(buffer: torch.Tensor, row: Row, base: int) -> torch.Tensor:
     """The tensor of ``row`` in ``buffer`` (flat uint8; its bucket at ``base``), a view."""
     _, dtype, shape, _, offset, n = row
     flat = buffer[base + offset : base + offset + n]
-    return flat.view(_dtype(dtype)).view(shape) if n else torch.empty(shape, dtype=_dtype(dtype))
+    return (
+        flat.view(dtype_of(dtype)).view(shape) if n else torch.empty(shape, dtype=dtype_of(dtype))
+    )
 
 
 def row_bytes(payload: memoryview, row: Row, base: int) -> memoryview:

@@ -22,11 +22,13 @@ __all__ = [
     "Delta",
     "Entry",
     "IpcBucket",
+    "Piece",
     "Layout",
     "PathKind",
     "Published",
     "RelayPlace",
     "Row",
+    "ShardSpec",
     "SyncInfo",
 ]
 
@@ -86,6 +88,26 @@ class Delta:
     rows: list[int]
 
 
+@message("weights.ShardSpec")
+@dataclass(frozen=True)
+class ShardSpec:
+    """Rank ``rank``'s slice of a tensor split in ``world`` equal parts along ``dim`` (a
+    column- or row-parallel layer, a vocab-parallel embedding, an FSDP shard)."""
+
+    dim: int
+    rank: int
+    world: int
+
+
+@message("weights.Piece")
+@dataclass(frozen=True)
+class Piece:
+    """Row ``row`` of an entry's layout is not a whole tensor but the slice ``spec`` of it."""
+
+    row: int
+    spec: ShardSpec
+
+
 @message("weights.Entry")
 @dataclass(frozen=True)
 class Entry:
@@ -96,7 +118,8 @@ class Entry:
     ``starts``, one offset per bucket, unless the path keeps them elsewhere); ``ipc`` holds one
     CUDA IPC share per bucket where the bytes stay on the publisher's GPU. ``sums`` holds one
     checksum per layout row (``rayless.weights.checksums``; empty: not computed); ``deltas``
-    say which rows changed since each of the publisher's recent versions (a delta publish).
+    say which rows changed since each of the publisher's recent versions (a delta publish);
+    ``pieces`` mark the rows that are slices of a tensor (a sharded trainer's).
     """
 
     kind: PathKind
@@ -108,6 +131,7 @@ class Entry:
     ipc: tuple[IpcBucket, ...] = ()
     sums: list[int] = field(default_factory=list)
     deltas: tuple[Delta, ...] = ()
+    pieces: tuple[Piece, ...] = ()
 
 
 @message("weights.Published")

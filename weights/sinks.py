@@ -6,7 +6,7 @@ Every transfer path (``rayless.weights.paths``) hands the buckets it reads to a 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -22,15 +22,31 @@ from rayless.weights.layout import (
     renamer,
     targets_of,
 )
+from rayless.weights.messages import Entry
 
 __all__ = ["LoaderSink", "Sink", "Targets", "sink_for"]
 
 
 class Sink:
-    """Where a pull's bytes go: ``check`` a layout first, then ``copy`` each part into it."""
+    """Where a pull's bytes go: ``check_parts`` first, then ``copy_part`` each part (shard) of
+    the version into it, then ``finish``."""
 
     def check(self, layout: Layout) -> None:
         """Raise WeightMismatchError before anything is copied (default: nothing to check)."""
+
+    def check_parts(self, parts: Sequence[Entry]) -> None:
+        """Check every part of a version before anything is copied (default: ``check`` of
+        their rows together). Raises WeightMismatchError naming the tensor."""
+        self.check([row for part in parts for row in part.layout])
+
+    def copy_part(
+        self, entry: Entry, buckets: list[torch.Tensor], starts: list[int] | None
+    ) -> None:
+        """Copy ``entry``'s tensors out of ``buckets`` (default: ``copy`` of its layout)."""
+        self.copy(entry.layout, buckets, starts)
+
+    def finish(self) -> None:
+        """Every part is copied (a sink that gathers hands its tensors on here)."""
 
     def copy(self, layout: Layout, buckets: list[torch.Tensor], starts: list[int] | None) -> None:
         """Copy the tensors of ``layout`` out of ``buckets`` (flat uint8; bucket ``b`` at
@@ -72,20 +88,32 @@ def sink_for(
     into: Loader | None,
     rename: Rename | None,
     dtype: torch.dtype | None,
+    shard: Any = None,
+    bucket_bytes: int = 512 << 20,
 ) -> Sink:
-    """The sink of a pull's arguments (``WeightSync.pull``).
+    """The sink of a pull's arguments (``WeightSync.pull``); ``shard`` (a
+    ``rayless.weights.reshard.Spec``) makes it a resharding one.
 
     Raises WeightInputError (both or neither of ``target`` and ``into``; ``rename``/``dtype``
-    without ``into``), TypeError (not a module or dict, a bad ``rename``, ``into`` or ``dtype``).
+    without ``into``), TypeError (not a module or dict, a bad ``rename``, ``into``, ``dtype``
+    or ``shard``).
     """
     if (target is None) == (into is None):
         raise WeightInputError("pull takes a target (module or dict) or into=, one of them")
     if into is None:
         if rename is not None or dtype is not None:
             raise WeightInputError("rename= and dtype= apply to pull(into=...) only")
-        return Targets(targets_of(target), strict)
-    if not callable(into):
+        targets = targets_of(target)
+    elif not callable(into):
         raise TypeError(f"into is a callable (an engine's loader), not {type(into)}")
-    if dtype is not None and not isinstance(dtype, torch.dtype):
+    elif dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype is a torch.dtype, not {type(dtype)}")
+    if shard is not None:
+        from rayless.weights.reshard import ReshardSink, spec_of
+
+        if into is None:
+            return ReshardSink(targets, spec_of(shard), strict)
+        return ReshardSink(None, spec_of(shard), strict, into, renamer(rename), dtype, bucket_bytes)
+    if into is None:
+        return Targets(targets, strict)
     return LoaderSink(into, renamer(rename), dtype)

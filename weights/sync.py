@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import torch
 
     from rayless.weights.layout import Loader, Rename
+    from rayless.weights.reshard import Spec
 
 __all__ = ["SyncWeightSync"]
 
@@ -64,6 +65,7 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
         group: Any = None,
         src: int | None = None,
         delta: bool = False,
+        split: Spec | None = None,
     ) -> int:
         """Publish the tensors of ``state`` (a state dict) as ``version``; returns it once
         every host can pull it. Publishes of one client run one at a time.
@@ -81,6 +83,11 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
         holds one of the last few versions copies only what changed since it, any other (new,
         restarted, behind) copies the whole version. Over a group everything is sent.
 
+        ``split`` (with ``shard``/``num_shards``: a tensor- or FSDP-parallel trainer): which
+        tensors of ``state`` are slices, and which (a ``ShardSpec``, a mapping of names, or a
+        function of the name; None: whole). Every rank then publishes the same names, each
+        its slices; a pull with ``shard=`` copies its own slice of each from every shard.
+
         Raises WeightVersionError unless ``version`` is above every version published (and
         every version this shard published), WeightInputError for a bad shard, OSError when
         shared memory is exhausted, ClosedError once closed.
@@ -94,6 +101,7 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
                 group=group,
                 src=src,
                 delta=delta,
+                split=split,
             )
         )
 
@@ -110,6 +118,7 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
         rename: Rename | None = None,
         dtype: torch.dtype | None = None,
         verify: bool = False,
+        shard: Spec | None = None,
     ) -> int:
         """Load the newest version >= ``min_version`` into ``target`` in place, or hand it to
         the loader ``into``; its number.
@@ -127,6 +136,10 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
         before copying anything (the shared-memory paths; the publisher's ``checksums``).
         After a delta publish, a pull into the same target (or loader) as this client's last
         pull copies only the tensors that changed since the version that pull got.
+        ``shard``: this engine rank's slice of each tensor (a ``ShardSpec(dim, rank, world)``
+        for every tensor, a mapping of names, or a function of the name; None: whole), put
+        together from whatever slices the publisher's shards published; ``target``'s tensors
+        have the slices' shapes; a loader gets them once every shard is copied.
 
         Raises WeightMismatchError (a name or shape differs; nothing copied),
         WeightChecksumError (``verify``: a tensor's bytes do not match; nothing copied),
@@ -148,6 +161,7 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
                 rename=rename,
                 dtype=dtype,
                 verify=verify,
+                shard=shard,
             ),
             call_limit(timeout),
         )

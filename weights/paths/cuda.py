@@ -78,7 +78,7 @@ class CudaPath(WeightPath):
         return Written(entry, have[0])
 
     def read(self, entry: Entry, payload: memoryview, sink: Sink) -> None:
-        sink.copy(entry.layout, self._ipc_buckets(entry), None)
+        sink.copy_part(entry, self._ipc_buckets(entry), None)
         self._used = True
 
     def settle(self) -> None:

@@ -27,7 +27,7 @@ def read_segment(entry: Entry, payload: memoryview, sink: Sink) -> None:
     """Copy ``entry``'s buckets, back to back in ``payload`` at ``entry.starts``, into ``sink``."""
     if payload.nbytes:
         flat = torch.frombuffer(payload, dtype=torch.uint8)
-        sink.copy(entry.layout, [flat] * len(entry.starts), entry.starts)
+        sink.copy_part(entry, [flat] * len(entry.starts), entry.starts)
 
 
 class ShmPath(WeightPath):
