@@ -232,3 +232,61 @@ class DeltaSubscriber(Actor):
     async def teardown(self) -> None:
         if self.ws is not None:
             await self.ws.aclose()
+
+
+def full_tp_state() -> dict[str, torch.Tensor]:
+    """A small transformer block's full state (deterministic)."""
+    g = torch.Generator().manual_seed(5)
+    return {
+        "qkv.weight": torch.randn(8, 4, generator=g).to(torch.bfloat16),  # column parallel
+        "o.weight": torch.randn(4, 8, generator=g),  # row parallel
+        "embed.weight": torch.randn(16, 4, generator=g),  # vocab parallel
+        "norm.weight": torch.randn(4, generator=g),  # replicated
+    }
+
+
+TP_DIMS = {"qkv.weight": 0, "o.weight": 1, "embed.weight": 0}
+
+
+def tp_spec(rank: int, world: int) -> Any:
+    """Tensor parallel slices: ``TP_DIMS``, the rest whole."""
+    from rayless.weights.messages import ShardSpec
+
+    return {n: ShardSpec(d, rank, world) for n, d in TP_DIMS.items()}
+
+
+def tp_slice(name: str, rank: int, world: int) -> torch.Tensor:
+    """Rank ``rank`` of ``world``'s slice of ``full_tp_state()[name]``."""
+    t = full_tp_state()[name]
+    if name not in TP_DIMS:
+        return t
+    return t.chunk(world, TP_DIMS[name])[rank].clone()
+
+
+class TpTrainerRank(Actor):
+    """A tensor-parallel trainer rank: publishes its slices (replicated tensors from rank 0)."""
+
+    def __init__(self, name: str, rank: int, world: int) -> None:
+        self.name, self.rank, self.world = name, rank, world
+        self.ws: Any = None
+
+    async def setup(self) -> None:
+        self.ws = await WeightSync.connect(self.name)
+
+    async def publish(self, version: int) -> int:
+        """Publish this rank's share of ``full_tp_state()`` as ``version``."""
+        state = {
+            n: tp_slice(n, self.rank, self.world)
+            for n in full_tp_state()
+            if n in TP_DIMS or self.rank == 0
+        }
+        spec = tp_spec(self.rank, self.world)
+        return int(
+            await self.ws.publish(
+                state, version, shard=self.rank, num_shards=self.world, split=spec
+            )
+        )
+
+    async def teardown(self) -> None:
+        if self.ws is not None:
+            await self.ws.aclose()
