@@ -55,6 +55,7 @@ from rayless.transport import segments
 from rayless.transport.errors import ClosedError, ProtocolError, RaylessError
 from rayless.transport.ext import host_id
 from rayless.weights.checksums import verify as verify_sums
+from rayless.weights.engines import Feed, update_engine
 from rayless.weights.errors import WeightInputError, WeightMismatchError
 from rayless.weights.layout import Layout, Loader, Rename, make_layout, tensors_of
 from rayless.weights.messages import Entry, Piece, Published, ShardSpec, SyncInfo
@@ -176,6 +177,7 @@ class WeightSync:
         self._closed = False
         self._held: tuple[Any, int] | None = None  # (target or loader, version it holds)
         self._relayed: dict[tuple[str, int], int] = {}  # (location, shard) -> version sent
+        self._feed: Feed | None = None  # the loader of the engine last updated
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -431,6 +433,39 @@ class WeightSync:
                 self.version = published.version
                 self.last_pull_s = time.perf_counter() - t0
                 return self.version
+
+    async def update_engine(
+        self,
+        engine: Any,
+        min_version: int = 0,
+        timeout: float | None = None,
+        *,
+        rename: Rename | None = None,
+        dtype: torch.dtype | None = None,
+        verify: bool = False,
+        shard: Spec | None = None,
+    ) -> int:
+        """Update ``engine`` (an ``UpdatableEngine``: vLLM's protocol, or a ``ModuleEngine``)
+        to the newest version >= ``min_version`` through its own protocol: wait for the
+        version, then pause its generation, start the update, hand it the weights bucket by
+        bucket (``pull(into=...)`` with these options), finish, resume; the version.
+
+        Raises what ``pull`` raises, TypeError when ``engine`` lacks a method of the protocol,
+        and what the engine raises, as itself; an engine that failed after its first bucket
+        stays paused (its weights are torn: update it again, then resume it).
+        """
+        self._check_open()
+        feed = self._feed if self._feed is not None and self._feed.engine is engine else None
+        feed = self._feed = feed or Feed(engine)
+
+        async def wait() -> int:
+            published = _checked(
+                await self._registry.wait(self.location, min_version, timeout), Published, "wait()"
+            )
+            return int(published.version)
+
+        return await update_engine(feed, self.pull, wait, timeout=timeout, rename=rename,
+                                   dtype=dtype, verify=verify, shard=shard)  # fmt: skip
 
     async def _receive(
         self, path: WeightPath, sink: Sink, min_version: int, request: PullRequest

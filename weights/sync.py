@@ -166,6 +166,33 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
             call_limit(timeout),
         )
 
+    def update_engine(
+        self,
+        engine: Any,
+        min_version: int = 0,
+        timeout: float | None = None,
+        *,
+        rename: Rename | None = None,
+        dtype: torch.dtype | None = None,
+        verify: bool = False,
+        shard: Spec | None = None,
+    ) -> int:
+        """Update ``engine`` (an ``UpdatableEngine``: vLLM's protocol, or a ``ModuleEngine``)
+        to the newest version >= ``min_version`` through its own protocol: wait for the
+        version, then pause its generation, start the update, hand it the weights bucket by
+        bucket (``pull(into=...)`` with these options), finish, resume; the version.
+
+        Raises what ``pull`` raises, TypeError when ``engine`` lacks a method of the protocol,
+        and what the engine raises, as itself; an engine that failed after its first bucket
+        stays paused (its weights are torn: update it again, then resume it).
+        """
+        return self.run(
+            self.ws.update_engine(
+                engine, min_version, timeout, rename=rename, dtype=dtype, verify=verify, shard=shard
+            ),
+            call_limit(timeout),
+        )
+
     # -- end of the generated members --
 
     @classmethod

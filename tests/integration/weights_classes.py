@@ -290,3 +290,54 @@ class TpTrainerRank(Actor):
     async def teardown(self) -> None:
         if self.ws is not None:
             await self.ws.aclose()
+
+
+class StandInEngine:
+    """An inference engine's update protocol that enforces vLLM's order: pause → start →
+    update_weights (one or more) → finish → resume; any other call raises RuntimeError.
+    Its pause and finish are coroutines (as an async engine's are)."""
+
+    NEXT = {
+        "pause_generation": {"serving"},
+        "start_weight_update": {"paused"},
+        "update_weights": {"started", "updating"},
+        "finish_weight_update": {"updating"},
+        "resume_generation": {"paused", "finished"},
+    }
+    AFTER = {
+        "pause_generation": "paused",
+        "start_weight_update": "started",
+        "update_weights": "updating",
+        "finish_weight_update": "finished",
+        "resume_generation": "serving",
+    }
+
+    def __init__(self) -> None:
+        self.state = "serving"
+        self.calls: list[str] = []
+        self.weights: dict[str, torch.Tensor] = {}
+        self.fail_update = False
+
+    def _step(self, name: str) -> None:
+        if self.state not in self.NEXT[name]:
+            raise RuntimeError(f"{name} called while {self.state}")
+        self.state = self.AFTER[name]
+        self.calls.append(name)
+
+    async def pause_generation(self) -> None:
+        self._step("pause_generation")
+
+    def start_weight_update(self) -> None:
+        self._step("start_weight_update")
+
+    def update_weights(self, weights: Any) -> None:
+        self._step("update_weights")
+        if self.fail_update:
+            raise ValueError("the engine refused a bucket")
+        self.weights.update(weights)
+
+    async def finish_weight_update(self) -> None:
+        self._step("finish_weight_update")
+
+    def resume_generation(self) -> None:
+        self._step("resume_generation")
