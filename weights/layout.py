@@ -153,6 +153,60 @@ def row_bytes(payload: memoryview, row: Row, base: int) -> memoryview:
     return payload[base + row[4] : base + row[4] + row[5]]
 
 
+BATCH = 1 << 20  # tensors below this many bytes are copied in one foreach call per batch
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor | None:
+    """``t``'s bytes as a flat uint8 view, or None (not contiguous)."""
+    return t.reshape(-1).view(torch.uint8) if t.is_contiguous() else None
+
+
+def _places(
+    layout: Layout, buckets: Sequence[torch.Tensor], starts: Sequence[int] | None
+) -> dict[tuple[int, int], torch.Tensor]:
+    """A flat uint8 view of every place (bucket, offset) of ``layout``'s non-empty rows, each
+    bucket's made by one ``split_with_sizes`` (many small tensors cost one call, not one each).
+    """
+    by_bucket: dict[int, set[tuple[int, int]]] = {}
+    for row in layout:
+        if row[5]:
+            by_bucket.setdefault(row[3], set()).add((row[4], row[5]))
+    out: dict[tuple[int, int], torch.Tensor] = {}
+    for b, places in by_bucket.items():
+        base = starts[b] if starts else 0
+        ordered = sorted(places)
+        sizes: list[int] = []
+        keep: list[tuple[int, int] | None] = []
+        first = pos = ordered[0][0]
+        for offset, n in ordered:
+            if offset < pos:  # overlapping places (never made by make_layout): one by one
+                for o, m in ordered:
+                    out[b, o] = buckets[b][base + o : base + o + m]
+                break
+            if offset > pos:
+                sizes.append(offset - pos)
+                keep.append(None)
+            sizes.append(n)
+            keep.append((b, offset))
+            pos = offset + n
+        else:
+            parts = buckets[b][base + first : base + pos].split_with_sizes(sizes)
+            out.update((k, p) for k, p in zip(keep, parts, strict=True) if k is not None)
+    return out
+
+
+def _copy_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """``dst.copy_(src)`` for every pair: small same-device ones in one foreach call."""
+    small = []
+    for dst, src in pairs:
+        if dst.device == src.device and dst.numel() * dst.element_size() < BATCH:
+            small.append((dst, src))
+        else:
+            dst.copy_(src)
+    if small:
+        torch._foreach_copy_([d for d, _ in small], [s for _, s in small])
+
+
 def write_from(
     tensors: Mapping[str, torch.Tensor],
     layout: Layout,
@@ -161,10 +215,19 @@ def write_from(
 ) -> None:
     """Copy every tensor into its place: ``buckets[b]`` (flat uint8), at ``starts[b]`` in it
     (an alias's bytes once)."""
-    for row in _firsts(layout):
-        b = row[3]
-        if row[5]:
-            row_view(buckets[b], row, starts[b] if starts else 0).copy_(tensors[row[0]])
+    rows = [row for row in _firsts(layout) if row[5]]
+    if not rows:
+        return
+    places = _places(rows, buckets, starts)
+    pairs = []
+    for row in rows:
+        dst, src = places[row[3], row[4]], tensors[row[0]]
+        flat = _flat(src) if src.dtype == dtype_of(row[1]) else None
+        if flat is None:
+            dst.view(dtype_of(row[1])).view(row[2]).copy_(src)
+        else:
+            pairs.append((dst, flat))
+    _copy_pairs(pairs)
 
 
 def targets_of(target: Any) -> dict[str, torch.Tensor]:
@@ -205,11 +268,20 @@ def read_into(
     starts: Sequence[int] | None = None,
 ) -> None:
     """Copy each published tensor into its target in place (dtype and device converted)."""
+    rows = [row for row in layout if row[5] and row[0] in targets]
+    if not rows:
+        return
+    places = _places(rows, buckets, starts)
+    pairs = []
     with torch.no_grad():
-        for row in layout:
-            dst = targets.get(row[0])
-            if dst is not None and row[5]:
-                dst.copy_(row_view(buckets[row[3]], row, starts[row[3]] if starts else 0))
+        for row in rows:
+            dst, src = targets[row[0]], places[row[3], row[4]]
+            flat = _flat(dst) if dst.dtype == dtype_of(row[1]) else None
+            if flat is None or flat.data_ptr() != dst.data_ptr():
+                dst.copy_(src.view(dtype_of(row[1])).view(row[2]))
+            else:
+                pairs.append((flat, src))
+        _copy_pairs(pairs)
 
 
 def renamer(rename: Rename | None) -> Callable[[str], str | None]:
