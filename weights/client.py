@@ -62,7 +62,7 @@ from rayless.weights.messages import Entry, Piece, Published, ShardSpec, SyncInf
 from rayless.weights.paths.base import PublishRequest, PullRequest, Slots, WeightPath
 from rayless.weights.paths.registry import Paths
 from rayless.weights.paths.relay import forward
-from rayless.weights.reshard import Spec, spec_of
+from rayless.weights.reshard import Spec, resharding, spec_of
 from rayless.weights.service import WeightRegistry, WeightRelay, location
 from rayless.weights.sinks import Sink, sink_for
 
@@ -402,7 +402,8 @@ class WeightSync:
         ClosedError once closed; what the loader raises, as itself.
         """
         self._check_open()
-        sink = sink_for(target, strict, into, rename, dtype, shard, self.bucket_bytes)
+        plain = sink_for(target, strict, into, rename, dtype)
+        sink: Sink = plain if shard is None else resharding(plain, shard, self.bucket_bytes)
         request = PullRequest(group, src)
         receiver = self._paths.receiver(request)
         key = target if into is None else into

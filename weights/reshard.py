@@ -19,9 +19,9 @@ import torch
 from rayless.weights.errors import WeightInputError, WeightMismatchError
 from rayless.weights.layout import Loader, Row, dtype_of, row_view
 from rayless.weights.messages import Entry, PathKind, ShardSpec
-from rayless.weights.sinks import Sink
+from rayless.weights.sinks import LoaderSink, Sink, Targets
 
-__all__ = ["Box", "ReshardSink", "Spec", "box_of", "spec_of"]
+__all__ = ["Box", "ReshardSink", "Spec", "box_of", "resharding", "spec_of"]
 
 # What a publish or pull says of its slices: one spec for every tensor, a mapping (names not
 # in it whole), or a function of the name (None: whole).
@@ -202,3 +202,12 @@ class ReshardSink(Sink):
             new = self.rename(name)
             if new is not None:
                 yield new, self.targets[name]
+
+
+def resharding(sink: Targets | LoaderSink, shard: Spec, bucket_bytes: int) -> ReshardSink:
+    """``sink`` (from ``sink_for``) taking only the slices ``shard`` names. Raises TypeError
+    for a bad ``shard``."""
+    want = spec_of(shard)
+    if isinstance(sink, Targets):
+        return ReshardSink(sink.targets, want, sink.strict)
+    return ReshardSink(None, want, True, sink.loader, sink.rename, sink.dtype, bucket_bytes)

@@ -88,32 +88,20 @@ def sink_for(
     into: Loader | None,
     rename: Rename | None,
     dtype: torch.dtype | None,
-    shard: Any = None,
-    bucket_bytes: int = 512 << 20,
-) -> Sink:
-    """The sink of a pull's arguments (``WeightSync.pull``); ``shard`` (a
-    ``rayless.weights.reshard.Spec``) makes it a resharding one.
+) -> Targets | LoaderSink:
+    """The sink of a pull's arguments (``WeightSync.pull``).
 
     Raises WeightInputError (both or neither of ``target`` and ``into``; ``rename``/``dtype``
-    without ``into``), TypeError (not a module or dict, a bad ``rename``, ``into``, ``dtype``
-    or ``shard``).
+    without ``into``), TypeError (not a module or dict, a bad ``rename``, ``into`` or ``dtype``).
     """
     if (target is None) == (into is None):
         raise WeightInputError("pull takes a target (module or dict) or into=, one of them")
     if into is None:
         if rename is not None or dtype is not None:
             raise WeightInputError("rename= and dtype= apply to pull(into=...) only")
-        targets = targets_of(target)
-    elif not callable(into):
+        return Targets(targets_of(target), strict)
+    if not callable(into):
         raise TypeError(f"into is a callable (an engine's loader), not {type(into)}")
-    elif dtype is not None and not isinstance(dtype, torch.dtype):
+    if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype is a torch.dtype, not {type(dtype)}")
-    if shard is not None:
-        from rayless.weights.reshard import ReshardSink, spec_of
-
-        if into is None:
-            return ReshardSink(targets, spec_of(shard), strict)
-        return ReshardSink(None, spec_of(shard), strict, into, renamer(rename), dtype, bucket_bytes)
-    if into is None:
-        return Targets(targets, strict)
     return LoaderSink(into, renamer(rename), dtype)

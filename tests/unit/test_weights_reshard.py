@@ -18,7 +18,7 @@ from rayless.weights.layout import make_layout
 from rayless.weights.messages import Entry, ShardSpec
 from rayless.weights.paths.base import PublishRequest, Slots
 from rayless.weights.paths.shm import ShmPath
-from rayless.weights.reshard import box_of, spec_of
+from rayless.weights.reshard import box_of, resharding, spec_of
 from rayless.weights.sinks import Sink, sink_for
 
 g = torch.Generator().manual_seed(3)
@@ -95,7 +95,7 @@ def test_engine_ranks_pull_their_slices_bit_exact(trainer: Any, tworld: int, ewo
         want = _tp(rank, eworld)
         expected = {n: _slice(n, want(n)) for n in FULL}
         targets = {n: torch.zeros_like(t) for n, t in expected.items()}
-        _pull(entries, sink_for(targets, True, None, None, None, want))
+        _pull(entries, resharding(sink_for(targets, True, None, None, None), want, 1 << 20))
         for name, t in expected.items():
             a, b = targets[name].reshape(-1), t.reshape(-1)
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
@@ -108,7 +108,7 @@ def test_engine_ranks_pull_their_slices_bit_exact(trainer: Any, tworld: int, ewo
             calls.append(1)
             got.update(weights)
 
-        sink = sink_for(None, True, load, {"steps": "step"}, torch.float32, want, 64)
+        sink = resharding(sink_for(None, True, load, {"steps": "step"}, torch.float32), want, 64)
         _pull(entries, sink)
         assert sorted(got) == sorted(n if n != "steps" else "step" for n in FULL)
         assert len(calls) > 1  # in groups of about bucket_bytes
@@ -123,13 +123,16 @@ def test_a_missing_shard_or_a_wrong_shape_names_the_tensor() -> None:
     want = _tp(0, 4)
     targets = {n: torch.zeros_like(_slice(n, want(n))) for n in FULL}
     with pytest.raises(WeightMismatchError, match="shard is missing") as e:
-        _pull(entries[:1], sink_for(targets, True, None, None, None, want))
+        _pull(entries[:1], resharding(sink_for(targets, True, None, None, None), want, 1 << 20))
     assert e.value.tensor in TP_DIMS
     targets["o.weight"] = torch.zeros(8, 8)
     with pytest.raises(WeightMismatchError) as e:
-        _pull(entries, sink_for(targets, True, None, None, None, want))
+        _pull(entries, resharding(sink_for(targets, True, None, None, None), want, 1 << 20))
     assert e.value.tensor == "o.weight"
     with pytest.raises(WeightMismatchError, match="does not split"):
-        _pull(entries, sink_for(targets, True, None, None, None, ShardSpec(0, 0, 3)))
+        _pull(
+            entries,
+            resharding(sink_for(targets, True, None, None, None), ShardSpec(0, 0, 3), 1 << 20),
+        )
     with pytest.raises(TypeError):
         spec_of(3)  # type: ignore[arg-type]
