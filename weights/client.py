@@ -407,33 +407,40 @@ class WeightSync:
         request = PullRequest(group, src)
         receiver = self._paths.receiver(request)
         key = target if into is None else into
-        held = self._held
-        self._held = None  # until this pull completes: a failed copy leaves a target torn
-        since = held[1] if held is not None and _same(held[0], key) else None
         if receiver is not None:
             if verify:
                 raise WeightInputError("verify= applies to pulls through the registry")
+            self._held = None
             return await self._receive(receiver, sink, min_version, request)
         deadline = None if timeout is None else time.monotonic() + timeout
         async with self._pulling:
+            held, self._held = self._held, None  # a copy that fails leaves its target torn
+            since = held[1] if held is not None and _same(held[0], key) else None
+            copying = [False]  # set by _read before its first copy
             t0 = time.perf_counter()
-            while True:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                published = _checked(
-                    await self._registry.wait(self.location, min_version, left),
-                    Published,
-                    "wait()",
-                )
-                sink.check_parts(published.parts)
-                try:
-                    await asyncio.to_thread(self._read, published, sink, since, verify)
-                except segments.Superseded:  # rewritten meanwhile: a newer one is out
-                    min_version = max(min_version, published.version + 1)
-                    continue
-                self._held = (key, published.version)
-                self.version = published.version
-                self.last_pull_s = time.perf_counter() - t0
-                return self.version
+            try:
+                while True:
+                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    published = _checked(
+                        await self._registry.wait(self.location, min_version, left),
+                        Published,
+                        "wait()",
+                    )
+                    sink.check_parts(published.parts)
+                    try:
+                        await asyncio.to_thread(self._read, published, sink, since, verify, copying)
+                    except segments.Superseded:  # rewritten meanwhile: a newer one is out
+                        min_version = max(min_version, published.version + 1)
+                        continue
+                    break
+            except BaseException:
+                if not copying[0]:  # nothing copied: the target still holds what it held
+                    self._held = held
+                raise
+            self._held = (key, published.version)
+            self.version = published.version
+            self.last_pull_s = time.perf_counter() - t0
+            return self.version
 
     async def update_engine(
         self,
@@ -480,7 +487,14 @@ class WeightSync:
                     self.last_pull_s = time.perf_counter() - t0
                     return version
 
-    def _read(self, published: Published, sink: Sink, since: int | None, verify: bool) -> None:
+    def _read(
+        self,
+        published: Published,
+        sink: Sink,
+        since: int | None,
+        verify: bool,
+        copying: list[bool],
+    ) -> None:
         parts = [_changed_since(p, since) for p in published.parts]
         with contextlib.ExitStack() as leases:  # every shard of the version leased at once
             payloads = [leases.enter_context(self._reader.lease(p.segment, p.version))
@@ -489,6 +503,7 @@ class WeightSync:
                 for part, payload in zip(parts, payloads, strict=True):
                     verify_sums(part, payload)
             used: list[WeightPath] = []
+            copying[0] = True
             for part, payload in zip(parts, payloads, strict=True):
                 path = self._paths[part.kind]
                 path.read(part, payload, sink)

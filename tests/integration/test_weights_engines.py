@@ -53,14 +53,20 @@ async def test_a_pull_drives_the_engine_protocol_in_order(local_cluster: Cluster
             with pytest.raises(WeightMismatchError):
                 await sub.update_engine(engine, 2, timeout=30, shard=ShardSpec(0, 0, 3))
             assert engine.state == "serving"
+            engine.weights.clear()  # nothing was copied: the next update is still a delta
+            await ws.publish(moe_state(3), version=3, delta=True)
+            assert await sub.update_engine(engine, 3, timeout=30) == 3
+            assert sorted(engine.weights) == sorted(
+                k for k, v in moe_state(3).items() if not torch.equal(v, moe_state(2)[k])
+            )
             # after it: torn weights, the engine stays paused until updated again
-            await ws.publish(moe_state(3), version=3)
+            await ws.publish(moe_state(4), version=4)
             engine.fail_update = True
             with pytest.raises(ValueError, match="refused"):
-                await sub.update_engine(engine, 3, timeout=30)
+                await sub.update_engine(engine, 4, timeout=30)
             assert engine.state == "updating"
             with pytest.raises(TypeError):
-                await sub.update_engine(object(), 3, timeout=30)
+                await sub.update_engine(object(), 4, timeout=30)
         finally:
             await sub.aclose()
 
