@@ -17,11 +17,12 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from rayless.weights.layout import Layout, row_view
-from rayless.weights.messages import Delta
+from rayless.weights.messages import Delta, Entry
 
-__all__ = ["WINDOW", "History", "changed_rows"]
+__all__ = ["MERGE_GAP", "WINDOW", "History", "changed_rows", "changed_spans"]
 
 WINDOW = 8  # versions back that an entry describes deltas from
+MERGE_GAP = 1 << 20  # changed tensors closer than this travel as one piece (gap included)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -98,3 +99,18 @@ class History:
     def deltas(self) -> tuple[Delta, ...]:
         """For each earlier version in the window: the rows changed since it."""
         return tuple(Delta(v, sorted(self.since(v) or ())) for v, _ in self.log[:-1])
+
+
+def changed_spans(entry: Entry, rows: list[int]) -> list[tuple[int, int, int]]:
+    """The byte spans ``(bucket, start, end)`` that hold ``rows`` of ``entry``'s layout, spans
+    less than :data:`MERGE_GAP` apart merged (sending unchanged bytes again is harmless)."""
+    places = sorted({(entry.layout[i][3], entry.layout[i][4], entry.layout[i][5]) for i in rows})
+    spans: list[tuple[int, int, int]] = []
+    for bucket, offset, n in places:
+        if not n:
+            continue
+        if spans and spans[-1][0] == bucket and offset - spans[-1][2] < MERGE_GAP:
+            spans[-1] = (bucket, spans[-1][1], max(spans[-1][2], offset + n))
+        else:
+            spans.append((bucket, offset, offset + n))
+    return spans

@@ -16,12 +16,11 @@ import torch
 from rayless.transport import segments
 from rayless.weights.checksums import PIECE, sums_of, verify
 from rayless.weights.client import _changed_since, _same
-from rayless.weights.delta import History, changed_rows
+from rayless.weights.delta import MERGE_GAP, History, changed_rows, changed_spans
 from rayless.weights.errors import WeightChecksumError, WeightSyncError
 from rayless.weights.layout import make_layout, row_view
 from rayless.weights.messages import Delta, Entry, PathKind
 from rayless.weights.paths.base import PublishRequest, Slots
-from rayless.weights.paths.relay import MERGE_GAP, changed_spans
 from rayless.weights.paths.shm import ShmPath
 from rayless.weights.service import WeightRelay
 from rayless.weights.sinks import Targets
@@ -194,7 +193,7 @@ def test_changed_spans_merge_nearby_tensors() -> None:
 
 def test_a_relay_seeds_a_delta_from_the_version_it_holds() -> None:
     async def main() -> None:
-        relay = WeightRelay(per_node=True)
+        relay = WeightRelay(per_node=True, max_slots=2)
         layout = make_layout({"a": torch.zeros(16, dtype=torch.uint8)}, 64)
         try:
             assert await relay.begin(1, 64, 0, base=0) is False  # nothing held: everything
@@ -203,6 +202,7 @@ def test_a_relay_seeds_a_delta_from_the_version_it_holds() -> None:
             assert first.sums == [5]
             assert await relay.begin(2, 64, 0, base=1) is True  # a copy of version 1 first
             await relay.write(2, 0, torch.full((8,), 9, dtype=torch.uint8), 0)
+            await relay.write(2, 40, torch.full((2,), 5, dtype=torch.uint8), 0)  # outside "a"
             second = relay.commit(Entry(PathKind.SHM, 2, layout, 0, "theirs", [0]))
             reader = segments.Reader()
             try:
@@ -210,8 +210,22 @@ def test_a_relay_seeds_a_delta_from_the_version_it_holds() -> None:
                     got = bytes(payload)
             finally:
                 reader.close()
-            assert got == bytes([9] * 8 + [7] * 56)
-            assert await relay.begin(3, 128, 0, base=2) is False  # another size
+            assert got == bytes([9] * 8 + [7] * 32 + [5] * 2 + [7] * 22)
+            # version 3 lands in version 1's segment (two slots): only what changed since 1
+            # (row 0, per the entry's deltas) comes from version 2's copy, the rest stays
+            three = Entry(PathKind.SHM, 3, layout, 0, "theirs", [0], deltas=(Delta(1, [0]),))
+            assert await relay.begin(3, 64, 0, 2, three) is True
+            await relay.write(3, 4, torch.full((2,), 3, dtype=torch.uint8), 0)
+            third = relay.commit(three)
+            reader = segments.Reader()
+            try:
+                with reader.lease(third.segment, 3) as payload:
+                    got = bytes(payload)
+            finally:
+                reader.close()
+            # bytes 40-41 kept version 1's 7s: only row "a"'s span was copied, not the whole
+            assert got == bytes([9] * 4 + [3] * 2 + [9] * 2 + [7] * 56)
+            assert await relay.begin(4, 128, 0, base=3) is False  # another size
         finally:
             await relay.teardown()
 
@@ -255,7 +269,9 @@ def test_forward_sends_a_relay_that_holds_the_base_only_the_changed_bytes() -> N
             self.seeded = seeded
             self.writes: list[tuple[int, int]] = []
 
-        async def begin(self, version: int, nbytes: int, shard: int, base: int) -> bool:
+        async def begin(
+            self, version: int, nbytes: int, shard: int, base: int = -1, entry: Any = None
+        ) -> bool:
             return self.seeded and base >= 0
 
         async def write(self, version: int, offset: int, chunk: torch.Tensor, shard: int) -> None:

@@ -11,16 +11,16 @@ import torch
 
 from rayless.actors import ActorHandle
 from rayless.transport.errors import ProtocolError
+from rayless.weights.delta import changed_spans
 from rayless.weights.messages import Entry, PathKind
 from rayless.weights.paths.base import WeightPath
 from rayless.weights.paths.shm import read_segment
 from rayless.weights.sinks import Sink
 
-__all__ = ["IN_FLIGHT", "MERGE_GAP", "RELAY_CHUNK", "RelayPath", "changed_spans", "forward"]
+__all__ = ["IN_FLIGHT", "RELAY_CHUNK", "RelayPath", "forward"]
 
 IN_FLIGHT = 2  # chunks on their way to one relay at a time
 RELAY_CHUNK = 64 << 20  # a bucket travels to a relay in pieces of this size (a pipeline)
-MERGE_GAP = 1 << 20  # changed tensors closer than this travel as one piece (gap included)
 
 
 async def forward(
@@ -40,9 +40,11 @@ async def forward(
     """
     version, starts, shard = entry.version, entry.starts, entry.shard
     delta = next((d for d in entry.deltas if d.version == base), None) if base >= 0 else None
-    seeded = await relay.begin(
-        version, sum(c.numel() for c in chunks), shard, base if delta is not None else -1
-    )
+    nbytes = sum(c.numel() for c in chunks)
+    if delta is None:
+        seeded = await relay.begin(version, nbytes, shard)
+    else:
+        seeded = await relay.begin(version, nbytes, shard, base, entry)
     if not isinstance(seeded, bool):
         raise ProtocolError(f"a weight relay answered begin() with {type(seeded).__name__}")
     gate = asyncio.Semaphore(IN_FLIGHT)
@@ -66,21 +68,6 @@ async def forward(
     if not isinstance(relayed, Entry):
         raise ProtocolError(f"a weight relay committed with {type(relayed).__name__}")
     await registry.announce(where, relayed)
-
-
-def changed_spans(entry: Entry, rows: list[int]) -> list[tuple[int, int, int]]:
-    """The byte spans ``(bucket, start, end)`` that hold ``rows`` of ``entry``'s layout, spans
-    less than :data:`MERGE_GAP` apart merged (sending unchanged bytes again is harmless)."""
-    places = sorted({(entry.layout[i][3], entry.layout[i][4], entry.layout[i][5]) for i in rows})
-    spans: list[tuple[int, int, int]] = []
-    for bucket, offset, n in places:
-        if not n:
-            continue
-        if spans and spans[-1][0] == bucket and offset - spans[-1][2] < MERGE_GAP:
-            spans[-1] = (bucket, spans[-1][1], max(spans[-1][2], offset + n))
-        else:
-            spans.append((bucket, offset, offset + n))
-    return spans
 
 
 class RelayPath(WeightPath):
