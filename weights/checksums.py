@@ -10,27 +10,17 @@ bytes it is about to copy, under its lease, and a mismatch raises
 
 from __future__ import annotations
 
-import os
 import zlib
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from rayless.weights.errors import WeightChecksumError, WeightSyncError
-from rayless.weights.layout import Layout, row_bytes
+from rayless.weights.layout import Layout, executor, row_bytes
 from rayless.weights.messages import Entry
 
 __all__ = ["PIECE", "sums_in", "sums_of", "verify"]
 
 PIECE = 8 << 20  # a tensor bigger than this is hashed in pieces of this size, in parallel
 _SMALL = 1 << 20  # below this many bytes the sums are computed in the calling thread
-_pool: ThreadPoolExecutor | None = None
-
-
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(min(16, os.cpu_count() or 1), thread_name_prefix="wsum")
-    return _pool
 
 
 def _crc_all(views: Sequence[memoryview]) -> list[int]:
@@ -58,7 +48,7 @@ def sums_of(views: Sequence[memoryview]) -> list[int]:
                 size = 0
             tasks[-1].append(p)
             size += p.nbytes
-        crcs = [c for part in _executor().map(_crc_all, tasks) for c in part]
+        crcs = [c for part in executor().map(_crc_all, tasks) for c in part]
     out = []
     for first, count in spans:
         if count == 1:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from rayless.weights.layout import Layout, row_view
+from rayless.weights.layout import PARALLEL, Layout, executor, row_view
 from rayless.weights.messages import Delta, Entry
 
 __all__ = ["MERGE_GAP", "WINDOW", "History", "changed_rows", "changed_spans"]
@@ -29,6 +29,10 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
+def _differ(pair: tuple[torch.Tensor, torch.Tensor]) -> bool:
+    return not torch.equal(pair[0], pair[1])
+
+
 def changed_rows(
     tensors: Mapping[str, torch.Tensor],
     layout: Layout,
@@ -36,20 +40,19 @@ def changed_rows(
     starts: Sequence[int] | None,
 ) -> set[int]:
     """The rows of ``layout`` whose tensor's bytes differ from those at the row's place in
-    ``buffers`` (the previous version of the same layout; bucket ``b`` at ``starts[b]``)."""
-    out: set[int] = set()
-    seen: dict[tuple[int, int], bool] = {}  # an alias (tied weights) shares its original's
-    for i, row in enumerate(layout):
-        if not row[5]:
-            continue
+    ``buffers`` (the previous version of the same layout; bucket ``b`` at ``starts[b]``);
+    compared on threads when the tensors are big (CPU)."""
+    places: dict[tuple[int, int], int] = {}  # an alias (tied weights) shares its original's
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for row in layout:
         place = (row[3], row[4])
-        differs = seen.get(place)
-        if differs is None:
+        if row[5] and place not in places:
+            places[place] = len(pairs)
             old = row_view(buffers[row[3]], row, starts[row[3]] if starts else 0)
-            differs = seen[place] = not torch.equal(_bytes(tensors[row[0]]), _bytes(old))
-        if differs:
-            out.add(i)
-    return out
+            pairs.append((_bytes(tensors[row[0]]), _bytes(old)))
+    big = sum(a.numel() for a, _ in pairs) >= PARALLEL and all(not a.is_cuda for a, _ in pairs)
+    differs = list(executor().map(_differ, pairs)) if big else [_differ(p) for p in pairs]
+    return {i for i, row in enumerate(layout) if row[5] and differs[places[row[3], row[4]]]}
 
 
 class History:

@@ -15,7 +15,9 @@ name.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Union
 
 import torch
@@ -195,14 +197,42 @@ def _places(
     return out
 
 
+PARALLEL = 32 << 20  # CPU copies of at least this many bytes in all run on threads
+PIECE = 8 << 20  # in pieces of this size
+_pool: ThreadPoolExecutor | None = None
+
+
+def executor() -> ThreadPoolExecutor:
+    """The threads of weight sync's CPU copies and checksums (torch and zlib release the
+    GIL), one per core up to 16."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(min(16, os.cpu_count() or 1), thread_name_prefix="weights")
+    return _pool
+
+
+def _copy(pair: tuple[torch.Tensor, torch.Tensor]) -> None:
+    pair[0].copy_(pair[1])
+
+
 def _copy_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """``dst.copy_(src)`` for every pair: small same-device ones in one foreach call."""
-    small = []
+    """``dst.copy_(src)`` for every pair of flat uint8 views: small same-device ones in one
+    foreach call, big CPU ones in pieces on threads once they add up to :data:`PARALLEL`."""
+    small, big = [], []
     for dst, src in pairs:
-        if dst.device == src.device and dst.numel() * dst.element_size() < BATCH:
+        if dst.device == src.device and dst.numel() < BATCH:
             small.append((dst, src))
+        elif dst.device.type == src.device.type == "cpu":
+            big.append((dst, src))
         else:
             dst.copy_(src)
+    if sum(d.numel() for d, _ in big) >= PARALLEL and (os.cpu_count() or 1) > 1:
+        pieces = [(d[o : o + PIECE], s[o : o + PIECE]) for d, s in big
+                  for o in range(0, d.numel(), PIECE)]  # fmt: skip
+        list(executor().map(_copy, pieces))
+    else:
+        for pair in big:
+            _copy(pair)
     if small:
         torch._foreach_copy_([d for d, _ in small], [s for _, s in small])
 

@@ -144,3 +144,23 @@ def test_batched_copies_round_trip_every_kind_of_tensor() -> None:
     wide = {k: torch.zeros(v.shape, dtype=torch.float32) for k, v in state.items() if k[0] == "s"}
     read_into(layout, buckets, wide)
     assert all(torch.equal(wide[k], state[k].float()) for k in wide)
+
+
+def test_big_copies_and_comparisons_run_in_pieces_on_threads() -> None:
+    from rayless.weights.delta import changed_rows
+    from rayless.weights.layout import PARALLEL, PIECE, bucket_sizes, read_into, write_from
+
+    g = torch.Generator().manual_seed(1)
+    state = {f"w{i}": torch.randn(PIECE // 4 + 1000 * i, generator=g) for i in range(5)}
+    state["small"] = torch.randn(10, generator=g)
+    assert sum(t.numel() * 4 for t in state.values()) >= PARALLEL
+    layout = make_layout(state, 1 << 40)
+    buckets = [torch.zeros(n, dtype=torch.uint8) for n in bucket_sizes(layout)]
+    write_from(state, layout, buckets)
+    back = {k: torch.zeros_like(v) for k, v in state.items()}
+    read_into(layout, buckets, back)
+    assert all(torch.equal(back[k], v) for k, v in state.items())
+    assert changed_rows(state, layout, buckets, None) == set()
+    state["w3"] = state["w3"].clone()
+    state["w3"][-1] += 1  # the last byte of the last piece
+    assert changed_rows(state, layout, buckets, None) == {3}
