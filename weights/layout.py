@@ -211,6 +211,14 @@ def executor() -> ThreadPoolExecutor:
     return _pool
 
 
+def _forget_pool() -> None:
+    global _pool
+    _pool = None  # a forked child has none of its parent's threads: it makes its own
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _copy(pair: tuple[torch.Tensor, torch.Tensor]) -> None:
     pair[0].copy_(pair[1])
 
