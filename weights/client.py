@@ -54,17 +54,31 @@ from rayless.actors.ext import opener, spawn_all, traced, weights_span
 from rayless.transport import segments
 from rayless.transport.errors import ClosedError, ProtocolError, RaylessError
 from rayless.transport.ext import host_id
+from rayless.weights.checksums import sums_of
 from rayless.weights.checksums import verify as verify_sums
 from rayless.weights.engines import Feed, update_engine
-from rayless.weights.errors import WeightInputError, WeightMismatchError
-from rayless.weights.layout import Layout, Loader, Rename, make_layout, tensors_of
+from rayless.weights.errors import (
+    WeightChecksumError,
+    WeightInputError,
+    WeightMismatchError,
+    WeightSyncError,
+)
+from rayless.weights.layout import (
+    Layout,
+    Loader,
+    Rename,
+    dtype_of,
+    make_layout,
+    targets_of,
+    tensors_of,
+)
 from rayless.weights.messages import Entry, Piece, Published, ShardSpec, SyncInfo
 from rayless.weights.paths.base import PublishRequest, PullRequest, Slots, WeightPath
 from rayless.weights.paths.registry import Paths
 from rayless.weights.paths.relay import forward
 from rayless.weights.reshard import Spec, resharding, spec_of
 from rayless.weights.service import WeightRegistry, WeightRelay, location
-from rayless.weights.sinks import Sink, sink_for
+from rayless.weights.sinks import Sink, Targets, sink_for
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "WeightSync"]
 
@@ -76,6 +90,21 @@ def _checked(value: Any, kind: type[Any], what: str) -> Any:
     if not isinstance(value, kind):
         raise ProtocolError(f"the weight registry answered {what} with {type(value).__name__}")
     return value
+
+
+def _check_held(published: Published, targets: dict[str, torch.Tensor]) -> None:
+    """Compare every published tensor's checksum with its target's bytes (see
+    ``check_weights``). Raises WeightChecksumError, WeightSyncError (no checksums)."""
+    for part in published.parts:
+        if len(part.sums) != len(part.layout):
+            raise WeightSyncError(f"version {part.version} was published without checksums")
+        held = []
+        for row in part.layout:
+            t = targets[row[0]].detach().to("cpu", dtype_of(row[1])).contiguous()
+            held.append(t.reshape(-1).view(torch.uint8).numpy().data)
+        for row, want, have in zip(part.layout, part.sums, sums_of(held), strict=True):
+            if want != have:
+                raise WeightChecksumError(row[0], part.version)
 
 
 def _pieces(layout: Layout, slices: Callable[[str], ShardSpec | None]) -> tuple[Piece, ...]:
@@ -441,6 +470,27 @@ class WeightSync:
             self.version = published.version
             self.last_pull_s = time.perf_counter() - t0
             return self.version
+
+    async def check_weights(
+        self, target: Any, min_version: int = 0, timeout: float | None = None
+    ) -> int:
+        """Check that ``target`` (a module or a dict of tensors) holds exactly the newest
+        version >= ``min_version``, bit for bit in the published dtypes (a target of another
+        dtype is converted back first), against the checksums published with it; that
+        version. Copies nothing.
+
+        Raises WeightChecksumError naming the first tensor that differs, WeightMismatchError
+        (a name or shape differs), WeightSyncError (published without checksums),
+        WeightTimeoutError, PublisherLostError, ClosedError once closed.
+        """
+        self._check_open()
+        sink = Targets(targets_of(target), True)
+        published = _checked(
+            await self._registry.wait(self.location, min_version, timeout), Published, "wait()"
+        )
+        sink.check_parts(published.parts)
+        await asyncio.to_thread(_check_held, published, sink.targets)
+        return int(published.version)
 
     async def update_engine(
         self,

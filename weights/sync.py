@@ -166,6 +166,18 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
             call_limit(timeout),
         )
 
+    def check_weights(self, target: Any, min_version: int = 0, timeout: float | None = None) -> int:
+        """Check that ``target`` (a module or a dict of tensors) holds exactly the newest
+        version >= ``min_version``, bit for bit in the published dtypes (a target of another
+        dtype is converted back first), against the checksums published with it; that
+        version. Copies nothing.
+
+        Raises WeightChecksumError naming the first tensor that differs, WeightMismatchError
+        (a name or shape differs), WeightSyncError (published without checksums),
+        WeightTimeoutError, PublisherLostError, ClosedError once closed.
+        """
+        return self.run(self.ws.check_weights(target, min_version, timeout), call_limit(timeout))
+
     def update_engine(
         self,
         engine: Any,

@@ -68,6 +68,12 @@ async def test_a_flipped_byte_fails_a_verified_pull_and_applies_nothing(
         await ws.publish(moe_state(1), version=1)
         assert await sub.pull(1) == (1, True)
         await ws.publish(moe_state(10), version=10)
+        wide = {k: v.double() for k, v in moe_state(10).items()}  # checked in float32
+        assert await ws.check_weights(wide, 10, timeout=5) == 10
+        wide["expert5.weight"][0, 0] += 1
+        with pytest.raises(WeightChecksumError) as held:
+            await ws.check_weights(wide, 10, timeout=5)
+        assert held.value.tensor == "expert5.weight"
         seg = ws._slots.pool().newest
         assert seg is not None
         published = await ws._registry.wait(ws.location, 10, 5)

@@ -90,6 +90,7 @@ async def test_the_hugging_face_model_path_through_the_protocol(local_cluster: C
             for name, t in engine_model.state_dict().items():
                 assert torch.equal(t, state[name].float()), name
             assert not engine.updating
+            assert await sub.check_weights(engine_model, 1, timeout=5) == 1  # "holds exactly 1"
         finally:
             await sub.aclose()
 
