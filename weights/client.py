@@ -444,7 +444,8 @@ class WeightSync:
         deadline = None if timeout is None else time.monotonic() + timeout
         async with self._pulling:
             held, self._held = self._held, None  # a copy that fails leaves its target torn
-            since = held[1] if held is not None and _same(held[0], key) else None
+            same = held is not None and _same(held[0], key) and sink.takes_deltas
+            since = held[1] if held is not None and same else None
             copying = [False]  # set by _read before its first copy
             t0 = time.perf_counter()
             try:

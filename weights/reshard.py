@@ -114,6 +114,9 @@ class ReshardSink(Sink):
         self.dtype = dtype
         self.bucket_bytes = bucket_bytes
         self.boxes: dict[str, Box] = {}  # name -> the wanted box in the full tensor
+        # a loader's tensors are fresh: a slice of a tensor changed in one shard only would
+        # reach it half filled
+        self.takes_deltas = loader is None
 
     def check_parts(self, parts: Sequence[Entry]) -> None:
         """Full shapes agree across shards, every slice of each is published, and each target

@@ -29,7 +29,10 @@ __all__ = ["LoaderSink", "Sink", "Targets", "sink_for"]
 
 class Sink:
     """Where a pull's bytes go: ``check_parts`` first, then ``copy_part`` each part (shard) of
-    the version into it, then ``finish``."""
+    the version into it, then ``finish``. ``takes_deltas``: whether a pull may copy only the
+    tensors changed since the version the sink last got (else every tensor, always)."""
+
+    takes_deltas = True
 
     def check(self, layout: Layout) -> None:
         """Raise WeightMismatchError before anything is copied (default: nothing to check)."""

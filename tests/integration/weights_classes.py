@@ -273,17 +273,19 @@ class TpTrainerRank(Actor):
     async def setup(self) -> None:
         self.ws = await WeightSync.connect(self.name)
 
-    async def publish(self, version: int) -> int:
-        """Publish this rank's share of ``full_tp_state()`` as ``version``."""
+    async def publish(self, version: int, bump: float = 0.0, delta: bool = False) -> int:
+        """Publish this rank's share of ``full_tp_state()`` as ``version`` (its slice of
+        ``o.weight`` plus ``bump``)."""
         state = {
             n: tp_slice(n, self.rank, self.world)
             for n in full_tp_state()
             if n in TP_DIMS or self.rank == 0
         }
+        state["o.weight"] = state["o.weight"] + bump
         spec = tp_spec(self.rank, self.world)
         return int(
             await self.ws.publish(
-                state, version, shard=self.rank, num_shards=self.world, split=spec
+                state, version, shard=self.rank, num_shards=self.world, split=spec, delta=delta
             )
         )
 
