@@ -356,15 +356,15 @@ class WeightSync:
             raise WeightInputError("split= does not travel over a group")
         async with self._publishing:
             t0 = time.perf_counter()
+            layout = make_layout(tensors, self.bucket_bytes)
+            pieces = _pieces(layout, slices)  # a bad split is refused before anything changes
             feeds = await self._registry.begin(
                 version, os.getpid(), host_id(), self.location, shard, num_shards
             )
-            layout = make_layout(tensors, self.bucket_bytes)
             request = PublishRequest(tensors, layout, version, shard, self.cuda_ipc, group, src,
                                      checksums=self.checksums, delta=delta)  # fmt: skip
             path = self._paths.publisher(request)
             written = await asyncio.to_thread(path.write, request)
-            pieces = _pieces(layout, slices)
             if pieces:
                 written.entry = dataclasses.replace(written.entry, pieces=pieces)
             await self._registry.announce(written.where or self.location, written.entry)

@@ -136,3 +136,11 @@ def test_a_missing_shard_or_a_wrong_shape_names_the_tensor() -> None:
         )
     with pytest.raises(TypeError):
         spec_of(3)  # type: ignore[arg-type]
+
+
+def test_a_slice_along_a_dimension_the_tensor_has_not_names_it() -> None:
+    layout = make_layout({"w": torch.zeros(4)}, 1 << 10)
+    with pytest.raises(WeightMismatchError) as e:
+        _pieces(layout, spec_of(ShardSpec(1, 0, 2)))
+    assert e.value.tensor == "w"
+    assert _pieces(layout, spec_of(None)) == ()
