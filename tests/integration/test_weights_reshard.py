@@ -4,12 +4,20 @@ against slicing the full state dict; verified and delta pulls combine with it.""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
 from rayless.actors import Cluster
 from rayless.weights import WeightSync
-from tests.integration.weights_classes import TpTrainerRank, full_tp_state, tp_slice, tp_spec
+from tests.integration.weights_classes import (
+    FsdpTrainerRank,
+    TpTrainerRank,
+    full_tp_state,
+    tp_slice,
+    tp_spec,
+)
 
 pytestmark = [
     pytest.mark.integration,
@@ -75,3 +83,18 @@ async def test_a_delta_in_one_shard_reaches_slices_that_span_shards(local_cluste
             assert all(torch.equal(engine.got[n], t) for n, t in want.items())
         finally:
             await sub.aclose()
+
+
+async def test_an_fsdp4_gloo_group_feeds_tp2_engine_ranks_bit_exact(local_cluster: Cluster) -> None:
+    async with WeightSync.create(local_cluster, name="ws-fsdp") as ws:
+        ranks = await local_cluster.spawn_group(
+            FsdpTrainerRank, 4, "ws-fsdp", torch_distributed=True, cpus=0
+        )
+        assert sorted(await asyncio.gather(*(r.init() for r in ranks))) == [0, 1, 2, 3]
+        await asyncio.gather(*(r.publish(1) for r in ranks))
+        for rank in range(2):  # o.weight's columns span all four FSDP shards
+            want = {n: tp_slice(n, rank, 2) for n in full_tp_state()}
+            targets = {n: torch.zeros_like(t) for n, t in want.items()}
+            assert await ws.pull(targets, 1, timeout=30, shard=tp_spec(rank, 2), verify=True) == 1
+            for name, t in want.items():
+                assert torch.equal(targets[name], t), (rank, name)

@@ -343,3 +343,49 @@ class StandInEngine:
 
     def resume_generation(self) -> None:
         self._step("resume_generation")
+
+
+class FsdpTrainerRank(Actor):
+    """An FSDP trainer rank in a gloo group: its shard of every tensor of ``full_tp_state()``
+    (dim 0), received from rank 0 over gloo; publishes it as one shard of the version."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.local: dict[str, torch.Tensor] = {}
+        self.ws: Any = None
+
+    async def setup(self) -> None:
+        self.ws = await WeightSync.connect(self.name)
+
+    def init(self) -> int:
+        """Join the group and take this rank's shards (rank 0 broadcasts the full tensors)."""
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        for name, full in full_tp_state().items():
+            wire = full.float() if rank == 0 else torch.zeros(full.shape)
+            dist.broadcast(wire, 0)
+            self.local[name] = wire.to(full.dtype).chunk(world, 0)[rank].clone()
+        return rank
+
+    async def publish(self, version: int) -> int:
+        """Publish this rank's shards as shard ``rank`` of ``version``."""
+        import torch.distributed as dist
+
+        from rayless.weights.messages import ShardSpec
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        return int(
+            await self.ws.publish(
+                self.local, version, shard=rank, num_shards=world, split=ShardSpec(0, rank, world)
+            )
+        )
+
+    async def teardown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if self.ws is not None:
+            await self.ws.aclose()
