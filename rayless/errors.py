@@ -20,7 +20,7 @@ error modules and nothing heavy (no torch, numpy, tensordict).
     │   ForeignMetaError, CheckpointError (CheckpointNotFoundError)), StoreFullError
     │   (WriteTooLargeError), StoreTimeoutError, UnitLostError (PartialResultError)
     └── WeightSyncError: WeightInputError (ValueError; WeightMismatchError, WeightVersionError),
-        WeightTimeoutError (TimeoutError), PublisherLostError
+        WeightChecksumError, WeightTimeoutError (TimeoutError), PublisherLostError
 """
 
 from rayless.actors.errors import (
@@ -73,6 +73,7 @@ from rayless.transport.errors import (
 )
 from rayless.weights.errors import (
     PublisherLostError,
+    WeightChecksumError,
     WeightInputError,
     WeightMismatchError,
     WeightSyncError,
@@ -118,6 +119,7 @@ __all__ = [
     "TransportError",
     "UnitLostError",
     "PublisherLostError",
+    "WeightChecksumError",
     "WeightInputError",
     "WeightMismatchError",
     "WeightSyncError",

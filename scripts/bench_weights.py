@@ -13,19 +13,34 @@ from the publish until all 4 subscribers returned with the new weights in their 
   ``load_state_dict``.
 * ``memcpy limit``: bytes x (1 + subscribers) / memcpy bandwidth (measured here, one thread).
 
+``--extras`` adds rows for the newer features, each against the memcpy limit of its bytes:
+
+* ``delta 10%``: 256 MiB, 64 tensors of which 10% change per version, ``publish(delta=True)``
+  (only those written, and copied by subscribers that hold the previous version), against the
+  same run publishing in full; bytes moved per sync for each.
+* ``verify on / off``: 256 MiB → 4, ``pull(verify=True)`` against without, and a publisher
+  without checksums (``checksums=False``).
+* ``resharded``: 256 MiB of (1024, 1024) tensors published whole, 4 engine ranks each pulling
+  its quarter (``ShardSpec(0, rank, 4)``, row slices, and ``ShardSpec(1, rank, 4)``, column).
+* ``10k tensors``: 256 MiB in 10,000 tensors against 64 (time per byte).
+* ``limit ratios``: 256 MiB → 4 (goal ≥ 0.9 of the limit) and 1 GiB → 8 subscribers on two
+  simulated hosts (``per_node=True``; goal at most 1.5 times the limit's time).
+
 ``--device cuda`` (a GPU machine): one node, the publisher's tensors and the subscribers' on
 the GPU (CUDA IPC buckets, one device-to-device copy per subscriber) against the
 device-to-device copy bandwidth; no Ray. ``--quick``: 2 repeats instead of 5.
 
     python scripts/bench_weights.py [--device cpu|cuda] [--quick] [--skip-ray] [--json PATH]
-                                    [--sizes 256MiB,1GiB]
+                                    [--sizes 256MiB,1GiB] [--extras]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -116,6 +131,171 @@ class Pub(Actor):
 
     async def teardown(self) -> None:
         await self.ws.aclose()
+
+
+class XSub(Actor):
+    """A subscriber of the extra rows: ``n`` tensors of ``shape``, or (``shard``) its slice of
+    each; pulls with or without ``verify``."""
+
+    def __init__(self, n: int, shape: list[int], name: str, shard: list[int] | None = None) -> None:
+        torch.set_num_threads(1)
+        if shard is not None:
+            dim, _, world = shard
+            shape = [d // world if i == dim else d for i, d in enumerate(shape)]
+        self.state = {f"layer{i}.weight": torch.zeros(shape) for i in range(n)}
+        self.shard = shard
+        self.name = name
+        self.ws: Any = None
+
+    async def setup(self) -> None:
+        from rayless.weights import WeightSync
+
+        self.ws = await WeightSync.connect(self.name)
+
+    async def pull(self, version: int, verify: bool = False) -> int:
+        """Pull ``version`` (this rank's slices when sharded)."""
+        from rayless.weights import ShardSpec
+
+        shard = ShardSpec(*self.shard) if self.shard is not None else None
+        return int(await self.ws.pull(self.state, version, 300, verify=verify, shard=shard))
+
+    def total(self) -> float:
+        """The sum of every element held (checks a whole copy)."""
+        return float(sum(t.double().sum() for t in self.state.values()))
+
+    async def teardown(self) -> None:
+        await self.ws.aclose()
+
+
+class XPub(Actor):
+    """The publisher of the extra rows: refills a fraction of its tensors, publishes."""
+
+    def __init__(self, n: int, shape: list[int], name: str, checksums: bool = True) -> None:
+        torch.set_num_threads(1)
+        self.state = {f"layer{i}.weight": torch.zeros(shape) for i in range(n)}
+        self.name = name
+        self.checksums = checksums
+        self.ws: Any = None
+
+    async def setup(self) -> None:
+        from rayless.weights import WeightSync
+
+        self.ws = await WeightSync.connect(self.name, checksums=self.checksums)
+
+    def refill(self, version: int, every: int = 1) -> int:
+        """Fill one tensor in ``every`` (a rotating set) with ``version``; bytes changed."""
+        changed = 0
+        for i, t in enumerate(self.state.values()):
+            if (i + version) % every == 0:
+                t.fill_(float(version))
+                changed += t.numel() * t.element_size()
+        return changed
+
+    async def publish(self, version: int, delta: bool = False) -> None:
+        """Publish the state as ``version``."""
+        await self.ws.publish(self.state, version, delta=delta)
+
+    def total(self) -> float:
+        """The sum of every element."""
+        return float(sum(t.double().sum() for t in self.state.values()))
+
+    async def teardown(self) -> None:
+        await self.ws.aclose()
+
+
+async def _extra_row(
+    cluster: Any,
+    reps: int,
+    name: str,
+    n: int,
+    shape: list[int],
+    *,
+    subs: int = SUBSCRIBERS,
+    per_node: bool = False,
+    every: int = 1,
+    delta: bool = False,
+    verify: bool = False,
+    checksums: bool = True,
+    shard_dim: int | None = None,
+) -> dict[str, float]:
+    """One extra row: the median seconds per sync and the bytes moved per sync (written by
+    the publisher + copied by the subscribers)."""
+    from rayless.weights import WeightSync
+
+    nodes = [nd["node_id"] for nd in await cluster.nodes()]
+    nbytes = n * math.prod(shape) * 4
+    async with WeightSync.create(cluster, name=name, per_node=per_node, max_slots=2):
+        pub = await cluster.spawn(XPub, n, shape, name, checksums, node=nodes[0], cpus=0)
+        specs = [None if shard_dim is None else [shard_dim, i, subs] for i in range(subs)]
+        xsubs = [
+            await cluster.spawn(XSub, n, shape, name, specs[i], node=nodes[i % len(nodes)], cpus=0)
+            for i in range(subs)
+        ]
+        times, moved = [], []
+        for v in range(1, reps + WARMUP + 1):
+            changed = await pub.refill(v, every if v > 1 else 1)
+            t = time.perf_counter()
+            pulls = [s.pull.submit(v, verify) for s in xsubs]
+            await pub.publish(v, delta)
+            got = await asyncio.gather(*pulls)
+            took = time.perf_counter() - t
+            if got != [v] * subs:
+                raise RuntimeError(f"a subscriber holds the wrong version: {got}")
+            if shard_dim is None and {await s.total() for s in xsubs} != {await pub.total()}:
+                raise RuntimeError("a subscriber's copy differs from the publisher's")
+            if v > WARMUP:
+                times.append(took)
+                per_sub = nbytes // subs if shard_dim is not None else nbytes
+                moved.append(
+                    (changed if delta else nbytes) + (changed if delta else per_sub) * subs
+                )
+        for h in [pub, *xsubs]:
+            await cluster.kill(h)
+    return {"s": statistics.median(times), "bytes": statistics.median(moved), "nbytes": nbytes}
+
+
+async def _extras(reps: int) -> dict[str, dict[str, float]]:
+    """The rows of ``--extras`` (see the module doc)."""
+    from rayless.actors import Cluster
+
+    mib4 = [ELEMS]
+    out: dict[str, dict[str, float]] = {}
+    async with Cluster.local(nodes=2) as cluster:
+        row = functools.partial(_extra_row, cluster, reps)
+        out["full 64 (10% changed)"] = await row("x-full", 64, mib4, every=10)
+        out["delta 64 (10% changed)"] = await row("x-delta", 64, mib4, every=10, delta=True)
+        out["verify off"] = await row("x-voff", 64, mib4)
+        out["verify on"] = await row("x-von", 64, mib4, verify=True)
+        out["no checksums"] = await row("x-nosum", 64, mib4, checksums=False)
+        out["resharded rows (TP4)"] = await row("x-rows", 64, [1024, 1024], shard_dim=0)
+        out["resharded cols (TP4)"] = await row("x-cols", 64, [1024, 1024], shard_dim=1)
+        out["64 tensors"] = await row("x-64", 64, mib4)
+        out["10k tensors"] = await row("x-10k", 10_000, [(64 * ELEMS) // 10_000])
+        out["1GiB -> 8, 2 hosts"] = await row("x-8", 256, mib4, subs=8, per_node=True)
+    return out
+
+
+def _print_extras(extras: dict[str, dict[str, float]], gbps: float) -> None:
+    """The extra rows, each against the memcpy limit of the bytes it moved (and of a full
+    sync of its state dict: bytes x (1 + subscribers) / memcpy bandwidth)."""
+    head = f"{'extra row':<24} {'s/sync':>8} {'MiB moved':>10} {'x limit(moved)':>15}"
+    head += f" {'x limit(full)':>14}"
+    print(head + "\n" + "-" * len(head))
+    for label, r in extras.items():
+        subs = 8 if "8" in label.split("->")[-1] else SUBSCRIBERS
+        full = r["nbytes"] * (1 + subs) / (gbps * 1e9)
+        moved = r["bytes"] / (gbps * 1e9)
+        print(f"{label:<24} {r['s']:8.3f} {r['bytes'] / 2**20:10.0f} {moved / r['s']:15.2f} "
+              f"{full / r['s']:14.2f}")  # fmt: skip
+    s64, s10k = extras["64 tensors"]["s"], extras["10k tensors"]["s"]
+    big = extras["1GiB -> 8, 2 hosts"]
+    limit8 = big["nbytes"] * 9 / (gbps * 1e9)
+    von, voff = extras["verify on"]["s"], extras["verify off"]["s"]
+    print(f"goal 256MiB -> 4: {extras['verify off']['nbytes'] * 5 / (gbps * 1e9) / voff:.2f}x "
+          f"of the memcpy limit (goal >= 0.9)")  # fmt: skip
+    print(f"goal 1GiB -> 8 on 2 hosts: {big['s'] / limit8:.2f}x the limit's time (goal <= 1.5)")
+    print(f"goal 10,000 tensors: {s10k / s64:.2f}x the time per byte of 64 (goal ~1)")
+    print(f"verify: {von / voff:.2f}x the time of an unverified pull")
 
 
 def copy_gbps(nbytes: int, device: str) -> float:
@@ -242,6 +422,7 @@ def main() -> None:
     parser.add_argument("--skip-ray", action="store_true")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--sizes", default=",".join(SIZES), help="a subset of " + ",".join(SIZES))
+    parser.add_argument("--extras", action="store_true", help="delta, verify, reshard, 10k rows")
     args = parser.parse_args()
     for label in [k for k in SIZES if k not in args.sizes.split(",")]:
         del SIZES[label]
@@ -296,6 +477,9 @@ def main() -> None:
             print(f"goal {label}: {vs}{limit / s:.2f}x of the memcpy limit (goal >= 0.5x)")
     if "ray_error" in res:
         print("ray:", res["ray_error"])
+    if args.extras and not cuda:
+        res["extras"] = asyncio.run(_extras(reps))
+        _print_extras(res["extras"], res["copy_GBps"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayless.weights.errors import (
     PublisherLostError,
+    WeightChecksumError,
     WeightInputError,
     WeightMismatchError,
     WeightSyncError,
@@ -17,6 +18,8 @@ from rayless.weights.errors import (
 
 if TYPE_CHECKING:
     from rayless.weights.client import WeightSync
+    from rayless.weights.engines import ModuleEngine, UpdatableEngine
+    from rayless.weights.messages import ShardSpec
     from rayless.weights.sync import SyncWeightSync
 
 # The clients load on first use, so that ``rayless.weights.errors`` (and ``rayless.errors``)
@@ -24,6 +27,9 @@ if TYPE_CHECKING:
 _LAZY = {
     "WeightSync": "rayless.weights.client",
     "SyncWeightSync": "rayless.weights.sync",
+    "ShardSpec": "rayless.weights.messages",
+    "ModuleEngine": "rayless.weights.engines",
+    "UpdatableEngine": "rayless.weights.engines",
 }
 
 
@@ -39,8 +45,12 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ModuleEngine",
     "PublisherLostError",
+    "ShardSpec",
     "SyncWeightSync",
+    "UpdatableEngine",
+    "WeightChecksumError",
     "WeightMismatchError",
     "WeightInputError",
     "WeightSync",

@@ -40,9 +40,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import inspect
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -52,13 +54,31 @@ from rayless.actors.ext import opener, spawn_all, traced, weights_span
 from rayless.transport import segments
 from rayless.transport.errors import ClosedError, ProtocolError, RaylessError
 from rayless.transport.ext import host_id
-from rayless.weights.layout import Loader, Rename, make_layout, tensors_of
-from rayless.weights.messages import Published, SyncInfo
+from rayless.weights.checksums import sums_of
+from rayless.weights.checksums import verify as verify_sums
+from rayless.weights.engines import Feed, update_engine
+from rayless.weights.errors import (
+    WeightChecksumError,
+    WeightInputError,
+    WeightMismatchError,
+    WeightSyncError,
+)
+from rayless.weights.layout import (
+    Layout,
+    Loader,
+    Rename,
+    dtype_of,
+    make_layout,
+    targets_of,
+    tensors_of,
+)
+from rayless.weights.messages import Entry, Piece, Published, ShardSpec, SyncInfo
 from rayless.weights.paths.base import PublishRequest, PullRequest, Slots, WeightPath
 from rayless.weights.paths.registry import Paths
 from rayless.weights.paths.relay import forward
+from rayless.weights.reshard import Spec, resharding, spec_of
 from rayless.weights.service import WeightRegistry, WeightRelay, location
-from rayless.weights.sinks import Sink, sink_for
+from rayless.weights.sinks import Sink, Targets, sink_for
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "WeightSync"]
 
@@ -70,6 +90,63 @@ def _checked(value: Any, kind: type[Any], what: str) -> Any:
     if not isinstance(value, kind):
         raise ProtocolError(f"the weight registry answered {what} with {type(value).__name__}")
     return value
+
+
+def _check_held(published: Published, targets: dict[str, torch.Tensor]) -> None:
+    """Compare every published tensor's checksum with its target's bytes (see
+    ``check_weights``). Raises WeightChecksumError, WeightSyncError (no checksums)."""
+    for part in published.parts:
+        if len(part.sums) != len(part.layout):
+            raise WeightSyncError(f"version {part.version} was published without checksums")
+        held = []
+        for row in part.layout:
+            t = targets[row[0]].detach().to("cpu", dtype_of(row[1])).contiguous()
+            held.append(t.reshape(-1).view(torch.uint8).numpy().data)
+        for row, want, have in zip(part.layout, part.sums, sums_of(held), strict=True):
+            if want != have:
+                raise WeightChecksumError(row[0], part.version)
+
+
+def _pieces(layout: Layout, slices: Callable[[str], ShardSpec | None]) -> tuple[Piece, ...]:
+    """The rows of ``layout`` that are slices (``slices`` of their names). Raises
+    WeightMismatchError for a slice along a dimension the tensor has not."""
+    out = []
+    for i, row in enumerate(layout):
+        spec = slices(row[0])
+        if spec is not None:
+            if spec.dim >= len(row[2]):
+                raise WeightMismatchError(row[0], f"is {len(row[2])}-d: no slice along {spec.dim}")
+            out.append(Piece(i, spec))
+    return tuple(out)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are one pull target: the same object, or the same bound method
+    (``model.load_weights`` is a new object at each access)."""
+    if a is b:
+        return True
+    return (
+        inspect.ismethod(a)
+        and inspect.ismethod(b)
+        and a.__self__ is b.__self__
+        and a.__func__ is b.__func__
+    )
+
+
+def _changed_since(part: Entry, since: int | None) -> Entry:
+    """``part`` reduced to the rows that changed since version ``since`` (a delta), when the
+    publisher described that delta; else ``part``, whole."""
+    if since is None:
+        return part
+    delta = next((d for d in part.deltas if d.version == since), None)
+    if delta is None:
+        return part
+    sums = [part.sums[i] for i in delta.rows] if len(part.sums) == len(part.layout) else []
+    index = {old: new for new, old in enumerate(delta.rows)}
+    pieces = tuple(Piece(index[p.row], p.spec) for p in part.pieces if p.row in index)
+    return dataclasses.replace(
+        part, layout=[part.layout[i] for i in delta.rows], sums=sums, pieces=pieces
+    )
 
 
 def _feeds(value: Any) -> list[tuple[str, ActorHandle[Any]]]:
@@ -105,6 +182,7 @@ class WeightSync:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         cuda_ipc: bool = True,
         max_slots: int = 3,
+        checksums: bool = True,
     ) -> None:
         self.name = name
         self._registry = registry
@@ -116,6 +194,7 @@ class WeightSync:
         self.bucket_bytes = bucket_bytes
         self.cuda_ipc = cuda_ipc
         self.max_slots = max_slots
+        self.checksums = checksums
         self.version = -1
         self.last_pull_s = 0.0
         self.last_publish_s = 0.0
@@ -125,6 +204,9 @@ class WeightSync:
         self._publishing = asyncio.Lock()
         self._pulling = asyncio.Lock()
         self._closed = False
+        self._held: tuple[Any, int] | None = None  # (target or loader, version it holds)
+        self._relayed: dict[tuple[str, int], int] = {}  # (location, shard) -> version sent
+        self._feed: Feed | None = None  # the loader of the engine last updated
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -139,12 +221,15 @@ class WeightSync:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         cuda_ipc: bool = True,
         max_slots: int = 3,
+        checksums: bool = True,
     ) -> WeightSync:
         """Spawn the registry (an actor named ``name``) and one relay per node.
 
         ``per_node`` treats every node as its own host (each node's subscribers read their
-        relay's copy: the cross-host path on one machine, for tests and benchmarks). Raises
-        ValueError for bad sizes, NameTakenError when ``name`` is taken.
+        relay's copy: the cross-host path on one machine, for tests and benchmarks).
+        ``checksums``: this client's publishes carry a checksum per tensor (what
+        ``pull(verify=True)`` checks; on the shared-memory paths). Raises ValueError for bad
+        sizes, NameTakenError when ``name`` is taken.
         """
         if bucket_bytes < 1 or max_slots < 2:
             raise ValueError("bucket_bytes must be >= 1 and max_slots >= 2")
@@ -158,14 +243,16 @@ class WeightSync:
         await registry.add_relays(relays)
         info = await registry.info()
         return cls(registry, name, info, cluster=cluster, owned=True, relays=relays,
-                   bucket_bytes=bucket_bytes, cuda_ipc=cuda_ipc, max_slots=max_slots)  # fmt: skip
+                   bucket_bytes=bucket_bytes, cuda_ipc=cuda_ipc, max_slots=max_slots,
+                   checksums=checksums)  # fmt: skip
 
     @classmethod
     @opener
     async def connect(
         cls, name: str = "weights", cluster: Cluster | None = None, **options: Any
     ) -> WeightSync:
-        """A client of the running sync ``name`` (options: bucket_bytes, cuda_ipc, max_slots).
+        """A client of the running sync ``name`` (options: bucket_bytes, cuda_ipc, max_slots,
+        checksums).
 
         Raises ActorNotFoundError when no such sync runs.
         """
@@ -234,6 +321,8 @@ class WeightSync:
         num_shards: int = 1,
         group: Any = None,
         src: int | None = None,
+        delta: bool = False,
+        split: Spec | None = None,
     ) -> int:
         """Publish the tensors of ``state`` (a state dict) as ``version``; returns it once
         every host can pull it. Publishes of one client run one at a time.
@@ -246,28 +335,50 @@ class WeightSync:
         version is broadcast over it from ``src`` (default: this process's global rank)
         instead, and only that group's members get it (each calls ``pull(group=...)``).
 
+        ``delta``: write and send only the tensors whose bytes differ from this client's
+        previous version (same names, shapes and dtypes; else everything); a subscriber that
+        holds one of the last few versions copies only what changed since it, any other (new,
+        restarted, behind) copies the whole version. Over a group everything is sent.
+
+        ``split`` (with ``shard``/``num_shards``: a tensor- or FSDP-parallel trainer): which
+        tensors of ``state`` are slices, and which (a ``ShardSpec``, a mapping of names, or a
+        function of the name; None: whole). Every rank then publishes the same names, each
+        its slices; a pull with ``shard=`` copies its own slice of each from every shard.
+
         Raises WeightVersionError unless ``version`` is above every version published (and
         every version this shard published), WeightInputError for a bad shard, OSError when
         shared memory is exhausted, ClosedError once closed.
         """
         self._check_open()
         tensors = tensors_of(state)
+        slices = spec_of(split)
+        if split is not None and group is not None:
+            raise WeightInputError("split= does not travel over a group")
         async with self._publishing:
             t0 = time.perf_counter()
+            layout = make_layout(tensors, self.bucket_bytes)
+            pieces = _pieces(layout, slices)  # a bad split is refused before anything changes
             feeds = await self._registry.begin(
                 version, os.getpid(), host_id(), self.location, shard, num_shards
             )
-            layout = make_layout(tensors, self.bucket_bytes)
-            request = PublishRequest(tensors, layout, version, shard, self.cuda_ipc, group, src)
+            request = PublishRequest(tensors, layout, version, shard, self.cuda_ipc, group, src,
+                                     checksums=self.checksums, delta=delta)  # fmt: skip
             path = self._paths.publisher(request)
             written = await asyncio.to_thread(path.write, request)
+            if pieces:
+                written.entry = dataclasses.replace(written.entry, pieces=pieces)
             await self._registry.announce(written.where or self.location, written.entry)
             chunks = written.chunks
             if chunks is not None:
                 entry = written.entry
+                feeds_to = _feeds(feeds)
+                # what each relay was sent last; one that fails below gets everything next time
+                bases = {w: self._relayed.pop((w, shard), -1) for w, _ in feeds_to}
                 await asyncio.gather(
-                    *(forward(self._registry, w, r, entry, chunks) for w, r in _feeds(feeds))
+                    *(forward(self._registry, w, r, entry, chunks, bases[w]) for w, r in feeds_to)
                 )
+                for w, _ in feeds_to:
+                    self._relayed[w, shard] = version
             self.version = version
             self.last_publish_s = time.perf_counter() - t0
         return version
@@ -287,6 +398,8 @@ class WeightSync:
         into: Loader | None = None,
         rename: Rename | None = None,
         dtype: torch.dtype | None = None,
+        verify: bool = False,
+        shard: Spec | None = None,
     ) -> int:
         """Load the newest version >= ``min_version`` into ``target`` in place, or hand it to
         the loader ``into``; its number.
@@ -300,8 +413,17 @@ class WeightSync:
         ``group``: receive the broadcasts of global rank ``src`` over that torch.distributed
         group (one per ``publish(group=...)``, in order, until one is >= ``min_version``;
         ``timeout`` does not apply to the collective).
+        ``verify``: check every tensor's bytes against the checksum published with them
+        before copying anything (the shared-memory paths; the publisher's ``checksums``).
+        After a delta publish, a pull into the same target (or loader) as this client's last
+        pull copies only the tensors that changed since the version that pull got.
+        ``shard``: this engine rank's slice of each tensor (a ``ShardSpec(dim, rank, world)``
+        for every tensor, a mapping of names, or a function of the name; None: whole), put
+        together from whatever slices the publisher's shards published; ``target``'s tensors
+        have the slices' shapes; a loader gets them once every shard is copied.
 
         Raises WeightMismatchError (a name or shape differs; nothing copied),
+        WeightChecksumError (``verify``: a tensor's bytes do not match; nothing copied),
         WeightTimeoutError (no such version within ``timeout`` s; None waits on),
         PublisherLostError (the publisher died), WeightSyncError (no path to the weights),
         WeightInputError (both or neither of ``target`` and ``into``; ``rename``/``dtype``
@@ -309,30 +431,100 @@ class WeightSync:
         ClosedError once closed; what the loader raises, as itself.
         """
         self._check_open()
-        sink = sink_for(target, strict, into, rename, dtype)
+        plain = sink_for(target, strict, into, rename, dtype)
+        sink: Sink = plain if shard is None else resharding(plain, shard, self.bucket_bytes)
         request = PullRequest(group, src)
         receiver = self._paths.receiver(request)
+        key = target if into is None else into
         if receiver is not None:
+            if verify:
+                raise WeightInputError("verify= applies to pulls through the registry")
+            self._held = None
             return await self._receive(receiver, sink, min_version, request)
         deadline = None if timeout is None else time.monotonic() + timeout
         async with self._pulling:
+            held, self._held = self._held, None  # a copy that fails leaves its target torn
+            same = held is not None and _same(held[0], key) and sink.takes_deltas
+            since = held[1] if held is not None and same else None
+            copying = [False]  # set by _read before its first copy
             t0 = time.perf_counter()
-            while True:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                published = _checked(
-                    await self._registry.wait(self.location, min_version, left),
-                    Published,
-                    "wait()",
-                )
-                sink.check([row for part in published.parts for row in part.layout])
-                try:
-                    await asyncio.to_thread(self._read, published, sink)
-                except segments.Superseded:  # rewritten meanwhile: a newer one is out
-                    min_version = max(min_version, published.version + 1)
-                    continue
-                self.version = published.version
-                self.last_pull_s = time.perf_counter() - t0
-                return self.version
+            try:
+                while True:
+                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    published = _checked(
+                        await self._registry.wait(self.location, min_version, left),
+                        Published,
+                        "wait()",
+                    )
+                    sink.check_parts(published.parts)
+                    try:
+                        await asyncio.to_thread(self._read, published, sink, since, verify, copying)
+                    except segments.Superseded:  # rewritten meanwhile: a newer one is out
+                        min_version = max(min_version, published.version + 1)
+                        continue
+                    break
+            except BaseException:
+                if not copying[0]:  # nothing copied: the target still holds what it held
+                    self._held = held
+                raise
+            self._held = (key, published.version)
+            self.version = published.version
+            self.last_pull_s = time.perf_counter() - t0
+            return self.version
+
+    async def check_weights(
+        self, target: Any, min_version: int = 0, timeout: float | None = None
+    ) -> int:
+        """Check that ``target`` (a module or a dict of tensors) holds exactly the newest
+        version >= ``min_version``, bit for bit in the published dtypes (a target of another
+        dtype is converted back first), against the checksums published with it; that
+        version. Copies nothing.
+
+        Raises WeightChecksumError naming the first tensor that differs, WeightMismatchError
+        (a name or shape differs), WeightSyncError (published without checksums),
+        WeightTimeoutError, PublisherLostError, ClosedError once closed.
+        """
+        self._check_open()
+        sink = Targets(targets_of(target), True)
+        published = _checked(
+            await self._registry.wait(self.location, min_version, timeout), Published, "wait()"
+        )
+        sink.check_parts(published.parts)
+        await asyncio.to_thread(_check_held, published, sink.targets)
+        return int(published.version)
+
+    async def update_engine(
+        self,
+        engine: Any,
+        min_version: int = 0,
+        timeout: float | None = None,
+        *,
+        rename: Rename | None = None,
+        dtype: torch.dtype | None = None,
+        verify: bool = False,
+        shard: Spec | None = None,
+    ) -> int:
+        """Update ``engine`` (an ``UpdatableEngine``: vLLM's protocol, or a ``ModuleEngine``)
+        to the newest version >= ``min_version`` through its own protocol: wait for the
+        version, then pause its generation, start the update, hand it the weights bucket by
+        bucket (``pull(into=...)`` with these options), finish, resume; the version.
+
+        Raises what ``pull`` raises, TypeError when ``engine`` lacks a method of the protocol,
+        and what the engine raises, as itself; an engine that failed after its first bucket
+        stays paused (its weights are torn: update it again, then resume it).
+        """
+        self._check_open()
+        feed = self._feed if self._feed is not None and self._feed.engine is engine else None
+        feed = self._feed = feed or Feed(engine)
+
+        async def wait() -> int:
+            published = _checked(
+                await self._registry.wait(self.location, min_version, timeout), Published, "wait()"
+            )
+            return int(published.version)
+
+        return await update_engine(feed, self.pull, wait, timeout=timeout, rename=rename,
+                                   dtype=dtype, verify=verify, shard=shard)  # fmt: skip
 
     async def _receive(
         self, path: WeightPath, sink: Sink, min_version: int, request: PullRequest
@@ -346,12 +538,23 @@ class WeightSync:
                     self.last_pull_s = time.perf_counter() - t0
                     return version
 
-    def _read(self, published: Published, sink: Sink) -> None:
-        parts = published.parts
+    def _read(
+        self,
+        published: Published,
+        sink: Sink,
+        since: int | None,
+        verify: bool,
+        copying: list[bool],
+    ) -> None:
+        parts = [_changed_since(p, since) for p in published.parts]
         with contextlib.ExitStack() as leases:  # every shard of the version leased at once
             payloads = [leases.enter_context(self._reader.lease(p.segment, p.version))
                         for p in parts]  # fmt: skip
+            if verify:  # every shard checked before anything is copied
+                for part, payload in zip(parts, payloads, strict=True):
+                    verify_sums(part, payload)
             used: list[WeightPath] = []
+            copying[0] = True
             for part, payload in zip(parts, payloads, strict=True):
                 path = self._paths[part.kind]
                 path.read(part, payload, sink)
@@ -359,3 +562,4 @@ class WeightSync:
                     used.append(path)
             for path in used:
                 path.settle()
+        sink.finish()

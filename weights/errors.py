@@ -6,6 +6,7 @@ Every error here crosses processes intact (the error tree registers subclasses f
     ├── WeightInputError (ValueError)  a publish or pull it refuses (a bad shard); nothing changed
     │   ├── WeightMismatchError        a tensor's name or shape differs; ``tensor`` names it
     │   └── WeightVersionError         a publish whose version is not the newest
+    ├── WeightChecksumError            a tensor's bytes do not match its published checksum
     ├── WeightTimeoutError (TimeoutError) no version >= min_version in time
     └── PublisherLostError             the publisher died (kill -9, crash)
 """
@@ -16,6 +17,7 @@ from rayless.transport.errors import BrokenError, RaylessError
 
 __all__ = [
     "PublisherLostError",
+    "WeightChecksumError",
     "WeightInputError",
     "WeightMismatchError",
     "WeightSyncError",
@@ -46,6 +48,20 @@ class WeightMismatchError(WeightInputError, wire="rayless.WeightMismatchError"):
 
 class WeightVersionError(WeightInputError, wire="rayless.WeightVersionError"):
     """A publish whose version is not above the newest one published (versions are monotonic)."""
+
+
+class WeightChecksumError(WeightSyncError, wire="rayless.WeightChecksumError"):
+    """A tensor whose bytes, where a pull reads them, do not match the checksum published
+    with them (a corrupt or torn copy). ``tensor`` names it, ``version`` is the version;
+    nothing was copied."""
+
+    def __init__(self, tensor: str, version: int = -1) -> None:
+        self.tensor = tensor
+        self.version = version
+        super().__init__(
+            f"tensor {tensor!r} of version {version} does not match its published checksum "
+            "(a corrupt or torn copy); nothing was copied"
+        )
 
 
 class WeightTimeoutError(WeightSyncError, TimeoutError, wire="rayless.WeightTimeoutError"):

@@ -15,7 +15,9 @@ name.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Union
 
 import torch
@@ -30,10 +32,13 @@ __all__ = [
     "Rename",
     "Row",
     "bucket_sizes",
+    "dtype_of",
     "feed_into",
     "make_layout",
     "read_into",
     "renamer",
+    "row_bytes",
+    "row_view",
     "rows_of",
     "targets_of",
     "write_from",
@@ -46,7 +51,8 @@ Loader = Callable[[Iterator[tuple[str, torch.Tensor]]], Any]
 Rename = Union[Mapping[str, str], Callable[[str], Union[str, None]]]
 
 
-def _dtype(name: str) -> torch.dtype:
+def dtype_of(name: str) -> torch.dtype:
+    """The torch dtype a layout row names. Raises WeightMismatchError for an unknown one."""
     dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
         raise WeightMismatchError(name, f"unknown dtype {name!r}")
@@ -135,10 +141,108 @@ def bucket_sizes(layout: Layout) -> list[int]:
     return sizes
 
 
-def _view(buffer: torch.Tensor, row: Row, base: int) -> torch.Tensor:
+def row_view(buffer: torch.Tensor, row: Row, base: int) -> torch.Tensor:
+    """The tensor of ``row`` in ``buffer`` (flat uint8; its bucket at ``base``), a view."""
     _, dtype, shape, _, offset, n = row
     flat = buffer[base + offset : base + offset + n]
-    return flat.view(_dtype(dtype)).view(shape) if n else torch.empty(shape, dtype=_dtype(dtype))
+    return (
+        flat.view(dtype_of(dtype)).view(shape) if n else torch.empty(shape, dtype=dtype_of(dtype))
+    )
+
+
+def row_bytes(payload: memoryview, row: Row, base: int) -> memoryview:
+    """The bytes of ``row`` in ``payload`` (its bucket at ``base``)."""
+    return payload[base + row[4] : base + row[4] + row[5]]
+
+
+BATCH = 1 << 20  # tensors below this many bytes are copied in one foreach call per batch
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor | None:
+    """``t``'s bytes as a flat uint8 view, or None (not contiguous)."""
+    return t.reshape(-1).view(torch.uint8) if t.is_contiguous() else None
+
+
+def _places(
+    layout: Layout, buckets: Sequence[torch.Tensor], starts: Sequence[int] | None
+) -> dict[tuple[int, int], torch.Tensor]:
+    """A flat uint8 view of every place (bucket, offset) of ``layout``'s non-empty rows, each
+    bucket's made by one ``split_with_sizes`` (many small tensors cost one call, not one each).
+    """
+    by_bucket: dict[int, set[tuple[int, int]]] = {}
+    for row in layout:
+        if row[5]:
+            by_bucket.setdefault(row[3], set()).add((row[4], row[5]))
+    out: dict[tuple[int, int], torch.Tensor] = {}
+    for b, places in by_bucket.items():
+        base = starts[b] if starts else 0
+        ordered = sorted(places)
+        sizes: list[int] = []
+        keep: list[tuple[int, int] | None] = []
+        first = pos = ordered[0][0]
+        for offset, n in ordered:
+            if offset < pos:  # overlapping places (never made by make_layout): one by one
+                for o, m in ordered:
+                    out[b, o] = buckets[b][base + o : base + o + m]
+                break
+            if offset > pos:
+                sizes.append(offset - pos)
+                keep.append(None)
+            sizes.append(n)
+            keep.append((b, offset))
+            pos = offset + n
+        else:
+            parts = buckets[b][base + first : base + pos].split_with_sizes(sizes)
+            out.update((k, p) for k, p in zip(keep, parts, strict=True) if k is not None)
+    return out
+
+
+PARALLEL = 32 << 20  # CPU copies of at least this many bytes in all run on threads
+PIECE = 8 << 20  # in pieces of this size
+_pool: ThreadPoolExecutor | None = None
+
+
+def executor() -> ThreadPoolExecutor:
+    """The threads of weight sync's CPU copies and checksums (torch and zlib release the
+    GIL), one per core up to 16."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(min(16, os.cpu_count() or 1), thread_name_prefix="weights")
+    return _pool
+
+
+def _forget_pool() -> None:
+    global _pool
+    _pool = None  # a forked child has none of its parent's threads: it makes its own
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _copy(pair: tuple[torch.Tensor, torch.Tensor]) -> None:
+    pair[0].copy_(pair[1])
+
+
+def _copy_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """``dst.copy_(src)`` for every pair of flat uint8 views: small same-device ones in one
+    foreach call, big CPU ones in pieces on threads once they add up to :data:`PARALLEL`."""
+    small, big = [], []
+    for dst, src in pairs:
+        if dst.device == src.device and dst.numel() < BATCH:
+            small.append((dst, src))
+        elif dst.device.type == src.device.type == "cpu":
+            big.append((dst, src))
+        else:
+            dst.copy_(src)
+    if sum(d.numel() for d, _ in big) >= PARALLEL and (os.cpu_count() or 1) > 1:
+        pieces = [(d[o : o + PIECE], s[o : o + PIECE]) for d, s in big
+                  for o in range(0, d.numel(), PIECE)]  # fmt: skip
+        list(executor().map(_copy, pieces))
+    else:
+        for pair in big:
+            _copy(pair)
+    if small:
+        torch._foreach_copy_([d for d, _ in small], [s for _, s in small])
 
 
 def write_from(
@@ -149,10 +253,19 @@ def write_from(
 ) -> None:
     """Copy every tensor into its place: ``buckets[b]`` (flat uint8), at ``starts[b]`` in it
     (an alias's bytes once)."""
-    for row in _firsts(layout):
-        b = row[3]
-        if row[5]:
-            _view(buckets[b], row, starts[b] if starts else 0).copy_(tensors[row[0]])
+    rows = [row for row in _firsts(layout) if row[5]]
+    if not rows:
+        return
+    places = _places(rows, buckets, starts)
+    pairs = []
+    for row in rows:
+        dst, src = places[row[3], row[4]], tensors[row[0]]
+        flat = _flat(src) if src.dtype == dtype_of(row[1]) else None
+        if flat is None:
+            dst.view(dtype_of(row[1])).view(row[2]).copy_(src)
+        else:
+            pairs.append((dst, flat))
+    _copy_pairs(pairs)
 
 
 def targets_of(target: Any) -> dict[str, torch.Tensor]:
@@ -193,11 +306,20 @@ def read_into(
     starts: Sequence[int] | None = None,
 ) -> None:
     """Copy each published tensor into its target in place (dtype and device converted)."""
+    rows = [row for row in layout if row[5] and row[0] in targets]
+    if not rows:
+        return
+    places = _places(rows, buckets, starts)
+    pairs = []
     with torch.no_grad():
-        for row in layout:
-            dst = targets.get(row[0])
-            if dst is not None and row[5]:
-                dst.copy_(_view(buckets[row[3]], row, starts[row[3]] if starts else 0))
+        for row in rows:
+            dst, src = targets[row[0]], places[row[3], row[4]]
+            flat = _flat(dst) if dst.dtype == dtype_of(row[1]) else None
+            if flat is None or flat.data_ptr() != dst.data_ptr():
+                dst.copy_(src.view(dtype_of(row[1])).view(row[2]))
+            else:
+                pairs.append((flat, src))
+        _copy_pairs(pairs)
 
 
 def renamer(rename: Rename | None) -> Callable[[str], str | None]:
@@ -234,7 +356,7 @@ def feed_into(
             name = rename(row[0])
             if name is None:
                 continue
-            view = _view(buckets[bucket], row, base)
+            view = row_view(buckets[bucket], row, base)
             to = dtype if dtype is not None and view.is_floating_point() else view.dtype
             yield name, view.to(to, copy=True)
 

@@ -18,7 +18,19 @@ from typing import Any
 from rayless.actors.ext import message
 from rayless.transport.errors import ProtocolError
 
-__all__ = ["Entry", "IpcBucket", "Layout", "PathKind", "Published", "RelayPlace", "Row", "SyncInfo"]
+__all__ = [
+    "Delta",
+    "Entry",
+    "IpcBucket",
+    "Piece",
+    "Layout",
+    "PathKind",
+    "Published",
+    "RelayPlace",
+    "Row",
+    "ShardSpec",
+    "SyncInfo",
+]
 
 # One tensor's place in the buckets (``rayless.weights.layout``): name, dtype
 # (``str(torch.dtype)``), shape, bucket, byte offset, bytes.
@@ -66,6 +78,36 @@ class IpcBucket:
         return [getattr(self, f.name) for f in dataclasses.fields(self)]
 
 
+@message("weights.Delta")
+@dataclass(frozen=True)
+class Delta:
+    """The rows of an entry's layout whose bytes differ from ``version`` (an earlier version
+    of the same layout): a subscriber that holds ``version`` copies only those."""
+
+    version: int
+    rows: list[int]
+
+
+@message("weights.ShardSpec")
+@dataclass(frozen=True)
+class ShardSpec:
+    """Rank ``rank``'s slice of a tensor split in ``world`` equal parts along ``dim`` (a
+    column- or row-parallel layer, a vocab-parallel embedding, an FSDP shard)."""
+
+    dim: int
+    rank: int
+    world: int
+
+
+@message("weights.Piece")
+@dataclass(frozen=True)
+class Piece:
+    """Row ``row`` of an entry's layout is not a whole tensor but the slice ``spec`` of it."""
+
+    row: int
+    spec: ShardSpec
+
+
 @message("weights.Entry")
 @dataclass(frozen=True)
 class Entry:
@@ -74,7 +116,10 @@ class Entry:
     ``layout`` places its tensors in buckets; ``segment`` is the shared-memory segment whose
     header carries the version and the readers' lease (its payload holds the bytes at
     ``starts``, one offset per bucket, unless the path keeps them elsewhere); ``ipc`` holds one
-    CUDA IPC share per bucket where the bytes stay on the publisher's GPU.
+    CUDA IPC share per bucket where the bytes stay on the publisher's GPU. ``sums`` holds one
+    checksum per layout row (``rayless.weights.checksums``; empty: not computed); ``deltas``
+    say which rows changed since each of the publisher's recent versions (a delta publish);
+    ``pieces`` mark the rows that are slices of a tensor (a sharded trainer's).
     """
 
     kind: PathKind
@@ -84,6 +129,9 @@ class Entry:
     segment: str = ""
     starts: list[int] = field(default_factory=list)
     ipc: tuple[IpcBucket, ...] = ()
+    sums: list[int] = field(default_factory=list)
+    deltas: tuple[Delta, ...] = ()
+    pieces: tuple[Piece, ...] = ()
 
 
 @message("weights.Published")

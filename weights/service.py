@@ -29,6 +29,7 @@ from rayless.actors import Actor, ActorHandle, endpoint
 from rayless.transport import segments
 from rayless.transport.errors import ProtocolError
 from rayless.transport.ext import host_id, pid_alive
+from rayless.weights.delta import changed_spans
 from rayless.weights.errors import (
     PublisherLostError,
     WeightInputError,
@@ -57,6 +58,14 @@ class _Publisher:
     pid: int
     host: str
     where: str = ""
+
+
+def _copy_spans(dst: torch.Tensor, src: torch.Tensor, entry: Entry | None, rows: list[int]) -> None:
+    """Copy the bytes of ``rows`` of ``entry``'s layout (its buckets at ``entry.starts``)."""
+    assert entry is not None
+    for bucket, begin, end in changed_spans(entry, rows):
+        at = entry.starts[bucket]
+        dst[at + begin : at + end].copy_(src[at + begin : at + end])
 
 
 def _label(relay: ActorHandle[Any]) -> str:
@@ -263,6 +272,7 @@ class WeightRelay(Actor):
         self.pools: dict[int, segments.SlotPool] = {}  # shard -> its segments
         self.pending: dict[tuple[int, int], segments.Segment] = {}  # (version, shard) -> segment
         self.payloads: dict[tuple[int, int], torch.Tensor] = {}
+        self.holds: dict[str, int] = {}  # segment -> the version whose bytes it holds
 
     @endpoint
     def where(self) -> RelayPlace:
@@ -281,6 +291,7 @@ class WeightRelay(Actor):
         for pool in self.pools.values():
             pool.close()
         self.pools.clear()
+        self.holds.clear()
         return segments.reap(dead_pid) if dead_pid else []
 
     def _abort(self, shard: int | None = None) -> None:
@@ -289,13 +300,43 @@ class WeightRelay(Actor):
             self.payloads.pop(key, None)
 
     @endpoint
-    async def begin(self, version: int, nbytes: int, shard: int = 0) -> None:
-        """Lease a segment of ``nbytes`` for ``version`` (waits for slow readers)."""
+    async def begin(
+        self, version: int, nbytes: int, shard: int = 0, base: int = -1, entry: Entry | None = None
+    ) -> bool:
+        """Lease a segment of ``nbytes`` for ``version`` (waits for slow readers). With
+        ``base`` (a delta), first bring it to the newest copy here when that holds ``base`` in
+        ``nbytes``: only the tensors that ``entry`` (the publisher's, with its deltas) says
+        changed since the version the segment still holds, else every byte. Whether it did
+        (else the publisher sends every byte).
+
+        Raises ProtocolError when ``entry`` is neither None nor an Entry.
+        """
+        if entry is not None and not isinstance(entry, Entry):
+            raise ProtocolError(f"begin takes a weights.Entry, not {type(entry).__name__}")
         self._abort(shard)  # an unfinished earlier version (its publisher gave up) is dropped
         pool = self.pools.setdefault(shard, segments.SlotPool(self.max_slots))
+        newest = pool.newest
         seg = await asyncio.to_thread(pool.begin, nbytes)
+        held = self.holds.pop(seg.name, None)  # torn until committed
+        payload = torch.frombuffer(seg.payload, dtype=torch.uint8) if nbytes else torch.empty(0)
         self.pending[version, shard] = seg
-        self.payloads[version, shard] = torch.frombuffer(seg.payload, dtype=torch.uint8)
+        self.payloads[version, shard] = payload
+        seeded = (
+            base >= 0
+            and newest is not None
+            and newest.version == base
+            and newest.payload_bytes == nbytes
+        )
+        if seeded and nbytes and newest is not None:
+            old = torch.frombuffer(newest.payload, dtype=torch.uint8)
+            delta = None
+            if entry is not None and held is not None:
+                delta = next((d for d in entry.deltas if d.version == held), None)
+            if delta is None:
+                await asyncio.to_thread(payload.copy_, old)
+            else:
+                await asyncio.to_thread(_copy_spans, payload, old, entry, delta.rows)
+        return seeded
 
     @endpoint
     async def write(self, version: int, offset: int, chunk: torch.Tensor, shard: int = 0) -> None:
@@ -322,7 +363,9 @@ class WeightRelay(Actor):
         if seg is None:
             raise WeightSyncError(f"relay at {self.location}: version {version} was not begun")
         self.pools[shard].commit(seg, version)
-        return Entry(PathKind.RELAY, version, entry.layout, shard, seg.name, list(entry.starts))
+        self.holds[seg.name] = version
+        return Entry(PathKind.RELAY, version, entry.layout, shard, seg.name, list(entry.starts),
+                     sums=list(entry.sums), deltas=entry.deltas)  # fmt: skip
 
     async def teardown(self) -> None:
         self._abort()

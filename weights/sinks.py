@@ -6,7 +6,7 @@ Every transfer path (``rayless.weights.paths``) hands the buckets it reads to a 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -22,15 +22,34 @@ from rayless.weights.layout import (
     renamer,
     targets_of,
 )
+from rayless.weights.messages import Entry
 
 __all__ = ["LoaderSink", "Sink", "Targets", "sink_for"]
 
 
 class Sink:
-    """Where a pull's bytes go: ``check`` a layout first, then ``copy`` each part into it."""
+    """Where a pull's bytes go: ``check_parts`` first, then ``copy_part`` each part (shard) of
+    the version into it, then ``finish``. ``takes_deltas``: whether a pull may copy only the
+    tensors changed since the version the sink last got (else every tensor, always)."""
+
+    takes_deltas = True
 
     def check(self, layout: Layout) -> None:
         """Raise WeightMismatchError before anything is copied (default: nothing to check)."""
+
+    def check_parts(self, parts: Sequence[Entry]) -> None:
+        """Check every part of a version before anything is copied (default: ``check`` of
+        their rows together). Raises WeightMismatchError naming the tensor."""
+        self.check([row for part in parts for row in part.layout])
+
+    def copy_part(
+        self, entry: Entry, buckets: list[torch.Tensor], starts: list[int] | None
+    ) -> None:
+        """Copy ``entry``'s tensors out of ``buckets`` (default: ``copy`` of its layout)."""
+        self.copy(entry.layout, buckets, starts)
+
+    def finish(self) -> None:
+        """Every part is copied (a sink that gathers hands its tensors on here)."""
 
     def copy(self, layout: Layout, buckets: list[torch.Tensor], starts: list[int] | None) -> None:
         """Copy the tensors of ``layout`` out of ``buckets`` (flat uint8; bucket ``b`` at
@@ -72,7 +91,7 @@ def sink_for(
     into: Loader | None,
     rename: Rename | None,
     dtype: torch.dtype | None,
-) -> Sink:
+) -> Targets | LoaderSink:
     """The sink of a pull's arguments (``WeightSync.pull``).
 
     Raises WeightInputError (both or neither of ``target`` and ``into``; ``rename``/``dtype``

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import torch
 
     from rayless.weights.layout import Loader, Rename
+    from rayless.weights.reshard import Spec
 
 __all__ = ["SyncWeightSync"]
 
@@ -63,6 +64,8 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
         num_shards: int = 1,
         group: Any = None,
         src: int | None = None,
+        delta: bool = False,
+        split: Spec | None = None,
     ) -> int:
         """Publish the tensors of ``state`` (a state dict) as ``version``; returns it once
         every host can pull it. Publishes of one client run one at a time.
@@ -75,13 +78,30 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
         version is broadcast over it from ``src`` (default: this process's global rank)
         instead, and only that group's members get it (each calls ``pull(group=...)``).
 
+        ``delta``: write and send only the tensors whose bytes differ from this client's
+        previous version (same names, shapes and dtypes; else everything); a subscriber that
+        holds one of the last few versions copies only what changed since it, any other (new,
+        restarted, behind) copies the whole version. Over a group everything is sent.
+
+        ``split`` (with ``shard``/``num_shards``: a tensor- or FSDP-parallel trainer): which
+        tensors of ``state`` are slices, and which (a ``ShardSpec``, a mapping of names, or a
+        function of the name; None: whole). Every rank then publishes the same names, each
+        its slices; a pull with ``shard=`` copies its own slice of each from every shard.
+
         Raises WeightVersionError unless ``version`` is above every version published (and
         every version this shard published), WeightInputError for a bad shard, OSError when
         shared memory is exhausted, ClosedError once closed.
         """
         return self.run(
             self.ws.publish(
-                state, version, shard=shard, num_shards=num_shards, group=group, src=src
+                state,
+                version,
+                shard=shard,
+                num_shards=num_shards,
+                group=group,
+                src=src,
+                delta=delta,
+                split=split,
             )
         )
 
@@ -97,6 +117,8 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
         into: Loader | None = None,
         rename: Rename | None = None,
         dtype: torch.dtype | None = None,
+        verify: bool = False,
+        shard: Spec | None = None,
     ) -> int:
         """Load the newest version >= ``min_version`` into ``target`` in place, or hand it to
         the loader ``into``; its number.
@@ -110,8 +132,17 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
         ``group``: receive the broadcasts of global rank ``src`` over that torch.distributed
         group (one per ``publish(group=...)``, in order, until one is >= ``min_version``;
         ``timeout`` does not apply to the collective).
+        ``verify``: check every tensor's bytes against the checksum published with them
+        before copying anything (the shared-memory paths; the publisher's ``checksums``).
+        After a delta publish, a pull into the same target (or loader) as this client's last
+        pull copies only the tensors that changed since the version that pull got.
+        ``shard``: this engine rank's slice of each tensor (a ``ShardSpec(dim, rank, world)``
+        for every tensor, a mapping of names, or a function of the name; None: whole), put
+        together from whatever slices the publisher's shards published; ``target``'s tensors
+        have the slices' shapes; a loader gets them once every shard is copied.
 
         Raises WeightMismatchError (a name or shape differs; nothing copied),
+        WeightChecksumError (``verify``: a tensor's bytes do not match; nothing copied),
         WeightTimeoutError (no such version within ``timeout`` s; None waits on),
         PublisherLostError (the publisher died), WeightSyncError (no path to the weights),
         WeightInputError (both or neither of ``target`` and ``into``; ``rename``/``dtype``
@@ -129,6 +160,47 @@ class SyncWeightSync(BlockingFace, face=WeightSync):
                 into=into,
                 rename=rename,
                 dtype=dtype,
+                verify=verify,
+                shard=shard,
+            ),
+            call_limit(timeout),
+        )
+
+    def check_weights(self, target: Any, min_version: int = 0, timeout: float | None = None) -> int:
+        """Check that ``target`` (a module or a dict of tensors) holds exactly the newest
+        version >= ``min_version``, bit for bit in the published dtypes (a target of another
+        dtype is converted back first), against the checksums published with it; that
+        version. Copies nothing.
+
+        Raises WeightChecksumError naming the first tensor that differs, WeightMismatchError
+        (a name or shape differs), WeightSyncError (published without checksums),
+        WeightTimeoutError, PublisherLostError, ClosedError once closed.
+        """
+        return self.run(self.ws.check_weights(target, min_version, timeout), call_limit(timeout))
+
+    def update_engine(
+        self,
+        engine: Any,
+        min_version: int = 0,
+        timeout: float | None = None,
+        *,
+        rename: Rename | None = None,
+        dtype: torch.dtype | None = None,
+        verify: bool = False,
+        shard: Spec | None = None,
+    ) -> int:
+        """Update ``engine`` (an ``UpdatableEngine``: vLLM's protocol, or a ``ModuleEngine``)
+        to the newest version >= ``min_version`` through its own protocol: wait for the
+        version, then pause its generation, start the update, hand it the weights bucket by
+        bucket (``pull(into=...)`` with these options), finish, resume; the version.
+
+        Raises what ``pull`` raises, TypeError when ``engine`` lacks a method of the protocol,
+        and what the engine raises, as itself; an engine that failed after its first bucket
+        stays paused (its weights are torn: update it again, then resume it).
+        """
+        return self.run(
+            self.ws.update_engine(
+                engine, min_version, timeout, rename=rename, dtype=dtype, verify=verify, shard=shard
             ),
             call_limit(timeout),
         )

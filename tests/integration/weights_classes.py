@@ -170,3 +170,222 @@ class DistMember(Actor):
             dist.destroy_process_group()
         if self.ws is not None:
             await self.ws.aclose()
+
+
+MOE = 20  # tensors of moe_state; two of them change at each version (10%)
+
+
+def last_change(i: int, version: int) -> int:
+    """The newest version <= ``version`` at which tensor ``i`` of moe_state changed (0: none)."""
+    return next((u for u in range(version, 0, -1) if (7 * u + i) % 10 == 0), 0)
+
+
+def moe_state(version: int) -> dict[str, torch.Tensor]:
+    """A state dict of which two tensors in ten change at each version (frozen experts)."""
+    out = {}
+    for i in range(MOE):
+        base = torch.arange(16 * (i + 1), dtype=torch.float32).reshape(i + 1, 16)
+        out[f"expert{i}.weight"] = base + 1000.0 * last_change(i, version)
+    return out
+
+
+class DeltaSubscriber(Actor):
+    """A rollout worker pulling moe_state versions, verified, into its own tensors."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.tensors = {k: torch.zeros_like(v) for k, v in moe_state(0).items()}
+        self.loaded: list[str] = []
+        self.ws: Any = None
+
+    async def setup(self) -> None:
+        self.ws = await WeightSync.connect(self.name)
+
+    async def pull(self, min_version: int, verify: bool = True) -> tuple[int, bool]:
+        """Pull; the version and whether every tensor now equals moe_state(version) exactly."""
+        v = await self.ws.pull(self.tensors, min_version, timeout=30, verify=verify)
+        want = moe_state(v)
+        return v, all(torch.equal(self.tensors[k], want[k]) for k in want)
+
+    def holds(self, version: int) -> bool:
+        """Whether every tensor equals moe_state(version) exactly."""
+        want = moe_state(version)
+        return all(torch.equal(self.tensors[k], want[k]) for k in want)
+
+    def _load(self, weights: Any) -> None:
+        for name, t in weights:
+            self.loaded.append(name)
+            self.tensors[name].copy_(t)
+
+    async def load(self, min_version: int) -> tuple[int, list[str], bool]:
+        """Pull into a loader: the version, the tensors it was handed, and exactness."""
+        self.loaded = []
+        v = await self.ws.pull(into=self._load, min_version=min_version, timeout=30)
+        want = moe_state(v)
+        return v, sorted(self.loaded), all(torch.equal(self.tensors[k], want[k]) for k in want)
+
+    async def reconnect(self) -> None:
+        """A new client (as a restarted worker's): it knows no version it holds."""
+        await self.ws.aclose()
+        self.ws = await WeightSync.connect(self.name)
+
+    async def teardown(self) -> None:
+        if self.ws is not None:
+            await self.ws.aclose()
+
+
+def full_tp_state() -> dict[str, torch.Tensor]:
+    """A small transformer block's full state (deterministic)."""
+    g = torch.Generator().manual_seed(5)
+    return {
+        "qkv.weight": torch.randn(8, 4, generator=g).to(torch.bfloat16),  # column parallel
+        "o.weight": torch.randn(4, 8, generator=g),  # row parallel
+        "embed.weight": torch.randn(16, 4, generator=g),  # vocab parallel
+        "norm.weight": torch.randn(4, generator=g),  # replicated
+    }
+
+
+TP_DIMS = {"qkv.weight": 0, "o.weight": 1, "embed.weight": 0}
+
+
+def tp_spec(rank: int, world: int) -> Any:
+    """Tensor parallel slices: ``TP_DIMS``, the rest whole."""
+    from rayless.weights.messages import ShardSpec
+
+    return {n: ShardSpec(d, rank, world) for n, d in TP_DIMS.items()}
+
+
+def tp_slice(name: str, rank: int, world: int) -> torch.Tensor:
+    """Rank ``rank`` of ``world``'s slice of ``full_tp_state()[name]``."""
+    t = full_tp_state()[name]
+    if name not in TP_DIMS:
+        return t
+    return t.chunk(world, TP_DIMS[name])[rank].clone()
+
+
+class TpTrainerRank(Actor):
+    """A tensor-parallel trainer rank: publishes its slices (replicated tensors from rank 0)."""
+
+    def __init__(self, name: str, rank: int, world: int) -> None:
+        self.name, self.rank, self.world = name, rank, world
+        self.ws: Any = None
+
+    async def setup(self) -> None:
+        self.ws = await WeightSync.connect(self.name)
+
+    async def publish(self, version: int, bump: float = 0.0, delta: bool = False) -> int:
+        """Publish this rank's share of ``full_tp_state()`` as ``version`` (its slice of
+        ``o.weight`` plus ``bump``)."""
+        state = {
+            n: tp_slice(n, self.rank, self.world)
+            for n in full_tp_state()
+            if n in TP_DIMS or self.rank == 0
+        }
+        state["o.weight"] = state["o.weight"] + bump
+        spec = tp_spec(self.rank, self.world)
+        return int(
+            await self.ws.publish(
+                state, version, shard=self.rank, num_shards=self.world, split=spec, delta=delta
+            )
+        )
+
+    async def teardown(self) -> None:
+        if self.ws is not None:
+            await self.ws.aclose()
+
+
+class StandInEngine:
+    """An inference engine's update protocol that enforces vLLM's order: pause → start →
+    update_weights (one or more) → finish → resume; any other call raises RuntimeError.
+    Its pause and finish are coroutines (as an async engine's are)."""
+
+    NEXT = {
+        "pause_generation": {"serving"},
+        "start_weight_update": {"paused"},
+        "update_weights": {"started", "updating"},
+        "finish_weight_update": {"updating"},
+        "resume_generation": {"paused", "finished"},
+    }
+    AFTER = {
+        "pause_generation": "paused",
+        "start_weight_update": "started",
+        "update_weights": "updating",
+        "finish_weight_update": "finished",
+        "resume_generation": "serving",
+    }
+
+    def __init__(self) -> None:
+        self.state = "serving"
+        self.calls: list[str] = []
+        self.weights: dict[str, torch.Tensor] = {}
+        self.fail_update = False
+
+    def _step(self, name: str) -> None:
+        if self.state not in self.NEXT[name]:
+            raise RuntimeError(f"{name} called while {self.state}")
+        self.state = self.AFTER[name]
+        self.calls.append(name)
+
+    async def pause_generation(self) -> None:
+        self._step("pause_generation")
+
+    def start_weight_update(self) -> None:
+        self._step("start_weight_update")
+
+    def update_weights(self, weights: Any) -> None:
+        self._step("update_weights")
+        if self.fail_update:
+            raise ValueError("the engine refused a bucket")
+        self.weights.update(weights)
+
+    async def finish_weight_update(self) -> None:
+        self._step("finish_weight_update")
+
+    def resume_generation(self) -> None:
+        self._step("resume_generation")
+
+
+class FsdpTrainerRank(Actor):
+    """An FSDP trainer rank in a gloo group: its shard of every tensor of ``full_tp_state()``
+    (dim 0), received from rank 0 over gloo; publishes it as one shard of the version."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.local: dict[str, torch.Tensor] = {}
+        self.ws: Any = None
+
+    async def setup(self) -> None:
+        self.ws = await WeightSync.connect(self.name)
+
+    def init(self) -> int:
+        """Join the group and take this rank's shards (rank 0 broadcasts the full tensors)."""
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        for name, full in full_tp_state().items():
+            wire = full.float() if rank == 0 else torch.zeros(full.shape)
+            dist.broadcast(wire, 0)
+            self.local[name] = wire.to(full.dtype).chunk(world, 0)[rank].clone()
+        return rank
+
+    async def publish(self, version: int) -> int:
+        """Publish this rank's shards as shard ``rank`` of ``version``."""
+        import torch.distributed as dist
+
+        from rayless.weights.messages import ShardSpec
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        return int(
+            await self.ws.publish(
+                self.local, version, shard=rank, num_shards=world, split=ShardSpec(0, rank, world)
+            )
+        )
+
+    async def teardown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if self.ws is not None:
+            await self.ws.aclose()

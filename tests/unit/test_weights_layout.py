@@ -118,3 +118,49 @@ def test_an_empty_tensor_is_no_alias_of_the_tensor_after_it() -> None:
     targets = {k: torch.zeros(v.shape) for k, v in state.items()}
     read_into(layout, buckets, targets)
     assert targets["w"].tolist() == [7.0] * 4 and targets["tail"].tolist() == [1.0, 1.0]
+
+
+def test_batched_copies_round_trip_every_kind_of_tensor() -> None:
+    """Many small tensors (one foreach call), a big one, a non-contiguous source, an empty
+    one, an alias and a scalar: written and read back bit-exact, converted where asked."""
+    from rayless.weights.layout import BATCH, bucket_sizes, read_into, write_from
+
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    state = {f"s{i}": torch.full((3, i + 1), float(i), dtype=torch.bfloat16) for i in range(50)}
+    state.update(
+        big=torch.randn(BATCH // 4 + 7),
+        strided=base.t(),  # not contiguous
+        empty=torch.empty(0, 3),
+        scalar=torch.tensor(5, dtype=torch.int64),
+    )
+    state["alias"] = state["big"]
+    layout = make_layout(state, 4096)
+    buckets = [torch.zeros(n, dtype=torch.uint8) for n in bucket_sizes(layout)]
+    write_from(state, layout, buckets)
+    same = {k: torch.zeros_like(v) for k, v in state.items()}
+    same["strided"] = torch.zeros(6, 4).t().contiguous().t()  # a non-contiguous target
+    read_into(layout, buckets, same)
+    assert all(torch.equal(same[k], v) for k, v in state.items())
+    wide = {k: torch.zeros(v.shape, dtype=torch.float32) for k, v in state.items() if k[0] == "s"}
+    read_into(layout, buckets, wide)
+    assert all(torch.equal(wide[k], state[k].float()) for k in wide)
+
+
+def test_big_copies_and_comparisons_run_in_pieces_on_threads() -> None:
+    from rayless.weights.delta import changed_rows
+    from rayless.weights.layout import PARALLEL, PIECE, bucket_sizes, read_into, write_from
+
+    g = torch.Generator().manual_seed(1)
+    state = {f"w{i}": torch.randn(PIECE // 4 + 1000 * i, generator=g) for i in range(5)}
+    state["small"] = torch.randn(10, generator=g)
+    assert sum(t.numel() * 4 for t in state.values()) >= PARALLEL
+    layout = make_layout(state, 1 << 40)
+    buckets = [torch.zeros(n, dtype=torch.uint8) for n in bucket_sizes(layout)]
+    write_from(state, layout, buckets)
+    back = {k: torch.zeros_like(v) for k, v in state.items()}
+    read_into(layout, buckets, back)
+    assert all(torch.equal(back[k], v) for k, v in state.items())
+    assert changed_rows(state, layout, buckets, None) == set()
+    state["w3"] = state["w3"].clone()
+    state["w3"][-1] += 1  # the last byte of the last piece
+    assert changed_rows(state, layout, buckets, None) == {3}

@@ -22,11 +22,14 @@ from rayless.transport.errors import ProtocolError
 from rayless.weights.errors import WeightSyncError
 from rayless.weights.layout import make_layout, rows_of
 from rayless.weights.messages import (
+    Delta,
     Entry,
     IpcBucket,
     PathKind,
+    Piece,
     Published,
     RelayPlace,
+    ShardSpec,
     SyncInfo,
 )
 from rayless.weights.paths.base import PublishRequest, PullRequest, Slots, WeightPath, Written
@@ -44,6 +47,11 @@ SAMPLES: list[Any] = [
     ENTRY,
     Entry(PathKind.CUDA, 3, LAYOUT, 0, "rayless-1-2-3-ab", [0], (IPC,)),
     Entry(PathKind.DIST, 4, LAYOUT),
+    Entry(PathKind.SHM, 5, LAYOUT, 0, "rayless-1-2-3-ab", [0], (), [7, 8], (Delta(4, [1]),)),
+    Delta(4, [0, 1]),
+    Entry(PathKind.SHM, 6, LAYOUT, pieces=(Piece(0, ShardSpec(1, 0, 2)),)),
+    Piece(1, ShardSpec(0, 1, 4)),
+    ShardSpec(0, 1, 2),
     IPC,
     Published(3, (ENTRY, ENTRY)),
     SyncInfo(True, 5, {"host#n0": "relay-0"}),
@@ -93,7 +101,7 @@ def test_a_malformed_entry_is_a_protocol_error(fields: list[Any], match: str) ->
     frames = codec.encode(Entry(*fields))  # the sender does not check; the receiver does
     with pytest.raises(ProtocolError, match=match):
         codec.decode(frames)
-    with pytest.raises(ProtocolError, match="expected 7 fields"):
+    with pytest.raises(ProtocolError, match="expected 10 fields"):
         codec.decode(_raw("weights.Entry", ["shm", 3, []]))
 
 

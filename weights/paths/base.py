@@ -27,7 +27,8 @@ __all__ = ["PublishRequest", "PullRequest", "Slots", "WeightPath", "Written"]
 @dataclass
 class PublishRequest:
     """One publish: its tensors (placed by ``layout``), version and shard, the client's
-    ``cuda_ipc`` setting, and a torch.distributed ``group`` (with ``src``) or None."""
+    ``cuda_ipc`` setting, a torch.distributed ``group`` (with ``src``) or None, whether to
+    compute checksums, and whether to write only what changed (``delta``)."""
 
     tensors: dict[str, torch.Tensor]
     layout: Layout
@@ -36,6 +37,8 @@ class PublishRequest:
     cuda_ipc: bool = True
     group: Any = None
     src: int | None = None
+    checksums: bool = False
+    delta: bool = False
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from rayless.transport.errors import ProtocolError
+from rayless.weights.delta import History, changed_rows
 from rayless.weights.errors import WeightSyncError
 from rayless.weights.layout import bucket_sizes, write_from
 from rayless.weights.messages import Entry, IpcBucket, PathKind
@@ -28,6 +29,7 @@ class CudaPath(WeightPath):
         self._buckets: dict[str, tuple[list[torch.Tensor], tuple[IpcBucket, ...]]] = {}
         self._opened: dict[tuple[str, int], tuple[bytes, torch.Tensor]] = {}  # IPC buckets
         self._used = False
+        self.history = History()
 
     def publishes(self, request: PublishRequest) -> bool:
         tensors = request.tensors
@@ -45,25 +47,38 @@ class CudaPath(WeightPath):
         sizes = bucket_sizes(layout)
         device = next(iter(tensors.values())).device
         pool = self.slots.pool()
+        history = self.history
+        changed = None
+        prev, base = pool.newest, history.newest(layout)
+        if request.delta and prev is not None and base is not None and prev.name in self._buckets:
+            old = self._buckets[prev.name][0]
+            if history.holds.get(prev.name) == base and old[0].device == device:
+                changed = changed_rows(tensors, layout, old, None)
         seg = pool.begin(0)  # the header only: version and lease; the bytes live on the GPU
         try:
             have = self._buckets.get(seg.name)
             if have is None or [b.numel() for b in have[0]] != sizes or have[0][0].device != device:
+                history.holds.pop(seg.name, None)
                 buckets = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
                 have = (buckets, tuple(IpcBucket.of(ipc_fields(b)) for b in buckets))
                 self._buckets[seg.name] = have
-            write_from(tensors, layout, have[0])
+            rows = history.to_write(seg.name, changed)
+            write_from(tensors, layout if rows is None else [layout[i] for i in sorted(rows)],
+                       have[0])  # fmt: skip
             torch.cuda.synchronize(device)
         except BaseException:
+            history.holds.pop(seg.name, None)  # its bytes are torn
             pool.abort(seg)
             raise
         pool.commit(seg, request.version)
+        history.record(layout, request.version, seg.name, changed, [])
         entry = Entry(PathKind.CUDA, request.version, layout, request.shard, seg.name,
-                      starts_of(sizes), have[1])  # fmt: skip
+                      starts_of(sizes), have[1],
+                      deltas=history.deltas() if request.delta else ())  # fmt: skip
         return Written(entry, have[0])
 
     def read(self, entry: Entry, payload: memoryview, sink: Sink) -> None:
-        sink.copy(entry.layout, self._ipc_buckets(entry), None)
+        sink.copy_part(entry, self._ipc_buckets(entry), None)
         self._used = True
 
     def settle(self) -> None:

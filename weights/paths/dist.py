@@ -35,6 +35,8 @@ class DistPath(WeightPath):
 
     def receive(self, sink: Sink, request: PullRequest) -> int:
         version, layout, buckets = broadcast.receive(request.src, request.group)
-        sink.check(layout)  # after the receive: the collective stays in step
-        sink.copy(layout, buckets, None)
+        entry = Entry(PathKind.DIST, version, layout)
+        sink.check_parts([entry])  # after the receive: the collective stays in step
+        sink.copy_part(entry, buckets, None)
+        sink.finish()
         return version

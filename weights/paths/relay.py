@@ -11,6 +11,7 @@ import torch
 
 from rayless.actors import ActorHandle
 from rayless.transport.errors import ProtocolError
+from rayless.weights.delta import changed_spans
 from rayless.weights.messages import Entry, PathKind
 from rayless.weights.paths.base import WeightPath
 from rayless.weights.paths.shm import read_segment
@@ -28,14 +29,24 @@ async def forward(
     relay: ActorHandle[Any],
     entry: Entry,
     chunks: list[torch.Tensor],
+    base: int = -1,
 ) -> None:
     """Send the version of ``entry`` (each bucket's bytes in ``chunks``, CPU or CUDA) to
-    ``relay``, then announce the relay's copy at its location ``where``.
+    ``relay``, then announce the relay's copy at its location ``where``. With ``base`` (the
+    version this relay was last sent) and a delta from it in ``entry``, only the changed
+    tensors' bytes travel when the relay still holds ``base``.
 
-    Raises ProtocolError when the relay answers its commit with anything but an Entry.
+    Raises ProtocolError when the relay answers its begin or commit with the wrong type.
     """
     version, starts, shard = entry.version, entry.starts, entry.shard
-    await relay.begin(version, sum(c.numel() for c in chunks), shard)
+    delta = next((d for d in entry.deltas if d.version == base), None) if base >= 0 else None
+    nbytes = sum(c.numel() for c in chunks)
+    if delta is None:
+        seeded = await relay.begin(version, nbytes, shard)
+    else:
+        seeded = await relay.begin(version, nbytes, shard, base, entry)
+    if not isinstance(seeded, bool):
+        raise ProtocolError(f"a weight relay answered begin() with {type(seeded).__name__}")
     gate = asyncio.Semaphore(IN_FLIGHT)
 
     async def one(start: int, chunk: torch.Tensor) -> None:
@@ -43,10 +54,14 @@ async def forward(
             host_chunk = await asyncio.to_thread(chunk.cpu) if chunk.is_cuda else chunk
             await relay.write(version, start, host_chunk, shard)
 
+    if seeded and delta is not None:
+        spans = changed_spans(entry, delta.rows)
+    else:
+        spans = [(b, 0, c.numel()) for b, c in enumerate(chunks)]
     pieces = [
-        (start + off, chunk[off : off + RELAY_CHUNK])
-        for start, chunk in zip(starts, chunks, strict=True)
-        for off in range(0, chunk.numel(), RELAY_CHUNK)
+        (starts[b] + off, chunks[b][off : min(end, off + RELAY_CHUNK)])
+        for b, begin, end in spans
+        for off in range(begin, end, RELAY_CHUNK)
     ]
     await asyncio.gather(*(one(s, c) for s, c in pieces))
     relayed = await relay.commit(entry)
