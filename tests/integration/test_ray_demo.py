@@ -10,6 +10,7 @@ from rayless.demo.main import main
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("rayless_ray_demo")]
 
 
+@pytest.mark.slow  # a PPO run to its solve (~25 s)
 def test_ppo_on_the_ray_api_solves_cartpole(capsys: pytest.CaptureFixture[str]) -> None:
     cfg = load_config(DEFAULT_CONFIG)
     assert main(["--api", "ray", "--iterations", str(cfg.algo.iterations)]) == 0
