@@ -114,3 +114,22 @@ def test_the_wheel_holds_only_rayless(tmp_path: Path) -> None:
         elif rel.parts[0] == "rayless":
             assert rel.as_posix() in names, rel
     assert "rayless/configs/default.yaml" in names
+
+
+def test_every_package_of_the_checkout_is_listed_for_the_wheel() -> None:
+    # The quick form of the wheel test above (slow tier): a subpackage missing from
+    # pyproject's ``packages`` is left out of the wheel silently.
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11's tomllib reads pyproject.toml")
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    layers = ("transport", "placement", "actors", "store", "weights")
+    found = set()
+    for init in ROOT.glob("*/**/__init__.py"):
+        rel = init.parent.relative_to(ROOT)
+        if rel.parts[0] in layers:
+            found.add(".".join(("rayless", *rel.parts)))
+        elif rel.parts[0] == "rayless":
+            found.add(".".join(rel.parts))
+    assert found - listed == set()
