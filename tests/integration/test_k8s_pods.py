@@ -356,7 +356,9 @@ def test_deleting_a_worker_pod_mid_run_fails_the_indexed_job(
     # documented: the demo names the dead worker and exits 1; rank 0's pod fails with it, and
     # the Job (backoffLimit 0) fails
     assert code0 == 1, out
-    assert "a worker died" in rank0.output(), out
+    # the pod held workers and a storage unit: the demo names whichever loss it met first
+    died = rank0.output()
+    assert "a worker died" in died or ("storage unit" in died and "is lost" in died), out
     assert cluster.left() == {}
 
 
