@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from enum import Enum
 from typing import Any
 
 from rayless.actors.launch import kubernetes as pod_env
+from rayless.transport.files import atomic_write
 from rayless.transport.protocol import new_token
 
 JOBSET_GROUP = "jobset.x-k8s.io"
@@ -363,10 +363,8 @@ def run(args: argparse.Namespace) -> int:
         text = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n"
     else:
         text = to_yaml(objects)
-    if args.output:  # it may hold the token: private from the start
-        fd = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+    if args.output:  # it may hold the token: a new private file, never through a planted link
+        atomic_write(args.output, text, perms=0o600)
     else:
         sys.stdout.write(text)
     return 0

@@ -253,3 +253,23 @@ def test_the_docs_examples_are_what_rayless_k8s_writes(capsys: pytest.CaptureFix
         check(objects)
         kinds.append(objects[-1]["kind"])
     assert kinds == ["JobSet", "Job"]
+
+
+def test_the_output_file_is_never_written_through_a_planted_link_or_an_open_mode(
+    tmp_path: Path,
+) -> None:
+    # -o may hold the cluster token: a link planted at its name must not redirect it, and an
+    # existing world-readable file must not keep its mode
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    planted = tmp_path / "planted.yaml"
+    planted.symlink_to(victim)
+    argv = ["k8s", "manifest", "--nodes", "2", "--image", "img", "-o"]
+    assert main([*argv, str(planted)]) == 0
+    assert victim.read_text() == "untouched\n" and not planted.is_symlink()
+    assert stat.S_IMODE(os.stat(planted).st_mode) == 0o600
+    loose = tmp_path / "loose.yaml"
+    loose.write_text("old\n")
+    loose.chmod(0o644)
+    assert main([*argv, str(loose)]) == 0
+    assert stat.S_IMODE(os.stat(loose).st_mode) == 0o600
