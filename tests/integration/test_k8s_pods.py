@@ -11,7 +11,9 @@ PID 1 of its own UTS and mount namespaces, with exactly what a kubelet gives a c
 * DNS names through each namespace's hosts file: every pod's ``<host>.<subdomain>`` and
   ``<host>.<subdomain>.<namespace>.svc.cluster.local``, as the headless Service publishes them;
 * the Secret mounted read-only at the manifest's ``mountPath`` in the kubelet's layout
-  (``token -> ..data/token``, ``..data -> ..<timestamp>``, the file 0400 root).
+  (``token -> ..data/token``, ``..data -> ..<timestamp>``, the file 0400 root), under a
+  ``/var/run`` of the pod's own (a tmpfs in its mount namespace, as a container's image has
+  its own): nothing is made on the host, where another test's pods would share it.
 
 Deleting a pod is what the kubelet does: SIGTERM to PID 1, up to
 ``terminationGracePeriodSeconds``, then SIGKILL to what is left and the namespace goes. Skips
@@ -47,6 +49,8 @@ pytestmark = [
 REPO = Path(__file__).resolve().parents[2]
 DEMO = str(REPO / "scripts" / "rl_pipeline.py")
 NAMESPACE = "default"
+# Each pod's own /var/run (the Secret's mountPath lies under it): a tmpfs in its mount namespace.
+POD_RUN = os.path.realpath("/var/run")
 
 REJOIN_DRIVER = """
 import asyncio, os, sys
@@ -207,11 +211,11 @@ class Cluster:
         pod = self.pods[k]
         volume = secret_volume(self.tmp / f"secret-{k}-{os.urandom(3).hex()}", pod.secret, pod.mode)
         script = (
-            'mount --bind "$1" "$2" && mount -o remount,bind,ro "$2" && hostname "$0" '
-            '&& shift 2 && exec "$@"'
+            'mount -t tmpfs -o mode=0755 pod-run "$3" && mkdir -p "$2" && mount --bind "$1" "$2" '
+            '&& mount -o remount,bind,ro "$2" && hostname "$0" && shift 3 && exec "$@"'
         )
         argv = ["ip", "netns", "exec", pod.ns, "unshare", "--uts", "--mount", "sh", "-c", script]
-        argv += [pod.hostname, str(volume), pod.mount, *pod.command]
+        argv += [pod.hostname, str(volume), pod.mount, POD_RUN, *pod.command]
         pod.log = self.tmp / f"{pod.hostname}.log"
         os.makedirs(f"/etc/netns/{pod.ns}", exist_ok=True)
         Path(f"/etc/netns/{pod.ns}/hosts").touch()  # `ip netns exec` mounts it over /etc/hosts
@@ -267,11 +271,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         reason = "util-linux's unshare is not installed"
     if reason is not None:
         pytest.skip(reason)
-    made = Path(k8s.TOKEN_DIR)  # the mount point of the pods' Secret: its first new folder
-    while not made.parent.exists():
-        made = made.parent
-    made = made if not made.exists() else Path()
-    os.makedirs(k8s.TOKEN_DIR, exist_ok=True)
+    assert k8s.TOKEN_DIR.startswith("/var/run/"), k8s.TOKEN_DIR  # under each pod's POD_RUN
     os.chmod(tmp_path, 0o755)
     cluster = Cluster(net=Net.for_test("rk", 40), tmp=tmp_path)
     try:
@@ -283,8 +283,6 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
                 pod.proc.kill()
                 pod.proc.wait()
         cluster.net.teardown()
-        if made != Path():
-            shutil.rmtree(made, ignore_errors=True)
 
 
 def demo_job(layout: k8s.Layout, iterations: int, tmp: Path) -> k8s.K8sJob:
