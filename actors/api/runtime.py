@@ -24,7 +24,7 @@ import os
 import sys
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from rayless.actors.api.calls import call_encode_error, call_limit_error
 from rayless.actors.api.keeper import SessionKeeper
@@ -61,6 +61,7 @@ RESTART_WAIT = 120.0
 R = TypeVar("R")
 ALIVE, RESTARTING, DEAD = ActorState.ALIVE, ActorState.RESTARTING, ActorState.DEAD
 _PROBE_TIMEOUT = 5.0  # seconds for a fresh session to an actor whose connection broke
+_MOVES = 3  # restarts followed while connecting before a call gives up
 _DEATH_WAIT = 10.0  # seconds to wait for the head to list the death of an unanswering actor
 
 
@@ -369,41 +370,61 @@ class Runtime:
         if conn.state is DEAD:
             raise conn.death or ActorDiedError(conn.name)
         async with conn.lock:
-            client = conn.client
-            if client is not None and client.ready:
+            for _ in range(_MOVES):
+                client = conn.client
+                if client is not None and client.ready:
+                    return client
+                if client is not None:
+                    await client.aclose()
+                client = Client(
+                    conn.address,
+                    token=self.info.token,
+                    name=f"caller->{conn.name}",
+                    error_hook=caller_hook,
+                    # An actor's loop may be held by user code for minutes; its death is
+                    # learnt from the head (the agent reaps it), never from a missed heartbeat.
+                    heartbeat_timeout=math.inf,
+                )
+                conn.client = client
+                try:
+                    await client.connect()
+                except TransportError:
+                    conn.client = None
+                    await client.aclose()
+                    why = await self._why_unreachable(conn)
+                    if why is None:
+                        continue  # it restarted elsewhere; nothing was sent: connect there
+                    raise why from None
                 return client
-            if client is not None:
-                await client.aclose()
-            client = Client(
-                conn.address,
-                token=self.info.token,
-                name=f"caller->{conn.name}",
-                error_hook=caller_hook,
-                # An actor's loop may be held by user code for minutes; its death is learnt
-                # from the head (the agent reaps it), never from a missed heartbeat.
-                heartbeat_timeout=math.inf,
+            raise ActorDiedError(
+                conn.name, node=conn.node, reason=f"it moved {_MOVES} times while we connected"
             )
-            conn.client = client
-            try:
-                await client.connect()
-            except TransportError:
-                conn.client = None
-                await client.aclose()
-                raise await self._why_unreachable(conn) from None
-            return client
 
+    @overload
+    async def _why_unreachable(self, conn: _ActorConn) -> RaylessError | None: ...
+    @overload
+    async def _why_unreachable(self, conn: _ActorConn, broke: BrokenError) -> RaylessError: ...
     async def _why_unreachable(
         self, conn: _ActorConn, broke: BrokenError | None = None
-    ) -> RaylessError:
+    ) -> RaylessError | None:
         """Ask the head what became of an actor we cannot reach (or whose connection
-        ``broke`` under a call)."""
+        ``broke`` under a call). None: it restarted at a new address (``conn`` now holds it)
+        and nothing was sent, so the caller connects there."""
         try:
             info = await self.head_request(LookupActor(conn.actor_id), timeout=10)
         except RaylessError as exc:
             return ActorDiedError(conn.name, node=conn.node, reason=f"unreachable ({exc})")
         if info.state is ALIVE and info.address != conn.address:
             conn.address = info.address
-            return BrokenError(f"actor {conn.name} moved; retry the call")
+            if broke is None:
+                return None
+            # The process that had the call died and the actor restarted before the head's
+            # events reached us: the call failed as every call of a dead process fails.
+            return ActorDiedError(
+                conn.name,
+                node=info.node_id,
+                reason=f"its process died under the call ({broke}); it restarted at {info.address}",
+            )
         if info.state is ALIVE and broke is not None:
             if await self._answers(conn):  # the connection failed, not the actor
                 return BrokenError(

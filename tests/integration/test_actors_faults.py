@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -19,9 +20,10 @@ import torch
 
 import rayless.actors as actors
 from rayless.actors import ActorDiedError, Cluster
+from rayless.actors.api.runtime import get_runtime
 from rayless.actors.launch.local import LocalProcesses
 from rayless.transport.errors import ClosedError, LimitError, Timeout
-from tests.integration.actor_classes import Counter
+from tests.integration.actor_classes import Counter, Relay
 from tests.integration.edge_classes import SlowInitMarksTerm
 from tests.waiting import eventually, scaled, wait_until
 
@@ -81,6 +83,67 @@ async def test_max_restarts_brings_the_actor_back(local_cluster: Cluster) -> Non
     await asyncio.sleep(0.5)
     with pytest.raises(ActorDiedError):
         await asyncio.wait_for(counter.add(1), 30)
+
+
+async def _restarted(cluster: Cluster, actor_id: str, old_pid: int) -> bool:
+    records = [a for n in await cluster.nodes() for a in n["actors"]]
+    (record,) = [a for a in records if a["actor_id"] == actor_id]
+    return bool(record["state"] == "alive" and record["pid"] and record["pid"] != old_pid)
+
+
+async def test_a_handle_from_before_a_restart_reaches_the_new_process(
+    local_cluster: Cluster,
+) -> None:
+    # The relay never called the counter: its first call connects to the address the handle
+    # carries, the dead process's. Nothing was sent there, so it connects to the new one.
+    counter = await local_cluster.spawn(Counter, 10, max_restarts=1)
+    relay = await local_cluster.spawn(Relay)
+    old = await counter.pid()
+    os.kill(old, signal.SIGKILL)
+    await wait_until(
+        lambda: _restarted(local_cluster, counter.actor_id, old), timeout=30, what="the restart"
+    )
+    assert await asyncio.wait_for(relay.via(counter, 1), scaled(30)) == 11
+
+
+async def test_a_broken_call_fails_as_died_when_the_restart_outran_the_events(
+    local_cluster: Cluster,
+) -> None:
+    # The session under a call breaks on our side (as when the kernel refuses a send) after
+    # the actor's process died, and the actor runs again elsewhere before the head's
+    # RESTARTING/READY events reach us: the call the dead process had fails with
+    # ActorDiedError, as when the events come first; later calls reach the new process.
+    counter = await local_cluster.spawn(Counter, 10, max_restarts=1)
+    old = await counter.pid()
+    runtime = await get_runtime()
+    held: list[Any] = []
+    on_event = runtime._on_event
+
+    def hold(ev: Any) -> None:
+        if ev.actor_id == counter.actor_id:
+            held.append(ev)
+        else:
+            on_event(ev)
+
+    runtime._on_event = hold  # type: ignore[method-assign]
+    try:
+        pending = asyncio.ensure_future(counter.sleep.options(timeout=120)(60))
+        await asyncio.sleep(0.2)
+        os.kill(old, signal.SIGKILL)
+        await wait_until(
+            lambda: _restarted(local_cluster, counter.actor_id, old), timeout=30, what="restart"
+        )
+        client = runtime.conns[counter.actor_id].client
+        assert client is not None and not pending.done()
+        client._break("injected: a send failed", "lost")
+        with pytest.raises(ActorDiedError, match="restarted at"):
+            await asyncio.wait_for(pending, scaled(30))
+    finally:
+        runtime._on_event = on_event  # type: ignore[method-assign]
+        for ev in held:
+            on_event(ev)
+    assert await asyncio.wait_for(counter.add(1), scaled(30)) == 11
+    assert await counter.pid() != old
 
 
 async def _call_after_restart(counter: actors.ActorHandle, old_pid: int) -> int:
@@ -172,7 +235,7 @@ DRIVER = textwrap.dedent(
     """
     import asyncio, sys
     from rayless import actors
-    from tests.integration.actor_classes import Counter
+    from tests.integration.actor_classes import Counter, Relay
     async def main():
         cluster = await actors.connect(sys.argv[1], token=sys.argv[2])
         c = await cluster.spawn(Counter)
