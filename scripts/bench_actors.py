@@ -47,8 +47,10 @@ Ctrl-C or SIGTERM (and die with this script if it is killed outright).
 ``def`` method submitted at once and then gathered (``handle.f()`` N times /
 ``ray.get`` of N refs), again and again (at least 30,000 calls per row), with the CPU each side
 spent per call (µs: the driver's and the actor process's own, from ``time.process_time``), so
-that a cost that grows with the calls in flight shows; ``--load N`` repeats them beside N
-burners.
+that a cost that grows with the calls in flight shows, and a raw asyncio UNIX-socket echo of
+the same message at the same depths (``scripts/bench_raw_echo.py``: the physical anchor; goal
+ours ≥ 0.3x of it, and the slowest depth within 20% of the fastest); ``--load N`` repeats them
+beside N burners.
 
 ``--startup`` measures only our start-up and idle-memory rows (with the PSS and USS of each
 process), and with ``--load N`` the start-up rows again beside N burners; no Ray.
@@ -90,6 +92,7 @@ from bench_actors_report import (
     tree_memory,
     wait_stable,
 )
+from bench_raw_echo import echo_server, raw_depth
 
 MiB = 2**20
 RAY_TIMEOUT = 900.0
@@ -402,17 +405,21 @@ async def depth_rows(
     from rayless.actors import Cluster
 
     runs: dict[int, dict[str, list[dict[str, float]]]] = {
-        d: {"ours": [], "ray": []} for d in depths
+        d: {"ours": [], "ray": [], "raw": []} for d in depths
     }
     async with Cluster.local(nodes=1) as cluster:
         target = await cluster.spawn(Target, cpus=0)
-        for _ in range(s.repeats):
-            for depth in depths:
-                log(f"ours: depth {depth}")
-                runs[depth]["ours"].append(await ours_depth(target, depth))
-                if ray is not None:
-                    log(f"ray: depth {depth}")
-                    runs[depth]["ray"].append(await ray.row(f"depth:{depth}"))
+        with echo_server() as raw_path:
+            for _ in range(s.repeats):
+                for depth in depths:
+                    log(f"ours: depth {depth}")
+                    runs[depth]["ours"].append(await ours_depth(target, depth))
+                    if ray is not None:
+                        log(f"ray: depth {depth}")
+                        runs[depth]["ray"].append(await ray.row(f"depth:{depth}"))
+                    log(f"raw asyncio echo: depth {depth}")
+                    total = max(DEPTH_CALLS, 3 * depth)
+                    runs[depth]["raw"].append(await raw_depth(raw_path, depth, total))
     return {
         d: {
             side: {k: median([r[k] for r in rs]) for k in rs[0]} for side, rs in sides.items() if rs
@@ -433,6 +440,17 @@ def print_depths(res: dict[int, dict[str, dict[str, float]]], title: str) -> Non
             line += f" {r['rate']:>12,.0f} {r['driver_us']:>7.1f} / {r['actor_us']:<7.1f}"
             line += f" {o['rate'] / r['rate']:>5.2f}x"
         print(line)
+    raw = {d: sides["raw"] for d, sides in res.items() if sides.get("raw")}
+    if raw:
+        print("raw asyncio UNIX-socket echo of the same message (scripts/bench_raw_echo.py):")
+        for depth, w in raw.items():
+            o = res[depth]["ours"]
+            print(
+                f"{depth:>10,} {w['rate']:>13,.0f} msgs/s, {w['driver_us']:.1f} µs client CPU; "
+                f"ours / raw {o['rate'] / w['rate']:.2f}x"
+            )
+    rates = [sides["ours"]["rate"] for sides in res.values()]
+    print(f"ours: slowest depth / fastest depth {min(rates) / max(rates):.2f} (goal >= 0.8)")
 
 
 async def run_ours(

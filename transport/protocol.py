@@ -95,7 +95,7 @@ class Limits:
     max_message_bytes: int = 4 * 2**30
     max_frames: int = 65_000  # tens of thousands of tensors; the UNIX path frames <= 65,535
     max_header_bytes: int = 16 * 2**20
-    max_inflight_per_peer: int = 4096
+    max_inflight_per_peer: int = 16_384
     max_peers: int = 4096
     max_pending_handshakes: int = 1024
     send_queue: int = 4096

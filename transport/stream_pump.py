@@ -30,7 +30,7 @@ _LEN = struct.Struct("<I")
 _ONE = struct.Struct("<IHI")  # length, 1 frame, its length
 _RECV = 262144  # bytes asked for per recv
 _COALESCE_BYTES = 1 << 20  # a coalesced write is flushed early past this many bytes
-_COALESCE_BUFS = 512  # ... or buffers (at most IOV_MAX)
+_COALESCE_BUFS = 64  # ... or buffers: ~32 small messages, so the peer starts on a burst early
 
 
 def _iov_max() -> int:
