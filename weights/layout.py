@@ -224,8 +224,8 @@ def _copy(pair: tuple[torch.Tensor, torch.Tensor]) -> None:
 
 
 def _copy_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """``dst.copy_(src)`` for every pair of flat uint8 views: small same-device ones in one
-    foreach call, big CPU ones in pieces on threads once they add up to :data:`PARALLEL`."""
+    """``dst.copy_(src)`` for every pair of flat uint8 views: small same-device ones in
+    foreach calls, big CPU ones in pieces; on threads where they add up to :data:`PARALLEL`."""
     small, big = [], []
     for dst, src in pairs:
         if dst.device == src.device and dst.numel() < BATCH:
@@ -241,8 +241,24 @@ def _copy_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     else:
         for pair in big:
             _copy(pair)
-    if small:
-        torch._foreach_copy_([d for d, _ in small], [s for _, s in small])
+    if not small:
+        return
+    if sum(d.numel() for d, _ in small) >= PARALLEL and (os.cpu_count() or 1) > 1:
+        chunks: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[]]
+        size = 0
+        for pair in small:  # about PIECE bytes per foreach call, the calls on threads
+            if size >= PIECE:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(pair)
+            size += pair[0].numel()
+        list(executor().map(_foreach_copy, chunks))
+    else:
+        _foreach_copy(small)
+
+
+def _foreach_copy(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    torch._foreach_copy_([d for d, _ in pairs], [s for _, s in pairs])
 
 
 def write_from(

@@ -5,9 +5,10 @@ flipped in shared memory fails a verified pull naming the tensor, with nothing a
 from __future__ import annotations
 
 import pytest
+import torch
 
 from rayless.actors import Cluster
-from rayless.weights import WeightChecksumError, WeightSync
+from rayless.weights import WeightChecksumError, WeightSync, WeightSyncError
 from tests.integration.weights_classes import DeltaSubscriber, last_change, moe_state
 
 pytestmark = [
@@ -28,7 +29,7 @@ async def test_delta_versions_are_exact_under_skew_and_restarts(
     local_cluster: Cluster, per_node: bool
 ) -> None:
     name = f"ws-delta-{per_node}"
-    async with WeightSync.create(local_cluster, name=name, per_node=per_node) as ws:
+    async with WeightSync.create(local_cluster, name=name, per_node=per_node, checksums=True) as ws:
         nodes = [n.node_id for n in await local_cluster.node_views()]
         every, skips, loader = [
             await local_cluster.spawn(DeltaSubscriber, name, node=nodes[i % 2], cpus=0)
@@ -63,7 +64,7 @@ async def test_delta_versions_are_exact_under_skew_and_restarts(
 async def test_a_flipped_byte_fails_a_verified_pull_and_applies_nothing(
     local_cluster: Cluster,
 ) -> None:
-    async with WeightSync.create(local_cluster, name="ws-verify") as ws:
+    async with WeightSync.create(local_cluster, name="ws-verify", checksums=True) as ws:
         sub = await local_cluster.spawn(DeltaSubscriber, "ws-verify", cpus=0)
         await ws.publish(moe_state(1), version=1)
         assert await sub.pull(1) == (1, True)
@@ -84,3 +85,19 @@ async def test_a_flipped_byte_fails_a_verified_pull_and_applies_nothing(
         assert (e.value.tensor, e.value.version) == ("expert3.weight", 10)
         assert await sub.holds(1)  # nothing was applied
         assert await sub.pull(1, verify=False) == (10, False)  # unverified: the torn copy
+
+
+async def test_checksums_are_the_publishers_choice_and_a_verified_pull_says_they_are_missing(
+    local_cluster: Cluster,
+) -> None:
+    # Off by default (a third of a sync on two cores): a verified pull of such a version
+    # raises WeightSyncError saying so, copies nothing; an unverified one works.
+    async with WeightSync.create(local_cluster, name="ws-nosums") as ws:
+        assert ws.checksums is False
+        await ws.publish(moe_state(1), version=1)
+        targets = {k: torch.zeros_like(v) for k, v in moe_state(1).items()}
+        with pytest.raises(WeightSyncError, match="without checksums"):
+            await ws.pull(targets, 1, timeout=10, verify=True)
+        assert all(not t.any() for t in targets.values())
+        assert await ws.pull(targets, 1, timeout=10) == 1
+        assert all(torch.equal(targets[k], v) for k, v in moe_state(1).items())

@@ -29,7 +29,9 @@ ORDER = [
 
 
 async def test_a_pull_drives_the_engine_protocol_in_order(local_cluster: Cluster) -> None:
-    async with WeightSync.create(local_cluster, name="ws-engine", bucket_bytes=4096) as ws:
+    async with WeightSync.create(
+        local_cluster, name="ws-engine", bucket_bytes=4096, checksums=True
+    ) as ws:
         sub = await WeightSync.connect("ws-engine", local_cluster)
         try:
             engine = StandInEngine()
@@ -80,7 +82,7 @@ async def test_the_hugging_face_model_path_through_the_protocol(local_cluster: C
     torch.manual_seed(0)
     trainer = transformers.LlamaForCausalLM(config)
     engine_model = transformers.LlamaForCausalLM(config)
-    async with WeightSync.create(local_cluster, name="ws-hf") as ws:
+    async with WeightSync.create(local_cluster, name="ws-hf", checksums=True) as ws:
         sub = await WeightSync.connect("ws-hf", local_cluster)
         try:
             state = {k: v.to(torch.bfloat16) for k, v in trainer.state_dict().items()}
@@ -96,7 +98,7 @@ async def test_the_hugging_face_model_path_through_the_protocol(local_cluster: C
 
 
 async def test_a_corrupt_version_never_reaches_the_engine(local_cluster: Cluster) -> None:
-    async with WeightSync.create(local_cluster, name="ws-engine-sum") as ws:
+    async with WeightSync.create(local_cluster, name="ws-engine-sum", checksums=True) as ws:
         sub = await WeightSync.connect("ws-engine-sum", local_cluster)
         try:
             await ws.publish(moe_state(1), version=1)

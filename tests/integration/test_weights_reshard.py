@@ -27,7 +27,7 @@ pytestmark = [
 
 
 async def test_a_tp2_trainer_feeds_tp4_engine_ranks_bit_exact(local_cluster: Cluster) -> None:
-    async with WeightSync.create(local_cluster, name="ws-reshard") as ws:
+    async with WeightSync.create(local_cluster, name="ws-reshard", checksums=True) as ws:
         trainers = [
             await local_cluster.spawn(TpTrainerRank, "ws-reshard", r, 2, cpus=0) for r in range(2)
         ]
@@ -86,7 +86,7 @@ async def test_a_delta_in_one_shard_reaches_slices_that_span_shards(local_cluste
 
 
 async def test_an_fsdp4_gloo_group_feeds_tp2_engine_ranks_bit_exact(local_cluster: Cluster) -> None:
-    async with WeightSync.create(local_cluster, name="ws-fsdp") as ws:
+    async with WeightSync.create(local_cluster, name="ws-fsdp", checksums=True) as ws:
         ranks = await local_cluster.spawn_group(
             FsdpTrainerRank, 4, "ws-fsdp", torch_distributed=True, cpus=0
         )

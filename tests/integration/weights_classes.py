@@ -271,7 +271,7 @@ class TpTrainerRank(Actor):
         self.ws: Any = None
 
     async def setup(self) -> None:
-        self.ws = await WeightSync.connect(self.name)
+        self.ws = await WeightSync.connect(self.name, checksums=True)
 
     async def publish(self, version: int, bump: float = 0.0, delta: bool = False) -> int:
         """Publish this rank's share of ``full_tp_state()`` as ``version`` (its slice of
@@ -355,7 +355,7 @@ class FsdpTrainerRank(Actor):
         self.ws: Any = None
 
     async def setup(self) -> None:
-        self.ws = await WeightSync.connect(self.name)
+        self.ws = await WeightSync.connect(self.name, checksums=True)
 
     def init(self) -> int:
         """Join the group and take this rank's shards (rank 0 broadcasts the full tensors)."""

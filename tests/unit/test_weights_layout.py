@@ -164,3 +164,31 @@ def test_big_copies_and_comparisons_run_in_pieces_on_threads() -> None:
     state["w3"] = state["w3"].clone()
     state["w3"][-1] += 1  # the last byte of the last piece
     assert changed_rows(state, layout, buckets, None) == {3}
+
+
+def test_many_small_tensors_are_copied_in_foreach_chunks_on_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rayless.weights import layout as layout_mod
+    from rayless.weights.layout import PARALLEL, PIECE, bucket_sizes, read_into, write_from
+
+    g = torch.Generator().manual_seed(2)
+    n = PARALLEL // (256 << 10) + 3  # tensors of 256 KiB (below BATCH) past PARALLEL in all
+    state = {f"t{i}": torch.randn(64 << 10, generator=g) for i in range(n)}
+    chunks: list[int] = []
+    real = layout_mod._foreach_copy
+
+    def counting(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        chunks.append(sum(d.numel() for d, _ in pairs))
+        real(pairs)
+
+    monkeypatch.setattr(layout_mod, "_foreach_copy", counting)
+    monkeypatch.setattr(layout_mod.os, "cpu_count", lambda: 2)
+    layout = make_layout(state, 1 << 40)
+    buckets = [torch.zeros(k, dtype=torch.uint8) for k in bucket_sizes(layout)]
+    write_from(state, layout, buckets)
+    back = {k: torch.zeros_like(v) for k, v in state.items()}
+    read_into(layout, buckets, back)
+    assert all(torch.equal(back[k], v) for k, v in state.items())
+    # both directions in chunks of about PIECE bytes, not one call of everything
+    assert len(chunks) >= 2 * (PARALLEL // PIECE) and max(chunks) <= PIECE + (256 << 10)
