@@ -295,3 +295,21 @@ def test_forward_sends_a_relay_that_holds_the_base_only_the_changed_bytes() -> N
         relay = Relay(seeded)
         asyncio.run(forward(Registry(), "w", relay, entry, chunks, base))  # type: ignore[arg-type]
         assert relay.writes == want
+
+
+@pytest.mark.parametrize("nbytes", [64, 68, 66, 65])  # as int64, int32, bytes, bytes
+@pytest.mark.parametrize("offset", [0, 1, 4])  # a view starting off the 8-byte grid too
+def test_a_single_changed_byte_is_found_whatever_the_width_compared(
+    nbytes: int, offset: int
+) -> None:
+    from rayless.weights.delta import _differ
+
+    base = torch.arange(nbytes + 8, dtype=torch.uint8)
+    a = base[offset : offset + nbytes]
+    assert not _differ((a, a.clone()))
+    for k in range(nbytes):
+        b = a.clone()
+        b[k] ^= 0x80
+        assert _differ((a, b)), k
+    zero, negzero = torch.tensor([0.0]).view(torch.uint8), torch.tensor([-0.0]).view(torch.uint8)
+    assert _differ((zero, negzero))  # bits, not values
