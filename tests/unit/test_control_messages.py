@@ -192,6 +192,25 @@ def test_a_fixed_tuple_field_checks_its_length_and_items() -> None:
         codec.decode(codec.encode([MARK[EXT], "ctl.SpawnSpec", state]))
 
 
+def test_a_fixed_tuple_of_plain_fields_passes_whole_and_still_refuses_and_widens() -> None:
+    from rayless.actors.protocol.wire import _Bad, _checker
+
+    row = _checker(tuple[str, float, tuple[int, ...], int | None], "t")
+    ok = ("w", 1.5, (2, 3), None)
+    assert row(ok) is ok  # nothing to convert: the same tuple, no copy
+    assert row(("w", 1, (2, 3), 4)) == ("w", 1.0, (2, 3), 4)  # an int widened to a float
+    assert type(row(("w", 1, (2, 3), 4))[1]) is float
+    for bad, says in [
+        (("w", 1.5, (2, "3"), 4), "must be int"),
+        ((1, 1.5, (2,), 4), "must be str"),
+        (("w", 1.5, [2], 4), "must be tuple"),
+        (("w", 1.5, (2,), 4.0), "int"),
+        (("w", 1.5, (2,)), "tuple of 4"),
+    ]:
+        with pytest.raises(_Bad, match=says):
+            row(bad)
+
+
 @pytest.mark.parametrize(
     "name", ["ctl.NoSuch", "subprocess.Popen", "builtins.eval", "os.system", "", "ctl."]
 )
