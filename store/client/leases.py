@@ -191,18 +191,21 @@ class Leases:
         lease, self._lease = self._lease, None
         return lease
 
-    def settle(self, lease: Lease, renewed: BatchMeta | None, cleared: bool) -> None:
+    def settle(
+        self, lease: Lease, renewed: BatchMeta | None, cleared: bool
+    ) -> asyncio.Future[None] | None:
         """Put back the lease :meth:`lend` took: with its ``renewed`` allocation once the
-        clear ``cleared`` (None: the controller held no such lease any more; it is given
-        back), else unchanged."""
+        clear ``cleared`` (None: the controller held no such lease any more, e.g. its
+        partition was cleared; it is given back), else unchanged. Returns the give-back's
+        future when it is given back."""
         if cleared:
             done: asyncio.Future[BatchMeta | None] = asyncio.get_running_loop().create_future()
             done.set_result(renewed)
             lease.allocation = done
         if (cleared and renewed is None) or self._closed or self._lease is not None:
-            self._give(lease)
-        else:
-            self._lease = lease
+            return self._give(lease)
+        self._lease = lease
+        return None
 
     def give_back(self) -> Awaitable[None] | None:
         """Give the held lease back (its allocation aborted, its reservations released);

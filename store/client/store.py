@@ -104,6 +104,7 @@ S = TypeVar("S")
 PUT_TIMEOUT = 30.0
 START_TIMEOUT = 120.0  # the default bound of a wait for the units' start (a spawn's own)
 _STOP_MARGIN = 15.0  # beyond it, for the head's answers to the spawns
+GIVE_BACK_WAIT = 5.0  # seconds a clear waits for a lease of a cleared partition to go back
 
 
 @dataclass(frozen=True)
@@ -671,10 +672,18 @@ class Store:
             await clear(None)
             return
         renewed, cleared = None, False
+        given = None
         try:
             renewed, cleared = await clear(lease.token), True
         finally:
-            self._leases.settle(lease, renewed, cleared)
+            given = self._leases.settle(lease, renewed, cleared)
+        if given is not None:
+            # Not renewed: its partition is gone (verl clears each step's partition). Its
+            # spare reservations go back to the units before the next put, so the units drop
+            # the partition's columns now and that put reuses their segments, instead of
+            # creating and faulting in new ones while the old wait for the give-back.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(given), GIVE_BACK_WAIT)
 
     @traced("store", "clear_partition", store_span)
     async def clear_partition(self, partition: str) -> None:

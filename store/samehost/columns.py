@@ -250,10 +250,11 @@ class ShmDense(DenseColumn):
         return len(self.slot_of) + self.pending
 
     def close(self) -> None:
-        """Unlink the segment (readers' mappings stay valid)."""
+        """Pool the segment, or unlink it (readers' mappings stay valid). Slots still
+        reserved (a same-host put's lease of its next rows, which verl's partition per step
+        never uses) do not keep it out of the pool: pooling takes the exclusive lease and sets
+        a new fence, so a writer copying now keeps it from the pool, and one that comes later
+        finds another fence and copies nothing."""
         if self.segment is not None:
-            if self.pending:  # a same-host put may still write into it: nobody reuses it
-                forget(self.segment, unlink=True)
-            else:
-                _retire(self.segment)
+            _retire(self.segment)
             self.segment = None

@@ -335,3 +335,28 @@ async def test_a_unit_killed_by_the_cluster_is_marked_lost_without_a_client_touc
         meta.global_indexes[p] for p in meta.by_shard()[1]
     )
     await st.shutdown()
+
+
+async def test_clear_partition_returns_once_the_partitions_lease_is_back_on_the_units(
+    local_cluster: Cluster,
+) -> None:
+    # verl's pattern: put into a new partition, get, clear_partition, every step. A put
+    # leases its next rows in its partition (spare slots reserved on the units); the clear
+    # cannot renew that lease (the partition is gone), so it is given back, and
+    # clear_partition returns only once it is: the units have dropped the partition's
+    # columns (pooling their segments) before the next step's put. Before, the give-back ran
+    # in the background, after the next put had made (zero-filled, faulted in) new segments
+    # on every unit: a fresh partition's 16 MiB put took 16.5 ms against 5.5 ms.
+    st = await Store.create(local_cluster, num_units=2, name="zc-steps")
+    await st.ready()
+    td = TensorDict({"x": torch.randn(256, 1024)}, [256])
+    for i in range(4):
+        await st.put(td, partition=f"step-{i}")
+        meta = await st.get_meta(f"step-{i}", ["x"], 256, task="train", timeout=30)
+        assert torch.equal((await st.get(meta))["x"], td["x"])
+        await st.clear_partition(f"step-{i}")
+        assert not st._leases._tasks, "the give-back is done when clear_partition returns"
+        for unit in st.units:
+            stats = await unit["handle"].stats()
+            assert (stats.spare, stats.used_bytes) == (0, 0), (i, stats)
+    await st.shutdown()

@@ -85,6 +85,48 @@ def test_dropped_reservation_slots_stay_fenced_while_a_writer_holds_the_lease() 
         drain_pool()  # the unit's exit: nothing of this process's stays in /dev/shm
 
 
+def test_a_dropped_column_with_reserved_slots_is_pooled_and_a_late_writer_is_fenced_out() -> None:
+    # A same-host put leases its next rows in the partition; verl clears the partition and
+    # puts into a new one, so those slots stay reserved when the column is dropped. The
+    # segment is pooled all the same (before, a reservation sent it to unlink: every step
+    # created, zero-filled and faulted in new segments), and a writer that comes with the old
+    # reservation afterwards finds another fence; one copying at the drop keeps it unpooled.
+    schema = FieldSchema("dense", "float32", (4,))
+    try:
+        col = ShmDense(schema, torch.device("cpu"))
+        col.grow(16)
+        col.write(list(range(8)), torch.ones(8, 4))
+        col.take_slots(8)  # the lease's spare rows
+        col.pending += 8
+        seg, fence = col.segment, col.fence
+        assert seg is not None
+        late = Segment.open(seg.name)
+        col.close()  # clear_partition
+        nxt = ShmDense(schema, torch.device("cpu"))
+        nxt.grow(16)
+        assert nxt.segment is not None and nxt.segment.name == seg.name  # reused
+        try:
+            assert late.lock(False, False)
+            assert late.fence != fence, "the old reservation's writer must copy nothing"
+            late.unlock()
+        finally:
+            late.close()
+        busy = Segment.open(nxt.segment.name)
+        try:
+            assert busy.lock(False, False)  # a writer copying right now
+            name = nxt.segment.name
+            nxt.close()
+            again = ShmDense(schema, torch.device("cpu"))
+            again.grow(16)
+            assert again.segment is not None and again.segment.name != name  # not pooled
+            again.close()
+        finally:
+            busy.unlock()
+            busy.close()
+    finally:
+        drain_pool()
+
+
 def test_reservation_ttl_is_checked() -> None:
     assert reservation_ttl(None) > 0 and reservation_ttl(2.5) == 2.5
     for bad in (0, -1, float("nan"), float("inf"), "x", True):
