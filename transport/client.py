@@ -164,6 +164,7 @@ class Client:
         self._held_ids: set[int] = set()
         self._pump: SocketPump | StreamPump | None = None
         self.via_unix = False  # the session runs over the same-host UNIX path
+        self.unix_fallback: str | None = None  # why a same-host session went to ZeroMQ
         self.hello_answered = False
         self._handshake: asyncio.Future[tuple[Kind, dict[str, Any]]] | None = None
         self._connecting: asyncio.Lock | None = None
@@ -228,8 +229,8 @@ class Client:
         if name is not None:  # a server on this host: its UNIX path, if it listens
             try:
                 unix = stream.connect(name)
-            except OSError:
-                pass
+            except OSError as exc:
+                self.unix_fallback = f"connect: {exc}"
             else:
                 self._pump = StreamPump(
                     unix,
@@ -284,6 +285,7 @@ class Client:
                     raise
                 # the same-host path is full (its server closed us before a word): ZeroMQ
                 log.info("%s: the UNIX path to %s is full; using ZeroMQ", self.name, self.address)
+                self.unix_fallback = "closed by the server before its challenge (full)"
                 if self._pump is not None:
                     self._pump.close()
                 self._open_socket(same_host=False)

@@ -310,7 +310,7 @@ async def test_idle_strangers_cannot_fill_the_unix_path() -> None:
             await _until(lambda: unix.refused >= 8, 60, "the listener to refuse strangers")
             async with Client(srv.address, token=token, connect_timeout=10) as client:
                 assert await client.request("in", timeout=10) == "in"
-                assert client.via_unix
+                assert client.via_unix, (client.unix_fallback, unix.refused, unix.accept_failed)
         finally:
             run = await attack
         assert run.result == 64  # the kernel accepted them all; the listener kept few
