@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Sequence
 
 from rayless.weights.errors import WeightChecksumError, WeightSyncError
-from rayless.weights.layout import Layout, executor, row_bytes
+from rayless.weights.layout import Layout, by_bytes, executor, row_bytes
 from rayless.weights.messages import Entry
 
 __all__ = ["PIECE", "sums_in", "sums_of", "verify"]
@@ -40,14 +40,7 @@ def sums_of(views: Sequence[memoryview]) -> list[int]:
     if total < _SMALL or len(pieces) == 1:
         crcs = _crc_all(pieces)
     else:  # tasks of about PIECE bytes each (many small tensors share one)
-        tasks: list[list[memoryview]] = [[]]
-        size = 0
-        for p in pieces:
-            if size and size + p.nbytes > PIECE:
-                tasks.append([])
-                size = 0
-            tasks[-1].append(p)
-            size += p.nbytes
+        tasks = by_bytes(pieces, lambda p: p.nbytes, PIECE)
         crcs = [c for part in executor().map(_crc_all, tasks) for c in part]
     out = []
     for first, count in spans:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 import torch
 
@@ -32,6 +32,7 @@ __all__ = [
     "Rename",
     "Row",
     "bucket_sizes",
+    "by_bytes",
     "dtype_of",
     "feed_into",
     "make_layout",
@@ -45,6 +46,7 @@ __all__ = [
 ]
 
 ALIGN = 64
+T = TypeVar("T")
 # An engine's loader: called once per bucket with that bucket's (name, tensor) pairs.
 Loader = Callable[[Iterator[tuple[str, torch.Tensor]]], Any]
 # Published name -> loader name: a mapping (names not in it stay), or a callable (None drops).
@@ -219,6 +221,21 @@ def _forget_pool() -> None:
 os.register_at_fork(after_in_child=_forget_pool)
 
 
+def by_bytes(items: Sequence[T], nbytes: Callable[[T], int], limit: int = PIECE) -> list[list[T]]:
+    """``items`` in order, in groups of at most ``limit`` bytes each (an item bigger than that
+    alone): the tasks of work spread over :func:`executor`'s threads."""
+    groups: list[list[T]] = [[]]
+    size = 0
+    for item in items:
+        n = nbytes(item)
+        if size and size + n > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += n
+    return groups
+
+
 def _copy(pair: tuple[torch.Tensor, torch.Tensor]) -> None:
     pair[0].copy_(pair[1])
 
@@ -244,15 +261,8 @@ def _copy_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     if not small:
         return
     if sum(d.numel() for d, _ in small) >= PARALLEL and (os.cpu_count() or 1) > 1:
-        chunks: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[]]
-        size = 0
-        for pair in small:  # about PIECE bytes per foreach call, the calls on threads
-            if size >= PIECE:
-                chunks.append([])
-                size = 0
-            chunks[-1].append(pair)
-            size += pair[0].numel()
-        list(executor().map(_foreach_copy, chunks))
+        # about PIECE bytes per foreach call, the calls on threads
+        list(executor().map(_foreach_copy, by_bytes(small, lambda pair: pair[0].numel())))
     else:
         _foreach_copy(small)
 

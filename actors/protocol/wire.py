@@ -198,8 +198,9 @@ def _checker(hint: Any, where: str) -> _Check:
         size = len(fixed)
         # fields of plain types are checked inline (no call per field: a layout row of a
         # state dict of 10,000 tensors is one such tuple each); the others by their checker
-        plain_at = [(i, p) for i, a in enumerate(args) if (p := _exact_plain(a)) is not None]
-        other_at = [(i, fixed[i]) for i, a in enumerate(args) if _exact_plain(a) is None]
+        plains = [_exact_plain(a) for a in args]
+        plain_at = [(i, p) for i, p in enumerate(plains) if p is not None]
+        other_at = [(i, fixed[i]) for i, p in enumerate(plains) if p is None]
 
         def fixed_tuple(v: Any) -> Any:
             if type(v) is not tuple or len(v) != size:

@@ -170,7 +170,7 @@ def test_many_small_tensors_are_copied_in_foreach_chunks_on_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from rayless.weights import layout as layout_mod
-    from rayless.weights.layout import PARALLEL, PIECE, bucket_sizes, read_into, write_from
+    from rayless.weights.layout import PARALLEL, PIECE
 
     g = torch.Generator().manual_seed(2)
     n = PARALLEL // (256 << 10) + 3  # tensors of 256 KiB (below BATCH) past PARALLEL in all
@@ -184,11 +184,8 @@ def test_many_small_tensors_are_copied_in_foreach_chunks_on_threads(
 
     monkeypatch.setattr(layout_mod, "_foreach_copy", counting)
     monkeypatch.setattr(layout_mod.os, "cpu_count", lambda: 2)
-    layout = make_layout(state, 1 << 40)
-    buckets = [torch.zeros(k, dtype=torch.uint8) for k in bucket_sizes(layout)]
-    write_from(state, layout, buckets)
     back = {k: torch.zeros_like(v) for k, v in state.items()}
-    read_into(layout, buckets, back)
+    _round_trip(state, back, 1 << 40)
     assert all(torch.equal(back[k], v) for k, v in state.items())
     # both directions in chunks of about PIECE bytes, not one call of everything
     assert len(chunks) >= 2 * (PARALLEL // PIECE) and max(chunks) <= PIECE + (256 << 10)
