@@ -52,7 +52,7 @@ from rayless.transport.errors import ClosedError
 if TYPE_CHECKING:
     from rayless.store.client.store import Store
 
-__all__ = ["Lease", "LeaseKey", "LeaseState", "Leases", "lease_key"]
+__all__ = ["GIVE_BACK_TIMEOUT", "Lease", "LeaseKey", "LeaseState", "Leases", "lease_key"]
 
 Ahead = dict[int, tuple[int, "asyncio.Future[Reservation]"]]
 

@@ -69,7 +69,7 @@ from tensordict import NonTensorStack, TensorDict, TensorDictBase
 from rayless.actors import ActorHandle, Cluster, Template, connect
 from rayless.actors.ext import opener, spawn_all, store_span, traced
 from rayless.store.client.get_path import GetPath
-from rayless.store.client.leases import Leases
+from rayless.store.client.leases import GIVE_BACK_TIMEOUT, Leases
 from rayless.store.client.link import StoreLink
 from rayless.store.client.put_path import PutPath
 from rayless.store.client.unit_keys import UnitKeys
@@ -104,7 +104,6 @@ S = TypeVar("S")
 PUT_TIMEOUT = 30.0
 START_TIMEOUT = 120.0  # the default bound of a wait for the units' start (a spawn's own)
 _STOP_MARGIN = 15.0  # beyond it, for the head's answers to the spawns
-GIVE_BACK_WAIT = 5.0  # seconds a clear waits for a lease of a cleared partition to go back
 
 
 @dataclass(frozen=True)
@@ -672,18 +671,17 @@ class Store:
             await clear(None)
             return
         renewed, cleared = None, False
-        given = None
         try:
             renewed, cleared = await clear(lease.token), True
         finally:
             given = self._leases.settle(lease, renewed, cleared)
-        if given is not None:
+        if given is not None and renewed is None:
             # Not renewed: its partition is gone (verl clears each step's partition). Its
             # spare reservations go back to the units before the next put, so the units drop
             # the partition's columns now and that put reuses their segments, instead of
             # creating and faulting in new ones while the old wait for the give-back.
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(given), GIVE_BACK_WAIT)
+                await asyncio.wait_for(asyncio.shield(given), GIVE_BACK_TIMEOUT)
 
     @traced("store", "clear_partition", store_span)
     async def clear_partition(self, partition: str) -> None:
