@@ -65,12 +65,17 @@ from rayless.transport.protocol import (
     peer_bounds,
     proofs_match,
     server_proof,
+    session_key,
 )
 from rayless.transport.pump import Frames, SocketPump
 from rayless.transport.stream_pump import StreamPump
 from rayless.transport.zmq_context import zmq_context
 
 log = logging.getLogger("rayless.transport")
+
+# What a client with a ``trace`` ring appends as each request ends (see ``Client.trace``).
+ENDED = "\x00ended"
+_WHY_CHARS = 300
 
 Broke = Literal["forgotten", "lost", "silent", "rejected"]
 
@@ -155,6 +160,13 @@ class Client:
         self._ctx = context or zmq_context()
         self._state = SessionState.NEW
         self._ids = itertools.count(1)
+        self.last_request_id = 0  # the id of the request sent last (a tracer pairs its end)
+        # a ring (a bounded deque) that gets ``(ENDED, trace_key, request id, time_ns, error
+        # or None)`` as each request ends: replied (the time its batch arrived), failed with
+        # the session, cancelled or timed out; None: nothing is recorded
+        self.trace: collections.deque[tuple[Any, ...]] | None = None
+        self.trace_key = 0  # the session's ``protocol.session_key`` (the server's Peer has it)
+        self._batch_ns = 0
         self._pending: dict[int, tuple[asyncio.Future[Any], asyncio.TimerHandle | None]] = {}
         # the in-flight window (module docstring): requests sent and not yet answered or
         # cancelled, at most ``_window``; the ones past it wait in ``_held``, in order
@@ -395,6 +407,8 @@ class Client:
 
     def _on_batch(self, batch: list[Frames]) -> None:
         self._last_recv = time.monotonic()
+        if self.trace is not None:
+            self._batch_ns = time.time_ns()
         for msg in batch:
             try:
                 self._on_message(msg)
@@ -421,7 +435,9 @@ class Client:
                     max_header=self.limits.max_header_bytes,
                 )
             except Exception as exc:
-                fut.set_exception(ProtocolError(f"undecodable reply: {exc}"))
+                value = ProtocolError(f"undecodable reply: {exc}")
+                fut.set_exception(value)
+                self._ended(req_id, value)
                 return
             if kind is Kind.ERROR:
                 if not isinstance(value, BaseException):
@@ -432,8 +448,11 @@ class Client:
                     except Exception as exc:  # the error as it came: never a call left waiting
                         log.warning("%s: error hook failed on %r: %r", self.name, value, exc)
                 fut.set_exception(value)
+                self._ended(req_id, value)
             else:
                 fut.set_result(value)
+                if self.trace is not None:
+                    self.trace.append((ENDED, self.trace_key, req_id, self._batch_ns, None))
         elif kind is Kind.PONG:
             pass
         elif kind is Kind.ONEWAY:
@@ -490,8 +509,15 @@ class Client:
 
     # -- requests --------------------------------------------------------------------------
 
-    async def request(self, body: Any, *, timeout: float | None = None) -> Any:
-        """Send ``body`` and wait for the reply.
+    async def request(
+        self,
+        body: Any,
+        *,
+        timeout: float | None = None,
+        sent: Callable[[int], None] | None = None,
+    ) -> Any:
+        """Send ``body`` and wait for the reply; ``sent(request id)`` is called once it is
+        sent (a tracer's record).
 
         Raises:
             Timeout: no reply within ``timeout`` seconds.
@@ -504,6 +530,8 @@ class Client:
         elif self._pump is not None and self._pump.queued >= self.limits.send_queue:
             await self.wait_room(timeout)
         req_id, fut = self._send_request(body, timeout)
+        if sent is not None:
+            sent(req_id)
         try:
             return await fut
         except asyncio.CancelledError:
@@ -549,7 +577,7 @@ class Client:
             body, cuda_ipc=self.same_host, shm=self.same_host, allow_pickle=self._allow_pickle
         )
         self._check_size(frames)
-        req_id = next(self._ids)
+        req_id = self.last_request_id = next(self._ids)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         timer = None
@@ -606,11 +634,23 @@ class Client:
         if entry is not None and entry[1] is not None:
             entry[1].cancel()
 
-    def _abandon(self, req_id: int) -> None:
+    def _ended(self, req_id: int, why: BaseException | str) -> None:
+        """Record, in the ``trace`` ring if there is one, that a request ended without a
+        result (``why``: its error, or what became of it)."""
+        if self.trace is not None:
+            if isinstance(why, BaseException):
+                try:
+                    why = f"{type(why).__name__}: {why}"[:_WHY_CHARS]
+                except Exception:  # an error whose __str__ fails: its type names it
+                    why = f"{type(why).__name__}: <unprintable>"
+            self.trace.append((ENDED, self.trace_key, req_id, time.time_ns(), why))
+
+    def _abandon(self, req_id: int, why: str = "cancelled") -> None:
         """Forget a request the caller gave up on and tell the server to cancel it (CANCEL)."""
         entry = self._pending.pop(req_id, None)
         if entry is None:
             return  # answered already, or failed with the session
+        self._ended(req_id, why)
         if entry[1] is not None:
             entry[1].cancel()
         if req_id in self._held_ids:  # never sent: nothing to cancel at the server
@@ -625,11 +665,10 @@ class Client:
 
     def _expire(self, req_id: int, timeout: float) -> None:
         entry = self._pending.get(req_id)
+        error = Timeout(f"no reply from {self.peer_name or self.address} within {timeout:g}s")
         if entry is not None and not entry[0].done():
-            entry[0].set_exception(
-                Timeout(f"no reply from {self.peer_name or self.address} within {timeout:g}s")
-            )
-        self._abandon(req_id)
+            entry[0].set_exception(error)
+        self._abandon(req_id, f"Timeout: {error}")
 
     def fail_pending(self, exc: RaylessError) -> None:
         """Fail every request waiting for a reply with ``exc`` (a higher layer knows why).
@@ -644,17 +683,19 @@ class Client:
         self._sent = 0
         self._held.clear()
         self._held_ids.clear()
-        for fut, timer in pending.values():
+        for req_id, (fut, timer) in pending.items():
             if timer is not None:
                 timer.cancel()
             if not fut.done():
                 fut.set_exception(exc)
+            self._ended(req_id, exc)
 
     # -- handshake (see ``transport.protocol``) --------------------------------------------
 
     async def _do_handshake(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
         nonce_c = new_nonce()
+        self.trace_key = session_key(nonce_c)
         hello = {
             "v": PROTOCOL,  # a server of another revision refuses us with a clear error
             "nonce": nonce_c,

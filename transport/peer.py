@@ -21,6 +21,8 @@ class Peer:
     same_host: bool
     last_seen: float
     inflight: int = 0
+    # ``protocol.session_key`` of the session: the client knows it too (``Client.trace_key``)
+    trace_key: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
     # (message bytes, frames, header bytes) the peer accepts: what it announced in HELLO,
     # at most our own limits

@@ -299,6 +299,12 @@ def new_nonce() -> bytes:
     return os.urandom(NONCE_BYTES)
 
 
+def session_key(nonce_c: bytes) -> int:
+    """A number both ends of a session know, drawn from the client's handshake nonce (28
+    bits): with a request's id it names the request on both sides (a timeline's flows)."""
+    return int.from_bytes(nonce_c[:4], "big") >> 4
+
+
 def server_proof(token: bytes, nonce_c: bytes, nonce_s: bytes) -> bytes:
     """What a server sends to prove it knows the token."""
     return hmac.new(token, b"rayless-server" + nonce_c + nonce_s, hashlib.sha256).digest()

@@ -60,6 +60,7 @@ from rayless.transport.protocol import (
     peer_bounds,
     proofs_match,
     server_proof,
+    session_key,
 )
 from rayless.transport.pump import Frames, SocketPump
 from rayless.transport.ratelog import RateLimitedLog
@@ -724,6 +725,7 @@ class Server:
             last_seen=time.monotonic(),
             bounds=peer_bounds(self.limits, hello.get("limits")),
             link=link,
+            trace_key=session_key(nonce_c),
         )
         if isinstance(link, Link):
             link.rid = rid

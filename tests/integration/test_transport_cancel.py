@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 from typing import Any
 
 import pytest
 
-from rayless.transport.client import Client
-from rayless.transport.errors import Timeout
+from rayless.transport.client import ENDED, Client
+from rayless.transport.errors import BrokenError, Timeout
 from rayless.transport.protocol import new_token
 from rayless.transport.server import Request, Server
 from tests.waiting import eventually
@@ -89,3 +91,52 @@ async def test_a_server_not_cancellable_lets_the_handler_run() -> None:
             await client.request("wait", timeout=0.2)
         assert await client.request("quick") == "quick"  # the CANCEL came before it
         assert server.stats["cancel_ignored"] == 1 and slow.cancelled == 0
+
+
+async def test_a_traced_client_records_how_each_request_ended() -> None:
+    """``Client.trace`` gets one ENDED record per request: replied (no error), failed with the
+    handler's error, timed out, cancelled, or failed with the session."""
+    slow = Slow()
+
+    def handler(req: Request) -> Any:
+        if req.body == "fail":
+            raise ValueError("boom")
+        return slow(req)
+
+    ring: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=100)
+    async with Server(token=TOKEN, handler=handler, cancellable=True) as server:
+        client = Client(server.address, token=TOKEN)
+        await client.connect()
+        client.trace = ring
+        # both ends know the session's key: with a request id it names the request (flows)
+        assert [p.trace_key for p in server.peers] == [client.trace_key] != [0]
+        ended: dict[str, int] = {}
+
+        async def sent(body: Any, **kw: Any) -> None:
+            task = asyncio.ensure_future(client.request(body, **kw))
+            await asyncio.sleep(0)
+            ended[f"{body}{len(ended)}"] = client.last_request_id
+            with contextlib.suppress(Exception):
+                await task
+
+        await sent("quick")
+        await sent("fail")
+        await sent("wait", timeout=0.2)
+        fut = client.submit("wait")
+        ended["cancelled"] = client.last_request_id
+        await slow.until("started", 2)
+        fut.cancel()
+        await slow.until("cancelled", 2)
+        client.submit("wait")
+        ended["broken"] = client.last_request_id
+        await slow.until("started", 3)
+        client.fail_pending(BrokenError("gone"))
+        await client.aclose()
+    by_id = {r[2]: r for r in ring}
+    assert len(ring) == 5 and all(r[0] is ENDED and r[1] == client.trace_key for r in ring)
+    assert by_id[ended["quick0"]][4] is None
+    assert by_id[ended["fail1"]][4] is not None and "boom" in by_id[ended["fail1"]][4]
+    assert by_id[ended["wait2"]][4].startswith("Timeout: ")
+    assert by_id[ended["cancelled"]][4] == "cancelled"
+    assert by_id[ended["broken"]][4] == "BrokenError: gone"
+    assert all(isinstance(r[3], int) and r[3] > 0 for r in ring)
