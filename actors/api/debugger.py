@@ -16,7 +16,7 @@ session, Ctrl-D or Ctrl-C detaches (the method continues too), ``q`` raises BdbQ
 ``rayless stack --py-spy`` uses ``py-spy dump`` instead (native frames too; the actor must
 run on this host and py-spy be installed); without it, py-spy is the fallback when an actor's
 listener does not answer (its GIL held by native code). A driver runs a listener too while
-it records a timeline (RAYLESS_TIMELINE=1) or with RAYLESS_DEBUG=1: ``rayless stack`` lists
+it records a timeline (unless RAYLESS_TIMELINE=0) or with RAYLESS_DEBUG=1: ``rayless stack`` lists
 it as ``driver (pid P)``; its ``breakpoint()`` stays its terminal's own pdb.
 
 Exit codes: 0 on success; 1 with a one-line message (no such actor, wrong token, no head);

@@ -22,6 +22,7 @@ import asyncio
 import math
 import os
 import sys
+import time
 import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, overload
@@ -385,6 +386,8 @@ class Runtime:
                     # learnt from the head (the agent reaps it), never from a missed heartbeat.
                     heartbeat_timeout=math.inf,
                 )
+                if timeline.RECORDER.enabled:  # the ends of the calls it sends (fast_submit)
+                    client.trace = timeline.RECORDER.spans
                 conn.client = client
                 try:
                     await client.connect()
@@ -491,12 +494,19 @@ class Runtime:
         client = conn.client
         if client is None or not client.ready or conn.state is not ALIVE:
             client = await self._ready_client(conn)
-        span = timeline.call_span(conn.name, method)  # None: this process records no spans
+        body = ("c", method, args, kwargs)
         try:
-            if span is None:
-                return await client.request(("c", method, args, kwargs), timeout=timeout)
-            body = ("c", method, args, kwargs, span.flow)
-            return await span.wrap(client.request(body, timeout=timeout))
+            if not timeline.RECORDER.enabled or client.trace is None:
+                return await client.request(body, timeout=timeout)
+            start = time.time_ns()
+            key = client.trace_key
+
+            def sent(req_id: int) -> None:  # the call's timeline record; its end: the client's
+                timeline.RECORDER.spans.append(
+                    (timeline.SENT, conn.name, method, start, key, req_id)
+                )
+
+            return await client.request(body, timeout=timeout, sent=sent)
         except RemoteError as exc:
             raise materialize(exc) from None
         except TypeError as exc:
@@ -630,11 +640,21 @@ def fast_submit(
     conn = runtime.conns.get(handle.actor_id)
     if conn is None or conn.state is not ALIVE or conn.client is None:
         return None
-    span = timeline.call_span(conn.name, method)  # None: this process records no spans
-    body = ("c", method, args, kwargs) if span is None else ("c", method, args, kwargs, span.flow)
-    fut = conn.client.submit_nowait(body, timeout)
-    if span is not None and fut is not None:
-        fut.add_done_callback(span.done)
+    client = conn.client
+    fut = client.submit_nowait(("c", method, args, kwargs), timeout)
+    recorder = timeline.RECORDER
+    if recorder.enabled and fut is not None and not fut.done() and client.trace is not None:
+        # the call's timeline record (its end: the client's, as the reply comes)
+        recorder.spans.append(
+            (
+                timeline.SENT,
+                conn.name,
+                method,
+                time.time_ns(),
+                client.trace_key,
+                client.last_request_id,
+            )
+        )
     if fut is not None and fut.done() and not fut.cancelled():
         error = fut.exception()
         if isinstance(error, (TypeError, LimitError)):  # not sent: an argument's fault

@@ -677,8 +677,8 @@ def _register(head_address: str, token: str, registration: DebugRegister) -> Non
 
 
 def driver_wanted() -> bool:
-    """Whether a driver runs a listener: when it records a timeline (``RAYLESS_TIMELINE``),
-    or ``RAYLESS_DEBUG=1`` says so; never with ``RAYLESS_DEBUG=0``."""
+    """Whether a driver runs a listener: when it records a timeline (unless
+    ``RAYLESS_TIMELINE=0``), or ``RAYLESS_DEBUG=1`` says so; never with ``RAYLESS_DEBUG=0``."""
     flag = os.environ.get(ENV_DEBUG, "").strip()
     if flag == "0":
         return False

@@ -4,54 +4,57 @@ Recorded, each as one span (start and end on the wall clock, in ns):
 
 * actor calls on both sides: the caller's span (``call``: from sending to the reply, naming
   the actor and method) and the actor's (``method``: from the start of the method to its
-  return, with the time it waited queued), linked by a flow id that travels with the call;
+  return, with the time it waited queued), linked by a flow id both sides derive from the
+  session and the request's id (nothing more travels with the call);
 * spawns (``Cluster.spawn``);
 * store operations at the Store client's API (``put``, ``get_meta``, ``get``, ``clear``:
   partition, rows, bytes) and weight publishes and pulls (version, bytes), through
   :func:`traced`;
 * a failure of any of them names the error type and message.
 
-The ring holds the last ``RAYLESS_TIMELINE_SPANS`` spans (default 100,000) of a process; a span
-costs a few hundred bytes, so memory is bounded whatever the job's length. Recording is off
-unless ``RAYLESS_TIMELINE=1`` in the environment the cluster's processes start with (about
-3-4 µs of CPU per actor call, both sides together: 20-25% of a pipelined call, see
-docs/observability.md and scripts/bench_timeline.py); off, each hook is one attribute
-test. The gatherer (``rayless.actors.api.trace``) reads each actor's ring, and each driver's,
-through its debug listener and writes one Chrome trace-event file.
+The ring holds the last ``RAYLESS_TIMELINE_SPANS`` records of a process (default 50,000; a
+record is about 250 bytes, an actor call one record on each side and one more for its
+reply: at most about 12 MB a process, whatever the job's length). Recording is on unless
+``RAYLESS_TIMELINE=0`` in the environment the cluster's processes start with: a job that
+hangs has its trace already recorded. The per-call hooks build no object, callback or dict:
+a timestamp and a tuple of plain values appended to the ring (a reply's end is the time its
+batch arrived). In a pipelined call to a trivial method they add about 2.6 µs of CPU, both
+sides together, to 29 µs (docs/observability.md, scripts/bench_timeline.py); off, each
+hook is one attribute test. The gatherer (``rayless.actors.api.trace``) reads each actor's
+ring, and each driver's, through its debug listener and writes one Chrome trace-event file.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
-import itertools
 import json
 import os
-import random
 import threading
 import time
-from asyncio import Future
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from rayless.actors.core import context
+from rayless.transport.client import ENDED
 
 __all__ = [
     "ENV",
+    "METHOD",
     "RECORDER",
-    "CallSpan",
+    "SENT",
     "Recorder",
-    "call_span",
     "dump",
     "enabled",
     "process_info",
+    "error_text",
+    "flow_of",
     "traced",
-    "traced_method",
 ]
 
 ENV = "RAYLESS_TIMELINE"
 ENV_SPANS = "RAYLESS_TIMELINE_SPANS"
-DEFAULT_SPANS = 100_000
+DEFAULT_SPANS = 50_000
 _ERROR_CHARS = 300
 
 # one span: (category, name, start_ns, end_ns, lane, args, flow_out, flow_in)
@@ -60,7 +63,7 @@ T = TypeVar("T")
 
 
 def _env_on() -> bool:
-    return os.environ.get(ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def _capacity() -> int:
@@ -71,7 +74,7 @@ def _capacity() -> int:
 
 
 class Recorder:
-    """The ring of one process's spans; ``add`` is safe from any thread (a deque append)."""
+    """The ring of one process's records; appending is safe from any thread (a deque append)."""
 
     def __init__(self, capacity: int | None = None, on: bool | None = None) -> None:
         self.enabled = _env_on() if on is None else on
@@ -79,19 +82,11 @@ class Recorder:
         self.spans: collections.deque[tuple[Any, ...]] = collections.deque(
             maxlen=capacity or _capacity()
         )
-        self._ids = itertools.count(1)
-        self._base = random.getrandbits(28) << 24  # flow ids: unique across processes (JSON-safe)
 
     def reset(self) -> None:
-        """Forget every span and draw new flow ids (a forked child starts empty)."""
+        """Forget every record (a forked child starts empty)."""
         self.enabled = _env_on()
         self.spans.clear()
-        self._ids = itertools.count(1)
-        self._base = random.getrandbits(28) << 24
-
-    def flow_id(self) -> int:
-        """A new flow id (caller → actor arrows)."""
-        return self._base + (next(self._ids) & 0xFFFFFF)
 
     def add(
         self,
@@ -108,13 +103,31 @@ class Recorder:
         self.spans.append((cat, name, start, end, lane, args, flow_out, flow_in))
 
     def snapshot(self, since_ns: int = 0) -> list[Span]:
-        """The spans that ended at or after ``since_ns``, oldest first.
+        """The spans that ended at or after ``since_ns``, oldest first (a call still waiting
+        for its reply ends now, marked ``pending``).
 
-        The per-call hooks append compact records (:data:`_CALL`, :data:`_METHOD`: plain
-        values, no dict or name built per call); they become spans here, when someone asks.
+        The per-call hooks append compact records (:data:`SENT` and the client's
+        ``ENDED``, :data:`METHOD`: plain values, no dict or name built per call); they become
+        spans here, when someone asks.
         """
-        spans = list(self.spans)  # a copy first: other threads may append meanwhile
-        return [_span(s) for s in spans if s[3] >= since_ns]
+        records = list(self.spans)  # a copy first: other threads may append meanwhile
+        ends = {(r[1], r[2]): (r[3], r[4]) for r in records if r[0] is ENDED}
+        lanes = {t.ident: t.name for t in threading.enumerate()}
+        now = time.time_ns()
+        spans = []
+        for record in records:
+            if record[0] is ENDED:
+                continue
+            span = _span(record, ends, lanes, now)
+            if span[3] >= since_ns:
+                spans.append(span)
+        return spans
+
+
+def flow_of(key: int, req_id: int) -> int:
+    """The flow id (a caller → actor arrow) of request ``req_id`` of the session ``key``
+    (``transport.protocol.session_key``): both ends compute it alike; JSON-safe."""
+    return (key << 24) | (req_id & 0xFFFFFF)
 
 
 RECORDER = Recorder()
@@ -139,142 +152,48 @@ def process_info() -> dict[str, Any]:
     }
 
 
-def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
+def error_text(exc: BaseException) -> str:
+    """How a record names a failure: the error's type and message, bounded (never raises: an
+    error whose ``__str__`` fails is named by its type)."""
+    try:
+        return f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
+    except Exception:
+        return f"{type(exc).__name__}: <unprintable>"
 
 
-# Compact records the per-call hooks append (first item: which kind; the 4th: the end, as
-# in a span, so that ``snapshot`` filters both alike); :func:`_span` makes spans of them.
-_CALL = "\x00call"  # (_CALL, actor, method, end, start, error or None, flow_out)
-_METHOD = "\x00method"  # (_METHOD, method, queued_ns, end, start, lane, error or None, flow_in)
-_LANES: dict[int, str] = {}  # thread ident -> its name, for the lanes of def methods
+# Compact records the per-call hooks append (first item: which kind); :func:`_span` makes
+# spans of them. A call: ``SENT`` as it is sent, and the client's ``ENDED``
+# (``transport.client``) as it ends, paired by (session key, request id); the actor's run of
+# it: ``METHOD``. The session key and request id make the flow id (:func:`flow_of`).
+SENT = "\x00sent"  # (SENT, actor, method, start, session key, request id)
+METHOD = "\x00method"  # (METHOD, method, queued, end, start, lane, error, session key, request id)
 
 
-def _span(record: tuple[Any, ...]) -> Span:
+def _span(
+    record: tuple[Any, ...],
+    ends: Mapping[tuple[int, int], tuple[int, str | None]],
+    lanes: Mapping[int | None, str],
+    now: int,
+) -> Span:
     kind = record[0]
-    if kind is _CALL:
-        _, actor, method, end, start, error, flow = record
+    if kind is SENT:
+        _, actor, method, start, key, req_id = record
         args: dict[str, Any] = {"actor": actor}
-        if error is not None:
+        end, error = ends.get((key, req_id), (0, None))
+        if not end:
+            end = now
+            args["pending"] = True
+        elif error is not None:
             args["error"] = error
-        return ("call", f"{actor}.{method}", start, end, "calls", args, flow, 0)
-    if kind is _METHOD:
-        _, method, queued, end, start, lane, error, flow_in = record
+        return ("call", f"{actor}.{method}", start, end, "calls", args, flow_of(key, req_id), 0)
+    if kind is METHOD:
+        _, method, queued, end, start, lane, error, key, req_id = record
         args = {"queued_us": (start - queued) // 1000}
         if error is not None:
             args["error"] = error
-        name = lane if isinstance(lane, str) else _LANES.get(lane, f"thread {lane}")
-        return ("method", method, start, end, name, args, 0, flow_in)
+        name = lane if isinstance(lane, str) else lanes.get(lane, f"thread {lane}")
+        return ("method", method, start, end, name, args, 0, flow_of(key, req_id))
     return record  # a span recorded as one (``Recorder.add``)
-
-
-class CallSpan:
-    """The caller's side of one actor call: ``await span.wrap(request)``, or ``span.done``
-    as the reply future's done callback."""
-
-    __slots__ = ("actor", "flow", "method", "start")
-
-    def __init__(self, actor: str, method: str) -> None:
-        self.actor = actor
-        self.method = method
-        self.flow = RECORDER.flow_id()
-        self.start = time.time_ns()
-
-    def done(self, fut: Future[Any]) -> None:
-        """Record the span of a call whose future ``fut`` is done (a done callback)."""
-        error = None
-        if fut.cancelled():
-            error = "cancelled"
-        elif fut.exception() is not None:
-            error = _error(fut.exception())  # type: ignore[arg-type]
-        RECORDER.spans.append(
-            (_CALL, self.actor, self.method, time.time_ns(), self.start, error, self.flow)
-        )
-
-    async def wrap(self, request: Awaitable[T]) -> T:
-        """Await the call's ``request`` and record its span (with its failure, if any)."""
-        error = None
-        try:
-            return await request
-        except BaseException as exc:
-            error = _error(exc)
-            raise
-        finally:
-            RECORDER.spans.append(
-                (_CALL, self.actor, self.method, time.time_ns(), self.start, error, self.flow)
-            )
-
-
-def call_span(actor: str, method: str) -> CallSpan | None:
-    """A span for a call about to be sent (None when this process records nothing)."""
-    return CallSpan(actor, method) if RECORDER.enabled else None
-
-
-class _Method:
-    """An actor's bound method wrapped to record its span when it runs (see
-    :func:`traced_method`); a plain object, cheaper per call than a closure with
-    ``functools.wraps``."""
-
-    __slots__ = ("__name__", "flow_in", "fn", "queued")
-
-    def __init__(self, fn: Any, method: str, flow_in: int) -> None:
-        self.fn = fn
-        self.__name__ = method
-        self.flow_in = flow_in
-        self.queued = time.time_ns()
-
-    def _finish(self, start: int, lane: int | str, error: BaseException | None) -> None:
-        RECORDER.spans.append(
-            (
-                _METHOD,
-                self.__name__,
-                self.queued,
-                time.time_ns(),
-                start,
-                lane,
-                None if error is None else _error(error),
-                self.flow_in,
-            )
-        )
-
-
-class _SyncMethod(_Method):
-    __slots__ = ()
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        start = time.time_ns()
-        lane = threading.get_ident()
-        if lane not in _LANES:
-            _LANES[lane] = threading.current_thread().name
-        try:
-            result = self.fn(*args, **kwargs)
-        except BaseException as exc:
-            self._finish(start, lane, exc)
-            raise
-        self._finish(start, lane, None)
-        return result
-
-
-class _AsyncMethod(_Method):
-    __slots__ = ()
-
-    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        start = time.time_ns()
-        try:
-            result = await self.fn(*args, **kwargs)
-        except BaseException as exc:
-            self._finish(start, "async", exc)
-            raise
-        self._finish(start, "async", None)
-        return result
-
-
-def traced_method(fn: Any, method: str, flow: Any, is_async: bool) -> Any:
-    """``fn`` (an actor's bound method, about to be queued) recording its span when it runs:
-    the time it waited queued, then its run, on the lane of its thread (``def``) or
-    ``async``; ``flow``: the caller's flow id (anything but an int: none)."""
-    flow_in = flow if type(flow) is int else 0
-    return (_AsyncMethod if is_async else _SyncMethod)(fn, method, flow_in)
 
 
 Describe = Callable[[tuple[Any, ...], Mapping[str, Any], Any], "dict[str, Any]"]
@@ -309,9 +228,9 @@ def traced(cat: str, name: str, describe: Describe | None = None) -> Callable[[T
                     try:
                         info = describe(args[1:], kwargs, result)
                     except Exception as exc:  # a trace never fails an operation
-                        info = {"describe_error": _error(exc)}
+                        info = {"describe_error": error_text(exc)}
                 if error is not None:
-                    info["error"] = _error(error)
+                    info["error"] = error_text(error)
                 RECORDER.add(cat, name, start, end, cat, info)
 
         return wrapper

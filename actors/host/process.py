@@ -263,9 +263,9 @@ class ActorHost:
     def dispatch(self, req: Request) -> Any:
         """Route one call to the instance (an awaitable for the server to finish)."""
         body = req.body
-        if type(body) is not tuple or len(body) not in (4, 5) or body[0] != "c":
+        if type(body) is not tuple or len(body) != 4 or body[0] != "c":
             return self._stream_step(body)
-        _, method, args, kwargs = body[:4]  # a 5th: the caller's timeline flow id
+        _, method, args, kwargs = body
         info = self.methods.get(method) if isinstance(method, str) else None
         if info is None:
             missing = AttributeError(
@@ -276,13 +276,16 @@ class ActorHost:
         fn = getattr(self.instance, method)
         is_async = info.is_async
         STATS.call(method)
-        if timeline.RECORDER.enabled:
-            fn = timeline.traced_method(fn, method, body[4] if len(body) == 5 else 0, is_async)
         caller = req.peer.routing_id.hex()
+        # recording a timeline: the request (the flow's ends) and when the call was queued
+        traced = req if timeline.RECORDER.enabled else None
+        queued = time.time_ns() if traced is not None else 0
         if is_async:
-            return self._run_async(fn, args, kwargs, caller)
+            return self._run_async(fn, args, kwargs, caller, traced, queued)
         assert self.worker is not None  # internal invariant: set by start()
-        return self.worker.submit(functools.partial(self._run_sync, fn, args, kwargs, caller))
+        return self.worker.submit(
+            functools.partial(self._run_sync, fn, args, kwargs, caller, traced, queued)
+        )
 
     def _stream_step(self, body: Any) -> Any:
         """A pull from, or the close of, a streamed result (``actors.api.streams``)."""
@@ -302,12 +305,16 @@ class ActorHost:
         if callable(hook):
             hook(peer.routing_id.hex())
 
-    async def _run_async(self, fn: Any, args: Any, kwargs: Any, caller: str) -> Any:
+    async def _run_async(
+        self, fn: Any, args: Any, kwargs: Any, caller: str, traced: Request | None, queued: int
+    ) -> Any:
         _CALLER.set(caller)  # this call's task has a context of its own
         async with self.semaphore:
             key = id(asyncio.current_task())
             if self.monitor is not None:
                 self.monitor.running[key] = (fn.__name__, time.monotonic())
+            start = time.time_ns() if traced is not None else 0
+            error: BaseException | None = None
             try:
                 result = await fn(*args, **kwargs)
                 if is_stream(result):
@@ -315,19 +322,28 @@ class ActorHost:
                     return self.streams.open(result, caller)
                 return result
             except SystemExit as exc:
+                error = exc
                 self.exit(fn.__name__, exit_code(exc))
-            except asyncio.CancelledError:
+            except asyncio.CancelledError as exc:
+                error = exc
                 raise
             except BaseException as exc:  # KeyboardInterrupt, GeneratorExit...: a reply too
+                error = exc
                 STATS.error(fn.__name__, exc)
                 raise remote_error(exc, self.name) from None
             finally:
                 if self.monitor is not None:
                     self.monitor.running.pop(key, None)
+                if traced is not None:
+                    _record(fn, queued, start, "async", error, traced)
         await asyncio.Future()  # no reply: the caller learns of the exit (ActorDiedError)
 
-    def _run_sync(self, fn: Any, args: Any, kwargs: Any, caller: str) -> Any:
+    def _run_sync(
+        self, fn: Any, args: Any, kwargs: Any, caller: str, traced: Request | None, queued: int
+    ) -> Any:
         reset = _CALLER.set(caller)
+        start = time.time_ns() if traced is not None else 0
+        error: BaseException | None = None
         try:
             result = fn(*args, **kwargs)
             if is_stream(result):
@@ -335,13 +351,17 @@ class ActorHost:
                 return self.streams.open(result, caller)
             return result
         except SystemExit as exc:
+            error = exc
             self.worker_loop.call_soon_threadsafe(self.exit, fn.__name__, exit_code(exc))
             raise _Exiting from None
         except BaseException as exc:  # KeyboardInterrupt, GeneratorExit...: a reply too
+            error = exc
             STATS.error(fn.__name__, exc)
             raise remote_error(exc, self.name) from None
         finally:
             _CALLER.reset(reset)
+            if traced is not None:
+                _record(fn, queued, start, threading.get_ident(), error, traced)
 
     def exit(self, method: str, code: int) -> None:
         """A method called ``sys.exit(code)``: end the actor as Ray's ``exit_actor`` does.
@@ -371,6 +391,26 @@ class ActorHost:
             self.worker.stop()
         if self.monitor is not None:
             self.monitor.stop()
+
+
+def _record(
+    fn: Any, queued: int, start: int, lane: int | str, error: BaseException | None, req: Request
+) -> None:
+    """Append a method's run of request ``req`` to the timeline (``timeline.METHOD``;
+    ``lane``: its thread's ident, or ``"async"``)."""
+    timeline.RECORDER.spans.append(
+        (
+            timeline.METHOD,
+            fn.__name__,
+            queued,
+            time.time_ns(),
+            start,
+            lane,
+            None if error is None else timeline.error_text(error),
+            req.peer.trace_key,
+            req.req_id,
+        )
+    )
 
 
 def _float_env(name: str, default: float) -> float:

@@ -10,7 +10,7 @@ on 127.0.0.1 unless ``--host`` says otherwise:
 * ``/`` the page (plain HTML and JavaScript shipped in the package, no CDN): nodes with their
   GPUs, actors (state, restarts, node, pid, last error, calls in flight and done), store
   partitions (samples, consumption per task) and units (rows, bytes), weight syncs (version,
-  relays) and the last minute of the timeline (``RAYLESS_TIMELINE=1``); it refreshes every
+  relays) and the last minute of the timeline (unless ``RAYLESS_TIMELINE=0``); it refreshes every
   second;
 * ``/api/snapshot`` the same as JSON; ``/metrics`` the Prometheus text of
   ``rayless status --prometheus``.

@@ -89,8 +89,7 @@ async def _main(args: argparse.Namespace) -> int:
         print(f"joined the cluster at {cluster.address}")
         return await _run(cfg, cluster, out_dir)
     # the demo records its timeline (timeline.json beside report.png) unless told not to
-    os.environ.setdefault(timeline.ENV, "1")
-    timeline.RECORDER.reset()
+    # (RAYLESS_TIMELINE=0), as every process does
     fake = cfg.cluster.fake_gpus_per_node
     print(
         f"starting an embedded cluster: {cfg.cluster.num_nodes} nodes"

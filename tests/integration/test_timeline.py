@@ -396,3 +396,38 @@ async def test_the_head_forgets_a_driver_s_listener_when_its_session_ends(
             if joiner.poll() is None:
                 joiner.kill()
                 joiner.wait()
+
+
+async def test_recording_is_on_by_default_and_a_hung_call_shows_as_pending(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Nothing set: the driver and its actors record; a call that never returned is in the
+    trace, ending when the trace was read and marked pending. RAYLESS_TIMELINE=0: none."""
+    monkeypatch.delenv(timeline.ENV, raising=False)
+    timeline.RECORDER.reset()
+    async with Cluster.local(nodes=1) as cluster:
+        peer = await cluster.spawn(Peer, name="peer")
+        hung = asyncio.ensure_future(peer.stuck())
+        assert await peer.square(3) == 9
+        trace = json.loads(Path(await cluster.timeline(tmp_path / "on.json")).read_text())
+        hung.cancel()
+    check_trace_format(trace)
+    names, events = _by(trace)
+    pid_of = {label.split(" (")[0]: pid for pid, label in names.items()}
+    calls = {e["name"]: e for e in events if e["ph"] == "X" and e["pid"] == pid_of["driver"]}
+    assert calls["peer.stuck"]["args"].get("pending") is True
+    assert "pending" not in calls["peer.square"]["args"]
+    methods = [e["name"] for e in events if e["ph"] == "X" and e["pid"] == pid_of["peer"]]
+    assert "square" in methods and "stuck" not in methods  # still running: no end yet
+
+    monkeypatch.setenv(timeline.ENV, "0")
+    timeline.RECORDER.reset()
+    try:
+        async with Cluster.local(nodes=1) as cluster:
+            peer = await cluster.spawn(Peer, name="quiet")
+            assert await peer.square(2) == 4
+            assert not timeline.RECORDER.spans  # the driver recorded nothing
+            assert not timeline.enabled()
+    finally:
+        monkeypatch.delenv(timeline.ENV)
+        timeline.RECORDER.reset()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -27,3 +28,7 @@ class Peer:
             total += await other.pong(i)
             total += await other.square(i)
         return total
+
+    async def stuck(self) -> None:
+        """Never returns (a hung call)."""
+        await asyncio.Event().wait()

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import pytest
 
 from rayless.actors.api.trace import Gathered, _align, chrome_trace
 from rayless.actors.core import timeline
+from rayless.transport.client import ENDED
 
 
 def test_the_ring_is_bounded_and_filters_by_end_time() -> None:
@@ -18,16 +20,57 @@ def test_the_ring_is_bounded_and_filters_by_end_time() -> None:
         rec.add("store", "put", i * 10, i * 10 + 5, "store")
     assert [s[2] for s in rec.snapshot()] == [20, 30, 40]  # the oldest two fell out
     assert [s[2] for s in rec.snapshot(since_ns=36)] == [40]
-    assert rec.flow_id() != rec.flow_id()
+    assert timeline.flow_of(7, 1) != timeline.flow_of(7, 2) != timeline.flow_of(8, 1)
+    assert timeline.flow_of(2**28 - 1, 2**40) < 2**53  # JSON-safe
 
 
-def test_off_records_nothing_and_on_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_on_by_default_and_off_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(timeline.ENV, raising=False)
-    assert not timeline.Recorder().enabled  # off by default (see docs/observability.md)
+    assert timeline.Recorder().enabled  # on by default (see docs/observability.md)
+    for off in ("0", "false", "off", " No "):
+        monkeypatch.setenv(timeline.ENV, off)
+        assert not timeline.Recorder().enabled
     monkeypatch.setenv(timeline.ENV, "1")
     assert timeline.Recorder().enabled
-    monkeypatch.setenv(timeline.ENV, "0")
-    assert not timeline.Recorder().enabled
+
+
+def test_a_sent_call_pairs_with_its_clients_end_or_stays_pending() -> None:
+    rec = timeline.Recorder(on=True)
+    sent = timeline.SENT
+    rec.spans.append((sent, "a", "m", 100, 7, 1))  # session 7, request 1: replied
+    rec.spans.append((sent, "a", "m", 110, 7, 2))  # request 2: failed
+    rec.spans.append((sent, "a", "n", 120, 8, 1))  # session 8, request 1: no reply yet
+    rec.spans.append((ENDED, 7, 2, 150, "ValueError: boom"))
+    rec.spans.append((ENDED, 7, 1, 160, None))
+    rec.spans.append((ENDED, 9, 5, 170, None))  # a request sent by no traced call: dropped
+    first, second, third = rec.snapshot()
+    flow = timeline.flow_of(7, 1)
+    assert first == ("call", "a.m", 100, 160, "calls", {"actor": "a"}, flow, 0)
+    assert second[2:4] == (110, 150) and second[5] == {"actor": "a", "error": "ValueError: boom"}
+    assert third[:3] == ("call", "a.n", 120) and third[5] == {"actor": "a", "pending": True}
+    assert third[3] >= 170 and third[6] == timeline.flow_of(8, 1)  # a pending call ends now
+    assert [s[2] for s in rec.snapshot(since_ns=155)] == [100, 120]  # by end time
+
+
+def test_a_method_record_names_its_threads_lane_and_its_callers_flow() -> None:
+    rec = timeline.Recorder(on=True)
+    ident = threading.get_ident()
+    rec.spans.append((timeline.METHOD, "step", 1_000, 9_000, 4_000, ident, None, 7, 1))
+    rec.spans.append((timeline.METHOD, "astep", 1_000, 9_000, 2_000, "async", "E: x", 7, 2))
+    sync, coro = rec.snapshot()
+    name = threading.current_thread().name
+    assert sync == (
+        "method",
+        "step",
+        4_000,
+        9_000,
+        name,
+        {"queued_us": 3},
+        0,
+        timeline.flow_of(7, 1),
+    )
+    assert coro[4] == "async" and coro[5] == {"queued_us": 1, "error": "E: x"}
+    assert coro[7] == timeline.flow_of(7, 2)
 
 
 def test_traced_records_arguments_and_failures(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,3 +128,15 @@ def test_clock_offsets_apply_per_node_only_beyond_the_reading_uncertainty() -> N
     trace = chrome_trace([Gathered({"name": "x"}, [span], offset_ns=5_000_000)])
     (x,) = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert trace["otherData"]["t0_unix_ns"] == 5_000_000 and x["ts"] == 0
+
+
+def test_an_error_whose_str_raises_is_named_by_its_type() -> None:
+    """A record of a method that raised such an error must not replace it (the actor's
+    worker records in a ``finally``)."""
+
+    class BadStr(Exception):
+        def __str__(self) -> str:
+            raise ValueError("no str for you")
+
+    assert timeline.error_text(BadStr()) == "BadStr: <unprintable>"
+    assert timeline.error_text(KeyError("k")) == "KeyError: 'k'"

@@ -76,7 +76,7 @@ function drawTimeline(t) {
   ctx.font = "11px system-ui, sans-serif";
   if (!procs.length) {
     ctx.fillStyle = "#888";
-    ctx.fillText("no spans: start the cluster with RAYLESS_TIMELINE=1 to record them", 8, 24);
+    ctx.fillText("no spans: recording is off (RAYLESS_TIMELINE=0) or nothing ran in the last minute", 8, 24);
     return;
   }
   const windowMs = (t.window_s || 60) * 1000;
