@@ -6,7 +6,6 @@ A run of slots (an arithmetic progression) is a strided view; anything else goes
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import torch
@@ -20,10 +19,17 @@ def run_of(idx: Sequence[int]) -> tuple[int, int] | None:
         return None
     if len(idx) == 1:
         return idx[0], 1
-    step = idx[1] - idx[0]
-    if step < 1 or any(b - a != step for a, b in itertools.pairwise(idx)):
+    start, step = idx[0], idx[1] - idx[0]
+    if step < 1:
         return None
-    return idx[0], step
+    run = range(start, start + step * len(idx), step)
+    if isinstance(idx, list):  # compared in C: a put's index lists are long
+        same = idx == list(run)
+    elif isinstance(idx, tuple):
+        same = idx == tuple(run)
+    else:
+        same = all(a == b for a, b in zip(idx, run, strict=True))
+    return (start, step) if same else None
 
 
 def gather_rows(t: torch.Tensor, idx: Sequence[int]) -> torch.Tensor:
