@@ -261,11 +261,19 @@ def _rows(value: Any) -> int | None:
 
 
 def _nbytes(td: Any) -> int | None:
-    fn = getattr(td, "bytes", None)
-    if not callable(fn):
+    """The bytes of a TensorDict's tensor leaves (numel x element size: nothing is read), or
+    None for anything else. Not ``TensorDict.bytes()``: it leaves a reference cycle that keeps
+    the TensorDict alive until the collector runs, so a store get's result mapping was not
+    recycled for the next get (a 16 MiB get took 25 ms instead of 4)."""
+    if not callable(getattr(td, "bytes", None)) or not callable(getattr(td, "values", None)):
         return None
     try:
-        return int(fn())
+        total = 0
+        for leaf in td.values(True, True):
+            numel, size = getattr(leaf, "numel", None), getattr(leaf, "element_size", None)
+            if callable(numel) and callable(size):  # a tensor (nested too); not strings
+                total += int(numel()) * int(size())
+        return total
     except Exception:
         return None
 

@@ -4,6 +4,7 @@ without processes."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
 
@@ -140,3 +141,25 @@ def test_an_error_whose_str_raises_is_named_by_its_type() -> None:
 
     assert timeline.error_text(BadStr()) == "BadStr: <unprintable>"
     assert timeline.error_text(KeyError("k")) == "KeyError: 'k'"
+
+
+def test_a_get_span_leaves_its_result_to_be_freed_at_once() -> None:
+    """Describing a get counts the result's bytes without keeping it alive: once the caller
+    drops it, its mapping is recycled for the next get at once, not at the next collection
+    (``TensorDict.bytes()`` left a cycle: a 16 MiB get then took 25 ms instead of 4)."""
+    import torch
+    from tensordict import TensorDict
+
+    from rayless.store.samehost import results
+
+    results._RESULTS.clear()
+    gc.disable()
+    try:
+        td = TensorDict({"x": results.result((1024, 4096), torch.float32)}, [1024])
+        info = timeline.store_span(("p",), {}, td)
+        assert info == {"partition": "p", "rows": 1024, "bytes": 16 << 20}
+        del td
+        assert sum(len(v) for v in results._RESULTS.values()) == 1  # recycled now
+    finally:
+        gc.enable()
+        results._RESULTS.clear()
