@@ -336,6 +336,7 @@ class ActorHost:
                     self.monitor.running.pop(key, None)
                 if traced is not None:
                     _record(fn, queued, start, "async", error, traced)
+                error = None  # no cycle (this frame -> the error -> its traceback -> this frame)
         await asyncio.Future()  # no reply: the caller learns of the exit (ActorDiedError)
 
     def _run_sync(
@@ -362,6 +363,7 @@ class ActorHost:
             _CALLER.reset(reset)
             if traced is not None:
                 _record(fn, queued, start, threading.get_ident(), error, traced)
+            error = None  # no cycle (this frame -> the error -> its traceback -> this frame)
 
     def exit(self, method: str, code: int) -> None:
         """A method called ``sys.exit(code)``: end the actor as Ray's ``exit_actor`` does.

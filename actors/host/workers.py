@@ -158,6 +158,9 @@ class SyncWorker:
                 self._busy -= 1
                 COUNTERS.def_calls += 1
                 self._done.append(outcome)
+                # not kept until the next job: a failed call's error holds its frames (and so
+                # its arguments) through its traceback
+                del outcome
                 post, self._posted = not self._posted, True
                 if post:
                     COUNTERS.loop_wakeups += 1

@@ -24,7 +24,7 @@ from rayless.actors import Cluster
 from rayless.actors.core import timeline
 from rayless.store import Store
 from tests.environ import without_rayless
-from tests.integration.timeline_classes import Peer
+from tests.integration.timeline_classes import Keeper, Peer
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -431,3 +431,19 @@ async def test_recording_is_on_by_default_and_a_hung_call_shows_as_pending(
     finally:
         monkeypatch.delenv(timeline.ENV)
         timeline.RECORDER.reset()
+
+
+@pytest.mark.parametrize("method", ["fail_with", "afail_with"])
+async def test_a_failed_call_frees_its_arguments_at_once(
+    monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    """Neither recording a method's failure (a reference cycle through the error's traceback)
+    nor the ``def`` worker (its last outcome, kept until its next job) keeps the arguments of
+    a call that raised: they are freed when it ends, not at the next collection or call (a
+    big tensor would otherwise stay in memory)."""
+    monkeypatch.delenv(timeline.ENV, raising=False)
+    async with Cluster.local(nodes=1) as cluster:
+        keeper = await cluster.spawn(Keeper)
+        with pytest.raises(ValueError):
+            await getattr(keeper, method)(torch.zeros(4))
+        assert await keeper.alive() is False

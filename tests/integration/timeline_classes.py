@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import weakref
 from typing import Any
 
 
@@ -32,3 +33,18 @@ class Peer:
     async def stuck(self) -> None:
         """Never returns (a hung call)."""
         await asyncio.Event().wait()
+
+
+class Keeper:
+    """Fails holding its argument; says whether the argument is still alive afterwards."""
+
+    def fail_with(self, t: Any) -> None:
+        self.ref = weakref.ref(t)
+        raise ValueError("failing with an argument")
+
+    async def afail_with(self, t: Any) -> None:
+        self.ref = weakref.ref(t)
+        raise ValueError("failing with an argument")
+
+    def alive(self) -> bool:
+        return self.ref() is not None
