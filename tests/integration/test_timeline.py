@@ -409,7 +409,14 @@ async def test_recording_is_on_by_default_and_a_hung_call_shows_as_pending(
         peer = await cluster.spawn(Peer, name="peer")
         hung = asyncio.ensure_future(peer.stuck())
         assert await peer.square(3) == 9
-        trace = json.loads(Path(await cluster.timeline(tmp_path / "on.json")).read_text())
+
+        async def with_the_actor() -> dict[str, Any] | None:
+            # the actor's listener may not be registered with the head (or may be busy) at
+            # the first read: the trace then names it unreachable; read again
+            got = json.loads(Path(await cluster.timeline(tmp_path / "on.json")).read_text())
+            return got if any(n.startswith("peer ") for n in _by(got)[0].values()) else None
+
+        trace = await wait_until(with_the_actor, timeout=60, what="a trace with the actor's spans")
         hung.cancel()
     check_trace_format(trace)
     names, events = _by(trace)
