@@ -215,9 +215,19 @@ def _threads() -> tuple[int, int]:
     return len(python), sum(1 for n in names if n.startswith("ZMQbg/"))
 
 
+def _listening() -> set[tuple[str, int]]:
+    return {
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.Process().net_connections()
+        if c.status == "LISTEN" and c.laddr
+    }
+
+
 async def test_local_cluster_exit_leaves_nothing_behind() -> None:
     before = _descendants()
     threads_before = _threads()
+    # what this process listened on before (another test's driver listener under xdist)
+    listening_before = _listening()
     async with Cluster.local(nodes=2, gpus_per_node=1) as cluster:
         handles = [await cluster.spawn(Counter) for _ in range(3)]
         pids = [await h.pid() for h in handles]
@@ -227,8 +237,7 @@ async def test_local_cluster_exit_leaves_nothing_behind() -> None:
     python, native = _threads()
     assert python <= threads_before[0], threading.enumerate()  # the keeper's thread ended too
     assert native <= max(threads_before[1], 2)  # at most the one shared context's I/O + reaper
-    conns = [c for c in psutil.Process().net_connections() if c.status == "LISTEN"]
-    assert conns == [], conns
+    assert _listening() <= listening_before, _listening() - listening_before
 
 
 DRIVER = textwrap.dedent(
