@@ -32,12 +32,20 @@ __all__ = ["Consumption", "check_group_n"]
 
 def check_group_n(part: _Partition, partition: str, n: int) -> None:
     """Raise StoreInputError if a grouped fetch's ``n`` differs from the partition's
-    group size."""
+    group size or, while no size is fixed, a group of the partition already holds more than
+    ``n`` samples (consumed ones too: such a group could only be fetched split)."""
     if part.group_size is not None and part.group_size != n:
         raise StoreInputError(
             f"the grouped fetch asks for groups of {n}, but partition {partition!r} holds "
             f"groups of {part.group_size}"
         )
+    if part.group_size is None:
+        for key, count in part.group_count.items():
+            if count > n:
+                raise StoreInputError(
+                    f"the grouped fetch asks for groups of {n}, but group {key!r} of "
+                    f"partition {partition!r} holds {count} samples"
+                )
 
 
 class Consumption:

@@ -10,6 +10,7 @@ partition's, is refused with the state unchanged.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable
 
 import pytest
@@ -127,15 +128,17 @@ class KvGroupMachine(RuleBasedStateMachine):
             with pytest.raises(StoreInputError):
                 self.c.try_fetch("g", ["a"], n * k, task=task, sampler=spec)
             return
+        sizes = Counter(self.group_of[i] for i in self.order["g"])
+        if any(count > n for count in sizes.values()):  # consumed samples count too
+            with pytest.raises(StoreInputError):
+                self.c.try_fetch("g", ["a"], n * k, task=task, sampler=spec)
+            assert self.c.group_size("g") == self.group_size
+            return
         self.group_size = n  # the first grouped fetch fixes the partition's group size
         cands = self._candidates("g", task)
         members: dict[Hashable, list[int]] = {}
         for i in cands:
             members.setdefault(self.group_of[i], []).append(i)
-        if len(cands) >= n * k and any(len(m) > n for m in members.values()):
-            with pytest.raises(StoreInputError):
-                self.c.try_fetch("g", ["a"], n * k, task=task, sampler=spec)
-            return
         got = self.c.try_fetch("g", ["a"], n * k, task=task, sampler=spec)
         complete = [m for m in members.values() if len(m) == n]
         if len(cands) < n * k or len(complete) < k:

@@ -49,6 +49,19 @@ def test_a_grouped_fetch_fixes_the_group_size_for_later_puts() -> None:
         c.allocate("p", 3, group_ids=["b"] * 3)
 
 
+def test_a_grouped_fetch_refuses_a_group_larger_than_n_that_a_plain_fetch_partly_took() -> None:
+    """A group of 6 put without a size, 4 of it taken by a plain fetch: a grouped fetch of
+    n=2 would hand out the last 2 as a "whole" group, splitting the group of 6."""
+    c = state()
+    write(c, c.allocate("p", 6, group_ids=["g0"] * 6, schemas={"x": X}))
+    assert c.try_fetch("p", ["x"], 4, task="t") is not None
+    with pytest.raises(StoreInputError, match="group 'g0' of partition 'p' holds 6"):
+        c.try_fetch("p", ["x"], 2, task="t", sampler={"name": "grouped", "n": 2})
+    assert c.group_size("p") is None  # the refused fetch fixed nothing
+    meta = c.try_fetch("p", ["x"], 6, task="u", sampler={"name": "grouped", "n": 6})
+    assert meta is not None and c.group_size("p") == 6
+
+
 def test_partition_keys_map_to_samples_and_are_forgotten_on_clear() -> None:
     c = state()
     meta = c.allocate("p", 2, keys=["k1", "k2"], custom_meta=[{"t": 1}, {"t": 2}], schemas={"x": X})
