@@ -1,8 +1,9 @@
 """Benchmark weight sync: a state dict from one publisher to 4 subscribers, side by side.
 
-State dicts of 256 MiB (64 float32 tensors of 4 MiB) and 1 GiB (256 of them) on a 2-node local
-cluster (2 subscribers per node, the publisher an actor on node 0). The time of one sync runs
-from the publish until all 4 subscribers returned with the new weights in their own tensors.
+State dicts of 256 MiB (64 tensors of 4 MiB, float32 or ``--dtype``) and 1 GiB (256 of them)
+on a 2-node local cluster (2 subscribers per node, the publisher an actor on node 0). The time
+of one sync runs from the publish until all 4 subscribers returned with the new weights in
+their own tensors.
 
 * ``weightsync``: ``WeightSync.publish`` + 4 x ``pull`` (the same-host shared-memory path).
 * ``weightsync-relay``: the same with ``per_node=True`` (each node its own "host": one
@@ -28,10 +29,12 @@ from the publish until all 4 subscribers returned with the new weights in their 
 
 ``--device cuda`` (a GPU machine): one node, the publisher's tensors and the subscribers' on
 the GPU (CUDA IPC buckets, one device-to-device copy per subscriber) against the
-device-to-device copy bandwidth; no Ray. ``--quick``: 2 repeats instead of 5.
+device-to-device copy bandwidth; no Ray. Its ``--extras`` are the rows the CUDA IPC path has:
+full and delta publishes with 10% changed (it carries no checksums and does not reshard).
+``--quick``: 2 repeats instead of 5.
 
     python scripts/bench_weights.py [--device cpu|cuda] [--quick] [--skip-ray] [--json PATH]
-                                    [--sizes 256MiB,1GiB] [--extras]
+                                    [--sizes 256MiB,1GiB] [--dtype float32|bfloat16] [--extras]
 """
 
 from __future__ import annotations
@@ -54,23 +57,26 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rayless.actors import Actor
 
-SIZES = {"256MiB": 64, "1GiB": 256}  # tensors of 4 MiB (1 Mi float32 each)
-ELEMS = 1 << 20
+SIZES = {"256MiB": 64, "1GiB": 256}  # tensors of 4 MiB
+TENSOR_BYTES = 4 << 20
+ELEMS = 1 << 20  # float32 elements of a 4 MiB tensor (the extra rows)
 SUBSCRIBERS = 4
 WARMUP = 2  # rounds not timed: the sync's two segments (max_slots=2) are created in them
 
 
-def make_state(n: int, device: str, fill: float = 0.0) -> dict[str, torch.Tensor]:
-    """``n`` tensors of 4 MiB on ``device``, every element ``fill``."""
-    return {f"layer{i}.weight": torch.full((ELEMS,), fill, device=device) for i in range(n)}
+def make_state(n: int, device: str, dtype: str = "float32") -> dict[str, torch.Tensor]:
+    """``n`` zero tensors of 4 MiB of ``dtype`` on ``device``."""
+    dt = getattr(torch, dtype)
+    elems = TENSOR_BYTES // dt.itemsize
+    return {f"layer{i}.weight": torch.zeros(elems, dtype=dt, device=device) for i in range(n)}
 
 
 class Sub(Actor):
     """A subscriber holding its own copy of the weights."""
 
-    def __init__(self, n: int, device: str, name: str) -> None:
+    def __init__(self, n: int, device: str, name: str, dtype: str = "float32") -> None:
         torch.set_num_threads(1)
-        self.state = make_state(n, device)
+        self.state = make_state(n, device, dtype)
         self.name = name
         self.ws: Any = None
 
@@ -103,9 +109,9 @@ class Sub(Actor):
 class Pub(Actor):
     """The trainer: holds a state dict and publishes it."""
 
-    def __init__(self, n: int, device: str, name: str) -> None:
+    def __init__(self, n: int, device: str, name: str, dtype: str = "float32") -> None:
         torch.set_num_threads(1)
-        self.state = make_state(n, device)
+        self.state = make_state(n, device, dtype)
         self.name = name
         self.ws: Any = None
 
@@ -137,12 +143,19 @@ class XSub(Actor):
     """A subscriber of the extra rows: ``n`` tensors of ``shape``, or (``shard``) its slice of
     each; pulls with or without ``verify``."""
 
-    def __init__(self, n: int, shape: list[int], name: str, shard: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        n: int,
+        shape: list[int],
+        name: str,
+        shard: list[int] | None = None,
+        device: str = "cpu",
+    ) -> None:
         torch.set_num_threads(1)
         if shard is not None:
             dim, _, world = shard
             shape = [d // world if i == dim else d for i, d in enumerate(shape)]
-        self.state = {f"layer{i}.weight": torch.zeros(shape) for i in range(n)}
+        self.state = {f"layer{i}.weight": torch.zeros(shape, device=device) for i in range(n)}
         self.shard = shard
         self.name = name
         self.ws: Any = None
@@ -157,7 +170,10 @@ class XSub(Actor):
         from rayless.weights import ShardSpec
 
         shard = ShardSpec(*self.shard) if self.shard is not None else None
-        return int(await self.ws.pull(self.state, version, 300, verify=verify, shard=shard))
+        v = int(await self.ws.pull(self.state, version, 300, verify=verify, shard=shard))
+        if self.state["layer0.weight"].is_cuda:
+            torch.cuda.synchronize()
+        return v
 
     def total(self) -> float:
         """The sum of every element held (checks a whole copy)."""
@@ -170,9 +186,11 @@ class XSub(Actor):
 class XPub(Actor):
     """The publisher of the extra rows: refills a fraction of its tensors, publishes."""
 
-    def __init__(self, n: int, shape: list[int], name: str, checksums: bool = False) -> None:
+    def __init__(
+        self, n: int, shape: list[int], name: str, checksums: bool = False, device: str = "cpu"
+    ) -> None:
         torch.set_num_threads(1)
-        self.state = {f"layer{i}.weight": torch.zeros(shape) for i in range(n)}
+        self.state = {f"layer{i}.weight": torch.zeros(shape, device=device) for i in range(n)}
         self.name = name
         self.checksums = checksums
         self.ws: Any = None
@@ -217,6 +235,7 @@ async def _extra_row(
     verify: bool = False,
     checksums: bool = False,
     shard_dim: int | None = None,
+    device: str = "cpu",
 ) -> dict[str, float]:
     """One extra row: the median seconds per sync and the bytes moved per sync (written by
     the publisher + copied by the subscribers)."""
@@ -225,10 +244,15 @@ async def _extra_row(
     nodes = [nd["node_id"] for nd in await cluster.nodes()]
     nbytes = n * math.prod(shape) * 4
     async with WeightSync.create(cluster, name=name, per_node=per_node, max_slots=2):
-        pub = await cluster.spawn(XPub, n, shape, name, checksums, node=nodes[0], cpus=0)
+        gpu = 1.0 / (subs + 1) if device == "cuda" else 0
+        pub = await cluster.spawn(
+            XPub, n, shape, name, checksums, device, node=nodes[0], gpus=gpu, cpus=0
+        )
         specs = [None if shard_dim is None else [shard_dim, i, subs] for i in range(subs)]
         xsubs = [
-            await cluster.spawn(XSub, n, shape, name, specs[i], node=nodes[i % len(nodes)], cpus=0)
+            await cluster.spawn(
+                XSub, n, shape, name, specs[i], device, node=nodes[i % len(nodes)], gpus=gpu, cpus=0
+            )
             for i in range(subs)
         ]
         times, moved = [], []
@@ -254,12 +278,18 @@ async def _extra_row(
     return {"s": statistics.median(times), "bytes": statistics.median(moved), "nbytes": nbytes}
 
 
-async def _extras(reps: int) -> dict[str, dict[str, float]]:
+async def _extras(reps: int, device: str) -> dict[str, dict[str, float]]:
     """The rows of ``--extras`` (see the module doc)."""
     from rayless.actors import Cluster
 
     mib4 = [ELEMS]
     out: dict[str, dict[str, float]] = {}
+    if device == "cuda":  # the rows the CUDA IPC path has: full and delta publishes
+        async with Cluster.local(nodes=1, gpus_per_node=torch.cuda.device_count()) as cluster:
+            row = functools.partial(_extra_row, cluster, reps, device="cuda")
+            out["full 64 (10% changed)"] = await row("x-full", 64, mib4, every=10)
+            out["delta 64 (10% changed)"] = await row("x-delta", 64, mib4, every=10, delta=True)
+        return out
     async with Cluster.local(nodes=2) as cluster:
         row = functools.partial(_extra_row, cluster, reps)
         out["full 64 (10% changed)"] = await row("x-full", 64, mib4, every=10)
@@ -287,6 +317,8 @@ def _print_extras(extras: dict[str, dict[str, float]], gbps: float) -> None:
         moved = r["bytes"] / (gbps * 1e9)
         print(f"{label:<24} {r['s']:8.3f} {r['bytes'] / 2**20:10.0f} {moved / r['s']:15.2f} "
               f"{full / r['s']:14.2f}")  # fmt: skip
+    if "64 tensors" not in extras:  # the CUDA rows: full and delta alone
+        return
     s64, s10k = extras["64 tensors"]["s"], extras["10k tensors"]["s"]
     big = extras["1GiB -> 8, 2 hosts"]
     limit8 = big["nbytes"] * 9 / (gbps * 1e9)
@@ -318,7 +350,9 @@ def copy_gbps(nbytes: int, device: str) -> float:
     return nbytes / best / 1e9
 
 
-async def _ours(device: str, reps: int, per_node: bool, plain: bool) -> dict[str, Any]:
+async def _ours(
+    device: str, reps: int, per_node: bool, plain: bool, dtype: str = "float32"
+) -> dict[str, Any]:
     from rayless.actors import Cluster
     from rayless.weights import WeightSync
 
@@ -331,10 +365,12 @@ async def _ours(device: str, reps: int, per_node: bool, plain: bool) -> dict[str
         for label, n in SIZES.items():
             name = f"bench-{label}-{int(per_node)}"
             async with WeightSync.create(cluster, name=name, per_node=per_node, max_slots=2):
-                pub = await cluster.spawn(Pub, n, device, name, node=nodes[0], gpus=gpu, cpus=0)
+                pub = await cluster.spawn(
+                    Pub, n, device, name, dtype, node=nodes[0], gpus=gpu, cpus=0
+                )
                 subs = [
                     await cluster.spawn(
-                        Sub, n, device, name, node=nodes[i % len(nodes)], gpus=gpu, cpus=0
+                        Sub, n, device, name, dtype, node=nodes[i % len(nodes)], gpus=gpu, cpus=0
                     )
                     for i in range(SUBSCRIBERS)
                 ]
@@ -366,11 +402,13 @@ async def _ours(device: str, reps: int, per_node: bool, plain: bool) -> dict[str
     return res
 
 
-def _ray(reps: int) -> dict[str, Any]:
+def _ray(reps: int, dtype: str = "float32") -> dict[str, Any]:
     """Ray 2.60 in a subprocess: ``ray.put`` once, every actor ``ray.get`` + load_state_dict."""
     code = r"""
 import json, statistics, sys, time, torch, ray
-SIZES, ELEMS, SUBS, reps = json.loads(sys.argv[1]), 1 << 20, 4, int(sys.argv[2])
+SIZES, SUBS, reps = json.loads(sys.argv[1]), 4, int(sys.argv[2])
+DT = getattr(torch, sys.argv[3])
+ELEMS = (4 << 20) // DT.itemsize
 ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
          object_store_memory=3 << 30)
 
@@ -379,7 +417,7 @@ class Sub:
     def __init__(self, n):
         torch.set_num_threads(1)
         self.model = torch.nn.ParameterDict(
-            {f"layer{i}": torch.nn.Parameter(torch.zeros(ELEMS)) for i in range(n)})
+            {f"layer{i}": torch.nn.Parameter(torch.zeros(ELEMS, dtype=DT)) for i in range(n)})
     def load(self, refs):
         self.model.load_state_dict(ray.get(refs[0]))
         return float(self.model["layer0"][-1])
@@ -387,12 +425,12 @@ class Sub:
 out = {}
 for label, n in SIZES.items():
     subs = [Sub.remote(n) for _ in range(SUBS)]
-    warm = ray.put({f"layer{i}": torch.zeros(ELEMS) for i in range(n)})
+    warm = ray.put({f"layer{i}": torch.zeros(ELEMS, dtype=DT) for i in range(n)})
     ray.get([s.load.remote([warm]) for s in subs])
     del warm
     times = []
     for v in range(1, reps + 2):
-        state = {f"layer{i}": torch.full((ELEMS,), float(v)) for i in range(n)}
+        state = {f"layer{i}": torch.full((ELEMS,), float(v), dtype=DT) for i in range(n)}
         t = time.perf_counter()
         ref = ray.put(state)
         got = ray.get([s.load.remote([ref]) for s in subs])
@@ -407,7 +445,7 @@ for label, n in SIZES.items():
 print("RESULT " + json.dumps(out))
 """
     proc = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(SIZES), str(reps)],
+        [sys.executable, "-c", code, json.dumps(SIZES), str(reps), dtype],
         capture_output=True,
         text=True,
         timeout=900,
@@ -426,6 +464,9 @@ def main() -> None:
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--sizes", default=",".join(SIZES), help="a subset of " + ",".join(SIZES))
     parser.add_argument("--extras", action="store_true", help="delta, verify, reshard, 10k rows")
+    parser.add_argument(
+        "--dtype", choices=["float32", "bfloat16"], default="float32", help="of the state dicts"
+    )
     args = parser.parse_args()
     for label in [k for k in SIZES if k not in args.sizes.split(",")]:
         del SIZES[label]
@@ -435,21 +476,24 @@ def main() -> None:
         sys.exit("--device cuda needs a CUDA GPU")
     load = os.getloadavg()[0]
     res: dict[str, Any] = {"device": args.device, "repeats": reps, "load_1min": load}
+    res["dtype"] = dt = args.dtype
     res["copy_GBps"] = copy_gbps(256 << 20, args.device)
-    res["weightsync"] = asyncio.run(_ours(args.device, reps, per_node=False, plain=True))
+    res["weightsync"] = asyncio.run(_ours(args.device, reps, per_node=False, plain=True, dtype=dt))
     if not cuda:
-        res["weightsync_relay"] = asyncio.run(_ours(args.device, reps, per_node=True, plain=False))
+        res["weightsync_relay"] = asyncio.run(
+            _ours(args.device, reps, per_node=True, plain=False, dtype=dt)
+        )
         if not args.skip_ray:
             try:
-                res["ray"] = _ray(reps)
+                res["ray"] = _ray(reps, dt)
             except Exception as exc:
                 res["ray_error"] = str(exc)[-500:]
-    print(f"device {args.device}, {reps} repeats (median), load {load:.2f} at start; "
+    print(f"device {args.device}, {dt}, {reps} repeats (median), load {load:.2f} at start; "
           f"{'device-to-device' if cuda else 'memcpy'} {res['copy_GBps']:.1f} GB/s")  # fmt: skip
     head = f"{'state dict':<10} {'path':<22} {'s/sync':>8} {'GB/s*':>7} {'x limit':>8} {'ray/x':>6}"
     print(head + "\n" + "-" * len(head))
     for label, n in SIZES.items():
-        nbytes = n * ELEMS * 4
+        nbytes = n * TENSOR_BYTES
         limit = nbytes * (1 + SUBSCRIBERS) / (res["copy_GBps"] * 1e9)
         rows = [("weightsync", res["weightsync"].get(label))]
         rows.append(("actor-calls", res["weightsync"].get(f"{label}_plain")))
@@ -468,7 +512,7 @@ def main() -> None:
         s = res["weightsync"].get(label)
         if not s:
             continue
-        nbytes = n * ELEMS * 4
+        nbytes = n * TENSOR_BYTES
         limit = nbytes * (1 + SUBSCRIBERS) / (res["copy_GBps"] * 1e9)
         if cuda:
             share = nbytes * SUBSCRIBERS / s / 1e9 / res["copy_GBps"]
@@ -481,7 +525,7 @@ def main() -> None:
     if "ray_error" in res:
         print("ray:", res["ray_error"])
     if args.extras and not cuda:
-        res["extras"] = asyncio.run(_extras(reps))
+        res["extras"] = asyncio.run(_extras(reps, args.device))
         _print_extras(res["extras"], res["copy_GBps"])
     if args.json:
         with open(args.json, "w") as f:

@@ -6,15 +6,20 @@
 #       downloads the wheels the device lacks (pyzmq, tensordict, pyvers, pytest-asyncio) for
 #       CPython 3.12 into .whl/ (git-ignored through .git/info/exclude)
 #   there (device tool): bash scripts/device_check.sh            (carry: [".whl"])
-#       installs rayless into a venv over the system's CUDA torch, then runs the CUDA tests,
-#       NVML discovery, the CUDA store benchmark beside a device-to-device copy, the CUDA
-#       weight-sync benchmark (IPC buckets against the copy bandwidth), and a short
-#       GPU run of the PPO demo; every figure and log goes under $OUT (or the first argument).
-#       Under 8 minutes in all; each step has its own timeout and the run goes on after a
-#       failed step. summary.txt lists each step's exit code.
-#
-# Not here yet (its issue is open): the GRPO demo; the script reports it as absent and runs it
-# once it exists.
+#       installs rayless into a venv over the system's CUDA torch, then runs
+#       - NVML discovery and a 1 GiB device-to-device copy (the bandwidth the goals compare to);
+#       - tests/cuda: CUDA codec, discovery, the store's CUDA TensorDicts and IPC columns, CUDA
+#         IPC weight buckets, delta publishes on that path (and its refusal of verified
+#         pulls), a 2-process NCCL weight group (two GPUs; on one GPU, that NCCL's refusal
+#         of two ranks on one GPU is an error, not a hang);
+#       - the CUDA store benchmark (batches, and verl's pattern: a new partition per step)
+#         beside a device-to-device copy of the same bytes;
+#       - the CUDA weight-sync benchmark: 256 MiB and 1 GiB bf16 state dicts to 4 subscribers
+#         over CUDA IPC, against the copy bandwidth, and full against delta publishes;
+#       - short GPU runs of the PPO and the GRPO demos.
+#       Every figure and log goes under $OUT (or the first argument). Under 9 minutes in all;
+#       each step has its own timeout and the run goes on after a failed step. summary.txt
+#       lists each step's exit code.
 set -u
 cd "$(dirname "$0")/.."
 
@@ -93,7 +98,8 @@ step bench-store-cuda 150 "$out/bench_store_cuda.txt" \
 
 if [ -f scripts/bench_weights.py ]; then
   step bench-weights-cuda 170 "$out/bench_weights_cuda.txt" \
-    python scripts/bench_weights.py --device cuda --quick --json "$out/bench_weights_cuda.json"
+    python scripts/bench_weights.py --device cuda --quick --dtype bfloat16 --extras \
+    --json "$out/bench_weights_cuda.json"
 else
   echo "bench-weights-cuda: absent (scripts/bench_weights.py not built yet)" >> "$summary"
 fi

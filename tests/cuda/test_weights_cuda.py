@@ -11,7 +11,7 @@ import torch
 
 from rayless.actors import Cluster
 from rayless.weights import PublisherLostError, WeightSync, WeightSyncError
-from tests.integration.weights_classes import Publisher, Subscriber
+from tests.integration.weights_classes import DeltaSubscriber, Publisher, Subscriber, moe_state
 
 pytestmark = [
     pytest.mark.cuda,
@@ -64,3 +64,23 @@ async def test_a_cuda_publisher_killed_with_sigkill_fails_pulls(local_cluster: C
         os.kill(await pub.pid(), signal.SIGKILL)
         with pytest.raises(PublisherLostError):
             await asyncio.wait_for(sub.pull(2, None), 60)
+
+
+async def test_cuda_delta_versions_are_exact_and_a_verified_pull_is_refused(
+    local_cluster: Cluster,
+) -> None:
+    # Deltas on the CUDA IPC path: subscribers one version behind and several behind hold
+    # exactly each version; the path carries no checksums, so a verified pull says so.
+    async with WeightSync.create(local_cluster, name="ws-cuda-delta") as ws:
+        every, skips = [
+            await local_cluster.spawn(DeltaSubscriber, "ws-cuda-delta", "cuda", gpus=0.25)
+            for _ in range(2)
+        ]
+        for v in range(1, 13):
+            await ws.publish(moe_state(v, "cuda"), version=v, delta=True)
+            assert await every.pull(v, False) == (v, True)
+            if v in (3, 10):
+                assert await skips.pull(v, False) == (v, True)
+        with pytest.raises(WeightSyncError, match="without checksums"):
+            await every.pull(12, True)
+        assert await every.holds(12)

@@ -132,11 +132,14 @@ class Publisher(Actor):
 
 
 class DistMember(Actor):
-    """A member of a gloo group (``spawn_group(..., torch_distributed=True)``)."""
+    """A member of a torch.distributed group (``spawn_group(..., torch_distributed=True)``):
+    gloo with CPU tensors, or NCCL with tensors on the member's GPU."""
 
-    def __init__(self, name: str, dtype: str = "float32") -> None:
+    def __init__(self, name: str, dtype: str = "float32", backend: str = "gloo") -> None:
         self.name = name
-        self.tensors = state(0, getattr(torch, dtype))
+        self.backend = backend
+        self.device = "cuda" if backend == "nccl" else "cpu"
+        self.tensors = state(0, getattr(torch, dtype), self.device)
         self.ws: Any = None
 
     async def setup(self) -> None:
@@ -144,16 +147,20 @@ class DistMember(Actor):
 
     def init(self) -> int:
         """Join the group (blocks until every member joined); this rank."""
+        import datetime
+
         import torch.distributed as dist
 
-        dist.init_process_group("gloo")
+        if self.backend == "nccl":
+            torch.cuda.set_device(0)  # the member's GPU (CUDA_VISIBLE_DEVICES names one)
+        dist.init_process_group(self.backend, timeout=datetime.timedelta(seconds=60))
         return dist.get_rank()
 
     async def publish(self, version: int) -> int:
         """Broadcast ``state(version)`` in bf16 over the group."""
         import torch.distributed as dist
 
-        s = state(version, torch.bfloat16)
+        s = state(version, torch.bfloat16, self.device)
         return int(await self.ws.publish(s, version, group=dist.group.WORLD))
 
     async def pull(self, min_version: int) -> tuple[int, list]:
@@ -180,11 +187,11 @@ def last_change(i: int, version: int) -> int:
     return next((u for u in range(version, 0, -1) if (7 * u + i) % 10 == 0), 0)
 
 
-def moe_state(version: int) -> dict[str, torch.Tensor]:
+def moe_state(version: int, device: str = "cpu") -> dict[str, torch.Tensor]:
     """A state dict of which two tensors in ten change at each version (frozen experts)."""
     out = {}
     for i in range(MOE):
-        base = torch.arange(16 * (i + 1), dtype=torch.float32).reshape(i + 1, 16)
+        base = torch.arange(16 * (i + 1), dtype=torch.float32, device=device).reshape(i + 1, 16)
         out[f"expert{i}.weight"] = base + 1000.0 * last_change(i, version)
     return out
 
@@ -192,9 +199,10 @@ def moe_state(version: int) -> dict[str, torch.Tensor]:
 class DeltaSubscriber(Actor):
     """A rollout worker pulling moe_state versions, verified, into its own tensors."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, device: str = "cpu") -> None:
         self.name = name
-        self.tensors = {k: torch.zeros_like(v) for k, v in moe_state(0).items()}
+        self.device = device
+        self.tensors = {k: torch.zeros_like(v) for k, v in moe_state(0, device).items()}
         self.loaded: list[str] = []
         self.ws: Any = None
 
@@ -204,12 +212,11 @@ class DeltaSubscriber(Actor):
     async def pull(self, min_version: int, verify: bool = True) -> tuple[int, bool]:
         """Pull; the version and whether every tensor now equals moe_state(version) exactly."""
         v = await self.ws.pull(self.tensors, min_version, timeout=30, verify=verify)
-        want = moe_state(v)
-        return v, all(torch.equal(self.tensors[k], want[k]) for k in want)
+        return v, self.holds(v)
 
     def holds(self, version: int) -> bool:
         """Whether every tensor equals moe_state(version) exactly."""
-        want = moe_state(version)
+        want = moe_state(version, self.device)
         return all(torch.equal(self.tensors[k], want[k]) for k in want)
 
     def _load(self, weights: Any) -> None:
@@ -221,8 +228,7 @@ class DeltaSubscriber(Actor):
         """Pull into a loader: the version, the tensors it was handed, and exactness."""
         self.loaded = []
         v = await self.ws.pull(into=self._load, min_version=min_version, timeout=30)
-        want = moe_state(v)
-        return v, sorted(self.loaded), all(torch.equal(self.tensors[k], want[k]) for k in want)
+        return v, sorted(self.loaded), self.holds(v)
 
     async def reconnect(self) -> None:
         """A new client (as a restarted worker's): it knows no version it holds."""
