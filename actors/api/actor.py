@@ -62,6 +62,16 @@ def current_caller() -> str | None:
 _MAIN = ("__main__", "__mp_main__")
 
 
+def class_name(klass: type) -> str:
+    """``klass``'s name for people (actor names, errors): its qualified name, less an alias
+    a wrapper parked it under (``rayless.ray`` keeps a decorated ``A`` importable as
+    ``A._ray_cls``: shown ``A``). A qualified name's last part is the class's own name unless
+    such a wrapper renamed it."""
+    qualname = klass.__qualname__
+    head, _, last = qualname.rpartition(".")
+    return head if head and last != klass.__name__ else qualname
+
+
 def by_value(klass: type) -> bool:
     """Whether ``klass`` travels by value: it was defined in a driver's ``__main__``."""
     return getattr(klass, "__module__", None) in _MAIN

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from rayless.actors.api import signals
-from rayless.actors.api.actor import ClassRef
+from rayless.actors.api.actor import ClassRef, class_name
 from rayless.actors.api.binding import public_methods
 from rayless.actors.api.calls import call_encode_error
 from rayless.actors.api.components import spawn_component
@@ -178,7 +178,8 @@ class Cluster:
         """
         ref = ClassRef.of(cls)
         methods = public_methods(cls)
-        check_method_names(cls.__qualname__, methods)
+        shown = class_name(cls)
+        check_method_names(shown, methods)
         if max_restarts < 0 or (max_concurrency is not None and max_concurrency < 1):
             raise ValueError("max_restarts must be >= 0 and max_concurrency >= 1")
         if name is not None and (not isinstance(name, str) or not name.strip()):
@@ -192,10 +193,10 @@ class Cluster:
         try:
             init = codec.encode((args, kwargs), root="init")
         except TypeError as exc:  # named in the caller's terms: argument 0 ['a']
-            raise call_encode_error(exc, f"{cls.__qualname__}()", args_at="[0]") from None
+            raise call_encode_error(exc, f"{shown}()", args_at="[0]") from None
         spec = SpawnSpec(
             cls=(ref.module, ref.qualname, ref.pickled),
-            cls_name=cls.__qualname__,
+            cls_name=shown,
             init=tuple(bytes(f) for f in init),
             owner=self.info.session,
             name=name,
@@ -447,7 +448,7 @@ async def _connect(address: str | None, token: str | None) -> Cluster:
 def _spawn_span(args: tuple[Any, ...], kwargs: Mapping[str, Any], handle: Any) -> dict[str, Any]:
     """The arguments of a spawn's timeline span: the class, and the actor and its node."""
     cls = args[0] if args else None
-    info: dict[str, Any] = {"class": getattr(cls, "__qualname__", str(cls))}
+    info: dict[str, Any] = {"class": class_name(cls) if isinstance(cls, type) else str(cls)}
     if handle is not None:
         info.update(actor=handle.name, node=handle.node_id)
     return info

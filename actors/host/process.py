@@ -30,7 +30,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from rayless.actors.api.actor import _CALLER, ClassRef, by_value, dumps_by_value
+from rayless.actors.api.actor import _CALLER, ClassRef, by_value, class_name, dumps_by_value
 from rayless.actors.api.binding import public_methods
 from rayless.actors.api.handle import ActorHandle
 from rayless.actors.api.portal import set_home_loop
@@ -245,7 +245,7 @@ class ActorHost:
             os.environ.get(context.ENV_ACTOR_ID, self.name),
             self.name,
             self.server.address,
-            cls.__qualname__,
+            class_name(cls),
             self.methods,
             os.environ.get(context.ENV_NODE_ID),
         )
@@ -269,7 +269,7 @@ class ActorHost:
         info = self.methods.get(method) if isinstance(method, str) else None
         if info is None:
             missing = AttributeError(
-                f"actor {self.name!r} ({type(self.instance).__qualname__}) has no public "
+                f"actor {self.name!r} ({class_name(type(self.instance))}) has no public "
                 f"method {method!r}"
             )
             raise remote_error(missing, self.name)

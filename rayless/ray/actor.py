@@ -45,6 +45,11 @@ _SPAWN_KEYWORDS = frozenset(inspect.signature(Cluster.spawn).parameters) - {
 }
 
 
+def _shown(cls: type) -> str:
+    """The class's qualified name as its user wrote it (without ``._ray_cls``)."""
+    return cls.__qualname__.removesuffix("." + _HIDDEN)
+
+
 def _public(cls: type) -> set[str]:
     return {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n, None))}
 
@@ -79,7 +84,7 @@ class ActorClass:
         }
         self.__doc__ = cls.__doc__
         self.__name__ = cls.__name__
-        self.__qualname__ = cls.__qualname__.removesuffix("." + _HIDDEN)
+        self.__qualname__ = _shown(cls)
         self.__module__ = cls.__module__
 
     def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
@@ -122,7 +127,7 @@ class ActorClass:
             raise ValueError(f"an actor's name must be a non-empty string, got {name!r}")
         coro = _spawn(s, self._ray_cls, args, kwargs, opts)
         handle = ActorHandle(
-            self._ray_cls.__qualname__.removesuffix("." + _HIDDEN),
+            _shown(self._ray_cls),
             self._methods,
             {**opts, "__num_returns__": self._num_returns},
         )
@@ -211,7 +216,7 @@ def _positional(
     clash = _SPAWN_KEYWORDS.intersection(bound.kwargs)
     if clash:
         raise TypeError(
-            f"{cls.__qualname__}(): keyword-only parameters {sorted(clash)} clash with "
+            f"{_shown(cls)}(): keyword-only parameters {sorted(clash)} clash with "
             "rayless spawn options; make them positional-or-keyword"
         )
     return tuple(bound.args), dict(bound.kwargs)

@@ -211,6 +211,7 @@ def test_actor_method_error_is_ray_task_error() -> None:
     with pytest.raises(RayTaskError) as info:
         ray.get(c.fail.remote("nope"))
     assert isinstance(info.value, AppError) and info.value.code == 7
+    assert "in actor 'Counter-" in str(info.value) and "_ray_cls" not in str(info.value)
     assert ray.get(c.incr.remote()) == 1
 
 

@@ -122,3 +122,22 @@ def test_a_setup_method_with_arguments_is_refused_at_decoration() -> None:
             pass
 
     assert isinstance(ray.remote(Fine), ray.ActorClass)
+
+
+class Outer:
+    class Inner:
+        pass
+
+
+@ray.remote
+class Decorated:
+    pass
+
+
+def test_a_decorated_class_is_shown_by_its_own_name() -> None:
+    from rayless.actors.api.actor import class_name
+
+    hidden = Decorated._ray_cls
+    assert hidden.__qualname__ == "Decorated._ray_cls"  # what an actor process imports
+    assert class_name(hidden) == "Decorated" == Decorated.__qualname__
+    assert class_name(Outer.Inner) == "Outer.Inner" and class_name(Outer) == "Outer"
