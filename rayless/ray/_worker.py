@@ -187,7 +187,12 @@ def _close_at_exit() -> None:
         pass
 
 
-# before concurrent.futures stops its executors (atexit handlers run after that)
+# before concurrent.futures stops its executors (atexit handlers run after that). Threading's
+# exit hooks run last-registered first: the thread pools' own hook is registered when
+# concurrent.futures.thread is first imported, so import it now, or it may come later and
+# stop every pool before the close runs (whose steps hand blocking work to threads).
+import concurrent.futures.thread  # noqa: E402
+
 _register = getattr(threading, "_register_atexit", None)
 if _register is not None:
     _register(_close_at_exit)
