@@ -45,6 +45,7 @@ from rayless.transport.errors import (
     ProtocolError,
     RaylessError,
     Timeout,
+    describe,
 )
 from rayless.transport.protocol import (
     PROTOCOL,
@@ -639,10 +640,7 @@ class Client:
         result (``why``: its error, or what became of it)."""
         if self.trace is not None:
             if isinstance(why, BaseException):
-                try:
-                    why = f"{type(why).__name__}: {why}"[:_WHY_CHARS]
-                except Exception:  # an error whose __str__ fails: its type names it
-                    why = f"{type(why).__name__}: <unprintable>"
+                why = describe(why, _WHY_CHARS)
             self.trace.append((ENDED, self.trace_key, req_id, time.time_ns(), why))
 
     def _abandon(self, req_id: int, why: str = "cancelled") -> None:

@@ -42,6 +42,7 @@ __all__ = [
     "RemoteError",
     "Timeout",
     "TransportError",
+    "describe",
     "error_from_state",
     "error_to_state",
     "wire_name",
@@ -182,6 +183,16 @@ class RemoteError(RaylessError, wire="rayless.RemoteError"):
         if self.remote_traceback:
             text += "\n\nRemote traceback:\n" + self.remote_traceback.rstrip()
         return text
+
+
+def describe(exc: BaseException, limit: int = 300) -> str:
+    """An error in one bounded line for records and logs: its type and message, at most
+    ``limit`` characters. Never raises: an error whose ``__str__`` fails is named by its
+    type."""
+    try:
+        return f"{type(exc).__name__}: {exc}"[:limit]
+    except Exception:
+        return f"{type(exc).__name__}: <unprintable>"
 
 
 def _text(value: Any, how: Any) -> str:

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 from rayless.actors.core import context
 from rayless.transport.client import ENDED
+from rayless.transport.errors import describe
 
 __all__ = [
     "ENV",
@@ -155,10 +156,7 @@ def process_info() -> dict[str, Any]:
 def error_text(exc: BaseException) -> str:
     """How a record names a failure: the error's type and message, bounded (never raises: an
     error whose ``__str__`` fails is named by its type)."""
-    try:
-        return f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
-    except Exception:
-        return f"{type(exc).__name__}: <unprintable>"
+    return describe(exc, _ERROR_CHARS)
 
 
 # Compact records the per-call hooks append (first item: which kind); :func:`_span` makes
