@@ -60,11 +60,16 @@ step() {  # step NAME TIMEOUT_S LOGFILE COMMAND...: run, log, record the exit co
 dev="$out/device.txt"
 { nvidia-smi -L; python3 --version; python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.is_available())"; } > "$dev" 2>&1
 
-# A venv over the system's packages (its CUDA torch), the carried wheels, rayless editable
-# (an editable install keeps the checkout importable as rayless.transport, ... from its root).
+# A venv that sees the device python's packages (its CUDA torch), then the carried wheels and
+# rayless editable (an editable install keeps the checkout importable as rayless.transport,
+# ... from its root). The device's python3 is itself a venv, and --system-site-packages
+# reaches only the interpreter under it: a .pth names the device python's site-packages.
 step install 180 "$dev" bash -c '
   set -e
   python3 -m venv --system-site-packages /tmp/rl-venv
+  site=$(/tmp/rl-venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()[\"purelib\"])")
+  python3 -c "import site; print(\"\n\".join(site.getsitepackages()))" > "$site/_device_python.pth"
+  /tmp/rl-venv/bin/python -c "import torch; print(\"torch\", torch.__version__)"
   /tmp/rl-venv/bin/python -m pip install -q --no-index --no-deps .whl/*.whl
   /tmp/rl-venv/bin/python -m pip install -q --no-index --no-deps --no-build-isolation -e .
   /tmp/rl-venv/bin/python -c "import rayless.actors, rayless.store, tensordict, zmq; print(\"installed\")"
