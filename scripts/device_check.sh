@@ -70,6 +70,9 @@ step install 180 "$dev" bash -c '
   site=$(/tmp/rl-venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()[\"purelib\"])")
   python3 -c "import site; print(\"\n\".join(site.getsitepackages()))" > "$site/_device_python.pth"
   /tmp/rl-venv/bin/python -c "import torch; print(\"torch\", torch.__version__)"
+  # (before Python 3.12 a venv gets an old setuptools of its own, without bdist_wheel: the
+  # editable install below builds with the setuptools and wheel of the device python instead)
+  /tmp/rl-venv/bin/python -m pip uninstall -q -y setuptools 2>/dev/null || true
   /tmp/rl-venv/bin/python -m pip install -q --no-index --no-deps .whl/*.whl
   /tmp/rl-venv/bin/python -m pip install -q --no-index --no-deps --no-build-isolation -e .
   /tmp/rl-venv/bin/python -c "import rayless.actors, rayless.store, tensordict, zmq; print(\"installed\")"
