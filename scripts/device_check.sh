@@ -71,23 +71,7 @@ step() {  # step NAME TIMEOUT_S LOGFILE COMMAND...: run, log, record the exit co
 dev="$out/device.txt"
 { nvidia-smi -L; python3 --version; python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.is_available())"; } > "$dev" 2>&1
 
-# A venv that sees the device python's packages (its CUDA torch), then the carried wheels and
-# rayless editable (an editable install keeps the checkout importable as rayless.transport,
-# ... from its root). The device's python3 is itself a venv, and --system-site-packages
-# reaches only the interpreter under it: a .pth names the device python's site-packages.
-step install 180 "$dev" bash -c '
-  set -e
-  python3 -m venv --system-site-packages /tmp/rl-venv
-  site=$(/tmp/rl-venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()[\"purelib\"])")
-  python3 -c "import site; print(\"\n\".join(site.getsitepackages()))" > "$site/_device_python.pth"
-  /tmp/rl-venv/bin/python -c "import torch; print(\"torch\", torch.__version__)"
-  # (before Python 3.12 a venv gets an old setuptools of its own, without bdist_wheel: the
-  # editable install below builds with the setuptools and wheel of the device python instead)
-  /tmp/rl-venv/bin/python -m pip uninstall -q -y setuptools 2>/dev/null || true
-  /tmp/rl-venv/bin/python -m pip install -q --no-index --no-deps .whl/*.whl
-  /tmp/rl-venv/bin/python -m pip install -q --no-index --no-deps --no-build-isolation -e .
-  /tmp/rl-venv/bin/python -c "import rayless.actors, rayless.store, tensordict, zmq; print(\"installed\")"
-'
+step install 180 "$dev" bash scripts/device_install.sh  # into /tmp/rl-venv
 export PATH=/tmp/rl-venv/bin:$PATH
 
 step nvml 60 "$dev" python -c '

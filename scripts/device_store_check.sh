@@ -34,13 +34,7 @@ dev="$out/device.txt"
 { nvidia-smi -L; python3 -c "import torch; print('torch', torch.__version__, torch.cuda.is_available())"; } > "$dev" 2>&1
 
 if [ ! -x /tmp/rl-venv/bin/python ]; then
-  step install 180 "$dev" bash -c '
-    set -e
-    python3 -m venv --system-site-packages /tmp/rl-venv
-    /tmp/rl-venv/bin/python -m pip install -q --no-index --no-deps .whl/*.whl
-    /tmp/rl-venv/bin/python -m pip install -q --no-index --no-deps --no-build-isolation -e .
-    /tmp/rl-venv/bin/python -c "import rayless.store, tensordict, zmq; print(\"installed\")"
-  '
+  step install 180 "$dev" bash scripts/device_install.sh  # into /tmp/rl-venv
 fi
 export PATH=/tmp/rl-venv/bin:$PATH
 
