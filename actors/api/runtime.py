@@ -34,7 +34,7 @@ from rayless.actors.control import debug
 from rayless.actors.control.death import death_details
 from rayless.actors.control.logs import print_lines
 from rayless.actors.core import context, gc_policy, timeline
-from rayless.actors.errors import ActorDiedError, ClusterLostError
+from rayless.actors.errors import ActorDiedError, ClusterLostError, ConnectError
 from rayless.actors.protocol.messages import (
     ActorEvent,
     ActorState,
@@ -575,16 +575,18 @@ def _after_timeout(is_async: bool | None) -> str:
 _RUNTIMES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = (
     weakref.WeakKeyDictionary()
 )
-_STARTING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future[Runtime]] = (
-    weakref.WeakKeyDictionary()
-)
+# a start in progress on a loop: the cluster's address, and its outcome for other callers
+_STARTING: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, tuple[str, asyncio.Future[Runtime]]
+] = weakref.WeakKeyDictionary()
 
 
 async def get_runtime() -> Runtime:
     """The runtime of the running loop, connecting it on first use.
 
     Raises:
-        RaylessError: this process belongs to no cluster.
+        RaylessError: this process belongs to no cluster. ConnectError: it left the cluster
+            (another became its own) while this call connected to it.
     """
     loop = asyncio.get_running_loop()
     runtime = _RUNTIMES.get(loop)
@@ -596,20 +598,31 @@ async def get_runtime() -> Runtime:
         # no longer this process's: never reuse it for another cluster, or for none.
         _RUNTIMES.pop(loop, None)
         await runtime.aclose()
+    info = context.current()
     starting = _STARTING.get(loop)
-    if starting is not None:
-        return await asyncio.shield(starting)
+    if starting is not None and starting[0] == info.address:
+        return await asyncio.shield(starting[1])
+    # (a start for a cluster this process has left, by a caller of that cluster's, does not
+    # hold this one up: it fails on its own, or finds it is stale when it connects)
     fut: asyncio.Future[Runtime] = loop.create_future()
-    _STARTING[loop] = fut
+    entry = (info.address, fut)
+    _STARTING[loop] = entry
     gc_policy.apply()  # a caller's in-flight calls must not make the collector's passes longer
     try:
-        runtime = await Runtime(context.current()).start()
+        runtime = await Runtime(info).start()
+        current = context._current
+        if current is None or current.address != info.address:
+            await runtime.aclose()
+            raise ConnectError(
+                f"this process left the cluster at {info.address} while connecting to it"
+            )
     except BaseException as exc:
         fut.set_exception(exc)
         fut.exception()  # retrieved: waiters re-raise it
         raise
     finally:
-        _STARTING.pop(loop, None)
+        if _STARTING.get(loop) is entry:
+            _STARTING.pop(loop, None)
     _RUNTIMES[loop] = runtime
     fut.set_result(runtime)
     return runtime

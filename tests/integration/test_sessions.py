@@ -80,3 +80,37 @@ async def test_an_embedded_cluster_is_found_without_an_address(
     assert list(runtime.iterdir()) == []  # removed at close
     gone = await _run("", env, "-m", "rayless.cli", "status")
     assert gone.returncode == 1 and "no local rayless cluster found" in gone.stderr
+
+
+@pytest.mark.local_cluster(nodes=1, gpus_per_node=0, isolated=True)
+async def test_a_connect_to_a_cluster_the_process_left_does_not_hold_up_its_new_one(
+    local_cluster_processes: LocalProcesses,
+) -> None:
+    # A leftover call of a cluster this process left (its address still current, its head
+    # gone) starts connecting; the process then makes another cluster its own: the new
+    # cluster's first call connects to it, not waits for the stale handshake's 10 s timeout.
+    import socket
+
+    from rayless.actors.api.runtime import close_runtimes, get_runtime
+
+    await close_runtimes()
+    with socket.socket() as s:  # a port nothing listens on: no handshake ever comes
+        s.bind(("127.0.0.1", 0))
+        dead = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    ours = context.ClusterInfo(local_cluster_processes.address, local_cluster_processes.token)
+    context.set_current(context.ClusterInfo(dead, local_cluster_processes.token))
+    stale = asyncio.ensure_future(get_runtime())
+    try:
+        await asyncio.sleep(0.2)  # the stale start is waiting for its handshake
+        assert not stale.done()
+        context.set_current(ours)
+        runtime = await asyncio.wait_for(get_runtime(), 8)
+        assert runtime.info.address == ours.address
+        cluster = actors.Cluster(ours)
+        assert len(await asyncio.wait_for(cluster.nodes(), 8)) == 1
+    finally:
+        stale.cancel()
+        with pytest.raises((asyncio.CancelledError, actors.RaylessError)):
+            await stale
+        await close_runtimes()
+        context.set_current(ours)
