@@ -47,6 +47,7 @@ from rayless.demo.grpo_workers import (
     iteration_partition,
 )
 from rayless.demo.pipeline import plan
+from rayless.demo.tasks import first_error
 from rayless.placement import EpisodeTable
 from rayless.store import Store
 from rayless.weights import WeightSync
@@ -115,22 +116,6 @@ def _span(intervals: Iterable[dict[str, float] | None]) -> tuple[float, float] |
     if not got:
         return None
     return min(i["start"] for i in got), max(i["end"] for i in got)
-
-
-async def first_error(*aws: Awaitable[Any]) -> list[Any]:
-    """Await all; on the first failure cancel the others and raise it (a dead worker ends
-    the iteration at once instead of after the other stages' timeouts)."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for t in done:
-            if t.exception() is not None:
-                raise t.exception()  # type: ignore[misc]
-        return [t.result() for t in tasks]
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class GrpoPipeline:

@@ -32,6 +32,7 @@ from rayless.actors import ActorDiedError, ActorHandle, Cluster
 from rayless.actors.ext import cluster_info, slots_of
 from rayless.demo.config import PipelineConfig, WorkerConfig
 from rayless.demo.rollout import ReturnTracker
+from rayless.demo.tasks import first_error
 from rayless.demo.workers import EnvWorker, EvalWorker, TrainWorker
 from rayless.placement import ComponentScheduling, EpisodeTable, ResourcePoolPlanner, Scheduling
 from rayless.store import Store
@@ -251,7 +252,7 @@ class Pipeline:
         await self.trains[0].publish_weights(version)
         self._version = version
         await self._retrying(
-            lambda: asyncio.gather(*(e.pull_weights(version) for e in self.evals)), resync=False
+            lambda: first_error(*(e.pull_weights(version) for e in self.evals)), resync=False
         )
         took = time.perf_counter() - t0
         self.sync_s.append(took)
@@ -306,7 +307,7 @@ class Pipeline:
                         pending[k] = asyncio.ensure_future(self._rollout_into(k))
                 t_it = time.perf_counter()
                 env_stats = await pending.pop(it)
-                train_stats = await asyncio.gather(*(t.train(it) for t in self.trains))
+                train_stats = await first_error(*(t.train(it) for t in self.trains))
                 version = it + 1
                 sync_s = await self._broadcast_weights(version)
                 for s in env_stats:
@@ -379,7 +380,7 @@ class Pipeline:
             result: dict[str, Any] = await self._retrying(lambda: env.rollout(iteration))
             return result
 
-        return list(await asyncio.gather(*(one(e) for e in self.envs)))
+        return await first_error(*(one(e) for e in self.envs))
 
     async def aclose(self) -> None:
         """Kill the workers and the store (the cluster stays)."""

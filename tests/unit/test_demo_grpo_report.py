@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from rayless.demo.grpo_config import GrpoConfig
-from rayless.demo.grpo_pipeline import STAGES, GrpoIteration, GrpoResult, first_error
+from rayless.demo.grpo_pipeline import STAGES, GrpoIteration, GrpoResult
 from rayless.demo.grpo_report import (
     grpo_progress_line,
     grpo_summary_text,
     print_grpo_progress,
     write_grpo_report,
 )
+from rayless.demo.tasks import first_error
 
 
 def _row(i: int, evaluated: float | None) -> GrpoIteration:
@@ -110,3 +111,4 @@ async def test_first_error_raises_the_first_failure_and_cancels_the_rest() -> No
         return v
 
     assert await first_error(value(1), value(2)) == [1, 2]
+    assert await first_error() == []  # a stage without workers (no eval workers)
