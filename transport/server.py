@@ -650,6 +650,9 @@ class Server:
             self.stats["unauthenticated"] += 1
             self._reject(rid, RejectCode.NEED_HANDSHAKE, "no session; handshake first", req_id)
             return None
+        if kind is Kind.CANCEL:  # of a peer cut off as it cancels (its session ended, as at a
+            self.stats["unauthenticated"] += 1  # shutdown): nothing to cancel, not a fault
+            return None
         self._drop("handshake", f"{kind.name} before the handshake", rid)
 
     def _handshake_body(self, frames: Frames) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import concurrent.futures.thread  # its exit hook before ours: see _close_at_exit's registration
 import os
 import threading
 import uuid
@@ -189,10 +190,8 @@ def _close_at_exit() -> None:
 
 # before concurrent.futures stops its executors (atexit handlers run after that). Threading's
 # exit hooks run last-registered first: the thread pools' own hook is registered when
-# concurrent.futures.thread is first imported, so import it now, or it may come later and
-# stop every pool before the close runs (whose steps hand blocking work to threads).
-import concurrent.futures.thread  # noqa: E402
-
+# concurrent.futures.thread is first imported, so it is imported above, or it could come later
+# and stop every pool before the close runs (whose steps hand blocking work to threads).
 _register = getattr(threading, "_register_atexit", None)
 if _register is not None:
     _register(_close_at_exit)

@@ -140,3 +140,30 @@ async def test_a_traced_client_records_how_each_request_ended() -> None:
     assert by_id[ended["cancelled"]][4] == "cancelled"
     assert by_id[ended["broken"]][4] == "BrokenError: gone"
     assert all(isinstance(r[3], int) and r[3] > 0 for r in ring)
+
+
+async def test_a_cancel_from_a_peer_the_server_does_not_know_is_ignored_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A peer cut off as it cancels (its session ended at a shutdown) may send CANCEL after
+    # the server forgot it: nothing to cancel, and no warning (a newcomer's script printed one
+    # at its exit); a stranger's request is still refused.
+    from rayless.transport.protocol import Kind, RejectCode, envelope
+    from tests.integration.test_security import _dealer, _reply
+
+    async with Server(token=TOKEN, handler=Slow(), cancellable=True) as srv:
+
+        def stranger() -> Any:
+            s = _dealer(srv.address)
+            try:
+                s.send_multipart(envelope(Kind.CANCEL, 9))
+                s.send_multipart(envelope(Kind.REQUEST, 10, [b"\x00"]))
+                return _reply(s)
+            finally:
+                s.close(linger=0)
+
+        with caplog.at_level("WARNING", logger="rayless.transport"):
+            kind, body = await asyncio.to_thread(stranger)
+        assert kind is Kind.REJECT and body["code"] == RejectCode.NEED_HANDSHAKE
+        assert srv.stats["dropped"] == 0 and srv.stats["unauthenticated"] == 2
+        assert not [r for r in caplog.records if "CANCEL" in r.getMessage()]
