@@ -16,7 +16,8 @@ watches the connections underneath instead:
   ``Limits.max_pending_handshakes``, or fewer where the process's descriptors are short:
   each waiting connection holds two, libzmq's and the gate's duplicate);
 * a connection accepted when no descriptor is left for its duplicate is shut at once on
-  libzmq's descriptor, with the oldest waiting one (``"out_of_fds"``).
+  libzmq's descriptor, with the oldest waiting one (``"out_of_fds"``); one already closed
+  when its accept is read (a port probe) is let go, and nothing else with it.
 
 Dropping is ``shutdown(2)`` on the duplicate: libzmq sees the end of the stream, closes its
 descriptor and frees whatever it had buffered of the peer's messages. A message's source
@@ -35,6 +36,7 @@ ipc:// connections have no byte count; the timeout and the count bound still app
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import select
 import socket
@@ -230,8 +232,13 @@ class Gate:
         self._links[fd] = Link(fd)
         try:
             dup = os.dup(fd)
-        except OSError:  # out of fds: nothing to watch it with, so it goes now, and the
-            _shutdown(fd)  # oldest stranger with it, to make room
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                # gone already: libzmq closed it before this event was read (a peer that
+                # connected and closed, as a port probe does); its DISCONNECTED follows
+                return
+            # out of fds: nothing to watch it with, so it goes now, and the oldest stranger
+            _shutdown(fd)  # with it, to make room
             self._on_drop("out_of_fds", None)
             if self._conns:
                 self._shut(self._conns.pop(next(iter(self._conns))), "pending_handshakes")

@@ -485,3 +485,35 @@ async def test_a_strangers_batch_is_never_split_or_parsed() -> None:
         # each try's batch is at most one dropped message, never 786,432 of them
         assert srv.stats["dropped"] <= 8, srv.stats
         assert handler.calls == ["after", "later"]
+
+
+async def test_port_probes_do_not_cut_a_peer_in_the_middle_of_its_handshake() -> None:
+    # A TCP probe connects and closes at once (a health check, a launcher waiting for the
+    # port): libzmq has closed its descriptor by the time the gate reads its accept. That
+    # once counted as "out of descriptors", and each one shut the oldest waiting stranger,
+    # which may be a legitimate peer between its HELLO and its AUTH.
+    import socket
+
+    token = new_token()
+    async with Server(token=token, handler=_Recorder(), address="tcp://127.0.0.1:0") as srv:
+        host, port = srv.address.removeprefix("tcp://").rsplit(":", 1)
+
+        def peer_with_probes_between() -> tuple[Kind, Any]:
+            nonce_c = new_nonce()
+            peer = _dealer(srv.address)
+            try:
+                peer.send_multipart(
+                    [pack_control(Kind.HELLO), msgpack.packb({"v": PROTOCOL, "nonce": nonce_c})]
+                )
+                challenge = msgpack.unpackb(open_envelope(peer.recv_multipart(), 0)[2][0])
+                for _ in range(200):
+                    socket.create_connection((host, int(port)), timeout=5).close()
+                proof = client_proof(token.encode(), challenge["nonce"], nonce_c)
+                peer.send_multipart([pack_control(Kind.AUTH), msgpack.packb({"proof": proof})])
+                return _reply(peer)
+            finally:
+                peer.close(linger=0)
+
+        kind, _ = await asyncio.to_thread(peer_with_probes_between)
+        assert kind is Kind.WELCOME
+        assert srv.stats["out_of_fds"] == 0 and srv.stats["pending_handshakes"] == 0
