@@ -24,6 +24,7 @@ from typing import Any
 from rayless.ray import _worker, actor, exceptions, util
 from rayless.ray.actor import ActorClass, ActorHandle, from_rayless, method, remote_class
 from rayless.ray.exceptions import GetTimeoutError
+from rayless.ray.generator import ObjectRefGenerator
 from rayless.ray.object_ref import ObjectRef, put_ref
 from rayless.ray.remote_function import RemoteFunction, task_state
 from rayless.ray.runtime_context import RuntimeContext, get_runtime_context, gpu_ids
@@ -31,6 +32,7 @@ from rayless.ray.runtime_context import RuntimeContext, get_runtime_context, gpu
 __all__ = [
     "ActorClass",
     "ObjectRef",
+    "ObjectRefGenerator",
     "RayContext",
     "RemoteFunction",
     "RuntimeContext",

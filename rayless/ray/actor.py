@@ -21,11 +21,12 @@ import sys
 from typing import Any
 
 from rayless.actors import ActorHandle as _RaylessHandle
-from rayless.actors import Cluster
+from rayless.actors import Cluster, RemoteStream
 from rayless.errors import ActorDiedError as _RaylessDied
 from rayless.errors import ActorNotFoundError, RaylessError, RemoteError
 from rayless.ray import _worker
 from rayless.ray.exceptions import ActorDiedError, _mixed
+from rayless.ray.generator import ObjectRefGenerator
 from rayless.ray.object_ref import ObjectRef
 from rayless.ray.options import ACTOR_OPTIONS, Placement, check, check_group, env_for, place
 
@@ -35,6 +36,7 @@ __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "exit_actor", "method"]
 # ActorClass that stands for it in its module
 _HIDDEN = "_ray_cls"
 _RETRY_PAUSE = 0.05  # seconds before a call retried on a restarting actor
+STREAMING = "streaming"  # num_returns of a generator method (an ObjectRefGenerator)
 # rayless.actors.Cluster.spawn's own keyword arguments: a constructor keyword of one of
 # these names is passed positionally
 _SPAWN_KEYWORDS = frozenset(inspect.signature(Cluster.spawn).parameters) - {
@@ -48,6 +50,10 @@ _SPAWN_KEYWORDS = frozenset(inspect.signature(Cluster.spawn).parameters) - {
 def _shown(cls: type) -> str:
     """The class's qualified name as its user wrote it (without ``._ray_cls``)."""
     return cls.__qualname__.removesuffix("." + _HIDDEN)
+
+
+def _is_generator(fn: Any) -> bool:
+    return inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
 
 
 def _public(cls: type) -> set[str]:
@@ -78,8 +84,12 @@ class ActorClass:
         self._ray_cls = cls
         self._options = check(options, ACTOR_OPTIONS, "actor")
         self._methods = _public(cls)
+        # a generator method streams (an ObjectRefGenerator) unless @ray.method says how
+        # many values it returns, as in Ray
         self._num_returns = {
-            n: getattr(getattr(cls, n), "__ray_method_options__", {}).get("num_returns", 1)
+            n: getattr(getattr(cls, n), "__ray_method_options__", {}).get(
+                "num_returns", STREAMING if _is_generator(getattr(cls, n)) else 1
+            )
             for n in self._methods
         }
         self.__doc__ = cls.__doc__
@@ -418,19 +428,25 @@ class ActorMethod:
 
     __slots__ = ("_handle", "_name", "_num_returns")
 
-    def __init__(self, handle: ActorHandle, name: str, num_returns: int = 1) -> None:
+    def __init__(self, handle: ActorHandle, name: str, num_returns: int | str = 1) -> None:
         self._handle = handle
         self._name = name
         self._num_returns = num_returns
 
-    def options(self, *, num_returns: int = 1, name: str | None = None, **_: Any) -> ActorMethod:
-        """The method with call options (``num_returns``; ``name`` only names the call)."""
-        if not isinstance(num_returns, int) or num_returns < 0:
-            raise ValueError(f"num_returns must be an int >= 0, got {num_returns!r}")
+    def options(
+        self, *, num_returns: int | str = 1, name: str | None = None, **_: Any
+    ) -> ActorMethod:
+        """The method with call options (``num_returns``: an int, or ``"streaming"`` for a
+        generator method; ``name`` only names the call)."""
+        if num_returns != STREAMING and (not isinstance(num_returns, int) or num_returns < 0):
+            raise ValueError(
+                f"num_returns must be an int >= 0 or {STREAMING!r}, got {num_returns!r}"
+            )
         return ActorMethod(self._handle, self._name, num_returns)
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        """Call the method; its ObjectRef (a list of ``num_returns`` refs when that is not 1)."""
+        """Call the method; its ObjectRef (a list of ``num_returns`` refs when that is not 1;
+        an ObjectRefGenerator for a generator method)."""
         s = _worker.session()
         handle = self._handle
         inner = handle._inner
@@ -444,7 +460,9 @@ class ActorMethod:
             fut = _worker.submit(s, _call_resolved(handle, self._name, args, kwargs))
         if self._num_returns == 1:
             return ObjectRef(fut, s.generation)
-        return split(s, fut, self._num_returns)
+        if self._num_returns == STREAMING:
+            return ObjectRefGenerator(s, fut, task=False)
+        return split(s, fut, int(self._num_returns))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(
@@ -504,6 +522,19 @@ async def _call_retrying(
             await asyncio.sleep(_RETRY_PAUSE)
 
 
+async def drain(stream: RemoteStream, n: int) -> Any:
+    """The items of a generator's stream as the values of ``num_returns=n`` (the one item for
+    n=1).
+
+    Raises:
+        ValueError: it yielded another number of items.
+    """
+    items = [item async for item in stream]
+    if len(items) != n:
+        raise ValueError(f"num_returns={n}, but the generator yielded {len(items)} values")
+    return items[0] if n == 1 else items
+
+
 def split(s: _worker.Session, fut: Any, n: int, *, task: bool = False) -> list[ObjectRef]:
     """``n`` refs for the items of one result (``num_returns=n``)."""
     outs: list[concurrent.futures.Future[Any]] = [concurrent.futures.Future() for _ in range(n)]
@@ -516,6 +547,10 @@ def split(s: _worker.Session, fut: Any, n: int, *, task: bool = False) -> list[O
         exc = f.exception()
         if exc is None:
             value = f.result()
+            if isinstance(value, RemoteStream):  # a generator method: its items are the values
+                drained = asyncio.run_coroutine_threadsafe(drain(value, n), s.loop)
+                drained.add_done_callback(done)
+                return
             if not isinstance(value, (list, tuple)) or len(value) != n:
                 exc = ValueError(
                     f"num_returns={n}, but the result is {type(value).__name__} {value!r:.80}"

@@ -10,12 +10,20 @@ workers never keep GPUs from actors. The function travels pickled (cloudpickle) 
 worker. A worker that dies under a task is replaced and the task retried up to
 ``max_retries`` (3, as Ray; -1: without end); ``retry_exceptions`` retries on the function's
 own errors too. Tasks may submit tasks (the worker's process has its own pool).
+
+A generator function (``def`` or ``async def`` with ``yield``) is a streaming generator task,
+as in Ray: ``.remote()`` returns an ``ObjectRefGenerator`` (``rayless.ray.generator``) and
+the task holds its worker until the generator ends or is closed (a start that fails is
+retried as any task's; once items flow, a dead worker ends the stream with its error). An
+explicit int ``num_returns`` makes it a plain task returning that many values.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
+import inspect
 import uuid
 import weakref
 from dataclasses import dataclass, field
@@ -24,16 +32,19 @@ from typing import Any
 import cloudpickle
 
 from rayless.actors import ActorHandle as _RaylessHandle
+from rayless.actors import RemoteStream
 from rayless.errors import ActorDiedError, PlacementError, RemoteError
 from rayless.ray import _worker
 from rayless.ray._task_worker import TaskWorker
-from rayless.ray.actor import resolve_all, split
+from rayless.ray.actor import drain, resolve_all, split
+from rayless.ray.generator import ObjectRefGenerator
 from rayless.ray.object_ref import ObjectRef
 from rayless.ray.options import TASK_OPTIONS, Placement, check, check_group, env_for, place
 
 __all__ = ["RemoteFunction", "TaskPools"]
 
 DEFAULT_RETRIES = 3
+STREAMING = "streaming"  # num_returns of a streaming generator task
 _RETIRING: set[asyncio.Task[None]] = set()  # workers being stopped in the background
 GPU_WAIT = 3600.0  # a GPU task's worker waits this long for GPUs others hold (Ray: forever)
 
@@ -217,8 +228,11 @@ async def run_task(
     kwargs: dict[str, Any],
     opts: dict[str, Any],
     state: TaskState,
+    stream: bool = False,
 ) -> Any:
-    """Run one task to its result (see the module docstring)."""
+    """Run one task to its result (see the module docstring). ``stream``: a generator task,
+    whose result is ``(its stream, what gives the worker back)``: the worker stays its own
+    until then."""
     args, kwargs = await resolve_all(args, kwargs)
     pools = _pools(s)
     where = await place(s, opts)
@@ -230,6 +244,7 @@ async def run_task(
     )
     retries = opts.get("max_retries", DEFAULT_RETRIES)
     attempt = 0
+    held = False
     try:
         while True:
             worker = await pools.acquire(kind, opts, where)
@@ -237,6 +252,9 @@ async def run_task(
             try:
                 code_now = None if key in worker.sent else code
                 result = await worker.handle.run(key, code_now, args, kwargs)
+                if not stream and isinstance(result, RemoteStream):
+                    # a generator with an int num_returns: its items are the values
+                    result = await drain(result, opts.get("num_returns", 1))
             except ActorDiedError:
                 pools.discard(kind, worker)
                 if state.force:
@@ -261,25 +279,39 @@ async def run_task(
                     retiring.add_done_callback(_RETIRING.discard)
                 raise
             worker.sent.add(key)
+            if stream:
+                held = True  # until the stream ends: give_back releases the placement
+                return result, functools.partial(_give_back, pools, kind, worker, where)
             await pools.give_back(kind, worker)
             return result
     finally:
         state.worker = None
+        if not held:
+            where.release()
+
+
+async def _give_back(
+    pools: TaskPools, kind: tuple[Any, ...], worker: Worker, where: Placement
+) -> None:
+    """A generator task's stream ended: its worker and placement are free again."""
+    try:
+        await pools.give_back(kind, worker)
+    finally:
         where.release()
 
 
 def _checked(options: dict[str, Any]) -> dict[str, Any]:
-    """A task's options checked (``num_returns`` an int: no streaming generators).
+    """A task's options checked (``num_returns`` an int, or ``"streaming"``).
 
     Raises:
         ValueError: an unsupported option or value.
     """
     out = check(options, TASK_OPTIONS, "task")
     nr = out.get("num_returns", 1)
-    if isinstance(nr, bool) or not isinstance(nr, int) or nr < 0:
+    if nr != STREAMING and (isinstance(nr, bool) or not isinstance(nr, int) or nr < 0):
         raise ValueError(
-            f"num_returns must be an int >= 0, got {nr!r} (streaming generators are not "
-            "supported by rayless.ray)"
+            f"num_returns must be an int >= 0 or {STREAMING!r}, got {nr!r} (Ray's deprecated "
+            "'dynamic' generators are not supported by rayless.ray)"
         )
     return out
 
@@ -290,6 +322,8 @@ class RemoteFunction:
     def __init__(self, fn: Any, options: dict[str, Any]) -> None:
         self._function = fn
         self._options = _checked(options)
+        # a generator function streams unless num_returns says how many values it returns
+        self._generator = inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
         self._key = f"{getattr(fn, '__qualname__', 'fn')}-{uuid.uuid4().hex[:12]}"
         self._code: bytes | None = None
         self.__doc__ = fn.__doc__
@@ -322,9 +356,12 @@ class RemoteFunction:
         s = _worker.session()
         check_group(self._options)
         state = TaskState()
+        n = self._options.get("num_returns", STREAMING if self._generator else 1)
+        if n == STREAMING:
+            coro = run_task(s, self._key, self._pickled(), args, kwargs, self._options, state, True)
+            return ObjectRefGenerator(s, _worker.submit(s, coro), task=True)
         coro = run_task(s, self._key, self._pickled(), args, kwargs, self._options, state)
         fut = _worker.submit(s, coro)
-        n = self._options.get("num_returns", 1)
         if n == 1:
             ref = ObjectRef(fut, s.generation, task=True)
             _CANCEL[ref] = state

@@ -240,3 +240,12 @@ class Derived(PlainBase):
     def make_counter(self, start: int) -> int:
         inner = Counter.remote(start)
         return ray.get(inner.incr.remote())
+
+
+@ray.remote
+def endless() -> Any:
+    """A generator task that never ends by itself."""
+    i = 0
+    while True:
+        yield i
+        i += 1

@@ -533,3 +533,22 @@ def test_unsupported_options_raise_clearly() -> None:
         Counter.options(lifetime="detached").remote()
     with pytest.raises(ValueError, match="custom resources"):
         add.options(resources={"TPU": 1}).remote(1)
+
+
+def test_a_dropped_generator_task_stops_and_gives_its_worker_back() -> None:
+    # rayless only: Ray runs a dropped generator task on to its end (an endless one holds its
+    # worker for good); rayless stops it and frees the worker. More half-read generators
+    # than the session's 4 CPUs, each dropped: later tasks still run.
+    from tests.integration.ray_api_classes import endless
+
+    for _ in range(6):
+        gen = endless.remote()
+        assert ray.get(next(gen)) == 0
+        del gen
+    assert ray.get([add.remote(i, 1) for i in range(8)], timeout=60) == list(range(1, 9))
+    gen = endless.remote()
+    assert [ray.get(next(gen)) for _ in range(3)] == [0, 1, 2]
+    gen.close()
+    assert gen.is_finished()
+    with pytest.raises(StopIteration):
+        next(gen)

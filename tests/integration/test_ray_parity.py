@@ -168,3 +168,52 @@ def test_fractional_gpu_actors_share_a_bundle(ray: Any) -> None:
     assert [int(g) for g in gpus_a] == [int(g) for g in gpus_b] and len(gpus_a) == 1
     assert cuda_a == cuda_b == str(int(gpus_a[0]))
     util.remove_placement_group(pg)
+
+
+def test_generator_tasks_and_methods_stream_refs(ray: Any) -> None:
+    # test_streaming_generator.py: a generator task or method returns an ObjectRefGenerator
+    # of one ref per item; an exception in the generator is the next ref's error, then the
+    # iteration ends; an int num_returns makes it a plain multi-return call.
+    import asyncio
+
+    @ray.remote
+    def numbers(n: int) -> Any:
+        for i in range(n):
+            yield i * 10
+
+    @ray.remote
+    def broken() -> Any:
+        yield 1
+        raise ValueError("bad item")
+
+    @ray.remote
+    class Gen:
+        def items(self, n: int) -> Any:
+            for i in range(n):
+                yield f"a{i}"
+
+        async def aitems(self, n: int) -> Any:
+            for i in range(n):
+                await asyncio.sleep(0)
+                yield i
+
+        def plain(self) -> int:
+            return 5
+
+    gen = numbers.remote(4)
+    assert isinstance(gen, ray.ObjectRefGenerator)
+    assert [ray.get(ref) for ref in gen] == [0, 10, 20, 30]
+    refs = list(broken.remote())
+    assert len(refs) == 2 and ray.get(refs[0]) == 1
+    with pytest.raises(ValueError, match="bad item"):
+        ray.get(refs[1])
+    assert ray.get(numbers.options(num_returns=2).remote(2)) == [0, 10]
+    actor = Gen.remote()
+    assert [ray.get(ref) for ref in actor.items.remote(3)] == ["a0", "a1", "a2"]
+    assert [ray.get(ref) for ref in actor.aitems.remote(2)] == [0, 1]
+    assert ray.get(actor.plain.remote()) == 5
+
+    async def read() -> list[int]:
+        return [await ref async for ref in numbers.remote(3)]
+
+    assert asyncio.run(read()) == [0, 10, 20]

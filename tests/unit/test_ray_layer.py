@@ -103,8 +103,9 @@ def test_remote_spellings() -> None:
         f()
     with pytest.raises(TypeError):
         ray.remote(1, 2)
-    with pytest.raises(ValueError):
-        f.options(num_returns="streaming")
+    assert f.options(num_returns="streaming")._options["num_returns"] == "streaming"
+    with pytest.raises(ValueError, match="dynamic"):
+        f.options(num_returns="dynamic")
     with pytest.raises(ValueError, match="unsupported"):
         ray.init(no_such_keyword=1)
 

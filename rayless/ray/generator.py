@@ -1,0 +1,182 @@
+"""``ObjectRefGenerator``: what ``.remote()`` of a generator function or generator actor method
+returns (Ray's streaming generator): one ObjectRef per item the remote generator yields, as it
+yields it.
+
+``for ref in gen`` and ``next(gen)`` block for the next item (not on the session's loop: in an
+``async def`` actor method use ``async for ref in gen``); each ref is already resolved. An
+exception the remote generator raises comes as the next ref (``ray.get`` of it raises it as
+Ray's error), and the iteration ends after it. The remote side runs at most 64 items ahead of
+the reader (rayless' stream backpressure). ``close()``, or dropping the generator, stops the
+remote generator (its ``finally`` runs) and, for a task, gives its worker back.
+
+Built on rayless' streamed results (``rayless.actors.RemoteStream``): the call returns the
+stream, and each ``next`` pulls the next item through it on the session's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from rayless.actors import RemoteStream
+from rayless.ray import _worker
+from rayless.ray.object_ref import ObjectRef
+
+__all__ = ["ObjectRefGenerator"]
+
+Fut = asyncio.Future[Any] | concurrent.futures.Future[Any]
+# what a generator task's start resolves to: the call's result and what gives its worker back
+Started = tuple[Any, Callable[[], Awaitable[None]] | None]
+
+
+class ObjectRefGenerator:
+    """The refs of a remote generator's items, in order (see the module docstring)."""
+
+    def __init__(self, s: _worker.Session, started: Fut, *, task: bool) -> None:
+        self._s = s
+        self._started = started  # resolves to Started (a task) or to the call's result
+        self._task = task
+        self._stream: RemoteStream | None = None
+        self._single: list[Any] = []  # a result that was no stream: the one item
+        self._on_end: Callable[[], Awaitable[None]] | None = None
+        self._done = False
+
+    # -- on the session's loop ----------------------------------------------------------
+
+    async def _start(self) -> None:
+        fut = self._started
+        if isinstance(fut, asyncio.Future):
+            value = await asyncio.shield(fut)
+        else:
+            value = await asyncio.wrap_future(fut)
+        if self._task:
+            value, self._on_end = value
+        if isinstance(value, RemoteStream):
+            self._stream = value
+        else:  # the function returned a value, not a generator: that value is the one item
+            self._single.append(value)
+
+    async def _next(self) -> tuple[bool, Any]:
+        """``(True, item)``, or ``(False, error)`` for an error of the call or the generator.
+
+        Raises:
+            StopAsyncIteration: the generator ended (after an error too).
+        """
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            if self._stream is None and not self._single:
+                await self._start()
+            if self._single:
+                item = self._single.pop()
+                await self._end()
+                return True, item
+            assert self._stream is not None  # internal invariant: set by _start
+            return True, await self._stream.__anext__()
+        except StopAsyncIteration:
+            await self._end()
+            raise
+        except Exception as exc:  # the task's or the generator's error: the next ref's
+            await self._end()
+            return False, exc
+
+    async def _end(self) -> None:
+        """The stream ended (or was closed): give a task's worker back, once."""
+        self._done = True
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            await on_end()
+
+    async def _aclose(self) -> None:
+        if self._stream is None and not self._done and not self._started.done():
+            try:  # the call is still starting: its stream is closed once it arrives
+                await self._start()
+            except Exception:
+                pass
+        stream = self._stream
+        self._done = True
+        if stream is not None:
+            await stream.aclose()
+        await self._end()
+
+    # -- the caller's side --------------------------------------------------------------
+
+    def _ref(self, ok: bool, value: Any) -> ObjectRef:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+        return ObjectRef(fut, self._s.generation, task=self._task)
+
+    def __iter__(self) -> ObjectRefGenerator:
+        return self
+
+    def __next__(self) -> ObjectRef:
+        """The ref of the next item, once it is yielded.
+
+        Raises:
+            StopIteration: the generator ended. RuntimeError: called on the session's loop
+                (an ``async def`` actor method): use ``async for`` there.
+        """
+        try:
+            return self._ref(*_worker.run(self._s, self._next()))
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def __aiter__(self) -> ObjectRefGenerator:
+        return self
+
+    async def __anext__(self) -> ObjectRef:
+        """The ref of the next item, once it is yielded (any event loop)."""
+        if asyncio.get_running_loop() is self._s.loop:
+            return self._ref(*await self._next())
+        fut = asyncio.run_coroutine_threadsafe(self._next(), self._s.loop)
+        return self._ref(*await asyncio.wrap_future(fut))
+
+    def is_finished(self) -> bool:
+        """Whether every item has been taken (or the generator was closed)."""
+        return self._done
+
+    def close(self) -> None:
+        """Stop the remote generator (its ``finally`` runs); a task's worker is given back.
+        Idempotent; from blocking code (``await gen.aclose()`` in async code)."""
+        if not self._done or self._on_end is not None:
+            _worker.run(self._s, self._aclose())
+
+    async def aclose(self) -> None:
+        """``close`` from async code (any event loop)."""
+        if self._done and self._on_end is None:
+            return
+        if asyncio.get_running_loop() is self._s.loop:
+            await self._aclose()
+        else:
+            await asyncio.wrap_future(
+                asyncio.run_coroutine_threadsafe(self._aclose(), self._s.loop)
+            )
+
+    def __del__(self) -> None:
+        if self._done and self._on_end is None:
+            return
+        loop = self._s.loop
+        if loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(lambda: loop.create_task(_quietly(self._aclose())))
+        except RuntimeError:
+            pass  # the loop is closing: the session's end stops the worker
+
+    def __repr__(self) -> str:
+        return f"ObjectRefGenerator({'finished' if self._done else 'running'})"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("an ObjectRefGenerator cannot be pickled or passed to another call")
+
+
+async def _quietly(coro: Awaitable[None]) -> None:
+    try:
+        await coro
+    except Exception:
+        pass
