@@ -87,7 +87,10 @@ class ObjectRefGenerator:
         self._done = True
         on_end, self._on_end = self._on_end, None
         if on_end is not None:
-            await on_end()
+            try:
+                await on_end()
+            except Exception:  # the session's pools are closing: nothing to give back to
+                pass
 
     async def _aclose(self) -> None:
         if self._stream is None and not self._done and not self._started.done():
