@@ -420,12 +420,17 @@ def get_gpu_ids() -> list[int]:
     return gpu_ids()
 
 
-def _nodes_raw() -> list[dict[str, Any]]:
+def _nodes_raw(idle: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """The cluster's nodes (``idle``: filled with the CPUs this session's idle task workers
+    hold, by node, read on the session's loop in the same step)."""
     s = _worker.session()
 
     async def look() -> list[dict[str, Any]]:
         cluster = await s.cluster()
-        return await cluster.nodes(actors=False)
+        found = await cluster.nodes(actors=False)
+        if idle is not None and s.tasks is not None:
+            idle.update(s.tasks.idle_cpus())
+        return found
 
     return _worker.run(s, look())
 
@@ -442,8 +447,12 @@ def _memory() -> float:
 def nodes() -> list[dict[str, Any]]:
     """Every node, with Ray's keys: ``NodeID``, ``Alive``, ``NodeManagerAddress``,
     ``NodeManagerHostname``, ``Resources`` (``CPU``, ``GPU``, ``memory``, ``node:<ip>``)."""
+    return _rows(_nodes_raw())
+
+
+def _rows(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The nodes ``raw`` (rayless' records) in Ray's shape (see :func:`nodes`)."""
     s = _worker.session()
-    raw = _nodes_raw()
     out = []
     for n in raw:
         ip = n.get("ip") or "127.0.0.1"
@@ -480,14 +489,17 @@ def cluster_resources() -> dict[str, float]:
 
 
 def available_resources() -> dict[str, float]:
-    """What is free now: CPUs not held by actors, GPU shares free (Ray's key names)."""
+    """What is free now: CPUs not held by actors or running tasks, GPU shares free (Ray's key
+    names; as in Ray, an idle task worker holds nothing)."""
     free: dict[str, float] = {}
-    for n in nodes():
+    idle: dict[str, float] = {}
+    for n in _rows(_nodes_raw(idle)):
         if not n["Alive"]:
             continue
         raw = n["_raw"]
         res = dict(n["Resources"])
-        res["CPU"] = max(0.0, res["CPU"] - float(raw.get("cpus_used", 0.0)))
+        used = float(raw.get("cpus_used", 0.0)) - idle.get(n["NodeID"], 0.0)
+        res["CPU"] = max(0.0, res["CPU"] - used)
         if "GPU" in res:
             res["GPU"] = round(sum(float(g.get("free", 0.0)) for g in raw.get("gpus", [])), 6)
         for k, v in res.items():

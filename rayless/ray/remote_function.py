@@ -193,6 +193,17 @@ class TaskPools:
                 waiter.set_result(None)
                 return
 
+    def idle_cpus(self) -> dict[str, float]:
+        """The CPUs idle workers hold, by node (on the session's loop): free in Ray's terms,
+        where an idle worker holds no resources."""
+        out: dict[str, float] = {}
+        for (_, _, num_cpus, _), pool in self.pools.items():
+            cpus = float(num_cpus) if num_cpus is not None else 1.0
+            for w in pool.idle:
+                node = w.handle.node_id or ""
+                out[node] = out.get(node, 0.0) + cpus
+        return out
+
     async def aclose(self) -> None:
         """Kill every idle worker (busy ones die with the session)."""
         self.closed = True

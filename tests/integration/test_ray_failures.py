@@ -241,3 +241,24 @@ def test_import_is_cheap_and_all_spellings_work() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "False"
+
+
+def test_idle_task_workers_hold_no_cpus_in_available_resources() -> None:
+    # test_basic.py::test_available_resources: once its tasks are done, a session's CPUs
+    # are free again (rayless keeps the idle task workers; Ray counts them as holding nothing)
+    proc = _run(
+        """
+        from rayless import ray
+        ray.init(num_cpus=2)
+
+        @ray.remote
+        def f(x):
+            return x
+
+        assert ray.get([f.remote(i) for i in range(6)]) == list(range(6))
+        print(ray.available_resources().get("CPU"), ray.cluster_resources()["CPU"])
+        ray.shutdown()
+        """
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["2.0", "2.0"]
