@@ -36,7 +36,7 @@ __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "exit_actor", "method"]
 # ActorClass that stands for it in its module
 _HIDDEN = "_ray_cls"
 _RETRY_PAUSE = 0.05  # seconds before a call retried on a restarting actor
-STREAMING = "streaming"  # num_returns of a generator method (an ObjectRefGenerator)
+STREAMING = "streaming"  # num_returns of a generator task or method (an ObjectRefGenerator)
 # rayless.actors.Cluster.spawn's own keyword arguments: a constructor keyword of one of
 # these names is passed positionally
 _SPAWN_KEYWORDS = frozenset(inspect.signature(Cluster.spawn).parameters) - {

@@ -36,7 +36,7 @@ from rayless.actors import RemoteStream
 from rayless.errors import ActorDiedError, PlacementError, RemoteError
 from rayless.ray import _worker
 from rayless.ray._task_worker import TaskWorker
-from rayless.ray.actor import drain, resolve_all, split
+from rayless.ray.actor import STREAMING, drain, resolve_all, split
 from rayless.ray.generator import ObjectRefGenerator
 from rayless.ray.object_ref import ObjectRef
 from rayless.ray.options import TASK_OPTIONS, Placement, check, check_group, env_for, place
@@ -44,7 +44,6 @@ from rayless.ray.options import TASK_OPTIONS, Placement, check, check_group, env
 __all__ = ["RemoteFunction", "TaskPools"]
 
 DEFAULT_RETRIES = 3
-STREAMING = "streaming"  # num_returns of a streaming generator task
 _RETIRING: set[asyncio.Task[None]] = set()  # workers being stopped in the background
 GPU_WAIT = 3600.0  # a GPU task's worker waits this long for GPUs others hold (Ray: forever)
 
