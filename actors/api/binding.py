@@ -90,14 +90,19 @@ def public_methods(cls: type) -> dict[str, MethodInfo]:
         found = {n: (a, o) for n, (a, o) in found.items() if o is not None}
     return {
         name: MethodInfo(
-            is_async=inspect.iscoroutinefunction(
-                attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
-            ),
+            is_async=inspect.iscoroutinefunction(_function(attr)),
             params=_params(attr),
             timeout=None if options is None else options.timeout,
+            is_generator=inspect.isgeneratorfunction(_function(attr))
+            or inspect.isasyncgenfunction(_function(attr)),
         )
         for name, (attr, options) in found.items()
     }
+
+
+def _function(attr: Any) -> Any:
+    """The function of a class attribute (a static or class method's own)."""
+    return attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
 
 
 def _params(attr: Any) -> str | None:

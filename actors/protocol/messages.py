@@ -88,12 +88,14 @@ class MethodInfo:
     default shown as ``=`` alone (``"x, y=, /, *args, k=, **kw"``); callers check their
     arguments against it before sending (``actors.api.binding``); None where the signature
     cannot be read (the far side then decides). ``timeout``: the seconds a call may take by
-    default (``@endpoint(timeout=...)``), None for none.
+    default (``@endpoint(timeout=...)``), None for none. ``is_generator``: a ``def`` or
+    ``async def`` generator (its result streams; Ray's API makes it an ObjectRefGenerator).
     """
 
     is_async: bool
     params: str | None = None
     timeout: float | None = None
+    is_generator: bool = False
 
 
 @message("ctl.SpawnSpec")

@@ -384,7 +384,11 @@ class ActorHandle(metaclass=_HandleType):
                 f"'{self._cls_name}' actor has no method {name!r}; its methods: "
                 f"{', '.join(sorted(methods)) or 'none'}"
             )
-        method = ActorMethod(self, name, self._opts.get("__num_returns__", {}).get(name, 1))
+        num_returns = self._opts.get("__num_returns__", {}).get(name)
+        if num_returns is None:  # a handle of ray.get_actor: what the actor's records say
+            info = methods.get(name) if isinstance(methods, dict) else None
+            num_returns = STREAMING if getattr(info, "is_generator", False) else 1
+        method = ActorMethod(self, name, num_returns)
         self.__dict__[name] = method  # found without __getattr__ from now on
         return method
 

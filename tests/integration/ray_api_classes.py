@@ -249,3 +249,11 @@ def endless() -> Any:
     while True:
         yield i
         i += 1
+
+
+@ray.remote
+class Streamer:
+    """An actor with a generator method."""
+
+    def items(self, n: int) -> Any:
+        yield from range(n)

@@ -552,3 +552,15 @@ def test_a_dropped_generator_task_stops_and_gives_its_worker_back() -> None:
     assert gen.is_finished()
     with pytest.raises(StopIteration):
         next(gen)
+
+
+def test_a_get_actor_handle_streams_a_generator_method() -> None:
+    # the method records a handle of ray.get_actor carries say which methods are generators
+    from tests.integration.ray_api_classes import Streamer
+
+    Streamer.options(name="streamer").remote()
+    handle = ray.get_actor("streamer")
+    gen = handle.items.remote(3)
+    assert isinstance(gen, ray.ObjectRefGenerator)
+    assert [ray.get(ref) for ref in gen] == [0, 1, 2]
+    ray.kill(handle)
