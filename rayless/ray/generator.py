@@ -93,8 +93,8 @@ class ObjectRefGenerator:
                 pass
 
     async def _aclose(self) -> None:
-        if self._stream is None and not self._done and not self._started.done():
-            try:  # the call is still starting: its stream is closed once it arrives
+        if self._stream is None and not self._single and not self._done:
+            try:  # never read: its stream (and a task's worker) come with the call's result
                 await self._start()
             except Exception:
                 pass

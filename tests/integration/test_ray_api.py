@@ -545,6 +545,10 @@ def test_a_dropped_generator_task_stops_and_gives_its_worker_back() -> None:
         gen = endless.remote()
         assert ray.get(next(gen)) == 0
         del gen
+    for _ in range(6):  # never read: dropped as soon as its task started
+        gen = endless.remote()
+        ray.wait([add.remote(0)], timeout=60)  # (time for the start)
+        del gen
     assert ray.get([add.remote(i, 1) for i in range(8)], timeout=60) == list(range(1, 9))
     gen = endless.remote()
     assert [ray.get(next(gen)) for _ in range(3)] == [0, 1, 2]
