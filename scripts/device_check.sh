@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every GPU path of rayless in one run on a lent device machine (one H200; Python 3.12 with its
-# own CUDA torch 2.11; no network there). Two steps:
+# Every GPU path of rayless in one run on a lent device machine (an H100 or H200; its python3,
+# a venv of Python 3.12 with a CUDA torch 2.11; no network there). Two steps:
 #
 #   here, with network:  bash scripts/device_check.sh prepare
 #       downloads the wheels the device lacks (pyzmq, tensordict, pyvers, pytest-asyncio) for
