@@ -94,9 +94,9 @@ async def test_a_connect_to_a_cluster_the_process_left_does_not_hold_up_its_new_
     from rayless.actors.api.runtime import close_runtimes, get_runtime
 
     await close_runtimes()
-    with socket.socket() as s:  # a port nothing listens on: no handshake ever comes
-        s.bind(("127.0.0.1", 0))
-        dead = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    held = socket.socket()  # bound, never listening, held to the end: no handshake ever comes
+    held.bind(("127.0.0.1", 0))
+    dead = f"tcp://127.0.0.1:{held.getsockname()[1]}"
     ours = context.ClusterInfo(local_cluster_processes.address, local_cluster_processes.token)
     context.set_current(context.ClusterInfo(dead, local_cluster_processes.token))
     stale = asyncio.ensure_future(get_runtime())
@@ -114,3 +114,4 @@ async def test_a_connect_to_a_cluster_the_process_left_does_not_hold_up_its_new_
             await stale
         await close_runtimes()
         context.set_current(ours)
+        held.close()
