@@ -420,17 +420,15 @@ def get_gpu_ids() -> list[int]:
     return gpu_ids()
 
 
-def _nodes_raw(idle: dict[str, float] | None = None) -> list[dict[str, Any]]:
-    """The cluster's nodes (``idle``: filled with the CPUs this session's idle task workers
-    hold, by node, read on the session's loop in the same step)."""
+def _nodes_raw() -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """The cluster's nodes, and the CPUs this session's idle task workers hold by node (read
+    on the session's loop in the same step)."""
     s = _worker.session()
 
-    async def look() -> list[dict[str, Any]]:
+    async def look() -> tuple[list[dict[str, Any]], dict[str, float]]:
         cluster = await s.cluster()
         found = await cluster.nodes(actors=False)
-        if idle is not None and s.tasks is not None:
-            idle.update(s.tasks.idle_cpus())
-        return found
+        return found, (s.tasks.idle_cpus() if s.tasks is not None else {})
 
     return _worker.run(s, look())
 
@@ -447,7 +445,7 @@ def _memory() -> float:
 def nodes() -> list[dict[str, Any]]:
     """Every node, with Ray's keys: ``NodeID``, ``Alive``, ``NodeManagerAddress``,
     ``NodeManagerHostname``, ``Resources`` (``CPU``, ``GPU``, ``memory``, ``node:<ip>``)."""
-    return _rows(_nodes_raw())
+    return _rows(_nodes_raw()[0])
 
 
 def _rows(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -492,8 +490,8 @@ def available_resources() -> dict[str, float]:
     """What is free now: CPUs not held by actors or running tasks, GPU shares free (Ray's key
     names; as in Ray, an idle task worker holds nothing)."""
     free: dict[str, float] = {}
-    idle: dict[str, float] = {}
-    for n in _rows(_nodes_raw(idle)):
+    raw, idle = _nodes_raw()
+    for n in _rows(raw):
         if not n["Alive"]:
             continue
         raw = n["_raw"]

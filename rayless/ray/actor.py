@@ -52,7 +52,8 @@ def _shown(cls: type) -> str:
     return cls.__qualname__.removesuffix("." + _HIDDEN)
 
 
-def _is_generator(fn: Any) -> bool:
+def is_generator(fn: Any) -> bool:
+    """Whether ``fn`` is a ``def`` or ``async def`` generator (Ray streams its results)."""
     return inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
 
 
@@ -88,7 +89,7 @@ class ActorClass:
         # many values it returns, as in Ray
         self._num_returns = {
             n: getattr(getattr(cls, n), "__ray_method_options__", {}).get(
-                "num_returns", STREAMING if _is_generator(getattr(cls, n)) else 1
+                "num_returns", STREAMING if is_generator(getattr(cls, n)) else 1
             )
             for n in self._methods
         }

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from rayless.actors import RemoteStream
 from rayless.ray import _worker
@@ -27,6 +27,7 @@ from rayless.ray.object_ref import ObjectRef
 __all__ = ["ObjectRefGenerator"]
 
 Fut = asyncio.Future[Any] | concurrent.futures.Future[Any]
+T = TypeVar("T")
 # what a generator task's start resolves to: the call's result and what gives its worker back
 Started = tuple[Any, Callable[[], Awaitable[None]] | None]
 
@@ -134,10 +135,13 @@ class ObjectRefGenerator:
 
     async def __anext__(self) -> ObjectRef:
         """The ref of the next item, once it is yielded (any event loop)."""
+        return self._ref(*await self._on_session_loop(self._next()))
+
+    async def _on_session_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """``await coro`` run on the session's loop, from any event loop."""
         if asyncio.get_running_loop() is self._s.loop:
-            return self._ref(*await self._next())
-        fut = asyncio.run_coroutine_threadsafe(self._next(), self._s.loop)
-        return self._ref(*await asyncio.wrap_future(fut))
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._s.loop))
 
     def is_finished(self) -> bool:
         """Whether every item has been taken (or the generator was closed)."""
@@ -151,14 +155,8 @@ class ObjectRefGenerator:
 
     async def aclose(self) -> None:
         """``close`` from async code (any event loop)."""
-        if self._done and self._on_end is None:
-            return
-        if asyncio.get_running_loop() is self._s.loop:
-            await self._aclose()
-        else:
-            await asyncio.wrap_future(
-                asyncio.run_coroutine_threadsafe(self._aclose(), self._s.loop)
-            )
+        if not self._done or self._on_end is not None:
+            await self._on_session_loop(self._aclose())
 
     def __del__(self) -> None:
         if self._done and self._on_end is None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import inspect
 import uuid
 import weakref
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from rayless.actors import RemoteStream
 from rayless.errors import ActorDiedError, PlacementError, RemoteError
 from rayless.ray import _worker
 from rayless.ray._task_worker import TaskWorker
-from rayless.ray.actor import STREAMING, drain, resolve_all, split
+from rayless.ray.actor import STREAMING, drain, is_generator, resolve_all, split
 from rayless.ray.generator import ObjectRefGenerator
 from rayless.ray.object_ref import ObjectRef
 from rayless.ray.options import TASK_OPTIONS, Placement, check, check_group, env_for, place
@@ -333,7 +332,7 @@ class RemoteFunction:
         self._function = fn
         self._options = _checked(options)
         # a generator function streams unless num_returns says how many values it returns
-        self._generator = inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
+        self._generator = is_generator(fn)
         self._key = f"{getattr(fn, '__qualname__', 'fn')}-{uuid.uuid4().hex[:12]}"
         self._code: bytes | None = None
         self.__doc__ = fn.__doc__
