@@ -55,6 +55,7 @@ docs/performance.md ("Start-up").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import selectors
@@ -162,7 +163,8 @@ class Zygote:
 
     def warm_up(self) -> None:
         """Import the heavy modules now (after "ready": requests queue in the socket's backlog
-        meanwhile). A SIGTERM during it ends the process at once: nothing was forked yet."""
+        meanwhile). A SIGTERM during it ends the process at once (``os._exit``, its socket
+        removed first): nothing was forked yet."""
         self.warming = True
         try:
             self._preload_all()
@@ -177,7 +179,11 @@ class Zygote:
     def _stop(self, *_: Any) -> None:
         self.running = False
         if self.warming:  # no children yet; do not finish importing torch to exit
-            raise SystemExit(0)
+            # at once: an exception raised here would unwind through torch's C++ import code
+            # (pybind11 aborts on it), and nothing but the socket needs cleaning up
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            os._exit(0)
 
     def run(self) -> None:
         """Serve until SIGTERM; then kill every child."""

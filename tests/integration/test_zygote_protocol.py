@@ -178,3 +178,27 @@ def test_a_template_it_does_not_know_is_a_usage_error(tmp_path: Path) -> None:
     proc = _start_zygote(str(tmp_path / "z.sock"), "--template", "heavy")
     _, err = proc.communicate(timeout=scaled(60))
     assert proc.returncode == 2 and b"invalid choice" in err
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.3])
+def test_a_sigterm_during_the_torch_warm_up_exits_cleanly(tmp_path: Path, delay: float) -> None:
+    # a script that ends right after ray.init(): its cluster stops while the torch template
+    # is still importing torch. Stopping by raising out of the signal handler went through
+    # torch's C++ import code: "terminate called after throwing ... SystemExit", an abort.
+    path = str(tmp_path / "zygote.sock")
+    proc = _start_zygote(path, preload="eager")
+    assert proc.stdout is not None and proc.stderr is not None
+    ready, _, _ = select.select([proc.stdout], [], [], scaled(60))
+    assert ready and proc.stdout.readline().strip() == b"ready"
+    select.select([], [], [], delay)
+    proc.terminate()
+    try:
+        code = proc.wait(scaled(30))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read().decode(errors="replace")
+    assert code == 0, err[-2000:]
+    assert "terminate called" not in err and "Traceback" not in err, err[-2000:]
+    assert not os.path.exists(path)

@@ -40,17 +40,27 @@ def test_lazy_mode_does_not_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
     assert seen == ["run"]
 
 
+class _Exited(BaseException):
+    pass
+
+
 def test_a_sigterm_during_the_warm_up_ends_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
     z = zygote.Zygote("/nonexistent/zygote.sock")
+    codes: list[int] = []
 
     def importing(name: str) -> None:
         z._stop()  # the signal handler, as if SIGTERM came in mid-import
 
+    def exit_now(code: int) -> None:
+        codes.append(code)
+        raise _Exited
+
     monkeypatch.setattr(zygote.importlib, "import_module", importing)
+    monkeypatch.setattr(zygote.os, "_exit", exit_now)
     try:
-        with pytest.raises(SystemExit):
+        with pytest.raises(_Exited):
             z.warm_up()
-        assert not z.warming and not z.running
+        assert codes == [0] and not z.warming and not z.running
     finally:
         z.listener.close()
         z.sel.close()
