@@ -650,8 +650,12 @@ class Server:
             self.stats["unauthenticated"] += 1
             self._reject(rid, RejectCode.NEED_HANDSHAKE, "no session; handshake first", req_id)
             return None
-        if kind is Kind.CANCEL:  # of a peer cut off as it cancels (its session ended, as at a
-            self.stats["unauthenticated"] += 1  # shutdown): nothing to cancel, not a fault
+        if kind is Kind.CANCEL or kind is Kind.BYE:
+            # of a peer cut off as it cancels or leaves (its session ended, as at a shutdown):
+            # nothing to cancel or forget but a half-open handshake of this connection
+            if kind is Kind.BYE and self._pending.get(rid, (None,) * 4)[3] is link:
+                del self._pending[rid]
+            self.stats["unauthenticated"] += 1
             return None
         self._drop("handshake", f"{kind.name} before the handshake", rid)
 

@@ -142,12 +142,12 @@ async def test_a_traced_client_records_how_each_request_ended() -> None:
     assert all(isinstance(r[3], int) and r[3] > 0 for r in ring)
 
 
-async def test_a_cancel_from_a_peer_the_server_does_not_know_is_ignored_quietly(
+async def test_a_cancel_or_bye_from_a_peer_the_server_does_not_know_is_ignored_quietly(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # A peer cut off as it cancels (its session ended at a shutdown) may send CANCEL after
-    # the server forgot it: nothing to cancel, and no warning (a newcomer's script printed one
-    # at its exit); a stranger's request is still refused.
+    # A peer cut off as it cancels or leaves (its session ended at a shutdown) may send
+    # CANCEL or BYE after the server forgot it: nothing to do, and no warning (newcomers'
+    # scripts printed one at their exit); a stranger's request is still refused.
     from rayless.transport.protocol import Kind, RejectCode, envelope
     from tests.integration.test_security import _dealer, _reply
 
@@ -157,6 +157,7 @@ async def test_a_cancel_from_a_peer_the_server_does_not_know_is_ignored_quietly(
             s = _dealer(srv.address)
             try:
                 s.send_multipart(envelope(Kind.CANCEL, 9))
+                s.send_multipart(envelope(Kind.BYE, 0))
                 s.send_multipart(envelope(Kind.REQUEST, 10, [b"\x00"]))
                 return _reply(s)
             finally:
@@ -165,5 +166,6 @@ async def test_a_cancel_from_a_peer_the_server_does_not_know_is_ignored_quietly(
         with caplog.at_level("WARNING", logger="rayless.transport"):
             kind, body = await asyncio.to_thread(stranger)
         assert kind is Kind.REJECT and body["code"] == RejectCode.NEED_HANDSHAKE
-        assert srv.stats["dropped"] == 0 and srv.stats["unauthenticated"] == 2
+        assert srv.stats["dropped"] == 0 and srv.stats["unauthenticated"] == 3
         assert not [r for r in caplog.records if "CANCEL" in r.getMessage()]
+        assert not [r for r in caplog.records if "BYE" in r.getMessage()]
