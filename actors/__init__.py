@@ -8,6 +8,7 @@ Imports ``transport`` and ``placement``; never ``store``.
 """
 
 from rayless.actors.api.actor import Actor, current_caller
+from rayless.actors.api.binding import BUILTINS as BUILTIN_METHODS
 from rayless.actors.api.cluster import Cluster, connect
 from rayless.actors.api.handle import ActorHandle, ActorMethod, endpoint, gather, wait
 from rayless.actors.api.streams import RemoteStream
@@ -21,6 +22,7 @@ __all__ = [
     "ActorDiedError",
     "ActorHandle",
     "ActorMethod",
+    "BUILTIN_METHODS",
     "Cluster",
     "GpuView",
     "NodeView",

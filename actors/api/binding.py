@@ -7,6 +7,10 @@ a call's arguments on the caller's side.
   (timeout=S)`` also gives the method's calls a default deadline.
 * :func:`public_methods` builds each remote method's :class:`MethodInfo` once, when the class
   is spawned: async or not, its parameter list, its default timeout. Handles carry them.
+* :data:`READY` and :data:`EXIT` are the two methods every actor answers besides its class's
+  own (Ray's names): ``READY`` returns True once the calls queued before it have run;
+  ``EXIT`` ends the actor after them, as ``sys.exit(0)`` in a method would (``teardown``
+  runs; callers, its own included, get ``ActorDiedError``).
 * :func:`check_arguments` binds a call's arguments to that parameter list before anything is
   sent, so a wrong call is a ``TypeError`` in the caller, as calling the method locally would
   be (Ray checks ``.remote()`` arguments the same way).
@@ -22,11 +26,22 @@ from typing import Any, TypeVar
 
 from rayless.actors.protocol.messages import MethodInfo
 
-__all__ = ["EndpointOptions", "check_arguments", "endpoint_marker", "public_methods"]
+__all__ = [
+    "BUILTINS",
+    "EXIT",
+    "READY",
+    "EndpointOptions",
+    "check_arguments",
+    "endpoint_marker",
+    "public_methods",
+]
 
 FN = TypeVar("FN")
 _MARK = "__rayless_endpoint__"
 _LIFECYCLE = frozenset({"setup", "teardown"})
+READY = "__ray_ready__"  # → True, after the calls queued before it
+EXIT = "__ray_terminate__"  # ends the actor after the calls queued before it
+BUILTINS = frozenset({READY, EXIT})
 
 
 class _Default:

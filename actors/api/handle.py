@@ -34,7 +34,7 @@ import concurrent.futures
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
-from rayless.actors.api.binding import check_arguments, endpoint_marker
+from rayless.actors.api.binding import BUILTINS, check_arguments, endpoint_marker
 from rayless.actors.api.calls import has_futures, resolve_futures
 from rayless.actors.api.portal import run_sync, submit_sync
 from rayless.actors.api.runtime import fast_submit, get_runtime
@@ -107,11 +107,14 @@ class ActorHandle(Generic[T]):
         return f"actor {self.name!r} ({self.cls_name or '?'})"
 
     def __getattr__(self, method: str) -> ActorMethod[..., Any]:
-        """The remote method ``method``.
+        """The remote method ``method`` (also the built-ins ``__ray_ready__`` and
+        ``__ray_terminate__``: ``actors.api.binding``).
 
         Raises:
             AttributeError: a private/dunder name, or not a public method of the class.
         """
+        if method in BUILTINS:  # every actor answers these (Ray's names)
+            return ActorMethod(self, method)
         if method.startswith("__") or method in _FIELDS:  # also: slots not set yet (copying)
             raise AttributeError(method)
         if method.startswith("_"):

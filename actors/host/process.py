@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rayless.actors.api.actor import _CALLER, ClassRef, by_value, class_name, dumps_by_value
-from rayless.actors.api.binding import public_methods
+from rayless.actors.api.binding import EXIT, READY, public_methods
 from rayless.actors.api.handle import ActorHandle
 from rayless.actors.api.portal import set_home_loop
 from rayless.actors.api.streams import CLOSE, NEXT, StreamHost, is_stream
@@ -257,8 +257,10 @@ class ActorHost:
             return
         if asyncio.iscoroutinefunction(method):
             await method()
-        elif self.worker is not None:
+        elif self.worker is not None and not self.worker.exited:
             await self.worker.submit(method)
+        else:  # a call ended the actor and stopped the worker: teardown still runs
+            await asyncio.to_thread(method)
 
     def dispatch(self, req: Request) -> Any:
         """Route one call to the instance (an awaitable for the server to finish)."""
@@ -268,6 +270,8 @@ class ActorHost:
         _, method, args, kwargs = body
         info = self.methods.get(method) if isinstance(method, str) else None
         if info is None:
+            if method in (READY, EXIT) and not args and not kwargs:
+                return self._builtin(method, req)
             missing = AttributeError(
                 f"actor {self.name!r} ({class_name(type(self.instance))}) has no public "
                 f"method {method!r}"
@@ -283,8 +287,23 @@ class ActorHost:
         if is_async:
             return self._run_async(fn, args, kwargs, caller, traced, queued)
         assert self.worker is not None  # internal invariant: set by start()
+        if self.worker.exited:  # a call ended the actor: its callers learn of the exit
+            return _no_reply()
         return self.worker.submit(
             functools.partial(self._run_sync, fn, args, kwargs, caller, traced, queued)
+        )
+
+    def _builtin(self, method: str, req: Request) -> Any:
+        """``READY`` or ``EXIT``, queued behind the sync calls sent before it."""
+        assert self.worker is not None  # internal invariant: set by start()
+        if self.worker.exited:
+            return _no_reply()
+        fn = _ready if method == READY else _terminate
+        traced = req if timeline.RECORDER.enabled else None
+        queued = time.time_ns() if traced is not None else 0
+        caller = req.peer.routing_id.hex()
+        return self.worker.submit(
+            functools.partial(self._run_sync, fn, (), {}, caller, traced, queued)
         )
 
     def _stream_step(self, body: Any) -> Any:
@@ -373,7 +392,8 @@ class ActorHost:
         """
         if self.stop is None or self.stop.is_set():
             return
-        _warn(f"actor {self.name}: method {method!r} called sys.exit({code}); exiting")
+        if method != EXIT:  # asked for by a caller: nothing to warn of
+            _warn(f"actor {self.name}: method {method!r} called sys.exit({code}); exiting")
         self.exit_code = code
         self.stop.set()
 
@@ -393,6 +413,24 @@ class ActorHost:
             self.worker.stop()
         if self.monitor is not None:
             self.monitor.stop()
+
+
+async def _no_reply() -> None:
+    """A call that arrived after the actor chose to exit: never answered (the caller gets
+    ActorDiedError once the process is gone)."""
+    await asyncio.Future()
+
+
+def _ready() -> bool:
+    return True
+
+
+def _terminate() -> None:
+    raise SystemExit(0)
+
+
+_ready.__name__ = READY
+_terminate.__name__ = EXIT
 
 
 def _record(

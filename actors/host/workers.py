@@ -77,7 +77,8 @@ class SyncWorker:
         self._done: list[tuple[_Job, bool, Any]] = []
         self._posted = False  # a delivery is scheduled on the loop
         self._to_wake = 0  # sleepers taken by submits, woken by the scheduled ``_ring``
-        self._stopped = False  # stop() ran
+        self._stopped = False  # stop() ran, or a call ended the actor
+        self.exited = False  # a call ended the actor (sys.exit): later calls get no reply
 
     @property
     def running(self) -> int:
@@ -157,6 +158,8 @@ class SyncWorker:
             with lock:
                 self._busy -= 1
                 COUNTERS.def_calls += 1
+                if isinstance(outcome[2], Exiting) and not self._stopped:
+                    self._exit_now(outcome[2])
                 self._done.append(outcome)
                 # not kept until the next job: a failed call's error holds its frames (and so
                 # its arguments) through its traceback
@@ -169,6 +172,16 @@ class SyncWorker:
                     self._loop.call_soon_threadsafe(self._deliver)
                 except RuntimeError:  # the loop is closed: we are shutting down
                     return
+
+    def _exit_now(self, exiting: Exiting) -> None:
+        """A call ended the actor (``sys.exit``): the calls queued after it never run and get
+        no reply either; the threads stop. Called with the lock held."""
+        self.exited = self._stopped = True
+        self._done.extend((job, False, exiting) for job in self._waiting)
+        self._waiting.clear()
+        for _ in range(self._asleep + self._to_wake):
+            self._bell.put(None)
+        self._asleep = self._to_wake = 0
 
     def _deliver(self) -> None:
         with self._lock:

@@ -118,3 +118,19 @@ class Parent:
 
     async def child_add(self) -> int:
         return int(await self.child.add(1))
+
+
+class Closing:
+    """Counts its calls and leaves a mark when its ``teardown`` runs."""
+
+    def __init__(self, mark: str) -> None:
+        self.mark = mark
+        self.n = 0
+
+    def step(self, seconds: float) -> int:
+        time.sleep(seconds)
+        self.n += 1
+        return self.n
+
+    def teardown(self) -> None:
+        Path(self.mark).write_text(str(self.n))

@@ -21,7 +21,7 @@ from rayless.actors import ActorDiedError, Cluster
 from rayless.actors.errors import ClusterLostError
 from rayless.actors.launch.local import LocalProcesses
 from rayless.transport.errors import BrokenError, RaylessError
-from tests.integration.edge_classes import FailsOnRestart, Holder, SlowInit
+from tests.integration.edge_classes import Closing, FailsOnRestart, Holder, SlowInit
 from tests.waiting import eventually, wait_until
 
 pytestmark = pytest.mark.integration
@@ -157,3 +157,23 @@ async def test_the_token_is_not_in_the_environment_of_actors_or_their_children(
     holder = await local_cluster.spawn(Holder)
     seen = await holder.token_seen()
     assert seen == {"actor": None, "child": "<none>"}
+
+
+async def test_built_in_ready_and_terminate_let_earlier_calls_finish(
+    local_cluster: Cluster, tmp_path: Path
+) -> None:
+    # every actor answers Ray's __ray_ready__ and __ray_terminate__: the exit waits for the
+    # calls queued before it, runs teardown, and fails its own and later calls
+    mark = tmp_path / "teardown"
+    h = await local_cluster.spawn(Closing, str(mark))
+    assert await h.__ray_ready__() is True
+    first = h.step(0.3)
+    done = h.__ray_terminate__()
+    later = h.step(0)
+    assert await first == 1
+    for fut in (done, later):
+        with pytest.raises(ActorDiedError):
+            await asyncio.wait_for(fut, 30)
+    assert mark.read_text() == "1"
+    with pytest.raises(AttributeError):
+        h.__ray_call__  # noqa: B018 (not a built-in: a dunder name)

@@ -139,3 +139,36 @@ def _record(
     if gate is not None:
         gate.wait(20)
     return value
+
+
+async def test_a_call_that_ends_the_actor_drops_the_calls_queued_after_it() -> None:
+    # a method's sys.exit (Ray's exit_actor, or __ray_terminate__) ends the actor: the calls
+    # queued behind it never run and get no reply (their callers get ActorDiedError once the
+    # process is gone); before, the worker ran the next queued call first
+    from rayless.actors.host.workers import Exiting
+
+    worker = SyncWorker(asyncio.get_running_loop(), "t")
+    gate = threading.Event()
+    ran: list[str] = []
+
+    def first() -> str:
+        gate.wait(20)
+        ran.append("first")
+        return "first"
+
+    def leave() -> None:
+        ran.append("exit")
+        raise Exiting
+
+    done = worker.submit(first)
+    exiting = worker.submit(leave)
+    after = [worker.submit(lambda i=i: ran.append(f"after{i}")) for i in range(3)]
+    gate.set()
+    assert await asyncio.wait_for(done, 20) == "first"
+    await wait_until(lambda: worker.exited, 10, "the exit")
+    await asyncio.sleep(0.05)
+    assert ran == ["first", "exit"] and worker.exited
+    assert not exiting.done() and not any(f.done() for f in after)  # no reply
+    with pytest.raises(RuntimeError, match="stopped"):
+        await worker.submit(lambda: None)
+    worker.stop()
