@@ -10,7 +10,10 @@ adds (the issue's goal: ≤ 10 %).
 Rows: sync actor calls (``ray.get(a.ping.remote())``), pipelined actor calls (``ray.get`` of a
 list), tasks (``ray.get`` of a list of ``f.remote()``), ``ray.put`` of a 64 MiB numpy array
 passed to an actor (MB/s), an 8-bundle placement group of ``{"GPU": 1}`` bundles (fake GPUs)
-with one actor per bundle (seconds until every actor answered).
+with one actor per bundle (seconds until every actor answered). Start-up rows, each in a
+fresh process: seconds from ``ray.init()`` until a new actor answered, then until a task
+answered, for a driver that imported neither torch nor numpy, one that imported torch (before
+``ray.init``), and Ray.
 
     python scripts/bench_ray_api.py [--quick] [--skip-ray] [--json OUT]
 """
@@ -25,8 +28,6 @@ import subprocess
 import sys
 import time
 from typing import Any
-
-import numpy as np
 
 MIB = 1 << 20
 
@@ -47,6 +48,8 @@ def ping_task() -> int:
 
 def rows(ray: Any, n: int, tensor_iters: int) -> dict[str, float]:
     """Every row on ``ray`` (``rayless.ray`` or Ray)."""
+    import numpy as np
+
     util = __import__(ray.__name__ + ".util", fromlist=["placement_group"])
     strategies = __import__(
         ray.__name__ + ".util.scheduling_strategies", fromlist=["PlacementGroupSchedulingStrategy"]
@@ -93,6 +96,8 @@ def rows(ray: Any, n: int, tensor_iters: int) -> dict[str, float]:
 
 def direct_rows(n: int, tensor_iters: int) -> dict[str, float]:
     """The actor rows on rayless' sync facade, without the Ray layer."""
+    import numpy as np
+
     from rayless.actors import Cluster
 
     out: dict[str, float] = {}
@@ -113,6 +118,47 @@ def direct_rows(n: int, tensor_iters: int) -> dict[str, float]:
             a.take.call(array)
         out["put+get 64 MiB (MB/s)"] = tensor_iters * 64 / (time.perf_counter() - start)
     return out
+
+
+def first_answers(kind: str) -> dict[str, float]:
+    """Seconds from ``ray.init()`` to a new actor's first answer, then to a task's, in this
+    (fresh) process: ``kind`` is ``rayless``, ``rayless+torch`` (torch imported first) or
+    ``ray``."""
+    if kind == "rayless+torch":
+        import torch  # noqa: F401 (what an RL driver has done before ray.init)
+    if kind == "ray":
+        import ray
+    else:
+        from rayless import ray  # type: ignore[no-redef]
+    start = time.perf_counter()
+    ray.init(num_cpus=2)
+    try:
+        a = ray.remote(Ping).remote()
+        ray.get(a.ping.remote())
+        actor = time.perf_counter() - start
+        ray.get(ray.remote(ping_task).remote())
+        task = time.perf_counter() - start
+        return {"init + first actor answer (s)": actor, "init + first task answer (s)": task}
+    finally:
+        ray.shutdown()
+
+
+def startup_rows(kinds: list[str], repeats: int) -> dict[str, dict[str, float]]:
+    """:func:`first_answers` of each kind, ``repeats`` fresh processes each (medians)."""
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
+    for _ in range(repeats):
+        for kind in kinds:
+            child = subprocess.run(
+                [sys.executable, __file__, "--first-answers", kind],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "RAY_DEDUP_LOGS": "0"},
+                check=True,
+            )
+            runs[kind].append(json.loads(child.stdout.strip().splitlines()[-1]))
+    return {
+        k: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for k, rs in runs.items()
+    }
 
 
 def ours(n: int, tensor_iters: int) -> dict[str, float]:
@@ -142,10 +188,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--ray-part", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--first-answers", help=argparse.SUPPRESS)
     args = parser.parse_args()
     n, iters = (200, 2) if args.quick else (5000, 10)
     if args.ray_part:
         print(json.dumps(ray_part(n, iters)))
+        return
+    if args.first_answers:
+        print(json.dumps(first_answers(args.first_answers)))
         return
     repeats = 1 if args.quick else args.repeats
     have_ray = not args.skip_ray and __import__("importlib").util.find_spec("ray") is not None
@@ -190,6 +240,14 @@ def main() -> None:
             f"{'' if cost is None else ' %'} | {show(ray_v, ',.2f' if seconds else ',.0f')} | "
             f"{show(ratio, '.2f')}{'' if ratio is None else 'x'} |"
         )
+    kinds = ["rayless", "rayless+torch", *(["ray"] if have_ray else [])]
+    start = startup_rows(kinds, repeats)
+    print()
+    print("| start-up, a fresh process (medians) | " + " | ".join(kinds) + " |")
+    print("|---|" + "---:|" * len(kinds))
+    for key in start[kinds[0]]:
+        print(f"| {key} | " + " | ".join(f"{start[k][key]:.2f}" for k in kinds) + " |")
+        table.append({"row": key, **{k: start[k][key] for k in kinds}})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(table, f, indent=1)

@@ -20,15 +20,23 @@ import inspect
 import sys
 from typing import Any
 
+from rayless.actors import BUILTIN_METHODS, Cluster, RemoteStream
 from rayless.actors import ActorHandle as _RaylessHandle
-from rayless.actors import Cluster, RemoteStream
 from rayless.errors import ActorDiedError as _RaylessDied
 from rayless.errors import ActorNotFoundError, RaylessError, RemoteError
 from rayless.ray import _worker
 from rayless.ray.exceptions import ActorDiedError, _mixed
 from rayless.ray.generator import ObjectRefGenerator
 from rayless.ray.object_ref import ObjectRef
-from rayless.ray.options import ACTOR_OPTIONS, Placement, check, check_group, env_for, place
+from rayless.ray.options import (
+    ACTOR_OPTIONS,
+    Placement,
+    check,
+    check_group,
+    env_for,
+    place,
+    template_for,
+)
 
 __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "exit_actor", "method"]
 
@@ -300,6 +308,7 @@ async def _spawn(
             cpus=float(opts["num_cpus"]) if opts.get("num_cpus") is not None else 1.0,
             max_restarts=max(0, int(opts.get("max_restarts") or 0)),
             max_concurrency=opts.get("max_concurrency"),
+            template=template_for(),
             env=env_for(s, opts),
             gpu_indices=where.gpu_indices,
             **kwargs,
@@ -373,6 +382,10 @@ class ActorHandle(metaclass=_HandleType):
         return self._inner
 
     def __getattr__(self, name: str) -> ActorMethod:
+        if name in BUILTIN_METHODS:  # __ray_ready__, __ray_terminate__: every actor answers them
+            method = ActorMethod(self, name)
+            self.__dict__[name] = method
+            return method
         if name.startswith("_"):
             raise AttributeError(name)
         methods = (

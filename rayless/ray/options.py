@@ -7,9 +7,11 @@ being ignored; the few accepted without an effect are listed in ``IGNORED``.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayless.actors import Template
 from rayless.errors import PlacementError
 from rayless.ray import _worker
 from rayless.ray.util.placement_group import Bundle, PlacementGroup
@@ -27,6 +29,7 @@ __all__ = [
     "check_group",
     "env_for",
     "place",
+    "template_for",
 ]
 
 COMMON = frozenset(
@@ -203,3 +206,14 @@ def env_for(s: _worker.Session, options: dict[str, Any]) -> dict[str, str]:
     if s.env_vars:
         env[_worker.ENV_ENV_VARS] = ",".join(sorted(s.env_vars))
     return env
+
+
+def template_for() -> Template:
+    """The fork template a new actor or task worker starts from: the torch template when
+    this process has imported torch or numpy (rayless' codec imports torch for either, so
+    their values would make a light actor import it), else the light one. A Ray program
+    that uses neither then starts its actors and task workers at once instead of waiting
+    (~2 s) for the torch template's warm-up; one of them that imports torch later pays that
+    import itself (~2 s, its own memory), as a Ray worker does."""
+    modules = sys.modules
+    return Template.TORCH if "torch" in modules or "numpy" in modules else Template.LIGHT

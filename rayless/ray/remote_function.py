@@ -38,7 +38,15 @@ from rayless.ray._task_worker import TaskWorker
 from rayless.ray.actor import STREAMING, drain, is_generator, resolve_all, split
 from rayless.ray.generator import ObjectRefGenerator
 from rayless.ray.object_ref import ObjectRef
-from rayless.ray.options import TASK_OPTIONS, Placement, check, check_group, env_for, place
+from rayless.ray.options import (
+    TASK_OPTIONS,
+    Placement,
+    check,
+    check_group,
+    env_for,
+    place,
+    template_for,
+)
 
 __all__ = ["RemoteFunction", "TaskPools"]
 
@@ -138,6 +146,7 @@ class TaskPools:
             "env": env_for(s, opts),
             "gpu_indices": where.gpu_indices,
             "wait_for_resources": GPU_WAIT if gpus > 0 and where.gpu_indices is None else 0.0,
+            "template": template_for(),
         }
         try:
             return await cluster.spawn(TaskWorker, node=where.node, **kwargs)

@@ -217,3 +217,227 @@ def test_generator_tasks_and_methods_stream_refs(ray: Any) -> None:
         return [await ref async for ref in numbers.remote(3)]
 
     assert asyncio.run(read()) == [0, 10, 20]
+
+
+def _queue_module(ray: Any) -> Any:
+    from importlib import import_module
+
+    return import_module(ray.__name__ + ".util.queue")
+
+
+def test_queue_put_get_and_its_errors(ray: Any) -> None:
+    # test_queue.py: test_simple_usage, test_get, test_put, test_batch, test_qsize
+    qm = _queue_module(ray)
+    q = qm.Queue()
+    for item in range(10):
+        q.put(item)
+        assert q.qsize() == item + 1
+    assert [q.get() for _ in range(10)] == list(range(10))
+    assert q.empty() and len(q) == q.size() == 0
+    q.put(0)
+    assert q.get(block=False) == 0
+    q.put(1)
+    assert q.get(timeout=0.2) == 1
+    with pytest.raises(ValueError):
+        q.get(timeout=-1)
+    with pytest.raises(qm.Empty):
+        q.get_nowait()
+    with pytest.raises(qm.Empty):
+        q.get(timeout=0.2)
+
+    one = qm.Queue(1)
+    one.put(0, block=False)
+    assert one.full()
+    with pytest.raises(ValueError):
+        one.put(0, timeout=-1)
+    with pytest.raises(qm.Full):
+        one.put_nowait(1)
+    with pytest.raises(qm.Full):
+        one.put(1, timeout=0.2)
+    with pytest.raises(qm.Full):
+        one.put_nowait_batch([1, 2])
+    assert one.get() == 0
+    with pytest.raises(qm.Empty):
+        one.get_nowait_batch(1)
+    with pytest.raises(TypeError):
+        one.get_nowait_batch("1")
+    big = qm.Queue(100)
+    big.put_nowait_batch(list(range(100)))
+    assert big.get_nowait_batch(100) == list(range(100))
+    for queue in (q, one, big):
+        queue.shutdown()
+
+
+def test_queue_travels_to_tasks(ray: Any) -> None:
+    # test_queue.py: test_concurrent_get, test_concurrent_put (the queue is a task argument)
+    qm = _queue_module(ray)
+
+    @ray.remote
+    def take(queue: Any) -> Any:
+        return queue.get(block=True)
+
+    @ray.remote
+    def give(queue: Any, item: Any) -> None:
+        queue.put(item, block=True)
+
+    q = qm.Queue()
+    future = take.remote(q)
+    with pytest.raises(qm.Empty):
+        q.get_nowait()
+    with pytest.raises(ray.exceptions.GetTimeoutError):
+        ray.get(future, timeout=0.1)  # still waiting: not cancelled by the timeout
+    q.put(1)
+    assert ray.get(future, timeout=30) == 1
+
+    one = qm.Queue(1)
+    one.put(1)
+    future = give.remote(one, 2)
+    with pytest.raises(qm.Full):
+        one.put_nowait(3)
+    with pytest.raises(ray.exceptions.GetTimeoutError):
+        ray.get(future, timeout=0.1)
+    assert one.get() == 1
+    assert one.get(timeout=30) == 2
+    ray.get(future, timeout=30)
+    q.shutdown()
+    one.shutdown()
+
+
+def test_queue_async_forms_shutdown_and_resources(ray: Any) -> None:
+    # test_queue.py: test_get_async, test_put_async, test_shutdown, test_custom_resources
+    import asyncio
+
+    qm = _queue_module(ray)
+
+    async def use() -> None:
+        q = qm.Queue(1)
+        await q.put_async(0)
+        assert await q.get_async(block=False) == 0
+        await q.put_async(1, timeout=0.2)
+        with pytest.raises(qm.Full):
+            await q.put_async(2, block=False)
+        with pytest.raises(qm.Full):
+            await q.put_async(2, timeout=0.2)
+        with pytest.raises(ValueError):
+            await q.put_async(2, timeout=-1)
+        assert await q.get_async(timeout=0.2) == 1
+        with pytest.raises(qm.Empty):
+            await q.get_async(block=False)
+        with pytest.raises(qm.Empty):
+            await q.get_async(timeout=0.2)
+        q.shutdown()
+
+    asyncio.run(use())
+    free = ray.available_resources().get("CPU")
+    q = qm.Queue()
+    q.put(1)
+    assert ray.available_resources().get("CPU") == free  # the queue's actor holds no CPU
+    actor = q.actor
+    q.shutdown()
+    assert q.actor is None
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(actor.empty.remote(), timeout=30)
+
+
+def test_actor_pool(ray: Any) -> None:
+    # test_actor_pool.py: get_next, get_next_unordered, map, map_unordered, timeouts,
+    # multiple returns, pop_idle, push
+    util = __import__(ray.__name__ + ".util", fromlist=["ActorPool"])
+
+    @ray.remote(num_cpus=0)
+    class W:
+        def f(self, x: int) -> int:
+            return x + 1
+
+        def double(self, x: int) -> int:
+            return 2 * x
+
+        def forever(self, x: int) -> None:
+            time.sleep(3)
+
+        @ray.method(num_returns=2)
+        def pair(self) -> tuple[int, int]:
+            return 1, 2
+
+    actors = [W.remote() for _ in range(3)]
+    pool = util.ActorPool(actors)
+    for i in range(5):
+        pool.submit(lambda a, v: a.f.remote(v), i)
+        assert pool.get_next() == i + 1
+    for i in range(5):
+        pool.submit(lambda a, v: a.f.remote(v), i)
+    got = []
+    while pool.has_next():
+        got.append(pool.get_next_unordered())
+    assert sorted(got) == [1, 2, 3, 4, 5]
+    with pytest.raises(StopIteration):
+        pool.get_next()
+    assert list(pool.map(lambda a, v: a.double.remote(v), range(7))) == [2 * v for v in range(7)]
+    assert sorted(pool.map_unordered(lambda a, v: a.double.remote(v), range(7))) == [
+        2 * v for v in range(7)
+    ]
+    for _ in range(4):
+        pool.submit(lambda a, v: a.pair.remote(), None)
+    while pool.has_next():
+        assert pool.get_next(timeout=None) == [1, 2]
+
+    pool.submit(lambda a, v: a.forever.remote(v), 0)
+    with pytest.raises(TimeoutError):
+        pool.get_next(timeout=0.1)
+    with pytest.raises(TimeoutError):
+        pool.get_next_unordered(timeout=0.1)
+    with pytest.raises(TimeoutError, match="ignored"):
+        pool.get_next(timeout=0.1, ignore_if_timedout=True)
+    assert not pool.has_next() and pool.has_free()
+
+    one = util.ActorPool([actors[0]])
+    one.submit(lambda a, v: a.double.remote(v), 1)
+    assert one.pop_idle() is None and one.has_free() is False
+    with pytest.raises(ValueError):
+        one.push(actors[0])
+    one.push(actors[1])
+    assert one.has_free()
+    one.submit(lambda a, v: a.double.remote(v), 2)
+    one.submit(lambda a, v: a.double.remote(v), 3)
+    assert one.has_free() is False and len(one._pending_submits) == 1
+    one.push(actors[2])
+    assert one.has_free() is False and len(one._pending_submits) == 0
+    assert list(one.map(lambda a, v: a.double.remote(v), [5])) == [10]
+    one.pop_idle()
+    assert one.has_free()
+
+
+def test_ready_and_terminate_built_in_methods(ray: Any) -> None:
+    # test_actor.py / ray.kill's docs: __ray_ready__ is True once the actor is up;
+    # __ray_terminate__ ends it after the calls queued before it, and its ref (and every
+    # later call's) raises RayActorError
+    @ray.remote
+    class Slow:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def step(self) -> int:
+            time.sleep(0.3)
+            self.n += 1
+            return self.n
+
+    @ray.remote
+    class Async:
+        async def f(self) -> int:
+            return 1
+
+    a = Slow.remote()
+    assert ray.get(a.__ray_ready__.remote(), timeout=60) is True
+    first = a.step.remote()
+    done = a.__ray_terminate__.remote()
+    later = a.step.remote()
+    assert ray.get(first, timeout=30) == 1
+    for ref in (done, later):
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(ref, timeout=30)
+    b = Async.remote()
+    assert ray.get(b.__ray_ready__.remote(), timeout=60) is True
+    ready, _ = ray.wait([b.__ray_terminate__.remote()], timeout=30)
+    assert ready
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(b.f.remote(), timeout=30)

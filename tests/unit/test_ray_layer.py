@@ -142,3 +142,39 @@ def test_a_decorated_class_is_shown_by_its_own_name() -> None:
     assert hidden.__qualname__ == "Decorated._ray_cls"  # what an actor process imports
     assert class_name(hidden) == "Decorated" == Decorated.__qualname__
     assert class_name(Outer.Inner) == "Outer.Inner" and class_name(Outer) == "Outer"
+
+
+def test_a_queue_record_is_checked_and_travels_only_when_it_can() -> None:
+    from rayless.actors import ActorHandle
+    from rayless.ray.util import queue as rq
+    from rayless.transport import codec
+    from rayless.transport.errors import ProtocolError
+
+    for bad in ([1], [1, "not a handle"], ["1", None], {"maxsize": 1}):
+        with pytest.raises(ProtocolError):
+            rq._from_state(bad)
+    q = rq.Queue.__new__(rq.Queue)
+    q.maxsize, q.actor = 3, None  # shut down
+    with pytest.raises(TypeError, match="once its actor has started"):
+        codec.encode(q)
+    q.actor = ActorHandle("a1", "queue", "tcp://127.0.0.1:1", "_QueueActor")
+    got = codec.decode(codec.encode([q]))[0]
+    assert isinstance(got, rq.Queue) and got.maxsize == 3
+    assert isinstance(got.actor, ray.actor.ActorHandle) and got.actor._inner.actor_id == "a1"
+
+
+def test_actors_start_from_the_light_template_when_neither_torch_nor_numpy_is_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    from rayless.actors import Template
+    from rayless.ray.options import template_for
+
+    for name in ("torch", "numpy"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert template_for() is Template.LIGHT
+    for name in ("torch", "numpy"):
+        monkeypatch.setitem(sys.modules, name, sys)
+        assert template_for() is Template.TORCH
+        monkeypatch.delitem(sys.modules, name)

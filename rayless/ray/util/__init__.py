@@ -1,4 +1,5 @@
-"""``ray.util``: placement groups, scheduling strategies, the node's IP."""
+"""``ray.util``: placement groups, scheduling strategies, the node's IP, ``ActorPool``
+(``ray.util.queue`` is a submodule: ``from rayless.ray.util.queue import Queue``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 
 from rayless.ray import _internals
 from rayless.ray.util import scheduling_strategies
+from rayless.ray.util.actor_pool import ActorPool
 from rayless.ray.util.placement_group import (
     PlacementGroup,
     get_current_placement_group,
@@ -15,6 +17,7 @@ from rayless.ray.util.placement_group import (
 )
 
 __all__ = [
+    "ActorPool",
     "PlacementGroup",
     "get_current_placement_group",
     "get_node_ip_address",
