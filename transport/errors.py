@@ -129,8 +129,11 @@ class RemoteError(RaylessError, wire="rayless.RemoteError"):
     (tuples stay tuples; the message names each attribute that was not sent), and
     ``remote_class`` the class pickled by value where the actor layer ships it (classes of a
     driver's ``__main__``). Where the original type can be found at the caller, the raised
-    object is also an instance of it (see ``actors``).
+    object is also an instance of it (see ``actors``). ``raised_in`` says what ``actor``
+    names in the message: an actor, or (set by the Ray layer) a task.
     """
+
+    raised_in = "actor"
 
     def __init__(
         self,
@@ -178,7 +181,7 @@ class RemoteError(RaylessError, wire="rayless.RemoteError"):
         )
 
     def __str__(self) -> str:
-        where = f" in actor {self.actor!r}" if self.actor else ""
+        where = f" in {self.raised_in} {self.actor!r}" if self.actor else ""
         text = f"{self.remote_type}{where}: {self.remote_message}"
         if self.remote_traceback:
             text += "\n\nRemote traceback:\n" + self.remote_traceback.rstrip()

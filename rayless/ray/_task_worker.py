@@ -1,7 +1,8 @@
 """The actor that runs remote functions: one process serves many tasks, one at a time.
 
 The driver's pool (``remote_function.TaskPools``) sends each function once per worker,
-pickled with cloudpickle, and afterwards only its key. A function's exception travels back as
+pickled with cloudpickle (``actors.ext.dumps_by_value``: with its file's source lines), and
+afterwards only its key. A function's exception travels back as
 itself (rayless remote errors); a worker that dies is replaced by the pool, and its task
 retried.
 """
@@ -13,7 +14,7 @@ import inspect
 import os
 from typing import Any
 
-import cloudpickle
+from rayless.actors.ext import loads_by_value
 
 ENV_TASK_WORKER = "RAYLESS_RAY_TASK_WORKER"
 
@@ -37,7 +38,7 @@ class TaskWorker:
         if fn is None:
             if code is None:
                 raise KeyError(f"task function {key} was not sent to this worker")
-            fn = self._functions[key] = cloudpickle.loads(code)
+            fn = self._functions[key] = loads_by_value(code)
         result = fn(*args, **kwargs)
         if inspect.isawaitable(result):
             return asyncio.run(_awaited(result))

@@ -28,10 +28,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-import cloudpickle
-
 from rayless.actors import ActorHandle as _RaylessHandle
 from rayless.actors import RemoteStream
+from rayless.actors.ext import dumps_by_value
 from rayless.errors import ActorDiedError, PlacementError, RemoteError
 from rayless.ray import _worker
 from rayless.ray._task_worker import TaskWorker
@@ -289,6 +288,9 @@ async def run_task(
                 ):
                     attempt += 1
                     continue
+                # named as Ray names it: the function, not the worker that ran it
+                exc.raised_in = "task"
+                exc.actor = f"ray::{key.rpartition('-')[0]}() on {exc.actor}"
                 raise
             except BaseException:
                 if not pools.release(kind, worker):  # cancelled: stop it in the background
@@ -365,7 +367,9 @@ class RemoteFunction:
 
     def _pickled(self) -> bytes:
         if self._code is None:
-            self._code = cloudpickle.dumps(self._function)
+            # by value where cloudpickle would (a function of __main__), with its file's name
+            # and source lines, so a task's traceback shows the driver's lines
+            self._code = dumps_by_value(self._function)
         return self._code
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:

@@ -262,3 +262,35 @@ def test_idle_task_workers_hold_no_cpus_in_available_resources() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["2.0", "2.0"]
+
+
+def test_a_task_error_names_the_function_and_shows_the_drivers_lines(tmp_path: Path) -> None:
+    # test_failure.py: Ray's message names the task (ray::parse()) and its traceback shows the
+    # driver's file and line; here the task's function went by value without its file name
+    # ("<dynamic-code>", no source lines) and the message named only the worker
+    script = tmp_path / "newcomer.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            from rayless import ray
+            ray.init(num_cpus=1)
+
+            @ray.remote
+            def parse(s):
+                return int(s)
+
+            try:
+                ray.get(parse.remote("x1"))
+            except ValueError as e:
+                print(e)
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "builtins.ValueError in task 'ray::parse() on TaskWorker-" in proc.stdout, proc.stdout
+    assert f'File "{script}", line 7, in parse' in proc.stdout, proc.stdout
+    assert "return int(s)" in proc.stdout and "<dynamic-code>" not in proc.stdout
