@@ -99,6 +99,7 @@ class HeadActors:
             alloc=alloc,
             max_restarts=spec.max_restarts,
             methods=dict(spec.methods),
+            named=name is not None,
         )
         self.state.actors[actor_id] = record
         self.state.owned.setdefault(record.owner, set()).add(actor_id)

@@ -35,6 +35,7 @@ class ActorRecord:
     restarts: int = 0
     death: ActorEvent | None = None
     env: dict[str, str] = field(default_factory=dict)
+    named: bool = False  # its spawn gave the name (else the head made one up)
 
     def public(self) -> ActorView:
         """The record as lookups, handles and status see it."""
@@ -53,6 +54,7 @@ class ActorRecord:
             max_restarts=self.max_restarts,
             methods=dict(self.methods),
             death=self.death,
+            named=self.named,
         )
 
 

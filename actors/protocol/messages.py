@@ -184,6 +184,7 @@ class ActorView:
     max_restarts: int
     methods: dict[str, MethodInfo]
     death: ActorEvent | None
+    named: bool = False  # its spawn gave the name (else the head made one up)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values, for status output (``Cluster.nodes``, ``rayless status``)."""

@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import json
 import os
+import tempfile
 import time
 from typing import Any
 
@@ -53,6 +55,7 @@ __all__ = [
     "put",
     "remote",
     "shutdown",
+    "timeline",
     "util",
     "wait",
 ]
@@ -412,6 +415,44 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
             f"Failed to look up actor with name '{name}'. This could because 1. You are trying "
             "to look up a named actor you didn't create. 2. The named actor died."
         ) from None
+
+
+def timeline(filename: str | None = None) -> list[dict[str, Any]] | None:
+    """The cluster's timeline (rayless' Chrome trace events of every live actor and this
+    process: ``Cluster.timeline``): written to ``filename``, else returned as a list of
+    events (as Ray's).
+
+    Raises:
+        RuntimeError: ``ray.init()`` has not been called.
+    """
+    s = _worker.current()
+    if s is None:
+        raise RuntimeError(
+            "Ray has not been started yet. Timeline requires Ray to be initialized first."
+        )
+
+    async def write(path: str) -> None:
+        cluster = await s.cluster()
+        await cluster.timeline(path)
+
+    if filename is not None:
+        _worker.run(s, write(filename))
+        return None
+    with tempfile.TemporaryDirectory(prefix="rayless-timeline-") as tmp:
+        path = os.path.join(tmp, "timeline.json")
+        _worker.run(s, write(path))
+        with open(path) as f:
+            events: list[dict[str, Any]] = json.load(f)["traceEvents"]
+    return events
+
+
+def __getattr__(name: str) -> Any:
+    """``ray.cloudpickle``: the cloudpickle module (imported at first use)."""
+    if name == "cloudpickle":
+        import cloudpickle
+
+        return cloudpickle
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_gpu_ids() -> list[int]:

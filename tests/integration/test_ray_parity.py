@@ -454,3 +454,36 @@ def test_ready_and_terminate_built_in_methods(ray: Any) -> None:
     assert ready
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(b.f.remote(), timeout=30)
+
+
+def test_named_actor_listing_timeline_and_cloudpickle(ray: Any, tmp_path: Any) -> None:
+    # verl's rendezvous (ray.util.list_named_actors + ray.get_actor(**entry)), its main_ppo
+    # (ray.timeline(filename=...)) and fully-async policy (ray.cloudpickle)
+    import json
+
+    @ray.remote(num_cpus=0)
+    class N:
+        def f(self) -> int:
+            return 1
+
+    named = N.options(name="parity-listed").remote()
+    anonymous = N.remote()
+    assert ray.get([named.f.remote(), anonymous.f.remote()]) == [1, 1]
+    names = ray.util.list_named_actors()
+    assert "parity-listed" in names and len(names) == len(set(names))
+    assert not [n for n in names if n.startswith("N-")]  # an anonymous actor is not listed
+    entries = ray.util.list_named_actors(all_namespaces=True)
+    mine = [e for e in entries if e["name"] == "parity-listed"]
+    assert len(mine) == 1 and set(mine[0]) == {"name", "namespace"}
+    assert ray.get(ray.get_actor(**mine[0]).f.remote()) == 1
+    ray.kill(named)
+    deadline = time.monotonic() + 30
+    while "parity-listed" in ray.util.list_named_actors() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "parity-listed" not in ray.util.list_named_actors()
+
+    assert isinstance(ray.timeline(), list)
+    path = tmp_path / "timeline.json"
+    assert ray.timeline(filename=str(path)) is None
+    json.loads(path.read_text())
+    assert ray.cloudpickle.loads(ray.cloudpickle.dumps(lambda x: x + 1))(1) == 2

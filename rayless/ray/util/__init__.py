@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from rayless.ray import _internals
 from rayless.ray.util import scheduling_strategies
@@ -21,6 +22,7 @@ __all__ = [
     "PlacementGroup",
     "get_current_placement_group",
     "get_node_ip_address",
+    "list_named_actors",
     "placement_group",
     "placement_group_table",
     "remove_placement_group",
@@ -31,3 +33,26 @@ __all__ = [
 def get_node_ip_address() -> str:
     """This node's IP address (an actor's node, or 127.0.0.1 in a local driver)."""
     return os.environ.get(_internals.ENV_NODE_IP) or "127.0.0.1"
+
+
+def list_named_actors(all_namespaces: bool = False) -> list[Any]:
+    """The live actors that were given a name: their names in this session's namespace, or
+    with ``all_namespaces`` one ``{"name": ..., "namespace": ...}`` per actor (what
+    ``ray.get_actor(**entry)`` takes; the namespace is None for an actor named in a session
+    without one)."""
+    from rayless.ray import _worker
+
+    s = _worker.session()
+
+    async def named() -> list[str]:
+        cluster = await s.cluster()
+        page = await cluster.list_actors(limit=None)
+        return [view.name for view in page.actors if view.named]
+
+    entries = []
+    for full in _worker.run(s, named()):
+        namespace, _, name = full.rpartition("/")
+        entries.append({"name": name, "namespace": namespace or None})
+    if all_namespaces:
+        return entries
+    return [e["name"] for e in entries if e["namespace"] == s.namespace]
