@@ -63,6 +63,7 @@ R = TypeVar("R")
 ALIVE, RESTARTING, DEAD = ActorState.ALIVE, ActorState.RESTARTING, ActorState.DEAD
 _PROBE_TIMEOUT = 5.0  # seconds for a fresh session to an actor whose connection broke
 _MOVES = 3  # restarts followed while connecting before a call gives up
+_START_WAIT = 3600.0  # a call to an actor found while it was starting waits this long at most
 _DEATH_WAIT = 10.0  # seconds to wait for the head to list the death of an unanswering actor
 
 
@@ -371,6 +372,8 @@ class Runtime:
         if conn.state is DEAD:
             raise conn.death or ActorDiedError(conn.name)
         async with conn.lock:
+            if not conn.address:
+                await self._started(conn)
             for _ in range(_MOVES):
                 client = conn.client
                 if client is not None and client.ready:
@@ -402,6 +405,33 @@ class Runtime:
             raise ActorDiedError(
                 conn.name, node=conn.node, reason=f"it moved {_MOVES} times while we connected"
             )
+
+    async def _started(self, conn: _ActorConn) -> None:
+        """Wait until an actor that was still starting when its handle was made (found by
+        name: no address yet) serves, polling the head's record (at most ``_START_WAIT``;
+        its spawn's own timeout usually ends it first: a spawn that times out is dead).
+
+        Raises:
+            ActorDiedError: it died or failed to start, or did not start in time.
+        """
+        deadline = self.loop.time() + _START_WAIT
+        pause = 0.01
+        while self.loop.time() < deadline:
+            info = await self.head_request(LookupActor(conn.actor_id), timeout=10)
+            if info.state is DEAD:
+                death = info.death
+                raise ActorDiedError(
+                    conn.name,
+                    node=info.node_id,
+                    reason="failed to start" if death is None else death.reason,
+                    **death_details(death),
+                )
+            if info.address:
+                conn.address, conn.node = info.address, info.node_id
+                return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.5)
+        raise ActorDiedError(conn.name, reason=f"it did not start within {_START_WAIT:g} s")
 
     @overload
     async def _why_unreachable(self, conn: _ActorConn) -> RaylessError | None: ...

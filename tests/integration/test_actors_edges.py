@@ -13,6 +13,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -177,3 +178,27 @@ async def test_built_in_ready_and_terminate_let_earlier_calls_finish(
     assert mark.read_text() == "1"
     with pytest.raises(AttributeError):
         h.__ray_call__  # noqa: B018 (not a built-in: a dunder name)
+
+
+async def test_a_handle_found_while_its_actor_starts_waits_for_it(
+    local_cluster: Cluster, tmp_path: Path
+) -> None:
+    # get_actor of an actor still in its constructor gave a handle without an address, and a
+    # call on it failed with ZMQError "Invalid argument (addr='')"; as in Ray, the call waits
+    from rayless.errors import ActorNotFoundError
+
+    pid_file = tmp_path / "pid"
+    spawning = asyncio.create_task(
+        local_cluster.spawn(SlowInit, str(pid_file), 2.0, name="slow-named")
+    )
+
+    async def found() -> Any:
+        try:
+            return await local_cluster.get_actor("slow-named")
+        except ActorNotFoundError:
+            return None
+
+    early = await wait_until(found, 60, "the starting actor's record")
+    assert not spawning.done()  # still in its constructor
+    assert await asyncio.wait_for(early.pid(), 60) == int(pid_file.read_text())
+    await spawning
