@@ -22,6 +22,7 @@ PACKAGES = (
     "rayless.ray",
     "rayless.ray.exceptions",
     "rayless.ray.util",
+    "rayless.ray.util.collective",
     "rayless.ray.util.placement_group",
     "rayless.ray.util.queue",
     "rayless.ray.util.scheduling_strategies",

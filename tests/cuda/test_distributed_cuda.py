@@ -58,3 +58,32 @@ async def test_an_nccl_group_of_two_ranks_on_one_gpu_fails_or_works_but_never_ha
             assert "nccl" in str(exc).lower() or "duplicate gpu" in str(exc).lower(), exc
         else:
             assert results == [1, (1, [1.0])]  # an NCCL that allows it: the weights arrive
+
+
+@pytest.mark.skipif(GPUS < 2, reason="NCCL needs one GPU per rank; this machine has fewer than 2")
+def test_a_ray_collective_group_over_nccl_broadcasts_cuda_tensors() -> None:
+    # verl's and OpenRLHF's weight broadcast: ray.util.collective with backend="nccl"
+    from rayless import ray
+    from rayless.ray.util import collective as col
+
+    @ray.remote(num_gpus=1, num_cpus=0)
+    class Member:
+        def __init__(self, rank: int) -> None:
+            self.rank = rank
+
+        def run(self) -> list[float]:
+            import torch
+
+            col.init_collective_group(2, self.rank, backend="nccl", group_name="cuda-g")
+            t = torch.full((4,), float(self.rank + 1), device="cuda")
+            col.broadcast(t, src_rank=1, group_name="cuda-g")
+            col.allreduce(t, "cuda-g")
+            col.barrier("cuda-g")
+            return [float(x) for x in t.cpu()]
+
+    ray.init(num_gpus=2)
+    try:
+        members = [Member.remote(r) for r in range(2)]
+        assert ray.get([m.run.remote() for m in members], timeout=300) == [[4.0] * 4] * 2
+    finally:
+        ray.shutdown()

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.waiting import wait_until_sync
+
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("rayless_ray_parity")]
 
 _HAS_RAY = importlib.util.find_spec("ray") is not None
@@ -223,12 +225,12 @@ def _settled_cpus(ray: Any) -> Any:
     """``available_resources()["CPU"]`` once three reads 0.2 s apart agree (Ray's view of
     resources lags the work that gives them back; within 30 s)."""
     reads: list[Any] = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def settled() -> bool:
         reads.append(ray.available_resources().get("CPU"))
-        if len(reads) >= 3 and reads[-1] == reads[-2] == reads[-3]:
-            break
-        time.sleep(0.2)
+        return len(reads) >= 3 and reads[-1] == reads[-2] == reads[-3]
+
+    wait_until_sync(settled, 30, "three equal reads of the available CPUs", interval=0.2)
     return reads[-1]
 
 
@@ -477,13 +479,82 @@ def test_named_actor_listing_timeline_and_cloudpickle(ray: Any, tmp_path: Any) -
     assert len(mine) == 1 and set(mine[0]) == {"name", "namespace"}
     assert ray.get(ray.get_actor(**mine[0]).f.remote()) == 1
     ray.kill(named)
-    deadline = time.monotonic() + 30
-    while "parity-listed" in ray.util.list_named_actors() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert "parity-listed" not in ray.util.list_named_actors()
+    wait_until_sync(
+        lambda: "parity-listed" not in ray.util.list_named_actors(), 30, "the killed actor unlisted"
+    )
 
     assert isinstance(ray.timeline(), list)
     path = tmp_path / "timeline.json"
     assert ray.timeline(filename=str(path)) is None
     json.loads(path.read_text())
     assert ray.cloudpickle.loads(ray.cloudpickle.dumps(lambda x: x + 1))(1) == 2
+
+
+def test_collective_groups_over_gloo(ray: Any) -> None:
+    # test_collective (gloo): init_collective_group in each member, or create_collective_group
+    # in the driver (members join at their first call); allreduce, broadcast, allgather,
+    # send/recv, barrier, get_rank, destroy (verl's and OpenRLHF's weight broadcasts)
+    from importlib import import_module
+
+    import torch
+
+    col = import_module(ray.__name__ + ".util.collective")
+
+    @ray.remote(num_cpus=0)
+    class Member:
+        def __init__(self, rank: int, world: int) -> None:
+            self.rank, self.world = rank, world
+
+        def join(self, name: str) -> tuple[int, int]:
+            col.init_collective_group(self.world, self.rank, backend="gloo", group_name=name)
+            return col.get_rank(name), col.get_collective_group_size(name)
+
+        def ops(self, name: str) -> tuple[Any, ...]:
+            import torch
+
+            t = torch.full((4,), float(self.rank + 1))
+            col.allreduce(t, name)
+            b = torch.full((2,), float(self.rank))
+            col.broadcast(b, src_rank=1, group_name=name)
+            outs = [torch.zeros(1) for _ in range(self.world)]
+            col.allgather(outs, torch.tensor([float(self.rank)]), name)
+            m = torch.tensor([float(self.rank)])
+            col.allreduce(m, name, op=col.types.ReduceOp.MAX)
+            got = torch.zeros(3)
+            if self.rank == 0:
+                col.send(torch.tensor([1.0, 2.0, 3.0]), 2, name)
+            if self.rank == 2:
+                col.recv(got, 0, name)
+            col.barrier(name)
+            return t.tolist(), b.tolist(), [o.item() for o in outs], m.item(), got.tolist()
+
+        def declared(self, name: str) -> tuple[float, int]:
+            import torch
+
+            t = torch.full((1,), float(self.rank))
+            col.allreduce(t, name)
+            return t.item(), col.get_rank(name)
+
+        def leave(self, name: str) -> bool:
+            col.destroy_collective_group(name)
+            return bool(col.is_group_initialized(name))
+
+    members = [Member.remote(r, 3) for r in range(3)]
+    joined = ray.get([m.join.remote("parity-g1") for m in members], timeout=120)
+    assert joined == [(r, 3) for r in range(3)]
+    outs = ray.get([m.ops.remote("parity-g1") for m in members], timeout=120)
+    for rank, (t, b, gathered, top, got) in enumerate(outs):
+        assert t == [6.0] * 4 and b == [1.0, 1.0] and gathered == [0.0, 1.0, 2.0] and top == 2.0
+        assert got == ([1.0, 2.0, 3.0] if rank == 2 else [0.0] * 3)
+    assert ray.get([m.leave.remote("parity-g1") for m in members], timeout=60) == [False] * 3
+
+    pair = [Member.remote(r, 2) for r in range(2)]
+    col.create_collective_group(pair, 2, [1, 0], backend="gloo", group_name="parity-g2")
+    assert ray.get([m.declared.remote("parity-g2") for m in pair], timeout=120) == [
+        (1.0, 1),
+        (1.0, 0),
+    ]
+    with pytest.raises(RuntimeError):
+        col.create_collective_group(pair, 2, [0, 1], backend="gloo", group_name="parity-g2")
+    with pytest.raises(RuntimeError):
+        col.allreduce(torch.zeros(1), "parity-g2")  # the driver is not an actor

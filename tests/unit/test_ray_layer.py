@@ -178,3 +178,22 @@ def test_actors_start_from_the_light_template_when_neither_torch_nor_numpy_is_in
         monkeypatch.setitem(sys.modules, name, sys)
         assert template_for() is Template.TORCH
         monkeypatch.delitem(sys.modules, name)
+
+
+def test_collective_backends_and_calls_outside_an_actor() -> None:
+    from rayless.ray.util import collective as col
+    from rayless.ray.util.collective.types import Backend
+
+    assert Backend("gloo") == Backend("torch_gloo") == Backend.GLOO == "GLOO"
+    assert Backend("nccl") == Backend.NCCL
+    with pytest.raises(ValueError, match="Unrecognized backend"):
+        Backend("mpi")
+    assert col.gloo_available()
+    for call in (
+        lambda: col.init_collective_group(2, 0, backend="gloo", group_name="g"),
+        lambda: col.get_rank("g"),
+        lambda: col.barrier("g"),
+    ):
+        with pytest.raises(RuntimeError, match="only used inside a Ray actor or task"):
+            call()
+    assert not col.is_group_initialized("g")
