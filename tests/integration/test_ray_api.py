@@ -568,3 +568,25 @@ def test_a_get_actor_handle_streams_a_generator_method() -> None:
     assert isinstance(gen, ray.ObjectRefGenerator)
     assert [ray.get(ref) for ref in gen] == [0, 1, 2]
     ray.kill(handle)
+
+
+def test_a_collective_group_missing_a_member_fails_within_its_timeout() -> None:
+    # every wait has a deadline: a group whose rank 1 never joins fails rank 0's init (and a
+    # lone rank 1's) with RuntimeError after gloo_timeout, never a hang
+    from rayless.ray.util import collective as col
+
+    @ray.remote(num_cpus=0)
+    class Lonely:
+        def join(self, rank: int, name: str) -> str:
+            start = time.monotonic()
+            try:
+                col.init_collective_group(
+                    2, rank, backend="gloo", group_name=name, gloo_timeout=2000
+                )
+            except RuntimeError as exc:
+                return f"RuntimeError after {time.monotonic() - start:.0f}s: {exc}"
+            return "joined"
+
+    for rank in (0, 1):
+        got = ray.get(Lonely.remote().join.remote(rank, f"lonely-{rank}"), timeout=120)
+        assert got.startswith("RuntimeError after") and "could not be formed" in got, got

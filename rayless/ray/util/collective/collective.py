@@ -198,8 +198,6 @@ def init_collective_group(
 def _join(backend: str, world_size: int, rank: int, group_name: str, timeout_ms: int) -> _Group:
     try:
         return _Group(backend, world_size, rank, group_name, timeout_ms)
-    except RuntimeError:
-        raise
     except Exception as exc:  # a store or process group that timed out, an unreachable peer
         raise RuntimeError(f"collective group '{group_name}' could not be formed: {exc}") from exc
 
