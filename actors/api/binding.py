@@ -90,12 +90,12 @@ def _options(attr: Any) -> EndpointOptions | None:
     return found if isinstance(found, EndpointOptions) else None
 
 
-def public_methods(cls: type) -> dict[str, MethodInfo]:
+def public_methods(cls: type, hooks: bool = True) -> dict[str, MethodInfo]:
     """The remotely callable methods of ``cls`` and what callers need of each: its endpoints
     when it marks any, else every public method but the lifecycle hooks."""
     found: dict[str, tuple[Any, EndpointOptions | None]] = {}
     for name in dir(cls):
-        if name.startswith("_") or name in _LIFECYCLE:
+        if name.startswith("_") or (hooks and name in _LIFECYCLE):
             continue
         attr = inspect.getattr_static(cls, name, None)
         inner = attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr

@@ -153,6 +153,7 @@ class Cluster:
         timeout: float = 120.0,
         wait_for_resources: float = 0.0,
         template: Template = Template.TORCH,
+        hooks: bool = True,
         **kwargs: Any,
     ) -> ActorHandle[A]:
         """Start an actor of ``cls(*args, **kwargs)`` in its own process; return its handle.
@@ -161,6 +162,9 @@ class Cluster:
         ``wait_for_resources`` if any: an actor not serving by then is killed at once.
         ``template`` picks the host's fork template (:class:`~rayless.actors.Template`):
         ``TORCH``, the default, has torch imported ahead; ``LIGHT`` forks at once without it.
+        ``hooks=False`` makes the class's ``setup`` and ``teardown`` plain remote methods
+        (rayless.ray's classes: Ray has no lifecycle hooks) instead of running them at spawn
+        and at a clean stop.
 
         Raises:
             ClosedError: this cluster handle is closed.
@@ -177,7 +181,7 @@ class Cluster:
             Timeout: the actor did not start within ``timeout`` seconds (its process is gone).
         """
         ref = ClassRef.of(cls)
-        methods = public_methods(cls)
+        methods = public_methods(cls, hooks)
         shown = class_name(cls)
         check_method_names(shown, methods)
         if max_restarts < 0 or (max_concurrency is not None and max_concurrency < 1):
@@ -214,6 +218,7 @@ class Cluster:
             wait_for_resources=float(wait_for_resources),
             template=template,
             imports=_template_imports(cls),
+            hooks=bool(hooks),
         )
         runtime = await self._runtime()
         try:

@@ -110,6 +110,7 @@ class SyncCluster:
         timeout: float = 120.0,
         wait_for_resources: float = 0.0,
         template: Template = Template.TORCH,
+        hooks: bool = True,
         **kwargs: Any,
     ) -> ActorHandle[A]:
         """Start an actor of ``cls(*args, **kwargs)`` in its own process; return its handle.
@@ -118,6 +119,9 @@ class SyncCluster:
         ``wait_for_resources`` if any: an actor not serving by then is killed at once.
         ``template`` picks the host's fork template (:class:`~rayless.actors.Template`):
         ``TORCH``, the default, has torch imported ahead; ``LIGHT`` forks at once without it.
+        ``hooks=False`` makes the class's ``setup`` and ``teardown`` plain remote methods
+        (rayless.ray's classes: Ray has no lifecycle hooks) instead of running them at spawn
+        and at a clean stop.
 
         Raises:
             ClosedError: this cluster handle is closed.
@@ -148,6 +152,7 @@ class SyncCluster:
                 timeout=timeout,
                 wait_for_resources=wait_for_resources,
                 template=template,
+                hooks=hooks,
                 **kwargs,
             )
         )

@@ -229,9 +229,10 @@ class ActorHost:
                 sys.path.insert(0, path)
         cls = ClassRef.from_wire(self.spec.cls).load()
         args, kwargs = codec.decode(self.spec.init)
-        self.methods = public_methods(cls)
+        self.methods = public_methods(cls, self.spec.hooks)
         self.instance = await self.worker.submit(functools.partial(cls, *args, **kwargs))
-        await self._lifecycle("setup")
+        if self.spec.hooks:
+            await self._lifecycle("setup")
         self.server = Server(
             f"tcp://{self.bind_ip}:0",
             token=self.token,
@@ -402,7 +403,7 @@ class ActorHost:
         worker thread."""
         if self.streams is not None:
             self.streams.close_all()
-        if self.instance is not None:
+        if self.instance is not None and self.spec.hooks:
             try:
                 await asyncio.wait_for(self._lifecycle("teardown"), grace)
             except Exception:

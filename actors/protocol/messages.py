@@ -129,6 +129,7 @@ class SpawnSpec:
     wait_for_resources: float = 0.0
     template: Template = Template.TORCH
     imports: tuple[str, ...] = ()
+    hooks: bool = True  # setup/teardown are lifecycle hooks (False: plain methods, Ray's)
 
 
 # -- records and events -------------------------------------------------------------------
@@ -583,6 +584,7 @@ class Boot:
     init: tuple[bytes, ...]
     max_concurrency: int | None
     sys_path: tuple[str, ...]
+    hooks: bool = True  # SpawnSpec.hooks
 
 
 @message("ctl.Bootstrap")

@@ -163,41 +163,12 @@ class ActorClass:
         return f"ActorClass({self.__qualname__})"
 
 
-def _check_lifecycle(cls: type) -> None:
-    """Refuse a class whose ``setup``/``teardown`` take arguments: rayless runs those
-    methods itself (at spawn and at a clean stop), so a Ray class's own could not work.
-
-    Raises:
-        TypeError: naming the method and what to do.
-    """
-    for name in ("setup", "teardown"):
-        fn = getattr(cls, name, None)
-        if fn is None or not callable(fn):
-            continue
-        try:
-            params = list(inspect.signature(fn).parameters.values())[1:]
-        except (TypeError, ValueError):
-            continue
-        needed = [
-            p.name
-            for p in params
-            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-        ]
-        if needed:
-            raise TypeError(
-                f"{cls.__qualname__}.{name}() takes arguments ({', '.join(needed)}), but rayless "
-                f"runs a class's {name}() itself, without arguments (at spawn / at a clean stop): "
-                "rename the method to call it remotely"
-            )
-
-
 def remote_class(cls: type, options: dict[str, Any]) -> ActorClass:
     """``@ray.remote`` on a class: the ActorClass that stands for it in its module. The class
     itself stays reachable by its qualified name (``A._ray_cls``), so an actor
     process importing it by name finds the class, not the ActorClass; ``ray.remote(A)`` called
     on a class its module keeps as it is changes nothing. A class defined inside a
     function travels by value (cloudpickle), as a class of the driver's ``__main__`` does."""
-    _check_lifecycle(cls)
     if "<locals>" in cls.__qualname__:
         cls.__module__ = "__main__"  # not importable: it travels by value, as in Ray
     elif _found_at(cls) is not cls and not cls.__qualname__.endswith("." + _HIDDEN):
@@ -309,6 +280,7 @@ async def _spawn(
             max_restarts=max(0, int(opts.get("max_restarts") or 0)),
             max_concurrency=opts.get("max_concurrency"),
             template=template_for(),
+            hooks=False,  # a Ray class's setup/teardown are its own methods
             env=env_for(s, opts),
             gpu_indices=where.gpu_indices,
             **kwargs,

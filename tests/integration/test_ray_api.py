@@ -590,3 +590,28 @@ def test_a_collective_group_missing_a_member_fails_within_its_timeout() -> None:
     for rank in (0, 1):
         got = ray.get(Lonely.remote().join.remote(rank, f"lonely-{rank}"), timeout=120)
         assert got.startswith("RuntimeError after") and "could not be formed" in got, got
+
+
+def test_a_ray_classs_setup_and_teardown_are_its_own_methods() -> None:
+    # a Ray trainer's setup(config) / teardown(): called remotely, never run by rayless itself
+    # (Cluster.spawn's lifecycle hooks are rayless' own; Ray has none)
+    @ray.remote(num_cpus=0)
+    class Trainer:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def setup(self, config: dict[str, int]) -> int:
+            self.calls.append("setup")
+            return config["lr"]
+
+        def teardown(self) -> None:
+            self.calls.append("teardown")
+
+        def seen(self) -> list[str]:
+            return self.calls
+
+    t = Trainer.remote()
+    assert ray.get(t.seen.remote()) == []  # not run at spawn
+    assert ray.get(t.setup.remote({"lr": 3})) == 3
+    ray.get(t.teardown.remote())
+    assert ray.get(t.seen.remote()) == ["setup", "teardown"]
