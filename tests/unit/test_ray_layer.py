@@ -196,3 +196,26 @@ def test_collective_backends_and_calls_outside_an_actor() -> None:
         with pytest.raises(RuntimeError, match="only used inside a Ray actor or task"):
             call()
     assert not col.is_group_initialized("g")
+
+
+async def test_a_collective_groups_rendezvous_keys_live_in_its_meeting_actor() -> None:
+    # the store gloo and NCCL meet through (no TCPStore port): set/get/wait, their deadlines,
+    # and the counters and compare-and-set torch's helpers use
+    import asyncio
+
+    from rayless.ray.util.collective.collective import _CollectiveInfo
+
+    info = _CollectiveInfo()
+    waiting = asyncio.ensure_future(info.get_key("rank/1", 5))
+    await asyncio.sleep(0)
+    await info.set_key("rank/1", b"addr")
+    assert await waiting == b"addr"
+    with pytest.raises(TimeoutError, match="rank/2"):
+        await info.wait_keys(["rank/1", "rank/2"], 0.05)
+    assert await info.add_key("n", 2) == 2 and await info.add_key("n", 3) == 5
+    assert await info.compare_set("c", b"", b"x") == b"x"
+    assert await info.compare_set("c", b"y", b"z") == b"x"  # not the expected value: kept
+    assert await info.compare_set("missing", b"y", b"z") == b"y"
+    assert await info.check_keys(["c", "n"]) and not await info.check_keys(["nope"])
+    assert await info.delete_key("c") and not await info.delete_key("c")
+    assert await info.num_keys() == 2

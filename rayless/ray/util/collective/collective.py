@@ -4,12 +4,12 @@
 place), as Ray's ``ray.util.collective``.
 
 A group is a standalone torch.distributed process group (``ProcessGroupGloo`` for CPU tensors,
-``ProcessGroupNCCL`` for CUDA ones) built on a ``TCPStore`` that rank 0 opens on a free port of
-its node: it never touches torch.distributed's default group, so a member may also run its own
-``init_process_group`` (DDP, FSDP). The members meet through a named actor, ``info_<group>``
-(as Ray's): rank 0 posts its store's address there, the others wait for it (at most the
-group's timeout), and ``create_collective_group`` records there which actor is which rank.
-Every wait is bounded by ``gloo_timeout`` (milliseconds; the NCCL group's too).
+``ProcessGroupNCCL`` for CUDA ones): it never touches torch.distributed's default group, so a
+member may also run its own ``init_process_group`` (DDP, FSDP). The members meet through a named
+actor, ``info_<group>`` (as Ray's), which keeps the group's rendezvous keys
+(``store.MeetingStore``: no ``TCPStore`` port is opened) and, for a group the driver declared,
+which actor is which rank. Every wait is bounded by ``gloo_timeout`` (milliseconds; the NCCL
+group's too).
 
 Raises (as Ray's): RuntimeError for a call outside an actor or task, a group initialized twice
 or not at all, an unavailable backend, a rank out of range, list operands of the wrong length.
@@ -46,16 +46,16 @@ __all__ = [
 ]
 
 _INFO = "info_"  # the meeting actor's name: info_<group> (Ray's)
-_STORE_PREFIX = "rayless-collective/"
 
 
 class _CollectiveInfo:
-    """The named actor through which a group's members meet."""
+    """The named actor through which a group's members meet: who is which rank (a group the
+    driver declared) and the keys of the group's rendezvous (``store.MeetingStore``)."""
 
     def __init__(self) -> None:
         self.info: list[Any] | None = None
-        self.master: str | None = None
-        self.posted = asyncio.Event()
+        self.keys: dict[str, bytes] = {}
+        self.posted = asyncio.Event()  # replaced (and set) whenever a key changes
 
     async def set_info(
         self, actor_ids: list[str], world_size: int, ranks: list[int], backend: str, timeout: int
@@ -65,19 +65,52 @@ class _CollectiveInfo:
     async def get_info(self) -> list[Any] | None:
         return self.info
 
-    async def set_master(self, address: str) -> None:
-        self.master = address
-        self.posted.set()
+    def _changed(self) -> None:
+        posted, self.posted = self.posted, asyncio.Event()
+        posted.set()
 
-    async def get_master(self, timeout: float) -> str:
-        try:
-            await asyncio.wait_for(self.posted.wait(), timeout)
-        except asyncio.TimeoutError:
-            raise TimeoutError(
-                f"rank 0 did not open the group's store within {timeout:g} s"
-            ) from None
-        assert self.master is not None  # internal invariant: set before posted
-        return self.master
+    async def set_key(self, key: str, value: bytes) -> None:
+        self.keys[key] = value
+        self._changed()
+
+    async def wait_keys(self, keys: list[str], timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while missing := [k for k in keys if k not in self.keys]:
+            left = deadline - loop.time()
+            try:
+                await asyncio.wait_for(self.posted.wait(), max(left, 0.0))
+            except asyncio.TimeoutError:
+                raise TimeoutError(
+                    f"the group's rendezvous keys {missing} did not come within {timeout:g} s"
+                ) from None
+
+    async def get_key(self, key: str, timeout: float) -> bytes:
+        await self.wait_keys([key], timeout)
+        return self.keys[key]
+
+    async def add_key(self, key: str, amount: int) -> int:
+        total = int(self.keys.get(key, b"0")) + amount
+        self.keys[key] = str(total).encode()
+        self._changed()
+        return total
+
+    async def check_keys(self, keys: list[str]) -> bool:
+        return all(k in self.keys for k in keys)
+
+    async def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        current = self.keys.get(key)
+        if (current is None and expected == b"") or current == expected:
+            self.keys[key] = desired
+            self._changed()
+            return desired
+        return expected if current is None else current
+
+    async def delete_key(self, key: str) -> bool:
+        return self.keys.pop(key, None) is not None
+
+    async def num_keys(self) -> int:
+        return len(self.keys)
 
 
 class _Group:
@@ -88,31 +121,17 @@ class _Group:
     ) -> None:
         import torch.distributed as dist
 
-        from rayless import ray
+        from rayless.ray.util.collective.store import MeetingStore
 
         self.backend, self.world_size, self.rank, self.name = backend, world_size, rank, name
         timeout = datetime.timedelta(milliseconds=timeout_ms)
-        info = _meeting_actor(name)
-        if rank == 0:
-            host = ray.util.get_node_ip_address()
-            self.store = dist.TCPStore(
-                host, 0, world_size, True, timeout=timeout, wait_for_workers=False
-            )
-            ray.get(info.set_master.remote(f"{host}:{self.store.port}"))
-        else:
-            address = ray.get(
-                info.get_master.remote(timeout.total_seconds()),
-                timeout=timeout.total_seconds() + 30,
-            )
-            host, _, port = address.rpartition(":")
-            self.store = dist.TCPStore(host, int(port), world_size, False, timeout=timeout)
-        store = dist.PrefixStore(_STORE_PREFIX + name, self.store)
+        self.store = MeetingStore(_meeting_actor(name), timeout)
         if backend == Backend.NCCL:
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
-            self.pg: Any = dist.ProcessGroupNCCL(store, rank, world_size, options)
+            self.pg: Any = dist.ProcessGroupNCCL(self.store, rank, world_size, options)
         else:
-            self.pg = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+            self.pg = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
 
 
 _groups: dict[str, _Group] = {}
