@@ -23,7 +23,7 @@ from typing import Any
 from rayless.actors import BUILTIN_METHODS, Cluster, RemoteStream
 from rayless.actors import ActorHandle as _RaylessHandle
 from rayless.errors import ActorDiedError as _RaylessDied
-from rayless.errors import ActorNotFoundError, RaylessError, RemoteError
+from rayless.errors import ActorNotFoundError, NameTakenError, RaylessError, RemoteError
 from rayless.ray import _worker
 from rayless.ray.exceptions import ActorDiedError, _mixed
 from rayless.ray.generator import ObjectRefGenerator
@@ -285,6 +285,12 @@ async def _spawn(
             gpu_indices=where.gpu_indices,
             **kwargs,
         )
+    except NameTakenError:
+        where.release()
+        if rname is None or not opts.get("get_if_exists"):
+            raise
+        # another driver or actor started it since the lookup above: that one, as in Ray
+        return await cluster.get_actor(rname)
     except BaseException:
         where.release()
         raise

@@ -615,3 +615,36 @@ def test_a_ray_classs_setup_and_teardown_are_its_own_methods() -> None:
     assert ray.get(t.setup.remote({"lr": 3})) == 3
     ray.get(t.teardown.remote())
     assert ray.get(t.seen.remote()) == ["setup", "teardown"]
+
+
+def test_get_if_exists_that_loses_the_race_to_create_gets_the_winner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # test_actor.py::test_get_if_exists: Ray's get-or-create is atomic. Here a creator whose
+    # lookup came before another's spawn registered the name, and whose own spawn came after,
+    # got "name taken" (ValueError); the lookup's miss is simulated once
+    from rayless.errors import ActorNotFoundError
+    from rayless.ray import _worker
+
+    @ray.remote(num_cpus=0)
+    class Once:
+        def pid(self) -> int:
+            import os
+
+            return os.getpid()
+
+    first = Once.options(name="race-once").remote()
+    s = _worker.session()
+    cluster = _worker.run(s, s.cluster())
+    real = cluster.get_actor
+    misses = [1]
+
+    async def late_lookup(name: str) -> object:
+        if misses:
+            misses.pop()
+            raise ActorNotFoundError(f"no live actor named {name!r}")
+        return await real(name)
+
+    monkeypatch.setattr(cluster, "get_actor", late_lookup)
+    second = Once.options(name="race-once", get_if_exists=True).remote()
+    assert ray.get(second.pid.remote(), timeout=60) == ray.get(first.pid.remote(), timeout=60)

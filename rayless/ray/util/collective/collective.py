@@ -170,15 +170,8 @@ def _meeting_actor(group_name: str) -> Any:
     """The group's ``info_<group>`` actor: found, or started by the first member to ask."""
     from rayless import ray
 
-    name = _INFO + group_name
-    try:
-        return ray.get_actor(name)
-    except ValueError:
-        pass
-    try:
-        return ray.remote(_CollectiveInfo).options(name=name, num_cpus=0).remote()
-    except ValueError:  # another member started it meanwhile
-        return ray.get_actor(name)
+    options = {"name": _INFO + group_name, "get_if_exists": True, "num_cpus": 0}
+    return ray.remote(_CollectiveInfo).options(**options).remote()
 
 
 def is_group_initialized(group_name: str) -> bool:
