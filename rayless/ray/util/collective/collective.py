@@ -447,17 +447,27 @@ def reducescatter(
     g.pg.reduce_scatter([t], [ins], opts).wait()
 
 
+def _to_peer(tensor: Any, peer: int, group_name: str) -> tuple[Any, _Group]:
+    """``tensor`` as a torch tensor and the group, for a point-to-point call with ``peer``.
+
+    Raises:
+        RuntimeError: ``peer`` is this member. ValueError: it is not a rank of the group.
+    """
+    t = _as_tensor(tensor)
+    g = _group(group_name)
+    _check_rank(g, peer)
+    if peer == g.rank:
+        raise RuntimeError(f"The destination rank '{peer}' is self.")
+    return t, g
+
+
 def send(tensor: Any, dst_rank: int, group_name: str = "default") -> None:
     """Send ``tensor`` to ``dst_rank`` (which calls :func:`recv`).
 
     Raises:
         RuntimeError: ``dst_rank`` is this member.
     """
-    t = _as_tensor(tensor)
-    g = _group(group_name)
-    _check_rank(g, dst_rank)
-    if dst_rank == g.rank:
-        raise RuntimeError(f"The destination rank '{dst_rank}' is self.")
+    t, g = _to_peer(tensor, dst_rank, group_name)
     g.pg.send([t], dst_rank, 0).wait()
 
 
@@ -467,9 +477,5 @@ def recv(tensor: Any, src_rank: int, group_name: str = "default") -> None:
     Raises:
         RuntimeError: ``src_rank`` is this member.
     """
-    t = _as_tensor(tensor)
-    g = _group(group_name)
-    _check_rank(g, src_rank)
-    if src_rank == g.rank:
-        raise RuntimeError(f"The destination rank '{src_rank}' is self.")
+    t, g = _to_peer(tensor, src_rank, group_name)
     g.pg.recv([t], src_rank, 0).wait()
