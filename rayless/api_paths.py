@@ -27,6 +27,7 @@ PACKAGES = (
     "rayless.ray.util.queue",
     "rayless.ray.util.scheduling_strategies",
     "rayless.single_controller",
+    "rayless.transfer_queue",
     "rayless.store",
     "rayless.transport",
     "rayless.weights",

@@ -59,7 +59,6 @@ import contextlib
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -75,6 +74,7 @@ from rayless.store.client.put_path import PutPath
 from rayless.store.client.unit_keys import UnitKeys
 from rayless.store.controller.actor import StoreController
 from rayless.store.controller.fetches import check_timeout
+from rayless.store.data.kv_meta import KVBatchMeta
 from rayless.store.data.messages import FetchMode, UnitView
 from rayless.store.data.meta import BatchMeta
 from rayless.store.data.rows import take
@@ -104,18 +104,6 @@ S = TypeVar("S")
 PUT_TIMEOUT = 30.0
 START_TIMEOUT = 120.0  # the default bound of a wait for the units' start (a spawn's own)
 _STOP_MARGIN = 15.0  # beyond it, for the head's answers to the spawns
-
-
-@dataclass(frozen=True)
-class KVBatchMeta:
-    """What ``kv_batch_put`` returns: the keys, their tags, the partition and the fields the
-    samples hold now (TransferQueue's KVBatchMeta); ``meta`` is the samples' BatchMeta."""
-
-    keys: list[str]
-    tags: list[dict[str, Any]]
-    partition_id: str
-    fields: list[str]
-    meta: BatchMeta | None = field(default=None, compare=False)
 
 
 def _rows(td: TensorDictBase, positions: list[int]) -> TensorDictBase:
@@ -264,6 +252,7 @@ class Store:
         unit_max_restarts: int = 0,
         lease_after: float = 60.0,
         reservation_ttl: float | None = None,
+        client_settings: Mapping[str, Any] | None = None,
     ) -> Store:
         """Spawn a controller (named ``name``) and ``num_units`` units, one per node round-robin
         (or on ``nodes[i]``). Await it, or ``async with`` it (the store is killed on exit).
@@ -279,6 +268,8 @@ class Store:
         batch waits for its client's ack before it goes back to its task (the client died).
         ``reservation_ttl``: seconds a same-host put's reserved slots wait for its commit
         (default ``RAYLESS_STORE_RESERVATION_TTL`` in the units' environment, else 120).
+        ``client_settings``: plain values the controller keeps for every client
+        (:meth:`client_settings`), set before any client can connect.
         Raises ValueError/StoreInputError for bad arguments, PlacementError/RemoteError when
         the controller cannot start. A unit that cannot start (PlacementError, RemoteError,
         Timeout, ...) fails the first operation with that error, or ``aclose`` if no operation
@@ -312,6 +303,7 @@ class Store:
             reclaim_after,
             lease_after,
             True,  # its unit table is complete only once _start_units set it
+            client_settings,
             name=name,
             cpus=0,
             template=Template.LIGHT,  # the controller never imports torch: no wait for it
@@ -694,6 +686,11 @@ class Store:
         result: list[str] = await self.controller.partitions()
         return result
 
+    async def client_settings(self) -> dict[str, Any]:
+        """The ``client_settings`` the store's creator gave ``Store.create`` ({} if none)."""
+        settings: dict[str, Any] = await self.controller.client_settings()
+        return settings
+
     async def production_status(self, partition: str) -> dict[str, Any]:
         """``{"samples": n, "fields": {field: ready}, "schemas": {...}}``."""
         status: ProductionStatus = await self.controller.production_status(partition)
@@ -788,7 +785,11 @@ class Store:
                 await self.set_custom_meta(old, [tag_list[p] for p in present])
         meta = await self.controller.kv_meta(partition_id, keys)
         return KVBatchMeta(
-            list(keys), [dict(c) for c in meta.custom_meta], partition_id, meta.field_names, meta
+            list(keys),
+            [dict(c) for c in meta.custom_meta],
+            partition_id,
+            meta.field_names,
+            meta=meta,
         )
 
     async def kv_batch_get(

@@ -255,6 +255,10 @@ class SyncStore(BlockingFace, face=Store):
         """Existing partitions."""
         return self.run(self.store.partitions())
 
+    def client_settings(self) -> dict[str, Any]:
+        """The ``client_settings`` the store's creator gave ``Store.create`` ({} if none)."""
+        return self.run(self.store.client_settings())
+
     def production_status(self, partition: str) -> dict[str, Any]:
         """``{"samples": n, "fields": {field: ready}, "schemas": {...}}``."""
         return self.run(self.store.production_status(partition))

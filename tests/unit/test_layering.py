@@ -126,7 +126,14 @@ EXPORTED = {
         "rayless.transport.cuda_ipc",
     },
 }
-ABOVE = ("store", "weights", "rayless/demo", "rayless/single_controller", "rayless/ray")
+ABOVE = (
+    "store",
+    "weights",
+    "rayless/demo",
+    "rayless/single_controller",
+    "rayless/ray",
+    "rayless/transfer_queue",
+)
 
 
 def unexported_imports(folder: str, root: Path = ROOT) -> list[str]:

@@ -1,0 +1,281 @@
+"""TransferQueue's clients (``AsyncTransferQueueClient``, ``TransferQueueClient``) over a
+``rayless.store`` Store.
+
+Each method keeps TransferQueue's name, arguments and return value and runs the store's
+operation on the store's home loop (the ``rayless.ray`` session's loop in a driver, the
+actor's own loop in an actor): an ``async_`` method may be awaited on any loop, a blocking
+one called from any thread but that loop (there it raises RuntimeError: ``await`` the
+``async_`` form, as the blocking call would wait on the loop it runs on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from rayless.store import BatchMeta, StoreTimeoutError, UnknownPartitionError
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict, TensorDictBase
+
+    from rayless.store import Store
+
+__all__ = ["AsyncTransferQueueClient", "FetchTimeoutError", "TransferQueueClient"]
+
+T = TypeVar("T")
+
+# TransferQueue's bound on a fetch waiting for enough ready samples (seconds, its env name)
+FETCH_TIMEOUT_ENV = "TQ_CONTROLLER_GET_METADATA_TIMEOUT"
+CALL_TIMEOUT = 300.0  # a blocking call's bound (checkpoints: none)
+_MODES = ("fetch", "force_fetch")
+_FORCE_TASK = "rayless.transfer_queue.force_fetch"  # a task that never consumes
+
+
+class FetchTimeoutError(RuntimeError, TimeoutError):
+    """A ``fetch`` whose batch was not ready within the fetch timeout: a RuntimeError, as
+    TransferQueue's client raises it, and a TimeoutError."""
+
+
+def fetch_timeout() -> float:
+    """How long a ``fetch`` waits for its batch (``TQ_CONTROLLER_GET_METADATA_TIMEOUT``, 1 s).
+
+    Raises ValueError for a value that is not a number >= 0.
+    """
+    raw = os.environ.get(FETCH_TIMEOUT_ENV, "1")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{FETCH_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+    if not value >= 0:
+        raise ValueError(f"{FETCH_TIMEOUT_ENV}={raw!r} must be >= 0")
+    return value
+
+
+class AsyncTransferQueueClient:
+    """TransferQueue's async client on a store: ``await client.async_put(td, partition_id=
+    "train")``, ``async_get_meta``, ``async_get_data``, ``async_clear_samples``, ...
+
+    ``sampler`` is the store sampler ``get_meta`` fetches with (``samplers.store_spec``);
+    ``polling_mode`` makes a fetch that is not ready return an empty BatchMeta at once
+    instead of raising FetchTimeoutError after ``TQ_CONTROLLER_GET_METADATA_TIMEOUT`` seconds.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        client_id: str | None = None,
+        sampler: Any = None,
+        polling_mode: bool = False,
+    ) -> None:
+        self.store = store
+        self.client_id = client_id or f"TransferQueueClient_{os.getpid()}"
+        self._loop = loop
+        self._sampler = sampler
+        self._polling = polling_mode
+
+    # -- where the store's work runs ---------------------------------------------------
+
+    def _on_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
+    async def _home(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` on the store's loop from whatever loop runs this."""
+        if self._on_loop():
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    def _block(self, coro: Coroutine[Any, Any, T], timeout: float | None = CALL_TIMEOUT) -> T:
+        """Run ``coro`` on the store's loop and wait for it (at most ``timeout`` s).
+
+        Raises RuntimeError on the store's own loop; TimeoutError when ``timeout`` passes
+        (the operation is cancelled).
+        """
+        if self._on_loop():
+            coro.close()
+            raise RuntimeError(
+                "a blocking TransferQueueClient call on the event loop it needs would wait "
+                "for good: await the async_ form (e.g. `await client.async_get_data(meta)`)"
+            )
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout)
+        except (TimeoutError, concurrent.futures.TimeoutError):  # (one class since 3.11)
+            if future.done():  # the operation's own error, a TimeoutError
+                raise
+            future.cancel()
+            raise TimeoutError(f"the call did not finish within {timeout}s") from None
+
+    # -- TransferQueue's operations ----------------------------------------------------
+
+    async def async_get_meta(
+        self,
+        data_fields: list[str],
+        batch_size: int,
+        partition_id: str,
+        mode: str = "fetch",
+        task_name: str | None = None,
+        sampling_config: dict[str, Any] | None = None,
+    ) -> BatchMeta:
+        """Metadata of ``batch_size`` ready samples of ``partition_id`` holding
+        ``data_fields``, marked consumed by ``task_name`` (``mode="fetch"``); or of every
+        sample of the partition that holds them, consuming nothing (``"force_fetch"``).
+
+        Raises:
+            FetchTimeoutError: (fetch) not enough ready samples within the fetch timeout
+                (a RuntimeError, TransferQueue's error, and a TimeoutError; in polling mode
+                an empty BatchMeta is returned instead).
+            AssertionError: a fetch without ``task_name``.
+            ValueError: another mode; a ``sampling_config`` (rank-aware sampling: use
+                ``rayless.store``'s StreamingDataset with ``dp_rank``/``dp_size``).
+        """
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        if sampling_config:
+            raise ValueError(
+                "sampling_config is not supported by rayless.transfer_queue: ranks share "
+                "batches through rayless.store's StreamingDataset (dp_rank, dp_size)"
+            )
+        fields = list(data_fields)
+        if mode == "force_fetch":
+            return await self._home(
+                self.store.get_meta(partition_id, fields, None, task=_FORCE_TASK, mode="peek")
+            )
+        if task_name is None:
+            raise AssertionError("a fetch needs task_name")
+        timeout = 0.0 if self._polling else fetch_timeout()
+        try:
+            return await self._home(
+                self.store.get_meta(
+                    partition_id,
+                    fields,
+                    batch_size,
+                    task=task_name,
+                    mode="fetch",
+                    sampler=self._sampler,
+                    timeout=timeout,
+                )
+            )
+        except StoreTimeoutError as exc:
+            if self._polling:
+                return BatchMeta(self.store.store_id, (), (), (), ())
+            raise FetchTimeoutError(
+                f"Timeout while waiting for sufficient data for task {task_name}. "
+                f"Required: {batch_size}: {exc}"
+            ) from exc
+
+    async def async_put(
+        self,
+        data: TensorDictBase,
+        metadata: BatchMeta | None = None,
+        partition_id: str | None = None,
+        data_parser: Callable[[Any], Any] | None = None,
+    ) -> BatchMeta:
+        """Store ``data`` as new samples of ``partition_id``, or its fields onto the samples
+        of ``metadata``; returns the samples' metadata.
+
+        Raises ValueError (neither metadata nor partition_id; a ``data_parser``: parse the
+        data before the put) and the store's errors (StoreInputError is a ValueError).
+        """
+        if data_parser is not None:
+            raise ValueError("data_parser is not supported by rayless.transfer_queue")
+        if metadata is None and partition_id is None:
+            raise ValueError("partition_id must be provided if metadata is not given")
+        if metadata is not None:
+            return await self._home(self.store.put(data, meta=metadata))
+        return await self._home(self.store.put(data, partition_id))
+
+    async def async_get_data(self, metadata: BatchMeta) -> TensorDict:
+        """The samples of ``metadata`` (its fields) as a TensorDict."""
+        return await self._home(self.store.get(metadata))
+
+    async def async_set_custom_meta(self, metadata: BatchMeta) -> None:
+        """Store ``metadata.custom_meta`` (one dict per sample) with its samples."""
+        await self._home(self.store.set_custom_meta(metadata, list(metadata.custom_meta)))
+
+    async def async_clear_samples(self, metadata: BatchMeta) -> None:
+        """Delete the samples of ``metadata``."""
+        await self._home(self.store.clear(metadata))
+
+    async def async_clear_partition(self, partition_id: str) -> None:
+        """Delete every sample of ``partition_id``."""
+        await self._home(self.store.clear_partition(partition_id))
+
+    async def async_check_consumption_status(self, task_name: str, partition_id: str) -> bool:
+        """Whether ``task_name`` consumed every sample of ``partition_id`` (False for an
+        empty or unknown partition)."""
+        try:
+            status = await self._home(self.store.consumption_status(partition_id, task_name))
+        except UnknownPartitionError:
+            return False
+        return status["samples"] > 0 and status["consumed"] >= status["samples"]
+
+    async def async_check_production_status(
+        self, data_fields: Sequence[str], partition_id: str
+    ) -> bool:
+        """Whether every sample of ``partition_id`` holds every field of ``data_fields``
+        (False for an empty or unknown partition)."""
+        try:
+            status = await self._home(self.store.production_status(partition_id))
+        except UnknownPartitionError:
+            return False
+        samples = status["samples"]
+        held = status["fields"]
+        return samples > 0 and all(held.get(f, 0) >= samples for f in data_fields)
+
+    async def async_reset_consumption(
+        self, partition_id: str, task_name: str | None = None
+    ) -> bool:
+        """Make the samples of ``partition_id`` fetchable again for ``task_name`` (None:
+        every task); True once done."""
+        await self._home(self.store.reset_consumption(task_name, partition_id))
+        return True
+
+    async def async_get_partition_list(self) -> list[str]:
+        """The partitions that hold samples."""
+        return await self._home(self.store.partitions())
+
+    async def async_kv_list(self, partition_id: str | None = None) -> dict[str, dict[str, Any]]:
+        """``{partition: {key: tag}}`` of one partition (None: all)."""
+        return await self._home(self.store.kv_list(partition_id))
+
+    def close(self) -> None:
+        """Forget the store (``tq.close()`` ends it; this client only stops being used)."""
+        self._sampler = None
+
+
+def _blocking(name: str) -> Callable[..., Any]:
+    async_method = getattr(AsyncTransferQueueClient, f"async_{name}")
+
+    def call(self: TransferQueueClient, *args: Any, **kwargs: Any) -> Any:
+        return self._block(async_method(self, *args, **kwargs))
+
+    call.__name__ = name
+    call.__qualname__ = f"TransferQueueClient.{name}"
+    call.__doc__ = f"Blocking ``async_{name}``: " + (async_method.__doc__ or "")
+    return call
+
+
+class TransferQueueClient(AsyncTransferQueueClient):
+    """TransferQueue's client: every ``async_x`` of :class:`AsyncTransferQueueClient` also as
+    a blocking ``x`` (``client.put(td, partition_id="train")``, ``client.get_meta(...)``,
+    ``client.get_data(meta)``, ...), bounded by CALL_TIMEOUT (TimeoutError)."""
+
+    get_meta = _blocking("get_meta")
+    put = _blocking("put")
+    get_data = _blocking("get_data")
+    set_custom_meta = _blocking("set_custom_meta")
+    clear_samples = _blocking("clear_samples")
+    clear_partition = _blocking("clear_partition")
+    check_consumption_status = _blocking("check_consumption_status")
+    check_production_status = _blocking("check_production_status")
+    reset_consumption = _blocking("reset_consumption")
+    get_partition_list = _blocking("get_partition_list")
+    kv_list = _blocking("kv_list")

@@ -1,0 +1,442 @@
+"""TransferQueue's module-level interface (``tq.init``, ``tq.kv_batch_put``, ...) over one
+``rayless.store`` Store per cluster.
+
+``init(conf)`` in the first process creates the store (its controller is named
+:data:`STORE_NAME`) on the ``rayless.ray`` session's cluster (``ray.init()`` first if
+there is none, as Ray's actors do); in any other process of the cluster (a worker actor, a
+task, a second driver) it attaches to that store. The functions below that need a client
+attach on first use, as TransferQueue's do. ``close()`` ends the store in the process that
+created it, and only detaches elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rayless.errors import ActorNotFoundError, NameTakenError
+from rayless.ray import _worker
+from rayless.store import CheckpointNotFoundError, Store
+from rayless.transfer_queue import samplers
+from rayless.transfer_queue.client import TransferQueueClient
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict, TensorDictBase
+
+    from rayless.store.client.store import KVBatchMeta
+
+__all__ = [
+    "STORE_NAME",
+    "async_kv_batch_get",
+    "async_kv_batch_get_by_meta",
+    "async_kv_batch_put",
+    "async_kv_clear",
+    "async_kv_list",
+    "async_kv_put",
+    "close",
+    "get_client",
+    "get_metrics_endpoint",
+    "init",
+    "kv_batch_get",
+    "kv_batch_get_by_meta",
+    "kv_batch_put",
+    "kv_clear",
+    "kv_list",
+    "kv_put",
+    "load_checkpoint",
+    "save_checkpoint",
+]
+
+log = logging.getLogger(__name__)
+
+STORE_NAME = "TransferQueueController"
+BACKENDS = ("SimpleStorage",)
+NOT_INITIALIZED = "TransferQueueController has not been initialized yet. Please call init() first."
+
+# TransferQueue's defaults (its config.yaml) for the keys this module reads.
+DEFAULTS: dict[str, Any] = {
+    "metrics": {"enabled": False, "port": 0},
+    "controller": {"sampler": "SequentialSampler", "polling_mode": False, "zmq_info": None},
+    "backend": {
+        "storage_backend": "SimpleStorage",
+        "SimpleStorage": {"total_storage_size": None, "num_data_storage_units": 2},
+    },
+}
+
+
+class _State:
+    """This process's client (its store closes the store where it created it)."""
+
+    def __init__(self) -> None:
+        self.client: TransferQueueClient | None = None
+        self.lock = threading.Lock()
+
+
+_state = _State()
+
+
+def _plain(conf: Any) -> dict[str, Any]:
+    """``conf`` (a Mapping or an OmegaConf config) as plain nested dicts."""
+    if conf is None:
+        return {}
+    if not isinstance(conf, Mapping) and type(conf).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+
+        return _plain(OmegaConf.to_container(conf, resolve=True))
+    if not isinstance(conf, Mapping):
+        raise ValueError(f"a TransferQueue config must be a mapping, got {type(conf).__name__}")
+    return {k: _plain(v) if isinstance(v, Mapping) else v for k, v in conf.items()}
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _settings(conf: dict[str, Any]) -> dict[str, Any]:
+    """What every client needs of the config (kept by the store's controller).
+
+    Raises ValueError: an unknown sampler or backend, a bad unit count.
+    """
+    controller = conf.get("controller", {})
+    backend = conf.get("backend", {})
+    name = backend.get("storage_backend", "SimpleStorage")
+    if name not in BACKENDS:
+        raise ValueError(
+            f"storage_backend {name!r} is not available in rayless.transfer_queue: its data "
+            f"lives in rayless.store's units (one of {BACKENDS})"
+        )
+    sampler = controller.get("sampler", "SequentialSampler")
+    return {
+        "sampler": samplers.store_spec(sampler),
+        "polling_mode": bool(controller.get("polling_mode", False)),
+    }
+
+
+def _units(conf: dict[str, Any]) -> int:
+    n = conf.get("backend", {}).get("SimpleStorage", {}).get("num_data_storage_units", 2)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"num_data_storage_units must be a positive int, got {n!r}")
+    return n
+
+
+def _client(store: Store, session: _worker.Session, settings: Mapping[str, Any]) -> None:
+    _state.client = TransferQueueClient(
+        store,
+        session.loop,
+        sampler=settings.get("sampler"),
+        polling_mode=bool(settings.get("polling_mode", False)),
+    )
+
+
+async def _connect(session: _worker.Session) -> tuple[Store, dict[str, Any]]:
+    store = await Store.connect(STORE_NAME, await session.cluster())
+    return store, await store.client_settings()
+
+
+async def _create(
+    session: _worker.Session, units: int, settings: dict[str, Any]
+) -> tuple[Store, dict[str, Any]]:
+    cluster = await session.cluster()
+    try:
+        store = await Store.create(
+            cluster, num_units=units, name=STORE_NAME, client_settings=settings
+        )
+    except NameTakenError:  # another process created it first: attach to that one
+        return await _connect(session)
+    return store, settings
+
+
+def _attach() -> bool:
+    """Attach this process to the cluster's store if there is one (and no client yet)."""
+    if _state.client is not None:
+        return True
+    session = _worker.session()
+    try:
+        store, settings = _worker.run(session, _connect(session), timeout=120)
+    except ActorNotFoundError:
+        return False
+    _client(store, session, settings)
+    return True
+
+
+def init(conf: Any = None) -> dict[str, Any] | None:
+    """Start TransferQueue on the cluster, or attach to the one already running.
+
+    The first call in a cluster creates the store from ``conf`` merged over the defaults
+    (``controller.sampler``, ``controller.polling_mode``,
+    ``backend.SimpleStorage.num_data_storage_units``) and returns the merged config; a call
+    that finds the store attaches and returns ``conf`` unchanged (as TransferQueue, which
+    then ignores it).
+
+    Raises:
+        ValueError: an unknown sampler or storage backend, a bad unit count, a config that
+            is not a mapping.
+        RuntimeError: called on the event loop of an ``async def`` actor method (use it
+            from a sync method, or at the actor's start).
+    """
+    with _state.lock:
+        if _attach():
+            return conf
+        final = _merge(DEFAULTS, _plain(conf))
+        settings = _settings(final)
+        units = _units(final)
+        session = _worker.session()
+        store, settings = _worker.run(session, _create(session, units, settings), 300)
+        _client(store, session, settings)
+        if final.get("metrics", {}).get("enabled"):
+            log.warning(
+                "TransferQueue's Prometheus exporter is not started by rayless.transfer_queue: "
+                "the store's metrics are in `rayless status` and `store.metrics()`"
+            )
+        return final
+
+
+def close() -> None:
+    """End TransferQueue: the process that created the store kills it, any other one only
+    detaches. Idempotent; never raises for a cluster that is already gone."""
+    with _state.lock:
+        client, _state.client = _state.client, None
+    if client is None:
+        return
+    session = _worker.current()
+    try:
+        if session is not None and not session.loop.is_closed():
+            # the creator's aclose also kills the store; another's only detaches
+            _worker.run(session, client.store.aclose(), 60)
+    except Exception as exc:  # the cluster went away first: nothing is left to end
+        log.debug("tq.close: %s", exc)
+    client.close()
+
+
+def get_metrics_endpoint() -> str | None:
+    """None: rayless.transfer_queue starts no Prometheus exporter."""
+    return None
+
+
+def get_client() -> TransferQueueClient:
+    """This process's client (for TransferQueue's low-level API).
+
+    Raises AssertionError before ``init()``, as TransferQueue does."""
+    assert _state.client is not None, (
+        "Please initialize the TransferQueue first by calling `tq.init()`!"
+    )
+    return _state.client
+
+
+def _maybe_client() -> TransferQueueClient:
+    """The client, attaching to the cluster's store on first use. Raises AssertionError when
+    no store was started (TransferQueue's error)."""
+    with _state.lock:
+        if not _attach() or _state.client is None:
+            raise AssertionError(NOT_INITIALIZED)
+        return _state.client
+
+
+# -- KV interface ------------------------------------------------------------------------
+
+
+async def async_kv_put(
+    key: str,
+    partition_id: str,
+    fields: TensorDictBase | dict[str, Any] | None = None,
+    tag: dict[str, Any] | None = None,
+    data_parser: Any = None,
+) -> KVBatchMeta:
+    """Put one key's ``fields`` (a dict of one sample's values, or a TensorDict of batch
+    size 1) and/or its ``tag``; returns its KVBatchMeta.
+
+    Raises ValueError (neither fields nor tag; a ``data_parser``) and the store's errors.
+    """
+    client = _maybe_client()
+    _no_parser(data_parser)
+    if fields is None and tag is None:
+        raise ValueError("Please provide at least one parameter of `fields` or `tag`.")
+    meta = await client._home(
+        client.store.kv_put(key=key, partition_id=partition_id, fields=fields, tag=tag)
+    )
+    assert meta is not None
+    return meta
+
+
+async def async_kv_batch_put(
+    keys: list[str],
+    partition_id: str,
+    fields: TensorDictBase | None = None,
+    tags: list[dict[str, Any]] | None = None,
+    data_parser: Any = None,
+) -> KVBatchMeta:
+    """Put ``fields`` (batch size ``len(keys)``) and/or ``tags`` for ``keys``; returns their
+    KVBatchMeta. Raises ValueError (neither fields nor tags, lengths that differ, a
+    ``data_parser``) and the store's errors."""
+    client = _maybe_client()
+    _no_parser(data_parser)
+    return await client._home(client.store.kv_batch_put(keys, partition_id, fields, tags))
+
+
+async def async_kv_batch_get(
+    keys: list[str] | str, partition_id: str, select_fields: list[str] | str | None = None
+) -> TensorDict:
+    """The samples of ``keys`` (``select_fields`` of them; None: all) as a TensorDict.
+    Raises the store's UnknownKeyError (a ValueError) for keys it does not hold."""
+    client = _maybe_client()
+    return await client._home(client.store.kv_batch_get(keys, partition_id, select_fields))
+
+
+async def async_kv_batch_get_by_meta(
+    meta: KVBatchMeta, select_fields: list[str] | str | None = None
+) -> TensorDict:
+    """The samples of ``meta``'s keys: ``select_fields``, else the fields ``meta`` names.
+
+    Raises ValueError when ``meta`` has no partition or ``select_fields`` names a field that
+    ``meta`` lacks."""
+    if meta.partition_id is None:
+        raise ValueError("the KVBatchMeta names no partition_id")
+    wanted: Sequence[str] | None
+    if select_fields is None:
+        wanted = meta.fields
+    else:
+        wanted = [select_fields] if isinstance(select_fields, str) else list(select_fields)
+        unknown = sorted(set(wanted) - set(meta.fields or ()))
+        if meta.fields is not None and unknown:
+            raise ValueError(f"fields {unknown} are not in the KVBatchMeta's fields")
+    return await async_kv_batch_get(
+        list(meta.keys), meta.partition_id, None if wanted is None else list(wanted)
+    )
+
+
+async def async_kv_list(partition_id: str | None = None) -> dict[str, dict[str, Any]]:
+    """``{partition: {key: tag}}`` of one partition (None: every partition)."""
+    client = _maybe_client()
+    return await client._home(client.store.kv_list(partition_id))
+
+
+async def async_kv_clear(keys: list[str] | str, partition_id: str) -> None:
+    """Delete ``keys`` of ``partition_id`` (absent keys are skipped)."""
+    client = _maybe_client()
+    await client._home(client.store.kv_clear(keys, partition_id))
+
+
+def _no_parser(data_parser: Any) -> None:
+    if data_parser is not None:
+        raise ValueError(
+            "data_parser is not supported by rayless.transfer_queue: parse the values "
+            "before the put"
+        )
+
+
+def kv_put(
+    key: str,
+    partition_id: str,
+    fields: TensorDictBase | dict[str, Any] | None = None,
+    tag: dict[str, Any] | None = None,
+    data_parser: Any = None,
+) -> KVBatchMeta:
+    """Blocking :func:`async_kv_put`."""
+    return _maybe_client()._block(async_kv_put(key, partition_id, fields, tag, data_parser))
+
+
+def kv_batch_put(
+    keys: list[str],
+    partition_id: str,
+    fields: TensorDictBase | None = None,
+    tags: list[dict[str, Any]] | None = None,
+    data_parser: Any = None,
+) -> KVBatchMeta:
+    """Blocking :func:`async_kv_batch_put`."""
+    return _maybe_client()._block(async_kv_batch_put(keys, partition_id, fields, tags, data_parser))
+
+
+def kv_batch_get(
+    keys: list[str] | str, partition_id: str, select_fields: list[str] | str | None = None
+) -> TensorDict:
+    """Blocking :func:`async_kv_batch_get`."""
+    return _maybe_client()._block(async_kv_batch_get(keys, partition_id, select_fields))
+
+
+def kv_batch_get_by_meta(
+    meta: KVBatchMeta, select_fields: list[str] | str | None = None
+) -> TensorDict:
+    """Blocking :func:`async_kv_batch_get_by_meta`."""
+    return _maybe_client()._block(async_kv_batch_get_by_meta(meta, select_fields))
+
+
+def kv_list(partition_id: str | None = None) -> dict[str, dict[str, Any]]:
+    """Blocking :func:`async_kv_list`."""
+    return _maybe_client()._block(async_kv_list(partition_id))
+
+
+def kv_clear(keys: list[str] | str, partition_id: str) -> None:
+    """Blocking :func:`async_kv_clear`."""
+    _maybe_client()._block(async_kv_clear(keys, partition_id))
+
+
+# -- checkpoints -------------------------------------------------------------------------
+
+
+def save_checkpoint(
+    checkpoint_dir: str | Path,
+    *,
+    include_storage: bool = True,
+    metadata: dict[str, Any] | None = None,
+) -> None:
+    """Save every partition (samples, keys, tags, consumption) and ``metadata`` to
+    ``checkpoint_dir``, replacing a checkpoint already there only once the new one is
+    complete (``include_storage`` is ignored: the data is always saved, as TransferQueue
+    does for its in-memory storage).
+
+    Raises RuntimeError before ``init()``, ValueError for metadata that is not JSON, OSError.
+    """
+    if _state.client is None:
+        raise RuntimeError("TransferQueue is not initialized. Call tq.init() first.")
+    client = _state.client
+    target = Path(checkpoint_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=f".{target.name}.new-", dir=target.parent))
+    old: Path | None = None
+    try:
+        client._block(client.store.save_checkpoint(fresh, metadata=metadata or {}), None)
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            os.rename(target, old / "checkpoint")
+        os.rename(fresh, target)
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        if old is not None and not target.exists():
+            os.rename(old / "checkpoint", target)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(checkpoint_dir: str | Path) -> None:
+    """Restore the store to a checkpoint: every partition is cleared, then the checkpoint's
+    samples are put back (their keys, tags and consumption with them).
+
+    Raises RuntimeError before ``init()``, FileNotFoundError (the store's
+    CheckpointNotFoundError) when there is no checkpoint there.
+    """
+    if _state.client is None:
+        raise RuntimeError("TransferQueue is not initialized. Call tq.init() first.")
+    client = _state.client
+    client._block(_restore(client.store, Path(checkpoint_dir)), None)
+
+
+async def _restore(store: Store, directory: Path) -> None:
+    if not (directory / "manifest.json").is_file():  # (as the store's load raises it)
+        raise CheckpointNotFoundError(f"no checkpoint manifest at {str(directory)!r}")
+    for partition in await store.partitions():
+        await store.clear_partition(partition)
+    await store.load_checkpoint(directory)
