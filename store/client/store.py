@@ -767,7 +767,8 @@ class Store:
         if tag_list is not None and len(tag_list) != len(keys):
             raise StoreInputError(f"{len(keys)} keys for {len(tag_list)} tags")
         old, missing = await self.controller.kv_lookup(partition_id, keys)
-        present = [p for p in range(len(keys)) if p not in set(missing)]
+        gone = set(missing)
+        present = [p for p in range(len(keys)) if p not in gone]
         if missing:
             data = fields if fields is not None else TensorDict({}, batch_size=[len(keys)])
             sub = data if len(missing) == len(keys) else _rows(data, missing)
