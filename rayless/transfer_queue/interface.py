@@ -244,6 +244,30 @@ def _maybe_client() -> TransferQueueClient:
         return _state.client
 
 
+async def _aclient() -> TransferQueueClient:
+    """:func:`_maybe_client` for the ``async_`` functions: on the store's own loop (an
+    ``async def`` actor method) it attaches without blocking that loop."""
+    client = _state.client
+    if client is not None:
+        return client
+    session = _worker.session()
+    if not _worker.on_loop(session):
+        return _maybe_client()
+    try:
+        store, settings = await _connect(session)
+    except ActorNotFoundError:
+        raise AssertionError(NOT_INITIALIZED) from None
+    with _state.lock:  # (never held across an await)
+        spare = store if _state.client is not None else None
+        if spare is None:
+            _client(store, session, settings)
+        client = _state.client
+    if spare is not None:  # another call attached first
+        await spare.aclose()
+    assert client is not None
+    return client
+
+
 # -- KV interface ------------------------------------------------------------------------
 
 
@@ -259,7 +283,7 @@ async def async_kv_put(
 
     Raises ValueError (neither fields nor tag; a ``data_parser``) and the store's errors.
     """
-    client = _maybe_client()
+    client = await _aclient()
     _no_parser(data_parser)
     if fields is None and tag is None:
         raise ValueError("Please provide at least one parameter of `fields` or `tag`.")
@@ -280,7 +304,7 @@ async def async_kv_batch_put(
     """Put ``fields`` (batch size ``len(keys)``) and/or ``tags`` for ``keys``; returns their
     KVBatchMeta. Raises ValueError (neither fields nor tags, lengths that differ, a
     ``data_parser``) and the store's errors."""
-    client = _maybe_client()
+    client = await _aclient()
     _no_parser(data_parser)
     return await client._home(client.store.kv_batch_put(keys, partition_id, fields, tags))
 
@@ -290,7 +314,7 @@ async def async_kv_batch_get(
 ) -> TensorDict:
     """The samples of ``keys`` (``select_fields`` of them; None: all) as a TensorDict.
     Raises the store's UnknownKeyError (a ValueError) for keys it does not hold."""
-    client = _maybe_client()
+    client = await _aclient()
     return await client._home(client.store.kv_batch_get(keys, partition_id, select_fields))
 
 
@@ -318,13 +342,13 @@ async def async_kv_batch_get_by_meta(
 
 async def async_kv_list(partition_id: str | None = None) -> dict[str, dict[str, Any]]:
     """``{partition: {key: tag}}`` of one partition (None: every partition)."""
-    client = _maybe_client()
+    client = await _aclient()
     return await client._home(client.store.kv_list(partition_id))
 
 
 async def async_kv_clear(keys: list[str] | str, partition_id: str) -> None:
     """Delete ``keys`` of ``partition_id`` (absent keys are skipped)."""
-    client = _maybe_client()
+    client = await _aclient()
     await client._home(client.store.kv_clear(keys, partition_id))
 
 

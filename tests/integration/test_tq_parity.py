@@ -228,3 +228,34 @@ def test_checkpoint_round_trip(api: tuple[Any, Any], tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         tq.load_checkpoint(tmp_path / "absent")
     tq.kv_clear(keys=keys, partition_id="ck")
+
+
+def test_an_async_actor_attaches_on_its_first_async_call(api: tuple[Any, Any]) -> None:
+    # an agent-loop style worker: async methods only, no tq.init(); the async_ forms attach
+    ray, tq = api
+
+    @ray.remote
+    class AgentLoop:
+        async def rewards(self, keys: list[str]) -> float:
+            got = await tq.async_kv_batch_get(keys=keys, partition_id="agent")
+            return float(dense(got["score"]).sum())
+
+        async def blocking(self, keys: list[str]) -> str:
+            try:
+                tq.kv_batch_get(keys=keys, partition_id="agent")
+            except RuntimeError as exc:  # rayless: the call would block the actor's loop
+                return str(exc)
+            return "served"
+
+    keys = ["g0", "g1", "g2"]
+    td = batch(3)
+    tq.kv_batch_put(keys=keys, partition_id="agent", fields=td)
+    loops = [AgentLoop.remote() for _ in range(2)]
+    totals = ray.get([a.rewards.remote(keys) for a in loops])
+    assert totals == [float(td["score"].sum())] * 2
+    answer = ray.get(loops[0].blocking.remote(keys))
+    if tq.__name__.startswith("rayless"):
+        assert "async_" in answer
+    else:  # TransferQueue's blocking call runs on its own thread's loop
+        assert answer == "served"
+    tq.kv_clear(keys=keys, partition_id="agent")
