@@ -17,6 +17,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rayless.store import BatchMeta, StoreTimeoutError, UnknownPartitionError
+from rayless.transfer_queue.layout import tq_layout
 
 if TYPE_CHECKING:
     from tensordict import TensorDict, TensorDictBase
@@ -193,8 +194,9 @@ class AsyncTransferQueueClient:
         return await self._home(self.store.put(data, partition_id))
 
     async def async_get_data(self, metadata: BatchMeta) -> TensorDict:
-        """The samples of ``metadata`` (its fields) as a TensorDict."""
-        return await self._home(self.store.get(metadata))
+        """The samples of ``metadata`` (its fields) as a TensorDict in TransferQueue's layout
+        (``layout.tq_layout``: fields with per-sample dimensions jagged)."""
+        return tq_layout(await self._home(self.store.get(metadata)))
 
     async def async_set_custom_meta(self, metadata: BatchMeta) -> None:
         """Store ``metadata.custom_meta`` (one dict per sample) with its samples."""

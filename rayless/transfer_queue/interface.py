@@ -25,6 +25,7 @@ from rayless.ray import _worker
 from rayless.store import CheckpointNotFoundError, Store
 from rayless.transfer_queue import samplers
 from rayless.transfer_queue.client import TransferQueueClient
+from rayless.transfer_queue.layout import tq_layout
 
 if TYPE_CHECKING:
     from tensordict import TensorDict, TensorDictBase
@@ -312,10 +313,12 @@ async def async_kv_batch_put(
 async def async_kv_batch_get(
     keys: list[str] | str, partition_id: str, select_fields: list[str] | str | None = None
 ) -> TensorDict:
-    """The samples of ``keys`` (``select_fields`` of them; None: all) as a TensorDict.
+    """The samples of ``keys`` (``select_fields`` of them; None: all) as a TensorDict in
+    TransferQueue's layout (``layout.tq_layout``: fields with per-sample dimensions jagged).
     Raises the store's UnknownKeyError (a ValueError) for keys it does not hold."""
     client = await _aclient()
-    return await client._home(client.store.kv_batch_get(keys, partition_id, select_fields))
+    found = await client._home(client.store.kv_batch_get(keys, partition_id, select_fields))
+    return tq_layout(found)
 
 
 async def async_kv_batch_get_by_meta(

@@ -3,9 +3,8 @@ Ray are installed (``pip install -e '.[bench]'``), on TransferQueue 0.1.x itself
 expectations are TransferQueue's. Without them that half is skipped.
 
 Each scenario takes ``(ray, tq)``: the Ray module its workers use and the TransferQueue
-module. Tensor values are compared whatever their layout (TransferQueue returns every
-tensor field of a read as a jagged nested tensor; rayless a dense one where the samples'
-shapes agree: a documented difference).
+module. Reads return jagged nested tensors on both (TransferQueue's layout); ``dense`` stacks
+their samples to compare values.
 """
 
 from __future__ import annotations
@@ -259,3 +258,39 @@ def test_an_async_actor_attaches_on_its_first_async_call(api: tuple[Any, Any]) -
     else:  # TransferQueue's blocking call runs on its own thread's loop
         assert answer == "served"
     tq.kv_clear(keys=keys, partition_id="agent")
+
+
+def test_reads_come_back_in_transfer_queues_layout(api: tuple[Any, Any]) -> None:
+    # TransferQueue 0.1.x returns every field with per-sample dimensions as a jagged nested
+    # tensor (verl calls .to_padded_tensor() on what it reads), one value per sample dense
+    _, tq = api
+    rows = [torch.arange(2), torch.arange(3), torch.arange(1)]
+    td = TensorDict(
+        {
+            "ids": torch.arange(6).reshape(3, 2),
+            "r": torch.tensor([0.5, 1.5, 2.5]),
+            "img": torch.arange(12.0).reshape(3, 2, 2),
+            "same": torch.nested.as_nested_tensor([torch.arange(2)] * 3, layout=torch.jagged),
+            "ragged": torch.nested.as_nested_tensor(rows, layout=torch.jagged),
+        },
+        batch_size=3,
+    )
+    keys = ["l0", "l1", "l2"]
+    tq.kv_batch_put(keys=keys, partition_id="layout", fields=td)
+    for got in (
+        tq.kv_batch_get(keys=keys, partition_id="layout"),
+        tq.get_client().get_data(
+            tq.get_client().put(data=td.exclude("ragged"), partition_id="ll2")
+        ),
+    ):
+        for name in ("ids", "img", "same"):
+            assert got[name].is_nested and got[name].layout == torch.jagged, name
+        assert not got["r"].is_nested and torch.equal(got["r"], td["r"])
+        assert torch.equal(got["ids"].to_padded_tensor(-1), td["ids"])
+        assert torch.equal(got["img"].to_padded_tensor(-1.0), td["img"])
+        assert [len(s) for s in got["same"].unbind()] == [2, 2, 2]
+    ragged = tq.kv_batch_get(keys=keys, partition_id="layout", select_fields="ragged")["ragged"]
+    assert [s.tolist() for s in ragged.unbind()] == [r.tolist() for r in rows]
+    assert ragged.to_padded_tensor(-1).shape == (3, 3)
+    tq.kv_clear(keys=keys, partition_id="layout")
+    tq.get_client().clear_partition(partition_id="ll2")
