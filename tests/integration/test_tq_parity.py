@@ -294,3 +294,21 @@ def test_reads_come_back_in_transfer_queues_layout(api: tuple[Any, Any]) -> None
     assert ragged.to_padded_tensor(-1).shape == (3, 3)
     tq.kv_clear(keys=keys, partition_id="layout")
     tq.get_client().clear_partition(partition_id="ll2")
+
+
+def test_per_sample_python_values_round_trip(api: tuple[Any, Any]) -> None:
+    # verl keeps uids and chat messages beside the tensors (NonTensorStack fields)
+    _, tq = api
+    from tensordict import NonTensorStack
+
+    td = TensorDict({"x": torch.arange(3)}, batch_size=3)
+    td["uid"] = NonTensorStack("u0", "u1", "u2")
+    td["raw_prompt"] = NonTensorStack(*[[{"role": "user", "content": f"q{i}"}] for i in range(3)])
+    tq.kv_batch_put(keys=["n0", "n1", "n2"], partition_id="py", fields=td)
+    out = tq.kv_batch_get(keys=["n2", "n0"], partition_id="py")
+    assert list(out["uid"]) == ["u2", "u0"]
+    assert out.get("raw_prompt").tolist() == [
+        [{"role": "user", "content": "q2"}],
+        [{"role": "user", "content": "q0"}],
+    ]
+    tq.kv_clear(keys=["n0", "n1", "n2"], partition_id="py")
