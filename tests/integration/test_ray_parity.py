@@ -558,3 +558,63 @@ def test_collective_groups_over_gloo(ray: Any) -> None:
         col.create_collective_group(pair, 2, [0, 1], backend="gloo", group_name="parity-g2")
     with pytest.raises(RuntimeError):
         col.allreduce(torch.zeros(1), "parity-g2")  # the driver is not an actor
+
+
+def test_state_api_lists_actors_and_nodes(ray: Any) -> None:
+    # ray.util.state as monitoring code and vLLM's data-parallel placement use it
+    module = __import__(ray.__name__ + ".util.state", fromlist=["list_actors"])
+    # Ray finds its API server from the address (several Ray instances run beside each other
+    # under xdist); rayless' session is the only one there is
+    where = {"address": ray.get_runtime_context().gcs_address} if ray.__name__ == "ray" else {}
+
+    class state:  # the module, bound to this session's address
+        exception = module.exception
+
+        @staticmethod
+        def list_actors(**kw: Any) -> Any:
+            return module.list_actors(**where, **kw)
+
+        @staticmethod
+        def list_nodes(**kw: Any) -> Any:
+            return module.list_nodes(**where, **kw)
+
+        @staticmethod
+        def get_actor(i: str) -> Any:
+            return module.get_actor(i, **where)
+
+        @staticmethod
+        def get_node(i: str) -> Any:
+            return module.get_node(i, **where)
+
+    @ray.remote
+    class StateProbe:
+        def pid(self) -> int:
+            return os.getpid()
+
+    named = StateProbe.options(name="state-probe").remote()
+    plain = StateProbe.remote()
+    pids = {ray.get(named.pid.remote()), ray.get(plain.pid.remote())}
+    cls = "test_state_api_lists_actors_and_nodes.<locals>.StateProbe"  # Ray's: the qualname
+    mine = state.list_actors(filters=[("class_name", "=", cls)])
+    assert {a.pid for a in mine} == pids and {a["state"] for a in mine} == {"ALIVE"}
+    assert {a.name for a in mine} == {"state-probe", ""}
+    assert state.list_actors(filters=[("class_name", "=", cls), ("state", "=", "alive")])
+    one = state.list_actors(filters=[("name", "=", "state-probe")])
+    assert [a.class_name for a in one] == [cls]
+    assert state.get_actor(one[0].actor_id).pid in pids
+    assert state.get_actor(one[0].actor_id)["name"] == "state-probe"
+    assert len(state.list_actors(filters=[("class_name", "=", cls)], limit=1)) == 1
+    assert not state.list_actors(filters=[("class_name", "!=", cls), ("name", "=", "state-probe")])
+    with pytest.raises(state.exception.RayStateApiException):
+        state.list_actors(filters=[("no_such_column", "=", "1")])
+    with pytest.raises(ValueError):
+        state.list_actors(filters=[("state", ">", "ALIVE")])
+
+    nodes = state.list_nodes()
+    assert len(nodes) == 1 and nodes[0].state == "ALIVE" and nodes[0]["is_head_node"] is True
+    assert nodes[0].resources_total["CPU"] == 2.0 and nodes[0].node_ip
+    assert state.list_nodes(filters=[("is_head_node", "=", "True")]) == nodes
+    assert state.get_node(nodes[0].node_id).node_id == nodes[0].node_id
+    assert state.get_node("ff" * 28) is None
+    for handle in (named, plain):
+        ray.kill(handle)
