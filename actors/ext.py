@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from rayless.actors.api.actor import dumps_by_value, loads_by_value
 from rayless.actors.api.blocking import BlockingFace, call_limit
+from rayless.actors.api.cluster import joined_address
 from rayless.actors.api.components import cluster_info, slots_of, spawn_all
 from rayless.actors.api.lifecycle import opener
 from rayless.actors.api.portal import Portal, home_loop
@@ -42,6 +43,7 @@ __all__ = [
     "cluster_info",
     "dumps_by_value",
     "home_loop",
+    "joined_address",
     "loads_by_value",
     "message",
     "opener",

@@ -414,6 +414,20 @@ def connect(address: str | None = None, *, token: str | None = None) -> Opening[
     return Opening(lambda: _connect(address, token))
 
 
+def joined_address() -> str | None:
+    """The address of the cluster this driver started (``Cluster.local``) or joined
+    (``connect``) and has not closed; None when it has none, inside an actor, and for a
+    cluster only named in the environment (``connect()`` joins that one first).
+
+    A process belongs to one cluster at a time: code that would start another (``ray.init``)
+    joins this one instead.
+    """
+    joined = context._current
+    if joined is None or joined.actor_id is not None or joined.source == "env":
+        return None
+    return joined.address
+
+
 async def _connect(address: str | None, token: str | None) -> Cluster:
     if address is None and token is None:
         joined = context._current

@@ -119,7 +119,9 @@ def init(
 
     ``num_gpus`` on a local cluster gives each node that many GPUs (fake ones where the
     machine has fewer, as rayless' local clusters do); ``_num_nodes`` (rayless only) starts a
-    local cluster of several nodes. In an actor or task the session is the actor's cluster.
+    local cluster of several nodes. In an actor or task the session is the actor's cluster; in
+    a driver that already started or joined a cluster itself (``actors.Cluster.local_sync``)
+    it is that cluster (``ray.shutdown`` then leaves it running).
 
     Raises:
         RuntimeError: already initialized (unless ``ignore_reinit_error``).
@@ -155,7 +157,8 @@ def init(
 
 
 def _context(s: _worker.Session) -> RayContext:
-    address = s.sync.address if s.sync is not None else os.environ.get("RAYLESS_ADDRESS", "")
+    address = s.sync.address if s.sync is not None else s.joined
+    address = address or os.environ.get("RAYLESS_ADDRESS", "")
     return RayContext(
         address=address, gcs_address=address, node_ip_address=util.get_node_ip_address()
     )

@@ -55,6 +55,7 @@ class Session:
     groups: dict[str, PlacementGroup] = field(default_factory=dict)
     placements: dict[str, Any] = field(default_factory=dict)  # actor id → its Placement
     anonymous_namespace: str = field(default_factory=lambda: uuid.uuid4().hex)
+    joined: str | None = None  # a driver's own cluster it joined (not started by ray.init)
 
     async def cluster(self) -> Cluster:
         """The cluster (inside an actor: joined on first use)."""
@@ -142,6 +143,14 @@ def open_session(
         env_vars = {**{k: os.environ[k] for k in inherited if k in os.environ}, **env_vars}
         s = Session(loop, None, ns, job, env_vars)
         s.anonymous_namespace = os.environ.get(ENV_ANONYMOUS_NAMESPACE) or s.anonymous_namespace
+    elif (joined := _joined(address)) is not None:
+        # this driver already started or joined a cluster (actors.Cluster.local_sync, a
+        # worker group's cluster): a process belongs to one cluster, so the session uses it
+        # as an actor's does (its loop, a Cluster on the existing session) and leaves it be
+        s = Session(_internals.home_loop(), None, namespace, uuid.uuid4().hex[:8], env_vars)
+        s.joined = joined
+        s.num_cpus = num_cpus
+        s.num_gpus = num_gpus
     else:
         if num_gpus is not None and (num_gpus < 0 or num_gpus != int(num_gpus)):
             raise ValueError(f"num_gpus must be a whole number >= 0, got {num_gpus!r}")
@@ -159,6 +168,14 @@ def open_session(
     s.generation = _generation
     _session = s
     return s
+
+
+def _joined(address: str | None) -> str | None:
+    """The cluster this driver already belongs to, when ``address`` names no other one."""
+    joined = _internals.joined_address()
+    if joined is None or address not in (None, "auto", joined):
+        return None
+    return joined
 
 
 def close_session() -> None:
