@@ -58,6 +58,7 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -168,6 +169,14 @@ def _one_sample(fields: Mapping[str, Any]) -> TensorDict:
     return TensorDict(batch, batch_size=[1])
 
 
+def _settings_text(settings: Mapping[str, Any] | None) -> str:
+    """``Store.create``'s ``client_settings`` as JSON text. Raises StoreInputError."""
+    try:
+        return json.dumps(dict(settings or {}))
+    except (TypeError, ValueError) as exc:
+        raise StoreInputError(f"client_settings must be JSON values: {exc}") from None
+
+
 def _kv_keys(keys: Any) -> list[str]:
     """``keys`` as a list of str; a bare str (``"abc"``) is refused, not split into letters."""
     if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
@@ -268,8 +277,9 @@ class Store:
         batch waits for its client's ack before it goes back to its task (the client died).
         ``reservation_ttl``: seconds a same-host put's reserved slots wait for its commit
         (default ``RAYLESS_STORE_RESERVATION_TTL`` in the units' environment, else 120).
-        ``client_settings``: plain values the controller keeps for every client
-        (:meth:`client_settings`), set before any client can connect.
+        ``client_settings``: JSON values the controller keeps for every client
+        (:meth:`client_settings`), set before any client can connect (StoreInputError when
+        they are not JSON).
         Raises ValueError/StoreInputError for bad arguments, PlacementError/RemoteError when
         the controller cannot start. A unit that cannot start (PlacementError, RemoteError,
         Timeout, ...) fails the first operation with that error, or ``aclose`` if no operation
@@ -281,6 +291,7 @@ class Store:
             raise StoreInputError(f"device must be 'cpu' or 'cuda', got {device!r}")
         if reservation_ttl is not None:
             _reservation_ttl(reservation_ttl)  # raises StoreInputError before anything starts
+        settings = _settings_text(client_settings)
         if capacity_bytes is not None and (
             isinstance(capacity_bytes, bool)
             or not isinstance(capacity_bytes, int)
@@ -303,7 +314,7 @@ class Store:
             reclaim_after,
             lease_after,
             True,  # its unit table is complete only once _start_units set it
-            client_settings,
+            settings,
             name=name,
             cpus=0,
             template=Template.LIGHT,  # the controller never imports torch: no wait for it
@@ -688,7 +699,7 @@ class Store:
 
     async def client_settings(self) -> dict[str, Any]:
         """The ``client_settings`` the store's creator gave ``Store.create`` ({} if none)."""
-        settings: dict[str, Any] = await self.controller.client_settings()
+        settings: dict[str, Any] = json.loads(await self.controller.client_settings())
         return settings
 
     async def production_status(self, partition: str) -> dict[str, Any]:

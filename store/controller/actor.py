@@ -90,10 +90,10 @@ class StoreController(Actor):
         reclaim_after: float = 120.0,
         lease_after: float = 60.0,
         starting_units: bool = False,
-        client_settings: Mapping[str, Any] | None = None,
+        client_settings: str = "{}",
     ) -> None:
         self.state = ControllerState(store_id, env_shards=env_shards)
-        self._client_settings = dict(client_settings or {})
+        self._client_settings = client_settings
         self.reclaim_after = reclaim_after
         self.fetches = Fetches(lease_after)
         self.wait_log_interval = _wait_log_interval()
@@ -238,10 +238,10 @@ class StoreController(Actor):
         return self.state.store_id
 
     @endpoint
-    async def client_settings(self) -> dict[str, Any]:
-        """The values the store's creator left for its clients (``Store.create``'s
+    async def client_settings(self) -> str:
+        """The values the store's creator left for its clients, as JSON text (``Store.create``'s
         ``client_settings``: a face's configuration, opaque to the store)."""
-        return dict(self._client_settings)
+        return self._client_settings
 
     @endpoint
     async def set_env_shards(self, env_shards: Mapping[str, int] | None) -> None:
