@@ -591,6 +591,7 @@ def test_state_api_lists_actors_and_nodes(ray: Any) -> None:
         def pid(self) -> int:
             return os.getpid()
 
+    free = _settled_cpus(ray)
     named = StateProbe.options(name="state-probe").remote()
     plain = StateProbe.remote()
     pids = {ray.get(named.pid.remote()), ray.get(plain.pid.remote())}
@@ -618,3 +619,7 @@ def test_state_api_lists_actors_and_nodes(ray: Any) -> None:
     assert state.get_node("ff" * 28) is None
     for handle in (named, plain):
         ray.kill(handle)
+    # (the CPUs come back late on Ray: later programs count the free ones)
+    wait_until_sync(
+        lambda: ray.available_resources().get("CPU") == free, 30, "the probes' CPUs back"
+    )
