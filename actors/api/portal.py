@@ -131,6 +131,9 @@ def _wait(fut: concurrent.futures.Future[T], timeout: float | None) -> T:
             raise
         fut.cancel()
         raise Timeout(f"no result within {timeout}s") from None
+    except BaseException:  # Ctrl-C (SIGTERM, SIGHUP) while waiting: cancel the work too,
+        fut.cancel()  # so that it unwinds on its loop instead of being dropped there pending
+        raise
 
 
 _home: asyncio.AbstractEventLoop | None = None

@@ -127,6 +127,39 @@ def test_portal_runs_submits_and_closes() -> None:
         p.submit(double(1))
 
 
+def test_ctrl_c_while_waiting_on_a_portal_cancels_the_work() -> None:
+    # Ctrl-C during Cluster.local_sync() left its start pending on the portal's loop, which
+    # stop() then closed under it ("Task was destroyed but it is pending!", no cleanup ran)
+    import signal
+    import threading
+
+    p = portal.Portal("test-portal")
+    started, cancelled = threading.Event(), threading.Event()
+
+    async def forever() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            p.run(forever(), timeout=30)
+        assert started.is_set()
+        assert cancelled.wait(5)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        p.stop()
+
+
 async def test_blocking_portal_calls_inside_a_loop_raise() -> None:
     async def nothing() -> None:
         return None
