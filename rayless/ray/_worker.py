@@ -74,6 +74,17 @@ _generation = 0
 _lock = threading.RLock()
 
 
+def _forget_parent() -> None:
+    """In a forked child (a DataLoader worker): the parent's session is not this process's
+    (its loop thread is not here); closing it at exit would wait on that loop for good."""
+    global _session, _lock
+    _session = None
+    _lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_forget_parent)
+
+
 def in_actor() -> bool:
     """Whether this process is an actor (or task worker) of a rayless cluster."""
     return bool(os.environ.get(_internals.ENV_ACTOR_ID))

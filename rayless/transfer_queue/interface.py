@@ -12,6 +12,7 @@ created it, and only detaches elsewhere.
 from __future__ import annotations
 
 import logging
+import multiprocessing.util
 import os
 import shutil
 import tempfile
@@ -20,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rayless.actors.ext import Portal
 from rayless.errors import ActorNotFoundError, NameTakenError
 from rayless.ray import _worker
 from rayless.store import CheckpointNotFoundError, Store
@@ -72,14 +74,26 @@ DEFAULTS: dict[str, Any] = {
 
 
 class _State:
-    """This process's client (its store closes the store where it created it)."""
+    """This process's client (its store closes the store where it created it); ``forked``
+    in a child forked from a process that had one (a DataLoader worker)."""
 
-    def __init__(self) -> None:
+    def __init__(self, forked: bool = False) -> None:
         self.client: TransferQueueClient | None = None
         self.lock = threading.Lock()
+        self.forked = forked
 
 
 _state = _State()
+
+
+def _forget_parent() -> None:
+    """In a forked child: the parent's client (its loop thread is not in this process) and
+    its lock are not this process's; the child attaches on first use (:func:`_attach_fork`)."""
+    global _state
+    _state = _State(forked=True)
+
+
+os.register_at_fork(after_in_child=_forget_parent)
 
 
 def _plain(conf: Any) -> dict[str, Any]:
@@ -163,6 +177,8 @@ def _attach() -> bool:
     """Attach this process to the cluster's store if there is one (and no client yet)."""
     if _state.client is not None:
         return True
+    if _state.forked:
+        return _attach_fork()
     session = _worker.session()
     try:
         store, settings = _worker.run(session, _connect(session), timeout=120)
@@ -170,6 +186,38 @@ def _attach() -> bool:
         return False
     _client(store, session, settings)
     return True
+
+
+def _attach_fork() -> bool:
+    """Attach a forked child (a DataLoader worker) to the store through a client of its own,
+    on its own loop (closed at the child's exit)."""
+    portal = Portal("rayless-tq-forked")
+    try:
+        store = portal.run(Store.connect(STORE_NAME), 120)
+        settings = portal.run(store.client_settings(), 60)
+    except BaseException as exc:
+        portal.stop()
+        if isinstance(exc, ActorNotFoundError):
+            return False
+        raise
+    _state.client = TransferQueueClient(
+        store,
+        portal.loop,
+        sampler=settings.get("sampler"),
+        polling_mode=bool(settings.get("polling_mode", False)),
+    )
+    # run by the child's exit (multiprocessing's, not atexit: a DataLoader worker os._exit()s)
+    multiprocessing.util.Finalize(None, _close_fork, (portal, store), exitpriority=10)
+    return True
+
+
+def _close_fork(portal: Portal, store: Store) -> None:
+    try:
+        portal.run(store.aclose(), 30)
+    except Exception as exc:  # the cluster went away first
+        log.debug("tq: closing a forked child's client: %s", exc)
+    finally:
+        portal.stop()
 
 
 def init(conf: Any = None) -> dict[str, Any] | None:
@@ -229,10 +277,12 @@ def get_metrics_endpoint() -> str | None:
 def get_client() -> TransferQueueClient:
     """This process's client (for TransferQueue's low-level API).
 
-    Raises AssertionError before ``init()``, as TransferQueue does."""
-    assert _state.client is not None, (
-        "Please initialize the TransferQueue first by calling `tq.init()`!"
-    )
+    Raises AssertionError before ``init()``, as TransferQueue does (a child forked from a
+    process with a client attaches instead)."""
+    if _state.client is None and _state.forked:
+        return _maybe_client()
+    if _state.client is None:
+        raise AssertionError("Please initialize the TransferQueue first by calling `tq.init()`!")
     return _state.client
 
 
