@@ -198,7 +198,9 @@ def close_session() -> None:
         return
     if s.sync is not None:
         s.sync.close()
-    elif s.tasks is not None:  # inside an actor: give back the task workers it started
+    elif s.tasks is not None and not s.loop.is_closed():
+        # inside an actor, or a driver on a cluster of its own: give back the task workers
+        # it started (a closed loop: that cluster, and so they, ended already)
         try:
             run(s, s.tasks.aclose(), timeout=30)
         except Exception:

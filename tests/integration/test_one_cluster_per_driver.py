@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(script: str, tmp_path: Path) -> list[str]:
+def _run(script: str, tmp_path: Path, stderr: list[str] | None = None) -> list[str]:
     path = tmp_path / "driver.py"
     path.write_text(textwrap.dedent(script))
     proc = subprocess.run(
@@ -36,6 +36,8 @@ def _run(script: str, tmp_path: Path) -> list[str]:
         timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+    if stderr is not None:
+        stderr.extend(proc.stderr.splitlines())
     return proc.stdout.splitlines()
 
 
@@ -125,3 +127,28 @@ def test_a_worker_group_reads_and_writes_the_drivers_transfer_queue(tmp_path: Pa
         "KVBatchMeta True ['input_ids', 'old_log_probs']",
         "[0.0, 1.0, 2.0, 103.0, 104.0, 105.0]",
     ]
+
+
+def test_a_driver_that_leaves_its_cluster_before_exit_ends_quietly(tmp_path: Path) -> None:
+    # the session's task workers went with the driver's cluster: nothing to give back at
+    # exit (it printed "coroutine 'TaskPools.aclose' was never awaited")
+    err: list[str] = []
+    out = _run(
+        """
+        from rayless import actors, ray
+
+        with actors.Cluster.local_sync(nodes=1) as cluster:
+            ray.init()
+
+            @ray.remote
+            def one():
+                return 1
+
+            print(ray.get(one.remote()))
+        print("left")
+        """,
+        tmp_path,
+        err,
+    )
+    assert out == ["1", "left"]
+    assert not [line for line in err if "never awaited" in line or "Traceback" in line], err
