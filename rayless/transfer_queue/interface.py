@@ -11,6 +11,7 @@ created it, and only detaches elsewhere.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import multiprocessing.util
 import os
@@ -101,9 +102,9 @@ def _plain(conf: Any) -> dict[str, Any]:
     if conf is None:
         return {}
     if not isinstance(conf, Mapping) and type(conf).__module__.startswith("omegaconf"):
-        from omegaconf import OmegaConf
-
-        return _plain(OmegaConf.to_container(conf, resolve=True))
+        # (imported by name: omegaconf is the caller's, never a dependency of ours)
+        omegaconf = importlib.import_module("omegaconf")
+        return _plain(omegaconf.OmegaConf.to_container(conf, resolve=True))
     if not isinstance(conf, Mapping):
         raise ValueError(f"a TransferQueue config must be a mapping, got {type(conf).__name__}")
     return {k: _plain(v) if isinstance(v, Mapping) else v for k, v in conf.items()}
