@@ -11,6 +11,7 @@ created it, and only detaches elsewhere.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 import multiprocessing.util
@@ -147,13 +148,17 @@ def _units(conf: dict[str, Any]) -> int:
     return n
 
 
-def _client(store: Store, session: _worker.Session, settings: Mapping[str, Any]) -> None:
+def _client(
+    store: Store, loop: asyncio.AbstractEventLoop, settings: Mapping[str, Any]
+) -> TransferQueueClient:
+    """This process's client of ``store``, whose work runs on ``loop``."""
     _state.client = TransferQueueClient(
         store,
-        session.loop,
+        loop,
         sampler=settings.get("sampler"),
         polling_mode=bool(settings.get("polling_mode", False)),
     )
+    return _state.client
 
 
 async def _connect(session: _worker.Session) -> tuple[Store, dict[str, Any]]:
@@ -185,7 +190,7 @@ def _attach() -> bool:
         store, settings = _worker.run(session, _connect(session), timeout=120)
     except ActorNotFoundError:
         return False
-    _client(store, session, settings)
+    _client(store, session.loop, settings)
     return True
 
 
@@ -201,12 +206,7 @@ def _attach_fork() -> bool:
         if isinstance(exc, ActorNotFoundError):
             return False
         raise
-    _state.client = TransferQueueClient(
-        store,
-        portal.loop,
-        sampler=settings.get("sampler"),
-        polling_mode=bool(settings.get("polling_mode", False)),
-    )
+    _client(store, portal.loop, settings)
     # run by the child's exit (multiprocessing's, not atexit: a DataLoader worker os._exit()s)
     multiprocessing.util.Finalize(None, _close_fork, (portal, store), exitpriority=10)
     return True
@@ -244,7 +244,7 @@ def init(conf: Any = None) -> dict[str, Any] | None:
         units = _units(final)
         session = _worker.session()
         store, settings = _worker.run(session, _create(session, units, settings), 300)
-        _client(store, session, settings)
+        _client(store, session.loop, settings)
         if final.get("metrics", {}).get("enabled"):
             log.warning(
                 "TransferQueue's Prometheus exporter is not started by rayless.transfer_queue: "
@@ -260,11 +260,9 @@ def close() -> None:
         client, _state.client = _state.client, None
     if client is None:
         return
-    session = _worker.current()
-    try:
-        if session is not None and not session.loop.is_closed():
-            # the creator's aclose also kills the store; another's only detaches
-            _worker.run(session, client.store.aclose(), 60)
+    try:  # the creator's aclose also kills the store; another's only detaches
+        if not client._loop.is_closed():  # (closed: its cluster, and so the store, ended)
+            client._block(client.store.aclose(), 60)
     except Exception as exc:  # the cluster went away first: nothing is left to end
         log.debug("tq.close: %s", exc)
     client.close()
@@ -312,7 +310,7 @@ async def _aclient() -> TransferQueueClient:
     with _state.lock:  # (never held across an await)
         spare = store if _state.client is not None else None
         if spare is None:
-            _client(store, session, settings)
+            _client(store, session.loop, settings)
         client = _state.client
     if spare is not None:  # another call attached first
         await spare.aclose()
