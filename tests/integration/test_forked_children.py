@@ -9,37 +9,17 @@ that loop too (the loader timed out). Each driver runs in its own interpreter.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.environ import without_rayless
+from tests.drivers import run_driver
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _run(script: str, tmp_path: Path) -> list[str]:
-    path = tmp_path / "driver.py"
-    path.write_text(textwrap.dedent(script))
-    proc = subprocess.run(
-        [sys.executable, str(path)],
-        cwd=ROOT,
-        env=without_rayless(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc.stdout.splitlines()
-
 
 def test_a_forked_child_of_a_ray_driver_exits(tmp_path: Path) -> None:
-    out = _run(
+    out = run_driver(
         """
         import multiprocessing as mp
         from rayless import ray
@@ -68,7 +48,7 @@ def test_a_forked_child_of_a_ray_driver_exits(tmp_path: Path) -> None:
 
 
 def test_transfer_queue_reads_in_dataloader_workers(tmp_path: Path) -> None:
-    out = _run(
+    out = run_driver(
         """
         import torch
         from tensordict import TensorDict

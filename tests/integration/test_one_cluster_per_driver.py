@@ -10,39 +10,17 @@ guard).
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.environ import without_rayless
+from tests.drivers import run_driver
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _run(script: str, tmp_path: Path, stderr: list[str] | None = None) -> list[str]:
-    path = tmp_path / "driver.py"
-    path.write_text(textwrap.dedent(script))
-    proc = subprocess.run(
-        [sys.executable, str(path)],
-        cwd=ROOT,
-        env=without_rayless(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    if stderr is not None:
-        stderr.extend(proc.stderr.splitlines())
-    return proc.stdout.splitlines()
-
 
 def test_ray_init_in_a_driver_with_its_own_cluster_joins_it(tmp_path: Path) -> None:
-    out = _run(
+    out = run_driver(
         """
         from rayless import actors, ray
 
@@ -80,7 +58,7 @@ def test_ray_init_in_a_driver_with_its_own_cluster_joins_it(tmp_path: Path) -> N
 def test_a_worker_group_reads_and_writes_the_drivers_transfer_queue(tmp_path: Path) -> None:
     # verl's v1 trainer: KVBatchMeta chunks dispatched to a worker group (DP_COMPUTE_PROTO),
     # each rank reads its keys and writes a new field; the results concatenated
-    out = _run(
+    out = run_driver(
         """
         import torch
         from tensordict import TensorDict
@@ -133,7 +111,7 @@ def test_a_driver_that_leaves_its_cluster_before_exit_ends_quietly(tmp_path: Pat
     # the session's task workers went with the driver's cluster: nothing to give back at
     # exit (it printed "coroutine 'TaskPools.aclose' was never awaited")
     err: list[str] = []
-    out = _run(
+    out = run_driver(
         """
         from rayless import actors, ray
 
