@@ -249,8 +249,11 @@ class AsyncTransferQueueClient:
         return await self._home(self.store.kv_list(partition_id))
 
     def close(self) -> None:
-        """Forget the store (``tq.close()`` ends it; this client only stops being used)."""
-        self._sampler = None
+        """End this client (idempotent): the creator's also kills the store, another's only
+        detaches (``Store.aclose``). A closed loop (its cluster ended, and the store with it)
+        leaves nothing to do. Raises RuntimeError on the store's own loop."""
+        if not self._loop.is_closed():
+            self._block(self.store.aclose(), 60)
 
 
 def _blocking(name: str) -> Callable[..., Any]:

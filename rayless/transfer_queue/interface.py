@@ -260,12 +260,10 @@ def close() -> None:
         client, _state.client = _state.client, None
     if client is None:
         return
-    try:  # the creator's aclose also kills the store; another's only detaches
-        if not client._loop.is_closed():  # (closed: its cluster, and so the store, ended)
-            client._block(client.store.aclose(), 60)
+    try:
+        client.close()
     except Exception as exc:  # the cluster went away first: nothing is left to end
         log.debug("tq.close: %s", exc)
-    client.close()
 
 
 def get_metrics_endpoint() -> str | None:

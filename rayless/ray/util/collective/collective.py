@@ -407,6 +407,12 @@ def broadcast(tensor: Any, src_rank: int = 0, group_name: str = "default") -> No
     g.pg.broadcast([t], opts).wait()
 
 
+def _one_per_rank(tensors: list[Any], g: _Group, message: str) -> None:
+    """Raise RuntimeError(``message``) unless ``tensors`` holds one tensor per rank of ``g``."""
+    if len(tensors) != g.world_size:
+        raise RuntimeError(message)
+
+
 def allgather(tensor_list: list[Any], tensor: Any, group_name: str = "default") -> None:
     """Every member's ``tensor`` into ``tensor_list`` (one per rank), on every member.
 
@@ -416,10 +422,9 @@ def allgather(tensor_list: list[Any], tensor: Any, group_name: str = "default") 
     t = _as_tensor(tensor)
     outs = [_as_tensor(x) for x in tensor_list]
     g = _group(group_name)
-    if len(outs) != g.world_size:
-        raise RuntimeError(
-            "The length of the tensor list operands to allgather must be equal to world_size."
-        )
+    _one_per_rank(
+        outs, g, "The length of the tensor list operands to allgather must be equal to world_size."
+    )
     g.pg.allgather([outs], [t]).wait()
 
 
@@ -437,11 +442,12 @@ def reducescatter(
     t = _as_tensor(tensor)
     ins = [_as_tensor(x) for x in tensor_list]
     g = _group(group_name)
-    if len(ins) != g.world_size:
-        raise RuntimeError(
-            "The length of the tensor list operands to reducescatter must not be equal to "
-            "world_size."
-        )
+    _one_per_rank(
+        ins,
+        g,
+        "The length of the tensor list operands to reducescatter must not be equal to "
+        "world_size.",  # (Ray's words)
+    )
     opts = dist.ReduceScatterOptions()
     opts.reduceOp = _reduce_op(op)
     g.pg.reduce_scatter([t], [ins], opts).wait()
