@@ -7,10 +7,12 @@ a call's arguments on the caller's side.
   (timeout=S)`` also gives the method's calls a default deadline.
 * :func:`public_methods` builds each remote method's :class:`MethodInfo` once, when the class
   is spawned: async or not, its parameter list, its default timeout. Handles carry them.
-* :data:`READY` and :data:`EXIT` are the two methods every actor answers besides its class's
-  own (Ray's names): ``READY`` returns True once the calls queued before it have run;
-  ``EXIT`` ends the actor after them, as ``sys.exit(0)`` in a method would (``teardown``
-  runs; callers, its own included, get ``ActorDiedError``).
+* :data:`READY`, :data:`EXIT` and :data:`CALL` are the methods every actor answers besides
+  its class's own (Ray's names): ``READY`` returns True once the calls queued before it have
+  run; ``EXIT`` ends the actor after them, as ``sys.exit(0)`` in a method would
+  (``teardown`` runs; callers, its own included, get ``ActorDiedError``); ``CALL(fn, *args,
+  **kwargs)`` returns ``fn(instance, *args, **kwargs)`` run in the actor (``fn`` travels by
+  value, cloudpickled; an ``async def`` ``fn`` is awaited on the actor's loop).
 * :func:`check_arguments` binds a call's arguments to that parameter list before anything is
   sent, so a wrong call is a ``TypeError`` in the caller, as calling the method locally would
   be (Ray checks ``.remote()`` arguments the same way).
@@ -28,6 +30,7 @@ from rayless.actors.protocol.messages import MethodInfo
 
 __all__ = [
     "BUILTINS",
+    "CALL",
     "EXIT",
     "READY",
     "EndpointOptions",
@@ -41,7 +44,8 @@ _MARK = "__rayless_endpoint__"
 _LIFECYCLE = frozenset({"setup", "teardown"})
 READY = "__ray_ready__"  # → True, after the calls queued before it
 EXIT = "__ray_terminate__"  # ends the actor after the calls queued before it
-BUILTINS = frozenset({READY, EXIT})
+CALL = "__ray_call__"  # runs a function the caller sends on the instance (Ray's name)
+BUILTINS = frozenset({READY, EXIT, CALL})
 
 
 class _Default:

@@ -34,7 +34,8 @@ import concurrent.futures
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
-from rayless.actors.api.binding import BUILTINS, check_arguments, endpoint_marker
+from rayless.actors.api.actor import dumps_by_value
+from rayless.actors.api.binding import BUILTINS, CALL, check_arguments, endpoint_marker
 from rayless.actors.api.calls import has_futures, resolve_futures
 from rayless.actors.api.portal import run_sync, submit_sync
 from rayless.actors.api.runtime import fast_submit, get_runtime
@@ -107,8 +108,8 @@ class ActorHandle(Generic[T]):
         return f"actor {self.name!r} ({self.cls_name or '?'})"
 
     def __getattr__(self, method: str) -> ActorMethod[..., Any]:
-        """The remote method ``method`` (also the built-ins ``__ray_ready__`` and
-        ``__ray_terminate__``: ``actors.api.binding``).
+        """The remote method ``method`` (also the built-ins ``__ray_ready__``,
+        ``__ray_terminate__`` and ``__ray_call__``: ``actors.api.binding``).
 
         Raises:
             AttributeError: a private/dunder name, or not a public method of the class.
@@ -238,11 +239,12 @@ class ActorMethod(Generic[P, R]):
             ) from None
         if self.info is not None:
             check_arguments(self.info, self._describe, args, kwargs)
+        sent: tuple[Any, ...] = self._shipped(args) if self.method == CALL else args
         fut: asyncio.Future[R] | None = None
-        if not (args or kwargs) or not has_futures(args, kwargs):
-            fut = fast_submit(self.handle, self.method, args, kwargs, self.timeout)
+        if not (sent or kwargs) or not has_futures(sent, kwargs):
+            fut = fast_submit(self.handle, self.method, sent, kwargs, self.timeout)
         if fut is None:
-            fut = loop.create_task(_call(self.handle, self.method, args, kwargs, self.timeout))
+            fut = loop.create_task(_call(self.handle, self.method, sent, kwargs, self.timeout))
             _INFLIGHT.add(fut)
             fut.add_done_callback(_INFLIGHT.discard)
         return fut
@@ -264,7 +266,8 @@ class ActorMethod(Generic[P, R]):
         except RuntimeError:
             if self.info is not None:
                 check_arguments(self.info, self._describe, args, kwargs)
-            return submit_sync(_call(self.handle, self.method, args, kwargs, self.timeout))
+            sent: tuple[Any, ...] = self._shipped(args) if self.method == CALL else args
+            return submit_sync(_call(self.handle, self.method, sent, kwargs, self.timeout))
         return self(*args, **kwargs)
 
     def call(self, *args: Any, timeout: float | None = None, **kwargs: Any) -> R:
@@ -280,9 +283,24 @@ class ActorMethod(Generic[P, R]):
         """
         if self.info is not None:
             check_arguments(self.info, self._describe, args, kwargs)
+        if self.method == CALL:
+            args = self._shipped(args)
         timeout = self.timeout if timeout is None else timeout
         result: R = run_sync(_call(self.handle, self.method, args, kwargs, timeout), timeout)
         return result
+
+    def _shipped(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``CALL``'s arguments as they travel: its function pickled by value.
+
+        Raises:
+            TypeError: the first argument is not callable, or cannot be pickled.
+        """
+        if not args or not callable(args[0]):
+            raise TypeError(
+                f"{CALL}(fn, *args, **kwargs) of {self.handle._describe()} takes a function "
+                f"first, got {args[:1]!r:.80}"
+            )
+        return (dumps_by_value(args[0]), *args[1:])
 
     def __repr__(self) -> str:
         return f"<method {self.method} of {self.handle!r}>"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import os
 import signal
 import sys
@@ -30,8 +31,15 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from rayless.actors.api.actor import _CALLER, ClassRef, by_value, class_name, dumps_by_value
-from rayless.actors.api.binding import EXIT, READY, public_methods
+from rayless.actors.api.actor import (
+    _CALLER,
+    ClassRef,
+    by_value,
+    class_name,
+    dumps_by_value,
+    loads_by_value,
+)
+from rayless.actors.api.binding import CALL, EXIT, READY, public_methods
 from rayless.actors.api.handle import ActorHandle
 from rayless.actors.api.portal import set_home_loop
 from rayless.actors.api.streams import CLOSE, NEXT, StreamHost, is_stream
@@ -273,6 +281,8 @@ class ActorHost:
         if info is None:
             if method in (READY, EXIT) and not args and not kwargs:
                 return self._builtin(method, req)
+            if method == CALL and args and type(args[0]) is bytes:
+                return self._call_function(args, kwargs, req)
             missing = AttributeError(
                 f"actor {self.name!r} ({class_name(type(self.instance))}) has no public "
                 f"method {method!r}"
@@ -305,6 +315,42 @@ class ActorHost:
         caller = req.peer.routing_id.hex()
         return self.worker.submit(
             functools.partial(self._run_sync, fn, (), {}, caller, traced, queued)
+        )
+
+    def _call_function(self, args: Any, kwargs: Any, req: Request) -> Any:
+        """``CALL``: the caller's function (``args[0]``, pickled by value) run on the instance
+        with the other arguments: queued behind the sync calls sent before it, or, an ``async
+        def``, awaited on the actor's loop as an async method is.
+
+        Raises:
+            RemoteError: the function could not be unpickled here (a module it needs is
+                missing in this process, say).
+        """
+        try:
+            fn = loads_by_value(args[0])
+        except Exception as exc:
+            raise remote_error(exc, self.name) from None
+        instance, rest = self.instance, tuple(args[1:])
+        traced = req if timeline.RECORDER.enabled else None
+        queued = time.time_ns() if traced is not None else 0
+        caller = req.peer.routing_id.hex()
+        if inspect.iscoroutinefunction(fn):
+
+            async def awaited(*a: Any, **k: Any) -> Any:
+                return await fn(instance, *a, **k)
+
+            awaited.__name__ = CALL
+            return self._run_async(awaited, rest, kwargs, caller, traced, queued)
+
+        def called(*a: Any, **k: Any) -> Any:
+            return fn(instance, *a, **k)
+
+        called.__name__ = CALL
+        assert self.worker is not None  # internal invariant: set by start()
+        if self.worker.exited:
+            return _no_reply()
+        return self.worker.submit(
+            functools.partial(self._run_sync, called, rest, kwargs, caller, traced, queued)
         )
 
     def _stream_step(self, body: Any) -> Any:

@@ -22,6 +22,7 @@ from rayless.actors import ActorDiedError, Cluster
 from rayless.actors.errors import ClusterLostError
 from rayless.actors.launch.local import LocalProcesses
 from rayless.transport.errors import BrokenError, RaylessError
+from tests.integration.actor_classes import Counter
 from tests.integration.edge_classes import Closing, FailsOnRestart, Holder, SlowInit
 from tests.waiting import eventually, wait_until
 
@@ -177,7 +178,40 @@ async def test_built_in_ready_and_terminate_let_earlier_calls_finish(
             await asyncio.wait_for(fut, 30)
     assert mark.read_text() == "1"
     with pytest.raises(AttributeError):
-        h.__ray_call__  # noqa: B018 (not a built-in: a dunder name)
+        h.__ray_other__  # noqa: B018 (not a built-in: a dunder name)
+
+
+async def test_built_in_call_runs_the_callers_function_on_the_instance(
+    local_cluster: Cluster,
+) -> None:
+    # Ray's __ray_call__(fn, *args, **kwargs) -> fn(instance, ...), the function sent by value;
+    # an async def is awaited on the actor's loop; a function that cannot travel fails the
+    # call in the caller; the function's error is the caller's
+    import threading
+
+    h = await local_cluster.spawn(Counter, 40)
+
+    async def later(self: Any, k: int) -> int:
+        await asyncio.sleep(0)
+        return int(self.n) + k
+
+    assert await h.__ray_call__(lambda self, k, *, m: self.add(k) * m, 2, m=10) == 420
+    assert await h.__ray_call__(later, 1) == 43
+    assert await h.add(0) == 42
+    assert await asyncio.wrap_future(h.__ray_call__.remote(lambda self: os.getpid())) == (
+        await h.pid()
+    )
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match="cannot ship"):
+        h.__ray_call__(lambda self: lock)
+    with pytest.raises(TypeError, match="takes a function first"):
+        h.__ray_call__(b"not a function")
+
+    def broken(self: Any) -> None:
+        raise LookupError("from the function")
+
+    with pytest.raises(LookupError, match="from the function"):
+        await h.__ray_call__(broken)
 
 
 async def test_a_handle_found_while_its_actor_starts_waits_for_it(

@@ -172,6 +172,60 @@ def test_fractional_gpu_actors_share_a_bundle(ray: Any) -> None:
     util.remove_placement_group(pg)
 
 
+def test_ray_call_runs_a_function_on_the_instance(ray: Any) -> None:
+    # actor.py's __ray_call__(fn, *args, **kwargs) -> fn(instance, ...): verl's rollout
+    # servers ask each worker for its node and GPU this way, from an async actor; the
+    # function's error is the caller's, and what it changes stays changed
+    import asyncio
+
+    @ray.remote(num_cpus=0)
+    class Worker:
+        def __init__(self) -> None:
+            self.x = 41
+
+        def get(self) -> int:
+            return self.x
+
+    @ray.remote(num_cpus=0)
+    class AsyncWorker:
+        def __init__(self) -> None:
+            self.x = 1
+
+        async def get(self) -> int:
+            return self.x
+
+    @ray.remote(num_cpus=0)
+    class Server:
+        async def probe(self, workers: list[Any]) -> list[Any]:
+            return list(
+                await asyncio.gather(
+                    *[
+                        w.__ray_call__.remote(
+                            lambda self: (ray.get_runtime_context().get_node_id(), self.x)
+                        )
+                        for w in workers
+                    ]
+                )
+            )
+
+    def bump(self: Any, n: int) -> int:  # a plain function, also on an async actor (Ray
+        self.x += n  # would return an async def's coroutine unawaited, and fail to pickle it)
+        return int(self.x)
+
+    def bad(self: Any) -> None:
+        raise KeyError("nope")
+
+    w, a = Worker.remote(), AsyncWorker.remote()
+    assert ray.get(w.__ray_call__.remote(lambda self, d, k=0: self.x + d + k, 1, k=10)) == 52
+    ray.get(w.__ray_call__.remote(lambda self: setattr(self, "x", 7)))
+    assert ray.get(w.get.remote()) == 7
+    assert ray.get(a.__ray_call__.remote(bump, 5)) == 6 == ray.get(a.get.remote())
+    with pytest.raises(KeyError):
+        ray.get(w.__ray_call__.remote(bad))
+    node = ray.get_runtime_context().get_node_id()
+    assert ray.get(Server.remote().probe.remote([w, a])) == [(node, 7), (node, 6)]
+
+
 def test_generator_tasks_and_methods_stream_refs(ray: Any) -> None:
     # test_streaming_generator.py: a generator task or method returns an ObjectRefGenerator
     # of one ref per item; an exception in the generator is the next ref's error, then the
