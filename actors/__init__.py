@@ -7,15 +7,20 @@ Imports ``transport`` and ``placement``; never ``store``.
         print(await counter.add(41))
 """
 
-from rayless.actors.api.actor import Actor, current_caller
-from rayless.actors.api.binding import BUILTINS as BUILTIN_METHODS
-from rayless.actors.api.cluster import Cluster, connect
-from rayless.actors.api.handle import ActorHandle, ActorMethod, endpoint, gather, wait
-from rayless.actors.api.streams import RemoteStream
-from rayless.actors.errors import ActorDiedError
-from rayless.actors.protocol.messages import GpuView, NodeView, Template
-from rayless.placement.errors import PlacementError
-from rayless.transport.errors import RaylessError, RemoteError
+from typing import TYPE_CHECKING
+
+from rayless.transport.lazy import exports
+
+if TYPE_CHECKING:
+    from rayless.actors.api.actor import Actor, current_caller
+    from rayless.actors.api.binding import BUILTINS as BUILTIN_METHODS
+    from rayless.actors.api.cluster import Cluster, connect
+    from rayless.actors.api.handle import ActorHandle, ActorMethod, endpoint, gather, wait
+    from rayless.actors.api.streams import RemoteStream
+    from rayless.actors.errors import ActorDiedError
+    from rayless.actors.protocol.messages import GpuView, NodeView, Template
+    from rayless.placement.errors import PlacementError
+    from rayless.transport.errors import RaylessError, RemoteError
 
 __all__ = [
     "Actor",
@@ -37,3 +42,5 @@ __all__ = [
     "gather",
     "wait",
 ]
+
+__getattr__, __dir__ = exports(__name__)

@@ -3,21 +3,26 @@
 Imports nothing of ours; every other layer builds on it. The error root lives here.
 """
 
-from rayless.transport.client import Client
-from rayless.transport.codec import decode, encode, register_extension
-from rayless.transport.errors import (
-    AuthError,
-    BrokenError,
-    ClosedError,
-    LimitError,
-    ProtocolError,
-    RaylessError,
-    RemoteError,
-    Timeout,
-    TransportError,
-)
-from rayless.transport.protocol import Limits, new_token
-from rayless.transport.server import Peer, Request, Server
+from typing import TYPE_CHECKING
+
+from rayless.transport.lazy import exports
+
+if TYPE_CHECKING:
+    from rayless.transport.client import Client
+    from rayless.transport.codec import decode, encode, register_extension
+    from rayless.transport.errors import (
+        AuthError,
+        BrokenError,
+        ClosedError,
+        LimitError,
+        ProtocolError,
+        RaylessError,
+        RemoteError,
+        Timeout,
+        TransportError,
+    )
+    from rayless.transport.protocol import Limits, new_token
+    from rayless.transport.server import Peer, Request, Server
 
 __all__ = [
     "AuthError",
@@ -39,3 +44,5 @@ __all__ = [
     "new_token",
     "register_extension",
 ]
+
+__getattr__, __dir__ = exports(__name__)

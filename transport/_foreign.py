@@ -89,8 +89,10 @@ FOREIGN: dict[str, tuple[str, Callable[[Any], Any], Callable[[Any], Any]]] = {
 # extension names of rayless's own upper layers -> the module that registers them, imported
 # by a receiver that meets one before it imported that module (a worker group passed to an
 # actor whose code never imported rayless.single_controller, a ray.util.queue.Queue passed to
-# a task)
+# a task, an actor handle passed to a process that imported only part of rayless.actors)
 LAZY_EXTENSIONS: dict[str, str] = {
+    "rayless.actor_handle": "rayless.actors.api.handle",
+    "rayless.stream": "rayless.actors.api.streams",
     **{
         f"rayless.single_controller.{name}": "rayless.single_controller"
         for name in ("function_ref", "role_spec", "worker_group")
