@@ -92,6 +92,7 @@ FOREIGN: dict[str, tuple[str, Callable[[Any], Any], Callable[[Any], Any]]] = {
 # a task, an actor handle passed to a process that imported only part of rayless.actors)
 LAZY_EXTENSIONS: dict[str, str] = {
     "rayless.actor_handle": "rayless.actors.api.handle",
+    "ctl.MethodInfo": "rayless.actors.protocol.messages",  # inside a handle: decoded first
     "rayless.stream": "rayless.actors.api.streams",
     **{
         f"rayless.single_controller.{name}": "rayless.single_controller"
