@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib
 import inspect
 import json
 import os
@@ -450,11 +451,14 @@ def timeline(filename: str | None = None) -> list[dict[str, Any]] | None:
 
 
 def __getattr__(name: str) -> Any:
-    """``ray.cloudpickle``: the cloudpickle module (imported at first use)."""
+    """``ray.cloudpickle`` (the cloudpickle module) and ``ray._private`` (a few of Ray's
+    private functions), imported at first use."""
     if name == "cloudpickle":
         import cloudpickle
 
         return cloudpickle
+    if name == "_private":
+        return importlib.import_module("rayless.ray._private")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -532,18 +536,27 @@ def cluster_resources() -> dict[str, float]:
 
 def available_resources() -> dict[str, float]:
     """What is free now: CPUs not held by actors or running tasks, GPU shares free (Ray's key
-    names; as in Ray, an idle task worker holds nothing)."""
+    names; as in Ray, an idle task worker holds nothing, and a resource with nothing free is
+    left out)."""
     free: dict[str, float] = {}
+    for res in _free_per_node().values():
+        for k, v in res.items():
+            free[k] = free.get(k, 0.0) + v
+    return free
+
+
+def _free_per_node() -> dict[str, dict[str, float]]:
+    """What each live node has free now, by node ID (see :func:`available_resources`)."""
+    out: dict[str, dict[str, float]] = {}
     raw, idle = _nodes_raw()
     for n in _rows(raw):
         if not n["Alive"]:
             continue
-        raw = n["_raw"]
+        record = n["_raw"]
         res = dict(n["Resources"])
-        used = float(raw.get("cpus_used", 0.0)) - idle.get(n["NodeID"], 0.0)
+        used = float(record.get("cpus_used", 0.0)) - idle.get(n["NodeID"], 0.0)
         res["CPU"] = max(0.0, res["CPU"] - used)
         if "GPU" in res:
-            res["GPU"] = round(sum(float(g.get("free", 0.0)) for g in raw.get("gpus", [])), 6)
-        for k, v in res.items():
-            free[k] = free.get(k, 0.0) + v
-    return {k: v for k, v in free.items() if v > 0}
+            res["GPU"] = round(sum(float(g.get("free", 0.0)) for g in record.get("gpus", [])), 6)
+        out[n["NodeID"]] = {k: v for k, v in res.items() if v > 0}
+    return out

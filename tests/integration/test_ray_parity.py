@@ -677,3 +677,42 @@ def test_state_api_lists_actors_and_nodes(ray: Any) -> None:
     wait_until_sync(
         lambda: ray.available_resources().get("CPU") == free, 30, "the probes' CPUs back"
     )
+
+
+def test_private_state_gives_resources_per_node(ray: Any) -> None:
+    # verl's ResourcePoolManager._check_resource_available: the GPUs free on each node, from
+    # ray._private.state; an actor holding a GPU takes it from its node's count
+    from importlib import import_module
+
+    state = import_module(ray.__name__ + "._private.state")
+    assert ray._private.state.available_resources_per_node is state.available_resources_per_node
+
+    def free_gpus() -> dict[str, float]:
+        per_node = ray._private.state.available_resources_per_node()
+        return {node: info.get("GPU", 0) for node, info in per_node.items()}
+
+    @ray.remote(num_gpus=1, num_cpus=0)
+    class Holder:
+        def ready(self) -> bool:
+            return True
+
+    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    (node,) = alive
+    assert set(state.total_resources_per_node()) == alive
+    total = state.total_resources_per_node()[node]
+    assert total["GPU"] == 2.0 and total["CPU"] == 2.0
+    wait_until_sync(lambda: free_gpus() == {node: 2.0}, 30, "both GPUs free")
+    holder = Holder.remote()
+    assert ray.get(holder.ready.remote(), timeout=60)
+    wait_until_sync(lambda: free_gpus() == {node: 1.0}, 30, "one GPU held")
+    assert sum(free_gpus().values()) == ray.available_resources()["GPU"]
+    assert state.current_node_id().startswith("node:")
+    assert state.current_node_id() in state.node_ids()
+    ray.kill(holder)
+    wait_until_sync(lambda: free_gpus() == {node: 2.0}, 30, "the GPU back")
+    # verl's sort_placement_group_by_node_ip: a group's node from its record
+    groups = import_module(ray.__name__ + ".util.placement_group")
+    pg = groups.placement_group([{"CPU": 1, "GPU": 1}], strategy="STRICT_PACK")
+    assert ray.get(pg.ready(), timeout=60)
+    assert ray._private.state.state.placement_group_table(pg.id)["bundles_to_node_id"][0] == node
+    groups.remove_placement_group(pg)
