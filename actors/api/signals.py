@@ -16,6 +16,10 @@ signal it received, with the default disposition: its exit status is the signal'
 SIGTERM, as a job scheduler expects), not SIGINT's. A program that catches the interrupt and
 exits on its own terms keeps its own exit status.
 
+A driver whose SIGINT is ignored unwinds the same way (``KeyboardInterrupt`` in the main
+thread): a shell script's background command (``python train.py &``, ``srun ... &`` in an
+sbatch script) starts with SIGINT ignored, and a SIGTERM must still close its cluster.
+
 Nothing is installed outside the main thread, nor for a signal whose handler is not the default
 (a trainer that set its own handler for SIGTERM keeps it, and a process started under
 ``nohup`` keeps ignoring SIGHUP). A second signal during the shutdown acts as a second Ctrl-C.
@@ -70,10 +74,8 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     interrupt = signal.getsignal(signal.SIGINT)
     if callable(interrupt):
         interrupt(signal.SIGINT, frame)  # asyncio's runner, or default_int_handler (raises)
-    else:  # SIGINT is ignored or fatal here: nothing would unwind; exit handlers, then die
-        atexit.unregister(_exit_with_signal)
-        atexit._run_exitfuncs()
-        _die(signum)
+    else:  # SIGINT ignored (a shell script's `python train.py &`) or fatal: unwind all the same
+        raise KeyboardInterrupt
 
 
 def _exit_with_signal() -> None:

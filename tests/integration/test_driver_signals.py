@@ -70,13 +70,21 @@ with Cluster.local_sync(nodes=1) as cluster:
 """
 
 
-def _run(script: str, sig: int, env: dict[str, str] | None = None) -> tuple[int, list[str]]:
+def _ignore_sigint() -> None:
+    """How a shell script starts a background command (``python train.py &``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run(
+    script: str, sig: int, env: dict[str, str] | None = None, sigint_ignored: bool = False
+) -> tuple[int, list[str]]:
     proc = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(script)],
         cwd=ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
+        preexec_fn=_ignore_sigint if sigint_ignored else None,
     )
     try:
         ready = first_line(proc, "the program", timeout=waiting.scaled(120))
@@ -100,6 +108,23 @@ def test_a_terminating_signal_unwinds_the_program_and_is_its_exit_status(
 ) -> None:
     code, out = _run(script, sig)
     assert code == -sig and out[1:] == ["unwound"]
+
+
+@pytest.mark.parametrize("script", [PLAIN, ASYNC], ids=["plain", "asyncio"])
+def test_a_driver_started_with_sigint_ignored_unwinds_too(script: str) -> None:
+    # a shell script's background command starts with SIGINT ignored: the driver died of
+    # SIGTERM on the spot, its finally blocks (and its cluster's close) never ran
+    code, out = _run(script, signal.SIGTERM, sigint_ignored=True)
+    assert code == -signal.SIGTERM and out[1:] == ["unwound"]
+
+
+def test_the_sync_facade_closes_its_cluster_on_sigterm_with_sigint_ignored(
+    tmp_path: Path,
+) -> None:
+    env = {"RAYLESS_RUNTIME_DIR": str(tmp_path)}
+    code, out = _run(SYNC_CLUSTER, signal.SIGTERM, env, sigint_ignored=True)
+    assert code == -signal.SIGTERM
+    assert not os.path.exists(out[0].split()[1])
 
 
 def test_a_program_that_catches_the_interrupt_keeps_its_exit_status() -> None:
