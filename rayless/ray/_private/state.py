@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import rayless.ray as _ray
-from rayless.ray import _free_per_node, _worker
+from rayless.ray import _resources, _worker
 from rayless.ray.util.placement_group import placement_group_table
 
 __all__ = [
@@ -30,33 +29,33 @@ NODE_ID_PREFIX = "node:"
 
 def nodes() -> list[dict[str, Any]]:
     """Every node, in ``ray.nodes()``'s shape."""
-    return _ray.nodes()
+    return _resources.nodes()
 
 
 def cluster_resources() -> dict[str, float]:
     """``ray.cluster_resources()``: the live nodes' resources, summed."""
-    return _ray.cluster_resources()
+    return _resources.cluster_resources()
 
 
 def available_resources() -> dict[str, float]:
     """``ray.available_resources()``: what is free now, summed over the live nodes."""
-    return _ray.available_resources()
+    return _resources.available_resources()
 
 
 def available_resources_per_node() -> dict[str, dict[str, float]]:
     """What each live node has free now, by node ID (a resource with nothing free left
     out, as in Ray)."""
-    return _free_per_node()
+    return _resources.free_per_node()
 
 
 def total_resources_per_node() -> dict[str, dict[str, float]]:
     """Each live node's resources, by node ID."""
-    return {n["NodeID"]: dict(n["Resources"]) for n in _ray.nodes() if n["Alive"]}
+    return {n["NodeID"]: dict(n["Resources"]) for n in _resources.nodes() if n["Alive"]}
 
 
 def current_node_id() -> str:
     """This node's resource name, ``node:<ip>`` (a custom resource in Ray's scheduling)."""
-    return NODE_ID_PREFIX + _ray.util.get_node_ip_address()
+    return NODE_ID_PREFIX + _resources.node_ip()
 
 
 def node_ids() -> list[str]:

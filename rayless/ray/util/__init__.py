@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from rayless.ray import _internals
+from rayless.ray import _resources
 from rayless.ray.util import scheduling_strategies
 from rayless.ray.util.actor_pool import ActorPool
 from rayless.ray.util.placement_group import (
@@ -32,7 +31,7 @@ __all__ = [
 
 def get_node_ip_address() -> str:
     """This node's IP address (an actor's node, or 127.0.0.1 in a local driver)."""
-    return os.environ.get(_internals.ENV_NODE_IP) or "127.0.0.1"
+    return _resources.node_ip()
 
 
 def list_named_actors(all_namespaces: bool = False) -> list[Any]:
