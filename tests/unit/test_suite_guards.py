@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 CRASHING = """
@@ -43,6 +45,7 @@ def test_the_suite_does_not_replace_crashed_workers() -> None:
     assert "--max-worker-restart=0" in shlex.split(_addopts())
 
 
+@pytest.mark.slow  # the suite's own machinery: a pytest run in a subprocess
 def test_a_worker_that_crashes_fails_its_test_and_the_run_ends(tmp_path: Path) -> None:
     (tmp_path / "test_a.py").write_text(CRASHING)
     (tmp_path / "test_b.py").write_text(OTHER)

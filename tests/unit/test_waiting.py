@@ -229,6 +229,7 @@ PROBE = """
 """
 
 
+@pytest.mark.slow  # the suite's own machinery: a pytest run in a subprocess
 def test_pytest_timeout_applies_per_test_under_xdist_and_workers_own_their_runtime_dir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -245,6 +246,7 @@ def test_pytest_timeout_applies_per_test_under_xdist_and_workers_own_their_runti
     assert not any(os.path.exists(d) for d in dirs), dirs  # removed at the end
 
 
+@pytest.mark.slow  # the suite's own machinery: a pytest run in a subprocess
 def test_the_scale_stretches_pytest_timeouts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
