@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayless.transport import shm
 from rayless.transport._foreign import LAZY_EXTENSIONS
+from rayless.transport._objects import rebuild
 from rayless.transport._registry import (
     BIGINT,
     CUDA_IPC,
@@ -27,6 +28,7 @@ from rayless.transport._registry import (
     DTYPE,
     ERROR,
     EXT,
+    FROZENSET,
     HEAVY_KINDS,
     HEAVY_MODULE,
     JAGGED,
@@ -36,9 +38,11 @@ from rayless.transport._registry import (
     NESTED,
     NTDATA,
     NTSTACK,
+    OBJECT,
     ODICT,
     PICKLE,
     REGISTRY,
+    SET,
     SIZE,
     TDICT,
     TENSOR,
@@ -161,6 +165,27 @@ class Decoder:
         return pickle.loads(r[1])
 
 
+def _items_of(kind: type[set[Any]] | type[frozenset[Any]]) -> Callable[[Decoder, list[Any]], Any]:
+    """A builder of a set or frozenset record (its items after the marker).
+
+    Raises (from the builder):
+        ProtocolError: an item that cannot be in a set (a list, a dict).
+    """
+
+    def build(dec: Decoder, r: list[Any]) -> Any:
+        try:
+            return kind(r[1:])
+        except TypeError as exc:
+            raise ProtocolError(f"bad {kind.__name__} record: {exc}") from None
+
+    return build
+
+
+def _object(dec: Decoder, r: list[Any]) -> Any:
+    expect(r, 5)
+    return rebuild(r[1], r[2], r[3], r[4])
+
+
 def _load_heavy(dec: Decoder, r: list[Any]) -> Any:
     """First record of a torch/numpy/tensordict kind: import their builders, then build."""
     importlib.import_module(HEAVY_MODULE)  # it replaces the HEAVY_KINDS entries
@@ -176,6 +201,9 @@ REGISTRY.set_builders(
         ERROR: one(dict, error_from_state),
         EXT: Decoder.extension,
         PICKLE: Decoder.pickled,
+        SET: _items_of(set),
+        FROZENSET: _items_of(frozenset),
+        OBJECT: _object,
         **dict.fromkeys(HEAVY_KINDS, _load_heavy),
     }
 )

@@ -10,10 +10,15 @@
   or None), ``non_tensor_batch`` (a dict of numpy arrays, object arrays included) and
   ``meta_info`` (a dict). The receiver imports ``verl.protocol`` to rebuild it (a
   ProtocolError where verl is not installed).
+* OmegaConf's ``DictConfig`` and ``ListConfig`` (verl hands its workers their ``config`` as
+  one): the container (``OmegaConf.to_container``; a root config keeps its interpolations,
+  a node inside one has them resolved, since the nodes they point at do not travel) and its
+  struct and read-only flags. The receiver imports ``omegaconf``.
 
-A peer can make a receiver import nothing but the modules named here (:data:`FOREIGN`,
-:data:`LAZY_EXTENSIONS`, and numpy for an object array): a record carries an extension name,
-never a module path.
+An extension record carries an extension name, never a module path: through one, a peer can
+make a receiver import nothing but the modules named here (:data:`FOREIGN`,
+:data:`LAZY_EXTENSIONS`, and numpy for an object array). A dataclass or Enum record
+(``transport._objects``) names its class's module, imported as a spawn request's class is.
 """
 
 from __future__ import annotations
@@ -80,10 +85,43 @@ def _dataproto(state: Any) -> Any:
     return module.DataProto(**state)
 
 
+def _omegaconf_state(cfg: Any) -> list[Any]:
+    """``[container, struct, readonly]``: a root config keeps its interpolations (``${a.b}``,
+    resolved where it arrives), a node inside one has them resolved (the nodes they point
+    at stay behind)."""
+    OmegaConf = importlib.import_module("omegaconf").OmegaConf  # the sender's: it has one
+    root = cfg._get_parent() is None
+    container = OmegaConf.to_container(cfg, resolve=not root, throw_on_missing=False)
+    return [container, bool(OmegaConf.is_struct(cfg)), bool(OmegaConf.is_readonly(cfg))]
+
+
+def _omegaconf(kind: type) -> Callable[[Any], Any]:
+    def build(state: Any) -> Any:
+        if type(state) is not list or len(state) != 3 or type(state[0]) is not kind:
+            raise ProtocolError("bad OmegaConf record")
+        try:
+            OmegaConf = importlib.import_module("omegaconf").OmegaConf
+        except ImportError as exc:
+            raise ProtocolError(
+                f"an OmegaConf config arrived, but omegaconf cannot be imported here: {exc}"
+            ) from None
+        try:
+            cfg = OmegaConf.create(state[0])
+        except Exception as exc:  # omegaconf's own errors: a key or value it refuses
+            raise ProtocolError(f"bad OmegaConf record: {exc}"[:300]) from None
+        OmegaConf.set_struct(cfg, bool(state[1]))
+        OmegaConf.set_readonly(cfg, bool(state[2]))
+        return cfg
+
+    return build
+
+
 # qualified class name -> (extension name, to_state, from_state); a receiver imports the
 # module of a class only in its from_state, only modules named here
 FOREIGN: dict[str, tuple[str, Callable[[Any], Any], Callable[[Any], Any]]] = {
     "verl.protocol.DataProto": ("verl.DataProto", _dataproto_state, _dataproto),
+    "omegaconf.dictconfig.DictConfig": ("omegaconf.DictConfig", _omegaconf_state, _omegaconf(dict)),
+    "omegaconf.listconfig.ListConfig": ("omegaconf.ListConfig", _omegaconf_state, _omegaconf(list)),
 }
 
 # extension names of rayless's own upper layers -> the module that registers them, imported

@@ -20,8 +20,8 @@ __all__ = ["HEAVY_KINDS", "KINDS", "MARK", "MAX_DEPTH", "REGISTRY", "Mark", "Reg
 
 # Record kinds: the ext code of the marker that starts a record. Never renumber.
 (TUPLE, BIGINT, ODICT, DTYPE, DEVICE, SIZE, TENSOR, CUDA_IPC, NDARRAY, JAGGED, NESTED, TDICT,
- NTDATA, NTSTACK, ERROR, EXT, PICKLE) = range(1, 18)  # fmt: skip
-KINDS = 18
+ NTDATA, NTSTACK, ERROR, EXT, PICKLE, SET, FROZENSET, OBJECT) = range(1, 21)  # fmt: skip
+KINDS = 21
 MAX_DEPTH = 128  # TensorDict nesting
 # Kinds whose builders need torch, numpy or tensordict.
 HEAVY_KINDS = (DTYPE, DEVICE, SIZE, TENSOR, CUDA_IPC, NDARRAY, JAGGED, NESTED, TDICT, NTDATA,

@@ -18,9 +18,11 @@ OrderedDict, torch tensors of every non-quantized dtype (non-contiguous ones mad
 ``requires_grad`` kept, autograd history dropped, ``Parameter`` arrives as a plain tensor),
 jagged and strided nested tensors, ``torch.dtype``/``device``/``Size``, numpy arrays and
 scalars of bool and numeric dtypes (C order), numpy object arrays (item by item), verl's
-``DataProto`` (``transport._foreign``), TensorDict (nesting, batch_size, device, names; the
-lock is not kept), NonTensorData and NonTensorStack, every ``RaylessError`` (through
-``errors.error_to_state``), and types added with :func:`register_extension`. CUDA tensors: see
+``DataProto`` and OmegaConf's ``DictConfig``/``ListConfig`` (``transport._foreign``),
+TensorDict (nesting, batch_size, device, names; the lock is not kept), NonTensorData and
+NonTensorStack, every ``RaylessError`` (through ``errors.error_to_state``), set and frozenset,
+instances of dataclasses and Enum members of importable modules (by their class's name:
+``transport._objects``), and types added with :func:`register_extension`. CUDA tensors: see
 ``transport._cuda``. Anything else is a ``TypeError`` naming its path, unless ``allow_pickle``.
 
 Decoding never trusts the header: every malformed input raises ``ProtocolError`` (a header
@@ -47,15 +49,19 @@ import msgpack
 from rayless.transport import shm as _shm
 from rayless.transport._decoder import Decoder
 from rayless.transport._foreign import FOREIGN, OBJECT_ARRAY, object_array
+from rayless.transport._objects import by_name, object_state
 from rayless.transport._registry import (
     BIGINT,
     ERROR,
     EXT,
+    FROZENSET,
     HEAVY_MODULE,
     MARK,
+    OBJECT,
     ODICT,
     PICKLE,
     REGISTRY,
+    SET,
     TUPLE,
     Unsupported,
 )
@@ -149,6 +155,11 @@ class _Encoder:
             return [_MARK[EXT], foreign[0], foreign[1](obj)]
         if isinstance(obj, RaylessError):
             return [_MARK[ERROR], error_to_state(obj)]
+        if by_name(kind):  # a dataclass or Enum of an importable module (transport._objects)
+            try:
+                return [_MARK[OBJECT], *object_state(obj)]
+            except TypeError as exc:
+                raise Unsupported(str(exc)) from None
         heavy = REGISTRY.heavy
         if heavy is None and _is_heavy(kind):
             heavy = _load_heavy()
@@ -178,6 +189,8 @@ REGISTRY.add_encoders(
             obj.to_bytes(obj.bit_length() // 8 + 1, "little", signed=True),
         ],
         OrderedDict: lambda enc, obj: [_MARK[ODICT], dict(obj)],
+        set: lambda enc, obj: [_MARK[SET], *obj],
+        frozenset: lambda enc, obj: [_MARK[FROZENSET], *obj],
     }
 )
 _NATIVE = (type(None), bool, int, float, str, bytes, bytearray, memoryview, list, dict)

@@ -716,3 +716,44 @@ def test_private_state_gives_resources_per_node(ray: Any) -> None:
     assert ray.get(pg.ready(), timeout=60)
     assert ray._private.state.state.placement_group_table(pg.id)["bundles_to_node_id"][0] == node
     groups.remove_placement_group(pg)
+
+
+def test_dataclasses_enums_sets_and_configs_travel(ray: Any) -> None:
+    # Ray pickles what it sends; rayless carries these by name (transport._objects), and a
+    # DictConfig as a config (verl's workers take one): a trainer's dataclass samples, Enums,
+    # sets and OmegaConf configs reach an actor, a task and a queue, and come back
+    omegaconf = pytest.importorskip("omegaconf")
+    import torch
+
+    from tests.unit.codec_classes import Batch, Color, Level, Sample
+
+    queue = importlib.import_module(ray.__name__ + ".util.queue")
+    config = omegaconf.OmegaConf.create({"optim": {"lr": 1e-6}, "n": "${optim.lr}"})
+
+    @ray.remote(num_cpus=0)
+    class Learner:
+        def __init__(self, config: Any) -> None:
+            self.config = config
+
+        def step(self, batch: Any, seen: set[int]) -> Any:
+            first = batch.samples[0]
+            grown = Sample(first.prompt + "!", first.tokens * 2)
+            extra = {"seen": seen | {3}, "lr": self.config.n, "color": Color.BLUE}
+            return Batch([*batch.samples, grown], Level.LOW, extra)
+
+    @ray.remote(num_cpus=0)
+    def lengths(batch: Any) -> list[int]:
+        return [s.length for s in batch.samples]
+
+    batch = Batch([Sample("hi", torch.arange(3))], Level.HIGH)
+    learner = Learner.remote(config)
+    out = ray.get(learner.step.remote(batch, {1, 2}), timeout=60)
+    assert [s.prompt for s in out.samples] == ["hi", "hi!"] and out.level is Level.LOW
+    assert torch.equal(out.samples[1].tokens, torch.arange(3) * 2)
+    assert out.extra == {"seen": {1, 2, 3}, "lr": 1e-6, "color": Color.BLUE}
+    assert ray.get(lengths.remote(out), timeout=60) == [2, 3]
+    q = queue.Queue()
+    q.put(batch.samples[0])
+    got = q.get(timeout=30)
+    assert type(got) is Sample and got.prompt == "hi" and torch.equal(got.tokens, torch.arange(3))
+    q.shutdown()

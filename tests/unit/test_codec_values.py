@@ -1,0 +1,132 @@
+"""The codec carries sets, dataclasses and Enums of importable modules (by name), and
+OmegaConf configs, as Ray users and verl pass them to actors; malformed records of them are
+ProtocolErrors, and classes with no importable name are TypeErrors at the sender."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import msgpack
+import pytest
+import torch
+
+from rayless.transport import ProtocolError, decode, encode
+from rayless.transport._registry import EXT, FROZENSET, MARK, OBJECT, SET
+from tests.unit.codec_classes import Batch, Child, Color, Frozen, Level, NotData, Sample, Slotted
+
+
+def _round(value: Any) -> Any:
+    return decode([bytes(f) for f in encode(value)])
+
+
+def _record(*items: Any) -> list[bytes]:
+    return [msgpack.packb(list(items), use_bin_type=True)]
+
+
+def test_sets_and_frozensets() -> None:
+    value = {"s": {1, "a", (2, 3)}, "f": frozenset({b"x", 4.5}), "empty": set()}
+    got = _round(value)
+    assert got == value
+    assert type(got["s"]) is set and type(got["f"]) is frozenset and got["empty"] == set()
+
+
+def test_dataclasses_and_enums_round_trip_with_their_tensors() -> None:
+    s = Sample("hello", torch.arange(4), 1.5, ["a"])
+    batch = Batch([s, Child("x", torch.ones(2), group=3)], Level.HIGH, {"c": Color.BLUE})
+    got = _round(batch)
+    assert type(got) is Batch and type(got.samples[1]) is Child and got.samples[1].group == 3
+    assert got.samples[0].prompt == "hello" and torch.equal(got.samples[0].tokens, torch.arange(4))
+    assert got.samples[0].length == 5  # set by __post_init__: not a field, kept as pickle would
+    assert got.level is Level.HIGH and got.extra["c"] is Color.BLUE
+    frozen = _round(Frozen(7, Color.RED))
+    assert frozen == Frozen(7, Color.RED)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        frozen.x = 8  # type: ignore[misc]
+    assert _round(Slotted(1, (2, 3))) == Slotted(1, (2, 3))
+    assert _round([Level.LOW, Color.RED]) == [Level.LOW, Color.RED]
+
+
+def test_a_class_without_an_importable_name_is_refused_at_the_sender() -> None:
+    @dataclasses.dataclass
+    class Local:
+        x: int
+
+    with pytest.raises(
+        TypeError, match=r"obj\[0\]: cannot encode .*Local: a class defined in a fun"
+    ):
+        encode([Local(1)])
+    with pytest.raises(TypeError, match="cannot encode NotData"):
+        encode(NotData())
+
+
+def test_a_fresh_process_imports_the_module_of_a_class_it_receives() -> None:
+    frames = [bytes(f).hex() for f in encode({"b": Batch([], Level.LOW)})]
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from rayless.transport import decode
+        assert "tests.unit.codec_classes" not in sys.modules
+        got = decode([bytes.fromhex(f) for f in {frames!r}])
+        print(type(got["b"]).__module__, got["b"].level.name)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == ["tests.unit.codec_classes", "LOW"]
+
+
+@pytest.mark.parametrize(
+    "frames, error",
+    [
+        (_record(MARK[SET], [1, 2]), "bad set record"),
+        (_record(MARK[FROZENSET], {"a": 1}), "bad frozenset record"),
+        (_record(MARK[OBJECT], "no_such_module_xyz", "A", "d", {}), "cannot be imported here"),
+        (_record(MARK[OBJECT], "os", "path", "d", {}), "is not a dataclass or Enum"),
+        (_record(MARK[OBJECT], "tests.unit.codec_classes", "NotData", "d", {}), "not a datacl"),
+        (_record(MARK[OBJECT], "tests.unit.codec_classes", "Frozen", "d", {"x": 1}), "fields"),
+        (
+            _record(MARK[OBJECT], "tests.unit.codec_classes", "Frozen", "d", {"x": 1, "1": 2}),
+            "fields",
+        ),
+        (_record(MARK[OBJECT], "tests.unit.codec_classes", "Color", "e", "GREEN"), "no member"),
+        (_record(MARK[OBJECT], "tests.unit.codec_classes", "Color", "d", {}), "bad dataclass"),
+        (_record(MARK[OBJECT], "tests.unit.codec_classes", "Frozen", "e", "x"), "bad Enum"),
+        (_record(MARK[OBJECT], "a b", "A", "d", {}), "bad class name"),
+        (_record(MARK[OBJECT], "tests.unit.codec_classes", "f.<locals>.A", "d", {}), "bad class"),
+        (_record(MARK[OBJECT], 1, "A", "d", {}), "bad object record"),
+        (_record(MARK[OBJECT], "tests.unit.codec_classes", "Frozen", "d"), "bad record"),
+    ],
+)
+def test_malformed_records_are_protocol_errors(frames: list[bytes], error: str) -> None:
+    with pytest.raises(ProtocolError, match=error):
+        decode(frames)
+
+
+def test_omegaconf_configs_keep_interpolations_and_flags() -> None:
+    omegaconf = pytest.importorskip("omegaconf")
+    OmegaConf = omegaconf.OmegaConf
+    cfg = OmegaConf.create(
+        {"data": {"len": 512}, "actor": {"len": "${data.len}", "lr": 1e-6, "ids": [1, 2]}}
+    )
+    OmegaConf.set_struct(cfg, True)
+    got = _round(cfg)
+    assert isinstance(got, omegaconf.DictConfig) and OmegaConf.is_struct(got)
+    assert got.actor.len == 512
+    got.data.len = 1024  # the interpolation travelled: it follows the new value
+    assert got.actor.len == 1024
+    with pytest.raises(omegaconf.errors.ConfigAttributeError):
+        got.actor.nope  # noqa: B018 (struct: an unknown key is an error, as in the sender)
+    node = _round(cfg.actor)  # a node inside a config: its interpolations resolved
+    assert node.len == 512 and OmegaConf.to_container(node)["len"] == 512
+    ids = _round(cfg.actor.ids)
+    assert isinstance(ids, omegaconf.ListConfig) and list(ids) == [1, 2]
+    frozen = OmegaConf.create({"a": 1})
+    OmegaConf.set_readonly(frozen, True)
+    assert OmegaConf.is_readonly(_round(frozen))
+    with pytest.raises(ProtocolError, match="bad OmegaConf record"):
+        decode(_record(MARK[EXT], "omegaconf.DictConfig", [[1], False, False]))
