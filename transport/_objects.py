@@ -81,7 +81,7 @@ def rebuild(module: Any, qualname: Any, tag: Any, state: Any) -> Any:
             raise ProtocolError(f"{module}.{qualname} has no member {state!r:.100}") from None
     if not by_name(cls) or issubclass(cls, enum.Enum) or type(state) is not dict:
         raise ProtocolError(f"bad dataclass record for {module}.{qualname}")
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     if not all(type(k) is str and k.isidentifier() for k in state) or not names <= set(state):
         raise ProtocolError(
             f"{module}.{qualname} record has attributes {sorted(map(str, state))!r:.200}, "

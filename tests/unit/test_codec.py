@@ -199,10 +199,10 @@ def test_actor_died_and_remote_attributes() -> None:
 @pytest.mark.parametrize(
     ("value", "root", "message"),
     [
-        ([1, {"obs": TensorDict({"foo": NonTensorData({1})}, [])}], "args",
-         "args[1]['obs'].foo: cannot encode set"),
+        ([1, {"obs": TensorDict({"foo": NonTensorData(range(2))}, [])}], "args",
+         "args[1]['obs'].foo: cannot encode range"),
         ((0, [1, {"k": object()}]), "obj", "obj[1][1]['k']: cannot encode object"),
-        ({frozenset(): 1}, "kw", "kw[frozenset()]: cannot encode frozenset (as a dict key)"),
+        ({range(0): 1}, "kw", "kw[range(0, 0)]: cannot encode range (as a dict key)"),
         ({3: torch.zeros(2).to_sparse()}, "obj", "obj[3]: cannot encode tensor with layout"),
         (lambda: [torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)], "obj",
          "obj[0]: cannot encode tensor of dtype torch.qint8"),

@@ -28,7 +28,7 @@ def _record(*items: Any) -> list[bytes]:
 
 
 def test_sets_and_frozensets() -> None:
-    value = {"s": {1, "a", (2, 3)}, "f": frozenset({b"x", 4.5}), "empty": set()}
+    value = {"s": {1, "a", (2, 3)}, "f": frozenset({b"x", 4.5}), "empty": set(), frozenset(): 1}
     got = _round(value)
     assert got == value
     assert type(got["s"]) is set and type(got["f"]) is frozenset and got["empty"] == set()
