@@ -10,7 +10,7 @@ under ``actors/`` may change without notice.
 
 from __future__ import annotations
 
-from rayless.actors.api.actor import dumps_by_value, loads_by_value
+from rayless.actors.api.actor import current_handle, dumps_by_value, loads_by_value
 from rayless.actors.api.blocking import BlockingFace, call_limit
 from rayless.actors.api.cluster import joined_address
 from rayless.actors.api.components import cluster_info, slots_of, spawn_all
@@ -41,6 +41,7 @@ __all__ = [
     "apply_torch_threads",
     "call_limit",
     "cluster_info",
+    "current_handle",
     "dumps_by_value",
     "home_loop",
     "joined_address",

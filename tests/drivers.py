@@ -1,5 +1,6 @@
-"""Run a newcomer's driver script in its own interpreter, in an environment that finds no
-cluster of the suite's (``tests.environ.without_rayless``)."""
+"""Run code in a fresh interpreter: a newcomer's driver script, in an environment that finds
+no cluster of the suite's (``tests.environ.without_rayless``), or a probe of what a process
+imports (nothing the test process imported counts)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,16 @@ def run_driver(script: str, tmp_path: Path, stderr: list[str] | None = None) -> 
     if stderr is not None:
         stderr.extend(proc.stderr.splitlines())
     return proc.stdout.splitlines()
+
+
+def run_fresh(code: str) -> str:
+    """The stdout of ``code`` (dedented) run with ``python -c``. Fails the test when it exits
+    non-zero (its stderr in the message)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout

@@ -137,6 +137,7 @@ LAZY_EXTENSIONS: dict[str, str] = {
         for name in ("function_ref", "role_spec", "worker_group")
     },
     "rayless.ray.queue": "rayless.ray.util.queue",
+    "rayless.ray.actor_handle": "rayless.ray.actor",
     "rayless.store.batch_meta": "rayless.store.data.meta",
     "rayless.store.kv_batch_meta": "rayless.store.data.kv_meta",
 }

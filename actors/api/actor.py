@@ -59,6 +59,21 @@ def current_caller() -> str | None:
     return _CALLER.get()
 
 
+class _Self:
+    handle: Any = None  # this actor process's own handle, once it serves
+
+
+def current_handle() -> Any:
+    """This actor's own handle (``rayless.actors.ActorHandle``: what other processes call it
+    through), once the actor serves; None in a process that is no actor (a driver)."""
+    return _Self.handle
+
+
+def set_current_handle(handle: Any) -> None:
+    """Record this actor process's own handle (``actors.host.process``, once it serves)."""
+    _Self.handle = handle
+
+
 _MAIN = ("__main__", "__mp_main__")
 
 

@@ -38,6 +38,7 @@ from rayless.actors.api.actor import (
     class_name,
     dumps_by_value,
     loads_by_value,
+    set_current_handle,
 )
 from rayless.actors.api.binding import CALL, EXIT, READY, public_methods
 from rayless.actors.api.handle import ActorHandle
@@ -258,6 +259,7 @@ class ActorHost:
             self.methods,
             os.environ.get(context.ENV_NODE_ID),
         )
+        set_current_handle(self.streams.handle)
         return self.server.address
 
     async def _lifecycle(self, name: str) -> None:

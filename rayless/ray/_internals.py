@@ -4,6 +4,7 @@
   an actor's own loop), where the Ray layer runs its work inside an actor.
 * ``joined_address``: the cluster a driver already started or joined itself (``ray.init``
   joins it rather than starting a second one: a process belongs to one cluster).
+* ``current_handle``: an actor process's own handle (``get_runtime_context().current_actor``).
 * The environment variable names an actor process finds its id, node and node IP in.
 """
 
@@ -14,6 +15,7 @@ from rayless.actors.ext import (
     ENV_ACTOR_NAME,
     ENV_NODE_ID,
     ENV_NODE_IP,
+    current_handle,
     home_loop,
     joined_address,
 )
@@ -23,6 +25,7 @@ __all__ = [
     "ENV_ACTOR_NAME",
     "ENV_NODE_ID",
     "ENV_NODE_IP",
+    "current_handle",
     "home_loop",
     "joined_address",
 ]

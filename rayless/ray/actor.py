@@ -5,7 +5,10 @@
 anonymous actor (a failed start fails its calls with ``ActorDiedError``, as in Ray), before
 returning for a named one (so a taken name raises ``ValueError`` there, as in Ray). Method
 calls go straight to rayless' call path; ``ObjectRef`` and ``ActorHandle`` arguments are
-resolved first (refs at the top level, handles also inside a list, tuple or dict).
+resolved first (refs at the top level, handles also inside a list, tuple or dict, where a
+handle of an actor still starting is waited for). A handle deeper inside a value, or passed
+through a rayless handle's call, travels as the rayless handle it wraps once its actor has
+started.
 
 A handle that reaches another process (an argument of a task or actor call) arrives as
 rayless' own ``rayless.actors.ActorHandle``: ``isinstance(h, ray.actor.ActorHandle)`` holds
@@ -37,6 +40,7 @@ from rayless.ray.options import (
     place,
     template_for,
 )
+from rayless.transport import ProtocolError, register_extension
 
 __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "exit_actor", "method"]
 
@@ -565,3 +569,28 @@ def split(s: _worker.Session, fut: Any, n: int, *, task: bool = False) -> list[O
 def from_rayless(handle: _RaylessHandle[Any]) -> ActorHandle:
     """A Ray-style handle on a rayless actor (``ray.get_actor``)."""
     return ActorHandle(handle.cls_name.removesuffix("." + _HIDDEN), None, {}, handle)
+
+
+def _handle_state(h: ActorHandle) -> _RaylessHandle[Any]:
+    """A Ray-style handle inside a value (a list an actor sends, a handle passed through a
+    rayless handle's call): it travels as the rayless handle it wraps.
+
+    Raises:
+        TypeError: the actor is still starting (a top-level argument of a call waits for it;
+            a handle inside a value cannot).
+    """
+    if h._inner is None:
+        raise TypeError(
+            f"actor {h._cls_name} is still starting: pass its handle as an argument of a call, "
+            "or wait for it (ray.get(handle.__ray_ready__.remote())) before sending it in a value"
+        )
+    return h._inner
+
+
+def _handle_from_state(inner: Any) -> _RaylessHandle[Any]:
+    if not isinstance(inner, _RaylessHandle):
+        raise ProtocolError("bad Ray actor handle record")
+    return inner  # it arrives as rayless' own handle, as every handle passed to a process does
+
+
+register_extension(ActorHandle, "rayless.ray.actor_handle", _handle_state, _handle_from_state)

@@ -62,6 +62,20 @@ class RuntimeContext:
             return name[len(ns) + 1 :]
         return name or None
 
+    @property
+    def current_actor(self) -> Any:
+        """This actor's own handle (to pass to other actors).
+
+        Raises:
+            RuntimeError: not in an actor (a driver, a task), as in Ray.
+        """
+        handle = _internals.current_handle() if self.get_actor_id() is not None else None
+        if handle is None:
+            raise RuntimeError("This method is only available in an actor.")
+        from rayless.ray.actor import from_rayless
+
+        return from_rayless(handle)
+
     def get_task_id(self) -> str | None:
         """Not tracked per task by rayless.ray: None."""
         return None

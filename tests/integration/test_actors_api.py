@@ -258,10 +258,10 @@ async def test_actor_output_reaches_the_driver_and_a_log_file(
 
 async def test_unencodable_argument_names_its_path(local_cluster: Cluster) -> None:
     counter = await local_cluster.spawn(Counter)
-    with pytest.raises(TypeError, match=r"cannot encode set"):
-        await counter.add({1, 2})
-    with pytest.raises(TypeError, match=r"^keyword argument 'x': cannot encode set \(calling"):
-        await local_cluster.spawn(Counter, x={1})  # in the caller's terms, not init[1]['x']
+    with pytest.raises(TypeError, match=r"cannot encode range"):
+        await counter.add(range(2))
+    with pytest.raises(TypeError, match=r"^keyword argument 'x': cannot encode range \(calling"):
+        await local_cluster.spawn(Counter, x=range(1))  # in the caller's terms, not init[1]['x']
 
 
 def test_classes_from_a_driver_script_main(tmp_path: object) -> None:

@@ -757,3 +757,45 @@ def test_dataclasses_enums_sets_and_configs_travel(ray: Any) -> None:
     got = q.get(timeout=30)
     assert type(got) is Sample and got.prompt == "hi" and torch.equal(got.tokens, torch.arange(3))
     q.shutdown()
+
+
+def test_current_actor_is_the_actors_own_handle(ray: Any) -> None:
+    # get_runtime_context().current_actor: an actor hands its own handle to another, which
+    # calls back on it; a driver and a task have none (RuntimeError, as in Ray)
+    @ray.remote(num_cpus=0)
+    class Caller:
+        def call_back(self, other: Any) -> int:
+            return int(ray.get(other.ping.remote(), timeout=60)) + 1
+
+        def call_nested(self, others: dict[str, Any]) -> int:
+            return int(ray.get(others["me"][0].ping.remote(), timeout=60)) + 2
+
+    @ray.remote(num_cpus=0)
+    class Owner:
+        def ping(self) -> int:
+            return 41
+
+        async def introduce(self, caller: Any) -> int:
+            me = ray.get_runtime_context().current_actor
+            return int(await caller.call_back.remote(me)) + int(
+                await caller.call_nested.remote({"me": [me]})  # a handle deep in a value
+            )
+
+        def same(self) -> bool:
+            ctx = ray.get_runtime_context()
+            return bool(ctx.current_actor._actor_id.hex() == ctx.get_actor_id())
+
+    @ray.remote(num_cpus=0)
+    def in_task() -> str:
+        try:
+            ray.get_runtime_context().current_actor  # noqa: B018
+        except RuntimeError as exc:
+            return str(exc)
+        return "no error"
+
+    owner, caller = Owner.remote(), Caller.remote()
+    assert ray.get(owner.introduce.remote(caller), timeout=60) == 42 + 43
+    assert ray.get(owner.same.remote(), timeout=60) is True
+    assert "only available in an actor" in ray.get(in_task.remote(), timeout=60)
+    with pytest.raises(RuntimeError):
+        ray.get_runtime_context().current_actor  # noqa: B018

@@ -2,33 +2,19 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import msgpack
 import torch
 
 from rayless.transport.codec import encode
+from tests.drivers import run_fresh
 
 HEAVY = ("torch", "numpy", "tensordict")
 
 
-def _run(code: str) -> str:
-    """Run ``code`` in a fresh interpreter; fail with its stderr when it fails."""
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
 def test_transport_imports_and_plain_values_stay_light() -> None:
-    out = _run(
+    out = run_fresh(
         f"""
         import sys
         import rayless.transport.client
@@ -57,7 +43,7 @@ def test_decoding_a_tensor_imports_torch_on_demand(tmp_path: Path) -> None:
     frames = encode({"x": (t, "label")})
     path = tmp_path / "frames.msgpack"
     path.write_bytes(msgpack.packb([bytes(f) for f in frames]))
-    out = _run(
+    out = run_fresh(
         f"""
         import sys
         import msgpack

@@ -5,9 +5,6 @@ ProtocolErrors, and classes with no importable name are TypeErrors at the sender
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
-import textwrap
 from typing import Any
 
 import msgpack
@@ -16,6 +13,7 @@ import torch
 
 from rayless.transport import ProtocolError, decode, encode
 from rayless.transport._registry import EXT, FROZENSET, MARK, OBJECT, SET
+from tests.drivers import run_fresh
 from tests.unit.codec_classes import Batch, Child, Color, Frozen, Level, NotData, Sample, Slotted
 
 
@@ -65,7 +63,7 @@ def test_a_class_without_an_importable_name_is_refused_at_the_sender() -> None:
 
 def test_a_fresh_process_imports_the_module_of_a_class_it_receives() -> None:
     frames = [bytes(f).hex() for f in encode({"b": Batch([], Level.LOW)})]
-    code = textwrap.dedent(
+    out = run_fresh(
         f"""
         import sys
         from rayless.transport import decode
@@ -74,10 +72,7 @@ def test_a_fresh_process_imports_the_module_of_a_class_it_receives() -> None:
         print(type(got["b"]).__module__, got["b"].level.name)
         """
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert out.stdout.split() == ["tests.unit.codec_classes", "LOW"]
+    assert out.split() == ["tests.unit.codec_classes", "LOW"]
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,7 @@ import checks run in a fresh interpreter, so nothing this test process imported 
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import textwrap
 from types import ModuleType
 
 import pytest
@@ -16,23 +14,13 @@ import rayless.actors as actors
 import rayless.transport as transport
 from rayless.transport import encode
 from rayless.transport.lazy import exports
-
-
-def _fresh(code: str) -> str:
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return out.stdout.strip()
+from tests.drivers import run_fresh
 
 
 def test_the_reaper_and_an_agent_import_only_what_they_use() -> None:
     # before: importing any module under rayless.actors imported the whole actor API (the
     # cluster, handles, the client runtime): 230 ms of the reaper's start
-    loaded = _fresh(
+    loaded = run_fresh(
         """
         import sys
         import rayless.actors.control.reaper
@@ -44,7 +32,7 @@ def test_the_reaper_and_an_agent_import_only_what_they_use() -> None:
         ) if m in reaper), "|", "rayless.actors.api.cluster" in sys.modules)
         """
     )
-    assert loaded == "| False"
+    assert loaded.strip() == "| False"
 
 
 @pytest.mark.parametrize("package", [actors, transport])
@@ -71,7 +59,7 @@ def test_a_handle_decodes_where_its_module_was_never_imported() -> None:
     # argument): the codec imports the module that registers it
     handle = actors.ActorHandle("a1", "c", "tcp://127.0.0.1:1", "Counter", {"add": False})
     frames = [bytes(f).hex() for f in encode(handle)]
-    got = _fresh(
+    got = run_fresh(
         f"""
         import sys
         from rayless.transport import decode
@@ -80,7 +68,7 @@ def test_a_handle_decodes_where_its_module_was_never_imported() -> None:
         print(type(h).__name__, h.name, h.cls_name)
         """
     )
-    assert got == "ActorHandle c Counter"
+    assert got.strip() == "ActorHandle c Counter"
 
 
 def test_a_package_without_typing_imports_exports_nothing(tmp_path: object) -> None:
