@@ -47,6 +47,7 @@ def test_a_forked_child_of_a_ray_driver_exits(tmp_path: Path) -> None:
     assert out == ["child ran", "child ended True 0", "driver still served 1"]
 
 
+@pytest.mark.slow  # a driver, its cluster, a store and its readers: 20-25 s on 2 cores
 def test_transfer_queue_reads_in_dataloader_workers(tmp_path: Path) -> None:
     out = run_driver(
         """

@@ -55,6 +55,7 @@ def test_ray_init_in_a_driver_with_its_own_cluster_joins_it(tmp_path: Path) -> N
     ]
 
 
+@pytest.mark.slow  # a driver, its cluster, a store and its readers: 20-25 s on 2 cores
 def test_a_worker_group_reads_and_writes_the_drivers_transfer_queue(tmp_path: Path) -> None:
     # verl's v1 trainer: KVBatchMeta chunks dispatched to a worker group (DP_COMPUTE_PROTO),
     # each rank reads its keys and writes a new field; the results concatenated
