@@ -290,9 +290,13 @@ class ActorHost:
                 f"method {method!r}"
             )
             raise remote_error(missing, self.name)
-        fn = getattr(self.instance, method)
-        is_async = info.is_async
         STATS.call(method)
+        return self._start(getattr(self.instance, method), info.is_async, args, kwargs, req)
+
+    def _start(self, fn: Any, is_async: bool, args: Any, kwargs: Any, req: Request) -> Any:
+        """Run ``fn`` for the call ``req``: an async one as a task of this loop, a sync one
+        queued on the worker thread behind the sync calls sent before it (never answered once
+        a call ended the actor: its callers learn of the exit)."""
         caller = req.peer.routing_id.hex()
         # recording a timeline: the request (the flow's ends) and when the call was queued
         traced = req if timeline.RECORDER.enabled else None
@@ -300,7 +304,7 @@ class ActorHost:
         if is_async:
             return self._run_async(fn, args, kwargs, caller, traced, queued)
         assert self.worker is not None  # internal invariant: set by start()
-        if self.worker.exited:  # a call ended the actor: its callers learn of the exit
+        if self.worker.exited:
             return _no_reply()
         return self.worker.submit(
             functools.partial(self._run_sync, fn, args, kwargs, caller, traced, queued)
@@ -308,16 +312,7 @@ class ActorHost:
 
     def _builtin(self, method: str, req: Request) -> Any:
         """``READY`` or ``EXIT``, queued behind the sync calls sent before it."""
-        assert self.worker is not None  # internal invariant: set by start()
-        if self.worker.exited:
-            return _no_reply()
-        fn = _ready if method == READY else _terminate
-        traced = req if timeline.RECORDER.enabled else None
-        queued = time.time_ns() if traced is not None else 0
-        caller = req.peer.routing_id.hex()
-        return self.worker.submit(
-            functools.partial(self._run_sync, fn, (), {}, caller, traced, queued)
-        )
+        return self._start(_ready if method == READY else _terminate, False, (), {}, req)
 
     def _call_function(self, args: Any, kwargs: Any, req: Request) -> Any:
         """``CALL``: the caller's function (``args[0]``, pickled by value) run on the instance
@@ -332,28 +327,20 @@ class ActorHost:
             fn = loads_by_value(args[0])
         except Exception as exc:
             raise remote_error(exc, self.name) from None
-        instance, rest = self.instance, tuple(args[1:])
-        traced = req if timeline.RECORDER.enabled else None
-        queued = time.time_ns() if traced is not None else 0
-        caller = req.peer.routing_id.hex()
+        instance = self.instance
         if inspect.iscoroutinefunction(fn):
 
             async def awaited(*a: Any, **k: Any) -> Any:
                 return await fn(instance, *a, **k)
 
             awaited.__name__ = CALL
-            return self._run_async(awaited, rest, kwargs, caller, traced, queued)
+            return self._start(awaited, True, tuple(args[1:]), kwargs, req)
 
         def called(*a: Any, **k: Any) -> Any:
             return fn(instance, *a, **k)
 
         called.__name__ = CALL
-        assert self.worker is not None  # internal invariant: set by start()
-        if self.worker.exited:
-            return _no_reply()
-        return self.worker.submit(
-            functools.partial(self._run_sync, called, rest, kwargs, caller, traced, queued)
-        )
+        return self._start(called, False, tuple(args[1:]), kwargs, req)
 
     def _stream_step(self, body: Any) -> Any:
         """A pull from, or the close of, a streamed result (``actors.api.streams``)."""

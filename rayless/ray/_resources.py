@@ -9,7 +9,13 @@ from typing import Any
 
 from rayless.ray import _internals, _worker
 
-__all__ = ["available_resources", "cluster_resources", "free_per_node", "node_ip", "nodes"]
+__all__ = [
+    "available_resources",
+    "available_resources_per_node",
+    "cluster_resources",
+    "node_ip",
+    "nodes",
+]
 
 
 def node_ip() -> str:
@@ -88,14 +94,15 @@ def available_resources() -> dict[str, float]:
     names; as in Ray, an idle task worker holds nothing, and a resource with nothing free is
     left out)."""
     free: dict[str, float] = {}
-    for res in free_per_node().values():
+    for res in available_resources_per_node().values():
         for k, v in res.items():
             free[k] = free.get(k, 0.0) + v
     return free
 
 
-def free_per_node() -> dict[str, dict[str, float]]:
-    """What each live node has free now, by node ID (see :func:`available_resources`)."""
+def available_resources_per_node() -> dict[str, dict[str, float]]:
+    """What each live node has free now, by node ID (a resource with nothing free left out,
+    as in Ray; see :func:`available_resources`)."""
     out: dict[str, dict[str, float]] = {}
     raw, idle = _nodes_raw()
     for n in _rows(raw):

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rayless.ray import _resources, _worker
+from rayless.ray import _worker
+from rayless.ray._resources import (
+    available_resources,
+    available_resources_per_node,
+    cluster_resources,
+    node_ip,
+    nodes,
+)
 from rayless.ray.util.placement_group import placement_group_table
 
 __all__ = [
@@ -27,35 +34,14 @@ __all__ = [
 NODE_ID_PREFIX = "node:"
 
 
-def nodes() -> list[dict[str, Any]]:
-    """Every node, in ``ray.nodes()``'s shape."""
-    return _resources.nodes()
-
-
-def cluster_resources() -> dict[str, float]:
-    """``ray.cluster_resources()``: the live nodes' resources, summed."""
-    return _resources.cluster_resources()
-
-
-def available_resources() -> dict[str, float]:
-    """``ray.available_resources()``: what is free now, summed over the live nodes."""
-    return _resources.available_resources()
-
-
-def available_resources_per_node() -> dict[str, dict[str, float]]:
-    """What each live node has free now, by node ID (a resource with nothing free left
-    out, as in Ray)."""
-    return _resources.free_per_node()
-
-
 def total_resources_per_node() -> dict[str, dict[str, float]]:
     """Each live node's resources, by node ID."""
-    return {n["NodeID"]: dict(n["Resources"]) for n in _resources.nodes() if n["Alive"]}
+    return {n["NodeID"]: dict(n["Resources"]) for n in nodes() if n["Alive"]}
 
 
 def current_node_id() -> str:
     """This node's resource name, ``node:<ip>`` (a custom resource in Ray's scheduling)."""
-    return NODE_ID_PREFIX + _resources.node_ip()
+    return NODE_ID_PREFIX + node_ip()
 
 
 def node_ids() -> list[str]:
@@ -72,21 +58,11 @@ class GlobalState:
     """Ray's ``ray._private.state.state``: the same functions as this module's, and the
     placement group table by group ID."""
 
-    def node_table(self) -> list[dict[str, Any]]:
-        """``ray.nodes()``."""
-        return nodes()
-
-    def cluster_resources(self) -> dict[str, float]:
-        return cluster_resources()
-
-    def available_resources(self) -> dict[str, float]:
-        return available_resources()
-
-    def available_resources_per_node(self) -> dict[str, dict[str, float]]:
-        return available_resources_per_node()
-
-    def total_resources_per_node(self) -> dict[str, dict[str, float]]:
-        return total_resources_per_node()
+    node_table = staticmethod(nodes)  # ray.nodes()
+    cluster_resources = staticmethod(cluster_resources)
+    available_resources = staticmethod(available_resources)
+    available_resources_per_node = staticmethod(available_resources_per_node)
+    total_resources_per_node = staticmethod(total_resources_per_node)
 
     def placement_group_table(self, placement_group_id: Any = None) -> dict[str, Any]:
         """The record of the group with ID ``placement_group_id`` (``pg.id``) as
