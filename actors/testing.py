@@ -10,9 +10,15 @@ are killed when it ends. Choose the shape with a marker::
         handle = await local_cluster.spawn(Learner, gpus=1)
 
 ``isolated=True`` in the marker gives the test a cluster of its own (for tests that kill
-agents or the head). A shared cluster's fork template imports torch ahead (``eager``); an
-isolated one follows ``RAYLESS_ZYGOTE_PRELOAD``. ``local_cluster_processes`` exposes the
-processes (pids, address, token) for fault injection.
+agents or the head). ``local_cluster_processes`` exposes the processes (pids, address, token)
+for fault injection.
+
+Every local cluster the session's process starts (these, ``Cluster.local`` and
+``ray.init`` in a test) forks its actors from the same two fork templates, started once and
+kept until the session ends (``rayless.actors.launch.templates``): torch is imported once
+per test process, not once per cluster. A test that needs a cluster with templates of its
+own (it kills or stops them, counts the processes a cluster leaves, or checks a
+``zygote_preload`` mode) says so with ``@pytest.mark.own_fork_templates``.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import pytest
 from rayless.actors.api.cluster import Cluster
 from rayless.actors.api.runtime import get_runtime
 from rayless.actors.core import context
+from rayless.actors.launch import templates
 from rayless.actors.launch.local import LocalProcesses
 
 _SHARED: dict[tuple[int, int, float], LocalProcesses] = {}
@@ -37,12 +44,33 @@ def pytest_configure(config: pytest.Config) -> None:
         "local_cluster(nodes=2, gpus_per_node=2, node_timeout=5.0, isolated=False): "
         "the shape of the local_cluster fixture's cluster",
     )
+    config.addinivalue_line(
+        "markers",
+        "own_fork_templates: the local clusters this test starts get fork templates of their "
+        "own instead of the session's shared ones",
+    )
+    templates.share(True)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for procs in _SHARED.values():
         procs.stop()
     _SHARED.clear()
+    templates.close()
+
+
+@pytest.fixture(autouse=True)
+def _own_fork_templates(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Sharing off for a test marked ``own_fork_templates``."""
+    if request.node.get_closest_marker("own_fork_templates") is None:
+        yield
+        return
+    was = templates.sharing()
+    templates.share(False)
+    try:
+        yield
+    finally:
+        templates.share(was)
 
 
 def _shape(request: pytest.FixtureRequest) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from rayless.actors.api.sync import DEFAULT_TIMEOUT, SyncCluster
 from rayless.actors.core import context, published, timeline
 from rayless.actors.core.preload import PRELOAD_MODES, preload_mode
 from rayless.actors.errors import ConnectError
+from rayless.actors.launch import templates
 from rayless.actors.launch.local import LocalProcesses
 from rayless.actors.protocol.messages import (
     ActorPage,
@@ -108,11 +109,14 @@ class Cluster:
         (within its ``timeout``). ``zygote_preload="lazy"`` keeps the idle cluster small: the
         fork template imports torch on the first spawn instead; ``"demand"`` imports it only
         when an actor's module does (see ``rayless.actors.host.zygote``). None: the
-        ``RAYLESS_ZYGOTE_PRELOAD`` environment variable's mode, ``"eager"`` when unset.
+        ``RAYLESS_ZYGOTE_PRELOAD`` environment variable's mode, ``"eager"`` when unset, or
+        the process's shared templates where it shares them (``actors.launch.templates``: the
+        pytest plugin does); a mode given here always gets templates of the cluster's own.
 
         Raises:
             ValueError: a bad ``zygote_preload`` (or ``RAYLESS_ZYGOTE_PRELOAD``).
         """
+        pool = templates.pool() if zygote_preload is None else None  # shared ones are eager
         if zygote_preload is None:
             zygote_preload = preload_mode()
         elif zygote_preload not in PRELOAD_MODES:
@@ -120,6 +124,7 @@ class Cluster:
             raise ValueError(f"zygote_preload must be one of {modes}, got {zygote_preload!r}")
         signals.install()  # SIGTERM/SIGHUP close it as Ctrl-C does (in the main thread)
         procs = LocalProcesses(nodes, gpus_per_node, node_timeout, zygote, log_dir, zygote_preload)
+        procs.template_pool = pool
         return Opening(lambda: _start_local(procs))
 
     @classmethod

@@ -245,7 +245,8 @@ class ZygoteSpawner:
         tag = next(self._tags)
         fut: asyncio.Future[Forked | ForkFailed] = asyncio.get_running_loop().create_future()
         self._waiting[tag] = fut
-        self._send(Fork(tag, env, log_path, cwd, self._token))  # over the private socket
+        whole = {**context.without_token(os.environ), **env}  # the child's whole environment
+        self._send(Fork(tag, whole, log_path, cwd, self._token))  # over the private socket
         # the first fork may wait for the zygote's warm-up (torch imports): allow for it
         reply = await asyncio.wait_for(fut, max(30.0, self._start_timeout))
         if isinstance(reply, ForkFailed):

@@ -23,8 +23,16 @@ children inherit it), and the zygote is a child subreaper (PR_SET_CHILD_SUBREAPE
 descendants that escaped the group (``setsid``) are reparented here. When an actor exits
 (kill -9 included), the zygote SIGKILLs its group and every orphan reparented to it.
 
-Run as ``python -m rayless.actors.host.zygote SOCKET_PATH [--template torch|light]``;
-prints "ready" once it listens.
+A forked child's environment is the one its fork request carries (the agent's, whole), not
+the template's, so a template can outlive the environment it started in. ``--shared``
+marks a template that serves the local clusters of one process in turn
+(``rayless.actors.launch.templates``). It preloads only modules of installed packages
+(:func:`installed`), because a module of the user's tree may change between those clusters.
+A preload that fails removes what it imported, so that a package of the same name found
+on the template's path does not shadow the actor's own.
+
+Run as ``python -m rayless.actors.host.zygote SOCKET_PATH [--template torch|light]
+[--shared]``; prints "ready" once it listens.
 
 Two templates per host. The *torch* template (the default, ``--template torch``) holds torch
 and tensordict; the *light* one (``--template light``) never imports them, only the runtime's
@@ -57,11 +65,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import os
 import selectors
 import signal
 import socket
 import sys
+import sysconfig
 import time
 import traceback
 from typing import Any
@@ -127,9 +137,12 @@ class _Conn:
 class Zygote:
     """The fork server's loop; ``modules``: what it imports before its first fork."""
 
-    def __init__(self, path: str, modules: tuple[str, ...] = PRELOAD) -> None:
+    def __init__(
+        self, path: str, modules: tuple[str, ...] = PRELOAD, *, shared: bool = False
+    ) -> None:
         self.path = path
         self.modules = modules
+        self.shared = shared
         self.sel = selectors.DefaultSelector()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.conns: dict[int, _Conn] = {}
@@ -243,11 +256,19 @@ class Zygote:
             kill_group(pid)
 
     def _preload(self, conn: _Conn, msg: Preload) -> None:
+        if self.shared and not installed(msg.module):
+            conn.send(Preloaded(msg.module, False, "not a module of an installed package"))
+            return
+        before = set(sys.modules)
         try:
             importlib.import_module(msg.module)
             ok, error = True, ""
         except BaseException as exc:  # a user module may raise anything, even SystemExit
             ok, error = False, f"{type(exc).__name__}: {exc}"
+            # what the failed import left (a parent package found elsewhere on this path, a
+            # namespace package of another project's ``tests``) would shadow the actor's own
+            for name in set(sys.modules) - before:
+                del sys.modules[name]
         conn.send(Preloaded(msg.module, ok, error))
 
     def _fork(self, conn: _Conn, msg: Fork) -> None:
@@ -296,6 +317,7 @@ class Zygote:
             os.close(fd)
         sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
         sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+        os.environ.clear()  # the agent's environment, whenever the template started
         os.environ.update(msg.env)
         for name in ("RAYLESS_TOKEN", "RAYLESS_TOKEN_FILE", "RAYLESS_TOKEN_FD"):
             os.environ.pop(name, None)  # the token comes in the fork request only
@@ -320,11 +342,40 @@ class Zygote:
                 conn.send(Exited(pid, os.waitstatus_to_exitcode(status)))
 
 
+def installed(module: str) -> bool:
+    """Whether ``module`` belongs to an installed package (the standard library,
+    site-packages, rayless): what a template shared by several clusters may import ahead.
+    A module of the user's source tree may change between those clusters; it is not."""
+    top = module.partition(".")[0]
+    if top == "rayless" or top in sys.builtin_module_names:
+        return True
+    try:
+        spec = importlib.util.find_spec(top)  # a top-level name: imports nothing
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    where = spec.origin if spec.origin not in (None, "built-in", "frozen") else None
+    if where is None and spec.submodule_search_locations:
+        where = next(iter(spec.submodule_search_locations), None)
+    if where is None:
+        return spec.origin in ("built-in", "frozen")
+    roots = {sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    real = os.path.realpath(where)
+    return any(r and real.startswith(os.path.realpath(r) + os.sep) for r in roots)
+
+
 def main() -> None:
     """Entry point of ``python -m rayless.actors.host.zygote SOCKET_PATH [--template T]``."""
     parser = argparse.ArgumentParser(prog="python -m rayless.actors.host.zygote")
     parser.add_argument("socket_path")
     parser.add_argument("--template", choices=("torch", "light"), default="torch")
+    parser.add_argument(
+        "--shared",
+        action="store_true",
+        help="serve the clusters of one process in turn (actors.launch.templates): "
+        "preload only modules of installed packages",
+    )
     args = parser.parse_args()
     light = args.template == "light"
     if os.environ.get("RAYLESS_DIE_WITH_PARENT"):
@@ -332,7 +383,8 @@ def main() -> None:
     for name in ("RAYLESS_TOKEN", "RAYLESS_TOKEN_FILE", "RAYLESS_TOKEN_FD"):
         os.environ.pop(name, None)  # the fork template never needs the cluster token
     mode = "eager" if light else preload_mode()
-    zygote = Zygote(args.socket_path, LIGHT_PRELOAD if light or mode == "demand" else PRELOAD)
+    modules = LIGHT_PRELOAD if light or mode == "demand" else PRELOAD
+    zygote = Zygote(args.socket_path, modules, shared=args.shared)
     zygote.start()
     print("ready", flush=True)
     if mode != "lazy":

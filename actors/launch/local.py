@@ -1,10 +1,11 @@
 """The processes of an embedded cluster on this host: ``Cluster.local`` and the test fixture.
 
-A head, one zygote (the fork template) and N node agents, started with the same mechanism as
-``rayless launch`` (:mod:`rayless.actors.launch.procs`) on loopback with a fresh random token,
-and a reaper (``rayless.actors.control.reaper``) that removes what they and the driver leave
-on this host if they are killed (its sockets and logs are in ``/tmp/rayless-local-<pid>-<start>-*``,
-the driver's owner tag).
+A head, two fork templates (torch and light; leased from the process's pool,
+:mod:`rayless.actors.launch.templates`, when it shares them) and N node agents, started with
+the same mechanism as ``rayless launch`` (:mod:`rayless.actors.launch.procs`) on loopback
+with a fresh random token, and a reaper (``rayless.actors.control.reaper``) that removes what
+they and the driver leave on this host if they are killed (its sockets and logs are in
+``/tmp/rayless-local-<pid>-<start>-*``, the driver's owner tag).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 
 from rayless.actors.control.reaper import reaper_args, sweep_host
 from rayless.actors.core.preload import preload_mode
+from rayless.actors.launch import templates
 from rayless.actors.launch.procs import START_TIMEOUT, Child, first_line, start_child, terminate
 from rayless.transport import owners
 from rayless.transport.protocol import new_token
@@ -53,6 +55,9 @@ class LocalProcesses:
     agents: list[Child] = field(default_factory=list)
     reaper: Child | None = None
     tmpdir: str = ""
+    # the pool whose templates it leases (None: its own); actors.launch.templates
+    template_pool: templates.TemplatePool | None = field(default_factory=templates.pool)
+    leases: list[templates.Lease] = field(default_factory=list)
 
     def _start(self, *args: str, **extra: str) -> Child:
         return start_child(args, self.token, os.environ, extra)
@@ -74,25 +79,16 @@ class LocalProcesses:
             )
             zygote_path = light_path = "none"
             if self.zygote:
-                zygote_path = os.path.join(self.tmpdir, "zygote.sock")
-                light_path = os.path.join(self.tmpdir, "zygote-light.sock")
-                zygote_args = ("-m", "rayless.actors.host.zygote", zygote_path)
-                self.zygote_proc = start_child(  # the fork templates never hold the token
-                    zygote_args, None, os.environ, {"RAYLESS_ZYGOTE_PRELOAD": self.zygote_preload}
-                )
-                light_args = (
-                    "-m",
-                    "rayless.actors.host.zygote",
-                    light_path,
-                    "--template",
-                    "light",
-                )
-                self.light_zygote_proc = start_child(light_args, None, os.environ, {})
+                zygote_path, light_path = self._start_templates()
             self.address = first_line(self.head, "the head", timeout=START_TIMEOUT)
-            if self.zygote_proc is not None:
-                first_line(self.zygote_proc, "the zygote", timeout=START_TIMEOUT)
-            if self.light_zygote_proc is not None:
-                first_line(self.light_zygote_proc, "the light zygote", timeout=START_TIMEOUT)
+            if self.leases:
+                for lease in self.leases:
+                    lease.wait_ready()
+            else:
+                if self.zygote_proc is not None:
+                    first_line(self.zygote_proc, "the zygote", timeout=START_TIMEOUT)
+                if self.light_zygote_proc is not None:
+                    first_line(self.light_zygote_proc, "the light zygote", timeout=START_TIMEOUT)
             real = _real_gpu_count() if self.gpus_per_node else 0
             use_real = self.gpus_per_node > 0 and real >= self.nodes * self.gpus_per_node
             for i in range(self.nodes):
@@ -115,6 +111,24 @@ class LocalProcesses:
             self.stop()
             raise
 
+    def _start_templates(self) -> tuple[str, str]:
+        """Start (or lease, when this process shares them) the torch and light templates;
+        their socket paths."""
+        pool = self.template_pool
+        if pool is not None:
+            self.leases = [pool.acquire(kind, os.environ) for kind in ("torch", "light")]
+            self.zygote_proc, self.light_zygote_proc = (lease.proc for lease in self.leases)
+            return self.leases[0].path, self.leases[1].path
+        zygote_path = os.path.join(self.tmpdir, "zygote.sock")
+        light_path = os.path.join(self.tmpdir, "zygote-light.sock")
+        zygote_args = ("-m", "rayless.actors.host.zygote", zygote_path)
+        self.zygote_proc = start_child(  # the fork templates never hold the token
+            zygote_args, None, os.environ, {"RAYLESS_ZYGOTE_PRELOAD": self.zygote_preload}
+        )
+        light_args = ("-m", "rayless.actors.host.zygote", light_path, "--template", "light")
+        self.light_zygote_proc = start_child(light_args, None, os.environ, {})
+        return zygote_path, light_path
+
     @property
     def pids(self) -> list[int]:
         """Pids of the head, the zygotes and the agents."""
@@ -130,9 +144,14 @@ class LocalProcesses:
         if self.head is not None and self.head.poll() is None:
             self.head.send_signal(signal.SIGTERM)  # a no-op race if a shutdown is under way
         terminate(others, grace, natural=grace / 2)
-        zygotes = [p for p in (self.zygote_proc, self.light_zygote_proc) if p is not None]
-        if zygotes:
-            terminate(zygotes, grace)
+        if self.leases:  # shared: back to the pool, running (their actors went with the agents)
+            for lease in self.leases:
+                lease.release()
+            self.leases = []
+        else:
+            zygotes = [p for p in (self.zygote_proc, self.light_zygote_proc) if p is not None]
+            if zygotes:
+                terminate(zygotes, grace)
         self.head, self.zygote_proc, self.light_zygote_proc, self.agents = None, None, None, []
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)

@@ -26,8 +26,9 @@ MAX_FRAME = 16 * 2**20
 @message("zyg.Fork")
 @dataclass(frozen=True)
 class Fork:
-    """Agent → zygote: fork an actor process with ``env`` (added to the zygote's), its output
-    appended to ``log``, in ``cwd``; the child gets ``token`` in memory."""
+    """Agent → zygote: fork an actor process whose environment is ``env`` (the whole of it:
+    the agent's own plus the actor's), its output appended to ``log``, in ``cwd``; the child
+    gets ``token`` in memory."""
 
     tag: int
     env: dict[str, str]

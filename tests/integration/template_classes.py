@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from rayless.actors import Actor
@@ -27,3 +28,19 @@ class TorchProbe(Probe):
 
 class BadImports(Probe):
     template_imports = "torch"  # type: ignore[assignment]  # a str, not a tuple
+
+
+class EnvProbe(Probe):
+    """Tells its pid, parent, working directory and environment."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def parent(self) -> int:
+        return os.getppid()
+
+    def cwd(self) -> str:
+        return os.getcwd()
+
+    def env(self, name: str) -> str | None:
+        return os.environ.get(name)

@@ -223,6 +223,7 @@ def _listening() -> set[tuple[str, int]]:
     }
 
 
+@pytest.mark.own_fork_templates  # it counts every process the cluster started
 async def test_local_cluster_exit_leaves_nothing_behind() -> None:
     before = _descendants()
     threads_before = _threads()
