@@ -116,7 +116,8 @@ class LocalProcesses:
         their socket paths."""
         pool = self.template_pool
         if pool is not None:
-            self.leases = [pool.acquire(kind, os.environ) for kind in ("torch", "light")]
+            for kind in ("torch", "light"):  # one by one: stop() releases what was leased
+                self.leases.append(pool.acquire(kind, os.environ))
             self.zygote_proc, self.light_zygote_proc = (lease.proc for lease in self.leases)
             return self.leases[0].path, self.leases[1].path
         zygote_path = os.path.join(self.tmpdir, "zygote.sock")
