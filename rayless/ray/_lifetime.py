@@ -1,0 +1,83 @@
+"""Ray's actor lifetime: an actor this process started ends once its handle is gone.
+
+In Ray, a non-detached actor is terminated when every handle to it has gone out of scope,
+after the calls already submitted to it. A trainer that starts an evaluator per epoch, or a
+helper actor inside a function, relies on that to give back its CPUs and GPUs. Here, the
+handle that ``ActorClass.remote()`` returns carries a :class:`Scope`. When Python collects
+that handle, the session sends the actor ``__ray_terminate__``, which runs after the calls
+sent before it, and then gives back its placement-group bundle. Ray's ``ray.kill`` stays
+the way to end an actor at once.
+
+Ray counts handles across processes. This process cannot see handles held elsewhere, so an
+actor whose handle left this process is left running, as if it were shared: a handle passed
+as an argument of a task or actor call, inside a value, or through ``ray.put``. It then
+ends with its owner, as every actor does. Named actors are not ended by scope either: a
+program that starts one and later finds it with ``ray.get_actor`` keeps working
+(docs/moving-from-ray.md lists both differences).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import sys
+import weakref
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rayless.ray._worker import Session
+
+__all__ = ["Scope", "own"]
+
+_ENDING: set[asyncio.Task[None]] = set()
+
+
+class Scope:
+    """The part of an owned handle its finalizer needs (never the handle itself)."""
+
+    __slots__ = ("escaped", "pending")
+
+    def __init__(self, pending: asyncio.Future[Any] | concurrent.futures.Future[Any]) -> None:
+        self.pending = pending
+        self.escaped = False  # the handle left this process: someone else may hold it
+
+
+def own(s: Session, handle: object, pending: Any) -> Scope:
+    """Have ``s`` end the actor that ``pending`` starts once ``handle`` is collected (unless
+    the handle left this process first: :attr:`Scope.escaped`)."""
+    scope = Scope(pending)
+    weakref.finalize(handle, _collected, s, scope).atexit = False
+    return scope
+
+
+def _collected(s: Session, scope: Scope) -> None:
+    """The handle is gone (any thread, inside the garbage collector): schedule the end."""
+    if scope.escaped or sys.is_finalizing():
+        return
+    with contextlib.suppress(RuntimeError):  # the session's loop is closed: nothing to end
+        s.loop.call_soon_threadsafe(_start, s, scope)
+
+
+def _start(s: Session, scope: Scope) -> None:
+    task = s.loop.create_task(_end(s, scope))
+    _ENDING.add(task)
+    task.add_done_callback(_ENDING.discard)
+
+
+async def _end(s: Session, scope: Scope) -> None:
+    pending = scope.pending
+    try:
+        if isinstance(pending, concurrent.futures.Future):
+            inner = await asyncio.wrap_future(pending)
+        else:
+            inner = await pending
+    except BaseException:  # it never started: nothing to end
+        return
+    if scope.escaped:  # sent while it was starting
+        return
+    with contextlib.suppress(Exception):  # already gone, killed, or the cluster closed
+        await inner.__ray_terminate__()
+    where = s.placements.pop(inner.actor_id, None)
+    if where is not None:
+        where.release()
