@@ -22,8 +22,8 @@ What a shared template changes, and why it stays correct:
 * The template is started with ``--shared``: it preloads only modules of installed packages
   (the standard library, site-packages, rayless), never a module of the user's source tree,
   which may change between clusters; such a module is imported by each actor instead.
-* Its torch template always imports torch ahead (``eager``): the cost is paid once per
-  process, whatever the cluster's ``zygote_preload``.
+* Its torch template imports torch ahead (``eager``, :attr:`TemplatePool.preload`): the
+  cost is paid once per process, whatever the cluster's ``zygote_preload``.
 * Templates are keyed by what a fresh interpreter's imports depend on: the working
   directory and the ``PYTHON*`` variables. A cluster started elsewhere gets templates of
   its own; an idle template of another key is stopped then, so at most one idle pair is kept.
@@ -140,8 +140,9 @@ class _Starter:
 class TemplatePool:
     """The fork templates this process's local clusters share (thread-safe)."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload: str = "eager") -> None:
         self.enabled = False
+        self.preload = preload  # the torch templates' RAYLESS_ZYGOTE_PRELOAD mode
         self._entries: dict[tuple[Any, ...], _Entry] = {}
         self._lock = threading.Lock()
         self._starter = _Starter()
@@ -200,7 +201,7 @@ class TemplatePool:
         path = os.path.join(tmpdir, f"{kind}.sock")
         args = ["-m", "rayless.actors.host.zygote", path, "--template", kind, "--shared"]
         try:
-            proc = start_child(args, None, environ, {"RAYLESS_ZYGOTE_PRELOAD": "eager"})
+            proc = start_child(args, None, environ, {"RAYLESS_ZYGOTE_PRELOAD": self.preload})
         except BaseException:
             shutil.rmtree(tmpdir, ignore_errors=True)
             raise

@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.timeout(30
 
 
 @pytest.mark.slow
+@pytest.mark.own_fork_templates  # it counts every process the run started
 @pytest.mark.xdist_group("training")  # CPU-bound: one training test at a time
 async def test_pipeline_survives_worker_kills_and_names_a_lost_unit() -> None:
     before = descendants()

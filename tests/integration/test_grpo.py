@@ -53,6 +53,7 @@ def _short(mode: str, iterations: int) -> GrpoConfig:
 
 
 @pytest.mark.slow
+@pytest.mark.own_fork_templates  # it counts every process the run started
 @TRAINING
 async def test_short_grpo_learns_moves_whole_groups_and_leaves_nothing(tmp_path: Path) -> None:
     before = _descendants()

@@ -1,7 +1,8 @@
 """Fork templates shared by the local clusters of one process (``actors.launch.templates``):
 later clusters fork from the templates the first one started, every actor gets its own
 cluster's environment, a template never imports a module of the user's tree, and the
-templates end with their process."""
+templates end with their process. The pools here import torch on demand only (the tests
+need no torch, and each pool would import it again)."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ async def _gone(pids: list[int], what: str) -> None:
 async def test_clusters_one_after_another_fork_from_the_same_templates(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    pool = TemplatePool()
+    pool = TemplatePool(preload="demand")
     try:
         monkeypatch.setenv("RAYLESS_TEST_FIRST", "1")
         async with local(pool) as (cluster, procs):
@@ -72,7 +73,6 @@ async def test_clusters_one_after_another_fork_from_the_same_templates(
             actor = await cluster.spawn(EnvProbe, cpus=0)
             assert await actor.parent() == first[0]  # forked by the shared torch template
             assert await actor.env("RAYLESS_TEST_FIRST") == "1"
-            assert await actor.torch_loaded()  # a shared template holds torch (eager)
             gone = [await actor.pid()]
         await _gone(gone, "the first cluster's actor to end with it")
         assert all(map(_running, first)), "a stopped cluster stopped the shared templates"
@@ -118,7 +118,7 @@ async def test_a_shared_template_never_imports_a_module_of_the_users_tree(
     monkeypatch.syspath_prepend(str(tmp_path))
     import rayless_user_tree_mod  # type: ignore[import-not-found]
 
-    for pool in (TemplatePool(), None):
+    for pool in (TemplatePool(preload="demand"), None):
         record.write_text("")
         try:
             async with local(pool) as (cluster, procs):
@@ -137,7 +137,7 @@ async def test_a_cluster_started_elsewhere_gets_templates_of_its_own(
 ) -> None:
     """The templates' import path depends on the working directory: another one gets other
     templates, and the idle ones of the first are stopped."""
-    pool = TemplatePool()
+    pool = TemplatePool(preload="demand")
     try:
         async with local(pool) as (_, procs):
             first = _templates(procs)
@@ -154,7 +154,7 @@ async def test_a_cluster_started_elsewhere_gets_templates_of_its_own(
 
 
 async def test_a_template_that_died_is_started_again() -> None:
-    pool = TemplatePool()
+    pool = TemplatePool(preload="demand")
     try:
         async with local(pool) as (_, procs):
             first = _templates(procs)
@@ -181,6 +181,7 @@ import rayless.actors as actors
 from rayless.actors.launch import templates
 
 templates.share()
+templates.pool().preload = "demand"  # (this test needs no torch in the templates)
 seen = set()
 for _ in range(2):
     with actors.Cluster.local_sync(nodes=1) as cluster:
@@ -250,7 +251,7 @@ async def test_a_failed_preload_leaves_no_package_that_shadows_the_actors(
     monkeypatch.syspath_prepend(str(real))  # the driver's (and so its actors')
     from rayless_twin_pkg.mine import Mine  # type: ignore[import-not-found]
 
-    pool = TemplatePool() if shared else None
+    pool = TemplatePool(preload="demand") if shared else None
     try:
         async with local(pool) as (cluster, _):
             actor = await cluster.spawn(Mine, cpus=0)
