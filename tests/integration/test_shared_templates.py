@@ -20,8 +20,7 @@ import psutil
 import pytest
 
 from rayless.actors import Cluster, Template
-from rayless.actors.api.runtime import get_runtime
-from rayless.actors.core import context
+from rayless.actors.api.cluster import _start_local
 from rayless.actors.host.zygote import installed
 from rayless.actors.launch.local import LocalProcesses
 from rayless.actors.launch.templates import TemplatePool
@@ -35,12 +34,8 @@ pytestmark = pytest.mark.integration
 async def local(pool: TemplatePool | None) -> AsyncIterator[tuple[Cluster, LocalProcesses]]:
     """A one-node cluster leasing its templates from ``pool`` (None: templates of its own)."""
     procs = LocalProcesses(nodes=1, template_pool=pool)
-    await asyncio.to_thread(procs.start)
-    info = context.ClusterInfo(procs.address, procs.token)
-    context.set_current(info)
-    cluster = Cluster(info, procs)
+    cluster = await _start_local(procs)
     try:
-        await get_runtime()
         yield cluster, procs
     finally:
         await cluster.aclose()
