@@ -6,7 +6,9 @@ helper actor inside a function, relies on that to give back its CPUs and GPUs. H
 handle that ``ActorClass.remote()`` returns carries a :class:`Scope`. When Python collects
 that handle, the session sends the actor ``__ray_terminate__``, which runs after the calls
 sent before it, and then gives back its placement-group bundle. Ray's ``ray.kill`` stays
-the way to end an actor at once.
+the way to end an actor at once. A start that finds no room while such actors are still
+ending waits for them (:func:`ended`) and tries again, as Ray's pending actor would wait
+for the resources they free.
 
 Ray counts handles across processes. This process cannot see handles held elsewhere, so an
 actor whose handle left this process is left running, as if it were shared: a handle passed
@@ -28,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rayless.ray._worker import Session
 
-__all__ = ["Scope", "own"]
+__all__ = ["END_WAIT", "Scope", "ended", "own"]
 
+END_WAIT = 300.0  # how long a start that found no room waits for actors still ending
 _ENDING: set[asyncio.Task[None]] = set()
 
 
@@ -49,6 +52,16 @@ def own(s: Session, handle: object, pending: Any) -> Scope:
     scope = Scope(pending)
     weakref.finalize(handle, _collected, s, scope).atexit = False
     return scope
+
+
+async def ended(timeout: float = END_WAIT) -> bool:
+    """Wait (on the session's loop, at most ``timeout`` s) for the actors this process is
+    ending because their handles are gone; whether there were any."""
+    ending = [t for t in _ENDING if not t.done()]
+    if not ending:
+        return False
+    await asyncio.wait(ending, timeout=timeout)
+    return True
 
 
 def _collected(s: Session, scope: Scope) -> None:

@@ -26,7 +26,13 @@ from typing import Any
 from rayless.actors import BUILTIN_METHODS, Cluster, RemoteStream
 from rayless.actors import ActorHandle as _RaylessHandle
 from rayless.errors import ActorDiedError as _RaylessDied
-from rayless.errors import ActorNotFoundError, NameTakenError, RaylessError, RemoteError
+from rayless.errors import (
+    ActorNotFoundError,
+    NameTakenError,
+    RaylessError,
+    RemoteError,
+    ResourcesBusyError,
+)
 from rayless.ray import _lifetime, _worker
 from rayless.ray.exceptions import ActorDiedError, _mixed
 from rayless.ray.generator import ObjectRefGenerator
@@ -279,8 +285,9 @@ async def _spawn(
     args, kwargs = await resolve_all(args, kwargs)
     args, kwargs = _positional(cls, args, kwargs)
     where: Placement = await place(s, opts)
-    try:
-        handle: _RaylessHandle[Any] = await cluster.spawn(
+
+    async def start() -> _RaylessHandle[Any]:
+        return await cluster.spawn(
             cls,
             *args,
             name=rname,
@@ -295,6 +302,16 @@ async def _spawn(
             gpu_indices=where.gpu_indices,
             **kwargs,
         )
+
+    try:
+        try:
+            handle: _RaylessHandle[Any] = await start()
+        except ResourcesBusyError:
+            # actors whose handles were just dropped are still ending: their resources come
+            # back once they have (a drop-then-start loop must not fail on its own leftovers)
+            if not await _lifetime.ended():
+                raise
+            handle = await start()
     except NameTakenError:
         where.release()
         if rname is None or not opts.get("get_if_exists"):

@@ -864,6 +864,19 @@ def test_an_actor_ends_once_its_last_handle_is_gone(ray: Any) -> None:
         lambda: ray.available_resources().get("CPU") == total, 30, "both CPUs to come back"
     )
 
+    @ray.remote(num_gpus=2, num_cpus=0)
+    class Evaluator:
+        def score(self, epoch: int) -> int:
+            return epoch * 2
+
+    # one per epoch, its handle dropped at once: each needs every GPU, so each start waits
+    # for the one before to end (Ray: a pending actor; here a start retried once it ended)
+    assert [ray.get(Evaluator.remote().score.remote(e), timeout=60) for e in range(3)] == [
+        0,
+        2,
+        4,
+    ]
+
     holder = Holder.remote()
     kept = Worker.options(num_cpus=0).remote()
     kept_pid = ray.get(kept.pid.remote())
