@@ -4,11 +4,12 @@ In Ray, a non-detached actor is terminated when every handle to it has gone out 
 after the calls already submitted to it. A trainer that starts an evaluator per epoch, or a
 helper actor inside a function, relies on that to give back its CPUs and GPUs. Here, the
 handle that ``ActorClass.remote()`` returns carries a :class:`Scope`. When Python collects
-that handle, the session sends the actor ``__ray_terminate__``, which runs after the calls
-sent before it, and then gives back its placement-group bundle. Ray's ``ray.kill`` stays
-the way to end an actor at once. A start that finds no room while such actors are still
-ending waits for them (:func:`ended`) and tries again, as Ray's pending actor would wait
-for the resources they free.
+that handle, the session waits for the answers to the calls made through it, then sends the
+actor ``__ray_terminate__`` and gives back its placement-group bundle. A handle that started
+a streaming call is kept (its stream's later steps would find the actor gone). Ray's
+``ray.kill`` stays the way to end an actor at once. A start that finds no room while such
+actors are still ending waits for them (:func:`ended`) and tries again, as Ray's pending
+actor would wait for the resources they free.
 
 Ray counts handles across processes. This process cannot see handles held elsewhere, so an
 actor whose handle left this process is left running, as if it were shared: a handle passed
@@ -37,13 +38,21 @@ _ENDING: set[asyncio.Task[None]] = set()
 
 
 class Scope:
-    """The part of an owned handle its finalizer needs (never the handle itself)."""
+    """The part of an owned handle its finalizer needs (never the handle itself): how the
+    actor starts, whether the handle left this process, and the calls still unanswered."""
 
-    __slots__ = ("escaped", "pending")
+    __slots__ = ("calls", "escaped", "pending")
 
     def __init__(self, pending: asyncio.Future[Any] | concurrent.futures.Future[Any]) -> None:
         self.pending = pending
-        self.escaped = False  # the handle left this process: someone else may hold it
+        self.escaped = False  # the handle left this process (or streams): it is kept
+        self.calls: set[Any] = set()
+
+    def track(self, fut: asyncio.Future[Any] | concurrent.futures.Future[Any]) -> None:
+        """A call made through the handle: the actor ends only after it is answered (each
+        call travels in its own task, so a later terminate could otherwise overtake it)."""
+        self.calls.add(fut)
+        fut.add_done_callback(self.calls.discard)
 
 
 def own(s: Session, handle: object, pending: Any) -> Scope:
@@ -87,7 +96,13 @@ async def _end(s: Session, scope: Scope) -> None:
             inner = await pending
     except BaseException:  # it never started: nothing to end
         return
-    if scope.escaped:  # sent while it was starting
+    calls = [
+        asyncio.wrap_future(c) if isinstance(c, concurrent.futures.Future) else c
+        for c in list(scope.calls)
+    ]
+    if calls:
+        await asyncio.wait(calls)
+    if scope.escaped:  # sent (or streaming) while it was starting or answering
         return
     with contextlib.suppress(Exception):  # already gone, killed, or the cluster closed
         await inner.__ray_terminate__()

@@ -485,6 +485,12 @@ class ActorMethod:
             fut = _send(s, inner, self._name, args, kwargs)
         else:
             fut = _worker.submit(s, _call_resolved(handle, self._name, args, kwargs))
+        scope = handle._scope
+        if scope is not None:  # ended by scope: only once this call is answered
+            if self._num_returns == STREAMING:
+                scope.escaped = True
+            else:
+                scope.track(fut)
         if self._num_returns == 1:
             return ObjectRef(fut, s.generation)
         if self._num_returns == STREAMING:

@@ -833,6 +833,14 @@ def test_an_actor_ends_once_its_last_handle_is_gone(ray: Any) -> None:
             time.sleep(seconds)
             return "done"
 
+        def echo(self, value: Any) -> Any:
+            return value
+
+    @ray.remote(num_cpus=0)
+    def later(value: str, seconds: float) -> str:
+        time.sleep(seconds)
+        return value
+
     @ray.remote(num_cpus=0)
     class Holder:
         def __init__(self) -> None:
@@ -852,6 +860,11 @@ def test_an_actor_ends_once_its_last_handle_is_gone(ray: Any) -> None:
     del worker
     gc.collect()
     assert ray.get(ref, timeout=30) == "done"  # the call sent before still ran
+    worker = Worker.remote()
+    ref = worker.echo.remote(later.remote("awaited", 0.5))  # sent once its argument is ready
+    del worker
+    gc.collect()
+    assert ray.get(ref, timeout=30) == "awaited"  # the end waited for it
     wait_until_sync(lambda: not _pid_running(pid), 30, "the actor to end with its handle")
 
     def use_once() -> int:
