@@ -10,7 +10,9 @@ through :meth:`Net.exec_argv`, its own host name (a UTS namespace).
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -47,6 +49,28 @@ def ns_pids(ns: str) -> set[int]:
     return {int(p) for p in out.split()}
 
 
+_NET_LOCK = (
+    "/run/lock/rayless-test-netns.lock"
+    if os.path.isdir("/run/lock")
+    else "/run/rayless-test-netns.lock"
+)
+
+
+def _free_subnet() -> int:
+    """An N in 1..254 such that no interface here has an address in 10.231.N.0/24 (starting
+    from one derived from the pid, so that side-by-side processes rarely scan the same N)."""
+    out = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, timeout=10, check=True
+    ).stdout
+    taken = {int(n) for n in re.findall(r"\binet 10\.231\.(\d+)\.", out)}
+    start = os.getpid() % 254
+    for i in range(254):
+        n = 1 + (start + i) % 254
+        if n not in taken:
+            return n
+    raise RuntimeError("every 10.231.N.0/24 is taken on this host")
+
+
 @dataclass
 class Net:
     """A bridge ``<tag>br`` at ``<subnet>.1`` and the namespaces added to it."""
@@ -59,18 +83,28 @@ class Net:
     _up: bool = False
 
     @classmethod
-    def for_test(cls, prefix: str, subnet_base: int) -> Net:
-        """Names and a /24 that differ per test process: ``10.231.<subnet_base + pid % 100>``
-        (give each test module its own ``prefix`` and a base 100 apart)."""
-        subnet = f"10.231.{subnet_base + os.getpid() % 100}"
-        return cls(tag=f"{prefix}{os.getpid() % 10000}", subnet=subnet)
+    def for_test(cls, prefix: str) -> Net:
+        """Names that differ per test process (give each test module its own ``prefix``); the
+        subnet is chosen by :meth:`up`."""
+        return cls(tag=f"{prefix}{os.getpid() % 10000}", subnet="")
 
     def up(self) -> None:
-        """Create the bridge."""
+        """Create the bridge in a 10.231.N.0/24 that no other interface of this host has.
+
+        Test processes run side by side (xdist workers, two suites at once), and two bridges
+        in one /24 would route one test's packets to the other's namespaces: the choice and
+        the bridge's address are made under a host-wide lock.
+        """
         bridge = f"{self.tag}br"
-        sh("ip", "link", "add", bridge, "type", "bridge")
-        self._up = True
-        sh("ip", "addr", "add", f"{self.subnet}.1/24", "dev", bridge)
+        fd = os.open(_NET_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self.subnet = f"10.231.{_free_subnet()}"
+            sh("ip", "link", "add", bridge, "type", "bridge")
+            self._up = True
+            sh("ip", "addr", "add", f"{self.subnet}.1/24", "dev", bridge)
+        finally:
+            os.close(fd)  # releases the lock
         sh("ip", "link", "set", bridge, "up")
 
     def add(self, hostname: str | None = None) -> str:

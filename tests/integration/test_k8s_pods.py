@@ -273,7 +273,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         pytest.skip(reason)
     assert k8s.TOKEN_DIR.startswith("/var/run/"), k8s.TOKEN_DIR  # under each pod's POD_RUN
     os.chmod(tmp_path, 0o755)
-    cluster = Cluster(net=Net.for_test("rk", 40), tmp=tmp_path)
+    cluster = Cluster(net=Net.for_test("rk"), tmp=tmp_path)
     try:
         cluster.net.up()
         yield cluster

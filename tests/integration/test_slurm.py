@@ -237,7 +237,7 @@ def slurm() -> Iterator[Slurm]:
     reason = _cannot_run()
     if reason is not None:
         pytest.skip(reason)
-    slurm = Slurm(dir=Path(tempfile.mkdtemp(prefix="rayless-slurm-")), net=Net.for_test("rs", 120))
+    slurm = Slurm(dir=Path(tempfile.mkdtemp(prefix="rayless-slurm-")), net=Net.for_test("rs"))
     munged: subprocess.Popen[bytes] | None = None
     try:
         os.chmod(slurm.dir, 0o755)

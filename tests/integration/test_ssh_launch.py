@@ -111,6 +111,13 @@ def _accepts(addr: str) -> bool:
     return True
 
 
+def _exited(proc: subprocess.Popen[bytes]) -> bool:
+    """False while ``proc`` (an sshd) runs; raises once it has exited."""
+    if proc.poll() is None:
+        return False
+    raise RuntimeError(f"sshd exited with {proc.returncode} (its stderr is above)")
+
+
 def _cannot_run() -> str | None:
     if os.geteuid() == 0 and (not os.path.exists(SSHD) or shutil.which("ssh") is None):
         return "OpenSSH (sshd, ssh) is not installed; .ci/run installs openssh-server"
@@ -135,7 +142,7 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
     if reason is not None:
         pytest.skip(reason)
     tmp = tmp_path_factory.mktemp("ssh")
-    hosts = Hosts(net=Net.for_test("rl", 20), key=tmp / "id")
+    hosts = Hosts(net=Net.for_test("rl"), key=tmp / "id")
     try:
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "id"))
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "hostkey"))
@@ -154,9 +161,9 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
             )
             cmd = ["ip", "netns", "exec", ns, SSHD, "-D", "-e", "-f", str(config)]
             hosts.sshd.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
-        for addr in hosts.addrs:
+        for addr, proc in zip(hosts.addrs, hosts.sshd, strict=True):
             wait_until_sync(
-                lambda addr=addr: _accepts(addr),
+                lambda addr=addr, proc=proc: _accepts(addr) or _exited(proc),
                 timeout=20,
                 what=f"sshd at {addr}:22",
                 interval=0.1,
