@@ -63,6 +63,7 @@ R = TypeVar("R")
 ALIVE, RESTARTING, DEAD = ActorState.ALIVE, ActorState.RESTARTING, ActorState.DEAD
 _PROBE_TIMEOUT = 5.0  # seconds for a fresh session to an actor whose connection broke
 _MOVES = 3  # restarts followed while connecting before a call gives up
+_CONNECT_TIMEOUT = 10.0  # seconds per handshake with an actor (tried again while it is alive)
 _START_WAIT = 3600.0  # a call to an actor found while it was starting waits this long at most
 _DEATH_WAIT = 10.0  # seconds to wait for the head to list the death of an unanswering actor
 
@@ -359,7 +360,19 @@ class Runtime:
             self.conns[handle.actor_id] = conn
         return conn
 
-    async def _ready_client(self, conn: _ActorConn) -> Client:
+    async def _ready_client(self, conn: _ActorConn, timeout: float | None = None) -> Client:
+        """A ready session with the actor: connect (again) where there is none, following its
+        restarts; within ``timeout`` seconds where given.
+
+        A handshake that times out while the head lists the actor alive at that address is
+        tried again: its event loop is held by user code (it answers nothing meanwhile), and a
+        call waits for it as a call already sent does.
+
+        Raises:
+            ActorDiedError: the actor died, is unreachable, or moved too often.
+            Timeout: its loop did not answer a handshake within ``timeout``.
+        """
+        deadline = None if timeout is None else self.loop.time() + timeout
         if self.lost is not None:
             raise self.lost
         if conn.state is RESTARTING:
@@ -374,7 +387,8 @@ class Runtime:
         async with conn.lock:
             if not conn.address:
                 await self._started(conn)
-            for _ in range(_MOVES):
+            moves = 0
+            while moves < _MOVES:
                 client = conn.client
                 if client is not None and client.ready:
                     return client
@@ -392,19 +406,36 @@ class Runtime:
                 if timeline.RECORDER.enabled:  # the ends of the calls it sends (fast_submit)
                     client.trace = timeline.RECORDER.spans
                 conn.client = client
+                left = None if deadline is None else max(deadline - self.loop.time(), 0.001)
                 try:
-                    await client.connect()
-                except TransportError:
+                    await client.connect(None if left is None else min(left, _CONNECT_TIMEOUT))
+                except TransportError as exc:
                     conn.client = None
                     await client.aclose()
-                    why = await self._why_unreachable(conn)
+                    if isinstance(exc, Timeout) and await self._listed_at(conn):
+                        if deadline is not None and self.loop.time() >= deadline:
+                            raise Timeout(
+                                f"actor {conn.name!r} answered no handshake within {timeout}s "
+                                "(alive, its event loop held by user code)"
+                            ) from None
+                        continue  # alive, its loop held: try again
+                    why = await self._why_unreachable(conn, failed=exc)
                     if why is None:
+                        moves += 1
                         continue  # it restarted elsewhere; nothing was sent: connect there
                     raise why from None
                 return client
             raise ActorDiedError(
                 conn.name, node=conn.node, reason=f"it moved {_MOVES} times while we connected"
             )
+
+    async def _listed_at(self, conn: _ActorConn) -> bool:
+        """Whether the head lists the actor alive at the address we tried."""
+        try:
+            info = await self.head_request(LookupActor(conn.actor_id), timeout=10)
+        except RaylessError:
+            return False
+        return info.state is ALIVE and info.address == conn.address
 
     async def _started(self, conn: _ActorConn) -> None:
         """Wait until an actor that was still starting when its handle was made (found by
@@ -434,15 +465,21 @@ class Runtime:
         raise ActorDiedError(conn.name, reason=f"it did not start within {_START_WAIT:g} s")
 
     @overload
-    async def _why_unreachable(self, conn: _ActorConn) -> RaylessError | None: ...
+    async def _why_unreachable(
+        self, conn: _ActorConn, *, failed: TransportError
+    ) -> RaylessError | None: ...
     @overload
     async def _why_unreachable(self, conn: _ActorConn, broke: BrokenError) -> RaylessError: ...
     async def _why_unreachable(
-        self, conn: _ActorConn, broke: BrokenError | None = None
+        self,
+        conn: _ActorConn,
+        broke: BrokenError | None = None,
+        *,
+        failed: TransportError | None = None,
     ) -> RaylessError | None:
-        """Ask the head what became of an actor we cannot reach (or whose connection
-        ``broke`` under a call). None: it restarted at a new address (``conn`` now holds it)
-        and nothing was sent, so the caller connects there."""
+        """Ask the head what became of an actor we cannot reach (a connection that ``failed``
+        to open, or that ``broke`` under a call). None: it restarted at a new address (``conn``
+        now holds it) and nothing was sent, so the caller connects there."""
         try:
             info = await self.head_request(LookupActor(conn.actor_id), timeout=10)
         except RaylessError as exc:
@@ -471,7 +508,7 @@ class Runtime:
                 conn.name,
                 pid=info.pid,
                 node=info.node_id,
-                reason="unreachable (the head still lists it as alive)",
+                reason=f"unreachable ({broke or failed}; the head still lists it as alive)",
             )
         return ActorDiedError(
             conn.name,
@@ -522,8 +559,12 @@ class Runtime:
         """
         conn = self.conns.get(handle.actor_id) or self._conn_for(handle)
         client = conn.client
+        limit = timeout
         if client is None or not client.ready or conn.state is not ALIVE:
-            client = await self._ready_client(conn)
+            started = self.loop.time()
+            client = await self._ready_client(conn, timeout)
+            if timeout is not None:
+                timeout = max(timeout - (self.loop.time() - started), 0.001)
         body = ("c", method, args, kwargs)
         try:
             if not timeline.RECORDER.enabled or client.trace is None:
@@ -553,7 +594,7 @@ class Runtime:
             if isinstance(exc, BrokenError):
                 raise await self._why_unreachable(conn, exc) from None
             raise Timeout(
-                f"{method}(...) of actor {conn.name!r} gave no result within {timeout}s "
+                f"{method}(...) of actor {conn.name!r} gave no result within {limit}s "
                 f"({_after_timeout(_is_async(handle, method))})"
             ) from None
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 class Holder:
@@ -20,6 +21,12 @@ class Holder:
     async def ping(self) -> str:
         await asyncio.sleep(0)
         return "pong"
+
+    async def hold_marked(self, mark: str, seconds: float) -> str:
+        """Create file ``mark``, then hold the loop for ``seconds``."""
+        Path(mark).touch()
+        time.sleep(seconds)
+        return "held"
 
     def own_log(self) -> str:
         return Path(os.readlink("/proc/self/fd/2")).read_text()
@@ -134,3 +141,10 @@ class Closing:
 
     def teardown(self) -> None:
         Path(self.mark).write_text(str(self.n))
+
+
+class Pinger:
+    """Calls another actor through a handle it was given (its own, new connection)."""
+
+    async def ping(self, other: Any) -> str:
+        return str(await other.ping())

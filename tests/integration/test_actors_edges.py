@@ -23,7 +23,7 @@ from rayless.actors.errors import ClusterLostError
 from rayless.actors.launch.local import LocalProcesses
 from rayless.transport.errors import BrokenError, RaylessError
 from tests.integration.actor_classes import Counter
-from tests.integration.edge_classes import Closing, FailsOnRestart, Holder, SlowInit
+from tests.integration.edge_classes import Closing, FailsOnRestart, Holder, Pinger, SlowInit
 from tests.waiting import eventually, wait_until
 
 pytestmark = pytest.mark.integration
@@ -58,6 +58,21 @@ async def test_an_async_method_holding_the_loop_is_reported_not_punished(
 
     await wait_until(freed, timeout=20, what="the watcher's 'free again after' line", interval=0.1)
     assert "node agent lost" not in log, log
+
+
+@pytest.mark.timeout(120)
+async def test_a_new_caller_of_an_actor_holding_its_loop_waits_for_it(
+    local_cluster: Cluster, tmp_path: Path
+) -> None:
+    """A caller whose first connection finds the actor's loop held (longer than a handshake's
+    deadline) gets its answer once the loop is free: the actor is alive, not dead."""
+    holder = await local_cluster.spawn(Holder)
+    pinger = await local_cluster.spawn(Pinger)
+    mark = tmp_path / "holding"
+    held = asyncio.ensure_future(holder.hold_marked(str(mark), 14.0))  # > the 10 s handshake
+    await wait_until(mark.exists, timeout=30, what="the hold to begin", interval=0.02)
+    assert await pinger.ping(holder) == "pong"
+    assert await held == "held"
 
 
 @pytest.mark.timeout(120)
