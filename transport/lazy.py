@@ -16,8 +16,8 @@ lines) when the first name is looked up::
 
 from __future__ import annotations
 
-import ast
 import importlib
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -56,21 +56,44 @@ def exports(package: str) -> tuple[Callable[[str], Any], Callable[[], list[str]]
 
 
 def _typing_imports(path: str) -> dict[str, tuple[str, str]]:
-    """``{name: (module, attribute)}`` of the ``from M import ...`` lines inside the
-    ``if TYPE_CHECKING:`` blocks of the module at ``path``."""
+    """``{name: (module, attribute)}`` of the ``from M import ...`` lines inside the top-level
+    ``if TYPE_CHECKING:`` blocks of the module at ``path``.
+
+    Read line by line, not with :mod:`ast`: the first lookup may come from any thread, and
+    CPython 3.11's AST conversion keeps its recursion depth per interpreter, so a parse here
+    while another thread compiles (pytest rewriting a test module, an import) can fail the
+    other with ``SystemError: AST constructor recursion depth mismatch``.
+    """
     with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read(), path)
+        lines = f.read().splitlines()
     found: dict[str, tuple[str, str]] = {}
-    for node in tree.body:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            for stmt in node.body:
-                if isinstance(stmt, ast.ImportFrom) and stmt.module and not stmt.level:
-                    for alias in stmt.names:
-                        found[alias.asname or alias.name] = (stmt.module, alias.name)
+    inside, statement = False, ""
+    for line in lines:
+        code = line.split("#", 1)[0].rstrip()
+        if not code:
+            continue
+        if not code[0].isspace():  # a top-level line: a block starts or ends here
+            inside = _TYPE_CHECKING.fullmatch(code) is not None
+            statement = ""
+            continue
+        if not inside:
+            continue
+        statement = f"{statement} {code.strip().rstrip(chr(92))}"
+        if statement.count("(") > statement.count(")") or code.endswith(chr(92)):
+            continue  # the statement goes on
+        match = _FROM_IMPORT.fullmatch(statement.strip())
+        statement = ""
+        if match is None:
+            continue
+        module = match.group(1)
+        for part in match.group(2).strip("() ").split(","):
+            words = part.split()
+            if len(words) == 1:
+                found[words[0]] = (module, words[0])
+            elif len(words) == 3 and words[1] == "as":
+                found[words[2]] = (module, words[0])
     return found
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
+_TYPE_CHECKING = re.compile(r"if\s+(?:[A-Za-z_][\w.]*\.)?TYPE_CHECKING\s*:")
+_FROM_IMPORT = re.compile(r"from\s+([A-Za-z_][\w.]*)\s+import\s+(.+)")

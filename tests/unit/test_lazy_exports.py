@@ -5,15 +5,17 @@ import checks run in a fresh interpreter, so nothing this test process imported 
 
 from __future__ import annotations
 
+import ast
 import sys
 from types import ModuleType
+from typing import Any
 
 import pytest
 
 import rayless.actors as actors
 import rayless.transport as transport
-from rayless.transport import encode
-from rayless.transport.lazy import exports
+from rayless.transport import encode, lazy
+from rayless.transport.lazy import _typing_imports, exports
 from tests.drivers import run_fresh
 
 
@@ -87,3 +89,45 @@ def test_a_package_without_typing_imports_exports_nothing(tmp_path: object) -> N
         assert "X" not in dir_()
     finally:
         del sys.modules["lazy_probe"]
+
+
+def test_the_export_table_matches_an_ast_reading_and_uses_no_ast(tmp_path: Any) -> None:
+    """The table is read line by line (the lookup may run in any thread, and CPython 3.11's
+    AST conversion is not safe beside another thread's): the same as what ast reads."""
+    source = (
+        "from __future__ import annotations\n"
+        "from typing import TYPE_CHECKING\n"
+        "import typing\n"
+        "if TYPE_CHECKING:\n"
+        "    from pkg.a import One, Two as Deux  # a comment\n"
+        "    from pkg.b import (\n"
+        "        Three,\n"
+        "        Four as Quatre,\n"
+        "    )\n"
+        "    from pkg.c import \\\n"
+        "        Five\n"
+        "    from . import relative\n"
+        "    import pkg.d\n"
+        "\n"
+        "    from pkg.e import Six\n"
+        "x = 1\n"
+        "    # an indented comment outside the block\n"
+        "def f() -> None:\n"
+        "    from pkg.f import Nope\n"
+        "if typing.TYPE_CHECKING:\n"
+        "    from pkg.g import Seven\n"
+    )
+    path = tmp_path / "m.py"
+    path.write_text(source)
+    expected: dict[str, tuple[str, str]] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for stmt in node.body:
+                if isinstance(stmt, ast.ImportFrom) and stmt.module and not stmt.level:
+                    for alias in stmt.names:
+                        expected[alias.asname or alias.name] = (stmt.module, alias.name)
+    assert _typing_imports(str(path)) == expected
+    assert len(expected) == 7
+    for package in (actors, transport):
+        assert _typing_imports(package.__file__ or "").keys() == set(package.__all__)
+    assert "ast" not in vars(lazy)
