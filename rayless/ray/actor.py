@@ -26,8 +26,14 @@ from typing import Any
 from rayless.actors import BUILTIN_METHODS, Cluster, RemoteStream
 from rayless.actors import ActorHandle as _RaylessHandle
 from rayless.errors import ActorDiedError as _RaylessDied
-from rayless.errors import ActorNotFoundError, NameTakenError, RaylessError, RemoteError
-from rayless.ray import _worker
+from rayless.errors import (
+    ActorNotFoundError,
+    NameTakenError,
+    RaylessError,
+    RemoteError,
+    ResourcesBusyError,
+)
+from rayless.ray import _lifetime, _worker
 from rayless.ray.exceptions import ActorDiedError, _mixed
 from rayless.ray.generator import ObjectRefGenerator
 from rayless.ray.object_ref import ObjectRef
@@ -161,6 +167,8 @@ class ActorClass:
                 raise _start_error(exc) from None
             return handle
         handle._pending = _worker.submit(s, coro)
+        if name is None:  # ended once its handle is gone, as in Ray (named ones are kept)
+            handle._scope = _lifetime.own(s, handle, handle._pending)
         return handle
 
     def __repr__(self) -> str:
@@ -222,7 +230,7 @@ async def resolve(value: Any) -> Any:
     if isinstance(value, ObjectRef):
         return await value
     if type(value) is ActorHandle:
-        return await value._resolved()
+        return await value_handle(value)
     if isinstance(value, (list, tuple)) and any(type(v) is ActorHandle for v in value):
         items = [await value_handle(v) for v in value]
         return type(value)(items) if isinstance(value, tuple) else items
@@ -232,7 +240,11 @@ async def resolve(value: Any) -> Any:
 
 
 async def value_handle(v: Any) -> Any:
-    return await v._resolved() if type(v) is ActorHandle else v
+    """``v``'s rayless handle when it is an ActorHandle about to leave this process."""
+    if type(v) is not ActorHandle:
+        return v
+    v._escaped()
+    return await v._resolved()
 
 
 def needs_resolve(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -273,8 +285,9 @@ async def _spawn(
     args, kwargs = await resolve_all(args, kwargs)
     args, kwargs = _positional(cls, args, kwargs)
     where: Placement = await place(s, opts)
-    try:
-        handle: _RaylessHandle[Any] = await cluster.spawn(
+
+    async def start() -> _RaylessHandle[Any]:
+        return await cluster.spawn(
             cls,
             *args,
             name=rname,
@@ -289,6 +302,19 @@ async def _spawn(
             gpu_indices=where.gpu_indices,
             **kwargs,
         )
+
+    try:
+        deadline = s.loop.time() + _lifetime.END_WAIT
+        while True:
+            try:
+                handle: _RaylessHandle[Any] = await start()
+                break
+            except ResourcesBusyError:
+                # actors whose handles were just dropped are still ending: their resources
+                # come back as they end (a drop-then-start loop must not fail on its own
+                # leftovers); tried again after each end
+                if not await _lifetime.ended(s, deadline - s.loop.time()):
+                    raise
     except NameTakenError:
         where.release()
         if rname is None or not opts.get("get_if_exists"):
@@ -342,6 +368,12 @@ class ActorHandle(metaclass=_HandleType):
         self._opts = options
         self._inner: _RaylessHandle[Any] | None = inner
         self._pending: asyncio.Future[Any] | concurrent.futures.Future[Any] | None = None
+        self._scope: _lifetime.Scope | None = None  # started here: ended when collected
+
+    def _escaped(self) -> None:
+        """This handle is leaving the process: its actor is no longer ended by its scope."""
+        if self._scope is not None:
+            self._scope.escaped = True
 
     async def _resolved(self) -> _RaylessHandle[Any]:
         if self._inner is None:
@@ -364,10 +396,10 @@ class ActorHandle(metaclass=_HandleType):
         return self._inner
 
     def __getattr__(self, name: str) -> ActorMethod:
+        # (methods are not cached on the handle: a method holds its handle, and that cycle
+        # would keep the handle from being collected when its caller drops it)
         if name in BUILTIN_METHODS:  # __ray_ready__, __ray_terminate__: every actor answers them
-            method = ActorMethod(self, name)
-            self.__dict__[name] = method
-            return method
+            return ActorMethod(self, name)
         if name.startswith("_"):
             raise AttributeError(name)
         methods = (
@@ -384,9 +416,7 @@ class ActorHandle(metaclass=_HandleType):
         if num_returns is None:  # a handle of ray.get_actor: what the actor's records say
             info = methods.get(name) if isinstance(methods, dict) else None
             num_returns = STREAMING if getattr(info, "is_generator", False) else 1
-        method = ActorMethod(self, name, num_returns)
-        self.__dict__[name] = method  # found without __getattr__ from now on
-        return method
+        return ActorMethod(self, name, num_returns)
 
     @property
     def _actor_id(self) -> Any:
@@ -458,10 +488,16 @@ class ActorMethod:
             fut = _send(s, inner, self._name, args, kwargs)
         else:
             fut = _worker.submit(s, _call_resolved(handle, self._name, args, kwargs))
+        scope = handle._scope
+        if scope is not None:  # ended by scope: only once this call is answered
+            scope.track(fut)
         if self._num_returns == 1:
             return ObjectRef(fut, s.generation)
         if self._num_returns == STREAMING:
-            return ObjectRefGenerator(s, fut, task=False)
+            gen = ObjectRefGenerator(s, fut, task=False)
+            if scope is not None:  # and its stream ended (read out, closed or dropped)
+                scope.track(gen.finished)
+            return gen
         return split(s, fut, int(self._num_returns))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -584,6 +620,7 @@ def _handle_state(h: ActorHandle) -> _RaylessHandle[Any]:
             f"actor {h._cls_name} is still starting: pass its handle as an argument of a call, "
             "or wait for it (ray.get(handle.__ray_ready__.remote())) before sending it in a value"
         )
+    h._escaped()
     return h._inner
 
 

@@ -43,6 +43,8 @@ class ObjectRefGenerator:
         self._single: list[Any] = []  # a result that was no stream: the one item
         self._on_end: Callable[[], Awaitable[None]] | None = None
         self._done = False
+        # done once the stream ended, was closed or dropped (an actor's end waits for it)
+        self.finished: concurrent.futures.Future[None] = concurrent.futures.Future()
 
     # -- on the session's loop ----------------------------------------------------------
 
@@ -86,6 +88,8 @@ class ObjectRefGenerator:
     async def _end(self) -> None:
         """The stream ended (or was closed): give a task's worker back, once."""
         self._done = True
+        if not self.finished.done():
+            self.finished.set_result(None)
         on_end, self._on_end = self._on_end, None
         if on_end is not None:
             try:

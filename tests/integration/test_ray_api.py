@@ -7,10 +7,14 @@ or an RL framework's habit; the tests here kill nothing the others use.
 from __future__ import annotations
 
 import asyncio
+import gc
+import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 
 from rayless import ray
@@ -42,6 +46,7 @@ from tests.integration.ray_api_classes import (
     times_out,
     use_handle,
 )
+from tests.waiting import wait_until_sync
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("rayless_ray_api")]
 
@@ -392,7 +397,7 @@ def test_placement_group_fractional_gpu_actors_share_a_bundle() -> None:
     # OpenRLHF/verl: colocated actors, num_gpus=0.5 each in one GPU bundle per GPU
     pg = placement_group([{"GPU": 1, "CPU": 1}] * 2, strategy="STRICT_PACK")
     ray.get(pg.ready())
-    seen = []
+    seen, kept = [], []  # (an actor whose handle is dropped ends, and gives its share back)
     for bundle in range(2):
         for _ in range(2):
             a = Counter.options(
@@ -401,6 +406,7 @@ def test_placement_group_fractional_gpu_actors_share_a_bundle() -> None:
                     pg, placement_group_bundle_index=bundle
                 ),
             ).remote()
+            kept.append(a)
             seen.append(ray.get(a.context.remote()))
     assert [s["cuda"] for s in seen[:2]] == [seen[0]["cuda"]] * 2
     assert [s["cuda"] for s in seen[2:]] == [seen[2]["cuda"]] * 2
@@ -648,3 +654,73 @@ def test_get_if_exists_that_loses_the_race_to_create_gets_the_winner(
     monkeypatch.setattr(cluster, "get_actor", late_lookup)
     second = Once.options(name="race-once", get_if_exists=True).remote()
     assert ray.get(second.pid.remote(), timeout=60) == ray.get(first.pid.remote(), timeout=60)
+
+
+def _starts_in(pg: Any) -> bool:
+    """Whether a one-GPU Counter starts in ``pg``'s bundle 0 now (False: no room there)."""
+    strategy = PlacementGroupSchedulingStrategy(pg, 0)
+    try:
+        handle = Counter.options(num_gpus=1, scheduling_strategy=strategy).remote()
+        ray.get(handle.get.remote(), timeout=30)
+    except RayActorError:
+        return False
+    ray.kill(handle)
+    return True
+
+
+def test_a_dropped_actor_gives_its_bundle_back_and_a_named_or_sent_one_is_kept() -> None:
+    pg = placement_group([{"GPU": 1, "CPU": 1}], strategy="STRICT_PACK")
+    ray.get(pg.ready())
+    first = Counter.options(
+        num_gpus=1, scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0)
+    ).remote()
+    ray.get(first.get.remote())
+    assert not _starts_in(pg)  # the bundle's GPU is taken
+    del first
+    gc.collect()
+    wait_until_sync(lambda: _starts_in(pg), 30, "the dropped actor's bundle to come back")
+    remove_placement_group(pg)
+
+    Counter.options(name="kept-by-name", num_cpus=0).remote()  # its handle dropped at once
+    gc.collect()
+    time.sleep(0.5)
+    named = ray.get_actor("kept-by-name")
+    assert ray.get(named.incr.remote()) == 1  # found by name later: kept
+    ray.kill(named)
+
+    holder, sent = Counter.options(num_cpus=0).remote(), Counter.options(num_cpus=0).remote()
+    assert ray.get(holder.call_other.remote(sent, 2)) == 2  # sent to another actor
+    pid = ray.get(sent.pid.remote())
+    del sent
+    gc.collect()
+    time.sleep(0.5)
+    assert psutil.pid_exists(pid)  # another process may hold its handle: kept
+    ray.kill(holder)
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_collecting_a_dropped_handle_runs_no_python_code() -> None:
+    """The end of a collected handle's actor is queued by C code (a deque's append) and
+    started on the session's loop: Python code run inside the garbage collector can break an
+    interpreter that is compiling (CPython 3.11's AST recursion-depth check)."""
+    a = Counter.options(num_cpus=0).remote()
+    pid = ray.get(a.pid.remote())
+    calls: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            calls.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        del a  # the last reference: collected here, in this thread
+    finally:
+        sys.setprofile(None)
+    assert calls == [], calls
+    wait_until_sync(lambda: _ended(pid), 30, "the dropped handle's actor to end")

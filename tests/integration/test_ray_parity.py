@@ -8,6 +8,7 @@ functions defined inside it (Ray ships them by value; so does rayless.ray).
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import time
@@ -114,6 +115,7 @@ def test_actor_spelling_errors(ray: Any) -> None:
     with pytest.raises(ValueError):
         A.options(name="parity-a").remote()
     assert ray.get(ray.get_actor("parity-a").f.remote()) == 1
+    ray.kill(a)  # (Ray would end it with its handles; rayless keeps a named actor)
 
 
 def test_cancel_queued_task(ray: Any) -> None:
@@ -397,10 +399,18 @@ def test_queue_async_forms_shutdown_and_resources(ray: Any) -> None:
         q.shutdown()
 
     asyncio.run(use())
-    free = _settled_cpus(ray)
     q = qm.Queue()
     q.put(1)
-    assert _settled_cpus(ray) == free  # the queue's actor holds no CPU
+    # the queue's actor holds no CPU: with it alive, every CPU comes free once the actors of
+    # the tests before are gone (their handles are; Ray ends such actors asynchronously)
+    gc.collect()
+    total = ray.cluster_resources().get("CPU")
+    wait_until_sync(
+        lambda: ray.available_resources().get("CPU") == total,
+        30,
+        "every CPU to be free while a Queue's actor lives",
+        interval=0.2,
+    )
     actor = q.actor
     q.shutdown()
     assert q.actor is None
@@ -799,3 +809,93 @@ def test_current_actor_is_the_actors_own_handle(ray: Any) -> None:
     assert "only available in an actor" in ray.get(in_task.remote(), timeout=60)
     with pytest.raises(RuntimeError):
         ray.get_runtime_context().current_actor  # noqa: B018
+
+
+def _pid_running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_an_actor_ends_once_its_last_handle_is_gone(ray: Any) -> None:
+    # Ray's actor lifetimes (test_actor_lifetime.py, test_reference_counting.py): a
+    # non-detached actor is terminated when its handles go out of scope, after the calls
+    # already submitted; one whose handle another actor holds keeps serving that actor
+    @ray.remote(num_cpus=1)
+    class Worker:
+        def pid(self) -> int:
+            return os.getpid()
+
+        def slow(self, seconds: float) -> str:
+            time.sleep(seconds)
+            return "done"
+
+        def echo(self, value: Any) -> Any:
+            return value
+
+    @ray.remote(num_cpus=0)
+    def later(value: str, seconds: float) -> str:
+        time.sleep(seconds)
+        return value
+
+    @ray.remote(num_cpus=0)
+    class Holder:
+        def __init__(self) -> None:
+            self.kept: Any = None
+
+        def keep(self, handle: Any) -> bool:
+            self.kept = handle
+            return True
+
+        def ask(self) -> int:
+            return int(ray.get(self.kept.pid.remote()))
+
+    total = ray.cluster_resources()["CPU"]
+    worker = Worker.remote()
+    pid = ray.get(worker.pid.remote())
+    ref = worker.slow.remote(0.5)
+    del worker
+    gc.collect()
+    assert ray.get(ref, timeout=30) == "done"  # the call sent before still ran
+    worker = Worker.remote()
+    ref = worker.echo.remote(later.remote("awaited", 0.5))  # sent once its argument is ready
+    del worker
+    gc.collect()
+    assert ray.get(ref, timeout=30) == "awaited"  # the end waited for it
+    wait_until_sync(lambda: not _pid_running(pid), 30, "the actor to end with its handle")
+
+    def use_once() -> int:
+        return int(ray.get(Worker.remote().pid.remote()))
+
+    pid = use_once()
+    gc.collect()
+    wait_until_sync(lambda: not _pid_running(pid), 30, "an actor started in a function to end")
+    wait_until_sync(
+        lambda: ray.available_resources().get("CPU") == total, 30, "both CPUs to come back"
+    )
+
+    @ray.remote(num_gpus=2, num_cpus=0)
+    class Evaluator:
+        def score(self, epoch: int) -> int:
+            return epoch * 2
+
+    # one per epoch, its handle dropped at once: each needs every GPU, so each start waits
+    # for the one before to end (Ray: a pending actor; here a start retried once it ended)
+    assert [ray.get(Evaluator.remote().score.remote(e), timeout=60) for e in range(3)] == [
+        0,
+        2,
+        4,
+    ]
+
+    holder = Holder.remote()
+    kept = Worker.options(num_cpus=0).remote()
+    kept_pid = ray.get(kept.pid.remote())
+    assert ray.get(holder.keep.remote(kept))
+    del kept
+    gc.collect()
+    time.sleep(1.0)
+    assert ray.get(holder.ask.remote(), timeout=30) == kept_pid  # the holder's handle counts
+    ray.kill(holder)
