@@ -100,19 +100,15 @@ async def ended(s: Session, timeout: float = END_WAIT) -> bool:
 
 
 def _tick(s: Session) -> None:
-    """On ``s``'s loop: end what was collected; look again in :data:`TICK` s while ``s``
-    owns handles."""
+    """On ``s``'s loop: end what was collected; look again in :data:`TICK` s while handles
+    are owned."""
     _drain(s)
-    if not _owns(s):
+    if not _OWNED:  # (an old session's handle still alive keeps the tick: a deque's check)
         _TICKING.pop(id(s), None)
-        if not _owns(s) or _TICKING.get(id(s)) is s:
+        if not _OWNED or _TICKING.get(id(s)) is s:
             return
         _TICKING[id(s)] = s  # owned meanwhile by another thread: keep looking
     s.loop.call_later(TICK, _tick, s)
-
-
-def _owns(s: Session) -> bool:
-    return any(session is s for _, session, _ in list(_OWNED.values()))
 
 
 def _drain(s: Session) -> None:
