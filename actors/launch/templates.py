@@ -61,10 +61,18 @@ class Lease:
     """A template leased by one cluster: its process and socket path."""
 
     kind: str
-    proc: Child
-    path: str
     entry: _Entry
     pool: TemplatePool
+
+    @property
+    def proc(self) -> Child:
+        """The template's process."""
+        return self.entry.proc
+
+    @property
+    def path(self) -> str:
+        """The template's socket path."""
+        return self.entry.path
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
         """Block until the template listens (it prints "ready" once).
@@ -171,7 +179,7 @@ class TemplatePool:
                 entry = self._starter.call(lambda: self._start(key, kind, environ))
                 self._entries[key] = entry
             entry.users += 1
-            return Lease(kind, entry.proc, entry.path, entry, self)
+            return Lease(kind, entry, self)
 
     def release(self, lease: Lease) -> None:
         """Hand a template back; it keeps running for the next cluster (a dead one goes)."""
