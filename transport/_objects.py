@@ -10,8 +10,16 @@ token holder can run anyway), and rebuilds the instance without calling ``__init
 unpickling does): ``__new__``, then each field set with ``object.__setattr__`` (frozen and
 slotted dataclasses included), or the member looked up by name.
 
-A class of the sender's ``__main__`` or one defined inside a function has no name another
-process can import: encoding one is a ``TypeError`` that says so. TensorDict's tensorclasses
+A class of the sender's ``__main__`` (a script, ``python -c``, a notebook) or one defined
+inside a function has no name another process can import. Its instances travel the same way,
+with the class itself pickled by value (cloudpickle) as a sixth field:
+``[OBJECT marker, module, qualname, tag, state, class]``. The class is code, as an actor class
+of ``__main__`` in a spawn request is, and comes only from an authenticated peer; the
+instance's fields stay data, encoded as any other value. Processes that run no user code (the
+head, node agents) refuse such records (:func:`refuse_classes_by_value`): they unpickle
+nothing. cloudpickle keeps one class per
+process for one sender's class, so an instance sent back arrives as the sender's own class.
+A class cloudpickle cannot pickle is a ``TypeError`` that says so. TensorDict's tensorclasses
 (dataclasses that keep their fields in a TensorDict) are not carried this way.
 """
 
@@ -25,10 +33,21 @@ from typing import Any
 
 from rayless.transport.errors import ProtocolError
 
-__all__ = ["by_name", "object_state", "rebuild"]
+__all__ = ["by_name", "object_state", "rebuild", "refuse_classes_by_value"]
 
 DATACLASS, ENUM = "d", "e"
 _CLASSES: dict[tuple[str, str], type] = {}  # (module, qualname) -> class, once found
+_CACHED = 256  # classes by value kept pickled (sender) and unpickled (receiver), each side
+_PICKLED: dict[type, bytes] = {}  # a class of __main__ or a function -> its pickle
+_UNPICKLED: dict[bytes, type] = {}  # the reverse, at the receiver
+_REFUSED = False  # this process decodes no class by value
+
+
+def refuse_classes_by_value() -> None:
+    """From now on, a record carrying its class by value is a ``ProtocolError`` in this
+    process (the head and node agents: processes that run no user code)."""
+    global _REFUSED
+    _REFUSED = True
 
 
 def by_name(kind: type) -> bool:
@@ -39,39 +58,68 @@ def by_name(kind: type) -> bool:
 
 
 def object_state(obj: Any) -> list[Any]:
-    """The record of ``obj`` after its marker: ``[module, qualname, tag, state]``.
+    """The record of ``obj`` after its marker: ``[module, qualname, tag, state]``, and the
+    class pickled by value after them where it has no importable name.
 
     Raises:
-        TypeError: its class has no importable name (``__main__``, or defined in a function).
+        TypeError: its class has no importable name and cannot be pickled by value.
     """
     kind = type(obj)
     module, qualname = kind.__module__, kind.__qualname__
-    if module == "__main__" or "<locals>" in qualname:
-        where = "the sender's __main__" if module == "__main__" else "a function"
-        raise TypeError(
-            f"cannot encode {qualname}: a class defined in {where} has no name another "
-            "process can import; define it in a module"
-        )
+    record: list[Any]
     if isinstance(obj, enum.Enum):
-        return [module, qualname, ENUM, obj.name]
-    if hasattr(obj, "__dict__"):  # as pickle: the attributes __post_init__ set travel too
-        state = dict(vars(obj))
+        record = [module, qualname, ENUM, obj.name]
+    elif hasattr(obj, "__dict__"):  # as pickle: the attributes __post_init__ set travel too
+        record = [module, qualname, DATACLASS, dict(vars(obj))]
     else:  # slots
         state = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-    return [module, qualname, DATACLASS, state]
+        record = [module, qualname, DATACLASS, state]
+    if module in _MAIN or "<locals>" in qualname:
+        record.append(_by_value(kind))
+    return record
 
 
-def rebuild(module: Any, qualname: Any, tag: Any, state: Any) -> Any:
-    """The instance :func:`object_state` described.
+_MAIN = ("__main__", "__mp_main__")
+
+
+def _by_value(kind: type) -> bytes:
+    """``kind`` pickled by value (cloudpickle), kept for the next instance.
+
+    Raises:
+        TypeError: cloudpickle cannot pickle it (a global it uses cannot be pickled).
+    """
+    pickled = _PICKLED.get(kind)
+    if pickled is not None:
+        return pickled
+    import cloudpickle
+
+    try:
+        pickled = cloudpickle.dumps(kind)
+    except Exception as exc:
+        where = "the sender's __main__" if kind.__module__ in _MAIN else "a function"
+        raise TypeError(
+            f"cannot encode {kind.__qualname__}: a class defined in {where} travels by value, "
+            f"and this one cannot be pickled ({type(exc).__name__}: {exc}); define it in a "
+            "module"
+        ) from None
+    if len(_PICKLED) >= _CACHED:
+        _PICKLED.pop(next(iter(_PICKLED)))
+    _PICKLED[kind] = pickled
+    return pickled
+
+
+def rebuild(module: Any, qualname: Any, tag: Any, state: Any, pickled: Any = None) -> Any:
+    """The instance :func:`object_state` described (its class ``pickled`` by value where
+    the record carries it).
 
     Raises:
         ProtocolError: a malformed record, a module that cannot be imported here, a name
-            that is not a dataclass or Enum of it, a field of the class missing, or an Enum
-            member it does not have.
+            that is not a dataclass or Enum of it, a class by value that cannot be loaded, a
+            field of the class missing, or an Enum member it does not have.
     """
     if type(module) is not str or type(qualname) is not str or tag not in (DATACLASS, ENUM):
         raise ProtocolError("bad object record")
-    cls = _find(module, qualname)
+    cls = _find(module, qualname) if pickled is None else _loaded(module, qualname, pickled)
     if tag == ENUM:
         if not issubclass(cls, enum.Enum) or type(state) is not str:
             raise ProtocolError(f"bad Enum record for {module}.{qualname}")
@@ -91,6 +139,35 @@ def rebuild(module: Any, qualname: Any, tag: Any, state: Any) -> Any:
     for name, value in state.items():
         object.__setattr__(obj, name, value)
     return obj
+
+
+def _loaded(module: str, qualname: str, pickled: Any) -> type:
+    """The class a record carries by value (unpickled once per distinct pickle)."""
+    if type(pickled) is not bytes:
+        raise ProtocolError(f"bad class record for {module}.{qualname}"[:200])
+    if _REFUSED:
+        raise ProtocolError(
+            f"a {qualname} arrived with its class by value, which this process (it runs no "
+            "user code) does not load"[:300]
+        )
+    cls = _UNPICKLED.get(pickled)
+    if cls is not None:
+        return cls
+    import cloudpickle
+
+    try:
+        found = cloudpickle.loads(pickled)
+    except Exception as exc:  # a module it imports is missing here, a corrupt pickle
+        raise ProtocolError(
+            f"a {qualname} arrived with its class by value, which cannot be loaded here: "
+            f"{type(exc).__name__}: {exc}"[:400]
+        ) from None
+    if not isinstance(found, type) or not by_name(found):
+        raise ProtocolError(f"{module}.{qualname} by value is not a dataclass or Enum"[:200])
+    if len(_UNPICKLED) >= _CACHED:
+        _UNPICKLED.pop(next(iter(_UNPICKLED)))
+    _UNPICKLED[pickled] = found
+    return found
 
 
 def _find(module: str, qualname: str) -> type:

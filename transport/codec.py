@@ -21,8 +21,9 @@ scalars of bool and numeric dtypes (C order), numpy object arrays (item by item)
 ``DataProto`` and OmegaConf's ``DictConfig``/``ListConfig`` (``transport._foreign``),
 TensorDict (nesting, batch_size, device, names; the lock is not kept), NonTensorData and
 NonTensorStack, every ``RaylessError`` (through ``errors.error_to_state``), set and frozenset,
-instances of dataclasses and Enum members of importable modules (by their class's name:
-``transport._objects``), and types added with :func:`register_extension`. CUDA tensors: see
+instances of dataclasses and Enum members (by their class's name, or with the class by value
+where it has no importable name: ``transport._objects``), and types added with
+:func:`register_extension`. CUDA tensors: see
 ``transport._cuda``. Anything else is a ``TypeError`` naming its path, unless ``allow_pickle``.
 
 Decoding never trusts the header: every malformed input raises ``ProtocolError`` (a header
@@ -49,7 +50,7 @@ import msgpack
 from rayless.transport import shm as _shm
 from rayless.transport._decoder import Decoder
 from rayless.transport._foreign import FOREIGN, OBJECT_ARRAY, object_array
-from rayless.transport._objects import by_name, object_state
+from rayless.transport._objects import by_name, object_state, refuse_classes_by_value
 from rayless.transport._registry import (
     BIGINT,
     ERROR,
@@ -70,7 +71,14 @@ from rayless.transport.errors import LimitError, ProtocolError, RaylessError, er
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Buffer", "decode", "encode", "register_extension", "sweep_shm"]
+__all__ = [
+    "Buffer",
+    "decode",
+    "encode",
+    "refuse_classes_by_value",
+    "register_extension",
+    "sweep_shm",
+]
 
 Buffer = Union[bytes, bytearray, memoryview]
 MAX_HEADER = 16 << 20

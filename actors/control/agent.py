@@ -56,6 +56,7 @@ from rayless.actors.protocol.wire import Handlers, ask, check_reply, handles
 from rayless.placement import NodeInfo, discover_node_async
 from rayless.transport import loop
 from rayless.transport.client import Client
+from rayless.transport.codec import refuse_classes_by_value
 from rayless.transport.errors import ProtocolError, RaylessError
 from rayless.transport.server import Peer, Request, Server
 from rayless.transport.shm import reap
@@ -575,6 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     if not token:
         print("RAYLESS_TOKEN_FD, RAYLESS_TOKEN or RAYLESS_TOKEN_FILE must be set", file=sys.stderr)
         return 2
+    refuse_classes_by_value()  # it runs no user code: it unpickles nothing
     gc_policy.apply()
     gc_policy.freeze()
     return loop.run(serve(args, token))

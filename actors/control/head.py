@@ -58,6 +58,7 @@ from rayless.placement.allocation import NodeState
 from rayless.placement.errors import PlacementError
 from rayless.transport import loop
 from rayless.transport.client import Client
+from rayless.transport.codec import refuse_classes_by_value
 from rayless.transport.errors import ProtocolError, RaylessError
 from rayless.transport.server import Peer, Request, Server
 from rayless.transport.zmq_context import zmq_context
@@ -462,6 +463,7 @@ def main() -> None:
             "[NODE_TIMEOUT]"
         )
     timeout = float(sys.argv[2]) if len(sys.argv) == 3 else 5.0
+    refuse_classes_by_value()  # it runs no user code: it unpickles nothing
     raise_socket_limits()
     gc_policy.apply()
     gc_policy.freeze()

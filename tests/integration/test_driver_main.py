@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The driver: module-level code that leaves a mark, a global helper, an exception class and
 # two actor classes of __main__ (the relay catches the greeter's error in another process).
 BODY = """
-import asyncio, os
+import asyncio, dataclasses, enum, os
 from rayless import actors
 
 
@@ -36,6 +36,15 @@ SCALE = 3
 
 def scaled(x):
     return x * SCALE
+
+class Mode(enum.Enum):
+    TRAIN = 1
+    EVAL = 2
+
+@dataclasses.dataclass
+class Batch:
+    ids: list
+    mode: Mode
 
 class CodeErr(Exception):
     def __init__(self, code, message):
@@ -48,6 +57,10 @@ class Greeter(actors.Actor):
 
     def fail(self, code):
         raise CodeErr(code, "from the greeter")
+
+    def grow(self, batch):
+        assert batch.mode is Mode.TRAIN
+        return Batch(batch.ids + [len(batch.ids)], Mode.EVAL)
 
 class Relay:
     def __init__(self, greeter):
@@ -69,12 +82,15 @@ async def main():
             print(f"driver caught {exc.code} {exc.args}")
         relay = await cluster.spawn(Relay, greeter)
         print(await relay.relay())
+        got = await greeter.grow(Batch([1, 2], Mode.TRAIN))
+        print(type(got) is Batch, got.ids, got.mode is Mode.EVAL)
 """
 
 EXPECTED = [
     "hello driver 6 __main__",
     "driver caught 42 (42, 'from the greeter')",
     "relay caught 7 (7, 'from the greeter')",
+    "True [1, 2, 2] True",  # a dataclass and an Enum of __main__, there and back
 ]
 
 
@@ -126,6 +142,49 @@ def test_an_unguarded_script_with_the_sync_facade(tmp_path: Path) -> None:
         )
     )
     assert _run([str(script)], tmp_path) == ["hello sync 6 __main__"]
+
+
+def test_an_unguarded_ray_script_passes_its_dataclasses_and_enums(tmp_path: Path) -> None:
+    """A Ray user's script: a dataclass and an Enum of __main__ as arguments and results of
+    an actor method and a task (before: a TypeError at the sender)."""
+    script = tmp_path / "ray_driver.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import dataclasses, enum, os
+            from rayless import ray
+
+            with open(os.environ["MARK"], "a") as mark:
+                mark.write(f"{os.getpid()}\\n")
+
+            ray.init(num_cpus=2)
+
+            class Mode(enum.Enum):
+                TRAIN = 1
+                EVAL = 2
+
+            @dataclasses.dataclass
+            class Batch:
+                ids: list
+                mode: Mode = Mode.TRAIN
+
+            @ray.remote
+            class Worker:
+                def grow(self, batch):
+                    return Batch(batch.ids + [len(batch.ids)], Mode.EVAL)
+
+            @ray.remote
+            def total(batch):
+                return sum(batch.ids), batch.mode.name
+
+            w = Worker.remote()
+            got = ray.get(w.grow.remote(Batch([1, 2])))
+            print(type(got) is Batch, got.ids, got.mode is Mode.EVAL)
+            print(ray.get(total.remote(got)))
+            """
+        )
+    )
+    assert _run([str(script)], tmp_path) == ["True [1, 2, 2] True", "(5, 'EVAL')"]
 
 
 def test_a_script_read_from_stdin(tmp_path: Path) -> None:

@@ -1,10 +1,13 @@
 """The codec carries sets, dataclasses and Enums of importable modules (by name), and
 OmegaConf configs, as Ray users and verl pass them to actors; malformed records of them are
-ProtocolErrors, and classes with no importable name are TypeErrors at the sender."""
+ProtocolErrors; a class with no importable name (``__main__``, a function's) travels by
+value."""
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import threading
 from typing import Any
 
 import msgpack
@@ -48,17 +51,57 @@ def test_dataclasses_and_enums_round_trip_with_their_tensors() -> None:
     assert _round([Level.LOW, Color.RED]) == [Level.LOW, Color.RED]
 
 
-def test_a_class_without_an_importable_name_is_refused_at_the_sender() -> None:
+def test_a_class_without_an_importable_name_travels_by_value() -> None:
     @dataclasses.dataclass
     class Local:
         x: int
+        mode: Any = None
 
-    with pytest.raises(
-        TypeError, match=r"obj\[0\]: cannot encode .*Local: a class defined in a fun"
-    ):
-        encode([Local(1)])
+    class Mode(enum.Enum):
+        A = 1
+        B = 2
+
+    record = msgpack.unpackb(bytes(encode(Local(1, Mode.B))[0]), raw=False, strict_map_key=False)
+    assert len(record) == 6 and type(record[5]) is bytes  # the class travels by value
+    got = _round([Local(1, Mode.B), Local(2)])
+    assert type(got[0]) is Local and got == [Local(1, Mode.B), Local(2)]  # one class a process
+    assert got[0].mode is Mode.B
+    frames = [bytes(f).hex() for f in encode({"v": Local(3, Mode.A), "t": torch.arange(3)})]
+    out = run_fresh(
+        f"""
+        from rayless.transport import decode
+        got = decode([bytes.fromhex(f) for f in {frames!r}])
+        again = decode([bytes.fromhex(f) for f in {frames!r}])
+        v = got["v"]
+        same = type(again["v"]) is type(v)
+        print(type(v).__name__, v.x, v.mode.name, same, got["t"].sum().item())
+        """
+    )
+    assert out.split() == [
+        "Local",
+        "3",
+        "A",
+        "True",
+        "3",
+    ]
     with pytest.raises(TypeError, match="cannot encode NotData"):
         encode(NotData())
+
+
+def test_a_class_by_value_that_cannot_be_pickled_is_refused_at_the_sender() -> None:
+    lock = threading.Lock()
+
+    @dataclasses.dataclass
+    class Guarded:
+        x: int
+
+        def held(self) -> bool:
+            return lock.locked()  # a closure over a lock: cloudpickle cannot pickle it
+
+    with pytest.raises(
+        TypeError, match=r"obj\[0\]: cannot encode .*Guarded: a class defined in a function "
+    ):
+        encode([Guarded(1)])
 
 
 def test_a_fresh_process_imports_the_module_of_a_class_it_receives() -> None:

@@ -1,0 +1,54 @@
+"""A dataclass of the driver's ``__main__`` or of a function travels with its class by value
+(cloudpickle), which is code: processes that run user code (actors, drivers) load it; the
+head and node agents load none, so a token holder's pickle runs nothing there."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rayless.actors import Cluster
+from rayless.transport.client import Client
+from rayless.transport.errors import ProtocolError
+from tests.integration.actor_classes import Counter
+
+pytestmark = pytest.mark.integration
+
+
+def _loud(mark: Path) -> Any:
+    """An instance of a class whose unpickling creates ``mark`` (a class attribute whose
+    ``__reduce__`` opens it for writing)."""
+
+    class Touch:
+        def __reduce__(self) -> Any:
+            return (open, (str(mark), "w"))
+
+    @dataclasses.dataclass
+    class Loud:
+        x: int
+
+    Loud.side = Touch()  # type: ignore[attr-defined]
+    return Loud(1)
+
+
+async def test_the_head_and_agents_load_no_class_by_value(
+    local_cluster: Cluster, tmp_path: Path
+) -> None:
+    mark = tmp_path / "loaded"
+    loud = _loud(mark)
+    counter = await local_cluster.spawn(Counter)
+    agent = (await counter.env("RAYLESS_AGENT_ADDRESS"))["RAYLESS_AGENT_ADDRESS"]
+    assert agent
+    for address in (local_cluster.address, agent):
+        async with Client(address, token=local_cluster.token, name="test") as peer:
+            with pytest.raises(ProtocolError, match="does not load"):
+                await peer.request(loud, timeout=10)
+    assert not mark.exists()
+    # an actor process runs user code: it loads the class (its unpickling ran), then the
+    # method fails on the value
+    with pytest.raises(TypeError):
+        await counter.add(loud)
+    assert mark.exists()
