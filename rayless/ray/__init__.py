@@ -263,17 +263,18 @@ def wait(
 ) -> tuple[list[Any], list[Any]]:
     """``(ready, not_ready)`` once ``num_returns`` refs are done or ``timeout`` passed (0: a
     probe). ``ready`` holds at most ``num_returns``, the first done ones in the order given;
-    ``not_ready`` all the others, in the order given.
+    ``not_ready`` all the others, in the order given. An ``ObjectRefGenerator`` is ready
+    once its next ref is (``next(gen)`` returns at once; a finished one is ready too).
 
     Raises:
-        TypeError: ``object_refs`` is not a list of refs.
+        TypeError: ``object_refs`` is not a list of refs and generators.
         ValueError: duplicate refs, ``num_returns`` out of range, a negative timeout.
     """
     if not isinstance(object_refs, (list, tuple)):
         raise TypeError(f"wait() expected a list of ray.ObjectRef, got {type(object_refs)}")
-    refs = [_ref(r) for r in object_refs]
-    if len({id(r._future) for r in refs}) != len(refs):
+    if len({id(_identity(r)) for r in object_refs}) != len(object_refs):
         raise ValueError("Wait requires a list of unique object refs.")
+    refs = [_wait_ref(r) for r in object_refs]
     if not refs:
         return [], []
     if num_returns <= 0:
@@ -303,6 +304,18 @@ def wait(
     for original, r in zip(object_refs, refs, strict=True):
         (ready if len(ready) < num_returns and r._future.done() else rest).append(original)
     return ready, rest
+
+
+def _identity(x: Any) -> Any:
+    """What makes two entries of ``ray.wait``'s list the same: a ref's value, a generator."""
+    return x._future if isinstance(x, ObjectRef) else x
+
+
+def _wait_ref(x: Any) -> ObjectRef:
+    """``x`` as a ref ``ray.wait`` waits on: a generator's is done once its next ref is."""
+    if isinstance(x, ObjectRefGenerator):
+        return ObjectRef(x._ready_future(), x._s.generation)
+    return _ref(x)
 
 
 def _waitable(ref: ObjectRef) -> concurrent.futures.Future[Any]:

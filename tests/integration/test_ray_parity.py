@@ -277,6 +277,49 @@ def test_generator_tasks_and_methods_stream_refs(ray: Any) -> None:
     assert asyncio.run(read()) == [0, 10, 20]
 
 
+def test_generator_readiness_wait_next_ready_and_completed(ray: Any, tmp_path: Any) -> None:
+    # Ray's ObjectRefGenerator: ray.wait takes generators (ready once next(gen) returns at
+    # once), next_ready() never blocks, completed() is ready once the generator ended (its own
+    # error is an item's, not completed()'s), is_finished() once every item was taken
+    go = tmp_path / "go"
+
+    @ray.remote
+    def gated(path: str, n: int) -> Any:
+        import os
+        import time
+
+        while not os.path.exists(path):
+            time.sleep(0.01)
+        for i in range(n):  # noqa: UP028 (Ray's executor sends into a `yield from`: it fails)
+            yield i
+
+    @ray.remote
+    def bad() -> Any:
+        yield 1
+        raise ValueError("bad item")
+
+    gen = gated.remote(str(go), 3)
+    assert gen.next_ready() is False
+    ready, rest = ray.wait([gen], timeout=0)
+    assert ready == [] and rest == [gen]
+    go.touch()
+    ref = gated.remote(str(go), 0)
+    ready, rest = ray.wait([gen, ref.completed()], num_returns=2, timeout=60)
+    assert len(ready) == 2 and ready[0] is gen and rest == []
+    assert gen.next_ready() is True
+    assert [ray.get(r) for r in gen] == [0, 1, 2]
+    assert gen.is_finished() and gen.next_ready() is False
+    later = gated.remote(str(go), 4)
+    assert ray.get(later.completed(), timeout=60) is None
+    assert [ray.get(r) for r in later] == [0, 1, 2, 3]  # kept for next, in order
+    failing = bad.remote()
+    assert ray.get(failing.completed(), timeout=60) is None
+    refs = list(failing)
+    assert len(refs) == 2 and ray.get(refs[0]) == 1
+    with pytest.raises(ValueError, match="bad item"):
+        ray.get(refs[1])
+
+
 def _settled_cpus(ray: Any) -> Any:
     """``available_resources()["CPU"]`` once three reads 0.2 s apart agree (Ray's view of
     resources lags the work that gives them back; within 30 s)."""
