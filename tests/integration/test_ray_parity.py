@@ -288,7 +288,8 @@ def test_generator_readiness_wait_next_ready_and_completed(ray: Any, tmp_path: A
         import os
         import time
 
-        while not os.path.exists(path):
+        deadline = time.monotonic() + 120
+        while not os.path.exists(path) and time.monotonic() < deadline:  # not a wait: a gate
             time.sleep(0.01)
         for i in range(n):  # noqa: UP028 (Ray's executor sends into a `yield from`: it fails)
             yield i
