@@ -44,6 +44,8 @@ PATHS = (
     "rayless.ray.object_ref:ObjectRef",
     "rayless.ray.runtime_context:RuntimeContext",
     "rayless.ray.util:ActorPool",
+    "rayless.ray.util:as_completed",
+    "rayless.ray.util:map_unordered",
     "rayless.actors.api.sync:SyncCluster",
     "rayless.actors.api.blocking",
     "rayless.actors.api.components",

@@ -321,6 +321,44 @@ def test_generator_readiness_wait_next_ready_and_completed(ray: Any, tmp_path: A
         ray.get(refs[1])
 
 
+def test_as_completed_and_map_unordered(ray: Any) -> None:
+    # ray.util's helpers (Ray's util/helpers.py): results as they finish, in batches of
+    # chunk_size, map_unordered with at most backpressure_size in flight; errors as Ray's
+    from importlib import import_module
+
+    util = import_module(ray.__name__ + ".util")
+
+    @ray.remote
+    def square(x: int) -> int:
+        return x * x
+
+    @ray.remote
+    def boom(x: int) -> int:
+        raise ValueError(f"bad {x}")
+
+    squares = [i * i for i in range(25)]
+    refs = [square.remote(i) for i in range(25)]
+    assert sorted(util.as_completed(refs, chunk_size=4)) == squares
+    taken = list(util.as_completed(refs, chunk_size=100, yield_obj_refs=True))
+    assert all(isinstance(r, ray.ObjectRef) for r in taken)
+    assert sorted(ray.get(taken)) == squares
+    assert list(util.as_completed([])) == []
+    assert sorted(util.map_unordered(square, range(30), backpressure_size=5, chunk_size=2)) == [
+        i * i for i in range(30)
+    ]
+    assert sorted(util.map_unordered(square, iter(range(7)), backpressure_size=None)) == [
+        i * i for i in range(7)
+    ]
+    with pytest.raises(ValueError, match="chunk_size"):
+        list(util.as_completed(refs, chunk_size=0))
+    with pytest.raises(ValueError, match="instead of `num_returns`"):
+        list(util.as_completed(refs, num_returns=2))
+    with pytest.raises(ValueError, match="backpressure_size"):
+        list(util.map_unordered(square, [1], backpressure_size=0))
+    with pytest.raises(ValueError, match="bad 1"):
+        list(util.map_unordered(boom, [1]))
+
+
 def _settled_cpus(ray: Any) -> Any:
     """``available_resources()["CPU"]`` once three reads 0.2 s apart agree (Ray's view of
     resources lags the work that gives them back; within 30 s)."""

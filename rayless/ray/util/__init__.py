@@ -1,5 +1,6 @@
-"""``ray.util``: placement groups, scheduling strategies, the node's IP, ``ActorPool``
-(``ray.util.queue`` is a submodule: ``from rayless.ray.util.queue import Queue``)."""
+"""``ray.util``: placement groups, scheduling strategies, the node's IP, ``ActorPool``,
+``as_completed`` and ``map_unordered`` (``ray.util.queue`` is a submodule:
+``from rayless.ray.util.queue import Queue``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from rayless.ray import _resources
 from rayless.ray.util import scheduling_strategies
 from rayless.ray.util.actor_pool import ActorPool
+from rayless.ray.util.helpers import as_completed, map_unordered
 from rayless.ray.util.placement_group import (
     PlacementGroup,
     get_current_placement_group,
@@ -19,9 +21,11 @@ from rayless.ray.util.placement_group import (
 __all__ = [
     "ActorPool",
     "PlacementGroup",
+    "as_completed",
     "get_current_placement_group",
     "get_node_ip_address",
     "list_named_actors",
+    "map_unordered",
     "placement_group",
     "placement_group_table",
     "remove_placement_group",
