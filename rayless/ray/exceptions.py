@@ -110,10 +110,11 @@ def _mixed(ray_cls: type[BaseException], err: BaseException) -> BaseException:
             cls = ray_cls
         _MIXED[key] = cls
     out: BaseException
-    if cls is ray_cls:
+    made = None if cls is ray_cls else _blank(cls)
+    if made is None:
         out = ray_cls(str(err))
     else:
-        out = cls.__new__(cls)
+        out = made
         out.args = err.args
         try:
             out.__dict__.update(getattr(err, "__dict__", {}))
@@ -122,6 +123,18 @@ def _mixed(ray_cls: type[BaseException], err: BaseException) -> BaseException:
     out.__cause__ = err
     out.__traceback__ = err.__traceback__
     return out
+
+
+def _blank(cls: type[BaseException]) -> BaseException | None:
+    """An instance of ``cls`` made without ``__init__``, or None where neither its own
+    ``__new__`` nor ``BaseException``'s will make one (a builtin with a ``__new__`` of its
+    own: ``MemoryError``'s refuses a class mixed with another base, ``OSError`` needs its)."""
+    for new in (cls.__new__, BaseException.__new__):
+        try:
+            return new(cls)
+        except TypeError:
+            continue
+    return None
 
 
 def map_error(err: BaseException, *, task: bool = False) -> BaseException:

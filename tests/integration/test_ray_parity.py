@@ -71,6 +71,22 @@ def test_get_raises_the_users_error(ray: Any) -> None:
         ray.get([bad.remote(0), bad.remote(1)])
     assert isinstance(info.value, ray.exceptions.RayTaskError)
 
+    @ray.remote
+    def oom() -> None:
+        raise MemoryError("out of memory in the task")
+
+    @ray.remote
+    class Big:
+        def grow(self) -> None:
+            raise MemoryError("out of memory in the actor")
+
+    # a builtin with a __new__ of its own: it reaches the caller as itself, not a TypeError
+    with pytest.raises(MemoryError, match="in the task") as info:
+        ray.get(oom.remote())
+    assert isinstance(info.value, ray.exceptions.RayTaskError)
+    with pytest.raises(MemoryError, match="in the actor"):
+        ray.get(Big.remote().grow.remote())
+
 
 def test_get_timeout_is_a_timeout_error(ray: Any) -> None:
     # test_basic.py::test_get_with_timeout

@@ -3,9 +3,12 @@ the decorators' spellings (no cluster)."""
 
 from __future__ import annotations
 
+import builtins
+
 import pytest
 
 from rayless import ray
+from rayless.actors.api.remote_errors import materialize
 from rayless.errors import ActorDiedError as RaylessDied
 from rayless.errors import PlacementError, RemoteError, Timeout
 from rayless.ray import exceptions
@@ -219,3 +222,27 @@ async def test_a_collective_groups_rendezvous_keys_live_in_its_meeting_actor() -
     assert await info.check_keys(["c", "n"]) and not await info.check_keys(["nope"])
     assert await info.delete_key("c") and not await info.delete_key("c")
     assert await info.num_keys() == 2
+
+
+_BUILTIN_ERRORS = sorted(
+    (
+        v
+        for v in vars(builtins).values()
+        if isinstance(v, type) and issubclass(v, Exception) and v.__module__ == "builtins"
+    ),
+    key=lambda t: t.__name__,
+)
+
+
+@pytest.mark.parametrize("kind", _BUILTIN_ERRORS, ids=lambda t: t.__name__)
+def test_a_remote_error_of_every_builtin_type_maps_to_ray_task_error(kind: type) -> None:
+    """Before: a task's MemoryError crashed ray.get with "MemoryError.__new__(RayTaskError(
+    MemoryError)) is not safe" (its own __new__ refuses a class mixed with another base)."""
+    remote = materialize(RemoteError(f"builtins.{kind.__name__}", "boom"))
+    mapped = exceptions.map_error(remote)
+    assert isinstance(mapped, exceptions.RayTaskError), kind
+    assert "boom" in str(mapped)
+    if isinstance(remote, kind):  # rebuilt as the original type: the Ray error is one too
+        assert isinstance(mapped, kind) or type(mapped) is exceptions.RayTaskError, kind
+    if kind is MemoryError:
+        assert isinstance(mapped, MemoryError) and mapped.args == remote.args
