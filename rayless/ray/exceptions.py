@@ -89,17 +89,21 @@ class OutOfMemoryError(RayError):
     """The kernel's OOM killer ended the worker or actor that ran the task."""
 
 
-_MIXED: dict[tuple[type, type], type[BaseException]] = {}
+# (Ray's class, the error's class, the name shown) -> the class derived from both; a plain
+# RemoteError's name is its remote type's, so each remote type has its own (bounded: past
+# _MIXED_MAX, a class is made for the one error and not kept)
+_MIXED: dict[tuple[type, type, str], type[BaseException]] = {}
+_MIXED_MAX = 1024
 
 
 def _mixed(ray_cls: type[BaseException], err: BaseException) -> BaseException:
     """``err`` as an instance of a class derived from ``ray_cls`` and ``type(err)``, with its
     args and attributes (no ``__init__`` runs). Falls back to ``ray_cls(str(err))``."""
     base = type(err)
-    key = (ray_cls, base)
+    shown = str(getattr(err, "remote_type", None) or getattr(base, "__name__", "?"))
+    key = (ray_cls, base, shown)
     cls: type[BaseException] | None = _MIXED.get(key)
     if cls is None:
-        shown = str(getattr(err, "remote_type", None) or getattr(base, "__name__", "?"))
         name = f"{ray_cls.__name__}({shown.rpartition('.')[2]})"
         kwds: dict[str, Any] = {"wire": None} if issubclass(base, RaylessError) else {}
         try:
@@ -108,7 +112,8 @@ def _mixed(ray_cls: type[BaseException], err: BaseException) -> BaseException:
             cls.__str__ = base.__str__  # type: ignore[method-assign]
         except TypeError:  # layouts that cannot be combined
             cls = ray_cls
-        _MIXED[key] = cls
+        if len(_MIXED) < _MIXED_MAX:
+            _MIXED[key] = cls
     out: BaseException
     made = None if cls is ray_cls else _blank(cls)
     if made is None:

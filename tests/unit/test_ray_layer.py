@@ -246,3 +246,18 @@ def test_a_remote_error_of_every_builtin_type_maps_to_ray_task_error(kind: type)
         assert isinstance(mapped, kind) or type(mapped) is exceptions.RayTaskError, kind
     if kind is MemoryError:
         assert isinstance(mapped, MemoryError) and mapped.args == remote.args
+
+
+def test_plain_remote_errors_keep_their_own_type_names() -> None:
+    """Before: the first plain RemoteError's mixed class (cached by class alone) named every
+    later one: a KeyboardInterrupt raised in a method showed as RayTaskError(StopAsyncIteration)."""
+    names = [
+        type(exceptions.map_error(RemoteError(f"builtins.{t}", "x"))).__name__
+        for t in ("StopAsyncIteration", "KeyboardInterrupt", "ExceptionGroup", "KeyboardInterrupt")
+    ]
+    assert names == [
+        "RayTaskError(StopAsyncIteration)",
+        "RayTaskError(KeyboardInterrupt)",
+        "RayTaskError(ExceptionGroup)",
+        "RayTaskError(KeyboardInterrupt)",
+    ]
