@@ -85,10 +85,7 @@ class ObjectRefGenerator:
         Raises:
             StopAsyncIteration: the generator ended (after an error too).
         """
-        while not self._ahead and self._reader is not None and not self._reader.done():
-            assert self._arrived is not None  # internal invariant: made with the reader
-            self._arrived.clear()
-            await self._arrived.wait()
+        await self._until_ahead()
         if self._ahead:
             got = self._ahead.popleft()
             if got is _END:
@@ -96,6 +93,13 @@ class ObjectRefGenerator:
                 raise StopAsyncIteration
             return got
         return await self._pull()
+
+    async def _until_ahead(self) -> None:
+        """Wait while nothing is read ahead and the reader (if any) still reads."""
+        while not self._ahead and self._reader is not None and not self._reader.done():
+            assert self._arrived is not None  # internal invariant: made with the reader
+            self._arrived.clear()
+            await self._arrived.wait()
 
     def _read_ahead(self, want: float) -> None:
         """Keep ``want`` items read ahead (a reader task on the session's loop)."""
@@ -278,13 +282,7 @@ class ObjectRefGenerator:
         if self._ahead or self._done:
             return
         self._read_ahead(1)
-        assert self._arrived is not None  # internal invariant: made by _read_ahead
-        while not self._ahead and not self._done:
-            reader = self._reader
-            if reader is None or reader.done():
-                return
-            self._arrived.clear()
-            await self._arrived.wait()
+        await self._until_ahead()
 
     def close(self) -> None:
         """Stop the remote generator (its ``finally`` runs); a task's worker is given back.
