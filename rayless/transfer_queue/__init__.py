@@ -17,6 +17,7 @@ from rayless.store import BatchMeta
 from rayless.store import UnknownKeyError as StorageKeyNotFoundError
 from rayless.store.data.kv_meta import KVBatchMeta
 from rayless.transfer_queue.client import AsyncTransferQueueClient, TransferQueueClient
+from rayless.transfer_queue.dataloader import StreamingDataLoader, StreamingDataset
 from rayless.transfer_queue.interface import (
     async_kv_batch_get,
     async_kv_batch_get_by_meta,
@@ -40,6 +41,7 @@ from rayless.transfer_queue.interface import (
 from rayless.transfer_queue.samplers import (
     BaseSampler,
     GRPOGroupNSampler,
+    RankAwareSampler,
     SeqlenBalancedSampler,
     SequentialSampler,
 )
@@ -50,9 +52,12 @@ __all__ = [
     "BatchMeta",
     "GRPOGroupNSampler",
     "KVBatchMeta",
+    "RankAwareSampler",
     "SeqlenBalancedSampler",
     "SequentialSampler",
     "StorageKeyNotFoundError",
+    "StreamingDataLoader",
+    "StreamingDataset",
     "TransferQueueClient",
     "async_kv_batch_get",
     "async_kv_batch_get_by_meta",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rayless.store import BatchMeta, StoreTimeoutError, UnknownPartitionError
@@ -33,6 +33,20 @@ FETCH_TIMEOUT_ENV = "TQ_CONTROLLER_GET_METADATA_TIMEOUT"
 CALL_TIMEOUT = 300.0  # a blocking call's bound (checkpoints: none)
 _MODES = ("fetch", "force_fetch")
 _FORCE_TASK = "rayless.transfer_queue.force_fetch"  # a task that never consumes
+
+
+def _rank_share(sampling_config: Mapping[str, Any] | None) -> tuple[str, int, bool]:
+    """The store's kept shared fetch for a rank-aware ``sampling_config``: one batch per
+    ``(dp_rank, batch_index)``. Raises RuntimeError without them (or not ints >= 0)."""
+    config = sampling_config if isinstance(sampling_config, Mapping) else {}
+    dp_rank, batch_index = config.get("dp_rank"), config.get("batch_index")
+    for name, value in (("dp_rank", dp_rank), ("batch_index", batch_index)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise RuntimeError(
+                f"RankAwareSampler needs sampling_config[{name!r}], an int >= 0 (got "
+                f"{value!r}): pass sampling_config={{'dp_rank': ..., 'batch_index': ...}}"
+            )
+    return (f"rank-aware:{dp_rank}:{batch_index}", 1, True)
 
 
 class FetchTimeoutError(RuntimeError, TimeoutError):
@@ -61,7 +75,9 @@ class AsyncTransferQueueClient:
 
     ``sampler`` is the store sampler ``get_meta`` fetches with (``samplers.store_spec``);
     ``polling_mode`` makes a fetch that is not ready return an empty BatchMeta at once
-    instead of raising FetchTimeoutError after ``TQ_CONTROLLER_GET_METADATA_TIMEOUT`` seconds.
+    instead of raising FetchTimeoutError after ``TQ_CONTROLLER_GET_METADATA_TIMEOUT`` seconds;
+    ``rank_aware`` (``RankAwareSampler``) shares a fetch's batch by ``sampling_config``'s
+    ``dp_rank`` and ``batch_index``.
     """
 
     def __init__(
@@ -72,12 +88,14 @@ class AsyncTransferQueueClient:
         client_id: str | None = None,
         sampler: Any = None,
         polling_mode: bool = False,
+        rank_aware: bool = False,
     ) -> None:
         self.store = store
         self.client_id = client_id or f"TransferQueueClient_{os.getpid()}"
         self._loop = loop
         self._sampler = sampler
         self._polling = polling_mode
+        self._rank_aware = rank_aware
 
     # -- where the store's work runs ---------------------------------------------------
 
@@ -129,21 +147,39 @@ class AsyncTransferQueueClient:
         ``data_fields``, marked consumed by ``task_name`` (``mode="fetch"``); or of every
         sample of the partition that holds them, consuming nothing (``"force_fetch"``).
 
+        With ``RankAwareSampler`` a fetch needs ``sampling_config``'s ``dp_rank`` and
+        ``batch_index``: every fetch with the same pair (and task and partition) gets the
+        same batch, kept until the partition or one of its samples is cleared; other
+        samplers ignore ``sampling_config``, as TransferQueue's do.
+
         Raises:
             FetchTimeoutError: (fetch) not enough ready samples within the fetch timeout
                 (a RuntimeError, TransferQueue's error, and a TimeoutError; in polling mode
                 an empty BatchMeta is returned instead).
             AssertionError: a fetch without ``task_name``.
-            ValueError: another mode; a ``sampling_config`` (rank-aware sampling: use
-                ``rayless.store``'s StreamingDataset with ``dp_rank``/``dp_size``).
+            RuntimeError: a rank-aware fetch without ``dp_rank`` and ``batch_index`` ints
+                >= 0 in ``sampling_config`` (TransferQueue's controller's error).
+            ValueError: another mode.
         """
+        wait = 0.0 if self._polling else fetch_timeout()
+        return await self._get_meta(
+            data_fields, batch_size, partition_id, mode, task_name, sampling_config, wait
+        )
+
+    async def _get_meta(
+        self,
+        data_fields: Sequence[str],
+        batch_size: int,
+        partition_id: str,
+        mode: str,
+        task_name: str | None,
+        sampling_config: Mapping[str, Any] | None,
+        wait: float,
+    ) -> BatchMeta:
+        """:meth:`async_get_meta` waiting ``wait`` s for a batch not ready yet (a streaming
+        dataset in polling mode waits in the controller instead of sleeping)."""
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
-        if sampling_config:
-            raise ValueError(
-                "sampling_config is not supported by rayless.transfer_queue: ranks share "
-                "batches through rayless.store's StreamingDataset (dp_rank, dp_size)"
-            )
         fields = list(data_fields)
         if mode == "force_fetch":
             return await self._home(
@@ -151,7 +187,7 @@ class AsyncTransferQueueClient:
             )
         if task_name is None:
             raise AssertionError("a fetch needs task_name")
-        timeout = 0.0 if self._polling else fetch_timeout()
+        share = _rank_share(sampling_config) if self._rank_aware else None
         try:
             return await self._home(
                 self.store.get_meta(
@@ -161,7 +197,8 @@ class AsyncTransferQueueClient:
                     task=task_name,
                     mode="fetch",
                     sampler=self._sampler,
-                    timeout=timeout,
+                    timeout=wait,
+                    share=share,
                 )
             )
         except StoreTimeoutError as exc:
@@ -274,6 +311,31 @@ class TransferQueueClient(AsyncTransferQueueClient):
     ``client.get_data(meta)``, ...), bounded by CALL_TIMEOUT (TimeoutError)."""
 
     get_meta = _blocking("get_meta")
+
+    def stream_meta(
+        self,
+        data_fields: Sequence[str],
+        batch_size: int,
+        partition_id: str,
+        task_name: str,
+        sampling_config: Mapping[str, Any] | None,
+        wait: float,
+    ) -> BatchMeta:
+        """``get_meta`` (a fetch) for a streaming dataset: in polling mode it waits up to
+        ``wait`` s in the controller for the batch (an empty BatchMeta after that), instead
+        of returning at once and sleeping; otherwise as ``get_meta``."""
+        return self._block(
+            self._get_meta(
+                data_fields,
+                batch_size,
+                partition_id,
+                "fetch",
+                task_name,
+                sampling_config,
+                wait if self._polling else fetch_timeout(),
+            )
+        )
+
     put = _blocking("put")
     get_data = _blocking("get_data")
     set_custom_meta = _blocking("set_custom_meta")

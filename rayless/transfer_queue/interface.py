@@ -44,6 +44,7 @@ __all__ = [
     "async_kv_clear",
     "async_kv_list",
     "async_kv_put",
+    "attached_client",
     "close",
     "get_client",
     "get_metrics_endpoint",
@@ -60,7 +61,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-STORE_NAME = "TransferQueueController"
+# TransferQueue's controller is its namespace's actor: ray.get_actor(NAME, namespace=...)
+NAMESPACE = "transfer_queue"
+STORE_NAME = f"{NAMESPACE}/TransferQueueController"
 BACKENDS = ("SimpleStorage",)
 NOT_INITIALIZED = "TransferQueueController has not been initialized yet. Please call init() first."
 
@@ -135,10 +138,24 @@ def _settings(conf: dict[str, Any]) -> dict[str, Any]:
             f"lives in rayless.store's units (one of {BACKENDS})"
         )
     sampler = controller.get("sampler", "SequentialSampler")
+    shown = _merge(conf, {"controller": {"sampler": samplers.sampler_name(sampler)}})
     return {
         "sampler": samplers.store_spec(sampler),
         "polling_mode": bool(controller.get("polling_mode", False)),
+        "rank_aware": samplers.rank_aware(sampler),
+        "config": _json(shown),  # what the controller's get_config returns
     }
+
+
+def _json(value: Any) -> Any:
+    """``value`` with whatever is not a JSON value shown as its ``str``."""
+    if isinstance(value, Mapping):
+        return {str(k): _json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
 
 
 def _units(conf: dict[str, Any]) -> int:
@@ -157,6 +174,7 @@ def _client(
         loop,
         sampler=settings.get("sampler"),
         polling_mode=bool(settings.get("polling_mode", False)),
+        rank_aware=bool(settings.get("rank_aware", False)),
     )
     return _state.client
 
@@ -277,13 +295,13 @@ def get_client() -> TransferQueueClient:
     Raises AssertionError before ``init()``, as TransferQueue does (a child forked from a
     process with a client attaches instead)."""
     if _state.client is None and _state.forked:
-        return _maybe_client()
+        return attached_client()
     if _state.client is None:
         raise AssertionError("Please initialize the TransferQueue first by calling `tq.init()`!")
     return _state.client
 
 
-def _maybe_client() -> TransferQueueClient:
+def attached_client() -> TransferQueueClient:
     """The client, attaching to the cluster's store on first use. Raises AssertionError when
     no store was started (TransferQueue's error)."""
     with _state.lock:
@@ -293,14 +311,14 @@ def _maybe_client() -> TransferQueueClient:
 
 
 async def _aclient() -> TransferQueueClient:
-    """:func:`_maybe_client` for the ``async_`` functions: on the store's own loop (an
+    """:func:`attached_client` for the ``async_`` functions: on the store's own loop (an
     ``async def`` actor method) it attaches without blocking that loop."""
     client = _state.client
     if client is not None:
         return client
     session = _worker.session()
     if not _worker.on_loop(session):
-        return _maybe_client()
+        return attached_client()
     try:
         store, settings = await _connect(session)
     except ActorNotFoundError:
@@ -418,7 +436,7 @@ def kv_put(
     data_parser: Any = None,
 ) -> KVBatchMeta:
     """Blocking :func:`async_kv_put`."""
-    return _maybe_client()._block(async_kv_put(key, partition_id, fields, tag, data_parser))
+    return attached_client()._block(async_kv_put(key, partition_id, fields, tag, data_parser))
 
 
 def kv_batch_put(
@@ -429,31 +447,33 @@ def kv_batch_put(
     data_parser: Any = None,
 ) -> KVBatchMeta:
     """Blocking :func:`async_kv_batch_put`."""
-    return _maybe_client()._block(async_kv_batch_put(keys, partition_id, fields, tags, data_parser))
+    return attached_client()._block(
+        async_kv_batch_put(keys, partition_id, fields, tags, data_parser)
+    )
 
 
 def kv_batch_get(
     keys: list[str] | str, partition_id: str, select_fields: list[str] | str | None = None
 ) -> TensorDict:
     """Blocking :func:`async_kv_batch_get`."""
-    return _maybe_client()._block(async_kv_batch_get(keys, partition_id, select_fields))
+    return attached_client()._block(async_kv_batch_get(keys, partition_id, select_fields))
 
 
 def kv_batch_get_by_meta(
     meta: KVBatchMeta, select_fields: list[str] | str | None = None
 ) -> TensorDict:
     """Blocking :func:`async_kv_batch_get_by_meta`."""
-    return _maybe_client()._block(async_kv_batch_get_by_meta(meta, select_fields))
+    return attached_client()._block(async_kv_batch_get_by_meta(meta, select_fields))
 
 
 def kv_list(partition_id: str | None = None) -> dict[str, dict[str, Any]]:
     """Blocking :func:`async_kv_list`."""
-    return _maybe_client()._block(async_kv_list(partition_id))
+    return attached_client()._block(async_kv_list(partition_id))
 
 
 def kv_clear(keys: list[str] | str, partition_id: str) -> None:
     """Blocking :func:`async_kv_clear`."""
-    _maybe_client()._block(async_kv_clear(keys, partition_id))
+    attached_client()._block(async_kv_clear(keys, partition_id))
 
 
 # -- checkpoints -------------------------------------------------------------------------

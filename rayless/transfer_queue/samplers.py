@@ -5,9 +5,12 @@ each stands for a sampler of ``rayless.store`` that the controller runs
 (:func:`store_spec`): ``SequentialSampler`` takes ready samples in order,
 ``GRPOGroupNSampler(n_samples_per_prompt)`` whole groups of ``n`` consecutive samples,
 ``SeqlenBalancedSampler(n_samples_per_prompt, dp_size)`` groups balanced by their
-``total_lengths`` custom meta. TransferQueue's ``BaseSampler`` subclasses (a ``sample``
-method run inside TransferQueue's controller) have no counterpart: write a store sampler
-(``rayless.store.controller.samplers``) instead.
+``total_lengths`` custom meta, ``RankAwareSampler`` the first ready samples, one batch per
+data-parallel group and step shared by the group's ranks (a fetch with ``sampling_config``'s
+``dp_rank`` and ``batch_index``: the controller keeps the batch with that key until the
+partition or one of its samples is cleared). TransferQueue's ``BaseSampler`` subclasses
+(a ``sample`` method run inside TransferQueue's controller) have no counterpart: write a
+store sampler (``rayless.store.controller.samplers``) instead.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ from typing import Any
 __all__ = [
     "BaseSampler",
     "GRPOGroupNSampler",
+    "RankAwareSampler",
     "SeqlenBalancedSampler",
     "SequentialSampler",
+    "rank_aware",
+    "sampler_name",
     "store_spec",
 ]
 
@@ -71,9 +77,34 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
         return {"name": "seqlen_balanced", "dp_size": self.dp_size, "n": self.n_samples_per_prompt}
 
 
+class RankAwareSampler(SequentialSampler):
+    """The first ready samples, shared by the ranks of one data-parallel group: every fetch
+    with the same ``sampling_config`` ``dp_rank`` and ``batch_index`` (and task and
+    partition) gets the same batch; groups get disjoint batches."""
+
+
 _BY_NAME: dict[str, type[BaseSampler]] = {
-    cls.__name__: cls for cls in (SequentialSampler, GRPOGroupNSampler, SeqlenBalancedSampler)
+    cls.__name__: cls
+    for cls in (SequentialSampler, GRPOGroupNSampler, SeqlenBalancedSampler, RankAwareSampler)
 }
+
+
+def rank_aware(sampler: Any) -> bool:
+    """Whether ``sampler`` (a name, class or instance, as :func:`store_spec` takes) is
+    :class:`RankAwareSampler`."""
+    if isinstance(sampler, str):
+        return sampler == RankAwareSampler.__name__
+    if isinstance(sampler, type):
+        return issubclass(sampler, RankAwareSampler)
+    return isinstance(sampler, RankAwareSampler)
+
+
+def sampler_name(sampler: Any) -> str:
+    """The name of ``sampler`` (a name, class or instance) as TransferQueue's config shows
+    it once read back (``get_config``)."""
+    if isinstance(sampler, str):
+        return sampler
+    return sampler.__name__ if isinstance(sampler, type) else type(sampler).__name__
 
 
 def store_spec(sampler: Any) -> Any:

@@ -75,7 +75,7 @@ class GetPath:
         mode: FetchMode | str = FetchMode.FETCH,
         sampler: Any = None,
         timeout: float | None = None,
-        share: tuple[str, int] | None = None,
+        share: tuple[str, int] | tuple[str, int, bool] | None = None,
     ) -> BatchMeta:
         """Ready samples of ``partition`` holding ``fields``, unconsumed by ``task``; see
         :meth:`Store.get_meta` (its arguments, what it returns and raises)."""

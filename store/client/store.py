@@ -279,7 +279,8 @@ class Store:
         (default ``RAYLESS_STORE_RESERVATION_TTL`` in the units' environment, else 120).
         ``client_settings``: JSON values the controller keeps for every client
         (:meth:`client_settings`), set before any client can connect (StoreInputError when
-        they are not JSON).
+        they are not JSON); their ``config`` entry is what the controller's ``get_config``
+        returns (a face's configuration as its users read it: TransferQueue's).
         Raises ValueError/StoreInputError for bad arguments, PlacementError/RemoteError when
         the controller cannot start. A unit that cannot start (PlacementError, RemoteError,
         Timeout, ...) fails the first operation with that error, or ``aclose`` if no operation
@@ -604,7 +605,7 @@ class Store:
         mode: FetchMode | str = FetchMode.FETCH,
         sampler: Any = None,
         timeout: float | None = None,
-        share: tuple[str, int] | None = None,
+        share: tuple[str, int] | tuple[str, int, bool] | None = None,
     ) -> BatchMeta:
         """Ready samples of ``partition`` holding ``fields``, unconsumed by ``task``.
 
@@ -616,8 +617,10 @@ class Store:
         Sampler, or a sampler class of your own (or its reference ``"package.module:Class"``,
         with arguments in a dict spec), importable where the controller runs.
         ``share=(key, consumers)``: ``consumers`` calls with ``key`` get one batch (the
-        streaming loader's ranks). Raises StoreTimeoutError, StoreInputError (also for
-        a timeout that is not None or a number >= 0). Waiting never delays other clients.
+        streaming loader's ranks); ``(key, consumers, True)`` keeps it with its key until
+        its partition or one of its samples is cleared (a data-parallel group's ranks).
+        Raises StoreTimeoutError, StoreInputError (also for a timeout that is not None or a
+        number >= 0). Waiting never delays other clients.
 
         A fetch cancelled here (``asyncio.wait_for(st.get_meta(...), 1)`` timing out, a
         cancelled task, a SyncStore call that timed out) consumes nothing: the controller

@@ -187,7 +187,7 @@ class SyncStore(BlockingFace, face=Store):
         mode: FetchMode | str = FetchMode.FETCH,
         sampler: Any = None,
         timeout: float | None = None,
-        share: tuple[str, int] | None = None,
+        share: tuple[str, int] | tuple[str, int, bool] | None = None,
     ) -> BatchMeta:
         """Ready samples of ``partition`` holding ``fields``, unconsumed by ``task``.
 
@@ -199,8 +199,10 @@ class SyncStore(BlockingFace, face=Store):
         Sampler, or a sampler class of your own (or its reference ``"package.module:Class"``,
         with arguments in a dict spec), importable where the controller runs.
         ``share=(key, consumers)``: ``consumers`` calls with ``key`` get one batch (the
-        streaming loader's ranks). Raises StoreTimeoutError, StoreInputError (also for
-        a timeout that is not None or a number >= 0). Waiting never delays other clients.
+        streaming loader's ranks); ``(key, consumers, True)`` keeps it with its key until
+        its partition or one of its samples is cleared (a data-parallel group's ranks).
+        Raises StoreTimeoutError, StoreInputError (also for a timeout that is not None or a
+        number >= 0). Waiting never delays other clients.
 
         A fetch cancelled here (``asyncio.wait_for(st.get_meta(...), 1)`` timing out, a
         cancelled task, a SyncStore call that timed out) consumes nothing: the controller

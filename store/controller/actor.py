@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import time
@@ -244,6 +245,13 @@ class StoreController(Actor):
         return self._client_settings
 
     @endpoint
+    async def get_config(self) -> Any:
+        """The ``config`` entry of :meth:`client_settings` (None if there is none): a face's
+        configuration as its users read it back (TransferQueue's controller's ``get_config``)."""
+        settings = json.loads(self._client_settings)
+        return settings.get("config") if isinstance(settings, dict) else None
+
+    @endpoint
     async def set_env_shards(self, env_shards: Mapping[str, int] | None) -> None:
         """Replace the env id → shard table."""
         self.state.set_env_shards(dict(env_shards) if env_shards is not None else None)
@@ -454,6 +462,9 @@ class StoreController(Actor):
         position was read; if it is not done by then, the positions nobody acknowledged go
         back to the task (a consumer died). Then the key is forgotten. A call without
         ``fetch_id`` counts as an ack of the whole batch when it is answered.
+        ``(key, consumers, True)`` keeps a batch that was all read with its key past the
+        lease, until its partition or one of its samples is cleared (TransferQueue's
+        rank-aware sampling: see ``fetches``).
         """
         if not isinstance(request, FetchRequest):
             raise StoreInputError(f"get_meta needs a FetchRequest, got {type(request).__name__}")
@@ -522,13 +533,17 @@ class StoreController(Actor):
         self, request: FetchRequest, share: Sequence[Any], fetch_id: str | None
     ) -> BatchMeta:
         if (
-            len(share) != 2
+            len(share) not in (2, 3)
             or not isinstance(share[0], str)
             or not isinstance(share[1], int)
             or isinstance(share[1], bool)
             or share[1] < 1
+            or (len(share) == 3 and not isinstance(share[2], bool))
         ):
-            raise StoreInputError(f"share must be (key: str, consumers: int >= 1), got {share!r}")
+            raise StoreInputError(
+                f"share must be (key: str, consumers: int >= 1[, keep: bool]), got {share!r}"
+            )
+        keep = len(share) == 3 and share[2]
         if fetch_id is not None and (not isinstance(fetch_id, str) or not fetch_id):
             raise StoreInputError(f"fetch_id must be a non-empty str, got {fetch_id!r}")
         key = (request.partition, request.task, share[0])
@@ -547,7 +562,7 @@ class StoreController(Actor):
                 return got
 
             future = asyncio.ensure_future(run())
-            entry = self.shares.add(key, share[1], future)
+            entry = self.shares.add(key, share[1], future, keep)
 
             def finished(f: asyncio.Future[Any], entry: Share = entry) -> None:
                 if f.cancelled() or f.exception() is not None:
@@ -651,6 +666,7 @@ class StoreController(Actor):
             handle = self.handles.get(info.unit_id)
             if info.alive and handle is not None:
                 calls.append(handle.delete(rows))
+        self.shares.forget(plan.indexes)  # a kept share of cleared samples is stale now
         results = await asyncio.gather(*calls, return_exceptions=True)
         for res in results:
             if isinstance(res, BaseException) and not isinstance(res, ActorDiedError):

@@ -19,7 +19,11 @@ seconds after it was served, so asking again within that time still returns it; 
 is forgotten. When a batch is not done by then (a rank died, or never asked), the positions
 nobody acknowledged go back to the task and the key is forgotten (a later call with it
 fetches a new batch). Delivery is at least once: a consumer slower than the lease may see
-its part again in another batch. Nothing here does I/O.
+its part again in another batch. A *kept* share (``share=(key, consumers, True)``:
+TransferQueue's rank-aware sampling, whose group size nobody knows) whose every position was
+acknowledged by then stays with its key past the lease, until its partition is cleared or one
+of its samples is (their indexes are reused), so a group member however late reads the batch
+its peers read. Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -148,6 +152,7 @@ class Share:
     served: float | None = None  # when the batch was chosen (its lease starts)
     indexes: tuple[int, ...] = ()
     consumes: bool = True  # a fetch, not a peek: what nobody acked goes back
+    keep: bool = False  # stays with its key past the lease once all of it was read
     acked: set[str] = field(default_factory=set)  # the consumers that acknowledged
     delivered: set[int] = field(default_factory=set)  # positions some consumer acknowledged
     given: set[str] = field(default_factory=set)  # fetch ids handed the batch, not acked yet
@@ -162,14 +167,18 @@ class Shares:
         self._by_key: dict[ShareKey, Share] = {}
         self._by_fetch: dict[str, Share] = {}
         self._served: OrderedDict[int, Share] = OrderedDict()  # serve order: oldest first
+        self._kept: dict[int, Share] = {}  # sample index -> the kept share holding it
 
     def get(self, key: ShareKey) -> Share | None:
         """The share of ``key`` (waiting for its batch or served), None if there is none."""
         return self._by_key.get(key)
 
-    def add(self, key: ShareKey, consumers: int, future: asyncio.Future[Any]) -> Share:
-        """Record a new share whose batch ``future`` will bring."""
-        share = self._by_key[key] = Share(key, consumers, future)
+    def add(
+        self, key: ShareKey, consumers: int, future: asyncio.Future[Any], keep: bool = False
+    ) -> Share:
+        """Record a new share whose batch ``future`` will bring (``keep``: see the module
+        docstring)."""
+        share = self._by_key[key] = Share(key, consumers, future, keep=keep)
         return share
 
     def serve(self, share: Share, indexes: Sequence[int], consumes: bool = True) -> None:
@@ -234,6 +243,9 @@ class Shares:
         if self._by_key.get(share.key) is share:
             del self._by_key[share.key]
         self._served.pop(id(share), None)
+        for index in share.indexes:
+            if self._kept.get(index) is share:
+                del self._kept[index]
         for fetch_id in share.given:
             self._by_fetch.pop(fetch_id, None)
         share.given.clear()
@@ -243,23 +255,36 @@ class Shares:
         for share in [s for k, s in self._by_key.items() if k[0] == partition]:
             self.drop(share)
 
+    def forget(self, indexes: Sequence[int]) -> None:
+        """Forget the kept shares holding any of ``indexes`` (those samples were cleared:
+        their indexes may be reused). O(len(indexes))."""
+        for index in indexes:
+            share = self._kept.get(index)
+            if share is not None:
+                self.drop(share)
+
     def expired(self, now: float | None = None) -> list[tuple[Share, list[int]]]:
         """Drop the shares served ``lease_after`` s ago or more; returns each with the
         indexes of the positions no consumer acknowledged (to hand back; none for a done
-        share or a peek)."""
+        share or a peek). A kept share that was all read stays, and is not returned."""
         t = time.monotonic() if now is None else now
         out = []
         while self._served:
             share = next(iter(self._served.values()))
             if share.served is None or t - share.served < self.lease_after:
                 break
-            self.drop(share)
             back = [i for p, i in enumerate(share.indexes) if p not in share.delivered]
             if not share.consumes or self.done(share):
                 back = []
+            if share.keep and not back and self._by_key.get(share.key) is share:
+                del self._served[id(share)]  # read: it stays with its key (forget, drop)
+                for index in share.indexes:
+                    self._kept[index] = share
+                continue
+            self.drop(share)
             out.append((share, back))
         return out
 
     def held(self) -> int:
-        """How many shared batches are held (waiting, or served within their lease)."""
+        """How many shared batches are held (waiting, served within their lease, or kept)."""
         return len(self._by_key)

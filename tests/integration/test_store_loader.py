@@ -120,3 +120,26 @@ async def test_a_rank_that_asks_again_for_its_step_gets_the_same_part(
     td0, _ = await loader(st, 0).__anext__()
     assert sorted(td0["x"].tolist() + td["x"].tolist()) == [0, 1, 2, 3]
     assert (await st.consumption_status("p", "train"))["consumed"] == 4
+
+
+async def test_a_kept_batch_outlives_its_lease_until_one_of_its_samples_is_cleared(
+    local_cluster: Cluster,
+) -> None:
+    # TransferQueue's rank-aware sampling: a group's ranks (however many, however late)
+    # read one batch per (dp_rank, batch_index) key
+    st = await Store.create(local_cluster, num_units=1, name="ld-kept", lease_after=0.3)
+    await st.put(TensorDict({"x": torch.arange(8)}, [8]), "p")
+    first = await st.get_meta("p", ["x"], 2, task="t", share=("g0#0", 1, True))
+    plain = await st.get_meta("p", ["x"], 2, task="t", share=("g1#0", 1))
+
+    async def plain_forgotten() -> bool:  # an unkept share is forgotten after its lease
+        again = await st.get_meta("p", ["x"], 2, task="t", share=("g1#0", 1), timeout=0)
+        return again.global_indexes != plain.global_indexes
+
+    await wait_until(plain_forgotten, what="the unkept share's lease to end")
+    late = await st.get_meta("p", ["x"], 2, task="t", share=("g0#0", 1, True))
+    assert late.global_indexes == first.global_indexes  # before: a new batch after the lease
+    await st.clear(first.select([1]))  # one of its samples: its index may be reused
+    fresh = await st.get_meta("p", ["x"], 2, task="t", share=("g0#0", 1, True), timeout=0)
+    assert not set(fresh.global_indexes) & set(first.global_indexes)
+    await st.aclose()

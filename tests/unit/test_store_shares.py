@@ -95,3 +95,41 @@ def test_positions_outside_the_batch_are_refused() -> None:
     with pytest.raises(StoreInputError):
         shares.give(share, "")
     assert shares.ack("a", [1]) and not shares.done(share)  # position 0 is nobody's yet
+
+
+def _kept(shares: Shares, key: str, indexes: list[int]) -> Share:
+    loop = asyncio.new_event_loop()
+    try:
+        share = shares.add(("p", "t", key), 1, loop.create_future(), keep=True)
+    finally:
+        loop.close()
+    shares.serve(share, indexes)
+    return share
+
+
+def test_a_kept_share_that_was_read_outlives_its_lease_until_a_sample_is_cleared() -> None:
+    shares = Shares(lease_after=10.0)
+    share = _kept(shares, "rank0#0", [4, 5])
+    other = _kept(shares, "rank1#0", [6, 7])
+    for fetch_id, s in (("a", share), ("b", other)):
+        shares.give(s, fetch_id)
+        assert shares.ack(fetch_id)
+    assert shares.expired(now=float("inf")) == []  # read: neither handed back nor dropped
+    assert shares.get(("p", "t", "rank0#0")) is share and shares.held() == 2
+    shares.give(share, "late")  # a group member far behind still gets the same batch
+    assert shares.ack("late") and share.indexes == (4, 5)
+    shares.forget([9, 5])  # sample 5 was cleared: its index may be reused
+    assert shares.get(("p", "t", "rank0#0")) is None
+    assert shares.get(("p", "t", "rank1#0")) is other
+    shares.drop_partition("p")
+    assert shares.held() == 0
+    shares.forget([6, 7])  # nothing left to forget
+
+
+def test_a_kept_share_nobody_read_goes_back_like_any_other() -> None:
+    shares = Shares(lease_after=10.0)
+    share = _kept(shares, "rank0#0", [4, 5])
+    shares.give(share, "a")  # its reader died before the ack
+    ((gone, back),) = shares.expired(now=float("inf"))
+    assert gone is share and back == [4, 5] and shares.held() == 0
+    shares.forget([4, 5])

@@ -94,7 +94,14 @@ def test_config_is_merged_over_the_defaults_and_checked() -> None:
         "zmq_info": None,
     }
     assert final["extra"] == {"a": 1}
-    assert interface._settings(final) == {"sampler": "sequential", "polling_mode": True}
+    settings = interface._settings(final)
+    assert settings["sampler"] == "sequential" and settings["polling_mode"] is True
+    assert settings["rank_aware"] is False and settings["config"] == final  # get_config's
+    ranked = interface._settings(
+        interface._merge(final, {"controller": {"sampler": samplers.RankAwareSampler}})
+    )
+    assert ranked["rank_aware"] is True and ranked["sampler"] == "sequential"
+    assert ranked["config"]["controller"]["sampler"] == "RankAwareSampler"  # (a JSON value)
     assert interface._units(final) == 2
     with pytest.raises(ValueError):
         interface._settings(
