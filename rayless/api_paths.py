@@ -32,6 +32,7 @@ PACKAGES = (
     "rayless.ray.util.state.exception",
     "rayless.single_controller",
     "rayless.transfer_queue",
+    "rayless.transfer_queue.metadata",
     "rayless.store",
     "rayless.transport",
     "rayless.weights",

@@ -86,19 +86,22 @@ def _dataproto(state: Any) -> Any:
 
 
 def _omegaconf_state(cfg: Any) -> list[Any]:
-    """``[container, struct, readonly]``: a root config keeps its interpolations (``${a.b}``,
-    resolved where it arrives), a node inside one has them resolved (the nodes they point
-    at stay behind)."""
+    """``[container, struct, readonly, allow_objects]``: a root config keeps its
+    interpolations (``${a.b}``, resolved where it arrives), a node inside one has them
+    resolved (the nodes they point at stay behind); ``allow_objects`` (values OmegaConf
+    does not type, such as TransferQueue's sampler class) is kept."""
     OmegaConf = importlib.import_module("omegaconf").OmegaConf  # the sender's: it has one
     root = cfg._get_parent() is None
     container = OmegaConf.to_container(cfg, resolve=not root, throw_on_missing=False)
-    return [container, bool(OmegaConf.is_struct(cfg)), bool(OmegaConf.is_readonly(cfg))]
+    objects = bool(cfg._get_flag("allow_objects"))
+    return [container, bool(OmegaConf.is_struct(cfg)), bool(OmegaConf.is_readonly(cfg)), objects]
 
 
 def _omegaconf(kind: type) -> Callable[[Any], Any]:
     def build(state: Any) -> Any:
-        if type(state) is not list or len(state) != 3 or type(state[0]) is not kind:
+        if type(state) is not list or len(state) not in (3, 4) or type(state[0]) is not kind:
             raise ProtocolError("bad OmegaConf record")
+        flags = {"allow_objects": True} if len(state) == 4 and state[3] is True else None
         try:
             OmegaConf = importlib.import_module("omegaconf").OmegaConf
         except ImportError as exc:
@@ -106,7 +109,7 @@ def _omegaconf(kind: type) -> Callable[[Any], Any]:
                 f"an OmegaConf config arrived, but omegaconf cannot be imported here: {exc}"
             ) from None
         try:
-            cfg = OmegaConf.create(state[0])
+            cfg = OmegaConf.create(state[0], flags=flags)
         except Exception as exc:  # omegaconf's own errors: a key or value it refuses
             raise ProtocolError(f"bad OmegaConf record: {exc}"[:300]) from None
         OmegaConf.set_struct(cfg, bool(state[1]))

@@ -1,14 +1,16 @@
-"""Instances of importable dataclasses and Enums, carried by their class's name (no pickle).
+"""Instances of importable dataclasses and Enums, and classes themselves, carried by their
+class's name (no pickle).
 
 A dataclass instance travels as ``[OBJECT marker, module, qualname, "d", {attribute: value}]``
 (its ``__dict__``, as pickle takes it, or its fields where it has slots; each value encoded as
 any other value: tensors, nested dataclasses...); an Enum member as ``[OBJECT marker, module,
-qualname, "e", name]``.
+qualname, "e", name]``; a class (``worker_cls=MyWorker``, a sampler class in a config) as
+``[OBJECT marker, module, qualname, "c", None]``.
 The receiver finds the class by its module and qualified name, importing the module if this
 process has not yet (as a spawn request's class is imported: it runs no more code than a
 token holder can run anyway), and rebuilds the instance without calling ``__init__`` (as
 unpickling does): ``__new__``, then each field set with ``object.__setattr__`` (frozen and
-slotted dataclasses included), or the member looked up by name.
+slotted dataclasses included), or the member looked up by name, or the class itself.
 
 A class of the sender's ``__main__`` (a script, ``python -c``, a notebook) or one defined
 inside a function has no name another process can import. Its instances travel the same way,
@@ -35,7 +37,7 @@ from rayless.transport.errors import ProtocolError
 
 __all__ = ["by_name", "object_state", "rebuild", "refuse_classes_by_value"]
 
-DATACLASS, ENUM = "d", "e"
+DATACLASS, ENUM, CLASS = "d", "e", "c"
 _CLASSES: dict[tuple[str, str], type] = {}  # (module, qualname) -> class, once found
 _CACHED = 256  # classes by value kept pickled (sender) and unpickled (receiver), each side
 _PICKLED: dict[type, bytes] = {}  # a class of __main__ or a function -> its pickle
@@ -58,16 +60,19 @@ def by_name(kind: type) -> bool:
 
 
 def object_state(obj: Any) -> list[Any]:
-    """The record of ``obj`` after its marker: ``[module, qualname, tag, state]``, and the
-    class pickled by value after them where it has no importable name.
+    """The record of ``obj`` (a dataclass instance, an Enum member or a class) after its
+    marker: ``[module, qualname, tag, state]``, and the class pickled by value after them
+    where it has no importable name.
 
     Raises:
         TypeError: its class has no importable name and cannot be pickled by value.
     """
-    kind = type(obj)
+    kind = obj if isinstance(obj, type) else type(obj)
     module, qualname = kind.__module__, kind.__qualname__
     record: list[Any]
-    if isinstance(obj, enum.Enum):
+    if kind is obj:
+        record = [module, qualname, CLASS, None]
+    elif isinstance(obj, enum.Enum):
         record = [module, qualname, ENUM, obj.name]
     elif hasattr(obj, "__dict__"):  # as pickle: the attributes __post_init__ set travel too
         record = [module, qualname, DATACLASS, dict(vars(obj))]
@@ -117,9 +122,17 @@ def rebuild(module: Any, qualname: Any, tag: Any, state: Any, pickled: Any = Non
             that is not a dataclass or Enum of it, a class by value that cannot be loaded, a
             field of the class missing, or an Enum member it does not have.
     """
-    if type(module) is not str or type(qualname) is not str or tag not in (DATACLASS, ENUM):
+    if type(module) is not str or type(qualname) is not str or tag not in (DATACLASS, ENUM, CLASS):
         raise ProtocolError("bad object record")
-    cls = _find(module, qualname) if pickled is None else _loaded(module, qualname, pickled)
+    any_class = tag == CLASS
+    if pickled is None:
+        cls = _find(module, qualname, any_class)
+    else:
+        cls = _loaded(module, qualname, pickled, any_class)
+    if any_class:
+        if state is not None:
+            raise ProtocolError(f"bad class record for {module}.{qualname}"[:200])
+        return cls
     if tag == ENUM:
         if not issubclass(cls, enum.Enum) or type(state) is not str:
             raise ProtocolError(f"bad Enum record for {module}.{qualname}")
@@ -141,8 +154,9 @@ def rebuild(module: Any, qualname: Any, tag: Any, state: Any, pickled: Any = Non
     return obj
 
 
-def _loaded(module: str, qualname: str, pickled: Any) -> type:
-    """The class a record carries by value (unpickled once per distinct pickle)."""
+def _loaded(module: str, qualname: str, pickled: Any, any_class: bool = False) -> type:
+    """The class a record carries by value (unpickled once per distinct pickle): a dataclass
+    or Enum, or any class for a class record (``any_class``)."""
     if type(pickled) is not bytes:
         raise ProtocolError(f"bad class record for {module}.{qualname}"[:200])
     if _REFUSED:
@@ -162,7 +176,7 @@ def _loaded(module: str, qualname: str, pickled: Any) -> type:
             f"a {qualname} arrived with its class by value, which cannot be loaded here: "
             f"{type(exc).__name__}: {exc}"[:400]
         ) from None
-    if not isinstance(found, type) or not by_name(found):
+    if not isinstance(found, type) or not (any_class or by_name(found)):
         raise ProtocolError(f"{module}.{qualname} by value is not a dataclass or Enum"[:200])
     if len(_UNPICKLED) >= _CACHED:
         _UNPICKLED.pop(next(iter(_UNPICKLED)))
@@ -170,9 +184,11 @@ def _loaded(module: str, qualname: str, pickled: Any) -> type:
     return found
 
 
-def _find(module: str, qualname: str) -> type:
+def _find(module: str, qualname: str, any_class: bool = False) -> type:
+    """The class ``module.qualname`` (imported here if need be): a dataclass or Enum, or any
+    class for a class record (``any_class``)."""
     cls = _CLASSES.get((module, qualname))
-    if cls is not None:
+    if cls is not None and (any_class or by_name(cls)):
         return cls
     if "<locals>" in qualname or not all(p.isidentifier() for p in module.split(".")):
         raise ProtocolError(f"bad class name {module}.{qualname}"[:200])
@@ -186,7 +202,9 @@ def _find(module: str, qualname: str) -> type:
             ) from None
     for part in qualname.split("."):
         found = getattr(found, part, None)
-    if not isinstance(found, type) or not by_name(found):
+    if not isinstance(found, type):
+        raise ProtocolError(f"{module}.{qualname} is not a class here"[:200])
+    if not (any_class or by_name(found)):
         raise ProtocolError(f"{module}.{qualname} is not a dataclass or Enum here"[:200])
     _CLASSES[(module, qualname)] = found
     return found

@@ -163,7 +163,8 @@ class _Encoder:
             return [_MARK[EXT], foreign[0], foreign[1](obj)]
         if isinstance(obj, RaylessError):
             return [_MARK[ERROR], error_to_state(obj)]
-        if by_name(kind):  # a dataclass or Enum of an importable module (transport._objects)
+        if by_name(kind) or issubclass(kind, type):
+            # a dataclass or Enum of an importable module, or a class (transport._objects)
             try:
                 return [_MARK[OBJECT], *object_state(obj)]
             except TypeError as exc:

@@ -31,6 +31,8 @@ _HAS_TQ = (
 class Api:
     """The Ray module, the TransferQueue module and the controller's config of one side."""
 
+    conf: Any = None  # what init was given (with the sampler class)
+
     def __init__(self, name: str, ray: Any, tq: Any) -> None:
         self.name, self.ray, self.tq = name, ray, tq
         controller = ray.get_actor("TransferQueueController", namespace="transfer_queue")
@@ -83,7 +85,9 @@ def api(request: pytest.FixtureRequest) -> Iterator[Api]:
     os.environ["TQ_STREAMING_DATASET_EMPTY_BATCH_SLEEP_INTERVAL"] = "0.2"
     ray.init(num_cpus=4)
     tq.init(conf)
-    yield Api(request.param, ray, tq)
+    api = Api(request.param, ray, tq)
+    api.conf = conf
+    yield api
     tq.close()
     ray.shutdown()
     os.environ.pop("TQ_STREAMING_DATASET_EMPTY_BATCH_SLEEP_INTERVAL", None)
@@ -285,3 +289,37 @@ def test_a_stage_pipeline_moves_to_a_new_partition_per_step(api: Api) -> None:
         assert rolled == [10 * step + i for i in range(8)]  # the two groups split the prompts
         assert sorted(results["update"]) == [v + 1 for v in rolled]  # then read every output
         client.clear_partition(p)
+
+
+def test_a_stage_actor_built_with_the_config_reads_through_its_own_loader(api: Api) -> None:
+    # the relax recipe hands each stage actor TransferQueue's config (its sampler a class)
+    ray, tq = api.ray, api.tq
+
+    @ray.remote(num_cpus=0.1)
+    class Stage:
+        def __init__(self, tq_config: Any, dp_rank: int) -> None:
+            tq.init(tq_config)
+            controller = ray.get_actor("TransferQueueController", namespace="transfer_queue")
+            self.cfg = ray.get(controller.get_config.remote())
+            self.dp_rank = dp_rank
+
+        def run(self, partition: str) -> list[int]:
+            dataset = tq.StreamingDataset(
+                config=self.cfg,
+                batch_size=2,
+                micro_batch_size=1,
+                data_fields=["x"],
+                partition_id=partition,
+                task_name="stage",
+                dp_rank=self.dp_rank,
+                should_check_consumption_status=True,
+            )
+            return [int(td["x"][0]) for td, _ in tq.StreamingDataLoader(dataset)]
+
+    api.put("actors", list(range(300, 308)))
+    stages = [Stage.remote(api.conf, r) for r in range(2)]
+    got = ray.get([s.run.remote("actors") for s in stages], timeout=120)
+    assert sorted(got[0] + got[1]) == list(range(300, 308))
+    sampler = api.config["controller"]["sampler"]  # ours names it (the config is JSON)
+    assert sampler == "RankAwareSampler" if api.rayless else sampler is tq.RankAwareSampler
+    api.client.clear_partition("actors")

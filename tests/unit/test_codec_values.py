@@ -88,6 +88,23 @@ def test_a_class_without_an_importable_name_travels_by_value() -> None:
         encode(NotData())
 
 
+def test_classes_themselves_travel_by_name_or_by_value() -> None:
+    # a worker class, a sampler class in a config: Ray pickles them, we name them
+    class Local:
+        pass
+
+    value = {"cls": NotData, "enum": Color, "builtin": int, "data": Batch, "local": Local}
+    got = _round(value)
+    assert got["cls"] is NotData and got["enum"] is Color and got["builtin"] is int
+    assert got["data"] is Batch and got["local"] is Local  # (one class a process, by value)
+    assert _round(Level.HIGH) is Level.HIGH  # (a class found once does not let records of
+    with pytest.raises(ProtocolError, match="not a dataclass or Enum"):  # others build it)
+        decode(_record(MARK[OBJECT], "tests.unit.codec_classes", "NotData", "d", {}))
+    omegaconf = pytest.importorskip("omegaconf")
+    cfg = omegaconf.OmegaConf.create({"sampler": Local}, flags={"allow_objects": True})
+    assert _round(cfg).sampler is Local  # TransferQueue's config, with its sampler class
+
+
 def test_a_class_by_value_that_cannot_be_pickled_is_refused_at_the_sender() -> None:
     lock = threading.Lock()
 
@@ -124,7 +141,7 @@ def test_a_fresh_process_imports_the_module_of_a_class_it_receives() -> None:
         (_record(MARK[SET], [1, 2]), "bad set record"),
         (_record(MARK[FROZENSET], {"a": 1}), "bad frozenset record"),
         (_record(MARK[OBJECT], "no_such_module_xyz", "A", "d", {}), "cannot be imported here"),
-        (_record(MARK[OBJECT], "os", "path", "d", {}), "is not a dataclass or Enum"),
+        (_record(MARK[OBJECT], "os", "path", "d", {}), "is not a class here"),
         (_record(MARK[OBJECT], "tests.unit.codec_classes", "NotData", "d", {}), "not a datacl"),
         (_record(MARK[OBJECT], "tests.unit.codec_classes", "Frozen", "d", {"x": 1}), "fields"),
         (
@@ -138,6 +155,8 @@ def test_a_fresh_process_imports_the_module_of_a_class_it_receives() -> None:
         (_record(MARK[OBJECT], "tests.unit.codec_classes", "f.<locals>.A", "d", {}), "bad class"),
         (_record(MARK[OBJECT], 1, "A", "d", {}), "bad object record"),
         (_record(MARK[OBJECT], "tests.unit.codec_classes", "Frozen", "d"), "bad record"),
+        (_record(MARK[OBJECT], "os", "sep", "c", None), "is not a class here"),
+        (_record(MARK[OBJECT], "tests.unit.codec_classes", "NotData", "c", {}), "bad class rec"),
     ],
 )
 def test_malformed_records_are_protocol_errors(frames: list[bytes], error: str) -> None:

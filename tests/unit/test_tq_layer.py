@@ -139,3 +139,12 @@ def test_fetch_timeout_reads_transfer_queues_variable(monkeypatch: pytest.Monkey
     assert issubclass(FetchTimeoutError, RuntimeError)
     assert issubclass(FetchTimeoutError, TimeoutError)
     assert BatchMeta("s", (), (), (), ()).size == 0
+
+
+def test_the_shipped_config_yaml_holds_the_defaults() -> None:
+    # TransferQueue's programs load its config.yaml: resources.files(package) / "config.yaml"
+    yaml = pytest.importorskip("yaml")
+    from importlib import resources
+
+    text = (resources.files("rayless.transfer_queue") / "config.yaml").read_text()
+    assert yaml.safe_load(text) == interface.DEFAULTS
