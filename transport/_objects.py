@@ -31,6 +31,7 @@ import dataclasses
 import enum
 import importlib
 import sys
+import weakref
 from typing import Any
 
 from rayless.transport.errors import ProtocolError
@@ -43,6 +44,9 @@ _CACHED = 256  # classes by value kept pickled (sender) and unpickled (receiver)
 _PICKLED: dict[type, bytes] = {}  # a class of __main__ or a function -> its pickle
 _UNPICKLED: dict[bytes, type] = {}  # the reverse, at the receiver
 _REFUSED = False  # this process decodes no class by value
+# a class that arrived by value -> its pickle: cloudpickle gives it a name another process
+# may import (a function's class loses "<locals>"), so it goes on travelling by value
+_ARRIVED: weakref.WeakKeyDictionary[type, bytes] = weakref.WeakKeyDictionary()
 
 
 def refuse_classes_by_value() -> None:
@@ -79,7 +83,10 @@ def object_state(obj: Any) -> list[Any]:
     else:  # slots
         state = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
         record = [module, qualname, DATACLASS, state]
-    if module in _MAIN or "<locals>" in qualname:
+    arrived = _ARRIVED.get(kind)
+    if arrived is not None:  # sent back by value: the sender maps it to its own class
+        record.append(arrived)
+    elif module in _MAIN or "<locals>" in qualname:
         record.append(_by_value(kind))
     return record
 
@@ -181,6 +188,7 @@ def _loaded(module: str, qualname: str, pickled: Any, any_class: bool = False) -
     if len(_UNPICKLED) >= _CACHED:
         _UNPICKLED.pop(next(iter(_UNPICKLED)))
     _UNPICKLED[pickled] = found
+    _ARRIVED[found] = pickled
     return found
 
 

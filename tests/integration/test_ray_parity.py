@@ -867,6 +867,32 @@ def test_dataclasses_enums_sets_and_configs_travel(ray: Any) -> None:
     q.shutdown()
 
 
+def test_classes_travel_as_arguments_and_results(ray: Any) -> None:
+    # a worker class, or a sampler class inside an OmegaConf config (allow_objects), handed to
+    # an actor; a class of the test (by value) comes back as itself
+    omegaconf = pytest.importorskip("omegaconf")
+    from tests.unit.codec_classes import Color, NotData
+
+    class Local:
+        scale = 3
+
+    config = omegaconf.OmegaConf.create({"sampler": NotData}, flags={"allow_objects": True})
+
+    @ray.remote(num_cpus=0)
+    class Builder:
+        def __init__(self, config: Any, kind: type) -> None:
+            self.sampler = config.sampler
+            self.kind = kind
+
+        def make(self) -> Any:
+            return self.sampler, self.kind, self.kind.scale, [int, Color]
+
+    sampler, kind, scale, builtins = ray.get(
+        Builder.remote(config, Local).make.remote(), timeout=60
+    )
+    assert sampler is NotData and kind is Local and scale == 3 and builtins == [int, Color]
+
+
 def test_current_actor_is_the_actors_own_handle(ray: Any) -> None:
     # get_runtime_context().current_actor: an actor hands its own handle to another, which
     # calls back on it; a driver and a task have none (RuntimeError, as in Ray)

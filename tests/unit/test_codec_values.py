@@ -105,6 +105,31 @@ def test_classes_themselves_travel_by_name_or_by_value() -> None:
     assert _round(cfg).sampler is Local  # TransferQueue's config, with its sampler class
 
 
+def test_a_functions_class_sent_back_by_its_receiver_is_the_senders_own() -> None:
+    # cloudpickle names the receiver's copy Local of this (importable) module: sent back by
+    # that name, it could not be found here
+    @dataclasses.dataclass
+    class Local:
+        x: int
+
+    class Kind:
+        pass
+
+    frames = [bytes(f).hex() for f in encode([Local(1), Kind])]
+    out = run_fresh(
+        f"""
+        from rayless.transport import decode, encode
+        got = decode([bytes.fromhex(f) for f in {frames!r}])
+        print(type(got[0]).__qualname__, got[1].__qualname__)
+        print(",".join(bytes(f).hex() for f in encode([got[0], got[1], type(got[0])(2)])))
+        """
+    )
+    names, back = out.splitlines()
+    assert names.split() == ["Local", "Kind"]  # (cloudpickle drops the function's name)
+    value, kind, again = decode([bytes.fromhex(f) for f in back.split(",")])
+    assert type(value) is Local and kind is Kind and type(again) is Local and again.x == 2
+
+
 def test_a_class_by_value_that_cannot_be_pickled_is_refused_at_the_sender() -> None:
     lock = threading.Lock()
 
