@@ -175,9 +175,14 @@ class AsyncTransferQueueClient:
         task_name: str | None,
         sampling_config: Mapping[str, Any] | None,
         wait: float,
+        empty: bool | None = None,
     ) -> BatchMeta:
         """:meth:`async_get_meta` waiting ``wait`` s for a batch not ready yet (a streaming
-        dataset in polling mode waits in the controller instead of sleeping)."""
+        dataset in polling mode waits in the controller instead of sleeping); a batch not
+        ready then is an empty BatchMeta where ``empty`` (None: in polling mode), else
+        FetchTimeoutError."""
+        if empty is None:
+            empty = self._polling
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
         fields = list(data_fields)
@@ -202,7 +207,7 @@ class AsyncTransferQueueClient:
                 )
             )
         except StoreTimeoutError as exc:
-            if self._polling:
+            if empty:
                 return BatchMeta(self.store.store_id, (), (), (), ())
             raise FetchTimeoutError(
                 f"Timeout while waiting for sufficient data for task {task_name}. "
@@ -320,10 +325,14 @@ class TransferQueueClient(AsyncTransferQueueClient):
         task_name: str,
         sampling_config: Mapping[str, Any] | None,
         wait: float,
+        probe: bool = False,
     ) -> BatchMeta:
         """``get_meta`` (a fetch) for a streaming dataset: in polling mode it waits up to
         ``wait`` s in the controller for the batch (an empty BatchMeta after that), instead
-        of returning at once and sleeping; otherwise as ``get_meta``."""
+        of returning at once and sleeping; otherwise as ``get_meta``. ``probe``: only what
+        is there now (a batch the rank's group holds already), an empty BatchMeta if
+        nothing, in either mode."""
+        timeout = 0.0 if probe else wait if self._polling else fetch_timeout()
         return self._block(
             self._get_meta(
                 data_fields,
@@ -332,7 +341,8 @@ class TransferQueueClient(AsyncTransferQueueClient):
                 "fetch",
                 task_name,
                 sampling_config,
-                wait if self._polling else fetch_timeout(),
+                timeout,
+                empty=True if probe else None,
             )
         )
 

@@ -13,7 +13,9 @@ reads the same ``k``-th batch, and groups read disjoint ones. A fetched batch is
 dataset's ``buffer`` until :meth:`StreamingDataset.step` moves it to another partition, and
 cut into micro-batches of ``micro_batch_size`` (``process_batch_fn``). The iteration is
 endless (``should_check_consumption_status=False``: it waits for new samples) or ends once
-the task consumed every sample of the partition and the buffer was read out. ``reset()``
+the task consumed every sample of the partition, the buffer was read out and the group holds
+no batch this rank has not read (a rank behind its group's other ranks still reads the
+group's last batch). ``reset()``
 reads the buffer again from its first batch (another pass over the same samples).
 
 In a ``DataLoader`` worker (``num_workers`` W > 0) the dataset attaches to the store through
@@ -83,9 +85,25 @@ def default_fetch_batch_fn(
 
     Raises what ``get_meta`` and ``get_data`` raise (FetchTimeoutError out of polling mode).
     """
+    return _fetch(
+        tq_client, data_fields, batch_size, partition_id, task_name, sampling_config, batch_index
+    )
+
+
+def _fetch(
+    tq_client: TransferQueueClient,
+    data_fields: Sequence[str],
+    batch_size: int,
+    partition_id: str,
+    task_name: str,
+    sampling_config: dict[str, Any],
+    batch_index: int,
+    probe: bool = False,
+) -> tuple[TensorDict | None, BatchMeta]:
+    """:func:`default_fetch_batch_fn`; ``probe``: without waiting, in either mode."""
     config = {**sampling_config, "batch_index": batch_index, "partition_id": partition_id}
     meta = tq_client.stream_meta(
-        data_fields, batch_size, partition_id, task_name, config, empty_wait()
+        data_fields, batch_size, partition_id, task_name, config, empty_wait(), probe
     )
     if meta.size == 0:
         return None, meta
@@ -199,17 +217,38 @@ class StreamingDataset(IterableDataset[Item]):
         self._tq_client = interface.attached_client()
         return self._tq_client
 
-    def _done(self, client: TransferQueueClient) -> bool:
+    def _done(self, client: TransferQueueClient, worker: int, workers: int) -> bool:
+        """Whether the iteration ends: the buffer is read out, the task consumed the
+        partition, and (with the default fetch) the group holds no further batch this rank
+        has not read: a rank that gets there after its peers took the last samples still
+        reads their last batches."""
         if self.batch_index < len(self.buffer) or not self.should_check_consumption_status:
             return False
-        return bool(client.check_consumption_status(self.task_name, self.partition_id))
+        if not client.check_consumption_status(self.task_name, self.partition_id):
+            return False
+        if self.fetch_batch_fn is not default_fetch_batch_fn:
+            return True
+        td, meta = _fetch(
+            client,
+            self.data_fields,
+            self.batch_size,
+            self.partition_id,
+            self.task_name,
+            self.sampling_config,
+            worker + workers * len(self.buffer),
+            probe=True,
+        )
+        if td is None:
+            return True
+        self.buffer.append((td, meta))
+        return False
 
     def __iter__(self) -> Iterator[Item]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         client = self._client()
         wait = empty_wait()
-        while not self._done(client):
+        while not self._done(client, worker, workers):
             if self.batch_index < len(self.buffer):
                 td, meta = self.buffer[self.batch_index]
                 self.batch_index += 1
