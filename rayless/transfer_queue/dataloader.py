@@ -135,12 +135,12 @@ def chunk_batch_fn(
         raise ValueError(
             f"micro_batch_size ({micro_batch_size}) exceeds total batch size ({total})"
         )
-    # a jagged field cannot be sliced along the batch: cut its samples, and join each slice
-    jagged: dict[str, tuple[Sequence[torch.Tensor], Any]] = {}
+    # a nested field cannot be sliced along the batch by TensorDict: it is cut on its own
+    nested: dict[str, torch.Tensor] = {}
     dense: dict[str, Any] = {}
     for name, value in td.items():
         if isinstance(value, torch.Tensor) and value.is_nested:
-            jagged[name] = (value.unbind(0), value.layout)
+            nested[name] = value
         else:
             dense[name] = value
     flat = TensorDict(dense, batch_size=td.batch_size) if dense else None
@@ -148,10 +148,24 @@ def chunk_batch_fn(
     for start in range(0, total, micro_batch_size):
         end = min(start + micro_batch_size, total)
         part = flat[start:end] if flat is not None else TensorDict({}, batch_size=(end - start,))
-        for name, (samples, layout) in jagged.items():
-            part[name] = torch.nested.as_nested_tensor(list(samples[start:end]), layout=layout)
+        for name, value in nested.items():
+            part[name] = _cut(value, start, end)
         out.append((part, batch_meta.select(range(start, end))))
     return out
+
+
+def _cut(t: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """Samples ``start:end`` of the nested tensor ``t``: a view of a jagged one's values (no
+    copy), a new nested tensor of a strided one's samples."""
+    jagged: Any = t  # (torch's NestedTensor: offsets(), values(), lengths())
+    if t.layout is torch.jagged and getattr(t, "_ragged_idx", None) == 1:
+        if jagged.lengths() is None:
+            offsets = jagged.offsets()
+            lo, hi = int(offsets[start]), int(offsets[end])
+            return torch.nested.nested_tensor_from_jagged(
+                jagged.values()[lo:hi], offsets[start : end + 1] - lo
+            )
+    return torch.nested.as_nested_tensor(list(t.unbind(0)[start:end]), layout=t.layout)
 
 
 class StreamingDataset(IterableDataset[Item]):

@@ -148,3 +148,30 @@ def test_the_shipped_config_yaml_holds_the_defaults() -> None:
 
     text = (resources.files("rayless.transfer_queue") / "config.yaml").read_text()
     assert yaml.safe_load(text) == interface.DEFAULTS
+
+
+def test_chunk_batch_fn_cuts_data_and_meta_alike() -> None:
+    import torch
+    from tensordict import TensorDict
+
+    from rayless.transfer_queue.dataloader import chunk_batch_fn
+
+    rows = [torch.arange(n) for n in (3, 1, 4, 2, 5)]
+    jagged = torch.nested.nested_tensor(rows, layout=torch.jagged)
+    strided = torch.nested.nested_tensor([torch.ones(n, 2) for n in (1, 2, 1, 2, 1)])
+    td = TensorDict({"ids": jagged, "img": strided, "reward": torch.arange(5.0)}, batch_size=5)
+    meta = BatchMeta("s", tuple(range(10, 15)), ("p",) * 5, (0,) * 5, (0,) * 5)
+    parts = chunk_batch_fn(td, meta, micro_batch_size=2)
+    assert [m.global_indexes for _, m in parts] == [(10, 11), (12, 13), (14,)]
+    got = [r for part, _ in parts for r in part["ids"].unbind()]
+    assert [r.tolist() for r in got] == [r.tolist() for r in rows]
+    first = parts[1][0]["ids"]  # a view of the batch's values: nothing copied
+    assert first.values().data_ptr() == jagged.values()[4:].data_ptr()
+    assert [p["img"].size(0) for p, _ in parts] == [2, 2, 1]
+    assert torch.equal(parts[2][0]["reward"], torch.tensor([4.0]))
+    with pytest.raises(ValueError):
+        chunk_batch_fn(td, meta, micro_batch_size=6)
+    with pytest.raises(ValueError):
+        chunk_batch_fn(td, meta, micro_batch_size=0)
+    with pytest.raises(TypeError):
+        chunk_batch_fn({"ids": jagged}, meta)  # type: ignore[arg-type]
