@@ -317,6 +317,20 @@ class TransferQueueClient(AsyncTransferQueueClient):
 
     get_meta = _blocking("get_meta")
 
+    def describe_partition(self, partition_id: str, task_name: str) -> str:
+        """What ``partition_id`` holds, for a message about a fetch that waits: its samples,
+        how many hold each field, how many ``task_name`` consumed."""
+        try:
+            status = self._block(self.store.production_status(partition_id), 30)
+            consumed = self._block(self.store.consumption_status(partition_id, task_name), 30)
+        except UnknownPartitionError:
+            return f"partition {partition_id!r} does not exist (yet)"
+        fields = ", ".join(f"{k}: {v}" for k, v in sorted(status["fields"].items()))
+        return (
+            f"partition {partition_id!r} has {status['samples']} samples (holding each field: "
+            f"{fields or 'none'}), {consumed['consumed']} consumed by {task_name!r}"
+        )
+
     def stream_meta(
         self,
         data_fields: Sequence[str],

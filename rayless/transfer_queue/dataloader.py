@@ -27,6 +27,7 @@ A fetch that finds too few ready samples waits for them in the store's controlle
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -51,6 +52,10 @@ __all__ = [
 ]
 
 EMPTY_WAIT_ENV = "TQ_STREAMING_DATASET_EMPTY_BATCH_SLEEP_INTERVAL"
+REPORT_AFTER = 30.0  # seconds without a batch before a warning (then every REPORT_EVERY)
+REPORT_EVERY = 60.0
+
+log = logging.getLogger(__name__)
 
 Item = tuple[TensorDict, BatchMeta]
 
@@ -158,13 +163,16 @@ def _cut(t: torch.Tensor, start: int, end: int) -> torch.Tensor:
     """Samples ``start:end`` of the nested tensor ``t``: a view of a jagged one's values (no
     copy), a new nested tensor of a strided one's samples."""
     jagged: Any = t  # (torch's NestedTensor: offsets(), values(), lengths())
-    if t.layout is torch.jagged and getattr(t, "_ragged_idx", None) == 1:
-        if jagged.lengths() is None:
-            offsets = jagged.offsets()
-            lo, hi = int(offsets[start]), int(offsets[end])
-            return torch.nested.nested_tensor_from_jagged(
-                jagged.values()[lo:hi], offsets[start : end + 1] - lo
-            )
+    if (
+        t.layout is torch.jagged
+        and getattr(t, "_ragged_idx", None) == 1
+        and jagged.lengths() is None
+    ):
+        offsets = jagged.offsets()
+        lo, hi = int(offsets[start]), int(offsets[end])
+        return torch.nested.nested_tensor_from_jagged(
+            jagged.values()[lo:hi], offsets[start : end + 1] - lo
+        )
     return torch.nested.as_nested_tensor(list(t.unbind(0)[start:end]), layout=t.layout)
 
 
@@ -262,13 +270,26 @@ class StreamingDataset(IterableDataset[Item]):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         client = self._client()
         wait = empty_wait()
+        since = report = time.monotonic()  # the last batch, the last warning
         while not self._done(client, worker, workers):
             if self.batch_index < len(self.buffer):
                 td, meta = self.buffer[self.batch_index]
                 self.batch_index += 1
                 yield from self.process_batch_fn(td, meta, micro_batch_size=self.micro_batch_size)
+                since = report = time.monotonic()
                 continue
             began = time.monotonic()
+            if began - report >= (REPORT_AFTER if report == since else REPORT_EVERY):
+                report = began
+                log.warning(
+                    "StreamingDataset (dp_rank %d): no batch of %d samples holding %s for %.0f s; "
+                    "%s",
+                    self.dp_rank,
+                    self.batch_size,
+                    self.data_fields,
+                    began - since,
+                    client.describe_partition(self.partition_id, self.task_name),
+                )
             td_or_none, meta = self.fetch_batch_fn(
                 tq_client=client,
                 data_fields=self.data_fields,

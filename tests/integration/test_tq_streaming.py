@@ -19,6 +19,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from tests.waiting import wait_until_sync
+
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("rayless_tq_parity")]
 
 _HAS_TQ = (
@@ -349,3 +351,28 @@ def test_a_stage_actor_built_with_the_config_reads_through_its_own_loader(api: A
     sampler = api.config["controller"]["sampler"]  # ours names it (the config is JSON)
     assert sampler == "RankAwareSampler" if api.rayless else sampler is tq.RankAwareSampler
     api.client.clear_partition("actors")
+
+
+def test_a_rank_waiting_for_its_batch_says_what_the_partition_holds(
+    api: Api, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a newcomer's typo in data_fields, or a producer that never came: the loop waits for
+    # good, so it says what it waits for and what is there (rayless' own warning)
+    if not api.rayless:
+        pytest.skip("rayless' own warning")
+    from rayless.transfer_queue import dataloader
+
+    monkeypatch.setattr(dataloader, "REPORT_AFTER", 0.3)
+    ds = api.dataset("late", "train", 0)
+    got: list[list[int]] = []
+    reader = threading.Thread(target=lambda: got.append(ids(next(iter(ds))[0])), daemon=True)
+    with caplog.at_level("WARNING", logger=dataloader.__name__):
+        reader.start()
+        wait_until_sync(
+            lambda: "does not exist (yet)" in caplog.text, 30, "the waiting rank's warning"
+        )
+    assert "no batch of 2 samples holding ['x']" in caplog.text
+    api.put("late", [5, 6])  # the producer comes: the rank reads it
+    reader.join(30)
+    assert got == [[5, 6]]
+    api.client.clear_partition("late")
