@@ -117,10 +117,12 @@ class HeadActors:
         except BaseException as exc:
             if isinstance(exc, ActorDiedError):
                 exc.actor = record.name
-            elif agent is not None:  # timed out or cancelled: the process may still start
-                # Its resources are freed only once it is gone, so that nothing else lands on
-                # its GPU while it finishes __init__ unknown to us.
-                await asyncio.shield(self._stop_starting(agent, record))
+            elif (current := self.state.agents.get(alloc.node_id)) is not None:
+                # timed out or cancelled: the process may still start. Its resources are freed
+                # only once it is gone, so that nothing else lands on its GPU while it
+                # finishes __init__ unknown to us. (No agent: the head dropped it, shutting
+                # the cluster down or losing the node, and the node's processes go with it.)
+                await asyncio.shield(self._stop_starting(current, record))
             self.mark_dead(record, f"failed to start: {exc}", broadcast=False)
             if isinstance(exc, Timeout):
                 raise Timeout(

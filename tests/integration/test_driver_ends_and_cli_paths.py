@@ -25,6 +25,7 @@ from rayless.actors.launch.procs import first_line
 from rayless.errors import Timeout
 from rayless.store import Store
 from tests import waiting
+from tests.drivers import run_driver
 from tests.environ import without_rayless
 from tests.integration.friction_classes import Slow
 
@@ -313,3 +314,25 @@ def test_a_signal_while_a_loop_closes_writes_to_no_closed_wakeup_fd() -> None:
                 if pipe is not None:
                     pipe.close()
     assert printed == []  # before: in 35 of 40 runs
+
+
+def test_a_script_ending_on_an_actors_start_ends_quietly(tmp_path: Path) -> None:
+    # `a = Echo.remote()` as a script's last line: the cluster shuts down while the actor
+    # starts; the node's agent takes the starting process with it
+    stderr: list[str] = []
+    run_driver(
+        """
+        from rayless import ray
+
+        @ray.remote
+        class Echo:
+            def ping(self):
+                return 1
+
+        a = Echo.remote()
+        """,
+        tmp_path,
+        stderr,
+    )
+    # before: "WARNING rayless.head: could not stop Echo-... after its spawn failed"
+    assert not [line for line in stderr if "WARNING" in line or "Traceback" in line], stderr
