@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -20,13 +21,16 @@ from rayless.store import BatchMeta, StoreTimeoutError, UnknownPartitionError
 from rayless.transfer_queue.layout import tq_layout
 
 if TYPE_CHECKING:
+    import torch
     from tensordict import TensorDict, TensorDictBase
 
     from rayless.store import Store
+    from rayless.store.data.status import PartitionExport
 
 __all__ = ["AsyncTransferQueueClient", "FetchTimeoutError", "TransferQueueClient"]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # TransferQueue's bound on a fetch waiting for enough ready samples (seconds, its env name)
 FETCH_TIMEOUT_ENV = "TQ_CONTROLLER_GET_METADATA_TIMEOUT"
@@ -290,6 +294,105 @@ class AsyncTransferQueueClient:
         """``{partition: {key: tag}}`` of one partition (None: all)."""
         return await self._home(self.store.kv_list(partition_id))
 
+    async def async_kv_retrieve_keys(
+        self, global_indexes: list[int] | int, partition_id: str
+    ) -> list[str | None]:
+        """The KV key of each of ``global_indexes`` (a BatchMeta's) in ``partition_id``;
+        None for a sample without a key or not of the partition, as TransferQueue returns.
+
+        Raises:
+            TypeError: not an int or a list of int.
+            ValueError: an empty list.
+        """
+        if isinstance(global_indexes, int) and not isinstance(global_indexes, bool):
+            global_indexes = [global_indexes]
+        elif isinstance(global_indexes, list):
+            if not global_indexes:
+                raise ValueError("Received an empty list as `global_indexes`.")
+            if not all(isinstance(i, int) and not isinstance(i, bool) for i in global_indexes):
+                raise TypeError("Not all elements in `global_indexes` are int.")
+        else:
+            raise TypeError("Only int or list of int are allowed as `global_indexes`.")
+        return await self._home(self.store.kv_keys_of(partition_id, global_indexes))
+
+    async def async_kv_retrieve_meta(
+        self, keys: list[str] | str, partition_id: str, create: bool = False
+    ) -> BatchMeta:
+        """The BatchMeta of ``keys`` in ``partition_id`` (with the fields all of them hold),
+        in their order; keys the partition lacks are left out (a warning names them), an
+        unknown partition gives an empty BatchMeta.
+
+        Raises:
+            TypeError: not a str or a list of str.
+            ValueError: an empty list; ``create=True`` (keys are made by ``kv_batch_put`` or
+                ``kv_put`` here, with their data).
+        """
+        if isinstance(keys, str):
+            keys = [keys]
+        elif isinstance(keys, list):
+            if not keys:
+                raise ValueError("Received an empty list as keys.")
+            if not all(isinstance(k, str) for k in keys):
+                raise TypeError("Not all elements in `keys` are strings.")
+        else:
+            raise TypeError("Only string or list of strings are allowed as `keys`.")
+        if create:
+            raise ValueError(
+                "kv_retrieve_meta(create=True) is not supported by rayless.transfer_queue: "
+                "make keys with kv_batch_put/kv_put (their data with them)"
+            )
+        meta, missing = await self._home(self.store.kv_lookup(partition_id, keys))
+        if missing:
+            log.warning(
+                "keys %s were not found in partition %r: they are left out of the BatchMeta",
+                [keys[i] for i in missing[:8]],
+                partition_id,
+            )
+        return meta
+
+    async def async_get_consumption_status(
+        self, task_name: str, partition_id: str
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``(global indexes, consumed)`` of every sample of ``partition_id``, sorted by
+        index: ``consumed`` is 1 where ``task_name`` consumed the sample, else 0 (int8).
+        ``(None, None)`` for an unknown partition. Reads the whole partition's status."""
+        import torch
+
+        export = await self._export(partition_id)
+        if export is None:
+            return None, None
+        indexes = sorted(s.index for s in export.samples)
+        done = set(export.consumed.get(task_name, ()))
+        status = [1 if i in done else 0 for i in indexes]
+        return torch.tensor(indexes, dtype=torch.long), torch.tensor(status, dtype=torch.int8)
+
+    async def async_get_production_status(
+        self, data_fields: list[str], partition_id: str
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``(global indexes, produced)`` of every sample of ``partition_id``, sorted by
+        index: ``produced[i, j]`` is 1 where sample ``i`` holds ``data_fields[j]`` (int8).
+        ``(None, None)`` for an unknown partition, no fields or a field no sample holds.
+        Reads the whole partition's status."""
+        import torch
+
+        export = await self._export(partition_id)
+        if export is None or not data_fields:
+            return None, None
+        samples = sorted(export.samples, key=lambda s: s.index)
+        held = {f for s in samples for f in s.fields}
+        if any(f not in held for f in data_fields):
+            return None, None
+        rows = [[1 if f in s.fields else 0 for f in data_fields] for s in samples]
+        indexes = torch.tensor([s.index for s in samples], dtype=torch.long)
+        return indexes, torch.tensor(rows, dtype=torch.int8).reshape(len(samples), -1)
+
+    async def _export(self, partition_id: str) -> PartitionExport | None:
+        try:
+            export: PartitionExport = await self._home(self.store.export_partition(partition_id))
+        except UnknownPartitionError:
+            return None
+        return export
+
     def close(self) -> None:
         """End this client (idempotent): the creator's also kills the store, another's only
         detaches (``Store.aclose``). A closed loop (its cluster ended, and the store with it)
@@ -370,3 +473,7 @@ class TransferQueueClient(AsyncTransferQueueClient):
     reset_consumption = _blocking("reset_consumption")
     get_partition_list = _blocking("get_partition_list")
     kv_list = _blocking("kv_list")
+    kv_retrieve_keys = _blocking("kv_retrieve_keys")
+    kv_retrieve_meta = _blocking("kv_retrieve_meta")
+    get_consumption_status = _blocking("get_consumption_status")
+    get_production_status = _blocking("get_production_status")

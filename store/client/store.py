@@ -80,7 +80,13 @@ from rayless.store.data.messages import FetchMode, UnitView
 from rayless.store.data.meta import BatchMeta
 from rayless.store.data.rows import take
 from rayless.store.data.schema import split_columns
-from rayless.store.data.status import ControllerStats, KeyListing, ProductionStatus, UnitStats
+from rayless.store.data.status import (
+    ControllerStats,
+    KeyListing,
+    PartitionExport,
+    ProductionStatus,
+    UnitStats,
+)
 from rayless.store.errors import (
     StoreError,
     StoreInputError,
@@ -828,6 +834,30 @@ class Store:
         ``{}`` for an unknown partition or one without keys."""
         listing: KeyListing = await self.controller.kv_list(partition_id)
         return listing.as_dict()
+
+    async def kv_keys_of(self, partition_id: str, indexes: Sequence[int]) -> list[str | None]:
+        """The KV key of each sample of ``indexes`` (global indexes, as a BatchMeta has them)
+        in ``partition_id``; None for a sample without a key or not of that partition.
+        Raises StoreInputError."""
+        keys: list[str | None] = await self.controller.kv_keys_of(partition_id, list(indexes))
+        return keys
+
+    async def kv_lookup(
+        self, partition_id: str, keys: Sequence[str]
+    ) -> tuple[BatchMeta, list[int]]:
+        """The meta of those of ``keys`` that exist (with the fields all of them hold), and
+        the positions in ``keys`` of those that do not. Raises StoreInputError."""
+        found: tuple[BatchMeta, list[int]] = await self.controller.kv_lookup(
+            partition_id, _kv_keys(keys)
+        )
+        return found
+
+    async def export_partition(self, partition_id: str) -> PartitionExport:
+        """Every sample of ``partition_id`` with its key, custom metadata and the fields it
+        holds, and the indexes each task consumed (what a checkpoint keeps, without the
+        data; O(the partition)). Raises UnknownPartitionError."""
+        export: PartitionExport = await self.controller.export_partition(partition_id)
+        return export
 
     async def kv_clear(self, keys: Sequence[str] | str, partition_id: str) -> None:
         """Remove ``keys`` (and their samples) from ``partition_id``; absent keys are ignored."""

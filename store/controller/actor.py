@@ -863,6 +863,11 @@ class StoreController(Actor):
         return self.state.kv_meta(partition, list(keys), None if fields is None else list(fields))
 
     @endpoint
+    async def kv_keys_of(self, partition: str, indexes: Sequence[int]) -> list[str | None]:
+        """The KV key of each of ``indexes`` (see ControllerState.kv_keys_of)."""
+        return self.state.kv_keys_of(partition, list(indexes))
+
+    @endpoint
     async def kv_list(self, partition: str | None = None) -> KeyListing:
         """``{partition: {key: tags}}``."""
         return self.state.kv_list(partition)

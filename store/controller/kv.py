@@ -111,6 +111,19 @@ class KeyValues:
                 raise UnknownFieldError(f"field {f!r} is not written for every key")
         return catalog.meta(partition, part, at, names)
 
+    def keys_of(self, partition: str, indexes: Sequence[int]) -> list[str | None]:
+        """The KV key of each of ``indexes`` (None: a sample of ``partition`` without a key,
+        or not one of its samples). O(len(indexes)). Raises StoreInputError."""
+        if isinstance(indexes, (str, bytes)) or any(
+            not isinstance(i, int) or isinstance(i, bool) for i in indexes
+        ):
+            raise StoreInputError("indexes must be a list of int")
+        part = self._catalog.partitions.get(partition)
+        if part is None or not indexes:
+            return [None] * len(indexes)
+        found, pos = self._catalog.positions(part, as_indexes(list(indexes)))
+        return [part.key_at.get(int(p)) if f else None for f, p in zip(found, pos, strict=True)]
+
     def _custom_of(self, part: _Partition, index: int) -> dict[str, Any]:
         return dict(part.custom.get(int(self._catalog.where.pos[index]), NO_CUSTOM))
 

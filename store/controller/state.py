@@ -432,6 +432,11 @@ class ControllerState:
         Raises UnknownPartitionError, UnknownKeyError, UnknownFieldError."""
         return self._kv.meta(partition, keys, fields)
 
+    def kv_keys_of(self, partition: str, indexes: Sequence[int]) -> list[str | None]:
+        """The KV key of each of ``indexes`` in ``partition`` (None: no key, or not its
+        sample). Raises StoreInputError."""
+        return self._kv.keys_of(partition, indexes)
+
     def kv_list(self, partition: str | None = None) -> KeyListing:
         """``{partition: {key: tags}}`` (one partition, or every one that has keys); an
         unknown partition or one without keys lists as ``{}`` (as in TransferQueue)."""

@@ -312,3 +312,38 @@ def test_per_sample_python_values_round_trip(api: tuple[Any, Any]) -> None:
         [{"role": "user", "content": "q0"}],
     ]
     tq.kv_clear(keys=["n0", "n1", "n2"], partition_id="py")
+
+
+def test_per_sample_status_and_key_lookups(api: tuple[Any, Any]) -> None:
+    # the client's get_consumption_status / get_production_status (tensors per sample) and
+    # kv_retrieve_keys / kv_retrieve_meta (a BatchMeta's indexes <-> KV keys, as verl's
+    # helpers turn a BatchMeta into a KVBatchMeta)
+    _, tq = api
+    c = tq.get_client()
+    meta = c.put(
+        TensorDict({"a": torch.arange(4), "b": torch.ones(4, 2)}, batch_size=4),
+        partition_id="st",
+    )
+    got = c.get_meta(data_fields=["a"], batch_size=2, partition_id="st", task_name="t")
+    indexes, consumed = c.get_consumption_status("t", "st")
+    assert indexes.tolist() == sorted(meta.global_indexes) and consumed.dtype == torch.int8
+    done = {i for i, s in zip(indexes.tolist(), consumed.tolist(), strict=True) if s}
+    assert done == set(got.global_indexes)
+    assert c.get_consumption_status("other", "st")[1].tolist() == [0, 0, 0, 0]
+    _, produced = c.get_production_status(["a", "b"], "st")
+    assert produced.tolist() == [[1, 1]] * 4 and produced.dtype == torch.int8
+    assert c.get_production_status(["a", "zz"], "st") == (None, None)
+    assert c.get_consumption_status("t", "no-such-partition") == (None, None)
+    c.clear_partition("st")
+
+    tq.kv_batch_put(keys=["k1", "k2"], partition_id="kvr", fields=batch(2))
+    kmeta = c.kv_retrieve_meta(["k2", "k1", "absent"], "kvr")  # the absent key is left out
+    assert kmeta.size == 2 and sorted(kmeta.field_names) == ["input_ids", "score"]
+    assert c.kv_retrieve_keys(list(kmeta.global_indexes), "kvr") == ["k2", "k1"]
+    assert c.kv_retrieve_keys(kmeta.global_indexes[0], "kvr") == ["k2"]
+    assert c.kv_retrieve_meta("k1", "no-such-partition").size == 0
+    with pytest.raises(ValueError):
+        c.kv_retrieve_keys([], "kvr")
+    with pytest.raises(TypeError):
+        c.kv_retrieve_meta([1], "kvr")
+    tq.kv_clear(keys=["k1", "k2"], partition_id="kvr")
