@@ -15,8 +15,8 @@ cut into micro-batches of ``micro_batch_size`` (``process_batch_fn``). The itera
 endless (``should_check_consumption_status=False``: it waits for new samples) or ends once
 the task consumed every sample of the partition, the buffer was read out and the group holds
 no batch this rank has not read (a rank behind its group's other ranks still reads the
-group's last batch). ``reset()``
-reads the buffer again from its first batch (another pass over the same samples).
+group's last batch). ``reset()`` reads the buffer again from its first batch (another pass
+over the same samples).
 
 In a ``DataLoader`` worker (``num_workers`` W > 0) the dataset attaches to the store through
 a client of that process, and worker ``w`` fetches the batches ``w, w + W, ...``: each batch
