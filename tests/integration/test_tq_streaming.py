@@ -21,7 +21,7 @@ from tensordict import TensorDict
 
 from tests.waiting import wait_until_sync
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("rayless_tq_parity")]
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("rayless_tq_streaming")]
 
 _HAS_TQ = (
     importlib.util.find_spec("transfer_queue") is not None
