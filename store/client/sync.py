@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from rayless.store.client.checkpoint import Restored
     from rayless.store.client.store import KVBatchMeta
     from rayless.store.data.meta import BatchMeta
+    from rayless.store.data.status import PartitionExport
 
 __all__ = ["SyncStore"]
 
@@ -329,6 +330,23 @@ class SyncStore(BlockingFace, face=Store):
         """``{partition: {key: tags}}`` of one partition or of every partition with keys;
         ``{}`` for an unknown partition or one without keys."""
         return self.run(self.store.kv_list(partition_id))
+
+    def kv_keys_of(self, partition_id: str, indexes: Sequence[int]) -> list[str | None]:
+        """The KV key of each sample of ``indexes`` (global indexes, as a BatchMeta has them)
+        in ``partition_id``; None for a sample without a key or not of that partition.
+        Raises StoreInputError."""
+        return self.run(self.store.kv_keys_of(partition_id, indexes))
+
+    def kv_lookup(self, partition_id: str, keys: Sequence[str]) -> tuple[BatchMeta, list[int]]:
+        """The meta of those of ``keys`` that exist (with the fields all of them hold), and
+        the positions in ``keys`` of those that do not. Raises StoreInputError."""
+        return self.run(self.store.kv_lookup(partition_id, keys))
+
+    def export_partition(self, partition_id: str) -> PartitionExport:
+        """Every sample of ``partition_id`` with its key, custom metadata and the fields it
+        holds, and the indexes each task consumed (what a checkpoint keeps, without the
+        data; O(the partition)). Raises UnknownPartitionError."""
+        return self.run(self.store.export_partition(partition_id))
 
     def kv_clear(self, keys: Sequence[str] | str, partition_id: str) -> None:
         """Remove ``keys`` (and their samples) from ``partition_id``; absent keys are ignored."""

@@ -44,8 +44,9 @@ async def test_the_head_and_agents_load_no_class_by_value(
     assert agent
     for address in (local_cluster.address, agent):
         async with Client(address, token=local_cluster.token, name="test") as peer:
-            with pytest.raises(ProtocolError, match="does not load"):
-                await peer.request(loud, timeout=10)
+            for value in (loud, type(loud)):  # an instance, and the class sent by itself
+                with pytest.raises(ProtocolError, match="does not load"):
+                    await peer.request(value, timeout=10)
     assert not mark.exists()
     # an actor process runs user code: it loads the class (its unpickling ran), then the
     # method fails on the value
