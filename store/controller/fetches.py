@@ -167,7 +167,8 @@ class Shares:
         self._by_key: dict[ShareKey, Share] = {}
         self._by_fetch: dict[str, Share] = {}
         self._served: OrderedDict[int, Share] = OrderedDict()  # serve order: oldest first
-        self._kept: dict[int, Share] = {}  # sample index -> the kept share holding it
+        # sample index -> the kept shares holding it (one per task that fetched it)
+        self._kept: dict[int, list[Share]] = {}
 
     def get(self, key: ShareKey) -> Share | None:
         """The share of ``key`` (waiting for its batch or served), None if there is none."""
@@ -244,8 +245,11 @@ class Shares:
             del self._by_key[share.key]
         self._served.pop(id(share), None)
         for index in share.indexes:
-            if self._kept.get(index) is share:
-                del self._kept[index]
+            holders = self._kept.get(index)
+            if holders is not None and share in holders:
+                holders.remove(share)
+                if not holders:
+                    del self._kept[index]
         for fetch_id in share.given:
             self._by_fetch.pop(fetch_id, None)
         share.given.clear()
@@ -257,10 +261,9 @@ class Shares:
 
     def forget(self, indexes: Sequence[int]) -> None:
         """Forget the kept shares holding any of ``indexes`` (those samples were cleared:
-        their indexes may be reused). O(len(indexes))."""
+        their indexes may be reused). O(len(indexes) x the tasks that fetched them)."""
         for index in indexes:
-            share = self._kept.get(index)
-            if share is not None:
+            for share in self._kept.pop(index, ()):
                 self.drop(share)
 
     def expired(self, now: float | None = None) -> list[tuple[Share, list[int]]]:
@@ -279,7 +282,7 @@ class Shares:
             if share.keep and not back and self._by_key.get(share.key) is share:
                 del self._served[id(share)]  # read: it stays with its key (forget, drop)
                 for index in share.indexes:
-                    self._kept[index] = share
+                    self._kept.setdefault(index, []).append(share)
                 continue
             self.drop(share)
             out.append((share, back))

@@ -133,3 +133,25 @@ def test_a_kept_share_nobody_read_goes_back_like_any_other() -> None:
     ((gone, back),) = shares.expired(now=float("inf"))
     assert gone is share and back == [4, 5] and shares.held() == 0
     shares.forget([4, 5])
+
+
+def test_kept_shares_of_two_tasks_over_the_same_samples_are_both_forgotten() -> None:
+    # two tasks (a pipeline's stages) each keep a batch of the same samples: clearing one
+    # sample must forget both (before: the second replaced the first in the index table)
+    shares = Shares(lease_after=10.0)
+    loop = asyncio.new_event_loop()
+    try:
+        kept = [
+            shares.add(("p", task, "rank-aware:0:0"), 1, loop.create_future(), keep=True)
+            for task in ("rollout", "update")
+        ]
+    finally:
+        loop.close()
+    for i, share in enumerate(kept):
+        shares.serve(share, [4, 5])
+        shares.give(share, f"f{i}")
+        shares.ack(f"f{i}")
+    assert shares.expired(now=float("inf")) == [] and shares.held() == 2
+    shares.forget([5])
+    assert shares.held() == 0
+    assert shares.get(("p", "rollout", "rank-aware:0:0")) is None
