@@ -58,19 +58,28 @@ class FetchTimeoutError(RuntimeError, TimeoutError):
     TransferQueue's client raises it, and a TimeoutError."""
 
 
+def env_seconds(name: str, default: str = "1") -> float:
+    """Seconds from the environment variable ``name`` (TransferQueue's knobs; ``default``
+    when unset).
+
+    Raises ValueError for a value that is not a number >= 0.
+    """
+    raw = os.environ.get(name, default)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+    if not value >= 0:
+        raise ValueError(f"{name}={raw!r} must be >= 0")
+    return value
+
+
 def fetch_timeout() -> float:
     """How long a ``fetch`` waits for its batch (``TQ_CONTROLLER_GET_METADATA_TIMEOUT``, 1 s).
 
     Raises ValueError for a value that is not a number >= 0.
     """
-    raw = os.environ.get(FETCH_TIMEOUT_ENV, "1")
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{FETCH_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
-    if not value >= 0:
-        raise ValueError(f"{FETCH_TIMEOUT_ENV}={raw!r} must be >= 0")
-    return value
+    return env_seconds(FETCH_TIMEOUT_ENV)
 
 
 class AsyncTransferQueueClient:

@@ -28,7 +28,6 @@ A fetch that finds too few ready samples waits for them in the store's controlle
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -39,7 +38,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from rayless.store import BatchMeta
 from rayless.transfer_queue import interface
-from rayless.transfer_queue.client import TransferQueueClient
+from rayless.transfer_queue.client import TransferQueueClient, env_seconds
 
 if TYPE_CHECKING:
     from tensordict import TensorDictBase
@@ -65,14 +64,7 @@ def empty_wait() -> float:
 
     Raises ValueError for a value that is not a number >= 0.
     """
-    raw = os.environ.get(EMPTY_WAIT_ENV, "1")
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{EMPTY_WAIT_ENV}={raw!r} is not a number of seconds") from None
-    if not value >= 0:
-        raise ValueError(f"{EMPTY_WAIT_ENV}={raw!r} must be >= 0")
-    return value
+    return env_seconds(EMPTY_WAIT_ENV)
 
 
 def default_fetch_batch_fn(
@@ -83,29 +75,16 @@ def default_fetch_batch_fn(
     task_name: str,
     sampling_config: dict[str, Any],
     batch_index: int,
+    *,
+    probe: bool = False,
 ) -> tuple[TensorDict | None, BatchMeta]:
     """The ``batch_index``-th batch of this rank's group: ``(data, meta)``, or ``(None,
     empty meta)`` when not enough samples were ready (in polling mode, after waiting up to
     ``TQ_STREAMING_DATASET_EMPTY_BATCH_SLEEP_INTERVAL`` s for them in the controller).
+    ``probe``: only a batch there now, without waiting, in either mode.
 
     Raises what ``get_meta`` and ``get_data`` raise (FetchTimeoutError out of polling mode).
     """
-    return _fetch(
-        tq_client, data_fields, batch_size, partition_id, task_name, sampling_config, batch_index
-    )
-
-
-def _fetch(
-    tq_client: TransferQueueClient,
-    data_fields: Sequence[str],
-    batch_size: int,
-    partition_id: str,
-    task_name: str,
-    sampling_config: dict[str, Any],
-    batch_index: int,
-    probe: bool = False,
-) -> tuple[TensorDict | None, BatchMeta]:
-    """:func:`default_fetch_batch_fn`; ``probe``: without waiting, in either mode."""
     config = {**sampling_config, "batch_index": batch_index, "partition_id": partition_id}
     meta = tq_client.stream_meta(
         data_fields, batch_size, partition_id, task_name, config, empty_wait(), probe
@@ -250,7 +229,7 @@ class StreamingDataset(IterableDataset[Item]):
             return False
         if self.fetch_batch_fn is not default_fetch_batch_fn:
             return True
-        td, meta = _fetch(
+        td, meta = default_fetch_batch_fn(
             client,
             self.data_fields,
             self.batch_size,
