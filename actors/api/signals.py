@@ -23,6 +23,11 @@ sbatch script) starts with SIGINT ignored, and a SIGTERM must still close its cl
 Nothing is installed outside the main thread, nor for a signal whose handler is not the default
 (a trainer that set its own handler for SIGTERM keeps it, and a process started under
 ``nohup`` keeps ignoring SIGHUP). A second signal during the shutdown acts as a second Ctrl-C.
+
+A child forked from the driver (a DataLoader worker, a ``multiprocessing`` fork) is not the
+driver: it gets the default dispositions back, so SIGTERM ends it at once as its parent
+expects (``DataLoader`` terminates a worker that does not exit in time) instead of raising
+``KeyboardInterrupt`` in whatever it was doing (its exit handlers included).
 """
 
 from __future__ import annotations
@@ -67,6 +72,20 @@ def install() -> list[int]:
         _State.exit_hook = True
         atexit.register(_exit_with_signal)
     return handled
+
+
+def _not_in_a_fork() -> None:
+    """In a forked child: this module's handlers back to the default dispositions."""
+    _State.received = None
+    for sig in TERMINATING:
+        try:
+            if signal.getsignal(sig) is _on_signal:
+                signal.signal(sig, signal.SIG_DFL)
+        except ValueError:  # not the main thread (cannot happen in a fresh fork; never fatal)
+            pass
+
+
+os.register_at_fork(after_in_child=_not_in_a_fork)
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:

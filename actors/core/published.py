@@ -34,6 +34,7 @@ import errno
 import fnmatch
 import json
 import os
+import re
 import stat
 import sys
 import time
@@ -45,6 +46,7 @@ from rayless.actors.errors import ConnectError
 from rayless.transport.files import atomic_write
 
 ENV_RUNTIME_DIR = "RAYLESS_RUNTIME_DIR"
+_TOKEN = re.compile(r"cluster-(?P<pid>[0-9]+)\.token", re.ASCII)  # a token file's name
 
 
 @dataclass(frozen=True)
@@ -217,8 +219,12 @@ def _write_private(dir_fd: int, name: str, text: str) -> None:
 
 
 def unpublish(path: str) -> None:
-    """Remove a published entry and its token file. Idempotent."""
-    for p in (path, path.removesuffix(".json") + ".token"):
+    """Remove a published entry and its token file. Idempotent.
+
+    The token goes first: a process killed between the two unlinks (a head that began its
+    SIGTERM shutdown and got a SIGKILL) leaves the entry, which :func:`discover` lists and
+    removes with its head gone, rather than a token no listing names."""
+    for p in (path.removesuffix(".json") + ".token", path):
         try:
             os.unlink(p)
         except OSError:
@@ -246,11 +252,29 @@ def discover() -> list[LocalCluster]:
     if fd is None:
         return []
     try:
-        names = sorted(e.name for e in os.scandir(fd) if fnmatch.fnmatch(e.name, "cluster-*.json"))
+        listed = [e.name for e in os.scandir(fd)]
+        names = sorted(n for n in listed if fnmatch.fnmatch(n, "cluster-*.json"))
         found = [e for e in (_read_entry(directory, fd, n) for n in names) if e is not None]
+        _remove_lone_tokens(fd, listed)
     finally:
         os.close(fd)
     return sorted(found, key=lambda e: e.head_started)
+
+
+def _remove_lone_tokens(dir_fd: int, listed: list[str]) -> None:
+    """Remove the token files whose entry is gone and whose head pid is dead (what a head
+    killed between the two unlinks of an older :func:`unpublish` left). A token whose head
+    lives stays: :func:`publish` writes the token before the entry."""
+    names = set(listed)
+    for name in listed:
+        match = _TOKEN.fullmatch(name)
+        if match is None or f"cluster-{match['pid']}.json" in names:
+            continue
+        if _started(int(match["pid"])) is None:
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except OSError:
+                pass
 
 
 def _read_entry(directory: Path, dir_fd: int, name: str) -> LocalCluster | None:

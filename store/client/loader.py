@@ -45,6 +45,7 @@ them in step order.
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing.util
 import uuid
 from collections.abc import Iterator, Sequence
@@ -62,6 +63,8 @@ from rayless.store.data.requests import FetchRequest
 from rayless.store.errors import PartialResultError, StoreInputError
 
 __all__ = ["Batch", "StreamingDataset", "StreamingLoader", "rank_part"]
+
+log = logging.getLogger(__name__)
 
 
 def rank_part(meta: BatchMeta, sampler: Any, dp_rank: int, dp_size: int) -> list[int]:
@@ -314,5 +317,7 @@ class StreamingDataset(IterableDataset[Batch]):
 def _close_worker(portal: Portal, store: Store) -> None:
     try:
         portal.run(store.aclose(), 30)
+    except Exception as exc:  # the cluster went away first: nothing left to close
+        log.debug("loader: closing a DataLoader worker's client: %s", exc)
     finally:
         portal.stop()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -46,3 +50,31 @@ def test_default_dispositions_are_handled_once_and_only_from_the_main_thread() -
     assert sorted(signals.install()) == sorted([signal.SIGTERM, signal.SIGHUP])
     assert sorted(signals.install()) == sorted([signal.SIGTERM, signal.SIGHUP])  # idempotent
     assert signals.received() is None
+
+
+@pytest.mark.usefixtures("restored")
+def test_a_child_forked_from_the_driver_dies_of_sigterm() -> None:
+    # before: the child inherited the driver's handler, so a SIGTERM raised KeyboardInterrupt
+    # in it (a DataLoader worker terminated while in its exit handlers exited with status 1)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signals.install()
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    child = ctx.Process(target=_sleep_after, args=(ready,))
+    child.start()
+    try:
+        assert ready.wait(60)
+        os.kill(child.pid or 0, signal.SIGTERM)
+        child.join(60)
+        assert child.exitcode == -signal.SIGTERM
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join()
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # the driver keeps its own
+
+
+def _sleep_after(ready: Any) -> None:
+    ready.set()
+    time.sleep(120)

@@ -80,6 +80,49 @@ def test_stale_entries_are_ignored_and_removed(rt: Path) -> None:
     assert sorted(rt.iterdir()) == []
 
 
+class _Killed(BaseException):
+    """The SIGKILL that ends a head between two unlinks."""
+
+
+def test_a_head_killed_while_unpublishing_leaves_what_a_sweep_removes(
+    rt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # before: the entry went first, and a head killed right after left its token for good
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        entry = published.publish("tcp://127.0.0.1:1", "a" * 32, proc.pid)
+        assert entry is not None
+        unlink = os.unlink
+
+        def killed_after_one(path: str, *args: object, **kw: object) -> None:
+            unlink(path)
+            raise _Killed
+
+        monkeypatch.setattr(published.os, "unlink", killed_after_one)
+        with pytest.raises(_Killed):
+            published.unpublish(entry)
+        monkeypatch.setattr(published.os, "unlink", unlink)
+        assert [p.name for p in rt.iterdir()] == [Path(entry).name]  # the listed one stays
+    finally:
+        proc.kill()
+        proc.wait()
+    assert published.discover() == [] and sorted(rt.iterdir()) == []
+
+
+def test_a_token_without_its_entry_goes_once_its_head_is_gone(rt: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        entry = published.publish("tcp://127.0.0.1:1", "a" * 32, proc.pid)
+        assert entry is not None
+        os.unlink(entry)  # what an older unpublish killed between its unlinks left
+        token = Path(entry.removesuffix(".json") + ".token")
+        assert published.discover() == [] and token.exists()  # its head lives (or is publishing)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert published.discover() == [] and sorted(rt.iterdir()) == []
+
+
 def test_several_live_clusters_are_listed_not_guessed(rt: Path) -> None:
     published.publish("tcp://127.0.0.1:1", "a" * 32, os.getpid())
     published.publish("tcp://127.0.0.1:2", "b" * 32, os.getppid())
