@@ -211,11 +211,13 @@ class StreamingDataset(IterableDataset[Item]):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_tq_client"] = None  # a process's own (a spawned worker attaches anew)
+        state["_address"] = interface.client_address()  # the cluster it attaches to
         return state
 
     def _client(self) -> TransferQueueClient:
-        """This process's client (attached on first use; a forked worker gets its own)."""
-        self._tq_client = interface.attached_client()
+        """This process's client (attached on first use; a DataLoader worker, forked or
+        spawned, gets its own, on the cluster of the process that pickled the dataset)."""
+        self._tq_client = interface.attached_client(getattr(self, "_address", None))
         return self._tq_client
 
     def _done(self, client: TransferQueueClient, worker: int, workers: int) -> bool:

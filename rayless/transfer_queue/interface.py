@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rayless.actors import Cluster, connect
 from rayless.actors.ext import Portal
 from rayless.errors import ActorNotFoundError, NameTakenError
 from rayless.ray import _worker
@@ -84,6 +85,7 @@ class _State:
 
     def __init__(self, forked: bool = False) -> None:
         self.client: TransferQueueClient | None = None
+        self.address: str | None = None  # the client's cluster (for a spawned worker to join)
         self.lock = threading.Lock()
         self.forked = forked
 
@@ -166,9 +168,11 @@ def _units(conf: dict[str, Any]) -> int:
 
 
 def _client(
-    store: Store, loop: asyncio.AbstractEventLoop, settings: Mapping[str, Any]
+    store: Store, loop: asyncio.AbstractEventLoop, settings: Mapping[str, Any], address: str
 ) -> TransferQueueClient:
-    """This process's client of ``store``, whose work runs on ``loop``."""
+    """This process's client of ``store`` (on the cluster at ``address``), whose work runs
+    on ``loop``."""
+    _state.address = address
     _state.client = TransferQueueClient(
         store,
         loop,
@@ -179,14 +183,15 @@ def _client(
     return _state.client
 
 
-async def _connect(session: _worker.Session) -> tuple[Store, dict[str, Any]]:
-    store = await Store.connect(STORE_NAME, await session.cluster())
-    return store, await store.client_settings()
+async def _connect(session: _worker.Session) -> tuple[Store, dict[str, Any], str]:
+    cluster = await session.cluster()
+    store = await Store.connect(STORE_NAME, cluster)
+    return store, await store.client_settings(), cluster.address
 
 
 async def _create(
     session: _worker.Session, units: int, settings: dict[str, Any]
-) -> tuple[Store, dict[str, Any]]:
+) -> tuple[Store, dict[str, Any], str]:
     cluster = await session.cluster()
     try:
         store = await Store.create(
@@ -194,47 +199,71 @@ async def _create(
         )
     except NameTakenError:  # another process created it first: attach to that one
         return await _connect(session)
-    return store, settings
+    return store, settings, cluster.address
 
 
-def _attach() -> bool:
-    """Attach this process to the cluster's store if there is one (and no client yet)."""
+def _attach(address: str | None = None) -> bool:
+    """Attach this process to the cluster's store if there is one (and no client yet).
+
+    ``address``: the cluster of the process this one was started for (a DataLoader worker
+    spawned by a driver: it has no session of its own, and ``ray.init()`` there would start
+    another cluster)."""
     if _state.client is not None:
         return True
     if _state.forked:
-        return _attach_fork()
+        return _attach_own(None)
+    if address is not None and _worker.current() is None and not _worker.in_actor():
+        return _attach_own(address)
     session = _worker.session()
     try:
-        store, settings = _worker.run(session, _connect(session), timeout=120)
+        store, settings, joined = _worker.run(session, _connect(session), timeout=120)
     except ActorNotFoundError:
         return False
-    _client(store, session.loop, settings)
+    _client(store, session.loop, settings, joined)
     return True
 
 
-def _attach_fork() -> bool:
-    """Attach a forked child (a DataLoader worker) to the store through a client of its own,
-    on its own loop (closed at the child's exit)."""
-    portal = Portal("rayless-tq-forked")
+def _attach_own(address: str | None) -> bool:
+    """Attach a DataLoader worker (forked, or spawned with its parent's cluster ``address``)
+    to the store through a client and a cluster connection of its own, on its own loop
+    (closed at its exit)."""
+    portal = Portal("rayless-tq-worker")
     try:
-        store = portal.run(Store.connect(STORE_NAME), 120)
-        settings = portal.run(store.client_settings(), 60)
+        store, settings, cluster = portal.run(_open_own(address), 120)
     except BaseException as exc:
         portal.stop()
         if isinstance(exc, ActorNotFoundError):
             return False
         raise
-    _client(store, portal.loop, settings)
-    # run by the child's exit (multiprocessing's, not atexit: a DataLoader worker os._exit()s)
-    multiprocessing.util.Finalize(None, _close_fork, (portal, store), exitpriority=10)
+    _client(store, portal.loop, settings, cluster.address)
+    # run by the worker's exit (multiprocessing's, not atexit: a DataLoader worker os._exit()s)
+    multiprocessing.util.Finalize(None, _close_own, (portal, store, cluster), exitpriority=10)
     return True
 
 
-def _close_fork(portal: Portal, store: Store) -> None:
+async def _open_own(address: str | None) -> tuple[Store, dict[str, Any], Cluster]:
+    """The store, its client settings and the cluster connection under it (``address``;
+    None: the cluster ``connect()`` finds, the environment's or this host's local one)."""
+    cluster = await connect(address)
     try:
-        portal.run(store.aclose(), 30)
+        store = await Store.connect(STORE_NAME, cluster)
+        return store, await store.client_settings(), cluster
+    except BaseException:
+        await cluster.aclose()
+        raise
+
+
+def _close_own(portal: Portal, store: Store, cluster: Cluster) -> None:
+    async def close() -> None:
+        try:
+            await store.aclose()
+        finally:
+            await cluster.aclose()
+
+    try:
+        portal.run(close(), 30)
     except Exception as exc:  # the cluster went away first
-        log.debug("tq: closing a forked child's client: %s", exc)
+        log.debug("tq: closing a DataLoader worker's client: %s", exc)
     finally:
         portal.stop()
 
@@ -261,8 +290,8 @@ def init(conf: Any = None) -> dict[str, Any] | None:
         settings = _settings(final)
         units = _units(final)
         session = _worker.session()
-        store, settings = _worker.run(session, _create(session, units, settings), 300)
-        _client(store, session.loop, settings)
+        store, settings, address = _worker.run(session, _create(session, units, settings), 300)
+        _client(store, session.loop, settings, address)
         if final.get("metrics", {}).get("enabled"):
             log.warning(
                 "TransferQueue's Prometheus exporter is not started by rayless.transfer_queue: "
@@ -301,13 +330,19 @@ def get_client() -> TransferQueueClient:
     return _state.client
 
 
-def attached_client() -> TransferQueueClient:
-    """The client, attaching to the cluster's store on first use. Raises AssertionError when
-    no store was started (TransferQueue's error)."""
+def attached_client(address: str | None = None) -> TransferQueueClient:
+    """The client, attaching to the cluster's store on first use (``address``: see
+    :func:`_attach`). Raises AssertionError when no store was started (TransferQueue's
+    error)."""
     with _state.lock:
-        if not _attach() or _state.client is None:
+        if not _attach(address) or _state.client is None:
             raise AssertionError(NOT_INITIALIZED)
         return _state.client
+
+
+def client_address() -> str | None:
+    """The address of the cluster this process's client is on (None: no client yet)."""
+    return _state.address if _state.client is not None else None
 
 
 async def _aclient() -> TransferQueueClient:
@@ -320,13 +355,13 @@ async def _aclient() -> TransferQueueClient:
     if not _worker.on_loop(session):
         return attached_client()
     try:
-        store, settings = await _connect(session)
+        store, settings, address = await _connect(session)
     except ActorNotFoundError:
         raise AssertionError(NOT_INITIALIZED) from None
     with _state.lock:  # (never held across an await)
         spare = store if _state.client is not None else None
         if spare is None:
-            _client(store, session.loop, settings)
+            _client(store, session.loop, settings, address)
         client = _state.client
     if spare is not None:  # another call attached first
         await spare.aclose()

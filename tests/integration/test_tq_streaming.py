@@ -207,6 +207,18 @@ def test_a_streaming_dataloader_with_workers_reads_every_batch(api: Api) -> None
     api.client.clear_partition("w")
 
 
+def test_a_spawned_dataloader_worker_reads_from_the_drivers_cluster(api: Api) -> None:
+    # a trainer that holds CUDA tensors starts its DataLoader workers with spawn: the worker
+    # is a fresh interpreter with no session of its own (before: it could not find the store,
+    # and its ray.init() would have started a cluster of its own)
+    api.put("sp", list(range(300, 308)))
+    ds = api.dataset("sp", "train", 0, should_check_consumption_status=True)
+    loader = api.tq.StreamingDataLoader(ds, num_workers=1, multiprocessing_context="spawn")
+    got = sorted(v for td, meta in loader for v in ids(td))
+    assert got == list(range(300, 308))
+    api.client.clear_partition("sp")
+
+
 def test_the_tutorials_update_workers_read_their_groups_samples(api: Api) -> None:
     # TransferQueue's tutorial 06: two generator tasks put 20 samples each into "train"
     # while four update tasks (dp_rank 0, 0, 1, 1) read 5 batches of 2 through
