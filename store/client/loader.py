@@ -37,9 +37,10 @@ needs: its workers start from the dataset as it was when the iteration began.
 ``StreamingDataset`` yields :class:`Batch` items, which unpack as ``td, meta`` and which
 torch's default collate (``DataLoader(ds, batch_size=None)``) passes through unchanged. In a
 ``DataLoader`` worker (``num_workers > 0``) the dataset opens its own store client in that
-process, on its own event loop (the parent's client does not survive a fork), and worker
-``w`` of ``W`` reads the steps ``w, w + W, ...`` of the epoch, so the DataLoader still yields
-them in step order.
+process, on its own event loop (the parent's client does not survive a fork; a spawned
+worker, ``multiprocessing_context="spawn"``, gets the dataset pickled without it and joins
+the cluster the parent's store is on), and worker ``w`` of ``W`` reads the steps
+``w, w + W, ...`` of the epoch, so the DataLoader still yields them in step order.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from typing import Any
 from tensordict import TensorDict
 from torch.utils.data import IterableDataset, get_worker_info
 
+from rayless.actors import Cluster, connect
 from rayless.actors.ext import Portal
 from rayless.store.client.store import Store
 from rayless.store.controller.samplers import make_sampler
@@ -142,6 +144,13 @@ class StreamingLoader:
         self.device = device
         self.stop_when_consumed = stop_when_consumed
         self._unacked: dict[int, tuple[str, list[int]]] = {}  # step -> (fetch id, positions)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickled loader (in a spawned DataLoader worker's dataset) carries its arguments
+        and position, not this process's store client."""
+        state = dict(self.__dict__)
+        state["store"], state["_unacked"] = None, {}
+        return state
 
     def __aiter__(self) -> StreamingLoader:
         """Begin an epoch (see the module docstring); an unfinished one goes on."""
@@ -245,6 +254,17 @@ class StreamingDataset(IterableDataset[Batch]):
         self._worker: tuple[Portal, StreamingLoader] | None = None  # in a DataLoader worker
         self._base: int | None = None  # the worker's current epoch's first step
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a spawned DataLoader worker gets: the loader's arguments, the store's name
+        and its cluster's address, none of this process's clients."""
+        state = dict(self.__dict__)
+        state["sync_store"], state["_worker"] = None, None
+        ours = self.sync_store
+        state["_address"] = (
+            ours.store.address if ours is not None else self.__dict__.get("_address")
+        )
+        return state
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch``: steps ``start_step + epoch * steps`` on.
         Raises StoreInputError for a negative epoch or a loader without ``steps``."""
@@ -288,7 +308,7 @@ class StreamingDataset(IterableDataset[Batch]):
         """This worker process's own client and loader (opened once; closed at its exit)."""
         if self._worker is None:
             portal = Portal("rayless-loader-worker")
-            store = portal.run(Store.connect(self.store_name), None)
+            store, cluster = portal.run(_open(self.store_name, getattr(self, "_address", None)))
             mine = self.loader
             loader = StreamingLoader(
                 store, mine.partition, mine.fields, mine.batch_size, task=mine.task,
@@ -300,7 +320,9 @@ class StreamingDataset(IterableDataset[Batch]):
             loader.step, loader.end = mine.step, mine.end
             self._worker = (portal, loader)
             # run by the worker process's exit (multiprocessing's, not atexit: it os._exit()s)
-            multiprocessing.util.Finalize(self, _close_worker, (portal, store), exitpriority=10)
+            multiprocessing.util.Finalize(
+                self, _close_worker, (portal, store, cluster), exitpriority=10
+            )
         return self._worker
 
     @staticmethod
@@ -314,9 +336,30 @@ class StreamingDataset(IterableDataset[Batch]):
             loader.step += stride - 1
 
 
-def _close_worker(portal: Portal, store: Store) -> None:
+async def _open(name: str, address: str | None) -> tuple[Store, Cluster | None]:
+    """A DataLoader worker's client of the store ``name``: through the cluster at
+    ``address`` (a spawned worker: its parent's; the connection is the worker's to close), or
+    the one ``connect()`` finds (a forked worker: None)."""
+    if address is None:
+        return await Store.connect(name), None
+    cluster = await connect(address)
     try:
-        portal.run(store.aclose(), 30)
+        return await Store.connect(name, cluster), cluster
+    except BaseException:
+        await cluster.aclose()
+        raise
+
+
+def _close_worker(portal: Portal, store: Store, cluster: Cluster | None) -> None:
+    async def close() -> None:
+        try:
+            await store.aclose()
+        finally:
+            if cluster is not None:
+                await cluster.aclose()
+
+    try:
+        portal.run(close(), 30)
     except Exception as exc:  # the cluster went away first: nothing left to close
         log.debug("loader: closing a DataLoader worker's client: %s", exc)
     finally:

@@ -243,6 +243,12 @@ class Store:
         return self._owned
 
     @property
+    def address(self) -> str | None:
+        """The address of the cluster this client is on (where a process this one starts,
+        a spawned DataLoader worker, connects); None for a client made without a cluster."""
+        return self._cluster.address if self._cluster is not None else None
+
+    @property
     def closed(self) -> bool:
         """Whether :meth:`aclose` ran."""
         return self._link.closed

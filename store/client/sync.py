@@ -63,6 +63,12 @@ class SyncStore(BlockingFace, face=Store):
         return self.store.owned
 
     @property
+    def address(self) -> str | None:
+        """The address of the cluster this client is on (where a process this one starts,
+        a spawned DataLoader worker, connects); None for a client made without a cluster."""
+        return self.store.address
+
+    @property
     def closed(self) -> bool:
         """Whether :meth:`aclose` ran."""
         return self.store.closed

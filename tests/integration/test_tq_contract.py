@@ -91,11 +91,15 @@ async def test_connect_after_a_closed_client_inside_an_actor(local_cluster: Clus
     await st.aclose()
 
 
-def _read(name: str, workers: int, epochs: int, timeout: float = 20) -> list[list[int]]:
+def _read(
+    name: str, workers: int, epochs: int, timeout: float = 20, context: str | None = None
+) -> list[list[int]]:
     """Read ``epochs`` epochs of 4 steps through a real DataLoader (blocking: in a thread)."""
     with SyncStore.connect(name) as ss:
         ds = StreamingDataset(ss, "p", ["x"], 2, task="train", steps=4, timeout=timeout)
-        loader = DataLoader(ds, batch_size=None, num_workers=workers)
+        loader = DataLoader(
+            ds, batch_size=None, num_workers=workers, multiprocessing_context=context
+        )
         out = []
         for epoch in range(epochs):
             ds.set_epoch(epoch)
@@ -116,6 +120,22 @@ async def test_the_dataset_inside_a_real_dataloader(local_cluster: Cluster, work
     # epoch 2 is the next 4 steps (workers fetch their steps concurrently: any order inside)
     assert [sorted(e) for e in epochs] == [list(range(8)), list(range(8, 16))]
     assert (await st.consumption_status("p", "train"))["consumed"] == 16
+    await st.aclose()
+
+
+async def test_the_dataset_in_spawned_dataloader_workers(
+    local_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a trainer holding CUDA tensors spawns its workers: the dataset is pickled (before: its
+    # store client's locks could not be) and each worker joins the parent's cluster, with the
+    # token a launched driver has in its environment (a local one's is found in its entry)
+    monkeypatch.setenv("RAYLESS_ADDRESS", local_cluster.address)
+    monkeypatch.setenv("RAYLESS_TOKEN", local_cluster.token)
+    st = await Store.create(local_cluster, num_units=1, name="tq-dls")
+    await st.put(td(8), "p")
+    epochs = await asyncio.to_thread(_read, "tq-dls", 2, 1, 60, "spawn")
+    assert [sorted(e) for e in epochs] == [list(range(8))]
+    assert (await st.consumption_status("p", "train"))["consumed"] == 8
     await st.aclose()
 
 
