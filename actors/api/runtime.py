@@ -502,6 +502,8 @@ class Runtime:
                     "the actor is alive and answers again: the call's outcome is unknown"
                 )
             info = await self._death_of(conn, info)
+        elif info.state is ALIVE:  # a handshake lost as the actor died (killed meanwhile):
+            info = await self._death_of(conn, info)  # its death, once the head lists it
         death = info.death
         if info.state is ALIVE:
             return ActorDiedError(

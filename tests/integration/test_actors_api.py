@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 
 import pytest
@@ -24,6 +25,7 @@ from rayless.actors.protocol.messages import (
 from rayless.errors import ActorNotFoundError, ConnectError, NameTakenError, ProtocolError
 from rayless.transport.client import Client
 from rayless.transport.errors import ClosedError
+from rayless.transport.shm import pid_alive
 from tests.integration.actor_classes import (
     BadSetup,
     Concurrency,
@@ -236,6 +238,34 @@ async def test_kill_fails_later_calls(local_cluster: Cluster) -> None:
     with pytest.raises(ActorDiedError):
         await counter.add(1)
     assert await local_cluster.kill(counter) is False
+
+
+@pytest.mark.local_cluster(nodes=1, gpus_per_node=0, isolated=True)
+async def test_a_call_that_finds_its_actor_just_dead_reports_the_death(
+    local_cluster: Cluster, local_cluster_processes: LocalProcesses
+) -> None:
+    # The first call of a handle opens its connection as the actor dies (killed meanwhile,
+    # under load): the head does not list the death yet. Before, the call failed at once with
+    # "unreachable (...; the head still lists it as alive)"; it now waits for the death.
+    counter = await local_cluster.spawn(Counter)
+    runtime = await get_runtime()
+    view = await runtime.head_request(LookupActor(counter.actor_id))
+    agent = local_cluster_processes.agents[0]
+    assert agent.pid is not None and view.pid is not None
+    os.kill(agent.pid, signal.SIGSTOP)  # the death cannot reach the head meanwhile
+    try:
+        os.kill(view.pid, signal.SIGSTOP)  # the kernel accepts the connection; no handshake
+        call = asyncio.ensure_future(counter.add(1))
+        await asyncio.sleep(0.5)
+        os.kill(view.pid, signal.SIGKILL)  # the connection is lost during the handshake
+        await wait_until(lambda: not pid_alive(view.pid), timeout=30, what="the actor's end")
+        await asyncio.sleep(1.0)  # (before: the call failed here)
+    finally:
+        os.kill(agent.pid, signal.SIGCONT)
+    with pytest.raises(ActorDiedError) as died:
+        await call
+    assert "still lists it as alive" not in str(died.value)
+    assert "SIGKILL" in str(died.value) or "signal 9" in str(died.value), str(died.value)
 
 
 async def test_actor_output_reaches_the_driver_and_a_log_file(
