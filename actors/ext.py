@@ -1,7 +1,8 @@
 """What the layers above the runtime (the store, weight sync, the demos, verl's worker groups)
 may use of it besides the public API in ``rayless.actors``: spawning helpers, blocking faces,
-tracing, by-value pickling, torch's thread settings, the typed-message decorator, the loop
-sync calls run on, and the environment variables an actor process finds itself in.
+tracing, by-value pickling, how a spawned child joins, torch's thread settings, the
+typed-message decorator, the loop sync calls run on, and the environment variables an actor
+process finds itself in.
 
 Code outside ``actors/`` imports the runtime only from ``rayless.actors``,
 ``rayless.actors.errors`` and this module (``tests/unit/test_layering.py``); everything else
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from rayless.actors.api.actor import current_handle, dumps_by_value, loads_by_value
 from rayless.actors.api.blocking import BlockingFace, call_limit
+from rayless.actors.api.child_join import ChildJoin
 from rayless.actors.api.cluster import joined_address
 from rayless.actors.api.components import cluster_info, slots_of, spawn_all
 from rayless.actors.api.lifecycle import opener
@@ -36,6 +38,7 @@ __all__ = [
     "ENV_NODE_ID",
     "ENV_NODE_IP",
     "BlockingFace",
+    "ChildJoin",
     "Portal",
     "SyncCluster",
     "apply_torch_threads",

@@ -28,6 +28,7 @@ A fetch that finds too few ready samples waits for them in the store's controlle
 from __future__ import annotations
 
 import logging
+import multiprocessing.context
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -211,13 +212,15 @@ class StreamingDataset(IterableDataset[Item]):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_tq_client"] = None  # a process's own (a spawned worker attaches anew)
-        state["_address"] = interface.client_address()  # the cluster it attaches to
+        if multiprocessing.context.get_spawning_popen() is not None:  # for a spawned worker:
+            interface.attached_client()  # this process's cluster (an actor's: attached now)
+        state["_join"] = interface.client_join()  # the cluster a spawned worker joins
         return state
 
     def _client(self) -> TransferQueueClient:
         """This process's client (attached on first use; a DataLoader worker, forked or
         spawned, gets its own, on the cluster of the process that pickled the dataset)."""
-        self._tq_client = interface.attached_client(getattr(self, "_address", None))
+        self._tq_client = interface.attached_client(getattr(self, "_join", None))
         return self._tq_client
 
     def _done(self, client: TransferQueueClient, worker: int, workers: int) -> bool:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayless.actors import Cluster, connect
-from rayless.actors.ext import Portal
+from rayless.actors.ext import ChildJoin, Portal
 from rayless.errors import ActorNotFoundError, NameTakenError
 from rayless.ray import _worker
 from rayless.store import CheckpointNotFoundError, Store
@@ -85,7 +85,7 @@ class _State:
 
     def __init__(self, forked: bool = False) -> None:
         self.client: TransferQueueClient | None = None
-        self.address: str | None = None  # the client's cluster (for a spawned worker to join)
+        self.join: ChildJoin | None = None  # the client's cluster (a spawned worker joins it)
         self.lock = threading.Lock()
         self.forked = forked
 
@@ -168,11 +168,10 @@ def _units(conf: dict[str, Any]) -> int:
 
 
 def _client(
-    store: Store, loop: asyncio.AbstractEventLoop, settings: Mapping[str, Any], address: str
+    store: Store, loop: asyncio.AbstractEventLoop, settings: Mapping[str, Any], cluster: Cluster
 ) -> TransferQueueClient:
-    """This process's client of ``store`` (on the cluster at ``address``), whose work runs
-    on ``loop``."""
-    _state.address = address
+    """This process's client of ``store`` (on ``cluster``), whose work runs on ``loop``."""
+    _state.join = ChildJoin.of(cluster)
     _state.client = TransferQueueClient(
         store,
         loop,
@@ -183,15 +182,15 @@ def _client(
     return _state.client
 
 
-async def _connect(session: _worker.Session) -> tuple[Store, dict[str, Any], str]:
+async def _connect(session: _worker.Session) -> tuple[Store, dict[str, Any], Cluster]:
     cluster = await session.cluster()
     store = await Store.connect(STORE_NAME, cluster)
-    return store, await store.client_settings(), cluster.address
+    return store, await store.client_settings(), cluster
 
 
 async def _create(
     session: _worker.Session, units: int, settings: dict[str, Any]
-) -> tuple[Store, dict[str, Any], str]:
+) -> tuple[Store, dict[str, Any], Cluster]:
     cluster = await session.cluster()
     try:
         store = await Store.create(
@@ -199,52 +198,53 @@ async def _create(
         )
     except NameTakenError:  # another process created it first: attach to that one
         return await _connect(session)
-    return store, settings, cluster.address
+    return store, settings, cluster
 
 
-def _attach(address: str | None = None) -> bool:
+def _attach(join: ChildJoin | None = None) -> bool:
     """Attach this process to the cluster's store if there is one (and no client yet).
 
-    ``address``: the cluster of the process this one was started for (a DataLoader worker
-    spawned by a driver: it has no session of its own, and ``ray.init()`` there would start
+    ``join``: the cluster of the process this one was spawned for (a DataLoader worker of a
+    driver or an actor: it has no session of its own, and ``ray.init()`` there would start
     another cluster)."""
     if _state.client is not None:
         return True
     if _state.forked:
         return _attach_own(None)
-    if address is not None and _worker.current() is None and not _worker.in_actor():
-        return _attach_own(address)
+    spawned = join is not None and (join.token is not None or not _worker.in_actor())
+    if spawned and _worker.current() is None:
+        return _attach_own(join)
     session = _worker.session()
     try:
-        store, settings, joined = _worker.run(session, _connect(session), timeout=120)
+        store, settings, cluster = _worker.run(session, _connect(session), timeout=120)
     except ActorNotFoundError:
         return False
-    _client(store, session.loop, settings, joined)
+    _client(store, session.loop, settings, cluster)
     return True
 
 
-def _attach_own(address: str | None) -> bool:
-    """Attach a DataLoader worker (forked, or spawned with its parent's cluster ``address``)
+def _attach_own(join: ChildJoin | None) -> bool:
+    """Attach a DataLoader worker (forked, or spawned with its parent's cluster ``join``)
     to the store through a client and a cluster connection of its own, on its own loop
     (closed at its exit)."""
     portal = Portal("rayless-tq-worker")
     try:
-        store, settings, cluster = portal.run(_open_own(address), 120)
+        store, settings, cluster = portal.run(_open_own(join), 120)
     except BaseException as exc:
         portal.stop()
         if isinstance(exc, ActorNotFoundError):
             return False
         raise
-    _client(store, portal.loop, settings, cluster.address)
+    _client(store, portal.loop, settings, cluster)
     # run by the worker's exit (multiprocessing's, not atexit: a DataLoader worker os._exit()s)
     multiprocessing.util.Finalize(None, _close_own, (portal, store, cluster), exitpriority=10)
     return True
 
 
-async def _open_own(address: str | None) -> tuple[Store, dict[str, Any], Cluster]:
-    """The store, its client settings and the cluster connection under it (``address``;
-    None: the cluster ``connect()`` finds, the environment's or this host's local one)."""
-    cluster = await connect(address)
+async def _open_own(join: ChildJoin | None) -> tuple[Store, dict[str, Any], Cluster]:
+    """The store, its client settings and the cluster connection under it (``join``'s;
+    None: the cluster ``connect()`` finds, the one this forked child's parent had)."""
+    cluster = await connect() if join is None else await join.connect()
     try:
         store = await Store.connect(STORE_NAME, cluster)
         return store, await store.client_settings(), cluster
@@ -290,8 +290,8 @@ def init(conf: Any = None) -> dict[str, Any] | None:
         settings = _settings(final)
         units = _units(final)
         session = _worker.session()
-        store, settings, address = _worker.run(session, _create(session, units, settings), 300)
-        _client(store, session.loop, settings, address)
+        store, settings, cluster = _worker.run(session, _create(session, units, settings), 300)
+        _client(store, session.loop, settings, cluster)
         if final.get("metrics", {}).get("enabled"):
             log.warning(
                 "TransferQueue's Prometheus exporter is not started by rayless.transfer_queue: "
@@ -330,19 +330,20 @@ def get_client() -> TransferQueueClient:
     return _state.client
 
 
-def attached_client(address: str | None = None) -> TransferQueueClient:
-    """The client, attaching to the cluster's store on first use (``address``: see
+def attached_client(join: ChildJoin | None = None) -> TransferQueueClient:
+    """The client, attaching to the cluster's store on first use (``join``: see
     :func:`_attach`). Raises AssertionError when no store was started (TransferQueue's
     error)."""
     with _state.lock:
-        if not _attach(address) or _state.client is None:
+        if not _attach(join) or _state.client is None:
             raise AssertionError(NOT_INITIALIZED)
         return _state.client
 
 
-def client_address() -> str | None:
-    """The address of the cluster this process's client is on (None: no client yet)."""
-    return _state.address if _state.client is not None else None
+def client_join() -> ChildJoin | None:
+    """How a process spawned by this one joins the cluster of this process's client (None:
+    no client yet)."""
+    return _state.join if _state.client is not None else None
 
 
 async def _aclient() -> TransferQueueClient:
@@ -355,13 +356,13 @@ async def _aclient() -> TransferQueueClient:
     if not _worker.on_loop(session):
         return attached_client()
     try:
-        store, settings, address = await _connect(session)
+        store, settings, cluster = await _connect(session)
     except ActorNotFoundError:
         raise AssertionError(NOT_INITIALIZED) from None
     with _state.lock:  # (never held across an await)
         spare = store if _state.client is not None else None
         if spare is None:
-            _client(store, session.loop, settings, address)
+            _client(store, session.loop, settings, cluster)
         client = _state.client
     if spare is not None:  # another call attached first
         await spare.aclose()

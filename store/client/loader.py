@@ -39,8 +39,9 @@ torch's default collate (``DataLoader(ds, batch_size=None)``) passes through unc
 ``DataLoader`` worker (``num_workers > 0``) the dataset opens its own store client in that
 process, on its own event loop (the parent's client does not survive a fork; a spawned
 worker, ``multiprocessing_context="spawn"``, gets the dataset pickled without it and joins
-the cluster the parent's store is on), and worker ``w`` of ``W`` reads the steps
-``w, w + W, ...`` of the epoch, so the DataLoader still yields them in step order.
+the cluster the parent's store is on: ``rayless.actors.ext.ChildJoin``), and worker ``w``
+of ``W`` reads the steps ``w, w + W, ...`` of the epoch, so the DataLoader still yields
+them in step order.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ from typing import Any
 from tensordict import TensorDict
 from torch.utils.data import IterableDataset, get_worker_info
 
-from rayless.actors import Cluster, connect
-from rayless.actors.ext import Portal
+from rayless.actors import Cluster
+from rayless.actors.ext import ChildJoin, Portal
 from rayless.store.client.store import Store
 from rayless.store.controller.samplers import make_sampler
 from rayless.store.data.messages import FetchMode
@@ -259,10 +260,9 @@ class StreamingDataset(IterableDataset[Batch]):
         and its cluster's address, none of this process's clients."""
         state = dict(self.__dict__)
         state["sync_store"], state["_worker"] = None, None
-        ours = self.sync_store
-        state["_address"] = (
-            ours.store.address if ours is not None else self.__dict__.get("_address")
-        )
+        cluster = self.sync_store.store.cluster if self.sync_store is not None else None
+        if cluster is not None:
+            state["_join"] = ChildJoin.of(cluster)
         return state
 
     def set_epoch(self, epoch: int) -> None:
@@ -308,7 +308,7 @@ class StreamingDataset(IterableDataset[Batch]):
         """This worker process's own client and loader (opened once; closed at its exit)."""
         if self._worker is None:
             portal = Portal("rayless-loader-worker")
-            store, cluster = portal.run(_open(self.store_name, getattr(self, "_address", None)))
+            store, cluster = portal.run(_open(self.store_name, getattr(self, "_join", None)))
             mine = self.loader
             loader = StreamingLoader(
                 store, mine.partition, mine.fields, mine.batch_size, task=mine.task,
@@ -336,13 +336,13 @@ class StreamingDataset(IterableDataset[Batch]):
             loader.step += stride - 1
 
 
-async def _open(name: str, address: str | None) -> tuple[Store, Cluster | None]:
-    """A DataLoader worker's client of the store ``name``: through the cluster at
-    ``address`` (a spawned worker: its parent's; the connection is the worker's to close), or
-    the one ``connect()`` finds (a forked worker: None)."""
-    if address is None:
+async def _open(name: str, join: ChildJoin | None) -> tuple[Store, Cluster | None]:
+    """A DataLoader worker's client of the store ``name``: through the cluster ``join``
+    names (a spawned worker: its parent's; the connection is the worker's to close), or the
+    one ``connect()`` finds (a forked worker: None)."""
+    if join is None:
         return await Store.connect(name), None
-    cluster = await connect(address)
+    cluster = await join.connect()
     try:
         return await Store.connect(name, cluster), cluster
     except BaseException:

@@ -243,10 +243,10 @@ class Store:
         return self._owned
 
     @property
-    def address(self) -> str | None:
-        """The address of the cluster this client is on (where a process this one starts,
-        a spawned DataLoader worker, connects); None for a client made without a cluster."""
-        return self._cluster.address if self._cluster is not None else None
+    def cluster(self) -> Cluster | None:
+        """The cluster this client is on (a spawned DataLoader worker joins it); None for a
+        client made without one."""
+        return self._cluster
 
     @property
     def closed(self) -> bool:

@@ -63,10 +63,10 @@ class SyncStore(BlockingFace, face=Store):
         return self.store.owned
 
     @property
-    def address(self) -> str | None:
-        """The address of the cluster this client is on (where a process this one starts,
-        a spawned DataLoader worker, connects); None for a client made without a cluster."""
-        return self.store.address
+    def cluster(self) -> Cluster | None:
+        """The cluster this client is on (a spawned DataLoader worker joins it); None for a
+        client made without one."""
+        return self.store.cluster
 
     @property
     def closed(self) -> bool:

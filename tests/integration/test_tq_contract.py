@@ -123,14 +123,10 @@ async def test_the_dataset_inside_a_real_dataloader(local_cluster: Cluster, work
     await st.aclose()
 
 
-async def test_the_dataset_in_spawned_dataloader_workers(
-    local_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_the_dataset_in_spawned_dataloader_workers(local_cluster: Cluster) -> None:
     # a trainer holding CUDA tensors spawns its workers: the dataset is pickled (before: its
-    # store client's locks could not be) and each worker joins the parent's cluster, with the
-    # token a launched driver has in its environment (a local one's is found in its entry)
-    monkeypatch.setenv("RAYLESS_ADDRESS", local_cluster.address)
-    monkeypatch.setenv("RAYLESS_TOKEN", local_cluster.token)
+    # store client's locks could not be) and each worker joins the parent's cluster (this one
+    # is neither published nor in the environment: the token goes down spawn's pipe)
     st = await Store.create(local_cluster, num_units=1, name="tq-dls")
     await st.put(td(8), "p")
     epochs = await asyncio.to_thread(_read, "tq-dls", 2, 1, 60, "spawn")

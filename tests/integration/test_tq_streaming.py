@@ -219,6 +219,33 @@ def test_a_spawned_dataloader_worker_reads_from_the_drivers_cluster(api: Api) ->
     api.client.clear_partition("sp")
 
 
+def test_an_actors_spawned_dataloader_worker_reads_from_its_cluster(api: Api) -> None:
+    # an actor that never called tq.init() spawns its loader's worker: the worker has neither
+    # a session nor (an actor's token is private) a token in its environment
+    ray, tq = api.ray, api.tq
+
+    @ray.remote(num_cpus=0.1)
+    class Reader:
+        def run(self, cfg: Any, partition: str) -> list[int]:
+            ds = tq.StreamingDataset(
+                config=cfg,
+                batch_size=2,
+                micro_batch_size=2,
+                data_fields=["x"],
+                partition_id=partition,
+                task_name="train",
+                dp_rank=0,
+                should_check_consumption_status=True,
+            )
+            loader = tq.StreamingDataLoader(ds, num_workers=1, multiprocessing_context="spawn")
+            return sorted(int(v) for td, _ in loader for v in td["x"])
+
+    api.put("spa", list(range(310, 316)))
+    got = ray.get(Reader.remote().run.remote(api.config, "spa"), timeout=180)
+    assert got == list(range(310, 316))
+    api.client.clear_partition("spa")
+
+
 def test_the_tutorials_update_workers_read_their_groups_samples(api: Api) -> None:
     # TransferQueue's tutorial 06: two generator tasks put 20 samples each into "train"
     # while four update tasks (dp_rank 0, 0, 1, 1) read 5 batches of 2 through
