@@ -29,6 +29,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 from rayless.actors.api.actor import (
@@ -95,8 +96,11 @@ class LoopMonitor:
     """Reports an event loop held longer than ``threshold`` seconds, from a thread.
 
     The loop ticks every ``threshold / 4``; the thread warns when a tick is late, naming the
-    async methods running at that moment, then again every 10 s while the loop stays held,
-    and once more with the total when the loop comes back.
+    async methods running at that moment and where the loop's thread is (the innermost frame
+    of user code), then again every 10 s while the loop stays held, and once more with the
+    total when the loop comes back. A hold that is rayless' own import of a module on its
+    first use (torch, for the first tensor a light actor decodes) is reported as such, not
+    as the user's.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, name: str, threshold: float) -> None:
@@ -105,6 +109,7 @@ class LoopMonitor:
         self.threshold = threshold
         self.running: dict[int, tuple[str, float]] = {}  # id(task) -> (method, started)
         self._tick = time.monotonic()
+        self._loop_thread: int | None = None  # the thread that runs the loop
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name=f"loopmon-{name}", daemon=True)
 
@@ -119,6 +124,7 @@ class LoopMonitor:
 
     def _ticker(self) -> None:
         self._tick = time.monotonic()
+        self._loop_thread = threading.get_ident()
         if not self._stopped.is_set():
             self.loop.call_later(self.threshold / 4, self._ticker)
 
@@ -126,6 +132,28 @@ class LoopMonitor:
         now = time.monotonic()
         names = [f"{m!r} (running {now - t:.1f} s)" for m, t in list(self.running.values())]
         return ", ".join(names) if names else "no async method (a callback or `setup`)"
+
+    def _where(self) -> tuple[str, bool]:
+        """Where the loop's thread is now (``at file:line in function``, or ``importing
+        module``), and whether that is rayless' own import of a module on its first use."""
+        frame = sys._current_frames().get(self._loop_thread or -1)
+        stack: list[FrameType] = []
+        while frame is not None:
+            stack.append(frame)
+            frame = frame.f_back
+        stack.reverse()  # outermost first
+        for i, f in enumerate(stack):
+            if not f.f_code.co_filename.startswith("<frozen importlib"):
+                continue
+            callers = [c for c in stack[:i] if _module(c) != "importlib"]
+            caller = callers[-1] if callers else None
+            bodies = [_module(g) for g in stack[i:] if g.f_code.co_name == "<module>"]
+            what = f"importing {bodies[0].split('.')[0]}" if bodies else "importing a module"
+            if caller is not None and _module(caller).startswith("rayless."):
+                return what, True
+            return (f"{what} {_at(caller)}" if caller is not None else what), False
+        user = [f for f in stack if not _module(f).startswith(_RUNTIME_MODULES)]
+        return (_at(user[-1]) if user else ""), False
 
     def _watch(self) -> None:
         blocked_since: float | None = None
@@ -137,16 +165,36 @@ class LoopMonitor:
                 if blocked_since is None:
                     blocked_since, next_report = self._tick, now
                 if now >= next_report:
-                    _warn(
-                        f"actor {self.name}: event loop held for {held:.1f} s by "
-                        f"{self._methods()}; the actor stays alive but answers nothing "
-                        "meanwhile (run long work in a `def` method or "
-                        "`await asyncio.to_thread(...)`)"
-                    )
+                    where, ours = self._where()
+                    if ours:
+                        _warn(
+                            f"actor {self.name}: event loop held for {held:.1f} s by rayless "
+                            f"{where} (its first use in this process); the actor answers "
+                            "nothing meanwhile"
+                        )
+                    else:
+                        _warn(
+                            f"actor {self.name}: event loop held for {held:.1f} s by "
+                            f"{self._methods()}{' ' + where if where else ''}; the actor "
+                            "stays alive but answers nothing meanwhile (run long work in a "
+                            "`def` method or `await asyncio.to_thread(...)`)"
+                        )
                     next_report = now + 10.0
             elif blocked_since is not None:
                 _warn(f"actor {self.name}: event loop free again after {now - blocked_since:.1f} s")
                 blocked_since = None
+
+
+# modules whose frames are the loop's machinery, never where user code holds it
+_RUNTIME_MODULES = ("asyncio", "selectors", "threading", "rayless.", "concurrent.")
+
+
+def _module(frame: FrameType) -> str:
+    return str(frame.f_globals.get("__name__", ""))
+
+
+def _at(frame: FrameType) -> str:
+    return f"at {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
 
 
 def _warn(text: str) -> None:
