@@ -123,13 +123,13 @@ async def test_the_dataset_inside_a_real_dataloader(local_cluster: Cluster, work
     await st.aclose()
 
 
-async def test_the_dataset_in_spawned_dataloader_workers(local_cluster: Cluster) -> None:
-    # a trainer holding CUDA tensors spawns its workers: the dataset is pickled (before: its
-    # store client's locks could not be) and each worker joins the parent's cluster (this one
+async def test_the_dataset_in_a_spawned_dataloader_worker(local_cluster: Cluster) -> None:
+    # a trainer holding CUDA tensors spawns its worker: the dataset is pickled (before: its
+    # store client's locks could not be) and the worker joins the parent's cluster (this one
     # is neither published nor in the environment: the token goes down spawn's pipe)
     st = await Store.create(local_cluster, num_units=1, name="tq-dls")
     await st.put(td(8), "p")
-    epochs = await asyncio.to_thread(_read, "tq-dls", 2, 1, 60, "spawn")
+    epochs = await asyncio.to_thread(_read, "tq-dls", 1, 1, 60, "spawn")
     assert [sorted(e) for e in epochs] == [list(range(8))]
     assert (await st.consumption_status("p", "train"))["consumed"] == 8
     await st.aclose()
