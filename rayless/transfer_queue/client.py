@@ -459,18 +459,25 @@ class TransferQueueClient(AsyncTransferQueueClient):
         is there now (a batch the rank's group holds already), an empty BatchMeta if
         nothing, in either mode."""
         timeout = 0.0 if probe else wait if self._polling else fetch_timeout()
-        return self._block(
-            self._get_meta(
-                data_fields,
-                batch_size,
-                partition_id,
-                "fetch",
-                task_name,
-                sampling_config,
-                timeout,
-                empty=True if probe else None,
+        try:
+            return self._block(
+                self._get_meta(
+                    data_fields,
+                    batch_size,
+                    partition_id,
+                    "fetch",
+                    task_name,
+                    sampling_config,
+                    timeout,
+                    empty=True if probe else None,
+                )
             )
-        )
+        except FetchTimeoutError as exc:  # (as TransferQueue's, out of polling mode)
+            raise FetchTimeoutError(
+                f"{exc}; a StreamingDataset waits for new samples only in polling mode "
+                "(tq.init({'controller': {'polling_mode': True}}), as with TransferQueue); "
+                f"out of it a fetch waits {FETCH_TIMEOUT_ENV} seconds ({timeout:g})"
+            ) from exc.__cause__
 
     put = _blocking("put")
     get_data = _blocking("get_data")

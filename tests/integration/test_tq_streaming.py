@@ -415,3 +415,19 @@ def test_a_rank_waiting_for_its_batch_says_what_the_partition_holds(
     reader.join(30)
     assert got == [[5, 6]]
     api.client.clear_partition("late")
+
+
+def test_a_dataset_out_of_polling_mode_says_how_to_wait_for_new_samples(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # tq.init() with the defaults (no polling mode) and an endless dataset: once the samples
+    # run out, a fetch times out as TransferQueue's does; the error says what makes it wait
+    if not api.rayless:
+        pytest.skip("rayless' own message")
+    from rayless.transfer_queue.dataloader import default_fetch_batch_fn
+
+    monkeypatch.setattr(api.client, "_polling", False)
+    monkeypatch.setenv("TQ_CONTROLLER_GET_METADATA_TIMEOUT", "0.2")
+    config = {"dp_rank": 0, "task_name": "t"}
+    with pytest.raises(RuntimeError, match=r"polling_mode.*TQ_CONTROLLER_GET_METADATA_TIMEOUT"):
+        default_fetch_batch_fn(api.client, ["x"], 2, "none-yet", "t", config, 0)
