@@ -257,7 +257,7 @@ class StreamingDataset(IterableDataset[Batch]):
 
     def __getstate__(self) -> dict[str, Any]:
         """What a spawned DataLoader worker gets: the loader's arguments, the store's name
-        and its cluster's address, none of this process's clients."""
+        and how to join its cluster (a ``ChildJoin``), none of this process's clients."""
         state = dict(self.__dict__)
         state["sync_store"], state["_worker"] = None, None
         cluster = self.sync_store.store.cluster if self.sync_store is not None else None
