@@ -495,14 +495,12 @@ class Runtime:
                 node=info.node_id,
                 reason=f"its process died under the call ({broke}); it restarted at {info.address}",
             )
-        if info.state is ALIVE and broke is not None:
-            if await self._answers(conn):  # the connection failed, not the actor
+        if info.state is ALIVE:  # a call that broke, or a handshake lost, as it died
+            if broke is not None and await self._answers(conn):  # the connection, not it
                 return BrokenError(
                     f"the connection to actor {conn.name} broke under the call ({broke}); "
                     "the actor is alive and answers again: the call's outcome is unknown"
                 )
-            info = await self._death_of(conn, info)
-        elif info.state is ALIVE:  # a handshake lost as the actor died (killed meanwhile):
             info = await self._death_of(conn, info)  # its death, once the head lists it
         death = info.death
         if info.state is ALIVE:

@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rayless.actors import Cluster, connect
 from rayless.actors.ext import ChildJoin, Portal
 from rayless.errors import ActorNotFoundError, NameTakenError
 from rayless.ray import _worker
 from rayless.store import CheckpointNotFoundError, Store
+from rayless.store.client.loader import close_in_worker, open_in_worker
 from rayless.transfer_queue import samplers
 from rayless.transfer_queue.client import TransferQueueClient
 from rayless.transfer_queue.layout import tq_layout
@@ -168,10 +168,10 @@ def _units(conf: dict[str, Any]) -> int:
 
 
 def _client(
-    store: Store, loop: asyncio.AbstractEventLoop, settings: Mapping[str, Any], cluster: Cluster
+    store: Store, loop: asyncio.AbstractEventLoop, settings: Mapping[str, Any]
 ) -> TransferQueueClient:
-    """This process's client of ``store`` (on ``cluster``), whose work runs on ``loop``."""
-    _state.join = ChildJoin.of(cluster)
+    """This process's client of ``store``, whose work runs on ``loop``."""
+    _state.join = None if store.cluster is None else ChildJoin.of(store.cluster)
     _state.client = TransferQueueClient(
         store,
         loop,
@@ -182,15 +182,14 @@ def _client(
     return _state.client
 
 
-async def _connect(session: _worker.Session) -> tuple[Store, dict[str, Any], Cluster]:
-    cluster = await session.cluster()
-    store = await Store.connect(STORE_NAME, cluster)
-    return store, await store.client_settings(), cluster
+async def _connect(session: _worker.Session) -> tuple[Store, dict[str, Any]]:
+    store = await Store.connect(STORE_NAME, await session.cluster())
+    return store, await store.client_settings()
 
 
 async def _create(
     session: _worker.Session, units: int, settings: dict[str, Any]
-) -> tuple[Store, dict[str, Any], Cluster]:
+) -> tuple[Store, dict[str, Any]]:
     cluster = await session.cluster()
     try:
         store = await Store.create(
@@ -198,7 +197,7 @@ async def _create(
         )
     except NameTakenError:  # another process created it first: attach to that one
         return await _connect(session)
-    return store, settings, cluster
+    return store, settings
 
 
 def _attach(join: ChildJoin | None = None) -> bool:
@@ -216,56 +215,29 @@ def _attach(join: ChildJoin | None = None) -> bool:
         return _attach_own(join)
     session = _worker.session()
     try:
-        store, settings, cluster = _worker.run(session, _connect(session), timeout=120)
+        store, settings = _worker.run(session, _connect(session), timeout=120)
     except ActorNotFoundError:
         return False
-    _client(store, session.loop, settings, cluster)
+    _client(store, session.loop, settings)
     return True
 
 
 def _attach_own(join: ChildJoin | None) -> bool:
     """Attach a DataLoader worker (forked, or spawned with its parent's cluster ``join``)
-    to the store through a client and a cluster connection of its own, on its own loop
-    (closed at its exit)."""
+    to the store through a client of its own, on its own loop (closed at its exit)."""
     portal = Portal("rayless-tq-worker")
     try:
-        store, settings, cluster = portal.run(_open_own(join), 120)
+        store, cluster = portal.run(open_in_worker(STORE_NAME, join), 120)
+        settings = portal.run(store.client_settings(), 60)
     except BaseException as exc:
         portal.stop()
         if isinstance(exc, ActorNotFoundError):
             return False
         raise
-    _client(store, portal.loop, settings, cluster)
+    _client(store, portal.loop, settings)
     # run by the worker's exit (multiprocessing's, not atexit: a DataLoader worker os._exit()s)
-    multiprocessing.util.Finalize(None, _close_own, (portal, store, cluster), exitpriority=10)
+    multiprocessing.util.Finalize(None, close_in_worker, (portal, store, cluster), exitpriority=10)
     return True
-
-
-async def _open_own(join: ChildJoin | None) -> tuple[Store, dict[str, Any], Cluster]:
-    """The store, its client settings and the cluster connection under it (``join``'s;
-    None: the cluster ``connect()`` finds, the one this forked child's parent had)."""
-    cluster = await connect() if join is None else await join.connect()
-    try:
-        store = await Store.connect(STORE_NAME, cluster)
-        return store, await store.client_settings(), cluster
-    except BaseException:
-        await cluster.aclose()
-        raise
-
-
-def _close_own(portal: Portal, store: Store, cluster: Cluster) -> None:
-    async def close() -> None:
-        try:
-            await store.aclose()
-        finally:
-            await cluster.aclose()
-
-    try:
-        portal.run(close(), 30)
-    except Exception as exc:  # the cluster went away first
-        log.debug("tq: closing a DataLoader worker's client: %s", exc)
-    finally:
-        portal.stop()
 
 
 def init(conf: Any = None) -> dict[str, Any] | None:
@@ -290,8 +262,8 @@ def init(conf: Any = None) -> dict[str, Any] | None:
         settings = _settings(final)
         units = _units(final)
         session = _worker.session()
-        store, settings, cluster = _worker.run(session, _create(session, units, settings), 300)
-        _client(store, session.loop, settings, cluster)
+        store, settings = _worker.run(session, _create(session, units, settings), 300)
+        _client(store, session.loop, settings)
         if final.get("metrics", {}).get("enabled"):
             log.warning(
                 "TransferQueue's Prometheus exporter is not started by rayless.transfer_queue: "
@@ -356,13 +328,13 @@ async def _aclient() -> TransferQueueClient:
     if not _worker.on_loop(session):
         return attached_client()
     try:
-        store, settings, cluster = await _connect(session)
+        store, settings = await _connect(session)
     except ActorNotFoundError:
         raise AssertionError(NOT_INITIALIZED) from None
     with _state.lock:  # (never held across an await)
         spare = store if _state.client is not None else None
         if spare is None:
-            _client(store, session.loop, settings, cluster)
+            _client(store, session.loop, settings)
         client = _state.client
     if spare is not None:  # another call attached first
         await spare.aclose()

@@ -308,7 +308,9 @@ class StreamingDataset(IterableDataset[Batch]):
         """This worker process's own client and loader (opened once; closed at its exit)."""
         if self._worker is None:
             portal = Portal("rayless-loader-worker")
-            store, cluster = portal.run(_open(self.store_name, getattr(self, "_join", None)))
+            store, cluster = portal.run(
+                open_in_worker(self.store_name, getattr(self, "_join", None))
+            )
             mine = self.loader
             loader = StreamingLoader(
                 store, mine.partition, mine.fields, mine.batch_size, task=mine.task,
@@ -321,7 +323,7 @@ class StreamingDataset(IterableDataset[Batch]):
             self._worker = (portal, loader)
             # run by the worker process's exit (multiprocessing's, not atexit: it os._exit()s)
             multiprocessing.util.Finalize(
-                self, _close_worker, (portal, store, cluster), exitpriority=10
+                self, close_in_worker, (portal, store, cluster), exitpriority=10
             )
         return self._worker
 
@@ -336,10 +338,11 @@ class StreamingDataset(IterableDataset[Batch]):
             loader.step += stride - 1
 
 
-async def _open(name: str, join: ChildJoin | None) -> tuple[Store, Cluster | None]:
-    """A DataLoader worker's client of the store ``name``: through the cluster ``join``
-    names (a spawned worker: its parent's; the connection is the worker's to close), or the
-    one ``connect()`` finds (a forked worker: None)."""
+async def open_in_worker(name: str, join: ChildJoin | None) -> tuple[Store, Cluster | None]:
+    """A DataLoader worker's client of the store ``name``, and the cluster connection it
+    opened for it: through the cluster ``join`` names (a spawned worker: its parent's), or
+    the one ``connect()`` finds (a forked worker: None, the store's own). Close both with
+    :func:`close_in_worker`."""
     if join is None:
         return await Store.connect(name), None
     cluster = await join.connect()
@@ -350,7 +353,10 @@ async def _open(name: str, join: ChildJoin | None) -> tuple[Store, Cluster | Non
         raise
 
 
-def _close_worker(portal: Portal, store: Store, cluster: Cluster | None) -> None:
+def close_in_worker(portal: Portal, store: Store, cluster: Cluster | None) -> None:
+    """Close what :func:`open_in_worker` opened, then ``portal`` (a worker's exit handler:
+    never raises)."""
+
     async def close() -> None:
         try:
             await store.aclose()
@@ -361,6 +367,6 @@ def _close_worker(portal: Portal, store: Store, cluster: Cluster | None) -> None
     try:
         portal.run(close(), 30)
     except Exception as exc:  # the cluster went away first: nothing left to close
-        log.debug("loader: closing a DataLoader worker's client: %s", exc)
+        log.debug("closing a DataLoader worker's store client: %s", exc)
     finally:
         portal.stop()
