@@ -14,6 +14,9 @@
   one): the container (``OmegaConf.to_container``; a root config keeps its interpolations,
   a node inside one has them resolved, since the nodes they point at do not travel) and its
   struct and read-only flags. The receiver imports ``omegaconf``.
+* ``argparse.Namespace`` (the ``args`` of OpenRLHF's and many trainers' actors) and
+  ``types.SimpleNamespace``: their attributes, a dict with string keys whose values are
+  encoded as any other value.
 
 An extension record carries an extension name, never a module path: through one, a peer can
 make a receiver import nothing but the modules named here (:data:`FOREIGN`,
@@ -119,12 +122,35 @@ def _omegaconf(kind: type) -> Callable[[Any], Any]:
     return build
 
 
+def _namespace_state(ns: Any) -> dict[str, Any]:
+    return dict(vars(ns))
+
+
+def _namespace(module: str, name: str) -> Callable[[Any], Any]:
+    def build(state: Any) -> Any:
+        if type(state) is not dict or any(type(k) is not str for k in state):
+            raise ProtocolError(f"bad {module}.{name} record")
+        return getattr(importlib.import_module(module), name)(**state)
+
+    return build
+
+
 # qualified class name -> (extension name, to_state, from_state); a receiver imports the
 # module of a class only in its from_state, only modules named here
 FOREIGN: dict[str, tuple[str, Callable[[Any], Any], Callable[[Any], Any]]] = {
     "verl.protocol.DataProto": ("verl.DataProto", _dataproto_state, _dataproto),
     "omegaconf.dictconfig.DictConfig": ("omegaconf.DictConfig", _omegaconf_state, _omegaconf(dict)),
     "omegaconf.listconfig.ListConfig": ("omegaconf.ListConfig", _omegaconf_state, _omegaconf(list)),
+    "argparse.Namespace": (
+        "argparse.Namespace",
+        _namespace_state,
+        _namespace("argparse", "Namespace"),
+    ),
+    "types.SimpleNamespace": (
+        "types.SimpleNamespace",
+        _namespace_state,
+        _namespace("types", "SimpleNamespace"),
+    ),
 }
 
 # extension names of rayless's own upper layers -> the module that registers them, imported

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import importlib
 import pickle
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -186,7 +187,20 @@ class _Encoder:
                 return [_MARK[PICKLE], pickle.dumps(obj, protocol=5)]
             except Exception as exc:
                 problem = f"cannot pickle {type(obj).__qualname__}: {exc}"
-        raise Unsupported(problem or f"cannot encode {type(obj).__qualname__}")
+        raise Unsupported(problem or _refusal(kind))
+
+
+def _refusal(kind: type) -> str:
+    """Why a value of ``kind`` cannot be sent: its class's own ``__rayless_refusal__`` (a
+    higher layer's type that must not travel says what to do instead), else for an instance
+    of a class of the program or a library (not of Python's own) what travels instead."""
+    reason = f"cannot encode {kind.__qualname__}"
+    own = getattr(kind, "__rayless_refusal__", None)
+    if isinstance(own, str):
+        return f"{reason} ({own})"
+    if kind.__module__.partition(".")[0] in sys.stdlib_module_names:
+        return reason
+    return f"{reason} (values travel without pickle: send a dataclass or plain values instead)"
 
 
 _ENCODERS = REGISTRY.encoders  # transport._heavy adds the torch, numpy and tensordict types

@@ -45,6 +45,9 @@ Started = tuple[Any, Callable[[], Awaitable[None]] | None]
 class ObjectRefGenerator:
     """The refs of a remote generator's items, in order (see the module docstring)."""
 
+    # what the codec says of one met in a call's arguments
+    __rayless_refusal__ = "a generator stays with its caller: send the values of its refs"
+
     def __init__(self, s: _worker.Session, started: Fut, *, task: bool) -> None:
         self._s = s
         self._started = started  # resolves to Started (a task) or to the call's result

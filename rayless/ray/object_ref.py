@@ -28,6 +28,10 @@ class ObjectRef:
     """A reference to a value that a task, an actor call or ``ray.put`` produces."""
 
     __slots__ = ("__weakref__", "_future", "_generation", "_hex", "_on_cancel", "_task")
+    # what the codec says of a ref it meets inside an argument (Ray passes one through)
+    __rayless_refusal__ = (
+        "a ref is resolved only as an argument of its own: pass it as one, or ray.get it first"
+    )
 
     def __init__(
         self,

@@ -292,11 +292,13 @@ async def run_task(
                 exc.raised_in = "task"
                 exc.actor = f"ray::{key.rpartition('-')[0]}() on {exc.actor}"
                 raise
-            except BaseException:
+            except BaseException as exc:
                 if not pools.release(kind, worker):  # cancelled: stop it in the background
                     retiring = asyncio.get_running_loop().create_task(pools.retire(worker))
                     _RETIRING.add(retiring)
                     retiring.add_done_callback(_RETIRING.discard)
+                if isinstance(exc, TypeError):
+                    raise _argument_error(exc, key.rpartition("-")[0]) from None
                 raise
             worker.sent.add(key)
             if stream:
@@ -308,6 +310,21 @@ async def run_task(
         state.worker = None
         if not held:
             where.release()
+
+
+def _argument_error(exc: TypeError, name: str) -> TypeError:
+    """An argument the codec refused, named in the task's terms: ``argument 0 [1]`` of
+    ``name``, not of the worker's ``run(key, code, args, kwargs)`` that carried it."""
+    path, reason = getattr(exc, "path", None), getattr(exc, "reason", None)
+    if not isinstance(path, tuple) or not isinstance(reason, str) or len(path) < 3:
+        return exc
+    if path[1] not in ("[2]", "[3]"):
+        return exc
+    what = "argument" if path[1] == "[2]" else "keyword argument"
+    where = "".join((" ", *path[3:])) if path[3:] else ""
+    error = TypeError(f"{what} {path[2][1:-1]}{where}: {reason} (calling {name})")
+    error.path, error.reason = path, reason  # type: ignore[attr-defined]
+    return error
 
 
 async def _give_back(

@@ -101,6 +101,24 @@ def test_put_get_values_and_arrays() -> None:
         ray.put(ray.put(1))
 
 
+def test_an_argument_that_cannot_travel_is_named_in_the_callers_terms() -> None:
+    """A task's refused argument is its own (``argument 0 [0]`` of ``add``), not the task
+    worker's ``run(key, code, args, kwargs)`` that carries it (it said ``argument 2 [0] ...
+    (calling run)``); a ref inside a list says how to pass it (Ray passes it through)."""
+    x = ray.put(1)
+    with pytest.raises(
+        TypeError, match=r"^argument 0 \[0\]: cannot encode ObjectRef \(a ref is resolved only "
+    ) as info:
+        ray.get(add.remote([x]))
+    assert info.value.args[0].endswith("(calling add)")
+    with pytest.raises(TypeError, match=r"^keyword argument 'b' \['k'\]: cannot encode ObjectRef"):
+        ray.get(add.remote(1, b={"k": x}))
+    counter = Counter.remote()
+    with pytest.raises(TypeError, match=r"^argument 0 \[1\]: cannot encode ObjectRef \(a ref"):
+        ray.get(counter.incr.remote([1, x]))
+    assert ray.get(add.remote(x, b=2)) == 3  # the pool's worker is still there
+
+
 def test_refs_as_arguments_resolve() -> None:
     # test_basic.py::test_passing_arguments_by_value_out_of_the_box / chained tasks
     x = add.remote(1, 2)

@@ -136,3 +136,35 @@ def test_an_unknown_extension_name_is_refused() -> None:
     header = msgpack.packb([msgpack.ExtType(16, b""), "os.system", ["true"]])
     with pytest.raises(ProtocolError, match="unknown extension"):
         decode([header])
+
+
+def test_namespaces_travel_by_their_attributes() -> None:
+    """``argparse.Namespace`` (the ``args`` OpenRLHF hands its actors) and
+    ``types.SimpleNamespace`` arrive as themselves, their values decoded as any value."""
+    import argparse
+    import types
+
+    args = argparse.Namespace(lr=1e-5, micro_batch=4, ranks=[0, 1], bias=torch.ones(2))
+    out = rt({"args": args})["args"]
+    assert type(out) is argparse.Namespace and out.ranks == [0, 1] and out.lr == 1e-5
+    assert torch.equal(out.bias, torch.ones(2))
+    inner = types.SimpleNamespace(a=1, nested=argparse.Namespace(b="x"), weird={"k-1": 2})
+    out = rt([inner])[0]
+    assert type(out) is types.SimpleNamespace and out == inner
+    with pytest.raises(TypeError, match=r"obj\.opt\[0\]: cannot encode Opaque"):
+        encode(argparse.Namespace(opt=[Opaque()]))
+
+
+def test_a_bad_namespace_record_is_a_protocol_error() -> None:
+    ext = msgpack.ExtType(16, b"")
+    for state in ([1, 2], {1: 2}, "x"):
+        header = msgpack.packb([ext, "argparse.Namespace", state])
+        with pytest.raises(ProtocolError, match=r"argparse\.Namespace"):
+            decode([header])
+
+
+def test_a_plain_class_is_refused_with_what_travels_instead() -> None:
+    with pytest.raises(TypeError, match=r"cannot encode Opaque \(values travel without pickle: "):
+        encode([Opaque()])
+    with pytest.raises(TypeError, match=r"obj\[0\]: cannot encode object$"):
+        encode([object()])
