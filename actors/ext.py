@@ -24,6 +24,7 @@ from rayless.actors.core.context import (
     ENV_ACTOR_ID,
     ENV_ACTOR_NAME,
     ENV_ADDRESS,
+    ENV_GPU_IDS,
     ENV_NODE_ID,
     ENV_NODE_IP,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "ENV_ACTOR_ID",
     "ENV_ACTOR_NAME",
     "ENV_ADDRESS",
+    "ENV_GPU_IDS",
     "ENV_NODE_ID",
     "ENV_NODE_IP",
     "BlockingFace",

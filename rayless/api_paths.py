@@ -20,6 +20,7 @@ PACKAGES = (
     "rayless.errors",
     "rayless.placement",
     "rayless.ray",
+    "rayless.ray._private.services",
     "rayless.ray._private.state",
     "rayless.ray.exceptions",
     "rayless.ray.util",

@@ -243,7 +243,11 @@ class Agent:
     async def op_spawn(self, peer: Peer, msg: StartActor) -> Started:
         """Start an actor and answer once it serves (or failed to start)."""
         actor_id, name, spec = msg.actor_id, msg.name, msg.spec
-        env = {**spec.env, **msg.env_res}
+        res = dict(msg.env_res)
+        gpus = res.pop("CUDA_VISIBLE_DEVICES", None)
+        env = {**spec.env, **res}
+        if gpus is not None:
+            env.update(context.resource_env(gpus, spec.env, os.environ))
         cpus = spec.cpus
         env["RAYLESS_CPUS"] = f"{cpus:g}"
         env.setdefault("OMP_NUM_THREADS", str(max(1, int(cpus))))  # as Ray does

@@ -14,7 +14,15 @@ RAYLESS_ACTOR_NAME     set in actor processes: the actor's name
 RAYLESS_NODE_ID        set in actor processes: the node the actor runs on
 RAYLESS_NODE_IP        the address other nodes use to reach this node
 RAYLESS_AGENT_ADDRESS  set in actor processes: the node agent's address
+RAYLESS_GPU_IDS        set in actor processes: the GPUs the actor holds (NVML indices,
+                       comma-separated; empty for none), as CUDA_VISIBLE_DEVICES is set
+                       unless RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES is (below)
 =====================  ============================================================
+
+``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` set to anything but the empty string in an
+actor's environment (its spawn's, else its node agent's) leaves CUDA_VISIBLE_DEVICES as the
+node has it, as Ray does: the actor sees every GPU of its node and picks its own from
+RAYLESS_GPU_IDS (``ray.get_gpu_ids()``); verl's, OpenRLHF's and SGLang's rollouts ask for it.
 """
 
 from __future__ import annotations
@@ -40,6 +48,21 @@ ENV_NODE_ID = "RAYLESS_NODE_ID"
 ENV_NODE_IP = "RAYLESS_NODE_IP"
 ENV_AGENT_ADDRESS = "RAYLESS_AGENT_ADDRESS"
 ENV_AGENT_PID = "RAYLESS_AGENT_PID"
+ENV_GPU_IDS = "RAYLESS_GPU_IDS"
+ENV_NOSET_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+
+
+def resource_env(
+    gpus: str, spec_env: Mapping[str, str], node_env: Mapping[str, str]
+) -> dict[str, str]:
+    """The variables an actor's GPUs ``gpus`` (CUDA_VISIBLE_DEVICES' form) set in its
+    environment, where ``spec_env`` is what its spawn sets and ``node_env`` what it inherits:
+    CUDA_VISIBLE_DEVICES and RAYLESS_GPU_IDS, only the latter under
+    RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES (see the module docstring)."""
+    noset = spec_env.get(ENV_NOSET_VISIBLE_DEVICES, node_env.get(ENV_NOSET_VISIBLE_DEVICES))
+    if noset:
+        return {ENV_GPU_IDS: gpus}
+    return {"CUDA_VISIBLE_DEVICES": gpus, ENV_GPU_IDS: gpus}
 
 
 @dataclass

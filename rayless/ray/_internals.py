@@ -5,7 +5,7 @@
 * ``joined_address``: the cluster a driver already started or joined itself (``ray.init``
   joins it rather than starting a second one: a process belongs to one cluster).
 * ``current_handle``: an actor process's own handle (``get_runtime_context().current_actor``).
-* The environment variable names an actor process finds its id, node and node IP in.
+* The environment variable names an actor process finds its id, node, node IP and GPUs in.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from rayless.actors.ext import (
     ENV_ACTOR_ID,
     ENV_ACTOR_NAME,
+    ENV_GPU_IDS,
     ENV_NODE_ID,
     ENV_NODE_IP,
     current_handle,
@@ -23,6 +24,7 @@ from rayless.actors.ext import (
 __all__ = [
     "ENV_ACTOR_ID",
     "ENV_ACTOR_NAME",
+    "ENV_GPU_IDS",
     "ENV_NODE_ID",
     "ENV_NODE_IP",
     "current_handle",

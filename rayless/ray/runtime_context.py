@@ -11,8 +11,12 @@ __all__ = ["RuntimeContext", "get_runtime_context"]
 
 
 def gpu_ids() -> list[int]:
-    """The GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` as Ray sets it (ints)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    """The GPUs this process may use (ints), as Ray's ``get_gpu_ids``: an actor's or task's
+    own (what rayless set CUDA_VISIBLE_DEVICES to, or would have but for
+    ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``); elsewhere ``CUDA_VISIBLE_DEVICES``."""
+    visible = os.environ.get(_internals.ENV_GPU_IDS)
+    if visible is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     return [int(v) for v in visible.split(",") if v.strip().isdigit()]
 
 
@@ -86,7 +90,7 @@ class RuntimeContext:
         return self._session.effective_namespace
 
     def get_accelerator_ids(self) -> dict[str, list[str]]:
-        """``{"GPU": [ids]}`` from ``CUDA_VISIBLE_DEVICES``."""
+        """``{"GPU": [ids]}``: :func:`gpu_ids` as strings, as Ray gives them."""
         return {"GPU": [str(i) for i in gpu_ids()]}
 
     def get_assigned_resources(self) -> dict[str, float]:

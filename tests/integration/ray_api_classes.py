@@ -159,6 +159,8 @@ def task_context() -> dict[str, Any]:
         "node_id": ctx.get_node_id(),
         "job_id": ctx.get_job_id(),
         "env": os.environ.get("RAYLESS_TEST_FLAG", ""),
+        "gpus": ray.get_gpu_ids(),
+        "cuda": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
     }
 
 

@@ -532,6 +532,26 @@ def test_runtime_context_in_driver_actor_and_task() -> None:
     assert in_actor["gpus"] == [] and in_actor["accelerators"] == {"GPU": []}
 
 
+def test_noset_visible_devices_shows_the_nodes_gpus_and_still_names_the_actors_own() -> None:
+    """Ray's ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` (verl's, OpenRLHF's and SGLang's
+    rollouts set it in ``runtime_env``): CUDA_VISIBLE_DEVICES is left as the node has it, and
+    ``get_gpu_ids()`` / ``get_accelerator_ids()`` still name the actor's own GPU, which it
+    selects itself (``torch.cuda.set_device(ray.get_gpu_ids()[0])``). It was ignored: the
+    actor got CUDA_VISIBLE_DEVICES=<its GPU>, so its set_device(<that index>) failed."""
+    noset = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}
+    plain = Counter.options(num_gpus=1).remote()
+    free = Counter.options(num_gpus=1, runtime_env=noset).remote()
+    a, b = ray.get(plain.context.remote()), ray.get(free.context.remote())
+    assert len(a["gpus"]) == 1 and a["cuda"] == str(a["gpus"][0])
+    assert len(b["gpus"]) == 1 and b["accelerators"] == {"GPU": [str(b["gpus"][0])]}
+    assert b["cuda"] != str(b["gpus"][0])  # the node's (none set here, fake GPUs)
+    off = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": ""}}  # Ray: unset
+    in_task = ray.get(task_context.options(num_gpus=1, runtime_env=off).remote())
+    assert len(in_task["gpus"]) == 1 and in_task["cuda"] == str(in_task["gpus"][0])
+    in_task = ray.get(task_context.options(num_gpus=1, runtime_env=noset).remote())
+    assert len(in_task["gpus"]) == 1 and in_task["cuda"] != str(in_task["gpus"][0])
+
+
 def test_nodes_and_resources_use_ray_key_names() -> None:
     # test_basic.py::test_cluster_resources / test_available_resources
     nodes = ray.nodes()

@@ -826,6 +826,46 @@ def test_private_state_gives_resources_per_node(ray: Any) -> None:
     groups.remove_placement_group(pg)
 
 
+def test_noset_visible_devices_leaves_the_gpu_choice_to_the_actor(ray: Any) -> None:
+    # verl's Worker, OpenRLHF's and SGLang's rollouts: with
+    # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES in runtime_env, CUDA_VISIBLE_DEVICES is not
+    # set for the actor; get_gpu_ids() and get_accelerator_ids() still name its GPU
+    @ray.remote(num_gpus=1, num_cpus=0)
+    class Gpu:
+        def seen(self) -> tuple[list[int], list[str], str | None]:
+            ctx = ray.get_runtime_context()
+            ids = ray.get_gpu_ids()
+            return ids, ctx.get_accelerator_ids()["GPU"], os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    noset = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}
+    plain, free = Gpu.remote(), Gpu.options(runtime_env=noset).remote()
+    ids, accelerators, visible = ray.get(plain.seen.remote(), timeout=60)
+    assert len(ids) == 1 and accelerators == [str(ids[0])] and visible == str(ids[0])
+    ids, accelerators, visible = ray.get(free.seen.remote(), timeout=60)
+    assert len(ids) == 1 and accelerators == [str(ids[0])]
+    assert visible == os.environ.get("CUDA_VISIBLE_DEVICES")  # the node's, as it started
+    for handle in (plain, free):
+        ray.kill(handle)
+
+
+def test_private_services_gives_the_node_ip(ray: Any) -> None:
+    # OpenRLHF's BaseDistributedActor._get_current_node_ip, slime's and NeMo-RL's master
+    # address: ray._private.services.get_node_ip_address(), in the driver and in an actor
+    from importlib import import_module
+
+    name = ray.__name__ + "._private.services"
+    assert import_module(name).get_node_ip_address() == ray.util.get_node_ip_address()
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def ip(self) -> str:
+            return str(import_module(name).get_node_ip_address())
+
+    probe = Probe.remote()
+    assert ray.get(probe.ip.remote(), timeout=60) == ray.util.get_node_ip_address()
+    ray.kill(probe)
+
+
 def test_dataclasses_enums_sets_and_configs_travel(ray: Any) -> None:
     # Ray pickles what it sends; rayless carries these by name (transport._objects), and a
     # DictConfig as a config (verl's workers take one): a trainer's dataclass samples, Enums,
