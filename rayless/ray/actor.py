@@ -34,7 +34,7 @@ from rayless.errors import (
     ResourcesBusyError,
 )
 from rayless.ray import _lifetime, _worker
-from rayless.ray.exceptions import ActorDiedError, _mixed
+from rayless.ray.exceptions import ActorDiedError, _mixed, map_error
 from rayless.ray.generator import ObjectRefGenerator
 from rayless.ray.object_ref import ObjectRef
 from rayless.ray.options import (
@@ -334,6 +334,8 @@ async def _spawn(
 def _start_error(exc: BaseException) -> BaseException:
     """The error a failed actor start raises: a taken name or a bad option as itself, a
     constructor's error or an unplaceable request as Ray's ActorDiedError (keeping it)."""
+    if isinstance(exc, NameTakenError):
+        return map_error(exc)  # Ray's ActorAlreadyExistsError, a ValueError
     if isinstance(exc, (ValueError, TypeError)) and not isinstance(exc, RemoteError):
         return exc
     if isinstance(exc, (RaylessError, RemoteError)):

@@ -9,7 +9,21 @@
     ├── GetTimeoutError       ``ray.get`` ran past its timeout (also a ``TimeoutError``)
     ├── TaskCancelledError    the task or call was cancelled (``ray.cancel``)
     ├── ObjectLostError       the ref belongs to a session that was shut down
-    └── OutOfMemoryError      the worker or actor was killed by the kernel's OOM killer
+    ├── OutOfMemoryError      the worker or actor was killed by the kernel's OOM killer
+    └── ActorAlreadyExistsError  a named actor's name is taken (also a ``ValueError``)
+
+The rest of Ray's exception classes are here too, in Ray's hierarchy, so that code which
+names them (``except ray.exceptions.NodeDiedError``, NeMo-RL's table of infrastructure
+errors) imports and runs; rayless raises none of them: ``RaySystemError``,
+``ActorUnavailableError`` (a ``RayActorError``), ``ActorUnschedulableError``,
+``TaskUnschedulableError``, ``NodeDiedError``, ``LocalRayletDiedError``, ``RpcError``,
+``ObjectStoreFullError``, ``OutOfDiskError``, ``ObjectFetchTimedOutError``,
+``OwnerDiedError``, ``ObjectFreedError``, ``ObjectReconstructionFailedError`` and
+``ReferenceCountingAssertionError`` (each an ``ObjectLostError``), ``RuntimeEnvSetupError``,
+``PendingCallsLimitExceeded``, ``AsyncioActorExit``, ``TaskPlacementGroupRemoved``,
+``ActorPlacementGroupRemoved``, ``ActorHandleNotFoundError`` (also a ``ValueError``),
+``CrossLanguageError``, ``PlasmaObjectNotAvailable``, ``ObjectRefStreamEndOfStreamError``,
+``UnserializableException``, ``UserCodeException``, ``AuthenticationError``.
 
 Each mapped error keeps the rayless one: ``err.cause`` of an ``ActorDiedError`` names the
 death, ``err.log_tail`` the last lines of the actor's log, and ``__cause__`` is the original.
@@ -25,17 +39,44 @@ import types
 from typing import Any
 
 from rayless.errors import ActorDiedError as _RaylessDied
-from rayless.errors import RaylessError, RemoteError, Timeout
+from rayless.errors import NameTakenError, RaylessError, RemoteError, Timeout
 
 __all__ = [
+    "ActorAlreadyExistsError",
     "ActorDiedError",
+    "ActorHandleNotFoundError",
+    "ActorPlacementGroupRemoved",
+    "ActorUnavailableError",
+    "ActorUnschedulableError",
+    "AsyncioActorExit",
+    "AuthenticationError",
+    "CrossLanguageError",
     "GetTimeoutError",
+    "LocalRayletDiedError",
+    "NodeDiedError",
+    "ObjectFetchTimedOutError",
+    "ObjectFreedError",
     "ObjectLostError",
+    "ObjectReconstructionFailedError",
+    "ObjectRefStreamEndOfStreamError",
+    "ObjectStoreFullError",
+    "OutOfDiskError",
     "OutOfMemoryError",
+    "OwnerDiedError",
+    "PendingCallsLimitExceeded",
+    "PlasmaObjectNotAvailable",
     "RayActorError",
     "RayError",
+    "RaySystemError",
     "RayTaskError",
+    "ReferenceCountingAssertionError",
+    "RpcError",
+    "RuntimeEnvSetupError",
     "TaskCancelledError",
+    "TaskPlacementGroupRemoved",
+    "TaskUnschedulableError",
+    "UnserializableException",
+    "UserCodeException",
     "WorkerCrashedError",
     "map_error",
 ]
@@ -87,6 +128,121 @@ class ObjectLostError(RayError):
 
 class OutOfMemoryError(RayError):
     """The kernel's OOM killer ended the worker or actor that ran the task."""
+
+
+class ActorAlreadyExistsError(ValueError, RayError):
+    """A named actor's name is taken (also a ``ValueError``, as in Ray)."""
+
+
+# Ray's other exception classes: defined so that code naming them runs; never raised here.
+
+
+class RaySystemError(RayError):
+    """Ray's internal error (never raised by rayless)."""
+
+
+class ActorUnavailableError(RayActorError):
+    """Ray: the actor is temporarily unreachable (never raised by rayless)."""
+
+
+class ActorUnschedulableError(RayError):
+    """Ray: the actor cannot be scheduled (rayless raises ``ActorDiedError`` with the
+    ``PlacementError`` as its cause instead)."""
+
+
+class TaskUnschedulableError(RayError):
+    """Ray: the task cannot be scheduled (rayless raises the ``PlacementError``)."""
+
+
+class NodeDiedError(RayError):
+    """Ray: the node running the task died (rayless: ``WorkerCrashedError`` or
+    ``ActorDiedError`` naming the node)."""
+
+
+class LocalRayletDiedError(RayError):
+    """Ray: the local raylet died (never raised by rayless)."""
+
+
+class RpcError(RayError):
+    """Ray: a gRPC call failed (never raised by rayless)."""
+
+
+class ObjectStoreFullError(RayError):
+    """Ray: the object store is full (rayless has no shared object store)."""
+
+
+class OutOfDiskError(RayError):
+    """Ray: the node's disk is full (never raised by rayless)."""
+
+
+class ObjectFetchTimedOutError(ObjectLostError):
+    """Ray: fetching an object timed out (never raised by rayless)."""
+
+
+class OwnerDiedError(ObjectLostError):
+    """Ray: the object's owner died (rayless raises ``ObjectLostError``)."""
+
+
+class ObjectFreedError(ObjectLostError):
+    """Ray: the object was freed (never raised by rayless)."""
+
+
+class ObjectReconstructionFailedError(ObjectLostError):
+    """Ray: the object could not be rebuilt (never raised by rayless)."""
+
+
+class ReferenceCountingAssertionError(ObjectLostError, AssertionError):
+    """Ray: the object was deleted while referenced (never raised by rayless)."""
+
+
+class RuntimeEnvSetupError(RayError):
+    """Ray: the runtime environment could not be set up (rayless refuses an unsupported
+    ``runtime_env`` with ``ValueError`` before starting anything)."""
+
+
+class PendingCallsLimitExceeded(RayError):
+    """Ray: ``max_pending_calls`` was exceeded (accepted without effect by rayless)."""
+
+
+class AsyncioActorExit(RayError):
+    """Ray: raised inside an async actor by ``exit_actor`` (never raised by rayless)."""
+
+
+class TaskPlacementGroupRemoved(RayError):
+    """Ray: the task's placement group was removed (never raised by rayless)."""
+
+
+class ActorPlacementGroupRemoved(RayError):
+    """Ray: the actor's placement group was removed (rayless: ``ActorDiedError``)."""
+
+
+class ActorHandleNotFoundError(ValueError, RayError):
+    """Ray: the handle belongs to an earlier session (never raised by rayless)."""
+
+
+class CrossLanguageError(RayError):
+    """Ray: an error from another language's worker (never raised by rayless)."""
+
+
+class PlasmaObjectNotAvailable(RayError):
+    """Ray: the object is not in the local store (never raised by rayless)."""
+
+
+class ObjectRefStreamEndOfStreamError(RayError):
+    """Ray: a streaming generator has no more items (rayless ends the iteration)."""
+
+
+class UnserializableException(RayError):
+    """Ray: a remote exception could not be deserialised (rayless keeps it as a
+    ``RayTaskError`` of a ``RemoteError``)."""
+
+
+class UserCodeException(RayError):
+    """Ray: an error in user code Ray wraps (never raised by rayless)."""
+
+
+class AuthenticationError(RayError):
+    """Ray: the cluster token was refused (rayless raises its ``AuthError``)."""
 
 
 # (Ray's class, the error's class, the name shown) -> the class derived from both; a plain
@@ -155,6 +311,8 @@ def map_error(err: BaseException, *, task: bool = False) -> BaseException:
         return out
     if isinstance(err, Timeout):
         return _mixed(GetTimeoutError, err)
+    if isinstance(err, NameTakenError):
+        return _mixed(ActorAlreadyExistsError, err)
     if isinstance(err, _RaylessDied):
         if "OOM" in (err.cause or ""):
             return _mixed(OutOfMemoryError, err)

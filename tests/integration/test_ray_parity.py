@@ -116,7 +116,7 @@ def test_num_returns_and_refs_as_arguments(ray: Any) -> None:
 
 def test_actor_spelling_errors(ray: Any) -> None:
     # test_actor.py: direct instantiation and direct method calls are TypeErrors; a taken
-    # name is a ValueError
+    # name is Ray's ActorAlreadyExistsError, a ValueError (rayless raised a plain one)
     @ray.remote
     class A:
         def f(self) -> int:
@@ -128,8 +128,9 @@ def test_actor_spelling_errors(ray: Any) -> None:
     assert isinstance(a, ray.actor.ActorHandle)
     with pytest.raises(TypeError):
         a.f()
-    with pytest.raises(ValueError):
+    with pytest.raises(ray.exceptions.ActorAlreadyExistsError) as info:
         A.options(name="parity-a").remote()
+    assert isinstance(info.value, ValueError) and isinstance(info.value, ray.exceptions.RayError)
     assert ray.get(ray.get_actor("parity-a").f.remote()) == 1
     ray.kill(a)  # (Ray would end it with its handles; rayless keeps a named actor)
 

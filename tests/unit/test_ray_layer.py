@@ -4,6 +4,8 @@ the decorators' spellings (no cluster)."""
 from __future__ import annotations
 
 import builtins
+import importlib
+import importlib.util
 
 import pytest
 
@@ -261,3 +263,60 @@ def test_plain_remote_errors_keep_their_own_type_names() -> None:
         "RayTaskError(ExceptionGroup)",
         "RayTaskError(KeyboardInterrupt)",
     ]
+
+
+# Ray 2.60's exception classes (python/ray/exceptions.py) and their bases, by name; the
+# compiled-graph and channel ones are left out (rayless has no compiled graphs)
+RAY_EXCEPTIONS = {
+    "RayError": ("Exception",),
+    "RaySystemError": ("RayError",),
+    "RayTaskError": ("RayError",),
+    "RayActorError": ("RayError",),
+    "ActorDiedError": ("RayActorError",),
+    "ActorUnavailableError": ("RayActorError",),
+    "ActorUnschedulableError": ("RayError",),
+    "TaskUnschedulableError": ("RayError",),
+    "WorkerCrashedError": ("RayError",),
+    "NodeDiedError": ("RayError",),
+    "LocalRayletDiedError": ("RayError",),
+    "RpcError": ("RayError",),
+    "GetTimeoutError": ("RayError", "TimeoutError"),
+    "TaskCancelledError": ("RayError",),
+    "ObjectLostError": ("RayError",),
+    "ObjectFetchTimedOutError": ("ObjectLostError",),
+    "OwnerDiedError": ("ObjectLostError",),
+    "ObjectFreedError": ("ObjectLostError",),
+    "ObjectReconstructionFailedError": ("ObjectLostError",),
+    "ReferenceCountingAssertionError": ("ObjectLostError", "AssertionError"),
+    "ObjectStoreFullError": ("RayError",),
+    "OutOfDiskError": ("RayError",),
+    "OutOfMemoryError": ("RayError",),
+    "RuntimeEnvSetupError": ("RayError",),
+    "PendingCallsLimitExceeded": ("RayError",),
+    "AsyncioActorExit": ("RayError",),
+    "TaskPlacementGroupRemoved": ("RayError",),
+    "ActorPlacementGroupRemoved": ("RayError",),
+    "ActorAlreadyExistsError": ("ValueError", "RayError"),
+    "ActorHandleNotFoundError": ("ValueError", "RayError"),
+    "CrossLanguageError": ("RayError",),
+    "PlasmaObjectNotAvailable": ("RayError",),
+    "ObjectRefStreamEndOfStreamError": ("RayError",),
+    "UnserializableException": ("RayError",),
+    "UserCodeException": ("RayError",),
+    "AuthenticationError": ("RayError",),
+}
+
+
+def test_every_ray_exception_class_is_there_with_rays_bases() -> None:
+    """Code that names Ray's exceptions imports and runs (NeMo-RL's table of infrastructure
+    errors lists a dozen at import time: ``ray.exceptions.NodeDiedError`` was an
+    AttributeError); where Ray is installed, the table is checked against it."""
+    for name, bases in RAY_EXCEPTIONS.items():
+        cls = getattr(exceptions, name)
+        assert tuple(b.__name__ for b in cls.__bases__) == bases, name
+        assert name in exceptions.__all__ and getattr(ray.exceptions, name) is cls
+    if importlib.util.find_spec("ray") is None:
+        return  # (pip install -e '.[bench]' brings Ray)
+    real = importlib.import_module("ray.exceptions")
+    for name, bases in RAY_EXCEPTIONS.items():
+        assert tuple(b.__name__ for b in getattr(real, name).__bases__) == bases, name
