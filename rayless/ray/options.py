@@ -7,6 +7,7 @@ being ignored; the few accepted without an effect are listed in ``IGNORED``.
 
 from __future__ import annotations
 
+import difflib
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,7 +75,10 @@ def check(options: dict[str, Any], allowed: frozenset[str], what: str) -> dict[s
     """
     unknown = sorted(set(options) - allowed)
     if unknown:
-        raise ValueError(f"unknown or unsupported {what} options: {unknown}")
+        close = {k: difflib.get_close_matches(k, allowed, n=1) for k in unknown}
+        hints = [f"{k!r} (did you mean {m[0]!r}?)" for k, m in close.items() if m]
+        hint = f"; {', '.join(hints)}" if hints else ""
+        raise ValueError(f"unknown or unsupported {what} options: {unknown}{hint}")
     if options.get("lifetime") not in (None, "non_detached"):
         raise ValueError(
             "lifetime='detached' is not supported by rayless.ray: actors die with the driver "

@@ -85,6 +85,11 @@ def test_errors_map_to_rays_and_keep_rayless_detail() -> None:
 def test_unsupported_options_are_named() -> None:
     with pytest.raises(ValueError, match="unknown or unsupported"):
         check({"num_tpus": 1}, ACTOR_OPTIONS, "actor")
+    # a newcomer's typo names the option meant
+    with pytest.raises(ValueError, match=r"\['num_gpu'\]; 'num_gpu' \(did you mean 'num_gpus'\?\)"):
+        check({"num_gpu": 1}, TASK_OPTIONS, "task")
+    with pytest.raises(ValueError, match=r"did you mean 'max_restarts'\?"):
+        check({"max_restart": 2}, ACTOR_OPTIONS, "actor")
     with pytest.raises(ValueError, match="detached"):
         check({"lifetime": "detached"}, ACTOR_OPTIONS, "actor")
     with pytest.raises(ValueError, match="custom resources"):
