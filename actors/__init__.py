@@ -14,6 +14,7 @@ from rayless.transport.lazy import exports
 if TYPE_CHECKING:
     from rayless.actors.api.actor import Actor, current_caller
     from rayless.actors.api.binding import BUILTINS as BUILTIN_METHODS
+    from rayless.actors.api.binding import concurrency_group_marker as concurrency_group
     from rayless.actors.api.cluster import Cluster, connect
     from rayless.actors.api.handle import ActorHandle, ActorMethod, endpoint, gather, wait
     from rayless.actors.api.streams import RemoteStream
@@ -36,6 +37,7 @@ __all__ = [
     "RemoteError",
     "RemoteStream",
     "Template",
+    "concurrency_group",
     "connect",
     "current_caller",
     "endpoint",

@@ -5,8 +5,13 @@ a call's arguments on the caller's side.
   model): a class that marks any of its methods exposes only the marked ones; a class that
   marks none exposes every public method (no leading underscore) as before. ``@endpoint
   (timeout=S)`` also gives the method's calls a default deadline.
+* :func:`concurrency_group_marker` is ``@concurrency_group(name)`` on a method
+  (``rayless.actors.concurrency_group``, Ray's ``@ray.method(concurrency_group=...)``): its
+  calls run in that group of the actor's ``concurrency_groups``, beside the other groups' and
+  the default group's calls, each group with its own limit.
 * :func:`public_methods` builds each remote method's :class:`MethodInfo` once, when the class
-  is spawned: async or not, its parameter list, its default timeout. Handles carry them.
+  is spawned: async or not, its parameter list, its default timeout, its concurrency group.
+  Handles carry them.
 * :data:`READY`, :data:`EXIT` and :data:`CALL` are the methods every actor answers besides
   its class's own (Ray's names): ``READY`` returns True once the calls queued before it have
   run; ``EXIT`` ends the actor after them, as ``sys.exit(0)`` in a method would
@@ -35,12 +40,15 @@ __all__ = [
     "READY",
     "EndpointOptions",
     "check_arguments",
+    "check_groups",
+    "concurrency_group_marker",
     "endpoint_marker",
     "public_methods",
 ]
 
 FN = TypeVar("FN")
 _MARK = "__rayless_endpoint__"
+_GROUP = "__rayless_concurrency_group__"
 _LIFECYCLE = frozenset({"setup", "teardown"})
 READY = "__ray_ready__"  # → True, after the calls queued before it
 EXIT = "__ray_terminate__"  # ends the actor after the calls queued before it
@@ -88,6 +96,52 @@ def endpoint_marker(fn: Any = None, *, timeout: float | None = None) -> Any:
     return mark if fn is None else mark(fn)
 
 
+def concurrency_group_marker(name: str) -> Callable[[FN], FN]:
+    """``@concurrency_group(name)``: the method's calls run in the actor's concurrency group
+    ``name`` (one of the ``concurrency_groups`` it is spawned with).
+
+    Raises:
+        ValueError: ``name`` is not a non-empty string.
+        TypeError: what is marked is not callable.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a concurrency group's name must be a non-empty string, got {name!r}")
+
+    def mark(f: FN) -> FN:
+        inner = f.__func__ if isinstance(f, (staticmethod, classmethod)) else f
+        if not callable(inner):
+            raise TypeError(f"@concurrency_group marks methods, not {type(f).__name__}")
+        setattr(inner, _GROUP, name)
+        return f
+
+    return mark
+
+
+def check_groups(
+    cls_name: str, methods: Mapping[str, MethodInfo], groups: Mapping[str, int]
+) -> dict[str, int]:
+    """``groups`` (a spawn's ``concurrency_groups``) checked against the methods they serve.
+
+    Raises:
+        ValueError: a group's name is not a non-empty string or its limit not an int >= 1, or
+            a method names a group that ``groups`` does not define.
+    """
+    out: dict[str, int] = {}
+    for name, limit in groups.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a concurrency group's name must be a non-empty string: {name!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"concurrency group {name!r} must allow an int >= 1, got {limit!r}")
+        out[name] = limit
+    for method, info in methods.items():
+        if info.group is not None and info.group not in out:
+            raise ValueError(
+                f"{cls_name}.{method} runs in concurrency group {info.group!r}, which the "
+                f"actor does not define (its concurrency_groups: {sorted(out)})"
+            )
+    return out
+
+
 def _options(attr: Any) -> EndpointOptions | None:
     inner = attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
     found = getattr(inner, _MARK, None)
@@ -114,9 +168,16 @@ def public_methods(cls: type, hooks: bool = True) -> dict[str, MethodInfo]:
             timeout=None if options is None else options.timeout,
             is_generator=inspect.isgeneratorfunction(_function(attr))
             or inspect.isasyncgenfunction(_function(attr)),
+            group=_group(attr),
         )
         for name, (attr, options) in found.items()
     }
+
+
+def _group(attr: Any) -> str | None:
+    """The concurrency group ``@concurrency_group`` gave the method, if any."""
+    found = getattr(_function(attr), _GROUP, None)
+    return found if isinstance(found, str) else None
 
 
 def _function(attr: Any) -> Any:

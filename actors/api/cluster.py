@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from rayless.actors.api import signals
 from rayless.actors.api.actor import ClassRef, class_name
-from rayless.actors.api.binding import public_methods
+from rayless.actors.api.binding import check_groups, public_methods
 from rayless.actors.api.calls import call_encode_error
 from rayless.actors.api.components import spawn_component
 from rayless.actors.api.group import spawn_group
@@ -153,6 +153,7 @@ class Cluster:
         cpus: float = 1,
         max_restarts: int = 0,
         max_concurrency: int | None = None,
+        concurrency_groups: Mapping[str, int] | None = None,
         env: dict[str, str] | None = None,
         gpu_indices: tuple[int, ...] | None = None,
         timeout: float = 120.0,
@@ -169,15 +170,19 @@ class Cluster:
         ``TORCH``, the default, has torch imported ahead; ``LIGHT`` forks at once without it.
         ``hooks=False`` makes the class's ``setup`` and ``teardown`` plain remote methods
         (rayless.ray's classes: Ray has no lifecycle hooks) instead of running them at spawn
-        and at a clean stop.
+        and at a clean stop. ``concurrency_groups`` (``{"io": 2, ...}``, Ray's): the calls of
+        a method marked ``@concurrency_group("io")`` run at most 2 at once (a ``def`` method's
+        in threads of the group's own), beside the other groups' and the default group's
+        (``max_concurrency``), so a call waiting in one group never blocks another's.
 
         Raises:
             ClosedError: this cluster handle is closed.
             TypeError: ``cls`` is not an importable class, a method of it has a name of the
                 handle's own (``address``, ``name``, ...), or an argument cannot be encoded
                 (named as ``argument 0 ['a']``).
-            ValueError: malformed resource amounts, an empty name, or ``template`` is not a
-                Template (nor one's value).
+            ValueError: malformed resource amounts, an empty name, ``template`` is not a
+                Template (nor one's value), or a malformed concurrency group or a method in
+                one that ``concurrency_groups`` does not define.
             PlacementError: no node can hold the request (at once, never a hang).
             ResourcesBusyError: a PlacementError: the GPUs are taken now (at once), or still
                 after ``wait_for_resources`` seconds (Ray's pending actors: the head waits for
@@ -189,6 +194,7 @@ class Cluster:
         methods = public_methods(cls, hooks)
         shown = class_name(cls)
         check_method_names(shown, methods)
+        groups = check_groups(shown, methods, concurrency_groups or {})
         if max_restarts < 0 or (max_concurrency is not None and max_concurrency < 1):
             raise ValueError("max_restarts must be >= 0 and max_concurrency >= 1")
         if name is not None and (not isinstance(name, str) or not name.strip()):
@@ -215,6 +221,7 @@ class Cluster:
             gpu_indices=tuple(int(i) for i in gpu_indices) if gpu_indices is not None else None,
             max_restarts=int(max_restarts),
             max_concurrency=None if max_concurrency is None else int(max_concurrency),
+            concurrency_groups=groups,
             env={str(k): str(v) for k, v in (env or {}).items()},
             methods=methods,
             cwd=os.getcwd(),

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rayless.actors.api import portal as portals
@@ -105,6 +105,7 @@ class SyncCluster:
         cpus: float = 1,
         max_restarts: int = 0,
         max_concurrency: int | None = None,
+        concurrency_groups: Mapping[str, int] | None = None,
         env: dict[str, str] | None = None,
         gpu_indices: tuple[int, ...] | None = None,
         timeout: float = 120.0,
@@ -121,15 +122,19 @@ class SyncCluster:
         ``TORCH``, the default, has torch imported ahead; ``LIGHT`` forks at once without it.
         ``hooks=False`` makes the class's ``setup`` and ``teardown`` plain remote methods
         (rayless.ray's classes: Ray has no lifecycle hooks) instead of running them at spawn
-        and at a clean stop.
+        and at a clean stop. ``concurrency_groups`` (``{"io": 2, ...}``, Ray's): the calls of
+        a method marked ``@concurrency_group("io")`` run at most 2 at once (a ``def`` method's
+        in threads of the group's own), beside the other groups' and the default group's
+        (``max_concurrency``), so a call waiting in one group never blocks another's.
 
         Raises:
             ClosedError: this cluster handle is closed.
             TypeError: ``cls`` is not an importable class, a method of it has a name of the
                 handle's own (``address``, ``name``, ...), or an argument cannot be encoded
                 (named as ``argument 0 ['a']``).
-            ValueError: malformed resource amounts, an empty name, or ``template`` is not a
-                Template (nor one's value).
+            ValueError: malformed resource amounts, an empty name, ``template`` is not a
+                Template (nor one's value), or a malformed concurrency group or a method in
+                one that ``concurrency_groups`` does not define.
             PlacementError: no node can hold the request (at once, never a hang).
             ResourcesBusyError: a PlacementError: the GPUs are taken now (at once), or still
                 after ``wait_for_resources`` seconds (Ray's pending actors: the head waits for
@@ -147,6 +152,7 @@ class SyncCluster:
                 cpus=cpus,
                 max_restarts=max_restarts,
                 max_concurrency=max_concurrency,
+                concurrency_groups=concurrency_groups,
                 env=env,
                 gpu_indices=gpu_indices,
                 timeout=timeout,

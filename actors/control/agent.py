@@ -306,7 +306,14 @@ class Agent:
         if proc is None:
             raise ActorNotFoundError(f"unknown actor {msg.actor_id!r}")
         spec = proc.spec
-        return Boot(spec.cls, spec.init, spec.max_concurrency, spec.sys_path, spec.hooks)
+        return Boot(
+            spec.cls,
+            spec.init,
+            spec.max_concurrency,
+            spec.sys_path,
+            spec.hooks,
+            spec.concurrency_groups,
+        )
 
     @handles(Ready)
     def op_ready(self, peer: Peer, msg: Ready) -> None:

@@ -4,6 +4,8 @@ Started by the zygote (a fork) or, without one, as ``python -m rayless.actors.ho
 It serves calls on its own ROUTER socket; async methods run concurrently on its loop (at most
 ``max_concurrency`` at once), sync methods in worker threads: one at a time, or up to
 ``max_concurrency`` at once when the actor was spawned with it (``actors.host.workers``).
+A method in a concurrency group (``@concurrency_group``) runs under that group's limit
+instead, a ``def`` one on threads of the group's own: Ray's concurrency groups.
 A caller that gives up (timeout, cancel) cancels its call here: an async method's task is
 cancelled, a queued sync call is dropped, a running one finishes without its slot. It exits
 when told to (SIGTERM: ``teardown`` runs), or when its node agent goes away.
@@ -268,11 +270,16 @@ class ActorHost:
         self.server: Server | None = None
         self.monitor: LoopMonitor | None = None
         self.streams: StreamHost | None = None  # results of generator methods
+        # concurrency group -> its limit on async calls and the threads of its def calls
+        self.groups: dict[str, tuple[asyncio.Semaphore, SyncWorker]] = {}
 
     async def start(self) -> str:
         """Build the instance, run ``setup``, start serving; returns the address."""
         loop = asyncio.get_running_loop()
         self.worker = SyncWorker(loop, self.name, torch_threads(), self.sync_concurrency)
+        for group, limit in self.spec.concurrency_groups.items():
+            worker = SyncWorker(loop, f"{self.name}-{group}", torch_threads(), limit)
+            self.groups[group] = (asyncio.Semaphore(limit), worker)
         self.streams = StreamHost(
             loop, self.worker.submit, lambda exc: remote_error(exc, self.name)
         )
@@ -339,22 +346,35 @@ class ActorHost:
             )
             raise remote_error(missing, self.name)
         STATS.call(method)
-        return self._start(getattr(self.instance, method), info.is_async, args, kwargs, req)
+        fn = getattr(self.instance, method)
+        return self._start(fn, info.is_async, args, kwargs, req, info.group)
 
-    def _start(self, fn: Any, is_async: bool, args: Any, kwargs: Any, req: Request) -> Any:
+    def _start(
+        self,
+        fn: Any,
+        is_async: bool,
+        args: Any,
+        kwargs: Any,
+        req: Request,
+        group: str | None = None,
+    ) -> Any:
         """Run ``fn`` for the call ``req``: an async one as a task of this loop, a sync one
         queued on the worker thread behind the sync calls sent before it (never answered once
-        a call ended the actor: its callers learn of the exit)."""
+        a call ended the actor: its callers learn of the exit); in concurrency group
+        ``group``'s limit and threads where given."""
         caller = req.peer.routing_id.hex()
         # recording a timeline: the request (the flow's ends) and when the call was queued
         traced = req if timeline.RECORDER.enabled else None
         queued = time.time_ns() if traced is not None else 0
+        semaphore, worker = self.semaphore, self.worker
+        if group is not None:
+            semaphore, worker = self.groups[group]
         if is_async:
-            return self._run_async(fn, args, kwargs, caller, traced, queued)
-        assert self.worker is not None  # internal invariant: set by start()
-        if self.worker.exited:
+            return self._run_async(fn, args, kwargs, caller, traced, queued, semaphore)
+        assert worker is not None  # internal invariant: set by start()
+        if worker.exited:
             return _no_reply()
-        return self.worker.submit(
+        return worker.submit(
             functools.partial(self._run_sync, fn, args, kwargs, caller, traced, queued)
         )
 
@@ -409,10 +429,17 @@ class ActorHost:
             hook(peer.routing_id.hex())
 
     async def _run_async(
-        self, fn: Any, args: Any, kwargs: Any, caller: str, traced: Request | None, queued: int
+        self,
+        fn: Any,
+        args: Any,
+        kwargs: Any,
+        caller: str,
+        traced: Request | None,
+        queued: int,
+        semaphore: asyncio.Semaphore,
     ) -> Any:
         _CALLER.set(caller)  # this call's task has a context of its own
-        async with self.semaphore:
+        async with semaphore:
             key = id(asyncio.current_task())
             if self.monitor is not None:
                 self.monitor.running[key] = (fn.__name__, time.monotonic())
@@ -495,6 +522,8 @@ class ActorHost:
             await self.server.aclose()
         if self.worker is not None:
             self.worker.stop()
+        for _, worker in self.groups.values():
+            worker.stop()
         if self.monitor is not None:
             self.monitor.stop()
 

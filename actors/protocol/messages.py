@@ -90,12 +90,15 @@ class MethodInfo:
     cannot be read (the far side then decides). ``timeout``: the seconds a call may take by
     default (``@endpoint(timeout=...)``), None for none. ``is_generator``: a ``def`` or
     ``async def`` generator (its result streams; Ray's API makes it an ObjectRefGenerator).
+    ``group``: the concurrency group it runs in (``@concurrency_group``), None for the
+    actor's default one.
     """
 
     is_async: bool
     params: str | None = None
     timeout: float | None = None
     is_generator: bool = False
+    group: str | None = None
 
 
 @message("ctl.SpawnSpec")
@@ -121,6 +124,7 @@ class SpawnSpec:
     gpu_indices: tuple[int, ...] | None = None
     max_restarts: int = 0
     max_concurrency: int | None = None
+    concurrency_groups: dict[str, int] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     methods: dict[str, MethodInfo] = field(default_factory=dict)
     cwd: str | None = None
@@ -578,13 +582,14 @@ class AgentStatus(Request[dict[str, Any]]):
 @message("ctl.Boot")
 @dataclass(frozen=True)
 class Boot:
-    """What an actor process runs: its class, init frames, limit and the driver's path."""
+    """What an actor process runs: its class, init frames, limits and the driver's path."""
 
     cls: tuple[str, str, bytes | None]
     init: tuple[bytes, ...]
     max_concurrency: int | None
     sys_path: tuple[str, ...]
     hooks: bool = True  # SpawnSpec.hooks
+    concurrency_groups: dict[str, int] = field(default_factory=dict)  # SpawnSpec's
 
 
 @message("ctl.Bootstrap")

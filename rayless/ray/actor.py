@@ -23,7 +23,7 @@ import inspect
 import sys
 from typing import Any
 
-from rayless.actors import BUILTIN_METHODS, Cluster, RemoteStream
+from rayless.actors import BUILTIN_METHODS, Cluster, RemoteStream, concurrency_group
 from rayless.actors import ActorHandle as _RaylessHandle
 from rayless.errors import ActorDiedError as _RaylessDied
 from rayless.errors import (
@@ -80,11 +80,18 @@ def _public(cls: type) -> set[str]:
 
 
 def method(*args: Any, **kwargs: Any) -> Any:
-    """``@ray.method(num_returns=k)``: a method's default call options."""
+    """``@ray.method(num_returns=k, concurrency_group=name)``: a method's default call options
+    (``concurrency_group``: the actor's group its calls run in).
+
+    Raises:
+        ValueError: ``concurrency_group`` is not a non-empty string.
+    """
+    group = kwargs.get("concurrency_group")
+    in_group = None if group is None else concurrency_group(group)
 
     def mark(fn: Any) -> Any:
         fn.__ray_method_options__ = dict(kwargs)
-        return fn
+        return fn if in_group is None else in_group(fn)
 
     if args and callable(args[0]) and not kwargs:
         return mark(args[0])
@@ -296,6 +303,7 @@ async def _spawn(
             cpus=float(opts["num_cpus"]) if opts.get("num_cpus") is not None else 1.0,
             max_restarts=max(0, int(opts.get("max_restarts") or 0)),
             max_concurrency=opts.get("max_concurrency"),
+            concurrency_groups=opts.get("concurrency_groups"),
             template=template_for(),
             hooks=False,  # a Ray class's setup/teardown are its own methods
             env=env_for(s, opts),
@@ -466,10 +474,25 @@ class ActorMethod:
         self._num_returns = num_returns
 
     def options(
-        self, *, num_returns: int | str = 1, name: str | None = None, **_: Any
+        self,
+        *,
+        num_returns: int | str = 1,
+        name: str | None = None,
+        concurrency_group: str | None = None,
+        **_: Any,
     ) -> ActorMethod:
         """The method with call options (``num_returns``: an int, or ``"streaming"`` for a
-        generator method; ``name`` only names the call)."""
+        generator method; ``name`` only names the call).
+
+        Raises:
+            ValueError: a bad ``num_returns``, or a ``concurrency_group`` (a call's own group
+                is not supported: mark the method with ``@ray.method(concurrency_group=)``).
+        """
+        if concurrency_group is not None:
+            raise ValueError(
+                "a call's own concurrency_group is not supported by rayless.ray: mark the "
+                "method with @ray.method(concurrency_group=...)"
+            )
         if num_returns != STREAMING and (not isinstance(num_returns, int) or num_returns < 0):
             raise ValueError(
                 f"num_returns must be an int >= 0 or {STREAMING!r}, got {num_returns!r}"

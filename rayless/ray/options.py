@@ -86,7 +86,10 @@ def check(options: dict[str, Any], allowed: frozenset[str], what: str) -> dict[s
         )
     if options.get("get_if_exists") and not options.get("name"):
         raise ValueError("get_if_exists=True needs a name")
-    for key in ("concurrency_groups", "accelerator_type", "label_selector"):
+    groups = options.get("concurrency_groups")
+    if groups is not None and not isinstance(groups, dict):
+        raise ValueError(f"concurrency_groups must be a dict of name -> int, got {groups!r}")
+    for key in ("accelerator_type", "label_selector"):
         if options.get(key):
             raise ValueError(f"{key} is not supported by rayless.ray")
     resources = options.get("resources") or {}

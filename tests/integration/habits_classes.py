@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any
 
-from rayless.actors import Actor
+from rayless.actors import Actor, concurrency_group
 
 
 class Blocker(Actor):
@@ -74,6 +74,26 @@ class Threaded(Actor):
     def meet(self) -> int:
         self.barrier.wait()
         return threading.get_ident()
+
+
+class Gate(Actor):
+    """``wait`` blocks its thread until ``open`` runs: in one concurrency group each, they
+    meet; in the default group's single thread, ``open`` would wait behind ``wait``."""
+
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+
+    @concurrency_group("waiting")
+    def wait(self) -> bool:
+        return self.opened.wait(20)
+
+    @concurrency_group("opening")
+    def open(self) -> str:
+        self.opened.set()
+        return threading.current_thread().name
+
+    def thread(self) -> str:
+        return threading.current_thread().name
 
 
 class Adder(Actor):

@@ -573,6 +573,9 @@ def test_runtime_env_env_vars_reach_actors_and_tasks() -> None:
 
 def test_unsupported_options_raise_clearly() -> None:
     # deliberate differences: named, not ignored
+    c = Counter.remote()
+    with pytest.raises(ValueError, match=r"mark the method with @ray\.method"):
+        c.incr.options(concurrency_group="io").remote()  # Ray: a call's own group
     with pytest.raises(ValueError, match="detached"):
         Counter.options(lifetime="detached").remote()
     with pytest.raises(ValueError, match="custom resources"):

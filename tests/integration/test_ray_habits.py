@@ -13,7 +13,7 @@ import rayless.actors as actors
 from rayless.actors import Cluster
 from rayless.actors.launch.local import LocalProcesses
 from rayless.errors import PlacementError, ResourcesBusyError, Timeout
-from tests.integration.habits_classes import Adder, Blocker, Threaded
+from tests.integration.habits_classes import Adder, Blocker, Gate, Threaded
 
 pytestmark = pytest.mark.integration
 
@@ -90,6 +90,26 @@ async def test_futures_as_arguments_and_gather_of_a_list(local_cluster: Cluster)
     failing = adder.add("a", 1)  # TypeError in the actor: the dependent call is not sent
     with pytest.raises(TypeError):
         await adder.add(failing)
+
+
+async def test_concurrency_groups_run_beside_each_other(local_cluster: Cluster) -> None:
+    """A ``def`` method that blocks its group's thread leaves the other groups and the
+    default group serving (Ray's concurrency groups, on threads of each group's own); a
+    method in a group the spawn does not define, or a malformed limit, is a ValueError at
+    once."""
+    groups = {"waiting": 1, "opening": 1}
+    gate = await local_cluster.spawn(Gate, concurrency_groups=groups)
+    waiting = gate.wait()
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    default = await asyncio.wait_for(gate.thread(), 30)  # served while "waiting" is held
+    opener = await asyncio.wait_for(gate.open(), 30)
+    assert await asyncio.wait_for(waiting, 30) is True
+    assert "opening" in opener and "opening" not in default
+    with pytest.raises(ValueError, match=r"Gate\.open runs in concurrency group 'opening'"):
+        await local_cluster.spawn(Gate, concurrency_groups={"waiting": 1})
+    with pytest.raises(ValueError, match="must allow an int >= 1"):
+        await local_cluster.spawn(Gate, concurrency_groups={"waiting": 0, "opening": 1})
 
 
 async def test_encoding_errors_name_the_argument(local_cluster: Cluster) -> None:

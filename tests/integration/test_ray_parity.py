@@ -867,6 +867,78 @@ def test_private_services_gives_the_node_ip(ray: Any) -> None:
     ray.kill(probe)
 
 
+def test_concurrency_groups_keep_a_blocked_group_from_blocking_another(ray: Any) -> None:
+    # verl's TokenBucketWorker (verl/tools/search_tool.py): a def acquire() that blocks on a
+    # semaphore in group "acquire" (1 at a time) while release() runs in group "release"
+    # (rayless refused concurrency_groups; without them the two deadlock); and
+    # test_concurrency_group.py's async limits per group
+    import threading
+
+    @ray.remote(concurrency_groups={"acquire": 1, "release": 10})
+    class TokenBucketWorker:
+        def __init__(self, rate_limit: int) -> None:
+            self.current_count = 0
+            self._semaphore = threading.Semaphore(rate_limit)
+
+        @ray.method(concurrency_group="acquire")
+        def acquire(self) -> None:
+            self._semaphore.acquire()
+            self.current_count += 1
+
+        @ray.method(concurrency_group="release")
+        def release(self) -> None:
+            self._semaphore.release()
+            self.current_count -= 1
+
+        def count(self) -> int:
+            return self.current_count
+
+    bucket = TokenBucketWorker.remote(2)
+    ray.get([bucket.acquire.remote(), bucket.acquire.remote()], timeout=60)
+    third = bucket.acquire.remote()  # waits in its group for a release
+    assert ray.wait([third], timeout=0.5)[0] == []
+    assert ray.get(bucket.count.remote(), timeout=60) == 2  # the default group still serves
+    ray.get(bucket.release.remote(), timeout=60)
+    ray.get(third, timeout=60)
+    assert ray.get(bucket.count.remote(), timeout=60) == 2
+
+    @ray.remote(concurrency_groups={"io": 2, "compute": 4})
+    class Limits:
+        def __init__(self) -> None:
+            self.running = {"io": 0, "compute": 0}
+            self.peak = {"io": 0, "compute": 0}
+
+        async def _work(self, group: str, limit: int) -> None:
+            # each call waits (5 s at most) until its group's limit of calls runs at once
+            import asyncio
+
+            self.running[group] += 1
+            self.peak[group] = max(self.peak[group], self.running[group])
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 5
+            while self.peak[group] < limit and loop.time() < deadline:  # not a wait: an actor's
+                await asyncio.sleep(0.01)
+            self.running[group] -= 1
+
+        @ray.method(concurrency_group="io")
+        async def io(self) -> None:
+            await self._work("io", 2)
+
+        @ray.method(concurrency_group="compute")
+        async def compute(self) -> None:
+            await self._work("compute", 4)
+
+        async def peaks(self) -> dict[str, int]:
+            return self.peak
+
+    limits = Limits.remote()
+    ray.get([limits.io.remote() for _ in range(6)], timeout=60)
+    ray.get([limits.compute.remote() for _ in range(8)], timeout=60)
+    assert ray.get(limits.peaks.remote(), timeout=60) == {"io": 2, "compute": 4}
+    for handle in (bucket, limits):
+        ray.kill(handle)
+
+
 def test_dataclasses_enums_sets_and_configs_travel(ray: Any) -> None:
     # Ray pickles what it sends; rayless carries these by name (transport._objects), and a
     # DictConfig as a config (verl's workers take one): a trainer's dataclass samples, Enums,
