@@ -23,6 +23,7 @@ PACKAGES = (
     "rayless.ray._private.services",
     "rayless.ray._private.state",
     "rayless.ray.exceptions",
+    "rayless.ray.runtime_env",
     "rayless.ray.util",
     "rayless.ray.util.collective",
     "rayless.ray.util.placement_group",

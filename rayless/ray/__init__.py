@@ -24,7 +24,7 @@ import tempfile
 import time
 from typing import Any
 
-from rayless.ray import _worker, actor, exceptions, util
+from rayless.ray import _worker, actor, exceptions, runtime_env, util
 from rayless.ray._resources import available_resources, cluster_resources, nodes
 from rayless.ray.actor import ActorClass, ActorHandle, from_rayless, method, remote_class
 from rayless.ray.exceptions import GetTimeoutError
@@ -45,6 +45,7 @@ __all__ = [
     "cancel",
     "cluster_resources",
     "exceptions",
+    "runtime_env",
     "get",
     "get_actor",
     "get_gpu_ids",

@@ -571,6 +571,23 @@ def test_runtime_env_env_vars_reach_actors_and_tasks() -> None:
         Counter.options(runtime_env={"pip": ["x"]}).remote()
 
 
+def test_a_runtime_env_object_is_a_runtime_env_dict() -> None:
+    # AReaL's scheduler: runtime_env=RuntimeEnv(env_vars=env) (ray.runtime_env was missing)
+    from rayless.ray.runtime_env import RuntimeEnv
+
+    env = ray.runtime_env.RuntimeEnv(env_vars={"RAYLESS_TEST_FLAG": "typed"})
+    assert (
+        env == {"env_vars": {"RAYLESS_TEST_FLAG": "typed"}} and env.env_vars()["RAYLESS_TEST_FLAG"]
+    )
+    c = Counter.options(runtime_env=env).remote()
+    assert ray.get(c.context.remote())["env"] == "typed"
+    assert ray.get(task_context.options(runtime_env=env).remote())["env"] == "typed"
+    with pytest.raises(TypeError, match="Dict\\[str, str\\]"):
+        RuntimeEnv(env_vars={"N": 1})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="pip"):
+        Counter.options(runtime_env=RuntimeEnv(pip=["x"])).remote()
+
+
 def test_unsupported_options_raise_clearly() -> None:
     # deliberate differences: named, not ignored
     c = Counter.remote()
