@@ -49,12 +49,16 @@ def is_stream(value: Any) -> bool:
     return inspect.isgenerator(value) or inspect.isasyncgen(value)
 
 
-class _Stream:
-    __slots__ = ("caller", "error", "gen", "items", "task")
+Submit = Callable[[Callable[[], Any]], "asyncio.Future[Any]"]
 
-    def __init__(self, gen: Any, caller: str) -> None:
+
+class _Stream:
+    __slots__ = ("caller", "error", "gen", "items", "submit", "task")
+
+    def __init__(self, gen: Any, caller: str, submit: Submit) -> None:
         self.gen = gen
         self.caller = caller
+        self.submit = submit  # runs a def generator's steps (its method's threads)
         self.items: asyncio.Queue[Any] = asyncio.Queue(STREAM_AHEAD)
         self.task: asyncio.Task[None] | None = None
         self.error: BaseException | None = None
@@ -70,7 +74,7 @@ class StreamHost:
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        submit: Callable[[Callable[[], Any]], asyncio.Future[Any]],
+        submit: Submit,
         to_error: Callable[[BaseException], BaseException],
     ) -> None:
         self._loop = loop
@@ -83,13 +87,15 @@ class StreamHost:
     def __len__(self) -> int:
         return len(self._streams)
 
-    def open(self, gen: Any, caller: str) -> RemoteStream:
+    def open(self, gen: Any, caller: str, submit: Submit | None = None) -> RemoteStream:
         """Register ``gen`` and return the caller's stream of it (from the actor's loop or
-        its worker thread: the generator starts on the loop)."""
+        its worker thread: the generator starts on the loop). ``submit``: where a ``def``
+        generator's steps run (its method's concurrency group's threads), by default the
+        actor's worker thread."""
         if self.handle is None:
             raise RuntimeError("an actor streams results only once it serves")
         sid = next(self._ids)
-        stream = self._streams[sid] = _Stream(gen, caller)
+        stream = self._streams[sid] = _Stream(gen, caller, submit or self._submit)
         self._loop.call_soon_threadsafe(self._start, sid, stream)
         return RemoteStream(self.handle, sid)
 
@@ -97,7 +103,7 @@ class StreamHost:
         if self._streams.get(sid) is stream:  # not closed before it started
             stream.task = asyncio.ensure_future(self._produce(stream))
         else:
-            self._close_gen(stream.gen)
+            self._close_gen(stream)
 
     async def _produce(self, stream: _Stream) -> None:
         gen, items = stream.gen, stream.items
@@ -108,22 +114,23 @@ class StreamHost:
             else:
                 step = functools.partial(next, gen, _END)
                 while True:
-                    item = await self._submit(step)
+                    item = await stream.submit(step)
                     if item is _END:
                         break
                     await items.put(item)
         except asyncio.CancelledError:
-            self._close_gen(gen)
+            self._close_gen(stream)
             raise
         except BaseException as exc:  # StopIteration, KeyboardInterrupt...: the caller's
             stream.error = self._to_error(exc)
         await items.put(_END)
 
-    def _close_gen(self, gen: Any) -> None:
+    def _close_gen(self, stream: _Stream) -> None:
+        gen = stream.gen
         if inspect.isasyncgen(gen):
             asyncio.ensure_future(_quietly(gen.aclose()))
         else:
-            self._submit(functools.partial(_close_quietly, gen)).add_done_callback(_consume)
+            stream.submit(functools.partial(_close_quietly, gen)).add_done_callback(_consume)
 
     async def pull(self, sid: Any, most: Any) -> tuple[list[Any], bool]:
         """The items produced since the last pull (at least one, or the end): ``(items,

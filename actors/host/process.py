@@ -374,8 +374,9 @@ class ActorHost:
         assert worker is not None  # internal invariant: set by start()
         if worker.exited:
             return _no_reply()
+        steps = None if group is None else worker.submit  # a def generator's, in its group
         return worker.submit(
-            functools.partial(self._run_sync, fn, args, kwargs, caller, traced, queued)
+            functools.partial(self._run_sync, fn, args, kwargs, caller, traced, queued, steps)
         )
 
     def _builtin(self, method: str, req: Request) -> Any:
@@ -470,7 +471,14 @@ class ActorHost:
         await asyncio.Future()  # no reply: the caller learns of the exit (ActorDiedError)
 
     def _run_sync(
-        self, fn: Any, args: Any, kwargs: Any, caller: str, traced: Request | None, queued: int
+        self,
+        fn: Any,
+        args: Any,
+        kwargs: Any,
+        caller: str,
+        traced: Request | None,
+        queued: int,
+        steps: Any = None,
     ) -> Any:
         reset = _CALLER.set(caller)
         start = time.time_ns() if traced is not None else 0
@@ -479,7 +487,7 @@ class ActorHost:
             result = fn(*args, **kwargs)
             if is_stream(result):
                 assert self.streams is not None  # internal invariant: set by start()
-                return self.streams.open(result, caller)
+                return self.streams.open(result, caller, steps)
             return result
         except SystemExit as exc:
             error = exc

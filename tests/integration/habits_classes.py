@@ -95,6 +95,16 @@ class Gate(Actor):
     def thread(self) -> str:
         return threading.current_thread().name
 
+    def hold(self) -> bool:
+        """Block the default group's thread until ``open``."""
+        return self.opened.wait(20)
+
+    @concurrency_group("opening")
+    def count(self, n: int) -> Any:
+        """A generator whose steps run on the "opening" group's thread."""
+        for i in range(n):
+            yield i, threading.current_thread().name
+
 
 class Adder(Actor):
     async def add(self, a: Any, b: Any = 0) -> Any:

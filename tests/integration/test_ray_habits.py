@@ -106,7 +106,15 @@ async def test_concurrency_groups_run_beside_each_other(local_cluster: Cluster) 
     opener = await asyncio.wait_for(gate.open(), 30)
     assert await asyncio.wait_for(waiting, 30) is True
     assert "opening" in opener and "opening" not in default
-    with pytest.raises(ValueError, match=r"Gate\.open runs in concurrency group 'opening'"):
+    # a def generator of a group steps on its group's threads: the default thread is held
+    gate = await local_cluster.spawn(Gate, concurrency_groups=groups)
+    held = gate.hold()
+    items = [x async for x in await asyncio.wait_for(gate.count(3), 30)]
+    assert [i for i, _ in items] == [0, 1, 2] and all("opening" in t for _, t in items)
+    assert not held.done()
+    await asyncio.wait_for(gate.open(), 30)
+    assert await asyncio.wait_for(held, 30) is True
+    with pytest.raises(ValueError, match=r"Gate\.count runs in concurrency group 'opening'"):
         await local_cluster.spawn(Gate, concurrency_groups={"waiting": 1})
     with pytest.raises(ValueError, match="must allow an int >= 1"):
         await local_cluster.spawn(Gate, concurrency_groups={"waiting": 0, "opening": 1})
