@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rayless.actors.api.binding import _shape, _signature, check_arguments, public_methods
+from rayless.actors.api.binding import (
+    _shape,
+    _signature,
+    check_arguments,
+    check_groups,
+    public_methods,
+)
+from rayless.actors.api.binding import concurrency_group_marker as concurrency_group
 from rayless.actors.api.handle import endpoint
 from rayless.actors.protocol.messages import MethodInfo
 
@@ -99,3 +106,41 @@ def test_check_agrees_with_python_for_any_call(nargs: int, names: list[str]) -> 
 def test_unknown_parameters_are_not_checked() -> None:
     check_arguments(MethodInfo(False, None), lambda: "m()", (1, 2, 3), {"any": 1})
     check_arguments(None, lambda: "m()", (), {})
+
+
+class _Grouped:
+    @concurrency_group("io")
+    def read(self) -> int:
+        return 1
+
+    @concurrency_group("io")
+    async def aread(self) -> int:
+        return 1
+
+    @staticmethod
+    @concurrency_group("compute")
+    def crunch() -> int:
+        return 2
+
+    def plain(self) -> int:
+        return 3
+
+
+def test_concurrency_groups_are_read_from_the_methods_and_checked() -> None:
+    methods = public_methods(_Grouped)
+    assert {n: m.group for n, m in methods.items()} == {
+        "read": "io",
+        "aread": "io",
+        "crunch": "compute",
+        "plain": None,
+    }
+    assert check_groups("_Grouped", methods, {"io": 2, "compute": 1}) == {"io": 2, "compute": 1}
+    with pytest.raises(ValueError, match=r"_Grouped\.crunch runs in concurrency group 'compute'"):
+        check_groups("_Grouped", methods, {"io": 2})
+    for bad in ({"io": 0, "compute": 1}, {"io": True, "compute": 1}, {"io": 1.5, "compute": 1}):
+        with pytest.raises(ValueError, match="must allow an int >= 1"):
+            check_groups("_Grouped", methods, bad)
+    with pytest.raises(ValueError, match="non-empty string"):
+        concurrency_group("")
+    with pytest.raises(TypeError, match="marks methods"):
+        concurrency_group("io")(3)  # type: ignore[type-var]
