@@ -55,11 +55,14 @@ class CallStats:
         host = self._host
         if host is None:
             return {"queued": 0, "running": 0}
-        worker = getattr(host, "worker", None)
-        queued = len(getattr(worker, "_waiting", ()) or ())
-        running = int(getattr(worker, "running", 0) or 0)
-        semaphore = getattr(host, "semaphore", None)
-        queued += len(getattr(semaphore, "_waiters", None) or ())
+        # the default group's limit and threads, then each concurrency group's
+        lanes = [(getattr(host, "semaphore", None), getattr(host, "worker", None))]
+        lanes += list((getattr(host, "groups", None) or {}).values())
+        queued = running = 0
+        for semaphore, worker in lanes:
+            queued += len(getattr(worker, "_waiting", ()) or ())
+            running += int(getattr(worker, "running", 0) or 0)
+            queued += len(getattr(semaphore, "_waiters", None) or ())
         monitor = getattr(host, "monitor", None)
         running += len(getattr(monitor, "running", ()) or ())
         return {"queued": queued, "running": running}
