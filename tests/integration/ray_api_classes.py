@@ -81,6 +81,7 @@ class AsyncActor:
     def __init__(self) -> None:
         self.event = asyncio.Event()
         self.cancelled = 0
+        self.started = 0
 
     async def wait_for_go(self) -> str:
         await self.event.wait()
@@ -90,6 +91,7 @@ class AsyncActor:
         self.event.set()
 
     async def forever(self) -> None:
+        self.started += 1
         try:
             await asyncio.sleep(3600)
         except asyncio.CancelledError:
@@ -98,6 +100,9 @@ class AsyncActor:
 
     async def cancelled_count(self) -> int:
         return self.cancelled
+
+    async def started_count(self) -> int:
+        return self.started
 
     async def await_ref(self, other: Any) -> int:
         return await other.incr.remote(5)

@@ -372,7 +372,11 @@ def test_cancel_queued_and_running_async_calls() -> None:
     # test_cancel.py::test_async_actor_cancel and a queued call dropped
     a = AsyncActor.remote()
     ref = a.forever.remote()
-    time.sleep(0.3)
+    # running in the actor before the cancel (a fixed 0.3 s pause was too short under load:
+    # the call, still on its way, was dropped, and nothing in the actor was cancelled)
+    wait_until_sync(
+        lambda: ray.get(a.started_count.remote(), timeout=30) == 1, 60, "the call running"
+    )
     ray.cancel(ref)
     with pytest.raises(TaskCancelledError):
         ray.get(ref, timeout=30)
