@@ -12,9 +12,10 @@ Each member's environment has RAYLESS_GROUP_RANK and RAYLESS_GROUP_SIZE; with
 RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (members on the same node) and GROUP_RANK
 (the node's index in the group), so ``torch.distributed.init_process_group("gloo" or "nccl")``
 with the default ``env://`` works. MASTER_PORT is a port that rank 0's node agent found free
-on that node just before the spawn (the ``free_port`` agent op); it stays free unless another
-process takes it before rank 0's ``init_process_group`` binds it — pass ``master_port=`` to
-choose one yourself.
+on that node just before the spawn (the ``free_port`` agent op), drawn from below the
+kernel's ephemeral range, where no other process's connection or ``bind(0)`` takes it
+(``actors.control.free_ports``); only an explicit bind of that port before rank 0's
+``init_process_group`` could still take it — pass ``master_port=`` to choose one yourself.
 """
 
 from __future__ import annotations

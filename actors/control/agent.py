@@ -19,7 +19,6 @@ import functools
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from typing import Any
 
 from rayless.actors.control import reaper
 from rayless.actors.control.death import OomWatch, log_tail
+from rayless.actors.control.free_ports import PortPicker
 from rayless.actors.control.logs import LogTailer
 from rayless.actors.control.process_util import die_with_parent, setup_logging
 from rayless.actors.control.spawner import ProcessSpawner, Spawner, ZygoteSpawner
@@ -106,6 +106,7 @@ class Agent:
         self.rank = rank
         self.token = token
         self.node = node
+        self.ports = PortPicker()  # torch.distributed groups' MASTER_PORTs
         self.spawner = spawner
         # Template.LIGHT actors: the host's light template (none given: the same spawner)
         self.spawners: dict[Template, Spawner] = {
@@ -387,10 +388,9 @@ class Agent:
 
     @handles(FreePort)
     def op_free_port(self, peer: Peer, msg: FreePort) -> int:
-        """A TCP port free on this node's address right now (for torch.distributed groups)."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((self.node.ip, 0))
-            return int(sock.getsockname()[1])
+        """A TCP port free on this node right now, outside the ephemeral range and not handed
+        out lately (a torch.distributed group's MASTER_PORT: ``actors.control.free_ports``)."""
+        return self.ports.pick()
 
     @handles(Shutdown)
     def op_shutdown(self, peer: Peer, msg: Shutdown) -> str:
