@@ -1,8 +1,8 @@
 """What the layers above the runtime (the store, weight sync, the demos, verl's worker groups)
 may use of it besides the public API in ``rayless.actors``: spawning helpers, blocking faces,
-tracing, by-value pickling, how a spawned child joins, torch's thread settings, the
-typed-message decorator, the loop sync calls run on, and the environment variables an actor
-process finds itself in.
+tracing, by-value pickling, how a spawned child joins, a rendezvous port, torch's thread
+settings, the typed-message decorator, the loop sync calls run on, and the environment
+variables an actor process finds itself in.
 
 Code outside ``actors/`` imports the runtime only from ``rayless.actors``,
 ``rayless.actors.errors`` and this module (``tests/unit/test_layering.py``); everything else
@@ -19,6 +19,7 @@ from rayless.actors.api.components import cluster_info, slots_of, spawn_all
 from rayless.actors.api.lifecycle import opener
 from rayless.actors.api.portal import Portal, home_loop
 from rayless.actors.api.sync import SyncCluster
+from rayless.actors.control.free_ports import free_port
 from rayless.actors.core import timeline
 from rayless.actors.core.context import (
     ENV_ACTOR_ID,
@@ -48,6 +49,7 @@ __all__ = [
     "cluster_info",
     "current_handle",
     "dumps_by_value",
+    "free_port",
     "home_loop",
     "joined_address",
     "loads_by_value",

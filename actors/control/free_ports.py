@@ -19,7 +19,7 @@ import socket
 import time
 from collections import OrderedDict
 
-__all__ = ["EPHEMERAL_RANGE", "PortPicker", "ephemeral_range"]
+__all__ = ["EPHEMERAL_RANGE", "PortPicker", "ephemeral_range", "free_port"]
 
 EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
 _LOWEST = 10000  # below: well-known and commonly configured service ports
@@ -88,3 +88,19 @@ class PortPicker:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("0.0.0.0", port))  # every address: as rank 0's store listens
             return int(sock.getsockname()[1])
+
+
+_PICKER: PortPicker | None = None
+
+
+def free_port() -> int:
+    """A port for a rendezvous this process hosts (:meth:`PortPicker.pick` of one picker per
+    process): a demo's or a user's own MASTER_PORT.
+
+    Raises:
+        OSError: not even ``bind(0)`` found a port.
+    """
+    global _PICKER
+    if _PICKER is None:
+        _PICKER = PortPicker()
+    return _PICKER.pick()

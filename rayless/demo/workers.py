@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import time
 from typing import Any
 
@@ -26,6 +25,7 @@ import torch
 
 from rayless.actors import Actor, ActorHandle
 from rayless.actors.ext import apply_torch_threads, torch_threads
+from rayless.actors.ext import free_port as rendezvous_port
 from rayless.demo.config import AlgoConfig
 from rayless.demo.env import VecCartPole
 from rayless.demo.ppo import (
@@ -48,11 +48,9 @@ def worker_device() -> torch.device:
 
 
 def free_port() -> tuple[str, int]:
-    """An address of this node and a free TCP port on it (for MASTER_ADDR/PORT)."""
-    ip = os.environ.get("RAYLESS_NODE_IP", "127.0.0.1")
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return ip, int(s.getsockname()[1])
+    """An address of this node and a free TCP port on it (for MASTER_ADDR/PORT), from below
+    the ephemeral range (``rayless.actors.ext.free_port``)."""
+    return os.environ.get("RAYLESS_NODE_IP", "127.0.0.1"), rendezvous_port()
 
 
 def join_process_group(
