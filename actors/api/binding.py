@@ -84,15 +84,7 @@ def endpoint_marker(fn: Any = None, *, timeout: float | None = None) -> Any:
         isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
     ):
         raise ValueError(f"an endpoint's timeout must be a positive number, got {timeout!r}")
-    options = EndpointOptions(None if timeout is None else float(timeout))
-
-    def mark(f: FN) -> FN:
-        inner = f.__func__ if isinstance(f, (staticmethod, classmethod)) else f
-        if not callable(inner):
-            raise TypeError(f"@endpoint marks methods, not {type(f).__name__}")
-        setattr(inner, _MARK, options)
-        return f
-
+    mark = _marker("endpoint", _MARK, EndpointOptions(None if timeout is None else float(timeout)))
     return mark if fn is None else mark(fn)
 
 
@@ -106,12 +98,18 @@ def concurrency_group_marker(name: str) -> Callable[[FN], FN]:
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"a concurrency group's name must be a non-empty string, got {name!r}")
+    return _marker("concurrency_group", _GROUP, name)
+
+
+def _marker(decorator: str, attr: str, value: Any) -> Callable[[FN], FN]:
+    """A decorator that sets ``attr`` to ``value`` on a method's function (a static or class
+    method's own); ``TypeError`` for what is not callable."""
 
     def mark(f: FN) -> FN:
         inner = f.__func__ if isinstance(f, (staticmethod, classmethod)) else f
         if not callable(inner):
-            raise TypeError(f"@concurrency_group marks methods, not {type(f).__name__}")
-        setattr(inner, _GROUP, name)
+            raise TypeError(f"@{decorator} marks methods, not {type(f).__name__}")
+        setattr(inner, attr, value)
         return f
 
     return mark

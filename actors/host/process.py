@@ -43,7 +43,7 @@ from rayless.actors.api.actor import (
     loads_by_value,
     set_current_handle,
 )
-from rayless.actors.api.binding import CALL, EXIT, READY, public_methods
+from rayless.actors.api.binding import CALL, EXIT, READY, check_groups, public_methods
 from rayless.actors.api.handle import ActorHandle
 from rayless.actors.api.portal import set_home_loop
 from rayless.actors.api.streams import CLOSE, NEXT, StreamHost, is_stream
@@ -294,6 +294,8 @@ class ActorHost:
         cls = ClassRef.from_wire(self.spec.cls).load()
         args, kwargs = codec.decode(self.spec.init)
         self.methods = public_methods(cls, self.spec.hooks)
+        # the class as loaded here may differ from the driver's: a group it names must exist
+        check_groups(class_name(cls), self.methods, self.spec.concurrency_groups)
         self.instance = await self.worker.submit(functools.partial(cls, *args, **kwargs))
         if self.spec.hooks:
             await self._lifecycle("setup")
@@ -374,9 +376,10 @@ class ActorHost:
         assert worker is not None  # internal invariant: set by start()
         if worker.exited:
             return _no_reply()
-        steps = None if group is None else worker.submit  # a def generator's, in its group
-        return worker.submit(
-            functools.partial(self._run_sync, fn, args, kwargs, caller, traced, queued, steps)
+        return worker.submit(  # a def generator's later steps run on the same threads
+            functools.partial(
+                self._run_sync, fn, args, kwargs, caller, traced, queued, worker.submit
+            )
         )
 
     def _builtin(self, method: str, req: Request) -> Any:
@@ -478,7 +481,7 @@ class ActorHost:
         caller: str,
         traced: Request | None,
         queued: int,
-        steps: Any = None,
+        steps: Any,
     ) -> Any:
         reset = _CALLER.set(caller)
         start = time.time_ns() if traced is not None else 0
