@@ -1,6 +1,7 @@
 """What the layers above the runtime (the store, weight sync, the demos, verl's worker groups)
 may use of it besides the public API in ``rayless.actors``: spawning helpers, blocking faces,
-tracing, by-value pickling, how a spawned child joins, a rendezvous port, torch's thread
+tracing, by-value pickling, how a spawned child joins, a rendezvous port, how a spawn's
+``executable`` (Ray's ``py_executable``) is read, torch's thread
 settings, the typed-message decorator, the loop sync calls run on, and the environment
 variables an actor process finds itself in.
 
@@ -16,6 +17,7 @@ from rayless.actors.api.blocking import BlockingFace, call_limit
 from rayless.actors.api.child_join import ChildJoin
 from rayless.actors.api.cluster import joined_address
 from rayless.actors.api.components import cluster_info, slots_of, spawn_all
+from rayless.actors.api.interpreter import parse_executable
 from rayless.actors.api.lifecycle import opener
 from rayless.actors.api.portal import Portal, home_loop
 from rayless.actors.api.sync import SyncCluster
@@ -55,6 +57,7 @@ __all__ = [
     "loads_by_value",
     "message",
     "opener",
+    "parse_executable",
     "slots_of",
     "spawn_all",
     "store_span",

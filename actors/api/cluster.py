@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from rayless.actors.api import signals
@@ -29,6 +28,7 @@ from rayless.actors.api.calls import call_encode_error
 from rayless.actors.api.components import spawn_component
 from rayless.actors.api.group import spawn_group
 from rayless.actors.api.handle import ActorHandle, check_method_names
+from rayless.actors.api.interpreter import code_paths, parse_executable
 from rayless.actors.api.lifecycle import Opening
 from rayless.actors.api.remote_errors import materialize
 from rayless.actors.api.runtime import Runtime, close_runtimes, get_runtime
@@ -160,6 +160,7 @@ class Cluster:
         wait_for_resources: float = 0.0,
         template: Template = Template.TORCH,
         hooks: bool = True,
+        executable: str | Sequence[str] | None = None,
         **kwargs: Any,
     ) -> ActorHandle[A]:
         """Start an actor of ``cls(*args, **kwargs)`` in its own process; return its handle.
@@ -174,13 +175,18 @@ class Cluster:
         a method marked ``@concurrency_group("io")`` run at most 2 at once (a ``def`` method's
         in threads of the group's own), beside the other groups' and the default group's
         (``max_concurrency``), so a call waiting in one group never blocks another's.
+        ``executable`` (Ray's ``py_executable``): the command that runs the actor's Python,
+        an interpreter's path or a command such as ``"uv run --extra vllm"``; the actor then
+        starts as a fresh process of it (unless it is the node's own interpreter), which
+        must be able to import rayless (``actors.api.interpreter``).
 
         Raises:
             ClosedError: this cluster handle is closed.
             TypeError: ``cls`` is not an importable class, a method of it has a name of the
                 handle's own (``address``, ``name``, ...), or an argument cannot be encoded
                 (named as ``argument 0 ['a']``).
-            ValueError: malformed resource amounts, an empty name, ``template`` is not a
+            ValueError: malformed resource amounts, an empty name or ``executable``,
+                ``template`` is not a
                 Template (nor one's value), or a malformed concurrency group or a method in
                 one that ``concurrency_groups`` does not define.
             PlacementError: no node can hold the request (at once, never a hang).
@@ -189,7 +195,11 @@ class Cluster:
                 other actors to free them; infeasible requests still fail at once).
             RemoteError: the constructor or ``setup`` raised.
             Timeout: the actor did not start within ``timeout`` seconds (its process is gone).
+            StartError: ``executable``'s command is not found on the node.
+            ActorDiedError: the actor's process exited while starting (``executable``
+                cannot import rayless, say: its log's tail says why).
         """
+        argv = parse_executable(executable)
         ref = ClassRef.of(cls)
         methods = public_methods(cls, hooks)
         shown = class_name(cls)
@@ -225,12 +235,13 @@ class Cluster:
             env={str(k): str(v) for k, v in (env or {}).items()},
             methods=methods,
             cwd=os.getcwd(),
-            sys_path=tuple(p for p in sys.path if p),
+            sys_path=code_paths(argv),
             timeout=float(timeout),
             wait_for_resources=float(wait_for_resources),
             template=template,
             imports=_template_imports(cls),
             hooks=bool(hooks),
+            executable=argv,
         )
         runtime = await self._runtime()
         try:

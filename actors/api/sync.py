@@ -34,6 +34,7 @@ A = TypeVar("A")
 
 if TYPE_CHECKING:
     import os
+    from collections.abc import Sequence
 
     from rayless.actors.api.cluster import Cluster
     from rayless.actors.protocol.messages import ActorPage, ClusterSummary, NodeView
@@ -112,6 +113,7 @@ class SyncCluster:
         wait_for_resources: float = 0.0,
         template: Template = Template.TORCH,
         hooks: bool = True,
+        executable: str | Sequence[str] | None = None,
         **kwargs: Any,
     ) -> ActorHandle[A]:
         """Start an actor of ``cls(*args, **kwargs)`` in its own process; return its handle.
@@ -126,13 +128,18 @@ class SyncCluster:
         a method marked ``@concurrency_group("io")`` run at most 2 at once (a ``def`` method's
         in threads of the group's own), beside the other groups' and the default group's
         (``max_concurrency``), so a call waiting in one group never blocks another's.
+        ``executable`` (Ray's ``py_executable``): the command that runs the actor's Python,
+        an interpreter's path or a command such as ``"uv run --extra vllm"``; the actor then
+        starts as a fresh process of it (unless it is the node's own interpreter), which
+        must be able to import rayless (``actors.api.interpreter``).
 
         Raises:
             ClosedError: this cluster handle is closed.
             TypeError: ``cls`` is not an importable class, a method of it has a name of the
                 handle's own (``address``, ``name``, ...), or an argument cannot be encoded
                 (named as ``argument 0 ['a']``).
-            ValueError: malformed resource amounts, an empty name, ``template`` is not a
+            ValueError: malformed resource amounts, an empty name or ``executable``,
+                ``template`` is not a
                 Template (nor one's value), or a malformed concurrency group or a method in
                 one that ``concurrency_groups`` does not define.
             PlacementError: no node can hold the request (at once, never a hang).
@@ -141,6 +148,9 @@ class SyncCluster:
                 other actors to free them; infeasible requests still fail at once).
             RemoteError: the constructor or ``setup`` raised.
             Timeout: the actor did not start within ``timeout`` seconds (its process is gone).
+            StartError: ``executable``'s command is not found on the node.
+            ActorDiedError: the actor's process exited while starting (``executable``
+                cannot import rayless, say: its log's tail says why).
         """
         return self.run(
             self.cluster.spawn(
@@ -159,6 +169,7 @@ class SyncCluster:
                 wait_for_resources=wait_for_resources,
                 template=template,
                 hooks=hooks,
+                executable=executable,
                 **kwargs,
             )
         )

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import logging
 import os
+import shlex
 import signal
 import sys
 import time
@@ -29,9 +30,15 @@ from rayless.actors.control.death import OomWatch, log_tail
 from rayless.actors.control.free_ports import PortPicker
 from rayless.actors.control.logs import LogTailer
 from rayless.actors.control.process_util import die_with_parent, setup_logging
-from rayless.actors.control.spawner import ProcessSpawner, Spawner, ZygoteSpawner
+from rayless.actors.control.spawner import (
+    ProcessSpawner,
+    Spawner,
+    Spawners,
+    ZygoteSpawner,
+    same_interpreter,
+)
 from rayless.actors.core import context, gc_policy
-from rayless.actors.errors import ActorDiedError, ActorNotFoundError
+from rayless.actors.errors import ActorDiedError, ActorNotFoundError, StartError
 from rayless.actors.protocol.messages import (
     ActorEvent,
     AgentStatus,
@@ -109,10 +116,13 @@ class Agent:
         self.ports = PortPicker()  # torch.distributed groups' MASTER_PORTs
         self.spawner = spawner
         # Template.LIGHT actors: the host's light template (none given: the same spawner)
-        self.spawners: dict[Template, Spawner] = {
-            Template.TORCH: spawner,
-            Template.LIGHT: light_spawner if light_spawner is not None else spawner,
-        }
+        self.spawners = Spawners(
+            {
+                Template.TORCH: spawner,
+                Template.LIGHT: light_spawner if light_spawner is not None else spawner,
+            },
+            token,
+        )
         self.log_dir = log_dir
         self.kill_grace = kill_grace
         self.head_timeout = head_timeout
@@ -146,8 +156,7 @@ class Agent:
     async def __aenter__(self) -> Agent:
         os.makedirs(self.log_dir, exist_ok=True)
         await self.server.start()
-        for spawner in self._distinct_spawners():
-            await spawner.start(self._on_exit)
+        await self.spawners.start(self._on_exit)
         await self.head.connect()
         info = self.node.to_dict()
         if self.rank is not None:  # the launch rank, so a rendezvous can name missing ranks
@@ -160,13 +169,6 @@ class Agent:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-    def _distinct_spawners(self) -> list[Spawner]:
-        out: list[Spawner] = []
-        for spawner in self.spawners.values():
-            if all(spawner is not s for s in out):
-                out.append(spawner)
-        return out
 
     def _spawn_task(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -182,8 +184,7 @@ class Agent:
         for task in list(self._tasks):
             task.cancel()
         await self.tailer.flush()
-        for spawner in self._distinct_spawners():
-            await spawner.aclose()
+        await self.spawners.aclose()
         await self.head.aclose()
         await self.server.aclose()
         self.stopped.set()
@@ -272,8 +273,11 @@ class Agent:
             log_path=os.path.join(self.log_dir, f"{safe}-{actor_id}.log"),
             max_restarts=spec.max_restarts,
         )
+        try:
+            spawner = await self.spawners.get(spec.template, spec.executable)
+        except StartError as exc:
+            raise StartError(f"actor {name!r} on node {self.node.node_id}: {exc}") from None
         self.procs[actor_id] = proc
-        spawner = self.spawners[spec.template]
         for module in spec.imports:
             await spawner.preload(module)
         module = spec.cls[0]
@@ -286,7 +290,7 @@ class Agent:
         proc.exited = asyncio.Event()
         with contextlib.suppress(OSError):
             proc.log_start = os.path.getsize(proc.log_path)
-        spawner = self.spawners[proc.spec.template]
+        spawner = await self.spawners.get(proc.spec.template, proc.spec.executable)
         pid = await spawner.spawn(proc.env, proc.log_path, proc.spec.cwd)
         proc.pid = pid
         self.by_pid[pid] = proc
@@ -440,17 +444,24 @@ class Agent:
             await asyncio.to_thread(reap, pid)
         cause = await asyncio.to_thread(self.oom.cause, pid, code)
         tail = await asyncio.to_thread(log_tail, proc.log_path, proc.log_start)
+        starting = proc.ready is not None and not proc.ready.done()
+        reason = proc.stop_reason
+        exe = proc.spec.executable
+        if starting and not reason and exe and not same_interpreter(exe):
+            reason = (
+                f"its py_executable {shlex.join(exe)!r} exited while "
+                "starting it (that Python must be able to import rayless)"
+            )
         died = ActorDiedError(
             proc.name,
             pid=pid,
             exitcode=code,
             node=self.node.node_id,
-            reason=proc.stop_reason,
+            reason=reason,
             cause=cause.text,
             log_tail=tail,
             log=proc.log_path,
         )
-        starting = proc.ready is not None and not proc.ready.done()
         first_start = starting and proc.restarts == 0  # a failed spawn is not restarted
         can_restart = proc.restarts < proc.max_restarts and not self._closed
         if proc.state is not ProcState.STOPPING and can_restart and not first_start:

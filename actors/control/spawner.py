@@ -64,10 +64,16 @@ class Spawner(Protocol):
 
 
 class ProcessSpawner:
-    """Starts ``python -m rayless.actors.host.process`` per actor (slower: imports anew)."""
+    """Starts ``python -m rayless.actors.host.process`` per actor (slower: imports anew).
 
-    def __init__(self, token: str = "") -> None:
+    ``argv`` is the command that starts the Python: this process's interpreter by default,
+    or another one (an actor's ``executable``: a venv's ``python``, ``uv run --extra x``),
+    which must be able to import rayless.
+    """
+
+    def __init__(self, token: str = "", argv: tuple[str, ...] = ()) -> None:
         self._token = token
+        self._argv = argv or (sys.executable,)
         self._on_exit: OnExit = lambda pid, code: None
         self._procs: dict[int, asyncio.subprocess.Process] = {}
         self._waiters: set[asyncio.Task[None]] = set()
@@ -82,7 +88,7 @@ class ProcessSpawner:
         try:
             with open(open_append(log_path), "ab") as out:
                 proc = await asyncio.create_subprocess_exec(
-                    sys.executable,
+                    *self._argv,
                     "-m",
                     "rayless.actors.host.process",
                     env=child_env,
@@ -290,3 +296,67 @@ class ZygoteSpawner:
                 await self._own.wait()
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+
+def same_interpreter(argv: tuple[str, ...]) -> bool:
+    """Whether ``argv`` is this process's own interpreter: the same binary in the same
+    directory (a venv's ``python3`` beside its ``python``; not the base interpreter a venv's
+    link points to, whose packages differ), with no arguments."""
+    if len(argv) != 1:
+        return False
+    found = shutil.which(argv[0])
+    if found is None:
+        return False
+    mine, theirs = os.path.abspath(sys.executable), os.path.abspath(found)
+    return os.path.dirname(mine) == os.path.dirname(theirs) and os.path.realpath(
+        mine
+    ) == os.path.realpath(theirs)
+
+
+class Spawners:
+    """A node agent's spawners: one per fork template, and a :class:`ProcessSpawner` per
+    other interpreter an actor asks for (its ``executable``), made at its first use."""
+
+    def __init__(self, by_template: dict[Template, Spawner], token: str) -> None:
+        self._by_template = by_template
+        self._token = token
+        self._by_argv: dict[tuple[str, ...], ProcessSpawner] = {}
+        self._on_exit: OnExit = lambda pid, code: None
+
+    def distinct(self) -> list[Spawner]:
+        """Every spawner, each once (a template's may be another's)."""
+        out: list[Spawner] = []
+        for spawner in [*self._by_template.values(), *self._by_argv.values()]:
+            if all(spawner is not s for s in out):
+                out.append(spawner)
+        return out
+
+    async def start(self, on_exit: OnExit) -> None:
+        """Start the templates' spawners; ``on_exit`` hears every spawner's exits."""
+        self._on_exit = on_exit
+        for spawner in self.distinct():
+            await spawner.start(on_exit)
+
+    async def get(self, template: Template, executable: tuple[str, ...]) -> Spawner:
+        """The spawner of an actor of ``template`` run by ``executable`` (empty: ours).
+
+        Raises:
+            StartError: ``executable``'s command is not found on this node.
+        """
+        if not executable or same_interpreter(executable):  # forked from the template
+            return self._by_template[template]
+        spawner = self._by_argv.get(executable)
+        if spawner is None:
+            if shutil.which(executable[0]) is None:
+                raise StartError(
+                    f"py_executable {' '.join(executable)!r}: {executable[0]!r} is not an "
+                    "executable file on this node"
+                )
+            spawner = self._by_argv[executable] = ProcessSpawner(self._token, executable)
+            await spawner.start(self._on_exit)
+        return spawner
+
+    async def aclose(self) -> None:
+        """Close every spawner (processes still running are killed)."""
+        for spawner in self.distinct():
+            await spawner.aclose()

@@ -134,6 +134,7 @@ class SpawnSpec:
     template: Template = Template.TORCH
     imports: tuple[str, ...] = ()
     hooks: bool = True  # setup/teardown are lifecycle hooks (False: plain methods, Ray's)
+    executable: tuple[str, ...] = ()  # the command that runs its Python (empty: the node's)
 
 
 # -- records and events -------------------------------------------------------------------

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rayless.actors import Cluster, connect
+from rayless.actors.ext import parse_executable
 from rayless.ray import _internals
 
 if TYPE_CHECKING:
@@ -35,7 +36,8 @@ ENV_NAMESPACE = "RAYLESS_RAY_NAMESPACE"
 ENV_JOB_ID = "RAYLESS_RAY_JOB_ID"
 ENV_ANONYMOUS_NAMESPACE = "RAYLESS_RAY_ANONYMOUS_NAMESPACE"
 ENV_ENV_VARS = "RAYLESS_RAY_ENV_VARS"  # the session's runtime_env env var names, for children
-RUNTIME_ENV_KEYS = frozenset({"env_vars"})
+ENV_PY_EXECUTABLE = "RAYLESS_RAY_PY_EXECUTABLE"  # the worker's py_executable, for its children
+RUNTIME_ENV_KEYS = frozenset({"env_vars", "py_executable", "config"})
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Session:
     namespace: str | None
     job_id: str
     env_vars: dict[str, str]
+    py_executable: tuple[str, ...] = ()  # the runtime_env's, for every actor and task
     num_cpus: float | None = None
     num_gpus: float | None = None
     generation: int = 0
@@ -107,26 +110,54 @@ def session() -> Session:
         return _session
 
 
-def check_runtime_env(runtime_env: dict[str, Any] | None) -> dict[str, str]:
-    """The ``env_vars`` of a ``runtime_env``.
+@dataclass(frozen=True)
+class RuntimeEnvSpec:
+    """What rayless does with a ``runtime_env``: the variables it sets and the command that
+    runs the worker's Python (``py_executable``; empty: the node's own interpreter)."""
+
+    env_vars: tuple[tuple[str, str], ...] = ()
+    py_executable: tuple[str, ...] = ()
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The variables, as a dict."""
+        return dict(self.env_vars)
+
+
+def parse_runtime_env(runtime_env: dict[str, Any] | None) -> RuntimeEnvSpec:
+    """What a ``runtime_env`` asks for (``config``, Ray's setup options, has no effect).
 
     Raises:
-        ValueError: it has other keys (rayless ships no code or packages per job).
+        ValueError: it has other keys (rayless ships no code or packages per job), or a
+            malformed ``env_vars`` or ``py_executable``.
     """
     if not runtime_env:
-        return {}
+        return RuntimeEnvSpec()
     if not isinstance(runtime_env, dict):
         raise ValueError(f"runtime_env must be a dict, got {type(runtime_env).__name__}")
     other = sorted(set(runtime_env) - RUNTIME_ENV_KEYS)
     if other:
         raise ValueError(
-            f"runtime_env keys {other} are not supported by rayless.ray: only 'env_vars' "
-            "(install packages and code on every node instead; see docs/moving-from-ray.md)"
+            f"runtime_env keys {other} are not supported by rayless.ray: only 'env_vars' and "
+            "'py_executable' (install packages and code on every node instead; see "
+            "docs/moving-from-ray.md)"
         )
     env = runtime_env.get("env_vars") or {}
     if not isinstance(env, dict):
         raise ValueError("runtime_env['env_vars'] must be a dict of str to str")
-    return {str(k): str(v) for k, v in env.items()}
+    return RuntimeEnvSpec(
+        tuple(sorted((str(k), str(v)) for k, v in env.items())),
+        parse_executable(runtime_env.get("py_executable")),
+    )
+
+
+def check_runtime_env(runtime_env: dict[str, Any] | None) -> dict[str, str]:
+    """The ``env_vars`` of a ``runtime_env`` (see :func:`parse_runtime_env`).
+
+    Raises:
+        ValueError: as :func:`parse_runtime_env`.
+    """
+    return parse_runtime_env(runtime_env).env
 
 
 def open_session(
@@ -145,20 +176,29 @@ def open_session(
         ConnectError / StartError: no cluster to join, or the local one did not start.
     """
     global _session, _generation
-    env_vars = check_runtime_env(runtime_env)
+    renv = parse_runtime_env(runtime_env)
+    env_vars = renv.env
     if in_actor():
         loop = _internals.home_loop()
         ns = namespace if namespace is not None else os.environ.get(ENV_NAMESPACE) or None
         job = os.environ.get(ENV_JOB_ID) or uuid.uuid4().hex[:8]
         inherited = [k for k in os.environ.get(ENV_ENV_VARS, "").split(",") if k]
         env_vars = {**{k: os.environ[k] for k in inherited if k in os.environ}, **env_vars}
-        s = Session(loop, None, ns, job, env_vars)
+        inherited_exe = parse_executable(os.environ.get(ENV_PY_EXECUTABLE) or None)
+        s = Session(loop, None, ns, job, env_vars, renv.py_executable or inherited_exe)
         s.anonymous_namespace = os.environ.get(ENV_ANONYMOUS_NAMESPACE) or s.anonymous_namespace
     elif (joined := _joined(address)) is not None:
         # this driver already started or joined a cluster (actors.Cluster.local_sync, a
         # worker group's cluster): a process belongs to one cluster, so the session uses it
         # as an actor's does (its loop, a Cluster on the existing session) and leaves it be
-        s = Session(_internals.home_loop(), None, namespace, uuid.uuid4().hex[:8], env_vars)
+        s = Session(
+            _internals.home_loop(),
+            None,
+            namespace,
+            uuid.uuid4().hex[:8],
+            env_vars,
+            renv.py_executable,
+        )
         s.joined = joined
         s.num_cpus = num_cpus
         s.num_gpus = num_gpus
@@ -171,7 +211,9 @@ def open_session(
             sync = Cluster.local_sync(nodes=num_nodes, gpus_per_node=int(num_gpus or 0))
         else:
             sync = Cluster.connect_sync(address)
-        s = Session(sync.portal.loop, sync, namespace, uuid.uuid4().hex[:8], env_vars)
+        s = Session(
+            sync.portal.loop, sync, namespace, uuid.uuid4().hex[:8], env_vars, renv.py_executable
+        )
         s._cluster = sync.cluster
         s.num_cpus = num_cpus
         s.num_gpus = num_gpus

@@ -43,6 +43,7 @@ from rayless.ray.options import (
     check,
     check_group,
     env_for,
+    executable_for,
     place,
     template_for,
 )
@@ -307,6 +308,7 @@ async def _spawn(
             template=template_for(),
             hooks=False,  # a Ray class's setup/teardown are its own methods
             env=env_for(s, opts),
+            executable=executable_for(s, opts),
             gpu_indices=where.gpu_indices,
             **kwargs,
         )

@@ -8,6 +8,7 @@ being ignored; the few accepted without an effect are listed in ``IGNORED``.
 from __future__ import annotations
 
 import difflib
+import shlex
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ __all__ = [
     "check",
     "check_group",
     "env_for",
+    "executable_for",
     "place",
     "template_for",
 ]
@@ -105,7 +107,7 @@ def check(options: dict[str, Any], allowed: frozenset[str], what: str) -> dict[s
             isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
         ):
             raise ValueError(f"{key} must be a number >= 0, got {value!r}")
-    _worker.check_runtime_env(options.get("runtime_env"))
+    _worker.parse_runtime_env(options.get("runtime_env"))
     return dict(options)
 
 
@@ -212,7 +214,17 @@ def env_for(s: _worker.Session, options: dict[str, Any]) -> dict[str, str]:
     env[_worker.ENV_ANONYMOUS_NAMESPACE] = s.anonymous_namespace
     if s.env_vars:
         env[_worker.ENV_ENV_VARS] = ",".join(sorted(s.env_vars))
+    executable = executable_for(s, options)
+    if executable:  # its own actors and tasks run under it too, as Ray's inherit it
+        env[_worker.ENV_PY_EXECUTABLE] = shlex.join(executable)
     return env
+
+
+def executable_for(s: _worker.Session, options: dict[str, Any]) -> tuple[str, ...]:
+    """The command that runs a spawned actor's or worker's Python: the options'
+    ``runtime_env`` ``py_executable``, else the session's (empty: the node's own)."""
+    own = _worker.parse_runtime_env(options.get("runtime_env")).py_executable
+    return own or s.py_executable
 
 
 def template_for() -> Template:

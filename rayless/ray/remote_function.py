@@ -26,7 +26,7 @@ import functools
 import uuid
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from rayless.actors import ActorHandle as _RaylessHandle
 from rayless.actors import RemoteStream
@@ -43,6 +43,7 @@ from rayless.ray.options import (
     check,
     check_group,
     env_for,
+    executable_for,
     place,
     template_for,
 )
@@ -81,12 +82,23 @@ class TaskState:
     force: bool = False
 
 
+class TaskKind(NamedTuple):
+    """What makes two task workers interchangeable: where they run (node or bundle, GPU
+    indices), their resources and their ``runtime_env``."""
+
+    where: Any  # Placement.key
+    gpus: float
+    cpus: float | None
+    env_vars: tuple[tuple[str, str], ...]
+    executable: tuple[str, ...]
+
+
 class TaskPools:
     """The task workers of one session, by kind. Lives on the session's loop."""
 
     def __init__(self, s: _worker.Session) -> None:
         self.session = s
-        self.pools: dict[tuple[Any, ...], _Pool] = {}
+        self.pools: dict[TaskKind, _Pool] = {}
         self.totals: tuple[float, float] | None = None  # (CPUs, GPUs) of the cluster
         self.closed = False
 
@@ -100,7 +112,7 @@ class TaskPools:
             self.totals = (float(cpus), float(sum(len(n.get("gpus", [])) for n in nodes)))
         return self.totals
 
-    async def acquire(self, key: tuple[Any, ...], opts: dict[str, Any], where: Placement) -> Worker:
+    async def acquire(self, key: TaskKind, opts: dict[str, Any], where: Placement) -> Worker:
         """An idle worker of kind ``key``, a new one, or the next one released.
 
         Raises:
@@ -143,6 +155,7 @@ class TaskPools:
             "gpus": gpus,
             "cpus": float(opts["num_cpus"]) if opts.get("num_cpus") is not None else 1.0,
             "env": env_for(s, opts),
+            "executable": executable_for(s, opts),
             "gpu_indices": where.gpu_indices,
             "wait_for_resources": GPU_WAIT if gpus > 0 and where.gpu_indices is None else 0.0,
             "template": template_for(),
@@ -154,7 +167,7 @@ class TaskPools:
                 raise
             return await cluster.spawn(TaskWorker, **kwargs)
 
-    def release(self, key: tuple[Any, ...], worker: Worker) -> bool:
+    def release(self, key: TaskKind, worker: Worker) -> bool:
         """Give ``worker`` back: to the first task waiting, else to the idle list. False for a
         worker that holds GPUs and nobody waits for: the caller stops it (:meth:`retire`), so
         idle workers never keep GPUs from actors."""
@@ -178,12 +191,12 @@ class TaskPools:
         except Exception:
             pass
 
-    async def give_back(self, key: tuple[Any, ...], worker: Worker) -> None:
+    async def give_back(self, key: TaskKind, worker: Worker) -> None:
         """:meth:`release`, then :meth:`retire` what it did not keep."""
         if not self.release(key, worker):
             await self.retire(worker)
 
-    def discard(self, key: tuple[Any, ...], worker: Worker) -> None:
+    def discard(self, key: TaskKind, worker: Worker) -> None:
         """Forget a dead worker; a waiting task may start a new one."""
         pool = self.pools[key]
         pool.size -= 1
@@ -203,8 +216,8 @@ class TaskPools:
         """The CPUs idle workers hold, by node (on the session's loop): free in Ray's terms,
         where an idle worker holds no resources."""
         out: dict[str, float] = {}
-        for (_, _, num_cpus, _), pool in self.pools.items():
-            cpus = float(num_cpus) if num_cpus is not None else 1.0
+        for kind, pool in self.pools.items():
+            cpus = float(kind.cpus) if kind.cpus is not None else 1.0
             for w in pool.idle:
                 node = w.handle.node_id or ""
                 out[node] = out.get(node, 0.0) + cpus
@@ -253,11 +266,12 @@ async def run_task(
     args, kwargs = await resolve_all(args, kwargs)
     pools = _pools(s)
     where = await place(s, opts)
-    kind = (
+    kind = TaskKind(
         where.key,
         float(opts.get("num_gpus") or 0),
         opts.get("num_cpus"),
-        tuple(sorted(_worker.check_runtime_env(opts.get("runtime_env")).items())),
+        _worker.parse_runtime_env(opts.get("runtime_env")).env_vars,
+        executable_for(s, opts),
     )
     retries = opts.get("max_retries", DEFAULT_RETRIES)
     attempt = 0
@@ -327,9 +341,7 @@ def _argument_error(exc: TypeError, name: str) -> TypeError:
     return error
 
 
-async def _give_back(
-    pools: TaskPools, kind: tuple[Any, ...], worker: Worker, where: Placement
-) -> None:
+async def _give_back(pools: TaskPools, kind: TaskKind, worker: Worker, where: Placement) -> None:
     """A generator task's stream ended: its worker and placement are free again."""
     try:
         await pools.give_back(kind, worker)

@@ -2,9 +2,9 @@
 (AReaL's schedulers pass ``runtime_env=RuntimeEnv(env_vars=env)``).
 
 A ``RuntimeEnv`` is a dict, as Ray's is: every option that takes ``runtime_env=`` takes one,
-and it is checked where it is used, as a plain dict is (only ``env_vars`` is supported;
-another field is a ``ValueError`` naming it then). ``RuntimeEnvConfig`` is accepted and
-has no effect.
+and it is checked where it is used, as a plain dict is (``env_vars`` and ``py_executable``
+are supported; another field is a ``ValueError`` naming it then). ``RuntimeEnvConfig`` is
+accepted and has no effect.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import pytest
 
 from rayless import ray
 from rayless.ray.exceptions import (
+    ActorDiedError,
     GetTimeoutError,
     RayActorError,
     RayTaskError,
@@ -46,6 +48,7 @@ from tests.integration.ray_api_classes import (
     times_out,
     use_handle,
 )
+from tests.venvs import make_venv
 from tests.waiting import wait_until_sync
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("rayless_ray_api")]
@@ -786,3 +789,62 @@ def test_collecting_a_dropped_handle_runs_no_python_code() -> None:
         sys.setprofile(None)
     assert calls == [], calls
     wait_until_sync(lambda: _ended(pid), 30, "the dropped handle's actor to end")
+
+
+@pytest.fixture(scope="module")
+def venvs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A second venv that imports rayless, and a bare one that cannot."""
+    root = tmp_path_factory.mktemp("venvs")
+    return make_venv(str(root / "with")), make_venv(str(root / "bare"), bare=True)
+
+
+@ray.remote
+class Interpreter:
+    """Which Python runs it, and what its own actors and tasks run under."""
+
+    def prefix(self) -> str:
+        return sys.prefix
+
+    def childs_prefix(self) -> tuple[str, str]:
+        child = Interpreter.remote()
+        return ray.get(child.prefix.remote()), ray.get(interpreter_prefix.remote())
+
+
+@ray.remote
+def interpreter_prefix() -> str:
+    return sys.prefix
+
+
+def test_py_executable_runs_actors_and_tasks_under_another_python(
+    venvs: tuple[str, str],
+) -> None:
+    # NeMo-RL: worker.options(runtime_env={"py_executable": <a venv's python>}).remote()
+    python, _ = venvs
+    venv = os.path.dirname(os.path.dirname(python))
+    env = {"py_executable": python}
+    a = Interpreter.options(runtime_env=env).remote()
+    assert ray.get(a.prefix.remote()) == venv
+    assert ray.get(interpreter_prefix.options(runtime_env=env).remote()) == venv
+    # its own actors and tasks inherit it, as Ray's do
+    assert ray.get(a.childs_prefix.remote()) == (venv, venv)
+    # a command with arguments; the driver's own interpreter (forked, as without one)
+    words = {"py_executable": f"{python} -X utf8"}
+    assert ray.get(interpreter_prefix.options(runtime_env=words).remote()) == venv
+    own = {"py_executable": sys.executable}
+    assert ray.get(interpreter_prefix.options(runtime_env=own).remote()) == sys.prefix
+
+
+def test_a_py_executable_that_cannot_run_rayless_fails_the_actor_saying_why(
+    venvs: tuple[str, str], tmp_path: Any
+) -> None:
+    _, bare = venvs
+    a = Interpreter.options(runtime_env={"py_executable": bare}).remote()
+    with pytest.raises(ActorDiedError, match="must be able to import rayless") as info:
+        ray.get(a.prefix.remote(), timeout=60)
+    assert "No module named 'rayless" in str(info.value)
+    missing = str(tmp_path / "no-such-python")
+    b = Interpreter.options(runtime_env={"py_executable": missing}).remote()
+    with pytest.raises(ActorDiedError, match="not an executable file on this node"):
+        ray.get(b.prefix.remote(), timeout=60)
+    with pytest.raises(ValueError, match="py_executable"):
+        Interpreter.options(runtime_env={"py_executable": 3}).remote()

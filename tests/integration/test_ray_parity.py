@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.venvs import make_venv
 from tests.waiting import wait_until_sync
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("rayless_ray_parity")]
@@ -767,6 +768,9 @@ def test_state_api_lists_actors_and_nodes(ray: Any) -> None:
     assert [a.class_name for a in one] == [cls]
     assert state.get_actor(one[0].actor_id).pid in pids
     assert state.get_actor(one[0].actor_id)["name"] == "state-probe"
+    # Ray's older spelling, which verl's single controller imports
+    older = __import__(ray.__name__ + ".experimental.state.api", fromlist=["get_actor"])
+    assert older.get_actor is module.get_actor and older.list_actors is module.list_actors
     assert len(state.list_actors(filters=[("class_name", "=", cls)], limit=1)) == 1
     assert not state.list_actors(filters=[("class_name", "!=", cls), ("name", "=", "state-probe")])
     with pytest.raises(state.exception.RayStateApiException):
@@ -1136,3 +1140,29 @@ def test_an_actor_ends_once_its_last_handle_is_gone(ray: Any) -> None:
     time.sleep(1.0)
     assert ray.get(holder.ask.remote(), timeout=30) == kept_pid  # the holder's handle counts
     ray.kill(holder)
+
+
+def test_py_executable_runs_workers_under_another_venv(ray: Any, tmp_path: Any) -> None:
+    # NeMo-RL: .options(runtime_env={"py_executable": <python>}) on actors and tasks
+    python = make_venv(str(tmp_path / "venv"))
+    venv = str(tmp_path / "venv")
+    env = {"py_executable": python}
+
+    @ray.remote(num_cpus=0)
+    class Where:
+        def prefix(self) -> str:
+            import sys
+
+            return sys.prefix
+
+    @ray.remote(num_cpus=0)
+    def prefix() -> str:
+        import sys
+
+        return sys.prefix
+
+    a = Where.options(runtime_env=env).remote()
+    assert ray.get(a.prefix.remote(), timeout=120) == venv
+    assert ray.get(prefix.options(runtime_env=env).remote(), timeout=120) == venv
+    assert ray.get(prefix.options(runtime_env={"py_executable": ""}).remote()) != venv
+    ray.kill(a)
