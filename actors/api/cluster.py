@@ -161,6 +161,7 @@ class Cluster:
         template: Template = Template.TORCH,
         hooks: bool = True,
         executable: str | Sequence[str] | None = None,
+        detached: bool = False,
         **kwargs: Any,
     ) -> ActorHandle[A]:
         """Start an actor of ``cls(*args, **kwargs)`` in its own process; return its handle.
@@ -178,7 +179,9 @@ class Cluster:
         ``executable`` (Ray's ``py_executable``): the command that runs the actor's Python,
         an interpreter's path or a command such as ``"uv run --extra vllm"``; the actor then
         starts as a fresh process of it (unless it is the node's own interpreter), which
-        must be able to import rayless (``actors.api.interpreter``).
+        must be able to import rayless (``actors.api.interpreter``). ``detached`` (Ray's
+        ``lifetime="detached"``): the actor outlives this session (and, spawned by an actor,
+        that actor); it ends when it is killed or the cluster shuts down.
 
         Raises:
             ClosedError: this cluster handle is closed.
@@ -242,6 +245,7 @@ class Cluster:
             imports=_template_imports(cls),
             hooks=bool(hooks),
             executable=argv,
+            detached=bool(detached),
         )
         runtime = await self._runtime()
         try:

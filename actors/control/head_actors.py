@@ -102,7 +102,8 @@ class HeadActors:
             named=name is not None,
         )
         self.state.actors[actor_id] = record
-        self.state.owned.setdefault(record.owner, set()).add(actor_id)
+        if not spec.detached:  # a detached actor is nobody's: its owner's end leaves it be
+            self.state.owned.setdefault(record.owner, set()).add(actor_id)
         self.state.names[record.name] = actor_id  # generated names are unique too
         node = self.state.nodes[alloc.node_id]
         node.actors.add(actor_id)

@@ -135,6 +135,7 @@ class SpawnSpec:
     imports: tuple[str, ...] = ()
     hooks: bool = True  # setup/teardown are lifecycle hooks (False: plain methods, Ray's)
     executable: tuple[str, ...] = ()  # the command that runs its Python (empty: the node's)
+    detached: bool = False  # outlives its owner: ends with the cluster or a kill (Ray's)
 
 
 # -- records and events -------------------------------------------------------------------

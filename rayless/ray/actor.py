@@ -175,7 +175,8 @@ class ActorClass:
                 raise _start_error(exc) from None
             return handle
         handle._pending = _worker.submit(s, coro)
-        if name is None:  # ended once its handle is gone, as in Ray (named ones are kept)
+        if name is None and opts.get("lifetime") != "detached":
+            # ended once its handle is gone, as in Ray (named and detached ones are kept)
             handle._scope = _lifetime.own(s, handle, handle._pending)
         return handle
 
@@ -309,6 +310,7 @@ async def _spawn(
             hooks=False,  # a Ray class's setup/teardown are its own methods
             env=env_for(s, opts),
             executable=executable_for(s, opts),
+            detached=opts.get("lifetime") == "detached",
             gpu_indices=where.gpu_indices,
             **kwargs,
         )

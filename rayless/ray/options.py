@@ -81,10 +81,9 @@ def check(options: dict[str, Any], allowed: frozenset[str], what: str) -> dict[s
         hints = [f"{k!r} (did you mean {m[0]!r}?)" for k, m in close.items() if m]
         hint = f"; {', '.join(hints)}" if hints else ""
         raise ValueError(f"unknown or unsupported {what} options: {unknown}{hint}")
-    if options.get("lifetime") not in (None, "non_detached"):
+    if options.get("lifetime") not in (None, "non_detached", "detached"):
         raise ValueError(
-            "lifetime='detached' is not supported by rayless.ray: actors die with the driver "
-            "(or actor) that spawned them"
+            f"lifetime must be None, 'detached' or 'non_detached', got {options['lifetime']!r}"
         )
     if options.get("get_if_exists") and not options.get("name"):
         raise ValueError("get_if_exists=True needs a name")

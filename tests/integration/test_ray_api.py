@@ -601,7 +601,7 @@ def test_unsupported_options_raise_clearly() -> None:
     with pytest.raises(ValueError, match=r"mark the method with @ray\.method"):
         c.incr.options(concurrency_group="io").remote()  # Ray: a call's own group
     with pytest.raises(ValueError, match="detached"):
-        Counter.options(lifetime="detached").remote()
+        placement_group([{"CPU": 1}], lifetime="detached")  # planned in the driver
     with pytest.raises(ValueError, match="custom resources"):
         add.options(resources={"TPU": 1}).remote(1)
 

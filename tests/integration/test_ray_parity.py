@@ -1166,3 +1166,24 @@ def test_py_executable_runs_workers_under_another_venv(ray: Any, tmp_path: Any) 
     assert ray.get(prefix.options(runtime_env=env).remote(), timeout=120) == venv
     assert ray.get(prefix.options(runtime_env={"py_executable": ""}).remote()) != venv
     ray.kill(a)
+
+
+def test_a_detached_actor_is_kept_without_handles(ray: Any) -> None:
+    # Ray's habit: a detached actor lives on when its handles are gone (until killed)
+    @ray.remote(num_cpus=0)
+    class Keeper:
+        def pid(self) -> int:
+            return os.getpid()
+
+    anon = Keeper.options(lifetime="detached").remote()
+    named = Keeper.options(name="keeper-d", lifetime="detached").remote()
+    pids = [ray.get(anon.pid.remote()), ray.get(named.pid.remote())]
+    del anon, named
+    gc.collect()
+    time.sleep(1.5)  # (a non-detached actor would be ending by now: see the test above)
+    assert all(_pid_running(p) for p in pids)
+    again = ray.get_actor("keeper-d")
+    assert ray.get(again.pid.remote()) == pids[1]
+    ray.kill(again)
+    os.kill(pids[0], 9)  # nobody can name it
+    wait_until_sync(lambda: not any(_pid_running(p) for p in pids), 30, "the keepers to end")

@@ -90,8 +90,9 @@ def test_unsupported_options_are_named() -> None:
         check({"num_gpu": 1}, TASK_OPTIONS, "task")
     with pytest.raises(ValueError, match=r"did you mean 'max_restarts'\?"):
         check({"max_restart": 2}, ACTOR_OPTIONS, "actor")
-    with pytest.raises(ValueError, match="detached"):
-        check({"lifetime": "detached"}, ACTOR_OPTIONS, "actor")
+    with pytest.raises(ValueError, match="lifetime must be"):
+        check({"lifetime": "forever"}, ACTOR_OPTIONS, "actor")
+    assert check({"lifetime": "detached"}, ACTOR_OPTIONS, "actor")
     with pytest.raises(ValueError, match="custom resources"):
         check({"resources": {"TPU": 1}}, TASK_OPTIONS, "task")
     with pytest.raises(ValueError, match="working_dir"):
