@@ -7,6 +7,7 @@
     ├── ConnectError         no cluster to connect to: no address, an unreadable token file
     ├── LaunchError          ``rayless launch`` could not start, rendezvous or keep its cluster
     ├── DebugBusyError       an actor's debug listener is busy: every handshake slot is taken
+    ├── PackageError         a spawn's working_dir or py_modules cannot be shipped (too big)
     └── TransportError
         └── BrokenError      a peer is lost (the family of lost-peer errors)
             ├── ActorDiedError     the actor's process is gone (pid, exit code or signal, node)
@@ -28,6 +29,7 @@ __all__ = [
     "ConnectError",
     "DebugBusyError",
     "LaunchError",
+    "PackageError",
     "NameTakenError",
     "StartError",
 ]
@@ -108,6 +110,12 @@ class NameTakenError(RaylessError, ValueError, wire="rayless.NameTakenError"):
 
 class StartError(RaylessError, wire="rayless.StartError"):
     """A process of the runtime (head, node agent, fork template) did not start."""
+
+
+class PackageError(RaylessError, wire="rayless.PackageError"):
+    """A spawn's files (Ray's ``runtime_env`` ``working_dir`` or ``py_modules``) cannot be
+    shipped to its node: too big, the head's package store is full, a package the head does
+    not hold, or an archive that would write outside its directory."""
 
 
 class ConnectError(RaylessError, wire="rayless.ConnectError"):

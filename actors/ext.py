@@ -19,6 +19,7 @@ from rayless.actors.api.cluster import joined_address
 from rayless.actors.api.components import cluster_info, slots_of, spawn_all
 from rayless.actors.api.interpreter import parse_executable
 from rayless.actors.api.lifecycle import opener
+from rayless.actors.api.packages import Package, pack_module, pack_working_dir
 from rayless.actors.api.portal import Portal, home_loop
 from rayless.actors.api.sync import SyncCluster
 from rayless.actors.control.free_ports import free_port
@@ -33,6 +34,7 @@ from rayless.actors.core.context import (
 )
 from rayless.actors.core.threads import apply_torch_threads, torch_threads
 from rayless.actors.core.timeline import store_span, traced, weights_span
+from rayless.actors.protocol.messages import PackageRef
 from rayless.actors.protocol.wire import message
 
 __all__ = [
@@ -57,6 +59,10 @@ __all__ = [
     "loads_by_value",
     "message",
     "opener",
+    "Package",
+    "PackageRef",
+    "pack_module",
+    "pack_working_dir",
     "parse_executable",
     "slots_of",
     "spawn_all",

@@ -14,7 +14,8 @@ error modules and nothing heavy (no torch, numpy, tensordict).
     │   ├── EpisodeIndexError (IndexError), NodeAffinityError (RuntimeError, ValueError)
     │   ├── AllocationError (RuntimeError, ValueError) → NodeCapacityError
     │   └── ResourcesBusyError         feasible, but the GPUs are taken right now
-    ├── ActorNotFoundError, NameTakenError, StartError, ConnectError, LaunchError, DebugBusyError
+    ├── ActorNotFoundError, NameTakenError, StartError, ConnectError, LaunchError, DebugBusyError,
+    │   PackageError
     ├── BrokenError (a lost peer) → ActorDiedError (an actor is gone), ClusterLostError (the head)
     ├── StoreError: StoreInputError (SchemaError, Unknown*Error, StaleMetaError,
     │   ForeignMetaError, CheckpointError (CheckpointNotFoundError)), StoreFullError
@@ -31,6 +32,7 @@ from rayless.actors.errors import (
     DebugBusyError,
     LaunchError,
     NameTakenError,
+    PackageError,
     StartError,
 )
 from rayless.placement.errors import (
@@ -103,6 +105,7 @@ __all__ = [
     "LaunchError",
     "LimitError",
     "NameTakenError",
+    "PackageError",
     "PlacementError",
     "ResourcesBusyError",
     "ProtocolError",

@@ -19,6 +19,7 @@ import asyncio
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from rayless.actors.api import signals
@@ -30,6 +31,7 @@ from rayless.actors.api.group import spawn_group
 from rayless.actors.api.handle import ActorHandle, check_method_names
 from rayless.actors.api.interpreter import code_paths, parse_executable
 from rayless.actors.api.lifecycle import Opening
+from rayless.actors.api.packages import Package, upload
 from rayless.actors.api.remote_errors import materialize
 from rayless.actors.api.runtime import Runtime, close_runtimes, get_runtime
 from rayless.actors.api.sync import DEFAULT_TIMEOUT, SyncCluster
@@ -47,6 +49,7 @@ from rayless.actors.protocol.messages import (
     ListActors,
     ListNodes,
     NodeView,
+    PackageRef,
     Shutdown,
     Spawn,
     SpawnSpec,
@@ -76,6 +79,7 @@ class Cluster:
         self._local = local
         self._owns_session = owns_session
         self._closed = False
+        self._uploaded: set[str] = set()  # digests of the packages the head holds
         self._published: str | None = None  # this embedded cluster's entry in the runtime dir
 
     @property
@@ -162,6 +166,7 @@ class Cluster:
         hooks: bool = True,
         executable: str | Sequence[str] | None = None,
         detached: bool = False,
+        packages: Sequence[Package | PackageRef] = (),
         **kwargs: Any,
     ) -> ActorHandle[A]:
         """Start an actor of ``cls(*args, **kwargs)`` in its own process; return its handle.
@@ -181,7 +186,9 @@ class Cluster:
         starts as a fresh process of it (unless it is the node's own interpreter), which
         must be able to import rayless (``actors.api.interpreter``). ``detached`` (Ray's
         ``lifetime="detached"``): the actor outlives this session (and, spawned by an actor,
-        that actor); it ends when it is killed or the cluster shuts down.
+        that actor); it ends when it is killed or the cluster shuts down. ``packages``
+        (Ray's ``working_dir`` and ``py_modules``, packed by ``actors.api.packages``): files
+        its node fetches and extracts before it starts (uploaded to the head once).
 
         Raises:
             ClosedError: this cluster handle is closed.
@@ -199,6 +206,7 @@ class Cluster:
             RemoteError: the constructor or ``setup`` raised.
             Timeout: the actor did not start within ``timeout`` seconds (its process is gone).
             StartError: ``executable``'s command is not found on the node.
+            PackageError: a package is too big, or the head's package store is full.
             ActorDiedError: the actor's process exited while starting (``executable``
                 cannot import rayless, say: its log's tail says why).
         """
@@ -248,6 +256,8 @@ class Cluster:
             detached=bool(detached),
         )
         runtime = await self._runtime()
+        if packages:
+            spec = replace(spec, packages=await self._upload(runtime, packages))
         try:
             record = await runtime.head_request(
                 Spawn(spec), timeout=timeout + wait_for_resources + _HEAD_MARGIN
@@ -255,6 +265,20 @@ class Cluster:
         except RemoteError as exc:  # the constructor or setup raised
             raise materialize(exc) from None
         return ActorHandle.from_record(record)  # its methods, as the actor process reported
+
+    async def _upload(
+        self, runtime: Runtime, packages: Sequence[Package | PackageRef]
+    ) -> tuple[PackageRef, ...]:
+        """The references of ``packages``, each on the head (sent once per cluster)."""
+        refs = []
+        for package in packages:
+            if isinstance(package, Package):
+                if package.ref.digest not in self._uploaded:
+                    await upload(runtime.head_request, package)
+                    self._uploaded.add(package.ref.digest)
+                package = package.ref
+            refs.append(package)
+        return tuple(refs)
 
     async def spawn_group(self, cls: type, n: int, *args: Any, **kwargs: Any) -> list[ActorHandle]:
         """Spawn ``n`` actors of ``cls`` as one group (see ``actors.group.spawn_group``).

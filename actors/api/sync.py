@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from rayless.actors.api.cluster import Cluster
-    from rayless.actors.protocol.messages import ActorPage, ClusterSummary, NodeView
+    from rayless.actors.api.packages import Package
+    from rayless.actors.protocol.messages import ActorPage, ClusterSummary, NodeView, PackageRef
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -115,6 +116,7 @@ class SyncCluster:
         hooks: bool = True,
         executable: str | Sequence[str] | None = None,
         detached: bool = False,
+        packages: Sequence[Package | PackageRef] = (),
         **kwargs: Any,
     ) -> ActorHandle[A]:
         """Start an actor of ``cls(*args, **kwargs)`` in its own process; return its handle.
@@ -134,7 +136,9 @@ class SyncCluster:
         starts as a fresh process of it (unless it is the node's own interpreter), which
         must be able to import rayless (``actors.api.interpreter``). ``detached`` (Ray's
         ``lifetime="detached"``): the actor outlives this session (and, spawned by an actor,
-        that actor); it ends when it is killed or the cluster shuts down.
+        that actor); it ends when it is killed or the cluster shuts down. ``packages``
+        (Ray's ``working_dir`` and ``py_modules``, packed by ``actors.api.packages``): files
+        its node fetches and extracts before it starts (uploaded to the head once).
 
         Raises:
             ClosedError: this cluster handle is closed.
@@ -152,6 +156,7 @@ class SyncCluster:
             RemoteError: the constructor or ``setup`` raised.
             Timeout: the actor did not start within ``timeout`` seconds (its process is gone).
             StartError: ``executable``'s command is not found on the node.
+            PackageError: a package is too big, or the head's package store is full.
             ActorDiedError: the actor's process exited while starting (``executable``
                 cannot import rayless, say: its log's tail says why).
         """
@@ -174,6 +179,7 @@ class SyncCluster:
                 hooks=hooks,
                 executable=executable,
                 detached=detached,
+                packages=packages,
                 **kwargs,
             )
         )

@@ -22,13 +22,14 @@ import shlex
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rayless.actors.control import reaper
 from rayless.actors.control.death import OomWatch, log_tail
 from rayless.actors.control.free_ports import PortPicker
 from rayless.actors.control.logs import LogTailer
+from rayless.actors.control.node_packages import NodePackages
 from rayless.actors.control.process_util import die_with_parent, setup_logging
 from rayless.actors.control.spawner import (
     ProcessSpawner,
@@ -148,6 +149,8 @@ class Agent:
             connect_timeout=head_timeout * 4,
         )
         self.tailer = LogTailer(self._send_logs)
+        # spawns' working_dir and py_modules, fetched from the head's package store
+        self.packages = NodePackages(lambda msg: ask(self.head, msg, timeout=120))
         self.oom = OomWatch()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -185,6 +188,7 @@ class Agent:
             task.cancel()
         await self.tailer.flush()
         await self.spawners.aclose()
+        self.packages.close()
         await self.head.aclose()
         await self.server.aclose()
         self.stopped.set()
@@ -245,6 +249,8 @@ class Agent:
     async def op_spawn(self, peer: Peer, msg: StartActor) -> Started:
         """Start an actor and answer once it serves (or failed to start)."""
         actor_id, name, spec = msg.actor_id, msg.name, msg.spec
+        if spec.packages:
+            spec = await self._with_packages(spec)
         res = dict(msg.env_res)
         gpus = res.pop("CUDA_VISIBLE_DEVICES", None)
         env = {**spec.env, **res}
@@ -284,6 +290,14 @@ class Agent:
         if module not in ("__main__", "__mp_main__"):
             await spawner.preload(module)
         return await self._start(proc)
+
+    async def _with_packages(self, spec: SpawnSpec) -> SpawnSpec:
+        """``spec`` run from its packages' extracts on this node: the working_dir's is its
+        current directory, and every extract leads its import path."""
+        refs = sorted(spec.packages, key=lambda ref: not ref.working_dir)  # working_dir first
+        paths = [await self.packages.path(ref) for ref in refs]
+        cwd = paths[0] if refs[0].working_dir else spec.cwd
+        return replace(spec, cwd=cwd, sys_path=(*paths, *spec.sys_path))
 
     async def _start(self, proc: ActorProc) -> Started:
         proc.ready = asyncio.get_running_loop().create_future()

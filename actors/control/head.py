@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from rayless.actors.control.head_actors import HeadActors
+from rayless.actors.control.head_packages import HeadPackages
 from rayless.actors.control.head_state import ActorRecord, HeadState
 from rayless.actors.core import context, gc_policy, published
 from rayless.actors.protocol.messages import (
@@ -88,6 +89,7 @@ class Head:
         self.registry = HeadActors(
             self.state, broadcast=self._broadcast, kill_owned=self._kill_owned
         )
+        self.packages = HeadPackages()  # the zips of spawns' working_dir and py_modules
         self._keepers: set[bytes] = set()  # connections that only hold a session alive
         self._orphan_timers: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -102,7 +104,7 @@ class Head:
             peer_idle_timeout=max(2.0, node_timeout),
         )
         self._sweeper: asyncio.Task[None] | None = None
-        self.requests: Handlers[Peer] = Handlers("head", self, self.registry)
+        self.requests: Handlers[Peer] = Handlers("head", self, self.registry, self.packages)
         self.oneways: Handlers[Peer] = Handlers("head", self, self.registry, oneway=True)
 
     async def __aenter__(self) -> Head:
@@ -130,6 +132,7 @@ class Head:
         for task in list(self._tasks):
             task.cancel()
         await self.server.aclose()
+        self.packages.close()
         self.stopped.set()
 
     async def _stop_agent(self, client: Client) -> None:
@@ -212,6 +215,7 @@ class Head:
         return len(owned)
 
     def _peer_gone(self, peer: Peer) -> None:
+        self.packages.peer_gone(peer.routing_id)
         session = self.state.peer_session.pop(peer.routing_id, None)
         self._keepers.discard(peer.routing_id)
         if session is None:

@@ -28,7 +28,8 @@ __all__ = [
     "FreePort", "FreePortOn", "GetActor", "GpuView", "Hello", "HelloReply", "KeepSession", "Kill",
     "ListActors", "ListNodes", "LogLines", "LookupActor", "MethodInfo", "NodeDied",
     "NodeHeartbeat", "NodeView",
-    "NodeRegistered", "ProcState", "Ready", "RegisterNode", "Shutdown", "Spawn", "SpawnSpec",
+    "NodeRegistered", "PackageFetch", "PackageRef", "PackageUpload", "ProcState", "Ready",
+    "RegisterNode", "Shutdown", "Spawn", "SpawnSpec",
     "StartActor", "Started", "StopActor", "Summarize", "Template",
 ]  # fmt: skip
 
@@ -101,6 +102,21 @@ class MethodInfo:
     group: str | None = None
 
 
+@message("ctl.PackageRef")
+@dataclass(frozen=True)
+class PackageRef:
+    """Files a spawn ships to its node (Ray's ``runtime_env`` ``working_dir`` and
+    ``py_modules``): a zip the head holds by its sha256 ``digest`` (``size`` bytes).
+
+    ``working_dir``: its extract is the actor's current directory and first import path
+    entry; else (a py_module) its extract is on the import path.
+    """
+
+    digest: str
+    size: int
+    working_dir: bool = False
+
+
 @message("ctl.SpawnSpec")
 @dataclass(frozen=True)
 class SpawnSpec:
@@ -136,6 +152,7 @@ class SpawnSpec:
     hooks: bool = True  # setup/teardown are lifecycle hooks (False: plain methods, Ray's)
     executable: tuple[str, ...] = ()  # the command that runs its Python (empty: the node's)
     detached: bool = False  # outlives its owner: ends with the cluster or a kill (Ray's)
+    packages: tuple[PackageRef, ...] = ()  # its working_dir and py_modules, fetched by its node
 
 
 # -- records and events -------------------------------------------------------------------
@@ -282,6 +299,34 @@ class Spawn(Request[ActorView]):
     reply = ActorView
 
     spec: SpawnSpec
+
+
+@message("ctl.PackageUpload")
+@dataclass(frozen=True)
+class PackageUpload(Request[bool]):
+    """A part of a package's zip, from ``offset`` (0 starts it over): the head keeps it
+    once ``size`` bytes with the sha256 ``digest`` have come. → whether it holds the whole
+    package now (at once when it already did: the sender sends no more)"""
+
+    reply = bool
+
+    digest: str
+    size: int
+    offset: int
+    data: bytes
+
+
+@message("ctl.PackageFetch")
+@dataclass(frozen=True)
+class PackageFetch(Request[bytes]):
+    """Up to ``length`` bytes of a package's zip from ``offset``, for a node that extracts
+    it. → the bytes"""
+
+    reply = bytes
+
+    digest: str
+    offset: int
+    length: int
 
 
 @message("ctl.GetActor")

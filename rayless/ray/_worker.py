@@ -19,10 +19,17 @@ import threading
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rayless.actors import Cluster, connect
-from rayless.actors.ext import parse_executable
+from rayless.actors.ext import (
+    Package,
+    PackageRef,
+    pack_module,
+    pack_working_dir,
+    parse_executable,
+)
 from rayless.ray import _internals
 
 if TYPE_CHECKING:
@@ -37,7 +44,10 @@ ENV_JOB_ID = "RAYLESS_RAY_JOB_ID"
 ENV_ANONYMOUS_NAMESPACE = "RAYLESS_RAY_ANONYMOUS_NAMESPACE"
 ENV_ENV_VARS = "RAYLESS_RAY_ENV_VARS"  # the session's runtime_env env var names, for children
 ENV_PY_EXECUTABLE = "RAYLESS_RAY_PY_EXECUTABLE"  # the worker's py_executable, for its children
-RUNTIME_ENV_KEYS = frozenset({"env_vars", "py_executable", "config"})
+ENV_PACKAGES = "RAYLESS_RAY_PACKAGES"  # the worker's working_dir and py_modules, for children
+RUNTIME_ENV_KEYS = frozenset(
+    {"env_vars", "py_executable", "working_dir", "py_modules", "excludes", "config"}
+)
 
 
 @dataclass
@@ -50,6 +60,7 @@ class Session:
     job_id: str
     env_vars: dict[str, str]
     py_executable: tuple[str, ...] = ()  # the runtime_env's, for every actor and task
+    packages: tuple[Package | PackageRef, ...] = ()  # its working_dir and py_modules, too
     num_cpus: float | None = None
     num_gpus: float | None = None
     generation: int = 0
@@ -112,11 +123,33 @@ def session() -> Session:
 
 @dataclass(frozen=True)
 class RuntimeEnvSpec:
-    """What rayless does with a ``runtime_env``: the variables it sets and the command that
-    runs the worker's Python (``py_executable``; empty: the node's own interpreter)."""
+    """What rayless does with a ``runtime_env``: the variables it sets, the command that
+    runs the worker's Python (``py_executable``; empty: the node's own interpreter), and the
+    files it ships (``working_dir``, ``py_modules``: None when not given; ``excludes``)."""
 
     env_vars: tuple[tuple[str, str], ...] = ()
     py_executable: tuple[str, ...] = ()
+    working_dir: str | None = None
+    py_modules: tuple[str | ModuleType, ...] | None = None
+    excludes: tuple[str, ...] = ()
+
+    @property
+    def ships(self) -> bool:
+        """Whether it names files to ship."""
+        return self.working_dir is not None or self.py_modules is not None
+
+    def packages(self) -> tuple[Package, ...]:
+        """Its files, packed (the working_dir first); blocking (it reads the files).
+
+        Raises:
+            ValueError: a path that is not there, a URI.
+            PackageError: files too big to ship.
+        """
+        wd = (
+            () if self.working_dir is None else (pack_working_dir(self.working_dir, self.excludes),)
+        )
+        mods = tuple(pack_module(m, self.excludes) for m in self.py_modules or ())
+        return wd + mods
 
     @property
     def env(self) -> dict[str, str]:
@@ -138,17 +171,50 @@ def parse_runtime_env(runtime_env: dict[str, Any] | None) -> RuntimeEnvSpec:
     other = sorted(set(runtime_env) - RUNTIME_ENV_KEYS)
     if other:
         raise ValueError(
-            f"runtime_env keys {other} are not supported by rayless.ray: only 'env_vars' and "
-            "'py_executable' (install packages and code on every node instead; see "
-            "docs/moving-from-ray.md)"
+            f"runtime_env keys {other} are not supported by rayless.ray: only 'env_vars', "
+            "'py_executable', 'working_dir', 'py_modules' and 'excludes' (install packages on "
+            "every node instead; see docs/moving-from-ray.md)"
         )
     env = runtime_env.get("env_vars") or {}
     if not isinstance(env, dict):
         raise ValueError("runtime_env['env_vars'] must be a dict of str to str")
+    working_dir = runtime_env.get("working_dir")
+    if working_dir is not None and not isinstance(working_dir, (str, os.PathLike)):
+        raise ValueError(f"runtime_env['working_dir'] must be a path, got {working_dir!r}")
+    modules = runtime_env.get("py_modules")
+    if modules is not None and (
+        not isinstance(modules, (list, tuple))
+        or not all(isinstance(m, (str, os.PathLike, ModuleType)) for m in modules)
+    ):
+        raise ValueError("runtime_env['py_modules'] must be a list of paths or modules")
+    excludes = runtime_env.get("excludes") or []
+    if not isinstance(excludes, (list, tuple)) or not all(isinstance(e, str) for e in excludes):
+        raise ValueError("runtime_env['excludes'] must be a list of strings")
     return RuntimeEnvSpec(
         tuple(sorted((str(k), str(v)) for k, v in env.items())),
         parse_executable(runtime_env.get("py_executable")),
+        None if working_dir is None else os.fspath(working_dir),
+        None
+        if modules is None
+        else tuple(m if isinstance(m, ModuleType) else os.fspath(m) for m in modules),
+        tuple(excludes),
     )
+
+
+def encode_packages(refs: tuple[PackageRef, ...]) -> str:
+    """``refs`` as :data:`ENV_PACKAGES` holds them (``digest:size:w|m``, comma-separated)."""
+    return ",".join(f"{r.digest}:{r.size}:{'w' if r.working_dir else 'm'}" for r in refs)
+
+
+def decode_packages(text: str) -> tuple[PackageRef, ...]:
+    """The references :func:`encode_packages` wrote (malformed entries are skipped)."""
+    refs = []
+    for item in text.split(","):
+        digest, _, rest = item.partition(":")
+        size, _, kind = rest.partition(":")
+        if len(digest) == 64 and size.isdigit() and kind in ("w", "m"):
+            refs.append(PackageRef(digest, int(size), kind == "w"))
+    return tuple(refs)
 
 
 def check_runtime_env(runtime_env: dict[str, Any] | None) -> dict[str, str]:
@@ -178,6 +244,7 @@ def open_session(
     global _session, _generation
     renv = parse_runtime_env(runtime_env)
     env_vars = renv.env
+    packages: tuple[Package | PackageRef, ...] = renv.packages()  # before a cluster starts
     if in_actor():
         loop = _internals.home_loop()
         ns = namespace if namespace is not None else os.environ.get(ENV_NAMESPACE) or None
@@ -186,6 +253,8 @@ def open_session(
         env_vars = {**{k: os.environ[k] for k in inherited if k in os.environ}, **env_vars}
         inherited_exe = parse_executable(os.environ.get(ENV_PY_EXECUTABLE) or None)
         s = Session(loop, None, ns, job, env_vars, renv.py_executable or inherited_exe)
+        if not renv.ships:  # its own actors and tasks get the files it runs with
+            packages = decode_packages(os.environ.get(ENV_PACKAGES, ""))
         s.anonymous_namespace = os.environ.get(ENV_ANONYMOUS_NAMESPACE) or s.anonymous_namespace
     elif (joined := _joined(address)) is not None:
         # this driver already started or joined a cluster (actors.Cluster.local_sync, a
@@ -217,6 +286,7 @@ def open_session(
         s._cluster = sync.cluster
         s.num_cpus = num_cpus
         s.num_gpus = num_gpus
+    s.packages = packages
     _generation += 1
     s.generation = _generation
     _session = s

@@ -44,6 +44,7 @@ from rayless.ray.options import (
     check_group,
     env_for,
     executable_for,
+    packages_for,
     place,
     template_for,
 )
@@ -296,6 +297,7 @@ async def _spawn(
     where: Placement = await place(s, opts)
 
     async def start() -> _RaylessHandle[Any]:
+        packages = await packages_for(s, opts)
         return await cluster.spawn(
             cls,
             *args,
@@ -308,7 +310,8 @@ async def _spawn(
             concurrency_groups=opts.get("concurrency_groups"),
             template=template_for(),
             hooks=False,  # a Ray class's setup/teardown are its own methods
-            env=env_for(s, opts),
+            env=env_for(s, opts, packages),
+            packages=packages,
             executable=executable_for(s, opts),
             detached=opts.get("lifetime") == "detached",
             gpu_indices=where.gpu_indices,

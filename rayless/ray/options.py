@@ -7,6 +7,7 @@ being ignored; the few accepted without an effect are listed in ``IGNORED``.
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import shlex
 import sys
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayless.actors import Template
+from rayless.actors.ext import Package, PackageRef
 from rayless.errors import PlacementError
 from rayless.ray import _worker
 from rayless.ray.util.placement_group import Bundle, PlacementGroup
@@ -31,6 +33,7 @@ __all__ = [
     "check_group",
     "env_for",
     "executable_for",
+    "packages_for",
     "place",
     "template_for",
 ]
@@ -202,9 +205,14 @@ def _in_bundle(pg: PlacementGroup, index: int, bundle: Bundle, gpus: float) -> P
     )
 
 
-def env_for(s: _worker.Session, options: dict[str, Any]) -> dict[str, str]:
+def env_for(
+    s: _worker.Session,
+    options: dict[str, Any],
+    packages: tuple[Package | PackageRef, ...] = (),
+) -> dict[str, str]:
     """The environment of a spawned actor or worker: the session's and the options'
-    ``runtime_env`` variables, and the namespace and job id its ``ray`` calls use."""
+    ``runtime_env`` variables, the namespace and job id its ``ray`` calls use, and what its
+    own actors and tasks inherit (its ``py_executable`` and ``packages``)."""
     env = {**s.env_vars, **_worker.check_runtime_env(options.get("runtime_env"))}
     env[_worker.ENV_JOB_ID] = s.job_id
     ns = options.get("namespace") if options.get("namespace") is not None else s.namespace
@@ -216,7 +224,39 @@ def env_for(s: _worker.Session, options: dict[str, Any]) -> dict[str, str]:
     executable = executable_for(s, options)
     if executable:  # its own actors and tasks run under it too, as Ray's inherit it
         env[_worker.ENV_PY_EXECUTABLE] = shlex.join(executable)
+    if packages:
+        env[_worker.ENV_PACKAGES] = _worker.encode_packages(tuple(_ref(p) for p in packages))
     return env
+
+
+async def packages_for(
+    s: _worker.Session, options: dict[str, Any]
+) -> tuple[Package | PackageRef, ...]:
+    """The files a spawned actor or worker gets: the options' ``runtime_env``
+    ``working_dir`` and ``py_modules``, each in place of the session's (packed in a thread:
+    it reads them).
+
+    Raises:
+        ValueError: a path that is not there, a URI.
+        PackageError: files too big to ship.
+    """
+    renv = _worker.parse_runtime_env(options.get("runtime_env"))
+    if not renv.ships:
+        return s.packages
+    own = await asyncio.to_thread(renv.packages)
+    if renv.working_dir is not None:
+        wd: tuple[Package | PackageRef, ...] = own[:1]
+    else:
+        wd = tuple(p for p in s.packages if _ref(p).working_dir)
+    if renv.py_modules is not None:
+        mods: tuple[Package | PackageRef, ...] = own[len(wd) if renv.working_dir else 0 :]
+    else:
+        mods = tuple(p for p in s.packages if not _ref(p).working_dir)
+    return wd + mods
+
+
+def _ref(package: Package | PackageRef) -> PackageRef:
+    return package.ref if isinstance(package, Package) else package
 
 
 def executable_for(s: _worker.Session, options: dict[str, Any]) -> tuple[str, ...]:

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from rayless.actors import ActorHandle as _RaylessHandle
 from rayless.actors import RemoteStream
-from rayless.actors.ext import dumps_by_value
+from rayless.actors.ext import Package, PackageRef, dumps_by_value
 from rayless.errors import ActorDiedError, PlacementError, RemoteError
 from rayless.ray import _worker
 from rayless.ray._task_worker import TaskWorker
@@ -44,6 +44,7 @@ from rayless.ray.options import (
     check_group,
     env_for,
     executable_for,
+    packages_for,
     place,
     template_for,
 )
@@ -91,6 +92,7 @@ class TaskKind(NamedTuple):
     cpus: float | None
     env_vars: tuple[tuple[str, str], ...]
     executable: tuple[str, ...]
+    packages: tuple[PackageRef, ...]  # its working_dir and py_modules
 
 
 class TaskPools:
@@ -112,7 +114,13 @@ class TaskPools:
             self.totals = (float(cpus), float(sum(len(n.get("gpus", [])) for n in nodes)))
         return self.totals
 
-    async def acquire(self, key: TaskKind, opts: dict[str, Any], where: Placement) -> Worker:
+    async def acquire(
+        self,
+        key: TaskKind,
+        opts: dict[str, Any],
+        where: Placement,
+        packages: tuple[Package | PackageRef, ...] = (),
+    ) -> Worker:
         """An idle worker of kind ``key``, a new one, or the next one released.
 
         Raises:
@@ -136,7 +144,7 @@ class TaskPools:
             if pool.size < pool.cap:
                 pool.size += 1
                 try:
-                    return Worker(await self._spawn(opts, where))
+                    return Worker(await self._spawn(opts, where, packages))
                 except BaseException:
                     pool.size -= 1
                     self._wake(pool)
@@ -147,15 +155,21 @@ class TaskPools:
             if got is not None:
                 return got
 
-    async def _spawn(self, opts: dict[str, Any], where: Placement) -> _RaylessHandle[Any]:
+    async def _spawn(
+        self,
+        opts: dict[str, Any],
+        where: Placement,
+        packages: tuple[Package | PackageRef, ...],
+    ) -> _RaylessHandle[Any]:
         s = self.session
         cluster = await s.cluster()
         gpus = float(opts.get("num_gpus") or 0)
         kwargs: dict[str, Any] = {
             "gpus": gpus,
             "cpus": float(opts["num_cpus"]) if opts.get("num_cpus") is not None else 1.0,
-            "env": env_for(s, opts),
+            "env": env_for(s, opts, packages),
             "executable": executable_for(s, opts),
+            "packages": packages,
             "gpu_indices": where.gpu_indices,
             "wait_for_resources": GPU_WAIT if gpus > 0 and where.gpu_indices is None else 0.0,
             "template": template_for(),
@@ -266,19 +280,21 @@ async def run_task(
     args, kwargs = await resolve_all(args, kwargs)
     pools = _pools(s)
     where = await place(s, opts)
+    packages = await packages_for(s, opts)
     kind = TaskKind(
         where.key,
         float(opts.get("num_gpus") or 0),
         opts.get("num_cpus"),
         _worker.parse_runtime_env(opts.get("runtime_env")).env_vars,
         executable_for(s, opts),
+        tuple(p.ref if isinstance(p, Package) else p for p in packages),
     )
     retries = opts.get("max_retries", DEFAULT_RETRIES)
     attempt = 0
     held = False
     try:
         while True:
-            worker = await pools.acquire(kind, opts, where)
+            worker = await pools.acquire(kind, opts, where, packages)
             state.worker = worker
             try:
                 code_now = None if key in worker.sent else code

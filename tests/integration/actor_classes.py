@@ -175,3 +175,19 @@ class Threads(Actor):
         import torch
 
         return torch.get_num_threads()
+
+
+class Importer(Actor):
+    """Imports a module by name where it runs (what a spawn's packages shipped)."""
+
+    def value(self, module: str, attr: str) -> object:
+        import importlib
+
+        return getattr(importlib.import_module(module), attr)
+
+    def cwd(self) -> str:
+        return os.getcwd()
+
+    def read(self, path: str) -> str:
+        with open(path) as f:
+            return f.read()

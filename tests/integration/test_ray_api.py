@@ -848,3 +848,48 @@ def test_a_py_executable_that_cannot_run_rayless_fails_the_actor_saying_why(
         ray.get(b.prefix.remote(), timeout=60)
     with pytest.raises(ValueError, match="py_executable"):
         Interpreter.options(runtime_env={"py_executable": 3}).remote()
+
+
+@ray.remote
+class Shipped:
+    """Reads the code and data its runtime_env shipped; its own actors and tasks too."""
+
+    def read(self) -> tuple[str, str]:
+        import api_shipped_helper
+
+        return api_shipped_helper.VALUE, open("notes.txt").read()
+
+    def childs(self) -> tuple[tuple[str, str], str]:
+        child = Shipped.remote()
+        return ray.get(child.read.remote()), ray.get(shipped_value.remote())
+
+
+@ray.remote
+def shipped_value() -> str:
+    import api_shipped_helper
+
+    return api_shipped_helper.VALUE
+
+
+def test_an_actors_own_working_dir_reaches_it_and_its_children(tmp_path: Any) -> None:
+    # rayless also takes local paths per actor and task (Ray: only in ray.init's runtime_env)
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "api_shipped_helper.py").write_text("VALUE = 'v1'\n")
+    (tmp_path / "code" / "notes.txt").write_text("hello")
+    env = {"working_dir": str(tmp_path / "code")}
+    a = Shipped.options(runtime_env=env).remote()
+    assert ray.get(a.read.remote(), timeout=60) == ("v1", "hello")
+    assert ray.get(a.childs.remote(), timeout=60) == (("v1", "hello"), "v1")
+    assert ray.get(shipped_value.options(runtime_env=env).remote(), timeout=60) == "v1"
+    # py_modules beside it: a single file
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "api_shipped_helper.py").write_text("VALUE = 'from py_modules'\n")
+    mods = {"py_modules": [str(tmp_path / "mods" / "api_shipped_helper.py")]}
+    assert ray.get(shipped_value.options(runtime_env=mods).remote(), timeout=60) == (
+        "from py_modules"
+    )
+    bad = Shipped.options(runtime_env={"working_dir": str(tmp_path / "missing")}).remote()
+    with pytest.raises(ValueError, match="is not a directory"):
+        ray.get(bad.read.remote(), timeout=60)
+    with pytest.raises(ValueError, match="remote URIs"):
+        ray.get(shipped_value.options(runtime_env={"py_modules": ["s3://b/m.zip"]}).remote())

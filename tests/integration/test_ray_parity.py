@@ -1187,3 +1187,78 @@ def test_a_detached_actor_is_kept_without_handles(ray: Any) -> None:
     ray.kill(again)
     os.kill(pids[0], 9)  # nobody can name it
     wait_until_sync(lambda: not any(_pid_running(p) for p in pids), 30, "the keepers to end")
+
+
+WORKING_DIR_DRIVER = """
+import json, os, sys
+if sys.argv[1] == "ray":
+    import ray
+else:
+    from rayless import ray
+
+code, lib = sys.argv[2], sys.argv[3]
+ray.init(
+    num_cpus=2,
+    runtime_env={"working_dir": code, "excludes": ["huge.bin"], "py_modules": [lib]},
+)
+
+@ray.remote
+class Reader:
+    def read(self):
+        import shipped_helper
+        import shipped_lib
+
+        rows = open("data/rows.txt").read().split()
+        return shipped_helper.VALUE, rows, os.path.exists("run.log"), shipped_lib.twice(21)
+
+    def files(self):
+        return sorted(os.listdir("data"))
+
+@ray.remote
+def where():
+    import shipped_helper
+
+    return os.getcwd() != code, shipped_helper.VALUE
+
+r = Reader.remote()
+print(json.dumps([ray.get(r.read.remote()), ray.get(r.files.remote()), ray.get(where.remote())]))
+ray.shutdown()
+"""
+
+
+def test_working_dir_and_py_modules_ship_code_to_workers(ray: Any, tmp_path: Any) -> None:
+    # a job's runtime_env: {"working_dir": ".", "excludes": [...], "py_modules": [...]}
+    import json
+    import subprocess
+    import sys
+
+    from tests.environ import without_rayless
+
+    code = tmp_path / "project"
+    (code / "data").mkdir(parents=True)
+    (code / "shipped_helper.py").write_text("VALUE = 'from the working_dir'\n")
+    (code / "data" / "rows.txt").write_text("a\nb\n")
+    (code / "data" / "huge.bin").write_bytes(b"0" * 1000)
+    (code / ".gitignore").write_text("*.log\n")
+    (code / "run.log").write_text("not shipped")
+    lib = tmp_path / "libs" / "shipped_lib"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text("def twice(x):\n    return 2 * x\n")
+    driver = tmp_path / "driver.py"
+    driver.write_text(WORKING_DIR_DRIVER)
+    which = "ray" if ray.__name__ == "ray" else "rayless"
+    out = subprocess.run(
+        [sys.executable, str(driver), which, str(code), str(lib)],
+        cwd=str(tmp_path),
+        env=without_rayless(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == [
+        ["from the working_dir", ["a", "b"], False, 42],
+        ["rows.txt"],
+        [True, "from the working_dir"],
+    ]

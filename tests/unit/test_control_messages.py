@@ -40,6 +40,7 @@ SPEC = m.SpawnSpec(
     cwd="/tmp",
     sys_path=("/a", "/b"),
 )
+PACKAGE = m.PackageRef("ab" * 32, 10, working_dir=True)
 DEATH = m.ActorEvent(
     m.EventKind.DIED, "a1", name="learner", node="n0", pid=9, exitcode=-9,
     cause="killed by SIGKILL, killed by the kernel's OOM killer (...)", oom=True,
@@ -85,6 +86,10 @@ SAMPLES: list[Any] = [
     GPU,
     m.FreePortOn("n0"),
     m.FreePort(),
+    PACKAGE,
+    m.SpawnSpec(("m", "C", None), "C", (), "s", packages=(PACKAGE,), detached=True),
+    m.PackageUpload("ab" * 32, 10, 0, b"0123456789"),
+    m.PackageFetch("ab" * 32, 0, 4096),
     m.Shutdown(),
     m.StopActor("a1", "killed by request"),
     m.AgentStatus(),

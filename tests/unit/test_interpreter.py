@@ -86,5 +86,5 @@ def test_runtime_env_takes_py_executable_and_config() -> None:
     )
     assert spec == RuntimeEnvSpec((("A", "1"), ("B", "2")), ("uv", "run"))
     assert spec.env == {"A": "1", "B": "2"} and hash(spec)
-    with pytest.raises(ValueError, match="working_dir"):
-        parse_runtime_env({"working_dir": "."})
+    with pytest.raises(ValueError, match="conda"):
+        parse_runtime_env({"conda": "env"})

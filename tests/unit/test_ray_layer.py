@@ -95,8 +95,8 @@ def test_unsupported_options_are_named() -> None:
     assert check({"lifetime": "detached"}, ACTOR_OPTIONS, "actor")
     with pytest.raises(ValueError, match="custom resources"):
         check({"resources": {"TPU": 1}}, TASK_OPTIONS, "task")
-    with pytest.raises(ValueError, match="working_dir"):
-        check({"runtime_env": {"working_dir": "."}}, TASK_OPTIONS, "task")
+    with pytest.raises(ValueError, match="pip"):
+        check({"runtime_env": {"pip": ["x"]}}, TASK_OPTIONS, "task")
     assert check({"resources": {"node:10.0.0.1": 0.01}}, TASK_OPTIONS, "task")
 
 
