@@ -59,9 +59,17 @@ POLL_INTERVAL = 0.5  # seconds between two checks of the watched processes
 SWEEP_INTERVAL = 2.0  # seconds between two sweeps
 LINGER = 3.0  # seconds the reaper sweeps on after the last watched process is gone
 # the temporary directories of rayless processes (``owners.mkdtemp`` with these prefixes)
-DIR_PREFIXES = ("rayless-local-", "rayless-zygote-", "rayless-launch-")
+DIR_PREFIXES = (
+    "rayless-local-",
+    "rayless-zygote-",
+    "rayless-launch-",
+    "rayless-packages-",  # the head's package store
+    "rayless-node-packages-",  # a node agent's extracted packages
+)
 DIRS = re.compile(
-    r"rayless-(?:local|zygote|launch)-(?P<pid>[0-9]+)-(?P<start>[0-9]+)-[A-Za-z0-9_]+", re.ASCII
+    r"rayless-(?:local|zygote|launch|packages|node-packages)-(?P<pid>[0-9]+)-(?P<start>[0-9]+)"
+    r"-[A-Za-z0-9_]+",
+    re.ASCII,
 )
 
 __all__ = ["DIRS", "DIR_PREFIXES", "SWEEP_INTERVAL", "main", "reaper_args", "sweep_host"]

@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rayless.actors.control.reaper import DIRS
+import pytest
+
+from rayless.actors.control.reaper import DIR_PREFIXES, DIRS
 from rayless.transport import owners
 from tests import waiting
 
@@ -53,8 +55,9 @@ def test_sweep_removes_files_and_directories_of_dead_owners_only(tmp_path: Path)
     assert left == sorted([*names[2:], f"x-{dead.pid}-1-link"])  # links are never followed
 
 
-def test_mkdtemp_names_its_owner_as_the_host_sweep_expects(tmp_path: Path) -> None:
-    path = owners.mkdtemp("rayless-local-", str(tmp_path))
+@pytest.mark.parametrize("prefix", DIR_PREFIXES)
+def test_mkdtemp_names_its_owner_as_the_host_sweep_expects(tmp_path: Path, prefix: str) -> None:
+    path = owners.mkdtemp(prefix, str(tmp_path))
     found = DIRS.fullmatch(os.path.basename(path))
     assert found is not None and f"{found['pid']}-{found['start']}" == owners.tag()
     assert os.stat(path).st_mode & 0o777 == 0o700
