@@ -14,6 +14,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import concurrent.futures.thread  # its exit hook before ours: see _close_at_exit's registration
+import difflib
 import os
 import threading
 import uuid
@@ -170,10 +171,12 @@ def parse_runtime_env(runtime_env: dict[str, Any] | None) -> RuntimeEnvSpec:
         raise ValueError(f"runtime_env must be a dict, got {type(runtime_env).__name__}")
     other = sorted(set(runtime_env) - RUNTIME_ENV_KEYS)
     if other:
+        close = {k: difflib.get_close_matches(k, RUNTIME_ENV_KEYS, n=1) for k in other}
+        hints = "".join(f"; {k!r}: did you mean {m[0]!r}?" for k, m in close.items() if m)
         raise ValueError(
             f"runtime_env keys {other} are not supported by rayless.ray: only 'env_vars', "
             "'py_executable', 'working_dir', 'py_modules' and 'excludes' (install packages on "
-            "every node instead; see docs/moving-from-ray.md)"
+            f"every node instead; see docs/moving-from-ray.md){hints}"
         )
     env = runtime_env.get("env_vars") or {}
     if not isinstance(env, dict):

@@ -88,3 +88,5 @@ def test_runtime_env_takes_py_executable_and_config() -> None:
     assert spec.env == {"A": "1", "B": "2"} and hash(spec)
     with pytest.raises(ValueError, match="conda"):
         parse_runtime_env({"conda": "env"})
+    with pytest.raises(ValueError, match=r"'workdir': did you mean 'working_dir'\?"):
+        parse_runtime_env({"workdir": "."})
