@@ -15,6 +15,7 @@ import atexit
 import concurrent.futures
 import concurrent.futures.thread  # its exit hook before ours: see _close_at_exit's registration
 import difflib
+import json
 import os
 import threading
 import uuid
@@ -45,6 +46,7 @@ ENV_JOB_ID = "RAYLESS_RAY_JOB_ID"
 ENV_ANONYMOUS_NAMESPACE = "RAYLESS_RAY_ANONYMOUS_NAMESPACE"
 ENV_ENV_VARS = "RAYLESS_RAY_ENV_VARS"  # the session's runtime_env env var names, for children
 ENV_PY_EXECUTABLE = "RAYLESS_RAY_PY_EXECUTABLE"  # the worker's py_executable, for its children
+ENV_JOB_RUNTIME_ENV = "RAYLESS_RAY_JOB_RUNTIME_ENV"  # `rayless job submit`'s, JSON, for drivers
 ENV_PACKAGES = "RAYLESS_RAY_PACKAGES"  # the worker's working_dir and py_modules, for children
 RUNTIME_ENV_KEYS = frozenset(
     {"env_vars", "py_executable", "working_dir", "py_modules", "excludes", "config"}
@@ -204,6 +206,31 @@ def parse_runtime_env(runtime_env: dict[str, Any] | None) -> RuntimeEnvSpec:
     )
 
 
+def merge_job_runtime_env(job: dict[str, Any], driver: dict[str, Any] | None) -> dict[str, Any]:
+    """A submitted job's runtime_env with its driver's ``ray.init(runtime_env=...)``, as Ray
+    merges them: per key, ``env_vars`` per variable.
+
+    Raises:
+        ValueError: both name the same key or variable (unless ``RAY_OVERRIDE_JOB_RUNTIME_ENV``
+            is ``1``: then the driver's wins).
+    """
+    job, driver = dict(job or {}), dict(driver or {})
+    job_vars, driver_vars = (
+        dict(job.pop("env_vars", {}) or {}),
+        dict(driver.pop("env_vars", {}) or {}),
+    )
+    both = sorted(set(job) & set(driver)) + sorted(set(job_vars) & set(driver_vars))
+    if both and os.environ.get("RAY_OVERRIDE_JOB_RUNTIME_ENV") != "1":
+        raise ValueError(
+            f"the job's runtime_env and ray.init's both set {both}: give each once, or set "
+            "RAY_OVERRIDE_JOB_RUNTIME_ENV=1 for ray.init's to win (as in Ray)"
+        )
+    merged = {**job, **driver}
+    if job_vars or driver_vars:
+        merged["env_vars"] = {**job_vars, **driver_vars}
+    return merged
+
+
 def encode_packages(refs: tuple[PackageRef, ...]) -> str:
     """``refs`` as :data:`ENV_PACKAGES` holds them (``digest:size:w|m``, comma-separated)."""
     return ",".join(f"{r.digest}:{r.size}:{'w' if r.working_dir else 'm'}" for r in refs)
@@ -245,6 +272,10 @@ def open_session(
         ConnectError / StartError: no cluster to join, or the local one did not start.
     """
     global _session, _generation
+    if not in_actor() and os.environ.get(ENV_JOB_RUNTIME_ENV):
+        runtime_env = merge_job_runtime_env(
+            json.loads(os.environ[ENV_JOB_RUNTIME_ENV]), runtime_env
+        )
     renv = parse_runtime_env(runtime_env)
     env_vars = renv.env
     packages: tuple[Package | PackageRef, ...] = renv.packages()  # before a cluster starts
