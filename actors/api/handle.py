@@ -190,11 +190,18 @@ def _check_timeout(seconds: float | None) -> float | None:
 class ActorMethod(Generic[P, R]):
     """One method of an actor, bound to its handle (parameters ``P``, result ``R``)."""
 
-    __slots__ = ("handle", "info", "method", "timeout")
+    __slots__ = ("group", "handle", "info", "method", "timeout")
 
-    def __init__(self, handle: ActorHandle[Any], method: str, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        handle: ActorHandle[Any],
+        method: str,
+        timeout: float | None = None,
+        group: str | None = None,
+    ) -> None:
         self.handle = handle
         self.method = method
+        self.group = group  # the concurrency group its calls run in (None: the method's)
         methods = handle.methods
         self.info = None if methods is None else methods.get(method)
         if timeout is None:
@@ -206,17 +213,30 @@ class ActorMethod(Generic[P, R]):
     def _describe(self) -> str:
         return f"{self.method}() of {self.handle._describe()}"
 
-    def options(self, *, timeout: float | None = None) -> ActorMethod[P, R]:
+    def options(
+        self, *, timeout: float | None = None, concurrency_group: str | None = None
+    ) -> ActorMethod[P, R]:
         """This method with per-call options (Ray's ``actor.f.options(...)``).
 
         ``timeout``: seconds each call may take; past it the call raises Timeout and is
         cancelled in the actor (an async method's task is cancelled; a queued sync call is
         dropped, a running one runs to completion and keeps its concurrency slot until it returns).
+        ``concurrency_group``: the actor's group its calls run in instead of the method's own
+        (Ray's ``actor.f.options(concurrency_group=...)``); a group the actor does not define
+        fails the call with a ``ValueError``.
 
         Raises:
-            ValueError: ``timeout`` is not a positive number.
+            ValueError: ``timeout`` is not a positive number, ``concurrency_group`` is not a
+                non-empty string.
         """
-        return ActorMethod(self.handle, self.method, _check_timeout(timeout))
+        if concurrency_group is not None and (
+            not isinstance(concurrency_group, str) or not concurrency_group
+        ):
+            raise ValueError(
+                f"concurrency_group must be a non-empty string, got {concurrency_group!r}"
+            )
+        group = self.group if concurrency_group is None else concurrency_group
+        return ActorMethod(self.handle, self.method, _check_timeout(timeout), group)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
         """Send the call now; an ``asyncio.Future`` of its result.
@@ -242,9 +262,11 @@ class ActorMethod(Generic[P, R]):
         sent: tuple[Any, ...] = self._shipped(args) if self.method == CALL else args
         fut: asyncio.Future[R] | None = None
         if not (sent or kwargs) or not has_futures(sent, kwargs):
-            fut = fast_submit(self.handle, self.method, sent, kwargs, self.timeout)
+            fut = fast_submit(self.handle, self.method, sent, kwargs, self.timeout, self.group)
         if fut is None:
-            fut = loop.create_task(_call(self.handle, self.method, sent, kwargs, self.timeout))
+            fut = loop.create_task(
+                _call(self.handle, self.method, sent, kwargs, self.timeout, self.group)
+            )
             _INFLIGHT.add(fut)
             fut.add_done_callback(_INFLIGHT.discard)
         return fut
@@ -267,7 +289,9 @@ class ActorMethod(Generic[P, R]):
             if self.info is not None:
                 check_arguments(self.info, self._describe, args, kwargs)
             sent: tuple[Any, ...] = self._shipped(args) if self.method == CALL else args
-            return submit_sync(_call(self.handle, self.method, sent, kwargs, self.timeout))
+            return submit_sync(
+                _call(self.handle, self.method, sent, kwargs, self.timeout, self.group)
+            )
         return self(*args, **kwargs)
 
     def call(self, *args: Any, timeout: float | None = None, **kwargs: Any) -> R:
@@ -286,7 +310,9 @@ class ActorMethod(Generic[P, R]):
         if self.method == CALL:
             args = self._shipped(args)
         timeout = self.timeout if timeout is None else timeout
-        result: R = run_sync(_call(self.handle, self.method, args, kwargs, timeout), timeout)
+        result: R = run_sync(
+            _call(self.handle, self.method, args, kwargs, timeout, self.group), timeout
+        )
         return result
 
     def _shipped(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -350,11 +376,12 @@ async def _call(
     args: tuple[Any, ...],
     kwargs: Any,
     timeout: float | None = None,
+    group: str | None = None,
 ) -> Any:
     if (args or kwargs) and has_futures(args, kwargs):  # Ray resolves ObjectRef arguments
         args, kwargs = await resolve_futures(args, kwargs)
     runtime = await get_runtime()
-    return await runtime.call(handle, method, args, kwargs, timeout)
+    return await runtime.call(handle, method, args, kwargs, timeout, group)
 
 
 async def wait(

@@ -546,8 +546,10 @@ class Runtime:
         args: tuple[Any, ...],
         kwargs: Any,
         timeout: float | None = None,
+        group: str | None = None,
     ) -> Any:
-        """Call ``method`` on the actor and return its result.
+        """Call ``method`` on the actor and return its result (in concurrency group
+        ``group`` instead of the method's own, where given).
 
         Raises:
             ActorDiedError: the actor died before or during the call.
@@ -565,7 +567,7 @@ class Runtime:
             client = await self._ready_client(conn, timeout)
             if timeout is not None:
                 timeout = max(timeout - (self.loop.time() - started), 0.001)
-        body = ("c", method, args, kwargs)
+        body = ("c", method, args, kwargs) if group is None else ("c", method, args, kwargs, group)
         try:
             if not timeline.RECORDER.enabled or client.trace is None:
                 return await client.request(body, timeout=timeout)
@@ -707,7 +709,12 @@ async def close_runtimes() -> None:
 
 
 def fast_submit(
-    handle: Any, method: str, args: tuple[Any, ...], kwargs: Any, timeout: float | None = None
+    handle: Any,
+    method: str,
+    args: tuple[Any, ...],
+    kwargs: Any,
+    timeout: float | None = None,
+    group: str | None = None,
 ) -> Any:
     """A future of the call when this loop's runtime already talks to the live actor and no
     timeout is given, else None (the caller then takes the full path that connects, waits for
@@ -725,7 +732,8 @@ def fast_submit(
     if conn is None or conn.state is not ALIVE or conn.client is None:
         return None
     client = conn.client
-    fut = client.submit_nowait(("c", method, args, kwargs), timeout)
+    body = ("c", method, args, kwargs) if group is None else ("c", method, args, kwargs, group)
+    fut = client.submit_nowait(body, timeout)
     recorder = timeline.RECORDER
     if recorder.enabled and fut is not None and not fut.done() and client.trace is not None:
         # the call's timeline record (its end: the client's, as the reply comes)

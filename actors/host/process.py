@@ -5,7 +5,8 @@ It serves calls on its own ROUTER socket; async methods run concurrently on its 
 ``max_concurrency`` at once), sync methods in worker threads: one at a time, or up to
 ``max_concurrency`` at once when the actor was spawned with it (``actors.host.workers``).
 A method in a concurrency group (``@concurrency_group``) runs under that group's limit
-instead, a ``def`` one on threads of the group's own: Ray's concurrency groups.
+instead, a ``def`` one on threads of the group's own: Ray's concurrency groups; a call may
+name its own group (a fifth field of its body: ``("c", method, args, kwargs, group)``).
 A caller that gives up (timeout, cancel) cancels its call here: an async method's task is
 cancelled, a queued sync call is dropped, a running one finishes without its slot. It exits
 when told to (SIGTERM: ``teardown`` runs), or when its node agent goes away.
@@ -333,9 +334,9 @@ class ActorHost:
     def dispatch(self, req: Request) -> Any:
         """Route one call to the instance (an awaitable for the server to finish)."""
         body = req.body
-        if type(body) is not tuple or len(body) != 4 or body[0] != "c":
+        if type(body) is not tuple or len(body) not in (4, 5) or body[0] != "c":
             return self._stream_step(body)
-        _, method, args, kwargs = body
+        method, args, kwargs = body[1], body[2], body[3]
         info = self.methods.get(method) if isinstance(method, str) else None
         if info is None:
             if method in (READY, EXIT) and not args and not kwargs:
@@ -347,9 +348,18 @@ class ActorHost:
                 f"method {method!r}"
             )
             raise remote_error(missing, self.name)
+        group = info.group
+        if len(body) == 5:  # the call's own group (Ray's .options(concurrency_group=))
+            group = body[4]
+            if group not in self.groups:
+                unknown = ValueError(
+                    f"actor {self.name!r} has no concurrency group {group!r} (its groups: "
+                    f"{', '.join(sorted(self.groups)) or 'none'})"
+                )
+                raise remote_error(unknown, self.name)
         STATS.call(method)
         fn = getattr(self.instance, method)
-        return self._start(fn, info.is_async, args, kwargs, req, info.group)
+        return self._start(fn, info.is_async, args, kwargs, req, group)
 
     def _start(
         self,

@@ -473,12 +473,19 @@ class _Id:
 class ActorMethod:
     """One method of a Ray-style actor: ``.remote(...)`` and ``.options(...)``."""
 
-    __slots__ = ("_handle", "_name", "_num_returns")
+    __slots__ = ("_group", "_handle", "_name", "_num_returns")
 
-    def __init__(self, handle: ActorHandle, name: str, num_returns: int | str = 1) -> None:
+    def __init__(
+        self,
+        handle: ActorHandle,
+        name: str,
+        num_returns: int | str = 1,
+        group: str | None = None,
+    ) -> None:
         self._handle = handle
         self._name = name
         self._num_returns = num_returns
+        self._group = group  # the call's own concurrency group (None: the method's)
 
     def options(
         self,
@@ -489,22 +496,23 @@ class ActorMethod:
         **_: Any,
     ) -> ActorMethod:
         """The method with call options (``num_returns``: an int, or ``"streaming"`` for a
-        generator method; ``name`` only names the call).
+        generator method; ``name`` only names the call; ``concurrency_group``: the actor's
+        group the call runs in instead of the method's, an undefined one failing the call).
 
         Raises:
-            ValueError: a bad ``num_returns``, or a ``concurrency_group`` (a call's own group
-                is not supported: mark the method with ``@ray.method(concurrency_group=)``).
+            ValueError: a bad ``num_returns`` or ``concurrency_group``.
         """
-        if concurrency_group is not None:
+        if concurrency_group is not None and (
+            not isinstance(concurrency_group, str) or not concurrency_group
+        ):
             raise ValueError(
-                "a call's own concurrency_group is not supported by rayless.ray: mark the "
-                "method with @ray.method(concurrency_group=...)"
+                f"concurrency_group must be a non-empty string, got {concurrency_group!r}"
             )
         if num_returns != STREAMING and (not isinstance(num_returns, int) or num_returns < 0):
             raise ValueError(
                 f"num_returns must be an int >= 0 or {STREAMING!r}, got {num_returns!r}"
             )
-        return ActorMethod(self._handle, self._name, num_returns)
+        return ActorMethod(self._handle, self._name, num_returns, concurrency_group)
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Call the method; its ObjectRef (a list of ``num_returns`` refs when that is not 1;
@@ -514,12 +522,13 @@ class ActorMethod:
         inner = handle._inner
         retries = handle._opts.get("max_task_retries") or 0
         fut: Any
+        name, group = self._name, self._group
         if retries and handle._opts.get("max_restarts"):
-            fut = _worker.submit(s, _call_retrying(handle, self._name, args, kwargs, retries))
+            fut = _worker.submit(s, _call_retrying(handle, name, args, kwargs, retries, group))
         elif inner is not None and (not (args or kwargs) or not needs_resolve(args, kwargs)):
-            fut = _send(s, inner, self._name, args, kwargs)
+            fut = _send(s, inner, name, args, kwargs, group)
         else:
-            fut = _worker.submit(s, _call_resolved(handle, self._name, args, kwargs))
+            fut = _worker.submit(s, _call_resolved(handle, name, args, kwargs, group))
         scope = handle._scope
         if scope is not None:  # ended by scope: only once this call is answered
             scope.track(fut)
@@ -549,40 +558,55 @@ def _send(
     name: str,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    group: str | None = None,
 ) -> Any:
     """Start the call on the session's loop: rayless' own path from this thread."""
+    method = _method(inner, name, group)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return getattr(inner, name).remote(*args, **kwargs)  # a thread: the home loop
+        return method.remote(*args, **kwargs)  # a thread: the home loop
     if _worker.on_loop(s):
-        return getattr(inner, name)(*args, **kwargs)
-    return asyncio.run_coroutine_threadsafe(_invoke(inner, name, args, kwargs), s.loop)
+        return method(*args, **kwargs)
+    return asyncio.run_coroutine_threadsafe(_invoke(method, args, kwargs), s.loop)
 
 
-async def _invoke(
-    inner: _RaylessHandle[Any], name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    return await getattr(inner, name)(*args, **kwargs)
+def _method(inner: _RaylessHandle[Any], name: str, group: str | None) -> Any:
+    """The rayless method ``name`` of ``inner``, its calls in concurrency group ``group``."""
+    method = getattr(inner, name)
+    return method if group is None else method.options(concurrency_group=group)
+
+
+async def _invoke(method: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return await method(*args, **kwargs)
 
 
 async def _call_resolved(
-    handle: ActorHandle, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    handle: ActorHandle,
+    name: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    group: str | None = None,
 ) -> Any:
     inner = await handle._resolved()
     args, kwargs = await resolve_all(args, kwargs)
-    return await getattr(inner, name)(*args, **kwargs)
+    return await _method(inner, name, group)(*args, **kwargs)
 
 
 async def _call_retrying(
-    handle: ActorHandle, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], retries: int
+    handle: ActorHandle,
+    name: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    retries: int,
+    group: str | None = None,
 ) -> Any:
     """A call retried on the restarted actor when the actor dies under it
     (``max_task_retries``; -1: as long as it restarts)."""
     attempt = 0
     while True:
         try:
-            return await _call_resolved(handle, name, args, kwargs)
+            return await _call_resolved(handle, name, args, kwargs, group)
         except _RaylessDied:
             if retries != -1 and attempt >= retries:
                 raise

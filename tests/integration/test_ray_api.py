@@ -598,8 +598,10 @@ def test_a_runtime_env_object_is_a_runtime_env_dict() -> None:
 def test_unsupported_options_raise_clearly() -> None:
     # deliberate differences: named, not ignored
     c = Counter.remote()
-    with pytest.raises(ValueError, match=r"mark the method with @ray\.method"):
-        c.incr.options(concurrency_group="io").remote()  # Ray: a call's own group
+    with pytest.raises(ValueError, match="has no concurrency group 'io'"):
+        ray.get(c.incr.options(concurrency_group="io").remote(), timeout=60)  # none defined
+    with pytest.raises(ValueError, match="non-empty string"):
+        c.incr.options(concurrency_group="")
     with pytest.raises(ValueError, match="detached"):
         placement_group([{"CPU": 1}], lifetime="detached")  # planned in the driver
     with pytest.raises(ValueError, match="custom resources"):

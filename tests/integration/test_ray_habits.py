@@ -106,6 +106,11 @@ async def test_concurrency_groups_run_beside_each_other(local_cluster: Cluster) 
     opener = await asyncio.wait_for(gate.open(), 30)
     assert await asyncio.wait_for(waiting, 30) is True
     assert "opening" in opener and "opening" not in default
+    # a call's own group: a default-group method on the "opening" group's threads
+    own = await asyncio.wait_for(gate.thread.options(concurrency_group="opening")(), 30)
+    assert "opening" in own
+    with pytest.raises(ValueError, match="has no concurrency group 'nope'"):
+        await asyncio.wait_for(gate.thread.options(concurrency_group="nope")(), 30)
     # a def generator of a group steps on its group's threads: the default thread is held
     gate = await local_cluster.spawn(Gate, concurrency_groups=groups)
     held = gate.hold()

@@ -901,9 +901,13 @@ def test_concurrency_groups_keep_a_blocked_group_from_blocking_another(ray: Any)
     ray.get([bucket.acquire.remote(), bucket.acquire.remote()], timeout=60)
     third = bucket.acquire.remote()  # waits in its group for a release
     assert ray.wait([third], timeout=0.5)[0] == []
+    # a call's own group: queued behind the blocked acquire, in its group of 1
+    queued = bucket.count.options(concurrency_group="acquire").remote()
+    assert ray.wait([queued], timeout=0.5)[0] == []
     assert ray.get(bucket.count.remote(), timeout=60) == 2  # the default group still serves
     ray.get(bucket.release.remote(), timeout=60)
     ray.get(third, timeout=60)
+    assert ray.get(queued, timeout=60) == 2  # it ran after the third acquire
     assert ray.get(bucket.count.remote(), timeout=60) == 2
 
     @ray.remote(concurrency_groups={"io": 2, "compute": 4})
