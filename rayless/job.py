@@ -67,10 +67,15 @@ def job_runtime_env(args: argparse.Namespace, cwd: str) -> dict[str, Any]:
             text = f.read()
         try:
             import yaml
-
-            loaded = yaml.safe_load(text)
         except ImportError:  # YAML is JSON's superset: a JSON file still reads
-            loaded = json.loads(text)
+            try:
+                loaded = json.loads(text)
+            except ValueError:
+                raise ValueError(
+                    f"{args.runtime_env}: reading a YAML file needs PyYAML (pip install pyyaml)"
+                ) from None
+        else:
+            loaded = yaml.safe_load(text)
         env.update(_mapping(loaded, args.runtime_env))
     if args.runtime_env_json:
         env.update(_mapping(json.loads(args.runtime_env_json), "--runtime-env-json"))
