@@ -109,7 +109,9 @@ def test_round_trip_to_another_process(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        # a hang guard: a fresh interpreter that imports torch beside a full suite and CPU
+        # burners took more than 60 s
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr
     total, asum = proc.stdout.split()
