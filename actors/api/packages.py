@@ -24,7 +24,7 @@ import os
 import stat
 import threading
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -102,12 +102,11 @@ def pack_module(module: str | ModuleType, excludes: Sequence[str] = ()) -> Packa
     )
 
 
-def _cached(key: tuple[object, ...], make: object) -> Package:
+def _cached(key: tuple[object, ...], make: Callable[[], Package]) -> Package:
     with _lock:
         found = _cache.get(key)
     if found is not None:
         return found
-    assert callable(make)  # internal invariant: a packing function
     package: Package = make()
     with _lock:
         return _cache.setdefault(key, package)
@@ -207,14 +206,13 @@ def _whole_file(full: str, source: str) -> Package:
 UPLOAD_PART = 4 * 2**20  # bytes travel in the message header (16 MiB at most)
 
 
-async def upload(request: object, package: Package) -> None:
+async def upload(request: Callable[..., Awaitable[bool]], package: Package) -> None:
     """Send ``package`` to the head in parts, unless it holds it already; ``request`` is the
     runtime's ``head_request``.
 
     Raises:
         PackageError: the head refused it (too big, its store full).
     """
-    assert callable(request)  # internal invariant: Runtime.head_request
     data, digest, size = package.data, package.ref.digest, package.ref.size
     offset = 0
     while True:

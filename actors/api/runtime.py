@@ -567,7 +567,7 @@ class Runtime:
             client = await self._ready_client(conn, timeout)
             if timeout is not None:
                 timeout = max(timeout - (self.loop.time() - started), 0.001)
-        body = ("c", method, args, kwargs) if group is None else ("c", method, args, kwargs, group)
+        body = call_body(method, args, kwargs, group)
         try:
             if not timeline.RECORDER.enabled or client.trace is None:
                 return await client.request(body, timeout=timeout)
@@ -708,6 +708,13 @@ async def close_runtimes() -> None:
         await runtime.aclose()
 
 
+def call_body(
+    method: str, args: tuple[Any, ...], kwargs: Any, group: str | None
+) -> tuple[Any, ...]:
+    """An actor call's body (docs/protocol.md): a fifth field only for a group of its own."""
+    return ("c", method, args, kwargs) if group is None else ("c", method, args, kwargs, group)
+
+
 def fast_submit(
     handle: Any,
     method: str,
@@ -732,8 +739,7 @@ def fast_submit(
     if conn is None or conn.state is not ALIVE or conn.client is None:
         return None
     client = conn.client
-    body = ("c", method, args, kwargs) if group is None else ("c", method, args, kwargs, group)
-    fut = client.submit_nowait(body, timeout)
+    fut = client.submit_nowait(call_body(method, args, kwargs, group), timeout)
     recorder = timeline.RECORDER
     if recorder.enabled and fut is not None and not fut.done() and client.trace is not None:
         # the call's timeline record (its end: the client's, as the reply comes)

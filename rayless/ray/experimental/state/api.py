@@ -4,22 +4,7 @@ functions and records."""
 
 from __future__ import annotations
 
-from rayless.ray.util.state import (
-    ActorState,
-    NodeState,
-    RayStateApiException,
-    get_actor,
-    get_node,
-    list_actors,
-    list_nodes,
-)
+from rayless.ray.util import state as _state
+from rayless.ray.util.state import *  # noqa: F403  (the same names, as Ray's module does)
 
-__all__ = [
-    "ActorState",
-    "NodeState",
-    "RayStateApiException",
-    "get_actor",
-    "get_node",
-    "list_actors",
-    "list_nodes",
-]
+__all__ = list(_state.__all__)
