@@ -2,8 +2,9 @@
 may use of it besides the public API in ``rayless.actors``: spawning helpers, blocking faces,
 tracing, by-value pickling, how a spawned child joins, a rendezvous port, how a spawn's
 ``executable`` (Ray's ``py_executable``) is read, torch's thread
-settings, the typed-message decorator, the loop sync calls run on, and the environment
-variables an actor process finds itself in.
+settings, the typed-message decorator, the loop sync calls run on, the environment
+variables an actor process finds itself in, and what a process it starts needs to join its
+cluster (the token, a private directory the host's sweep removes once its owner is gone).
 
 Code outside ``actors/`` imports the runtime only from ``rayless.actors``,
 ``rayless.actors.errors`` and this module (``tests/unit/test_layering.py``); everything else
@@ -32,10 +33,23 @@ from rayless.actors.core.context import (
     ENV_NODE_ID,
     ENV_NODE_IP,
 )
+from rayless.actors.core.context import current as current_cluster
 from rayless.actors.core.threads import apply_torch_threads, torch_threads
 from rayless.actors.core.timeline import store_span, traced, weights_span
 from rayless.actors.protocol.messages import PackageRef
 from rayless.actors.protocol.wire import message
+from rayless.transport.owners import mkdtemp as owned_dir
+
+
+def cluster_token() -> str:
+    """The token of the cluster this process belongs to (an actor's, or a driver's that
+    started or joined one): what a process it starts needs to join the same cluster.
+
+    Raises:
+        ConnectError: this process belongs to no cluster.
+    """
+    return current_cluster().token
+
 
 __all__ = [
     "ENV_ACTOR_ID",
@@ -50,6 +64,7 @@ __all__ = [
     "SyncCluster",
     "apply_torch_threads",
     "call_limit",
+    "cluster_token",
     "cluster_info",
     "current_handle",
     "dumps_by_value",
@@ -59,6 +74,7 @@ __all__ = [
     "loads_by_value",
     "message",
     "opener",
+    "owned_dir",
     "Package",
     "PackageRef",
     "pack_module",

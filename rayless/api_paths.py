@@ -27,6 +27,7 @@ PACKAGES = (
     "rayless.ray.experimental",
     "rayless.ray.experimental.state",
     "rayless.ray.experimental.state.api",
+    "rayless.ray.job_submission",
     "rayless.ray.util",
     "rayless.ray.util.collective",
     "rayless.ray.util.placement_group",

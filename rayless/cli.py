@@ -26,7 +26,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "rayless.actors.api.timeline_cli",
         "write every actor's recent calls, store and weight operations as a Chrome trace",
     ),
-    "job": ("rayless.job", "job submit: run a driver script with a Ray job's runtime_env"),
+    "job": (
+        "rayless.job",
+        "Ray's job commands: submit (here, or --no-wait to the cluster), logs, status, stop, "
+        "list, delete",
+    ),
     "dashboard": ("rayless.dashboard", "serve a live page of a running cluster (127.0.0.1)"),
     "launch": ("rayless.actors.launch.node", "start rayless on this node, torchrun-style"),
     "ssh-launch": ("rayless.actors.launch.ssh", "start rayless on many hosts over SSH"),

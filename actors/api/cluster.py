@@ -448,8 +448,9 @@ def connect(address: str | None = None, *, token: str | None = None) -> Opening[
     ``address`` is ``host:port`` or ``tcp://host:port``; ``"auto"`` (or no arguments and no
     RAYLESS_ADDRESS) means the one local cluster ``Cluster.local()`` published on this host,
     token included. Without arguments the environment's RAYLESS_ADDRESS and
-    RAYLESS_TOKEN[_FILE] (what ``rayless launch`` gives a driver) come first. The Cluster
-    owns a session of its own: ``aclose()`` kills the actors it spawned at once, freeing
+    RAYLESS_TOKEN[_FILE] (what ``rayless launch`` gives a driver) come first; an address
+    without a token takes the one a local cluster published there, else RAYLESS_TOKEN[_FILE].
+    The Cluster owns a session of its own: ``aclose()`` kills the actors it spawned at once, freeing
     their GPUs. Only inside an actor, or in a process that already called ``connect()`` or
     ``Cluster.local()``, does it give a Cluster on that existing session (closing it then
     kills nothing).
@@ -499,6 +500,8 @@ async def _connect(address: str | None, token: str | None) -> Cluster:
         token = entry_at.token() if entry_at is not None else None
     address = address or (env.address if env else None)
     token = token or (env.token if env else None)
+    if address and not token:  # a cluster named by its address, its token in the environment
+        token = context.env_token()
     if not address or not token:
         raise ConnectError(
             f"connect() needs an address and a token (or {context.ENV_ADDRESS} and "

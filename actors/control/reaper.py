@@ -65,9 +65,10 @@ DIR_PREFIXES = (
     "rayless-launch-",
     "rayless-packages-",  # the head's package store
     "rayless-node-packages-",  # a node agent's extracted packages
+    "rayless-job-",  # a submitted job's supervisor: its log and its entrypoint's token file
 )
 DIRS = re.compile(
-    r"rayless-(?:local|zygote|launch|packages|node-packages)-(?P<pid>[0-9]+)-(?P<start>[0-9]+)"
+    r"rayless-(?:local|zygote|launch|packages|node-packages|job)-(?P<pid>[0-9]+)-(?P<start>[0-9]+)"
     r"-[A-Za-z0-9_]+",
     re.ASCII,
 )

@@ -213,6 +213,18 @@ def take_token() -> str:
     return read_token_file(path) if path else ""
 
 
+def env_token() -> str | None:
+    """The token the environment gives: RAYLESS_TOKEN, else the file RAYLESS_TOKEN_FILE names.
+
+    Raises:
+        ConnectError: the token file cannot be read, or is not private.
+    """
+    token = os.environ.get(ENV_TOKEN)
+    if not token and os.environ.get(ENV_TOKEN_FILE):
+        token = read_token_file(os.environ[ENV_TOKEN_FILE])
+    return token or None
+
+
 def from_env() -> ClusterInfo | None:
     """The cluster named by the environment, if any.
 
@@ -221,9 +233,7 @@ def from_env() -> ClusterInfo | None:
         ConnectError: the token file cannot be read.
     """
     address = os.environ.get(ENV_ADDRESS)
-    token = os.environ.get(ENV_TOKEN)
-    if not token and os.environ.get(ENV_TOKEN_FILE):
-        token = read_token_file(os.environ[ENV_TOKEN_FILE])
+    token = env_token() if address else None
     if not address or not token:
         return None
     try:

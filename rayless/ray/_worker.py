@@ -279,6 +279,9 @@ def open_session(
     renv = parse_runtime_env(runtime_env)
     env_vars = renv.env
     packages: tuple[Package | PackageRef, ...] = renv.packages()  # before a cluster starts
+    if not renv.ships and not in_actor() and os.environ.get(ENV_JOB_RUNTIME_ENV):
+        # a submitted job's entrypoint: its supervisor runs from the job's files already
+        packages = decode_packages(os.environ.get(ENV_PACKAGES, ""))
     if in_actor():
         loop = _internals.home_loop()
         ns = namespace if namespace is not None else os.environ.get(ENV_NAMESPACE) or None

@@ -67,8 +67,8 @@ def test_job_submit_runs_the_entrypoint_with_the_jobs_runtime_env(tmp_path: Path
     failing = '{"working_dir": "project", "env_vars": {"FROM_JOB": "j", "EXIT_WITH": "3"}}'
     out = _submit(f"--runtime-env-json={failing}", "--", *entry, cwd=tmp_path)
     assert out.returncode == 3, out.stderr[-3000:]  # the entrypoint's status
-    out = _submit("--no-wait", "--", "true", cwd=tmp_path)
-    assert out.returncode == 2 and "--no-wait is not supported" in out.stderr
+    out = _submit("--no-wait", "--address", "127.0.0.1:1", "--", "true", cwd=tmp_path)
+    assert out.returncode == 1 and "a job needs a running cluster" in out.stderr
     out = _submit("--runtime-env-json", '{"pip": ["x"]}', "--", "true", cwd=tmp_path)
     assert out.returncode == 2 and "pip" in out.stderr
     out = _submit(cwd=tmp_path)

@@ -1266,3 +1266,89 @@ def test_working_dir_and_py_modules_ship_code_to_workers(ray: Any, tmp_path: Any
         ["rows.txt"],
         [True, "from the working_dir"],
     ]
+
+
+def _job_address(ray: Any) -> str | None:
+    """Where a JobSubmissionClient finds this session's cluster: Ray's dashboard; rayless'
+    session itself (None)."""
+    if ray.__name__ != "ray":
+        return None
+    url = ray._private.worker.global_worker.node.address_info.get("webui_url")
+    if not url:
+        pytest.skip("this Ray runs without its dashboard (pip install 'ray[default]')")
+    return f"http://{url}"
+
+
+def test_job_submission_runs_fails_stops_and_deletes_jobs(ray: Any, tmp_path: Any) -> None:
+    # ray/dashboard/modules/job/tests/test_sdk.py's and test_job_manager.py's scenarios:
+    # a job's working_dir and env_vars, a failing entrypoint's record, stop, list, delete
+    import asyncio
+    import importlib
+    import shlex
+    import sys
+    import uuid
+
+    js = importlib.import_module(f"{ray.__name__}.job_submission")
+    client = js.JobSubmissionClient(_job_address(ray))
+
+    def ended(sid: str) -> Any:
+        return wait_until_sync(
+            lambda: client.get_job_info(sid) if client.get_job_status(sid).is_terminal() else None,
+            120,
+            f"job {sid} to end",
+        )
+
+    (tmp_path / "job_helper.py").write_text("VALUE = 'shipped'\n")
+    py = shlex.quote(sys.executable)
+    code = "import job_helper, os; print('helper', job_helper.VALUE, os.environ['FROM_JOB'])"
+    ok = client.submit_job(
+        entrypoint=f'{py} -c "{code}"',
+        runtime_env={"working_dir": str(tmp_path), "env_vars": {"FROM_JOB": "job"}},
+        metadata={"k": "v"},
+    )
+    info = ended(ok)
+    assert (info.status, info.driver_exit_code, info.submission_id) == (
+        js.JobStatus.SUCCEEDED,
+        0,
+        ok,
+    )
+    assert info.message == "Job finished successfully." and info.metadata["k"] == "v"
+    assert info.type == js.JobType.SUBMISSION and info.end_time >= info.start_time > 0
+    assert "helper shipped job" in client.get_job_logs(ok)
+
+    bad = client.submit_job(entrypoint="echo to-the-log; exit 3")
+    info = ended(bad)
+    assert (info.status, info.driver_exit_code, info.error_type) == (
+        js.JobStatus.FAILED,
+        3,
+        "JOB_ENTRYPOINT_COMMAND_ERROR",
+    )
+    assert info.message.startswith(
+        "Job entrypoint command failed with exit code 3, last available logs (truncated to "
+        "20,000 chars):\n"
+    )
+    assert "to-the-log" in info.message
+
+    async def tail(sid: str) -> str:
+        return "".join([text async for text in client.tail_job_logs(sid)])
+
+    assert "to-the-log" in asyncio.run(tail(bad))
+
+    long = f"long-{uuid.uuid4().hex[:8]}"
+    assert client.submit_job(entrypoint="sleep 300", submission_id=long) == long
+    wait_until_sync(
+        lambda: client.get_job_status(long) == js.JobStatus.RUNNING, 120, "the job to run"
+    )
+    with pytest.raises(RuntimeError, match="already exists"):
+        client.submit_job(entrypoint="true", submission_id=long)
+    with pytest.raises(RuntimeError, match="non-terminal"):
+        client.delete_job(long)
+    assert client.stop_job(long) is True
+    assert ended(long).status == js.JobStatus.STOPPED
+    assert client.stop_job(long) is False
+    assert {ok, bad, long} <= {job.submission_id for job in client.list_jobs()}
+    assert client.delete_job(ok) is True
+    with pytest.raises(RuntimeError, match="does not exist"):
+        client.get_job_status(ok)
+    for sid in (bad, long):
+        client.delete_job(sid)
