@@ -7,8 +7,9 @@ RAYLESS_TOKEN_FILE / RAYLESS_TOKEN, else the local cluster published on this hos
 runs in a detached supervisor actor (``rayless.ray._job_supervisor``) that starts the
 entrypoint, one shell command, in the job's ``working_dir`` (packed and shipped as actors'
 are), with its ``env_vars``; the entrypoint's ``ray.init()`` joins the same cluster and gives
-its actors and tasks the job's ``runtime_env``. ``entrypoint_num_cpus`` / ``_num_gpus`` are
-the supervisor's reservation (its GPUs are the entrypoint's CUDA_VISIBLE_DEVICES);
+its actors and tasks the job's ``runtime_env``. It runs on the head's node (launch rank 0), as
+Ray's entrypoints do, unless ``entrypoint_num_cpus`` / ``_num_gpus`` ask for a share: those
+are the supervisor's reservation (its GPUs are the entrypoint's CUDA_VISIBLE_DEVICES);
 ``entrypoint_memory``, ``entrypoint_resources`` and ``entrypoint_label_selector`` are accepted
 without an effect. A job's record and log stay until ``delete_job`` or the cluster's end.
 
@@ -221,6 +222,8 @@ class JobSubmissionClient:
             if k not in ("working_dir", "py_modules", "excludes")
         }
         record_metadata = {**self._default_metadata, **(metadata or {})}
+        # as Ray's, the entrypoint runs on the head's node (rank 0) unless it reserves resources
+        node = None if entrypoint_num_cpus or entrypoint_num_gpus else self._head_node()
         try:
             self._sync.spawn(
                 JobSupervisor,
@@ -233,6 +236,7 @@ class JobSubmissionClient:
                 entrypoint_num_cpus,
                 entrypoint_num_gpus,
                 name=f"{NAMESPACE}/{sid}",
+                node=node,
                 cpus=float(entrypoint_num_cpus or 0),
                 gpus=float(entrypoint_num_gpus or 0),
                 env=spec.env,
@@ -348,6 +352,12 @@ class JobSubmissionClient:
                 yield text
             if part["done"]:
                 return
+
+    def _head_node(self) -> str | None:
+        """The live node of the lowest launch rank (a local cluster's first node)."""
+        nodes = [n for n in self._sync.node_views() if n.alive]
+        nodes.sort(key=lambda n: (n.rank is None, n.rank or 0, n.node_id))
+        return nodes[0].node_id if nodes else None
 
     def _job(self, job_id: str) -> Any:
         handle = self._lookup(job_id)

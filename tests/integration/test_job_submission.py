@@ -48,7 +48,8 @@ sys.exit(int(os.environ.get("EXIT_WITH", "0")))
 
 
 class Launched:
-    """A one-node ``rayless launch`` kept up, and the environment that reaches it."""
+    """A two-node ``rayless launch`` kept up (two ranks on this host), and the environment
+    that reaches it."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -58,11 +59,12 @@ class Launched:
         token = tmp / "job.token"
         # `python` in an entrypoint is this interpreter, as in a user's activated venv
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        self.node = Node(
-            tmp, 0, 1, self.port, "--token-file", str(token),
-            env={"TMPDIR": str(self.tmpdir), "PATH": path},
+        self.node, self.other = (
+            Node(tmp, rank, 2, self.port, "--token-file", str(token),
+                 env={"TMPDIR": str(self.tmpdir), "PATH": path})
+            for rank in (0, 1)
         )  # fmt: skip
-        self.node.wait_for("all 1 nodes joined")
+        self.node.wait_for("all 2 nodes joined")
         self.env = {
             **without_rayless(),
             "PYTHONPATH": str(ROOT),
@@ -93,9 +95,10 @@ class Launched:
 def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launched]:
     cluster = Launched(tmp_path_factory.mktemp("jobs"))
     yield cluster
-    if cluster.node.proc.poll() is None:
-        cluster.node.proc.send_signal(signal.SIGTERM)
-        cluster.node.wait()
+    for node in (cluster.node, cluster.other):
+        if node.proc.poll() is None:
+            node.proc.send_signal(signal.SIGTERM)
+            node.wait()
 
 
 def _running(text: str, *, exact: bool = False) -> list[psutil.Process]:
@@ -172,6 +175,7 @@ async def tail():
 print("TAIL", repr(asyncio.run(tail())))
 info = client.get_job_info(sid)
 print("INFO", info.status, info.driver_exit_code, info.error_type, info.metadata)
+print("NODE", info.driver_node_id)
 print("MESSAGE", repr(info.message))
 print("STATUS", client.get_job_status(sid) is JobStatus.FAILED, client.stop_job(sid))
 print("DELETE", client.delete_job(sid), sid in [j.submission_id for j in client.list_jobs()])
@@ -191,8 +195,9 @@ except RuntimeError as exc:
     lines = out.stdout.splitlines()
     assert lines[0] in ("TAIL 'out\\nerr\\n'", "TAIL 'err\\nout\\n'")
     assert lines[1] == "INFO FAILED 3 JOB_ENTRYPOINT_COMMAND_ERROR {'k': 'v'}"
-    assert lines[2].startswith("MESSAGE 'Job entrypoint command failed with exit code 3, last")
-    assert lines[3:] == ["STATUS True False", "DELETE True False", "GONE True"]
+    assert lines[2] == "NODE n0"  # the head's node, as Ray's entrypoints run there
+    assert lines[3].startswith("MESSAGE 'Job entrypoint command failed with exit code 3, last")
+    assert lines[4:] == ["STATUS True False", "DELETE True False", "GONE True"]
 
 
 def test_a_killed_supervisor_takes_its_entrypoint_along(launched: Launched) -> None:
@@ -225,7 +230,8 @@ def test_stopping_the_cluster_leaves_no_job_behind(launched: Launched) -> None:
     assert _running("mark-at-end")
     launched.node.proc.send_signal(signal.SIGTERM)
     assert launched.node.wait() == 128 + signal.SIGTERM
-    assert_none_left(launched.node.mark)
+    assert launched.other.wait() == 0  # the head shut the cluster down
+    assert_none_left(launched.node.mark, launched.other.mark)
     assert not _running("mark-at-end")
     assert eventually_sync(
         lambda: not [p for p in os.listdir(launched.tmpdir) if p.startswith("rayless-job-")],
