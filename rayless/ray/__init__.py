@@ -33,6 +33,10 @@ from rayless.ray.object_ref import ObjectRef, put_ref
 from rayless.ray.remote_function import RemoteFunction, task_state
 from rayless.ray.runtime_context import RuntimeContext, get_runtime_context, gpu_ids
 
+# The Ray release whose API this module follows (its parity tests run against it): what a
+# program that prints or compares ``ray.__version__`` reads. rayless' own: rayless.__version__.
+__version__ = "2.60.0"
+
 __all__ = [
     "ActorClass",
     "ObjectRef",

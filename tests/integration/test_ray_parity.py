@@ -1352,3 +1352,19 @@ def test_job_submission_runs_fails_stops_and_deletes_jobs(ray: Any, tmp_path: An
         client.get_job_status(ok)
     for sid in (bad, long):
         client.delete_job(sid)
+
+
+def test_version_and_named_placement_group_lookup(ray: Any) -> None:
+    # scripts print or compare ray.__version__; verl-style code finds its group by name
+    import uuid
+
+    assert ray.__version__.split(".")[0] == "2"
+    name = f"pg-{uuid.uuid4().hex[:8]}"
+    pg = ray.util.placement_group([{"CPU": 1}], name=name)
+    ray.get(pg.ready())
+    assert ray.util.get_placement_group(name).id.hex() == pg.id.hex()
+    with pytest.raises(ValueError, match="Failed to look up placement group with name: nope"):
+        ray.util.get_placement_group("nope")
+    with pytest.raises(ValueError, match="non-empty"):
+        ray.util.get_placement_group("")
+    ray.util.remove_placement_group(pg)

@@ -13,6 +13,7 @@ from rayless.ray.util.helpers import as_completed, map_unordered
 from rayless.ray.util.placement_group import (
     PlacementGroup,
     get_current_placement_group,
+    get_placement_group,
     placement_group,
     placement_group_table,
     remove_placement_group,
@@ -24,6 +25,7 @@ __all__ = [
     "as_completed",
     "get_current_placement_group",
     "get_node_ip_address",
+    "get_placement_group",
     "list_named_actors",
     "map_unordered",
     "placement_group",
@@ -59,3 +61,4 @@ def list_named_actors(all_namespaces: bool = False) -> list[Any]:
     if all_namespaces:
         return entries
     return [e["name"] for e in entries if e["namespace"] == s.namespace]
+

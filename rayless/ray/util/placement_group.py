@@ -322,6 +322,21 @@ def remove_placement_group(placement_group: PlacementGroup) -> None:
     _worker.run(s, _remove(s, pg))
 
 
+def get_placement_group(placement_group_name: str) -> PlacementGroup:
+    """This session's live placement group called ``placement_group_name`` (Ray's lookup;
+    groups are planned per driver, so another driver's group is not found).
+
+    Raises:
+        ValueError: an empty name, or no live group of this session has it (Ray's messages).
+    """
+    if not placement_group_name:
+        raise ValueError("Please supply a non-empty value to get_placement_group")
+    for pg in _worker.session().groups.values():
+        if pg.name == placement_group_name and not pg.removed:
+            return pg
+    raise ValueError(f"Failed to look up placement group with name: {placement_group_name}")
+
+
 def get_current_placement_group() -> PlacementGroup | None:
     """None: rayless.ray does not capture child tasks into their parent's group."""
     return None
