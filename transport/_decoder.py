@@ -159,7 +159,10 @@ class Decoder:
     def pickled(self, r: list[Any]) -> Any:
         expect(r, 2)
         if not self.allow_pickle:
-            raise ProtocolError("refusing a pickled value: allow_pickle is off")
+            raise ProtocolError(
+                "refusing a pickled value: this process does not allow pickle (set "
+                "RAYLESS_ALLOW_PICKLE=1 in every process of the cluster, or send plain values)"
+            )
         if type(r[1]) is not bytes:
             raise ProtocolError("bad pickle record")
         return pickle.loads(r[1])

@@ -64,6 +64,7 @@ from rayless.transport.protocol import (
     new_nonce,
     open_envelope,
     peer_bounds,
+    pickle_allowed,
     proofs_match,
     server_proof,
     session_key,
@@ -134,7 +135,7 @@ class Client:
         connect_timeout: float = 10.0,
         on_oneway: Callable[[Any], None] | None = None,
         device: Any = None,
-        allow_pickle: bool = False,
+        allow_pickle: bool | None = None,
         context: zmq.Context[Any] | None = None,
         error_hook: Callable[[BaseException], BaseException] | None = None,
         curve: bool | None = None,
@@ -157,7 +158,7 @@ class Client:
         self._beat_due = 0.0
         self._error_hook = error_hook
         self._device = device
-        self._allow_pickle = allow_pickle
+        self._allow_pickle = pickle_allowed(allow_pickle)  # None: RAYLESS_ALLOW_PICKLE
         self._ctx = context or zmq_context()
         self._state = SessionState.NEW
         self._ids = itertools.count(1)

@@ -39,7 +39,6 @@ adds its encoders and builders to the explicit registry ``transport._registry.RE
 from __future__ import annotations
 
 import importlib
-import pickle
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -183,8 +182,10 @@ class _Encoder:
                 return record
             problem = heavy.problem(obj)
         if problem is None and self.allow_pickle:
-            try:
-                return [_MARK[PICKLE], pickle.dumps(obj, protocol=5)]
+            try:  # cloudpickle, as Ray: a lambda or a class of the script travels too
+                import cloudpickle
+
+                return [_MARK[PICKLE], cloudpickle.dumps(obj, protocol=5)]
             except Exception as exc:
                 problem = f"cannot pickle {type(obj).__qualname__}: {exc}"
         raise Unsupported(problem or _refusal(kind))
@@ -200,7 +201,10 @@ def _refusal(kind: type) -> str:
         return f"{reason} ({own})"
     if kind.__module__.partition(".")[0] in sys.stdlib_module_names:
         return reason
-    return f"{reason} (values travel without pickle: send a dataclass or plain values instead)"
+    return (
+        f"{reason} (values travel without pickle: send a dataclass or plain values instead, "
+        "or start every process of the cluster with RAYLESS_ALLOW_PICKLE=1)"
+    )
 
 
 _ENCODERS = REGISTRY.encoders  # transport._heavy adds the torch, numpy and tensordict types

@@ -238,6 +238,19 @@ def curve_enabled(curve: bool | None) -> bool:
     return os.environ.get("RAYLESS_CURVE", "").lower() in ("1", "true", "yes")
 
 
+ENV_ALLOW_PICKLE = "RAYLESS_ALLOW_PICKLE"
+
+
+def pickle_allowed(allow: bool | None = None) -> bool:
+    """``allow`` if given, else whether ``RAYLESS_ALLOW_PICKLE`` is set to 1/true/yes: the
+    cluster-wide opt-in that lets values the codec has no record for travel pickled
+    (cloudpickle, as Ray sends everything), between authenticated peers only. Every process of
+    the cluster needs it (its receivers refuse pickled values otherwise)."""
+    if allow is not None:
+        return allow
+    return os.environ.get(ENV_ALLOW_PICKLE, "").lower() in ("1", "true", "yes")
+
+
 def pack_control(kind: Kind, req_id: int = 0, flags: int = 0) -> bytes:
     """The 12-byte control frame of a message."""
     return CONTROL.pack(VERSION, kind, flags, req_id)

@@ -58,6 +58,7 @@ from rayless.transport.protocol import (
     new_nonce,
     open_envelope,
     peer_bounds,
+    pickle_allowed,
     proofs_match,
     server_proof,
     session_key,
@@ -120,7 +121,7 @@ class Server:
         limits: Limits | None = None,
         peer_idle_timeout: float = 30.0,
         device: Any = None,
-        allow_pickle: bool = False,
+        allow_pickle: bool | None = None,
         context: zmq.Context[Any] | None = None,
         curve: bool | None = None,
         cancellable: bool = False,
@@ -136,7 +137,7 @@ class Server:
         self._on_peer_gone = on_peer_gone
         self._peer_idle_timeout = peer_idle_timeout
         self._device = device
-        self._allow_pickle = allow_pickle
+        self._allow_pickle = pickle_allowed(allow_pickle)  # None: RAYLESS_ALLOW_PICKLE
         self._ctx = context or zmq_context()
         self._peers: dict[bytes, Peer] = {}
         # half-open handshakes: routing id -> (client nonce, our nonce, HELLO, connection)

@@ -58,6 +58,7 @@ from rayless.actors.protocol.messages import (
 )
 from rayless.transport import codec
 from rayless.transport.errors import ClosedError, RaylessError, RemoteError
+from rayless.transport.protocol import pickle_allowed
 
 A = TypeVar("A")
 # what a spawn may take past its timeout: the head's own reply (it stops a process that did
@@ -227,7 +228,7 @@ class Cluster:
         if not wait_for_resources >= 0:
             raise ValueError(f"wait_for_resources must be >= 0 s, got {wait_for_resources!r}")
         try:
-            init = codec.encode((args, kwargs), root="init")
+            init = codec.encode((args, kwargs), root="init", allow_pickle=pickle_allowed())
         except TypeError as exc:  # named in the caller's terms: argument 0 ['a']
             raise call_encode_error(exc, f"{shown}()", args_at="[0]") from None
         spec = SpawnSpec(

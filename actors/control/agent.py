@@ -137,6 +137,7 @@ class Agent:
             handler=self._handle,
             name=f"agent-{node.node_id}",
             peer_idle_timeout=30.0,
+            allow_pickle=False,  # the control plane never unpickles, whatever the cluster's opt-in
         )
         self.head = Client(
             head_address,
@@ -147,6 +148,7 @@ class Agent:
             heartbeat_interval=max(0.1, head_timeout * 2 / 5),
             heartbeat_timeout=head_timeout,
             connect_timeout=head_timeout * 4,
+            allow_pickle=False,
         )
         self.tailer = LogTailer(self._send_logs)
         # spawns' working_dir and py_modules, fetched from the head's package store

@@ -102,6 +102,7 @@ class Head:
             on_peer_gone=self._peer_gone,
             name="head",
             peer_idle_timeout=max(2.0, node_timeout),
+            allow_pickle=False,  # the control plane never unpickles, whatever the cluster's opt-in
         )
         self._sweeper: asyncio.Task[None] | None = None
         self.requests: Handlers[Peer] = Handlers("head", self, self.registry, self.packages)

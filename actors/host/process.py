@@ -62,6 +62,7 @@ from rayless.transport import codec, loop
 from rayless.transport.client import Client
 from rayless.transport.errors import ProtocolError, RaylessError, RemoteError
 from rayless.transport.peer import Peer
+from rayless.transport.protocol import pickle_allowed
 from rayless.transport.server import Request, Server
 
 DEFAULT_MAX_CONCURRENCY = 1000
@@ -293,7 +294,7 @@ class ActorHost:
             if path not in sys.path and os.path.isdir(path):
                 sys.path.insert(0, path)
         cls = ClassRef.from_wire(self.spec.cls).load()
-        args, kwargs = codec.decode(self.spec.init)
+        args, kwargs = codec.decode(self.spec.init, allow_pickle=pickle_allowed())
         self.methods = public_methods(cls, self.spec.hooks)
         # the class as loaded here may differ from the driver's: a group it names must exist
         check_groups(class_name(cls), self.methods, self.spec.concurrency_groups)

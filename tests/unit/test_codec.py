@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 import warnings
 from collections import OrderedDict
 from typing import Any
@@ -20,6 +21,7 @@ from rayless.store.errors import StoreError
 from rayless.transport import _tensors
 from rayless.transport.codec import decode, encode, register_extension
 from rayless.transport.errors import LimitError, ProtocolError, RaylessError, RemoteError, Timeout
+from rayless.transport.protocol import pickle_allowed
 from tests.unit.test_codec_helpers import assert_same
 
 ALL_DTYPES = sorted(_tensors.DTYPES.values(), key=str)
@@ -232,15 +234,24 @@ class _SubPoint(_Point):
     pass
 
 
-def test_pickle_is_opt_in_on_both_sides() -> None:
-    with pytest.raises(TypeError, match=r"obj\['p'\]: cannot encode _Point"):
+def test_pickle_is_opt_in_on_both_sides(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(
+        TypeError, match=r"obj\['p'\]: cannot encode _Point .*RAYLESS_ALLOW_PICKLE=1"
+    ):
         encode({"p": _Point(1, 2)})
     frames = encode({"p": _Point(1, 2)}, allow_pickle=True)
-    with pytest.raises(ProtocolError, match="allow_pickle"):
+    with pytest.raises(ProtocolError, match=r"does not allow pickle .*RAYLESS_ALLOW_PICKLE=1"):
         decode(frames)
     assert decode(frames, allow_pickle=True) == {"p": _Point(1, 2)}
+    # cloudpickle, as Ray: a lambda (or a class of the script) travels too
+    (fn,) = decode(encode([lambda v: v + 1], allow_pickle=True), allow_pickle=True)
+    assert fn(1) == 2
     with pytest.raises(TypeError, match=r"obj\[0\]: cannot pickle"):
-        encode([lambda: 0], allow_pickle=True)
+        encode([threading.Lock()], allow_pickle=True)
+    # the cluster-wide opt-in: Client and Server read it when not told
+    assert not pickle_allowed()
+    monkeypatch.setenv("RAYLESS_ALLOW_PICKLE", "1")
+    assert pickle_allowed() and not pickle_allowed(False)
 
 
 def test_extension_registry() -> None:

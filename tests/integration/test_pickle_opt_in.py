@@ -1,0 +1,109 @@
+"""The cluster-wide pickle opt-in, ``RAYLESS_ALLOW_PICKLE=1``: values the codec has no record
+for (an instance of a plain class, a lambda) travel pickled, as Ray sends them, between the
+processes of a cluster started with it; without it they are a ``TypeError`` naming the fix,
+and a process without it refuses a pickled value with a ``ProtocolError`` at once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rayless.actors import Cluster
+from rayless.actors.testing import LocalProcesses
+from tests.drivers import ROOT
+from tests.environ import without_rayless
+
+pytestmark = pytest.mark.integration
+
+DRIVER = """
+import asyncio, sys
+from rayless import actors, ray
+
+class Plain:  # no dataclass: Ray pickles it, rayless only with the opt-in
+    def __init__(self, x):
+        self.x = x
+
+class Keeper(actors.Actor):
+    def __init__(self, p):
+        self.p = p
+    def add(self, q):
+        return Plain(self.p.x + q.x)
+
+def main():
+    if sys.argv[1] == "join":
+        ray.init(address=sys.argv[2])
+    else:
+        ray.init(num_cpus=2)
+
+    @ray.remote
+    def apply(p, fn):
+        return Plain(fn(p.x))
+
+    @ray.remote
+    class Holder:
+        def __init__(self, p):
+            self.p = p
+        def add(self, q):
+            return Plain(self.p.x + q.x)
+
+    try:
+        print("task", ray.get(apply.remote(Plain(2), lambda v: v * 10), timeout=60).x)
+        print("actor", ray.get(Holder.remote(Plain(1)).add.remote(Plain(5)), timeout=60).x)
+    except Exception as exc:
+        print("ERROR", type(exc).__name__, str(exc).splitlines()[0])
+        return
+    async def actor_api():  # the actor API on the same cluster
+        cluster = await actors.connect()
+        keeper = await cluster.spawn(Keeper, Plain(3))
+        return (await keeper.add(Plain(4))).x
+    print("spawn", asyncio.run(actor_api()))
+
+main()
+"""
+
+
+def _driver(tmp_path: Path, *argv: str, allow: bool, token: str = "") -> list[str]:
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    env = {**without_rayless(), "PYTHONPATH": str(ROOT)}
+    if allow:
+        env["RAYLESS_ALLOW_PICKLE"] = "1"
+    if token:
+        env["RAYLESS_TOKEN"] = token
+    out = subprocess.run(
+        [sys.executable, str(script), *argv],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.splitlines()
+
+
+def test_plain_objects_and_lambdas_travel_with_the_opt_in(tmp_path: Path) -> None:
+    assert _driver(tmp_path, "local", allow=True) == ["task 20", "actor 6", "spawn 7"]
+
+
+def test_without_the_opt_in_a_plain_object_is_a_type_error_naming_it(tmp_path: Path) -> None:
+    (line,) = _driver(tmp_path, "local", allow=False)
+    assert line.startswith("ERROR TypeError argument 0: cannot encode Plain")
+    assert "RAYLESS_ALLOW_PICKLE=1" in line
+
+
+def test_a_cluster_without_the_opt_in_refuses_a_pickled_value_at_once(
+    tmp_path: Path,
+    local_cluster: Cluster,
+    local_cluster_processes: LocalProcesses,
+) -> None:
+    # a driver with the opt-in joins the suite's cluster, whose processes have none: the
+    # task worker refuses the pickled argument, and the call fails with that reason
+    (line,) = _driver(
+        tmp_path, "join", local_cluster.address, allow=True, token=local_cluster_processes.token
+    )
+    assert line.startswith("ERROR ProtocolError")
+    assert "does not allow pickle" in line and "RAYLESS_ALLOW_PICKLE=1" in line
