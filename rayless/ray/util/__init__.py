@@ -61,4 +61,3 @@ def list_named_actors(all_namespaces: bool = False) -> list[Any]:
     if all_namespaces:
         return entries
     return [e["name"] for e in entries if e["namespace"] == s.namespace]
-
