@@ -191,6 +191,9 @@ class SimSpawner:
     async def preload(self, module: str) -> None:
         """Nothing to preload: no forks."""
 
+    def stopping(self) -> None:
+        """Nothing to prepare: no template to lose."""
+
     async def terminate(self, pid: int, code: int) -> None:
         """Stop an actor as a signal would; its exit is reported with ``code``."""
         actor = self.actors.pop(pid, None)

@@ -185,6 +185,7 @@ class Agent:
         if self._closed:
             return
         self._closed = True
+        self.spawners.stopping()  # the templates may end before the actors: no failure
         await self._stop_all("node agent shutting down")
         for task in list(self._tasks):
             task.cancel()

@@ -44,6 +44,7 @@ from rayless.transport.errors import ProtocolError
 from rayless.transport.files import open_append
 
 log = logging.getLogger("rayless.agent")
+LOST_NOTICE_DELAY = 1.0  # seconds before a lost template is reported (see ZygoteSpawner._lost)
 OnExit = Callable[[int, int], None]
 
 
@@ -58,6 +59,9 @@ class Spawner(Protocol):
 
     async def preload(self, module: str) -> None:
         """Import ``module`` ahead of forks, where that is possible (best effort)."""
+
+    def stopping(self) -> None:
+        """The agent is stopping: a template that goes away now is no failure."""
 
     async def aclose(self) -> None:
         """Stop; processes still running are killed."""
@@ -114,6 +118,9 @@ class ProcessSpawner:
         self._on_exit(proc.pid, code)
 
     async def preload(self, module: str) -> None:
+        return None
+
+    def stopping(self) -> None:
         return None
 
     async def aclose(self) -> None:
@@ -211,6 +218,13 @@ class ZygoteSpawner:
         finally:
             self._lost()
 
+    def _notice_lost(self) -> None:
+        if not self._closing:
+            log.warning("zygote connection lost; starting actors as fresh processes from now on")
+
+    def stopping(self) -> None:
+        self._closing = True
+
     def _on_fork(self, _: None, msg: Forked | ForkFailed) -> None:
         fut = self._waiting.pop(msg.tag, None)
         if fut is not None and not fut.done():
@@ -226,9 +240,13 @@ class ZygoteSpawner:
             fut.set_result(msg)
 
     def _lost(self) -> None:
-        """The zygote is gone: its children died with it; report them, fall back."""
+        """The zygote is gone: its children died with it; report them, fall back. Said a
+        second later, unless the agent is stopping by then: a driver that exits without
+        closing its local cluster ends the template and the agent at once (the kernel's
+        parent-death signal), and the agent may read the template's end before its own
+        SIGTERM."""
         if not self._closing:
-            log.warning("zygote connection lost; starting actors as fresh processes from now on")
+            asyncio.get_running_loop().call_later(LOST_NOTICE_DELAY, self._notice_lost)
         for fut in self._waiting.values():
             if not fut.done():
                 fut.set_exception(StartError("the zygote went away"))
@@ -355,6 +373,11 @@ class Spawners:
             spawner = self._by_argv[executable] = ProcessSpawner(self._token, executable)
             await spawner.start(self._on_exit)
         return spawner
+
+    def stopping(self) -> None:
+        """The agent is stopping (see :meth:`Spawner.stopping`)."""
+        for spawner in self.distinct():
+            spawner.stopping()
 
     async def aclose(self) -> None:
         """Close every spawner (processes still running are killed)."""

@@ -336,3 +336,28 @@ def test_a_script_ending_on_an_actors_start_ends_quietly(tmp_path: Path) -> None
     )
     # before: "WARNING rayless.head: could not stop Echo-... after its spawn failed"
     assert not [line for line in stderr if "WARNING" in line or "Traceback" in line], stderr
+
+
+def test_a_script_that_never_closes_its_local_cluster_ends_without_a_warning(
+    tmp_path: Path,
+) -> None:
+    # the actor API's habit: `cluster = Cluster.local_sync()` and no close: at exit the
+    # kernel's parent-death signal ends the fork templates and the node agent at once
+    script = """
+        from rayless.actors import Actor, Cluster
+
+        class A(Actor):
+            def f(self):
+                return 1
+
+        cluster = Cluster.local_sync()
+        print(cluster.spawn(A).f.call())
+        """
+    warned: list[str] = []
+    for _ in range(3):
+        stderr: list[str] = []
+        assert run_driver(script, tmp_path, stderr) == ["1"]
+        warned += [line for line in stderr if "WARNING" in line or "Traceback" in line]
+    # before: "WARNING rayless.agent: zygote connection lost; starting actors as fresh
+    # processes from now on" in most runs
+    assert warned == []
