@@ -49,6 +49,7 @@ class LaunchConfig:
     node_timeout: float = 10.0
     grace: float = 10.0
     log_dir: str | None = None  # None: a fresh private directory of this launch (node.py)
+    allow_pickle: bool = False  # RAYLESS_ALLOW_PICKLE=1 for the processes it starts
 
     @property
     def address(self) -> str:
@@ -192,6 +193,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "end when every log in it is empty)",
     )
     parser.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="the cluster-wide pickle opt-in (RAYLESS_ALLOW_PICKLE=1 for every process this "
+        "launch starts, the driver's included): values the codec has no record for travel "
+        "with cloudpickle, as in Ray; give it to every rank",
+    )
+    parser.add_argument(
         "driver",
         nargs=argparse.REMAINDER,
         metavar="-- COMMAND",
@@ -249,6 +257,7 @@ def config_from_args(
         node_timeout=args.node_timeout,
         grace=args.grace,
         log_dir=args.log_dir,
+        allow_pickle=bool(getattr(args, "allow_pickle", False)),
     )
 
 

@@ -81,6 +81,7 @@ from rayless.actors.launch.procs import LaunchError, NodeProcesses, StopFlag
 from rayless.actors.launch.rendezvous import rendezvous, request_shutdown, wait_for_port
 from rayless.actors.launch.tokens import DriverTokenFile, resolve_token
 from rayless.transport.errors import RaylessError
+from rayless.transport.protocol import ENV_ALLOW_PICKLE
 
 # -- the two roles --------------------------------------------------------------------------
 
@@ -132,6 +133,8 @@ def _run_worker(cfg: LaunchConfig, stop: StopFlag, procs: NodeProcesses) -> int:
 def launch(cfg: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     """Run one node's part of a launch; returns the process exit code (see module docs)."""
     env = dict(os.environ if environ is None else environ)
+    if cfg.allow_pickle:  # every process of ours, the driver's too (transport.protocol)
+        env[ENV_ALLOW_PICKLE] = "1"
     stop = StopFlag()
     stop.install()
     procs: NodeProcesses | None = None

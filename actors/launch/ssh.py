@@ -113,6 +113,8 @@ def remote_command(args: argparse.Namespace, hosts: list[Host], rank: int) -> st
         launch += [f"--{opt.replace('_', '-')}", str(getattr(args, opt))]
     if args.log_dir:
         launch += ["--log-dir", args.log_dir]
+    if args.allow_pickle:
+        launch += ["--allow-pickle"]
     launch += ["--", *args.driver]
     quoted = " ".join(shlex.quote(a) for a in launch)
     return f"cd {shlex.quote(args.workdir)} && exec env PYTHONUNBUFFERED=1 {quoted}"
@@ -268,6 +270,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-timeout", type=float, default=10.0, help="heartbeat timeout")
     parser.add_argument("--grace", type=float, default=10.0, help="seconds before SIGKILL")
     parser.add_argument("--log-dir", default=None, help="actor logs (remote, per host)")
+    parser.add_argument(
+        "--allow-pickle", action="store_true", help="every launch's --allow-pickle (see launch)"
+    )
     parser.add_argument(
         "driver", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the driver command"
     )

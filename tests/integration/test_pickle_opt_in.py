@@ -15,6 +15,7 @@ from rayless.actors import Cluster
 from rayless.actors.testing import LocalProcesses
 from tests.drivers import ROOT
 from tests.environ import without_rayless
+from tests.integration.test_launch import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -35,6 +36,8 @@ class Keeper(actors.Actor):
 def main():
     if sys.argv[1] == "join":
         ray.init(address=sys.argv[2])
+    elif sys.argv[1] == "launched":  # rayless launch gives the address and token
+        ray.init()
     else:
         ray.init(num_cpus=2)
 
@@ -107,3 +110,17 @@ def test_a_cluster_without_the_opt_in_refuses_a_pickled_value_at_once(
     )
     assert line.startswith("ERROR ProtocolError")
     assert "does not allow pickle" in line and "RAYLESS_ALLOW_PICKLE=1" in line
+
+
+def test_launch_allow_pickle_opts_in_every_process_it_starts(tmp_path: Path) -> None:
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    env = {**without_rayless(), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "launch.py"), "--allow-pickle",
+         "--master-port", str(free_port()), "--", str(script), "launched"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [ln for ln in out.stdout.splitlines() if not ln.startswith("[rayless launch]")]
+    assert lines == ["task 20", "actor 6", "spawn 7"]

@@ -132,6 +132,9 @@ def test_remote_command_carries_no_token_and_quotes_the_driver() -> None:
     assert launch_args[-3:] == ["--", "t.py", "a b"]
     rank0 = shlex.split(ssh_launch.remote_command(args, hosts, 0))
     assert rank0[rank0.index("--node-ip") + 1] == "10.0.0.1"
+    assert "--allow-pickle" not in rank0
+    args.allow_pickle = True  # the cluster-wide pickle opt-in reaches every rank
+    assert "--allow-pickle" in shlex.split(ssh_launch.remote_command(args, hosts, 1))
 
 
 STEP = {  # what srun sets in a task of `srun -N2 --ntasks-per-node=1` (Slurm 22.05)
