@@ -41,6 +41,7 @@ import sys
 from typing import Any
 
 from rayless.actors.ext import ENV_ADDRESS
+from rayless.ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 from rayless.ray._worker import ENV_JOB_RUNTIME_ENV, parse_runtime_env
 
 __all__ = ["add_arguments", "job_runtime_env", "run"]
@@ -155,6 +156,15 @@ def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in (runtime_env.get("env_vars") or {}).items()})
     env[ENV_JOB_RUNTIME_ENV] = json.dumps(runtime_env)
+    try:
+        metadata = json.loads(args.metadata_json) if args.metadata_json else {}
+    except ValueError as exc:
+        print(f"rayless job submit: --metadata-json: {exc}", file=sys.stderr)
+        return 2
+    # the job's config as Ray's job manager gives its entrypoint (verl's trainer reads it)
+    env[RAY_JOB_CONFIG_JSON_ENV_VAR] = json.dumps(
+        {"runtime_env": runtime_env, "metadata": metadata}
+    )
     address = args.address or ""
     if address and not address.startswith(("http://", "https://")):
         env[ENV_ADDRESS] = address

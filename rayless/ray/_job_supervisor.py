@@ -12,8 +12,9 @@ The entrypoint is a driver of the same cluster: its ``ray.init()`` finds the clu
 address in RAYLESS_ADDRESS, the token in a 0600 file of the supervisor's private directory
 (RAYLESS_TOKEN_FILE), the job's ``runtime_env`` (without its files, which the supervisor
 already runs from) in RAYLESS_RAY_JOB_RUNTIME_ENV and the files' packages in
-RAYLESS_RAY_PACKAGES, for its own actors and tasks. The actor's own variables
-(RAYLESS_ACTOR_ID, ...) are not passed on.
+RAYLESS_RAY_PACKAGES, for its own actors and tasks; the job's config as Ray's job manager
+gives it (RAY_JOB_CONFIG_JSON_ENV_VAR: the submitted runtime_env and metadata, which verl's
+trainer reads). The actor's own variables (RAYLESS_ACTOR_ID, ...) are not passed on.
 
 Stopping (``stop``, a ``delete_job`` of a running job is refused, the actor's teardown at
 the cluster's end) sends RAY_JOB_STOP_SIGNAL (SIGTERM, or SIGINT) to the entrypoint's
@@ -37,6 +38,7 @@ from typing import Any
 
 from rayless.actors import Actor
 from rayless.actors.ext import ENV_ADDRESS, cluster_token, owned_dir
+from rayless.ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 
 # the environment of the supervisor that the entrypoint must not take for its own
 _ACTOR_ONLY = (
@@ -142,6 +144,9 @@ class JobSupervisor(Actor):
         else:
             env.pop(ENV_PACKAGES, None)
         env[ENV_SUBMISSION_ID] = self.record["submission_id"]
+        env[RAY_JOB_CONFIG_JSON_ENV_VAR] = json.dumps(  # as Ray's job manager sets it
+            {"runtime_env": self.record["runtime_env"], "metadata": self.record["metadata"]}
+        )
         return env
 
     async def _run(self, proc: asyncio.subprocess.Process, log: Any) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from tests.drivers import ROOT
 from tests.environ import without_rayless
+from tests.integration.test_job_submit import VERL_MAIN
 from tests.integration.test_launch import Node, assert_none_left, free_port
 from tests.waiting import eventually_sync, wait_until_sync
 
@@ -131,6 +132,14 @@ def test_submit_no_wait_then_logs_status_stop_list_delete(launched: Launched) ->
         f"Status for job '{done}': SUCCEEDED",
         "Status message: Job finished successfully.",
     ]
+    # verl's trainer reads the job's config (RAY_JOB_CONFIG_JSON_ENV_VAR) and so does not set
+    # a working_dir of its own beside the job's
+    (launched.project / "main_ppo.py").write_text(VERL_MAIN)
+    out = launched.job(
+        "submit", "--no-wait", f"--runtime-env-json={env_json}", "--", "python", "main_ppo.py"
+    )  # fmt: skip
+    verl = launched.job("logs", "-f", out.stdout.strip()).stdout.splitlines()
+    assert verl[-1] == "True shipped true", verl
 
     long_env = '{"working_dir": "project", "env_vars": {"STEPS": "1000"}}'
     out = launched.job(

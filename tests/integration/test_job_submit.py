@@ -74,3 +74,45 @@ def test_job_submit_runs_the_entrypoint_with_the_jobs_runtime_env(tmp_path: Path
     out = _submit(cwd=tmp_path)
     assert out.returncode == 2 and "no entrypoint" in out.stderr
     assert os.path.isdir(project)
+
+
+VERL_MAIN = """
+import json, os
+from rayless import ray
+from rayless.ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+
+# verl's get_ppo_ray_runtime_env(): working_dir None unless the job ships one
+working_dir = (
+    json.loads(os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR, "{}"))
+    .get("runtime_env", {})
+    .get("working_dir", None)
+)
+runtime_env = {
+    "env_vars": {"TOKENIZERS_PARALLELISM": "true"},
+    **({"working_dir": None} if working_dir is None else {}),
+}
+ray.init(runtime_env=runtime_env)
+
+@ray.remote
+def look():
+    import job_helper
+    return job_helper.VALUE, os.environ["TOKENIZERS_PARALLELISM"]
+
+print(working_dir is not None, *ray.get(look.remote()))
+"""
+
+
+def test_verls_trainer_reads_the_jobs_config_and_adds_no_working_dir(tmp_path: Path) -> None:
+    # verl's main_ppo under `ray job submit --runtime-env-json='{"working_dir": ...}'`: it
+    # reads RAY_JOB_CONFIG_JSON_ENV_VAR, so its ray.init() does not set working_dir again
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "job_helper.py").write_text("VALUE = 'shipped'\n")
+    (project / "main_ppo.py").write_text(VERL_MAIN)
+    out = _submit(
+        '--runtime-env-json={"working_dir": "project"}', "--metadata-json", '{"k": "v"}',
+        "--", sys.executable, "main_ppo.py",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["True shipped true"]
