@@ -39,6 +39,7 @@ from typing import Any
 from rayless.actors import Actor
 from rayless.actors.ext import ENV_ADDRESS, cluster_token, owned_dir
 from rayless.ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+from rayless.ray._worker import ENV_JOB_RUNTIME_ENV, ENV_PACKAGES
 
 # the environment of the supervisor that the entrypoint must not take for its own
 _ACTOR_ONLY = (
@@ -51,8 +52,6 @@ _ACTOR_ONLY = (
     "RAYLESS_TOKEN_FILE",
     "RAYLESS_DIE_WITH_PARENT",
 )
-ENV_JOB_RUNTIME_ENV = "RAYLESS_RAY_JOB_RUNTIME_ENV"
-ENV_PACKAGES = "RAYLESS_RAY_PACKAGES"
 ENV_SUBMISSION_ID = "RAY_JOB_SUBMISSION_ID"
 LOG_TAIL_CHARS = 20_000  # of a failed job's log, in its message (as Ray's)
 READ_LIMIT = 1 << 20  # bytes a ``read_logs`` call returns at most

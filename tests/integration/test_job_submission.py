@@ -228,6 +228,11 @@ def test_a_killed_supervisor_takes_its_entrypoint_along(launched: Launched) -> N
         lambda: not _running("mark-doomed", exact=True) and not _running("mark-c", exact=True),
         timeout=30,
     )
+    # its log and token file: the node agent's sweep removes what a dead owner left
+    mine = f"rayless-job-{supervisor.pid}-"
+    assert eventually_sync(
+        lambda: not [d for d in os.listdir(launched.tmpdir) if d.startswith(mine)], timeout=30
+    ), os.listdir(launched.tmpdir)
     # its record went with it: the job is unknown (Ray keeps it as FAILED in its GCS)
     assert eventually_sync(
         lambda: launched.job("status", "doomed", check=False).returncode == 1, timeout=30
@@ -245,4 +250,4 @@ def test_stopping_the_cluster_leaves_no_job_behind(launched: Launched) -> None:
     assert eventually_sync(
         lambda: not [p for p in os.listdir(launched.tmpdir) if p.startswith("rayless-job-")],
         timeout=15,
-    )
+    ), os.listdir(launched.tmpdir)
