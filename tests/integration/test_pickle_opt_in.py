@@ -5,6 +5,7 @@ and a process without it refuses a pickled value with a ``ProtocolError`` at onc
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -124,3 +125,67 @@ def test_launch_allow_pickle_opts_in_every_process_it_starts(tmp_path: Path) -> 
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [ln for ln in out.stdout.splitlines() if not ln.startswith("[rayless launch]")]
     assert lines == ["task 20", "actor 6", "spawn 7"]
+
+
+STRANGER_DRIVER = """
+import json, os, pickle, sys, tempfile
+import msgpack
+from rayless.actors import Actor, Cluster
+from rayless.transport._registry import MARK, PICKLE
+from tests.integration.strangers import run_stranger
+
+marker = os.path.join(tempfile.mkdtemp(), "unpickled")
+os.chmod(os.path.dirname(marker), 0o777)
+
+class Touch:
+    def __reduce__(self):
+        return (open, (marker, "w"))
+
+class Echo(Actor):
+    def echo(self, v):
+        return v
+
+record = msgpack.packb([MARK[PICKLE], pickle.dumps(Touch())], use_bin_type=True)
+cluster = Cluster.local_sync()
+echo = cluster.spawn(Echo)
+ATTACK = '''
+import socket, zmq
+host, port = ARGS["addr"].replace("tcp://", "").rsplit(":", 1)
+record = bytes.fromhex(ARGS["record"])
+for payload in (record, b"\\\\xff\\\\xff\\\\xff\\\\xff" + record):
+    s = socket.create_connection((host, int(port)), timeout=3)
+    try:
+        s.sendall(payload)
+        s.settimeout(3)
+        s.recv(100)
+    except OSError:
+        pass
+    finally:
+        s.close()
+ctx = zmq.Context()
+d = ctx.socket(zmq.DEALER)
+d.setsockopt(zmq.LINGER, 0)
+d.connect(ARGS["addr"])
+d.send_multipart([b"", record])
+RESULT = "answered" if d.poll(2000) else "no answer"
+d.close()
+ctx.term()
+'''
+run = run_stranger(ATTACK, {"addr": echo.address, "record": record.hex()})
+print(json.dumps([run.result, os.path.exists(marker), echo.echo.call(7)]))
+cluster.close()
+"""
+
+
+def test_with_the_opt_in_a_tokenless_strangers_pickle_is_never_loaded(tmp_path: Path) -> None:
+    # the opt-in changes what authenticated peers may send; a stranger's bytes are still
+    # never decoded (the handshake comes first)
+    script = tmp_path / "driver.py"
+    script.write_text(STRANGER_DRIVER)
+    env = {**without_rayless(), "PYTHONPATH": str(ROOT), "RAYLESS_ALLOW_PICKLE": "1"}
+    out = subprocess.run(
+        [sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == ["no answer", False, 7]
