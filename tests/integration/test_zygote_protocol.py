@@ -64,7 +64,9 @@ def zygote(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
 
 def _connect(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(scaled(30))  # every read below has this deadline
+    # every read below has this deadline, a hang guard: a preload that imports torch took
+    # over 30 s beside a full suite, a second suite and two CPU burners (load 12)
+    sock.settimeout(scaled(120))
     sock.connect(path)
     return sock
 
