@@ -31,7 +31,7 @@ from enum import Enum
 from typing import Any
 
 from rayless.actors import Cluster, Template
-from rayless.actors.errors import ActorNotFoundError, ConnectError, NameTakenError
+from rayless.actors.errors import ActorDiedError, ActorNotFoundError, ConnectError, NameTakenError
 from rayless.actors.ext import SyncCluster
 from rayless.ray._job_supervisor import JobSupervisor
 from rayless.ray._worker import encode_packages, parse_runtime_env
@@ -263,7 +263,7 @@ class JobSubmissionClient:
         Raises:
             RuntimeError: there is no such job.
         """
-        return bool(self._job(job_id).stop.call())
+        return bool(self._ask(job_id, "stop"))
 
     def wait_until_ended(self, job_id: str, timeout: float) -> JobStatus:
         """The job's status once it ended, or after ``timeout`` seconds (rayless only: what
@@ -272,8 +272,7 @@ class JobSubmissionClient:
         Raises:
             RuntimeError: there is no such job.
         """
-        handle = self._job(job_id)
-        return JobStatus(handle.wait.call(timeout, timeout=timeout + 30))
+        return JobStatus(self._ask(job_id, "wait", timeout, call_timeout=timeout + 30))
 
     def delete_job(self, job_id: str) -> bool:
         """Forget an ended job: its record and its log; True once deleted.
@@ -282,13 +281,13 @@ class JobSubmissionClient:
             RuntimeError: there is no such job, or it has not ended (stop it first).
         """
         handle = self._job(job_id)
-        status = JobStatus(handle.info.call()["status"])
+        status = JobStatus(self._ask(job_id, "info", handle=handle)["status"])
         if not status.is_terminal():
             raise RuntimeError(
                 f"Attempted to delete job with submission_id {job_id}, but it is in a "
                 f"non-terminal state {status}. Please stop the job first (ray job stop)."
             )
-        handle.forget.call()
+        self._ask(job_id, "forget", handle=handle)
         return bool(self._sync.kill(handle))
 
     def get_job_info(self, job_id: str) -> JobDetails:
@@ -297,7 +296,7 @@ class JobSubmissionClient:
         Raises:
             RuntimeError: there is no such job.
         """
-        return JobDetails(**self._job(job_id).info.call())
+        return JobDetails(**self._ask(job_id, "info"))
 
     def list_jobs(self) -> list[JobDetails]:
         """Every job this cluster holds, running or ended (and not deleted)."""
@@ -306,9 +305,10 @@ class JobSubmissionClient:
         jobs = []
         for view in page.actors:
             if view.named and view.name.startswith(prefix):
-                handle = self._lookup(view.name[len(prefix) :])
-                if handle is not None:
-                    jobs.append(JobDetails(**handle.info.call()))
+                try:
+                    jobs.append(JobDetails(**self._ask(view.name[len(prefix) :], "info")))
+                except RuntimeError:  # deleted (or its supervisor died) since the listing
+                    continue
         return sorted(jobs, key=lambda j: j.start_time or 0)
 
     def get_job_status(self, job_id: str) -> JobStatus:
@@ -317,7 +317,7 @@ class JobSubmissionClient:
         Raises:
             RuntimeError: there is no such job.
         """
-        return JobStatus(self._job(job_id).info.call()["status"])
+        return JobStatus(self._ask(job_id, "info")["status"])
 
     def get_job_logs(self, job_id: str) -> str:
         """Everything the entrypoint wrote so far (stdout and stderr, in order).
@@ -328,7 +328,7 @@ class JobSubmissionClient:
         handle = self._job(job_id)
         chunks, offset = [], 0
         while True:
-            part = handle.read_logs.call(offset)
+            part = self._ask(job_id, "read_logs", offset, handle=handle)
             if not part["data"]:
                 break
             chunks.append(part["data"])
@@ -345,7 +345,9 @@ class JobSubmissionClient:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         offset = 0
         while True:
-            part = await asyncio.to_thread(handle.read_logs.call, offset, 5.0)
+            part = await asyncio.to_thread(
+                self._ask, job_id, "read_logs", offset, 5.0, handle=handle
+            )
             offset = part["offset"]
             text = decoder.decode(part["data"], final=part["done"])
             if text:
@@ -358,6 +360,26 @@ class JobSubmissionClient:
         nodes = [n for n in self._sync.node_views() if n.alive]
         nodes.sort(key=lambda n: (n.rank is None, n.rank or 0, n.node_id))
         return nodes[0].node_id if nodes else None
+
+    def _ask(
+        self,
+        job_id: str,
+        method: str,
+        *args: Any,
+        handle: Any = None,
+        call_timeout: float | None = None,
+    ) -> Any:
+        """Call the job's supervisor.
+
+        Raises:
+            RuntimeError: there is no such job, or its supervisor died (Ray's error for an
+                unknown job).
+        """
+        handle = handle if handle is not None else self._job(job_id)
+        try:
+            return getattr(handle, method).call(*args, timeout=call_timeout)
+        except ActorDiedError:
+            raise RuntimeError(f"Job {job_id} does not exist.") from None
 
     def _job(self, job_id: str) -> Any:
         handle = self._lookup(job_id)
