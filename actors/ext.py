@@ -24,6 +24,7 @@ from rayless.actors.api.packages import Package, pack_module, pack_working_dir
 from rayless.actors.api.portal import Portal, home_loop
 from rayless.actors.api.sync import SyncCluster
 from rayless.actors.control.free_ports import free_port
+from rayless.actors.control.process_util import pdeathsig_hook
 from rayless.actors.core import timeline
 from rayless.actors.core.context import (
     ENV_ACTOR_ID,
@@ -79,6 +80,7 @@ __all__ = [
     "PackageRef",
     "pack_module",
     "pack_working_dir",
+    "pdeathsig_hook",
     "parse_executable",
     "slots_of",
     "spawn_all",

@@ -25,8 +25,9 @@ address (``http://...:8265``) and none mean ``RAYLESS_ADDRESS`` (its token in
 ``RAYLESS_TOKEN_FILE`` or ``RAYLESS_TOKEN``), else, for ``submit`` without ``--no-wait``, an
 embedded local cluster of the entrypoint's own, and for the other commands the local cluster
 published on this host. ``--entrypoint-num-cpus`` / ``--entrypoint-num-gpus`` reserve the
-supervisor's share with ``--no-wait``; ``--entrypoint-memory``, ``--entrypoint-resources`` and
-``--metadata-json`` are accepted without another effect.
+supervisor's share with ``--no-wait``; ``--metadata-json`` goes into the job's record and, with
+its runtime_env, into the entrypoint's RAY_JOB_CONFIG_JSON_ENV_VAR, as Ray's job manager puts
+it there; ``--entrypoint-memory`` and ``--entrypoint-resources`` are accepted without effect.
 """
 
 from __future__ import annotations

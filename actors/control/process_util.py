@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 from rayless.transport.shm import pid_alive
 
@@ -31,6 +32,23 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         return
     if os.getppid() != parent or parent == 1:
         os._exit(1)
+
+
+def pdeathsig_hook(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get ``sig`` when its parent's starting thread
+    ends (``PR_SET_PDEATHSIG``, Linux; None elsewhere). Start the child from a thread that
+    lives as long as the process (the main thread, an event loop's)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def hook() -> None:
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+    return hook
 
 
 def become_subreaper() -> bool:

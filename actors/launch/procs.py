@@ -15,7 +15,6 @@ descendants) nor their command lines; the driver gets RAYLESS_TOKEN_FILE (a 0600
 
 from __future__ import annotations
 
-import ctypes
 import os
 import selectors
 import signal
@@ -27,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from rayless.actors.control.process_util import pdeathsig_hook
 from rayless.actors.core import context
 from rayless.actors.errors import LaunchError, StartError
 from rayless.transport.errors import RaylessError
@@ -221,21 +221,6 @@ def read_stdin_line(limit: int = 4096) -> str:
     return data.decode(errors="replace").strip()
 
 
-def _pdeathsig_hook() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child get SIGTERM when the launch dies (Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def hook() -> None:
-        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
-
-    return hook
-
-
 def exit_code(returncode: int) -> int:
     """A shell-style exit code: a death by signal N becomes 128 + N."""
     return 128 - returncode if returncode < 0 else returncode
@@ -309,7 +294,8 @@ class NodeProcesses:
             env={**self.environ, **env},
             stdin=None if stdin_free else subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_pdeathsig_hook(),  # forked from the main thread; one prctl call
+            # forked from the main thread; one prctl call
+            preexec_fn=pdeathsig_hook(signal.SIGTERM),
         )
         while True:
             code = self.driver.poll()

@@ -26,18 +26,15 @@ agent, a child subreaper, ends whatever of it was left behind.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import os
 import shutil
 import signal
-import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 from rayless.actors import Actor
-from rayless.actors.ext import ENV_ADDRESS, cluster_token, owned_dir
+from rayless.actors.ext import ENV_ADDRESS, cluster_token, owned_dir, pdeathsig_hook
 from rayless.ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 from rayless.ray._worker import ENV_JOB_RUNTIME_ENV, ENV_PACKAGES
 
@@ -114,7 +111,7 @@ class JobSupervisor(Actor):
                 stderr=asyncio.subprocess.STDOUT,
                 env=env,
                 start_new_session=True,  # its own group: a stop signals all of it, not us
-                preexec_fn=_die_with_parent(),
+                preexec_fn=pdeathsig_hook(signal.SIGTERM),  # from the loop's thread: it lives on
             )
         except OSError as exc:
             log.close()
@@ -282,19 +279,3 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)  # the group the new session made: the shell and its children
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec_fn: the entrypoint gets SIGTERM when the supervisor's thread ends (Linux).
-    The supervisor starts it from its loop's thread, which lives as long as the process."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def hook() -> None:
-        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
-
-    return hook
