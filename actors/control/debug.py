@@ -53,6 +53,7 @@ reach the driver too. It answers ``stack``, ``timeline``, ``metrics`` and ``list
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import errno
 import itertools
 import json
@@ -296,11 +297,21 @@ def _frame_lines(frames: list[FrameType]) -> list[str]:
     return summary.format()
 
 
+TASKS_FROM_LOOP_WAIT = 2.0  # seconds the loop gets to describe its tasks between steps
+
+
 def format_stacks(
     title: str, loop: asyncio.AbstractEventLoop | None, skip: frozenset[int | None] = frozenset()
 ) -> str:
     """Every thread's Python stack (innermost call last) and every asyncio task's; the
-    threads in ``skip`` (the listener's own) and the calling one are left out."""
+    threads in ``skip`` (the listener's own) and the calling one are left out.
+
+    The tasks are described by the loop's own thread, between two steps, when it gets to it
+    within ``TASKS_FROM_LOOP_WAIT`` seconds: a coroutine in the middle of a step has no
+    ``cr_await`` to follow, so a description taken from another thread then would stop at
+    its outermost frame. A loop held longer (a method blocking it) is described from here,
+    its running task marked as such; the thread part above shows where it is.
+    """
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
     parts = [title]
@@ -314,17 +325,51 @@ def format_stacks(
             f = f.f_back
         label = names.get(ident, "?")
         parts.append(f"\n--- thread {label} ({ident}) ---\n" + "".join(_frame_lines(stack[::-1])))
-    tasks: list[asyncio.Task[Any]] = []
     if loop is not None and not loop.is_closed():
-        for _ in range(10):  # the set may change under us: the loop runs on
+        parts.append(_tasks_text(loop))
+    return "".join(parts)
+
+
+def _tasks_text(loop: asyncio.AbstractEventLoop) -> str:
+    """The stacks of ``loop``'s tasks, described on the loop between steps where it can."""
+    described: concurrent.futures.Future[str] = concurrent.futures.Future()
+
+    def describe() -> None:
+        if described.set_running_or_notify_cancel():
             try:
-                tasks = list(asyncio.all_tasks(loop))
-                break
-            except RuntimeError:
-                continue
+                described.set_result(_describe_tasks(loop))
+            except BaseException as exc:  # reported to the waiting listener thread
+                described.set_exception(exc)
+
+    try:
+        on_loop = asyncio.get_running_loop() is loop
+    except RuntimeError:
+        on_loop = False
+    if loop.is_running() and not on_loop:
+        try:
+            loop.call_soon_threadsafe(describe)
+            return described.result(TASKS_FROM_LOOP_WAIT)
+        except RuntimeError:  # closed meanwhile
+            pass
+        except concurrent.futures.TimeoutError:
+            described.cancel()  # the loop is held: describe from here
+    return _describe_tasks(loop)
+
+
+def _describe_tasks(loop: asyncio.AbstractEventLoop) -> str:
+    tasks: list[asyncio.Task[Any]] = []
+    for _ in range(10):  # from another thread, the set may change under us
+        try:
+            tasks = list(asyncio.all_tasks(loop))
+            break
+        except RuntimeError:
+            continue
+    parts = []
     for task in sorted(tasks, key=lambda t: t.get_name()):
         frames = list(_coroutine_frames(task))
         body = "".join(_frame_lines(frames)) if frames else "  (not started or done)\n"
+        if frames and getattr(task.get_coro(), "cr_running", False):
+            body += "  (running a step now: its thread's stack shows where)\n"
         parts.append(f"\n--- asyncio task {task.get_name()} ---\n{body}")
     return "".join(parts)
 

@@ -278,8 +278,11 @@ def test_a_client_dripping_bytes_is_cut_at_the_handshake_deadline(
     try:
         sock.settimeout(60)  # a deadline per read would keep this client forever
         received = b""
-        while chunk := sock.recv(4096):  # the greeting, then the end of the stream
-            received += chunk
+        try:
+            while chunk := sock.recv(4096):  # the greeting, then the end of the stream
+                received += chunk
+        except ConnectionResetError:
+            pass  # the cut connection had unread drip bytes: the kernel ends it with a reset
         assert received.startswith(b"RAYLESS-DEBUG 1 ")
         assert server.stats["timed_out"] == 1
     finally:
