@@ -52,7 +52,7 @@ def test_a_task_busy_within_its_steps_is_described_down_to_its_innermost_corouti
     stop = looping.stop
 
     async def innermost_busy_coroutine() -> None:
-        while not stop.is_set():
+        while not stop.is_set():  # not a wait: the task whose stack the test reads
             time.sleep(0.05)  # most of the time is spent within a step (the GIL released)
             await asyncio.sleep(0)
 
