@@ -254,9 +254,9 @@ def _plain(value: Any) -> Any:
 
 def error_to_state(exc: RaylessError) -> dict[str, Any]:
     """Describe ``exc`` with plain values only: its wire type name, args and attributes."""
-    cls: type = type(exc)
-    while cls not in _NAMES:  # subclasses marked wire=None travel as their parent
-        cls = cls.__mro__[1]
+    # a subclass marked wire=None travels as its nearest registered class (RaylessError at
+    # the latest), also where other classes come first in its MRO (Ray's errors mixed in)
+    cls = next(c for c in type(exc).__mro__ if c in _NAMES)
     attrs = {k: _plain(v) for k, v in vars(exc).items() if not k.startswith("__")}
     return {"type": _NAMES[cls], "args": _plain(list(exc.args)), "attrs": attrs}
 

@@ -82,10 +82,25 @@ def _srcfd(frame: Any) -> int:
 
 
 def _error_payload(exc: BaseException) -> list[Any]:
-    """Frames that carry ``exc`` back to a caller."""
+    """Frames that carry ``exc`` back to a caller; an error that cannot be encoded (an
+    argument nested past the codec's depth, say) as a ``RemoteError`` naming its type and
+    the start of its message, so that the call still ends."""
     if not isinstance(exc, RaylessError):
         exc = RemoteError.from_exception(exc)
-    return codec.encode(exc)
+    try:
+        return codec.encode(exc)
+    except Exception as failed:
+        kind = type(exc)
+        text = f"{_safe_str(exc):.1000} (the error could not be sent whole: "
+        text += f"{type(failed).__name__}: {_safe_str(failed):.200})"
+        return codec.encode(RemoteError(f"{kind.__module__}.{kind.__qualname__}", text))
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception as failed:  # RecursionError of a deep argument, a __str__ that raises
+        return f"<str() raised {type(failed).__name__}>"
 
 
 class Server:

@@ -49,6 +49,11 @@ def handler(req: Request) -> Any:
         raise ValueError("bad value")
     if body == "placement":
         raise PlacementError("no node has 9 GPUs")
+    if body == "deep-error":  # an argument past the codec's nesting bound
+        deep: list[Any] = []
+        for _ in range(3000):
+            deep = [deep]
+        raise PlacementError(deep)
     return body
 
 
@@ -91,6 +96,15 @@ async def test_remote_errors_keep_their_type(server: Server) -> None:
         assert info.value.remote_type == "builtins.ValueError"
         assert "bad value" in info.value.remote_message
         assert "Traceback" in info.value.remote_traceback
+        assert await client.request("still serving") == "still serving"
+
+
+async def test_an_error_that_cannot_be_encoded_still_ends_its_call(server: Server) -> None:
+    # its encoding failed inside the reply path: no reply was sent, the caller waited for good
+    async with Client(server.address, token=TOKEN) as client:
+        with pytest.raises(RemoteError, match="could not be sent whole") as info:
+            await client.request("deep-error", timeout=60)
+        assert info.value.remote_type == "rayless.placement.errors.PlacementError"
         assert await client.request("still serving") == "still serving"
 
 

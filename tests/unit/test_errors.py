@@ -72,3 +72,24 @@ def test_importing_rayless_errors_stays_light() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_a_subclass_with_a_foreign_class_first_travels_as_its_nearest_registered_class() -> None:
+    # as Ray's errors are mixed in (rayless.ray.exceptions: RayTaskError first, then the
+    # rayless error): walking __mro__[1] from such a class ran off its end (IndexError), and
+    # the server sent no reply at all
+    from rayless.transport.errors import RemoteError, error_from_state, error_to_state
+
+    class Foreign(Exception):
+        pass
+
+    class Mixed(Foreign, RemoteError, wire=None):
+        pass
+
+    exc = Mixed.__new__(Mixed)
+    exc.args = ("boom",)
+    exc.remote_type = "builtins.ValueError"
+    state = error_to_state(exc)
+    assert state["type"] == wire_name(RemoteError)
+    back = error_from_state(state)
+    assert type(back) is RemoteError and back.remote_type == "builtins.ValueError"
