@@ -3,8 +3,10 @@ may use of it besides the public API in ``rayless.actors``: spawning helpers, bl
 tracing, by-value pickling, how a spawned child joins, a rendezvous port, how a spawn's
 ``executable`` (Ray's ``py_executable``) is read, torch's thread
 settings, the typed-message decorator, the loop sync calls run on, the environment
-variables an actor process finds itself in, and what a process it starts needs to join its
-cluster (the token, a private directory the host's sweep removes once its owner is gone).
+variables an actor process finds itself in, what a process it starts needs to join its
+cluster (the token, a private directory the host's sweep removes once its owner is gone), and
+a remote error rebuilt as an instance of its original type (for an error that arrived inside
+a value).
 
 Code outside ``actors/`` imports the runtime only from ``rayless.actors``,
 ``rayless.actors.errors`` and this module (``tests/unit/test_layering.py``); everything else
@@ -22,6 +24,7 @@ from rayless.actors.api.interpreter import parse_executable
 from rayless.actors.api.lifecycle import opener
 from rayless.actors.api.packages import Package, pack_module, pack_working_dir
 from rayless.actors.api.portal import Portal, home_loop
+from rayless.actors.api.remote_errors import materialize
 from rayless.actors.api.sync import SyncCluster
 from rayless.actors.control.free_ports import free_port
 from rayless.actors.control.process_util import pdeathsig_hook
@@ -73,6 +76,7 @@ __all__ = [
     "home_loop",
     "joined_address",
     "loads_by_value",
+    "materialize",
     "message",
     "opener",
     "owned_dir",

@@ -4,7 +4,8 @@ The driver's pool (``remote_function.TaskPools``) sends each function once per w
 pickled with cloudpickle (``actors.ext.dumps_by_value``: with its file's source lines), and
 afterwards only its key. A function's exception travels back as
 itself (rayless remote errors); a worker that dies is replaced by the pool, and its task
-retried.
+retried. Refs the function returns (itself, or one level inside a list, tuple or dict) are
+waited for: each travels with its value.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import sys
 from typing import Any
 
 from rayless.actors.ext import loads_by_value
@@ -40,8 +42,9 @@ class TaskWorker:
                 raise KeyError(f"task function {key} was not sent to this worker")
             fn = self._functions[key] = loads_by_value(code)
         result = fn(*args, **kwargs)
-        if inspect.isawaitable(result):
-            return asyncio.run(_awaited(result))
+        if inspect.isawaitable(result) and not _is_ref(result):  # an async def's coroutine
+            result = asyncio.run(_awaited(result))
+        _settle_refs(result)
         return result
 
     def ping(self) -> str:
@@ -51,3 +54,23 @@ class TaskWorker:
 
 async def _awaited(aw: Any) -> Any:
     return await aw
+
+
+def _is_ref(value: Any) -> bool:
+    object_ref = sys.modules.get("rayless.ray.object_ref")
+    return object_ref is not None and type(value) is object_ref.ObjectRef
+
+
+def _settle_refs(result: Any) -> None:
+    """Wait for the refs a task returns (the result itself, or one level inside a list,
+    tuple or dict): each travels with its value (``rayless.ray.object_ref``)."""
+    if _is_ref(result):
+        result.wait_settled()
+    elif type(result) in (list, tuple):
+        for v in result:
+            if _is_ref(v):
+                v.wait_settled()
+    elif type(result) is dict:
+        for v in result.values():
+            if _is_ref(v):
+                v.wait_settled()

@@ -6,9 +6,10 @@ anonymous actor (a failed start fails its calls with ``ActorDiedError``, as in R
 returning for a named one (so a taken name raises ``ValueError`` there, as in Ray). Method
 calls go straight to rayless' call path; ``ObjectRef`` and ``ActorHandle`` arguments are
 resolved first (refs at the top level, handles also inside a list, tuple or dict, where a
-handle of an actor still starting is waited for). A handle deeper inside a value, or passed
-through a rayless handle's call, travels as the rayless handle it wraps once its actor has
-started.
+handle of an actor still starting is waited for). A ref inside such a list, tuple or dict is
+waited for and travels as a ref, with its value (``object_ref``). A handle deeper inside a
+value, or passed through a rayless handle's call, travels as the rayless handle it wraps once
+its actor has started.
 
 A handle that reaches another process (an argument of a task or actor call) arrives as
 rayless' own ``rayless.actors.ActorHandle``: ``isinstance(h, ray.actor.ActorHandle)`` holds
@@ -236,16 +237,25 @@ def _positional(
 
 async def resolve(value: Any) -> Any:
     """``value`` ready to send: a ref's value, an ActorHandle's rayless handle (also one
-    level inside lists, tuples and dicts)."""
+    level inside lists, tuples and dicts); refs one level inside those made (they travel as
+    refs, with their outcome: ``object_ref``)."""
     if isinstance(value, ObjectRef):
         return await value
     if type(value) is ActorHandle:
         return await value_handle(value)
-    if isinstance(value, (list, tuple)) and any(type(v) is ActorHandle for v in value):
-        items = [await value_handle(v) for v in value]
-        return type(value)(items) if isinstance(value, tuple) else items
-    if isinstance(value, dict) and any(type(v) is ActorHandle for v in value.values()):
-        return {k: await value_handle(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            if type(v) is ObjectRef:
+                await v.settled()
+        if any(type(v) is ActorHandle for v in value):
+            items = [await value_handle(v) for v in value]
+            return type(value)(items) if isinstance(value, tuple) else items
+    elif isinstance(value, dict):
+        for v in value.values():
+            if type(v) is ObjectRef:
+                await v.settled()
+        if any(type(v) is ActorHandle for v in value.values()):
+            return {k: await value_handle(v) for k, v in value.items()}
     return value
 
 
@@ -258,14 +268,14 @@ async def value_handle(v: Any) -> Any:
 
 
 def needs_resolve(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether an argument is a ref or a handle (or a container holding a handle)."""
+    """Whether an argument is a ref or a handle (or a container holding one)."""
     for v in (*args, *kwargs.values()):
         t = type(v)
         if t is ObjectRef or t is ActorHandle:
             return True
-        if t in (list, tuple) and any(type(x) is ActorHandle for x in v):
+        if t in (list, tuple) and any(type(x) in _RESOLVED for x in v):
             return True
-        if t is dict and any(type(x) is ActorHandle for x in v.values()):
+        if t is dict and any(type(x) in _RESOLVED for x in v.values()):
             return True
     return False
 
@@ -687,3 +697,4 @@ def _handle_from_state(inner: Any) -> _RaylessHandle[Any]:
 
 
 register_extension(ActorHandle, "rayless.ray.actor_handle", _handle_state, _handle_from_state)
+_RESOLVED = (ObjectRef, ActorHandle)  # what needs_resolve looks for inside a container

@@ -5,6 +5,12 @@ It wraps the rayless future of the call (an asyncio future on the session's loop
 works in any event loop; as a top-level argument of another call it resolves to its value
 (rayless resolves futures passed as arguments). Errors come out as Ray's
 (``rayless.ray.exceptions``).
+
+Inside a value (a list of refs passed to a task, a dict of refs returned by one), a ref
+travels as itself, as in Ray, carrying its outcome: it must be made by the time it is
+encoded. A call waits for the refs one level inside its list, tuple and dict arguments
+(``actor.resolve``), a task's worker for those in its result; the receiver gets a
+ref that is already done (its value, or its error for ``ray.get`` to raise there).
 """
 
 from __future__ import annotations
@@ -15,23 +21,22 @@ import uuid
 from collections.abc import Callable, Generator
 from typing import Any
 
+from rayless.actors.ext import materialize
 from rayless.errors import RaylessError, RemoteError
 from rayless.ray import _worker
 from rayless.ray.exceptions import ObjectLostError, map_error
+from rayless.transport import ProtocolError, register_extension
 
 __all__ = ["ObjectRef"]
 
 Fut = asyncio.Future[Any] | concurrent.futures.Future[Any]
+ARRIVED = -1  # the generation of a ref that came inside a value: it holds its own outcome
 
 
 class ObjectRef:
     """A reference to a value that a task, an actor call or ``ray.put`` produces."""
 
     __slots__ = ("__weakref__", "_future", "_generation", "_hex", "_on_cancel", "_task")
-    # what the codec says of a ref it meets inside an argument (Ray passes one through)
-    __rayless_refusal__ = (
-        "a ref is resolved only as an argument of its own: pass it as one, or ray.get it first"
-    )
 
     def __init__(
         self,
@@ -79,6 +84,8 @@ class ObjectRef:
     def check_alive(self) -> None:
         """Raise ObjectLostError when this ref's session was shut down before its value was
         made (the call was still running, or failed because the session closed)."""
+        if self._generation == ARRIVED:
+            return
         s = _worker.current()
         if s is not None and s.generation == self._generation:
             return
@@ -128,6 +135,28 @@ class ObjectRef:
         except BaseException as exc:
             raise map_error(exc, task=self._task) from None
 
+    async def settled(self) -> None:
+        """Wait until the value (or the error) is made, without raising either."""
+        fut = self._future
+        if fut.done():
+            return
+        if isinstance(fut, asyncio.Future) and fut.get_loop() is asyncio.get_running_loop():
+            await asyncio.wait([fut])  # waits without taking the outcome or cancelling it
+            return
+        waited = asyncio.wrap_future(self.future() if isinstance(fut, asyncio.Future) else fut)
+        await asyncio.wait([waited])
+        if not waited.cancelled():
+            waited.exception()  # taken here: the ref's own future keeps it for its readers
+
+    def wait_settled(self, timeout: float | None = None) -> bool:
+        """Block (a thread that is not the session's loop) until the value or the error is
+        made, without raising either; whether it is made."""
+        try:
+            self.result(timeout)
+        except Exception:  # the error travels with the ref; a timeout leaves it pending
+            pass
+        return self._future.done()
+
     def __await__(self) -> Generator[Any, None, Any]:
         return self._await().__await__()
 
@@ -151,8 +180,8 @@ class ObjectRef:
 
     def __reduce__(self) -> Any:
         raise TypeError(
-            "an ObjectRef cannot be pickled or sent inside a container: pass it as a top-level "
-            "argument (it resolves to its value) or ray.get it first"
+            "an ObjectRef cannot be pickled: send it in a call's arguments or result (it "
+            "travels with its value), or ray.get it first"
         )
 
 
@@ -174,3 +203,51 @@ def put_ref(value: Any, generation: int) -> ObjectRef:
     fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
     fut.set_result(value)
     return ObjectRef(fut, generation)
+
+
+def _ref_state(ref: ObjectRef) -> list[Any]:
+    """A ref inside a value: its id, whether a task made it, and its outcome.
+
+    Raises:
+        TypeError: the ref's value is not made yet (only refs one level inside a call's
+            list, tuple and dict arguments, and inside a task's result, are waited for).
+    """
+    fut = ref._future
+    if not fut.done():
+        raise TypeError(
+            "an ObjectRef inside a value travels once its value is made: refs one level "
+            "inside a list, tuple or dict argument are waited for; for this one, ray.wait "
+            "or ray.get it first"
+        )
+    if fut.cancelled():
+        return [ref.hex(), ref._task, "cancelled", None]
+    exc = fut.exception()
+    if exc is None:
+        return [ref.hex(), ref._task, "value", fut.result()]
+    if not isinstance(exc, RaylessError):
+        exc = RemoteError.from_exception(exc, "driver")
+    return [ref.hex(), ref._task, "error", exc]
+
+
+def _ref_from_state(state: Any) -> ObjectRef:
+    """A ref that arrived inside a value: done, with the outcome it carried."""
+    if not (type(state) is list and len(state) == 4 and type(state[0]) is str):
+        raise ProtocolError("bad ObjectRef record")
+    ref_id, task, outcome, payload = state
+    fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    if outcome == "value":
+        fut.set_result(payload)
+    elif outcome == "error" and isinstance(payload, RaylessError):
+        # as a reply's error is: also an instance of the original type, where it is found here
+        fut.set_exception(materialize(payload) if type(payload) is RemoteError else payload)
+    elif outcome == "cancelled":
+        fut.cancel()
+        fut.set_running_or_notify_cancel()
+    else:
+        raise ProtocolError("bad ObjectRef record")
+    ref = ObjectRef(fut, ARRIVED, task=bool(task))
+    ref._hex = ref_id
+    return ref
+
+
+register_extension(ObjectRef, "rayless.ray.object_ref", _ref_state, _ref_from_state)

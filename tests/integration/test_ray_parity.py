@@ -115,6 +115,88 @@ def test_num_returns_and_refs_as_arguments(ray: Any) -> None:
     assert ray.get(add.remote(a, b)) == 22
 
 
+def test_refs_inside_arguments_and_results_travel_as_refs(ray: Any) -> None:
+    # Ray's docs, "Passing object arguments": a ref inside a list is passed as the ref
+    # (test_basic.py::test_passing_arguments_by_value_out_of_the_box's nested form)
+    @ray.remote
+    def make(i: int) -> int:
+        if i < 0:
+            raise KeyError(f"bad {i}")
+        return i * 10
+
+    @ray.remote
+    def kinds(refs: list[Any], table: dict[str, Any]) -> tuple[Any, ...]:
+        return (
+            [type(r).__name__ for r in refs],
+            sum(ray.get(refs)),
+            {k: ray.get(v) for k, v in table.items()},
+            len(ray.wait(refs, num_returns=len(refs), timeout=30)[0]),
+        )
+
+    @ray.remote
+    def catches(refs: list[Any]) -> str:
+        try:
+            ray.get(refs)
+        except KeyError as exc:  # the inner task's error, also its own class
+            return f"{type(exc).__name__}|{isinstance(exc, ray.exceptions.RayTaskError)}"
+        return "no error"
+
+    @ray.remote
+    def returns_a_ref() -> Any:
+        return ray.put(5)
+
+    @ray.remote
+    def returns_refs() -> list[Any]:
+        return [make.remote(3), make.remote(4)]
+
+    @ray.remote
+    class Summer:
+        def add(self, refs: list[Any]) -> int:
+            return sum(ray.get(refs))
+
+        async def aadd(self, refs: tuple[Any, ...]) -> int:
+            return sum([await r for r in refs])
+
+    refs = [make.remote(i) for i in range(4)]
+    names, total, table, ready = ray.get(kinds.remote(refs, {"a": refs[1], "p": ray.put(7)}))
+    assert names == ["ObjectRef"] * 4 and total == 60 and table == {"a": 10, "p": 7}
+    assert ready == 4
+    kind, mapped = ray.get(catches.remote([make.remote(1), make.remote(-1)])).split("|")
+    assert kind.startswith("RayTaskError") and kind.endswith("(KeyError)") and mapped == "True"
+    inner = ray.get(returns_a_ref.remote())
+    assert isinstance(inner, ray.ObjectRef) and ray.get(inner) == 5
+    assert ray.get(ray.get(returns_refs.remote())) == [30, 40]
+    summer = Summer.remote()
+    assert ray.get(summer.add.remote(refs)) == 60
+    assert ray.get(summer.aadd.remote(tuple(refs))) == 60
+
+
+def test_an_error_raised_through_a_chain_of_actors_reaches_the_driver(ray: Any) -> None:
+    # an actor method that ray.gets a failing call of another actor and lets the error go:
+    # the driver gets it (its class too), it never waits for good
+    @ray.remote
+    class Inner:
+        def boom(self) -> None:
+            raise ValueError("from the inner actor")
+
+    @ray.remote
+    class Outer:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def call(self) -> None:
+            ray.get(self.inner.boom.remote())
+
+        async def acall(self) -> None:
+            await self.inner.boom.remote()
+
+    outer = Outer.remote(Inner.remote())
+    for method in (outer.call, outer.acall):
+        with pytest.raises(ValueError, match="from the inner actor") as info:
+            ray.get(method.remote(), timeout=120)
+        assert isinstance(info.value, ray.exceptions.RayTaskError)
+
+
 def test_actor_spelling_errors(ray: Any) -> None:
     # test_actor.py: direct instantiation and direct method calls are TypeErrors; a taken
     # name is Ray's ActorAlreadyExistsError, a ValueError (rayless raised a plain one)
