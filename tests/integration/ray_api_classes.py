@@ -141,6 +141,18 @@ def nested_sum(n: int) -> int:
 
 
 @ray.remote
+def nested_refs(refs: list[Any], table: dict[str, list[Any]]) -> list[Any]:
+    """The values of refs passed inside a list and a dict (done ones deeper travel too)."""
+    return [*ray.get(refs), *ray.get(table["k"])]
+
+
+@ray.remote
+def returns_pending_refs() -> list[Any]:
+    """Refs of tasks it submits, still running when it returns (its worker waits for them)."""
+    return [sleepy.remote(0.5), add.remote(3, 4)]
+
+
+@ray.remote
 def sleepy(seconds: float) -> float:
     time.sleep(seconds)
     return seconds

@@ -40,8 +40,10 @@ from tests.integration.ray_api_classes import (
     Threaded,
     add,
     gpu_task,
+    nested_refs,
     nested_sum,
     raises,
+    returns_pending_refs,
     sleepy,
     task_context,
     three,
@@ -107,19 +109,22 @@ def test_put_get_values_and_arrays() -> None:
 def test_an_argument_that_cannot_travel_is_named_in_the_callers_terms() -> None:
     """A task's refused argument is its own (``argument 0 [0]`` of ``add``), not the task
     worker's ``run(key, code, args, kwargs)`` that carries it (it said ``argument 2 [0] ...
-    (calling run)``); a ref inside a list says how to pass it (Ray passes it through)."""
-    x = ray.put(1)
+    (calling run)``); a pending ref deeper than one level in a value says how to send it."""
+    pending = sleepy.remote(3)
     with pytest.raises(
-        TypeError, match=r"^argument 0 \[0\]: cannot encode ObjectRef \(a ref is resolved only "
+        TypeError, match=r"^argument 0 \[0\]\[0\]: an ObjectRef inside a value travels once"
     ) as info:
-        ray.get(add.remote([x]))
+        ray.get(add.remote([[pending]]))
     assert info.value.args[0].endswith("(calling add)")
-    with pytest.raises(TypeError, match=r"^keyword argument 'b' \['k'\]: cannot encode ObjectRef"):
-        ray.get(add.remote(1, b={"k": x}))
+    with pytest.raises(TypeError, match=r"^keyword argument 'b' \['k'\]\[0\]: an ObjectRef"):
+        ray.get(add.remote(1, b={"k": [pending]}))
     counter = Counter.remote()
-    with pytest.raises(TypeError, match=r"^argument 0 \[1\]: cannot encode ObjectRef \(a ref"):
-        ray.get(counter.incr.remote([1, x]))
+    with pytest.raises(TypeError, match=r"^argument 0 \[1\]\[0\]: an ObjectRef inside"):
+        ray.get(counter.incr.remote([1, (pending,)]))
+    x = ray.put(1)
     assert ray.get(add.remote(x, b=2)) == 3  # the pool's worker is still there
+    assert ray.get(nested_refs.remote([x, add.remote(1, 1)], {"k": [x]})) == [1, 2, 1]
+    assert ray.get(ray.get(returns_pending_refs.remote())) == [0.5, 7]
 
 
 def test_refs_as_arguments_resolve() -> None:

@@ -146,8 +146,8 @@ def test_refs_inside_arguments_and_results_travel_as_refs(ray: Any) -> None:
         return ray.put(5)
 
     @ray.remote
-    def returns_refs() -> list[Any]:
-        return [make.remote(3), make.remote(4)]
+    def returns_refs() -> list[Any]:  # (refs of tasks it submits: test_ray_api.py)
+        return [ray.put(30), ray.put(40)]
 
     @ray.remote
     class Summer:
@@ -190,11 +190,14 @@ def test_an_error_raised_through_a_chain_of_actors_reaches_the_driver(ray: Any) 
         async def acall(self) -> None:
             await self.inner.boom.remote()
 
-    outer = Outer.remote(Inner.remote())
+    inner = Inner.remote()
+    outer = Outer.remote(inner)
     for method in (outer.call, outer.acall):
         with pytest.raises(ValueError, match="from the inner actor") as info:
             ray.get(method.remote(), timeout=120)
         assert isinstance(info.value, ray.exceptions.RayTaskError)
+    for actor in (outer, inner):  # rayless keeps an actor whose handle went to another process
+        ray.kill(actor)
 
 
 def test_actor_spelling_errors(ray: Any) -> None:
