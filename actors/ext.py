@@ -4,9 +4,9 @@ tracing, by-value pickling, how a spawned child joins, a rendezvous port, how a 
 ``executable`` (Ray's ``py_executable``) is read, torch's thread
 settings, the typed-message decorator, the loop sync calls run on, the environment
 variables an actor process finds itself in, what a process it starts needs to join its
-cluster (the token, a private directory the host's sweep removes once its owner is gone), and
+cluster (the token, a private directory the host's sweep removes once its owner is gone),
 a remote error rebuilt as an instance of its original type (for an error that arrived inside
-a value).
+a value), and a hook on method results before they are sent.
 
 Code outside ``actors/`` imports the runtime only from ``rayless.actors``,
 ``rayless.actors.errors`` and this module (``tests/unit/test_layering.py``); everything else
@@ -38,6 +38,7 @@ from rayless.actors.core.context import (
     ENV_NODE_IP,
 )
 from rayless.actors.core.context import current as current_cluster
+from rayless.actors.core.result_hooks import ResultHook, add_result_hook
 from rayless.actors.core.threads import apply_torch_threads, torch_threads
 from rayless.actors.core.timeline import store_span, traced, weights_span
 from rayless.actors.protocol.messages import PackageRef
@@ -66,6 +67,7 @@ __all__ = [
     "ChildJoin",
     "Portal",
     "SyncCluster",
+    "add_result_hook",
     "apply_torch_threads",
     "call_limit",
     "cluster_token",
@@ -82,6 +84,7 @@ __all__ = [
     "owned_dir",
     "Package",
     "PackageRef",
+    "ResultHook",
     "pack_module",
     "pack_working_dir",
     "pdeathsig_hook",

@@ -52,6 +52,7 @@ from rayless.actors.control import debug
 from rayless.actors.control.process_util import setup_logging
 from rayless.actors.core import context, gc_policy, timeline
 from rayless.actors.core.callstats import STATS
+from rayless.actors.core.result_hooks import HOOKS as RESULT_HOOKS
 from rayless.actors.core.threads import apply_torch_threads, torch_threads
 from rayless.actors.errors import StartError
 from rayless.actors.host.workers import Exiting as _Exiting
@@ -462,6 +463,8 @@ class ActorHost:
             error: BaseException | None = None
             try:
                 result = await fn(*args, **kwargs)
+                for hook in RESULT_HOOKS:
+                    await hook.awaiting(result)
                 if is_stream(result):
                     assert self.streams is not None  # internal invariant: set by start()
                     return self.streams.open(result, caller)
@@ -499,6 +502,8 @@ class ActorHost:
         error: BaseException | None = None
         try:
             result = fn(*args, **kwargs)
+            for hook in RESULT_HOOKS:
+                hook.blocking(result)
             if is_stream(result):
                 assert self.streams is not None  # internal invariant: set by start()
                 return self.streams.open(result, caller, steps)

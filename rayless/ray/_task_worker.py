@@ -5,7 +5,7 @@ pickled with cloudpickle (``actors.ext.dumps_by_value``: with its file's source 
 afterwards only its key. A function's exception travels back as
 itself (rayless remote errors); a worker that dies is replaced by the pool, and its task
 retried. Refs the function returns (itself, or one level inside a list, tuple or dict) are
-waited for: each travels with its value.
+waited for, as an actor method's are: each travels with its value.
 """
 
 from __future__ import annotations
@@ -44,8 +44,7 @@ class TaskWorker:
         result = fn(*args, **kwargs)
         if inspect.isawaitable(result) and not _is_ref(result):  # an async def's coroutine
             result = asyncio.run(_awaited(result))
-        _settle_refs(result)
-        return result
+        return result  # refs in it are waited for by the Ray layer's result hook (object_ref)
 
     def ping(self) -> str:
         """Whether the worker serves."""
@@ -59,18 +58,3 @@ async def _awaited(aw: Any) -> Any:
 def _is_ref(value: Any) -> bool:
     object_ref = sys.modules.get("rayless.ray.object_ref")
     return object_ref is not None and type(value) is object_ref.ObjectRef
-
-
-def _settle_refs(result: Any) -> None:
-    """Wait for the refs a task returns (the result itself, or one level inside a list,
-    tuple or dict): each travels with its value (``rayless.ray.object_ref``)."""
-    if _is_ref(result):
-        result.wait_settled()
-    elif type(result) in (list, tuple):
-        for v in result:
-            if _is_ref(v):
-                v.wait_settled()
-    elif type(result) is dict:
-        for v in result.values():
-            if _is_ref(v):
-                v.wait_settled()

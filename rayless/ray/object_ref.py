@@ -9,8 +9,10 @@ works in any event loop; as a top-level argument of another call it resolves to 
 Inside a value (a list of refs passed to a task, a dict of refs returned by one), a ref
 travels as itself, as in Ray, carrying its outcome: it must be made by the time it is
 encoded. A call waits for the refs one level inside its list, tuple and dict arguments
-(``actor.resolve``), a task's worker for those in its result; the receiver gets a
-ref that is already done (its value, or its error for ``ray.get`` to raise there).
+(``actor.resolve``), an actor or task worker for those in its method's result (the
+result itself, or one level inside a list, tuple or dict: a hook on the actor's results);
+the receiver gets a ref that is already done (its value, or its error for ``ray.get`` to
+raise there).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import uuid
 from collections.abc import Callable, Generator
 from typing import Any
 
-from rayless.actors.ext import materialize
+from rayless.actors.ext import ResultHook, add_result_hook, materialize
 from rayless.errors import RaylessError, RemoteError
 from rayless.ray import _worker
 from rayless.ray.exceptions import ObjectLostError, map_error
@@ -250,4 +252,27 @@ def _ref_from_state(state: Any) -> ObjectRef:
     return ref
 
 
+def _refs_in(result: Any) -> list[ObjectRef]:
+    """The refs a method's result holds: itself, or one level inside a list, tuple or dict."""
+    kind = type(result)
+    if kind is ObjectRef:
+        return [result]
+    if kind is list or kind is tuple:
+        return [v for v in result if type(v) is ObjectRef]
+    if kind is dict:
+        return [v for v in result.values() if type(v) is ObjectRef]
+    return []
+
+
+def _settle_blocking(result: Any) -> None:
+    for ref in _refs_in(result):
+        ref.wait_settled()
+
+
+async def _settle_awaiting(result: Any) -> None:
+    for ref in _refs_in(result):
+        await ref.settled()
+
+
 register_extension(ObjectRef, "rayless.ray.object_ref", _ref_state, _ref_from_state)
+add_result_hook(ResultHook(_settle_blocking, _settle_awaiting))

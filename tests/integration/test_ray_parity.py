@@ -171,6 +171,36 @@ def test_refs_inside_arguments_and_results_travel_as_refs(ray: Any) -> None:
     assert ray.get(summer.aadd.remote(tuple(refs))) == 60
 
 
+def test_an_actor_returns_refs_of_the_calls_it_made(ray: Any) -> None:
+    # a controller actor handing its workers' refs to the driver (still running as it returns)
+    @ray.remote(num_cpus=0)
+    class Worker:
+        def step(self, i: int) -> int:
+            time.sleep(0.3)
+            return i * 2
+
+    @ray.remote(num_cpus=0)
+    class Controller:
+        def __init__(self) -> None:
+            self.workers = [Worker.remote() for _ in range(2)]
+
+        def dispatch(self) -> list[Any]:
+            return [w.step.remote(i + 1) for i, w in enumerate(self.workers)]
+
+        async def adispatch(self) -> dict[str, Any]:
+            return {"a": self.workers[0].step.remote(5)}
+
+        def one(self) -> Any:
+            return self.workers[1].step.remote(7)
+
+    controller = Controller.remote()
+    refs = ray.get(controller.dispatch.remote())
+    assert all(isinstance(r, ray.ObjectRef) for r in refs) and ray.get(refs) == [2, 4]
+    assert {k: ray.get(v) for k, v in ray.get(controller.adispatch.remote()).items()} == {"a": 10}
+    assert ray.get(ray.get(controller.one.remote())) == 14
+    ray.kill(controller)
+
+
 def test_an_error_raised_through_a_chain_of_actors_reaches_the_driver(ray: Any) -> None:
     # an actor method that ray.gets a failing call of another actor and lets the error go:
     # the driver gets it (its class too), it never waits for good
