@@ -238,9 +238,9 @@ def _positional(
 async def resolve(value: Any) -> Any:
     """``value`` ready to send: a ref's value, an ActorHandle's rayless handle (also one
     level inside lists, tuples and dicts); refs one level inside those made (they travel as
-    refs, with their outcome: ``object_ref``)."""
+    refs, with their outcome: ``object_ref``), also in a ref's value (``ray.put([r1, r2])``)."""
     if isinstance(value, ObjectRef):
-        return await value
+        value = await value
     if type(value) is ActorHandle:
         return await value_handle(value)
     if isinstance(value, (list, tuple)):

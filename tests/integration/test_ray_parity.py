@@ -169,6 +169,8 @@ def test_refs_inside_arguments_and_results_travel_as_refs(ray: Any) -> None:
     summer = Summer.remote()
     assert ray.get(summer.add.remote(refs)) == 60
     assert ray.get(summer.aadd.remote(tuple(refs))) == 60
+    boxed = ray.put([make.remote(5), make.remote(6)])  # a put of refs: its value holds refs
+    assert ray.get(summer.add.remote(boxed)) == 110
 
 
 def test_an_actor_returns_refs_of_the_calls_it_made(ray: Any) -> None:
