@@ -258,9 +258,9 @@ def encode(
             _shm.discard(enc.segments)
         if not isinstance(exc, (TypeError, ValueError, OverflowError)):
             raise
-        found = _locate(obj, (), _Encoder(allow_pickle, False), 0)
+        found = _locate(obj, (), _Encoder(allow_pickle, False), 0, set())
         parts, reason = found if found is not None else ((), str(exc))
-        error = TypeError(f"{root}{''.join(parts)}: {reason}")
+        error = TypeError(f"{root}{_shown_path(parts)}: {reason}")
         error.path, error.reason = parts, reason  # type: ignore[attr-defined]
         raise error from None
     if enc.staged:
@@ -277,11 +277,19 @@ def sweep_shm(max_age: float | None = None) -> int:
     return _shm.sweep(max_age)
 
 
+def _shown_path(parts: tuple[str, ...]) -> str:
+    """A path for a message: a long one (a value nested hundreds deep) with its middle cut."""
+    if len(parts) <= 16:
+        return "".join(parts)
+    return f"{''.join(parts[:8])}...({len(parts) - 12} levels)...{''.join(parts[-4:])}"
+
+
 def _locate(
-    obj: Any, path: tuple[str, ...], enc: _Encoder, depth: int
+    obj: Any, path: tuple[str, ...], enc: _Encoder, depth: int, above: set[int]
 ) -> tuple[tuple[str, ...], str] | None:
     """Find the first value under ``obj`` that encode rejects: (its path below the root, as
-    ``("[1]", "['obs']", ".foo")``, and the reason), or None."""
+    ``("[1]", "['obs']", ".foo")``, and the reason), or None. ``above``: the ids of the
+    containers on the path (a container met again under itself is a cycle)."""
     kind = type(obj)
     if kind is str:
         try:
@@ -306,16 +314,22 @@ def _locate(
             return None
     except (TypeError, ValueError, OverflowError) as exc:
         return path, str(exc)
-    if kind is dict or kind is OrderedDict:
-        for key in obj:
-            found = _locate(key, (*path, f"[{key!r}]"), enc, depth + 1)
+    if id(obj) in above:
+        return path, f"{kind.__qualname__} contains itself (a cycle cannot be sent)"
+    above.add(id(obj))
+    try:
+        if kind is dict or kind is OrderedDict:
+            for key in obj:
+                found = _locate(key, (*path, f"[{key!r}]"), enc, depth + 1, above)
+                if found:
+                    return found[0], f"{found[1]} (as a dict key)"
+        for suffix, child in children:
+            found = _locate(child, (*path, suffix) if suffix else path, enc, depth + 1, above)
             if found:
-                return found[0], f"{found[1]} (as a dict key)"
-    for suffix, child in children:
-        found = _locate(child, (*path, suffix) if suffix else path, enc, depth + 1)
-        if found:
-            return found
-    return None
+                return found
+        return None
+    finally:
+        above.discard(id(obj))
 
 
 _SCALARS = (type(None), bool, int, float, bytes, bytearray, memoryview)

@@ -222,6 +222,25 @@ def test_type_error_names_path(value: Any, root: str, message: str) -> None:
     assert str(info.value).startswith(message)
 
 
+def test_a_cycle_is_named_as_one_and_a_deep_path_is_cut_short() -> None:
+    # the path finder walked a cycle down to its depth bound: a 1,500-character path of
+    # "[0]"s that said "nested deeper than 500 levels"
+    loop: list[Any] = [1]
+    loop.append({"again": loop})
+    with pytest.raises(TypeError) as info:
+        encode([loop], root="result")
+    assert str(info.value) == "result[0][1]['again']: list contains itself (a cycle cannot be sent)"
+    shared = [1, 2]
+    assert decode(encode([shared, shared])) == [[1, 2], [1, 2]]  # met twice, not a cycle
+    deep: list[Any] = []
+    for _ in range(3000):
+        deep = [deep]
+    with pytest.raises(TypeError) as info:
+        encode(deep, root="result")
+    text = str(info.value)
+    assert len(text) < 200 and "...(489 levels)..." in text and "nested deeper than" in text
+
+
 class _Point:
     def __init__(self, x: int, y: int) -> None:
         self.x, self.y = x, y
