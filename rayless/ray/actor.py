@@ -243,20 +243,20 @@ async def resolve(value: Any) -> Any:
         value = await value
     if type(value) is ActorHandle:
         return await value_handle(value)
-    if isinstance(value, (list, tuple)):
-        for v in value:
+    is_dict = isinstance(value, dict)
+    if not (is_dict or isinstance(value, (list, tuple))):
+        return value
+    kinds = set(map(type, value.values() if is_dict else value))  # one pass, in C
+    if ObjectRef in kinds:
+        for v in value.values() if is_dict else value:
             if type(v) is ObjectRef:
                 await v.settled()
-        if any(type(v) is ActorHandle for v in value):
-            items = [await value_handle(v) for v in value]
-            return type(value)(items) if isinstance(value, tuple) else items
-    elif isinstance(value, dict):
-        for v in value.values():
-            if type(v) is ObjectRef:
-                await v.settled()
-        if any(type(v) is ActorHandle for v in value.values()):
-            return {k: await value_handle(v) for k, v in value.items()}
-    return value
+    if ActorHandle not in kinds:
+        return value
+    if is_dict:
+        return {k: await value_handle(v) for k, v in value.items()}
+    items = [await value_handle(v) for v in value]
+    return type(value)(items) if isinstance(value, tuple) else items
 
 
 async def value_handle(v: Any) -> Any:
@@ -273,9 +273,9 @@ def needs_resolve(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         t = type(v)
         if t is ObjectRef or t is ActorHandle:
             return True
-        if t in (list, tuple) and any(type(x) in _RESOLVED for x in v):
+        if t in (list, tuple) and not _RESOLVED.isdisjoint(map(type, v)):
             return True
-        if t is dict and any(type(x) in _RESOLVED for x in v.values()):
+        if t is dict and not _RESOLVED.isdisjoint(map(type, v.values())):
             return True
     return False
 
@@ -697,4 +697,4 @@ def _handle_from_state(inner: Any) -> _RaylessHandle[Any]:
 
 
 register_extension(ActorHandle, "rayless.ray.actor_handle", _handle_state, _handle_from_state)
-_RESOLVED = (ObjectRef, ActorHandle)  # what needs_resolve looks for inside a container
+_RESOLVED = frozenset((ObjectRef, ActorHandle))  # what needs_resolve looks for in a container

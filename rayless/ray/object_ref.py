@@ -212,7 +212,7 @@ def _ref_state(ref: ObjectRef) -> list[Any]:
 
     Raises:
         TypeError: the ref's value is not made yet (only refs one level inside a call's
-            list, tuple and dict arguments, and inside a task's result, are waited for).
+            list, tuple and dict arguments, and inside a method's result, are waited for).
     """
     fut = ref._future
     if not fut.done():
@@ -227,7 +227,7 @@ def _ref_state(ref: ObjectRef) -> list[Any]:
     if exc is None:
         return [ref.hex(), ref._task, "value", fut.result()]
     if not isinstance(exc, RaylessError):
-        exc = RemoteError.from_exception(exc, "driver")
+        exc = RemoteError.from_exception(exc)
     return [ref.hex(), ref._task, "error", exc]
 
 
@@ -257,11 +257,13 @@ def _refs_in(result: Any) -> list[ObjectRef]:
     kind = type(result)
     if kind is ObjectRef:
         return [result]
-    if kind is list or kind is tuple:
-        return [v for v in result if type(v) is ObjectRef]
     if kind is dict:
-        return [v for v in result.values() if type(v) is ObjectRef]
-    return []
+        result = result.values()
+    elif kind is not list and kind is not tuple:
+        return []
+    if ObjectRef not in map(type, result):  # the common case, decided in C
+        return []
+    return [v for v in result if type(v) is ObjectRef]
 
 
 def _settle_blocking(result: Any) -> None:
