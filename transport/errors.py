@@ -45,6 +45,7 @@ __all__ = [
     "describe",
     "error_from_state",
     "error_to_state",
+    "safe_text",
     "wire_name",
 ]
 
@@ -166,7 +167,7 @@ class RemoteError(RaylessError, wire="rayless.RemoteError"):
         }
         attrs = {k: v for k, v in public.items() if _is_plain(v)}
         attrs.update({k: v for k, v in _builtin_fields(exc).items() if k not in public})
-        message = _text(exc, str)
+        message = safe_text(exc, str)
         dropped = [f"{k!r} ({type(v).__qualname__})" for k, v in public.items() if k not in attrs]
         if dropped:  # said, not silently lost
             message += f" [attribute {', '.join(dropped)} not sent: only plain values travel]"
@@ -175,7 +176,7 @@ class RemoteError(RaylessError, wire="rayless.RemoteError"):
             message,
             tb,
             actor,
-            args=tuple(v if _is_plain(v) else _text(v, repr) for v in exc.args),
+            args=tuple(v if _is_plain(v) else safe_text(v, repr) for v in exc.args),
             attrs=attrs,
             remote_class=remote_class,
         )
@@ -198,7 +199,7 @@ def describe(exc: BaseException, limit: int = 300) -> str:
         return f"{type(exc).__name__}: <unprintable>"
 
 
-def _text(value: Any, how: Any) -> str:
+def safe_text(value: Any, how: Any) -> str:
     """``str(value)`` or ``repr(value)``, never raising: a ``__str__`` that raises is named."""
     try:
         return str(how(value))
@@ -248,8 +249,8 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
-        return {_text(k, str): _plain(v) for k, v in value.items()}
-    return _text(value, repr)
+        return {safe_text(k, str): _plain(v) for k, v in value.items()}
+    return safe_text(value, repr)
 
 
 def error_to_state(exc: RaylessError) -> dict[str, Any]:

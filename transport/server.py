@@ -36,6 +36,7 @@ from rayless.transport.errors import (
     ProtocolError,
     RaylessError,
     RemoteError,
+    safe_text,
 )
 from rayless.transport.fds import fds_left
 from rayless.transport.gate import Gate, Link
@@ -91,16 +92,9 @@ def _error_payload(exc: BaseException) -> list[Any]:
         return codec.encode(exc)
     except Exception as failed:
         kind = type(exc)
-        text = f"{_safe_str(exc):.1000} (the error could not be sent whole: "
-        text += f"{type(failed).__name__}: {_safe_str(failed):.200})"
+        text = f"{safe_text(exc, str):.1000} (the error could not be sent whole: "
+        text += f"{type(failed).__name__}: {safe_text(failed, str):.200})"
         return codec.encode(RemoteError(f"{kind.__module__}.{kind.__qualname__}", text))
-
-
-def _safe_str(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception as failed:  # RecursionError of a deep argument, a __str__ that raises
-        return f"<str() raised {type(failed).__name__}>"
 
 
 class Server:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-import sys
 from typing import Any
 
 from rayless.actors.ext import loads_by_value
+from rayless.ray.object_ref import ObjectRef
 
 ENV_TASK_WORKER = "RAYLESS_RAY_TASK_WORKER"
 
@@ -42,7 +42,7 @@ class TaskWorker:
                 raise KeyError(f"task function {key} was not sent to this worker")
             fn = self._functions[key] = loads_by_value(code)
         result = fn(*args, **kwargs)
-        if inspect.isawaitable(result) and not _is_ref(result):  # an async def's coroutine
+        if inspect.isawaitable(result) and type(result) is not ObjectRef:  # a coroutine
             result = asyncio.run(_awaited(result))
         return result  # refs in it are waited for by the Ray layer's result hook (object_ref)
 
@@ -53,8 +53,3 @@ class TaskWorker:
 
 async def _awaited(aw: Any) -> Any:
     return await aw
-
-
-def _is_ref(value: Any) -> bool:
-    object_ref = sys.modules.get("rayless.ray.object_ref")
-    return object_ref is not None and type(value) is object_ref.ObjectRef

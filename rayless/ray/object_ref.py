@@ -139,16 +139,10 @@ class ObjectRef:
 
     async def settled(self) -> None:
         """Wait until the value (or the error) is made, without raising either."""
-        fut = self._future
-        if fut.done():
-            return
-        if isinstance(fut, asyncio.Future) and fut.get_loop() is asyncio.get_running_loop():
-            await asyncio.wait([fut])  # waits without taking the outcome or cancelling it
-            return
-        waited = asyncio.wrap_future(self.future() if isinstance(fut, asyncio.Future) else fut)
-        await asyncio.wait([waited])
-        if not waited.cancelled():
-            waited.exception()  # taken here: the ref's own future keeps it for its readers
+        try:
+            await self._await()
+        except Exception:  # the error travels with the ref; it is not ours to raise
+            pass
 
     def wait_settled(self, timeout: float | None = None) -> bool:
         """Block (a thread that is not the session's loop) until the value or the error is
@@ -244,7 +238,6 @@ def _ref_from_state(state: Any) -> ObjectRef:
         fut.set_exception(materialize(payload) if type(payload) is RemoteError else payload)
     elif outcome == "cancelled":
         fut.cancel()
-        fut.set_running_or_notify_cancel()
     else:
         raise ProtocolError("bad ObjectRef record")
     ref = ObjectRef(fut, ARRIVED, task=bool(task))
