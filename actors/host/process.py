@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any
 
@@ -53,10 +53,11 @@ from rayless.actors.control.process_util import setup_logging
 from rayless.actors.core import context, gc_policy, timeline
 from rayless.actors.core.callstats import STATS
 from rayless.actors.core.result_hooks import HOOKS as RESULT_HOOKS
+from rayless.actors.core.result_hooks import pending_waits
 from rayless.actors.core.threads import apply_torch_threads, torch_threads
 from rayless.actors.errors import StartError
 from rayless.actors.host.workers import Exiting as _Exiting
-from rayless.actors.host.workers import SyncWorker
+from rayless.actors.host.workers import Later, SyncWorker
 from rayless.actors.protocol.messages import Boot, Bootstrap, Failed, MethodInfo, Ready
 from rayless.actors.protocol.wire import ask
 from rayless.transport import codec, loop
@@ -275,6 +276,10 @@ class ActorHost:
         self.streams: StreamHost | None = None  # results of generator methods
         # concurrency group -> its limit on async calls and the threads of its def calls
         self.groups: dict[str, tuple[asyncio.Semaphore, SyncWorker]] = {}
+        # the instance is built and set up: calls its constructor made on its own handle
+        # wait for this (``_when_built``)
+        self.serving = False
+        self._built = asyncio.Event()
 
     async def start(self) -> str:
         """Build the instance, run ``setup``, start serving; returns the address."""
@@ -299,9 +304,8 @@ class ActorHost:
         self.methods = public_methods(cls, self.spec.hooks)
         # the class as loaded here may differ from the driver's: a group it names must exist
         check_groups(class_name(cls), self.methods, self.spec.concurrency_groups)
-        self.instance = await self.worker.submit(functools.partial(cls, *args, **kwargs))
-        if self.spec.hooks:
-            await self._lifecycle("setup")
+        # listening before the instance is built: its constructor may take its own handle
+        # (Ray's current_actor); only this process knows the address until start returns
         self.server = Server(
             f"tcp://{self.bind_ip}:0",
             token=self.token,
@@ -320,6 +324,13 @@ class ActorHost:
             os.environ.get(context.ENV_NODE_ID),
         )
         set_current_handle(self.streams.handle)
+        try:
+            self.instance = await self.worker.submit(functools.partial(cls, *args, **kwargs))
+            if self.spec.hooks:
+                await self._lifecycle("setup")
+            self.serving = True
+        finally:
+            self._built.set()
         return self.server.address
 
     async def _lifecycle(self, name: str) -> None:
@@ -335,6 +346,8 @@ class ActorHost:
 
     def dispatch(self, req: Request) -> Any:
         """Route one call to the instance (an awaitable for the server to finish)."""
+        if not self.serving:
+            return self._when_built(req)
         body = req.body
         if type(body) is not tuple or len(body) not in (4, 5) or body[0] != "c":
             return self._stream_step(body)
@@ -362,6 +375,20 @@ class ActorHost:
         STATS.call(method)
         fn = getattr(self.instance, method)
         return self._start(fn, info.is_async, args, kwargs, req, group)
+
+    async def _when_built(self, req: Request) -> Any:
+        """A call made before the instance was built (by its constructor, through its own
+        handle): routed once it is built and set up.
+
+        Raises:
+            RemoteError: the constructor or ``setup`` failed (the actor is ending).
+        """
+        await self._built.wait()
+        if not self.serving:
+            failed = RuntimeError(f"actor {self.name!r} failed to start")
+            raise remote_error(failed, self.name)
+        result = self.dispatch(req)
+        return await result if inspect.isawaitable(result) else result
 
     def _start(
         self,
@@ -461,14 +488,16 @@ class ActorHost:
                 self.monitor.running[key] = (fn.__name__, time.monotonic())
             start = time.time_ns() if traced is not None else 0
             error: BaseException | None = None
+            waits: list[Awaitable[None]] = []
             try:
                 result = await fn(*args, **kwargs)
-                for hook in RESULT_HOOKS:
-                    await hook.awaiting(result)
-                if is_stream(result):
-                    assert self.streams is not None  # internal invariant: set by start()
-                    return self.streams.open(result, caller)
-                return result
+                if RESULT_HOOKS:
+                    waits = pending_waits(result)
+                if not waits:
+                    if is_stream(result):
+                        assert self.streams is not None  # internal invariant: set by start()
+                        return self.streams.open(result, caller)
+                    return result
             except SystemExit as exc:
                 error = exc
                 self.exit(fn.__name__, exit_code(exc))
@@ -485,6 +514,8 @@ class ActorHost:
                 if traced is not None:
                     _record(fn, queued, start, "async", error, traced)
                 error = None  # no cycle (this frame -> the error -> its traceback -> this frame)
+        if waits:  # the slot is free: a wait may be for a later call to this actor
+            return await _after(waits, result)
         await asyncio.Future()  # no reply: the caller learns of the exit (ActorDiedError)
 
     def _run_sync(
@@ -502,8 +533,10 @@ class ActorHost:
         error: BaseException | None = None
         try:
             result = fn(*args, **kwargs)
-            for hook in RESULT_HOOKS:
-                hook.blocking(result)
+            if RESULT_HOOKS:
+                waits = pending_waits(result)
+                if waits:  # answered from the loop once they are done; this thread goes on
+                    return Later(_after(waits, result))
             if is_stream(result):
                 assert self.streams is not None  # internal invariant: set by start()
                 return self.streams.open(result, caller, steps)
@@ -553,6 +586,13 @@ class ActorHost:
             worker.stop()
         if self.monitor is not None:
             self.monitor.stop()
+
+
+async def _after(waits: list[Awaitable[None]], result: Any) -> Any:
+    """``result``, once what the result hooks wait for is done."""
+    for wait in waits:
+        await wait
+    return result
 
 
 async def _no_reply() -> None:

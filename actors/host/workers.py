@@ -15,6 +15,10 @@ docs/performance.md has the budget).
 The threads read a queued call's future (``cancelled()``) without the loop: a cancel that
 comes after a thread has taken the call lets it run.
 
+A job may return :class:`Later`: its call's future then gets the outcome of an awaitable run
+on the loop, while the thread goes on with the next call (a result that waits for something
+made elsewhere, perhaps by a later call to this same actor).
+
 Cancellation is best effort, as in Ray: Python cannot stop a running thread safely.
 
 * A queued call whose caller gave up (timed out, cancelled) is dropped without running.
@@ -29,7 +33,7 @@ import asyncio
 import collections
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rayless.actors.core.threads import apply_torch_threads
@@ -43,6 +47,16 @@ class _Job:
     def __init__(self, fut: asyncio.Future[Any], fn: Callable[[], Any]) -> None:
         self.fut = fut
         self.fn = fn
+
+
+class Later:
+    """What a job returns for its call to be answered once ``awaitable`` (run on the loop)
+    gives the result, the job's thread being free meanwhile."""
+
+    __slots__ = ("awaitable",)
+
+    def __init__(self, awaitable: Awaitable[Any]) -> None:
+        self.awaitable = awaitable
 
 
 class SyncWorker:
@@ -79,6 +93,7 @@ class SyncWorker:
         self._to_wake = 0  # sleepers taken by submits, woken by the scheduled ``_ring``
         self._stopped = False  # stop() ran, or a call ended the actor
         self.exited = False  # a call ended the actor (sys.exit): later calls get no reply
+        self._later: set[asyncio.Future[Any]] = set()  # results being awaited (``Later``)
 
     @property
     def running(self) -> int:
@@ -192,11 +207,34 @@ class SyncWorker:
             if fut.done() or isinstance(value, Exiting):  # Exiting: the actor exits, no reply
                 continue
             if ok:
-                fut.set_result(value)
+                if type(value) is Later:
+                    self._answer_later(fut, value.awaitable)
+                else:
+                    fut.set_result(value)
             elif isinstance(value, StopIteration):  # a Future refuses one (a constructor's)
                 fut.set_exception(RemoteError.from_exception(value, self._name))
             else:
                 fut.set_exception(value)
+
+    def _answer_later(self, fut: asyncio.Future[Any], awaitable: Awaitable[Any]) -> None:
+        """Answer ``fut`` with ``awaitable``'s outcome, run on the loop; a caller that gives
+        up cancels it."""
+        task = asyncio.ensure_future(awaitable)
+        self._later.add(task)
+
+        def answered(task: asyncio.Future[Any]) -> None:
+            self._later.discard(task)
+            if fut.done():
+                return
+            if task.cancelled():
+                fut.cancel()
+            elif task.exception() is not None:
+                fut.set_exception(task.exception())  # type: ignore[arg-type]
+            else:
+                fut.set_result(task.result())
+
+        task.add_done_callback(answered)
+        fut.add_done_callback(lambda fut: task.cancel() if fut.cancelled() else None)
 
     def stop(self) -> None:
         """Let the threads finish their current calls and exit; queued calls are cancelled
@@ -212,6 +250,8 @@ class SyncWorker:
             self._asleep = self._to_wake = 0
         for job in dropped:
             job.fut.cancel()
+        for task in list(self._later):
+            task.cancel()
 
 
 class Exiting(BaseException):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import uuid
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 from rayless.actors.ext import ResultHook, add_result_hook, materialize
@@ -144,15 +144,6 @@ class ObjectRef:
         except Exception:  # the error travels with the ref; it is not ours to raise
             pass
 
-    def wait_settled(self, timeout: float | None = None) -> bool:
-        """Block (a thread that is not the session's loop) until the value or the error is
-        made, without raising either; whether it is made."""
-        try:
-            self.result(timeout)
-        except Exception:  # the error travels with the ref; a timeout leaves it pending
-            pass
-        return self._future.done()
-
     def __await__(self) -> Generator[Any, None, Any]:
         return self._await().__await__()
 
@@ -259,15 +250,19 @@ def _refs_in(result: Any) -> list[ObjectRef]:
     return [v for v in result if type(v) is ObjectRef]
 
 
-def _settle_blocking(result: Any) -> None:
-    for ref in _refs_in(result):
-        ref.wait_settled()
+def _pending(result: Any) -> Awaitable[None] | None:
+    """What a method's result waits for before it is sent: its refs not made yet."""
+    refs = _refs_in(result)
+    if not refs:
+        return None
+    waiting = [ref for ref in refs if not ref._future.done()]
+    return _settled(waiting) if waiting else None
 
 
-async def _settle_awaiting(result: Any) -> None:
-    for ref in _refs_in(result):
+async def _settled(refs: list[ObjectRef]) -> None:
+    for ref in refs:
         await ref.settled()
 
 
 register_extension(ObjectRef, "rayless.ray.object_ref", _ref_state, _ref_from_state)
-add_result_hook(ResultHook(_settle_blocking, _settle_awaiting))
+add_result_hook(ResultHook(_pending))

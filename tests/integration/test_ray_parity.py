@@ -203,6 +203,60 @@ def test_an_actor_returns_refs_of_the_calls_it_made(ray: Any) -> None:
     ray.kill(controller)
 
 
+def test_an_actor_returns_refs_of_calls_to_itself(ray: Any) -> None:
+    # a single-threaded actor hands back refs of calls it queued on itself: they run once
+    # the method has returned (its thread is free), and the driver gets them, never a hang
+    @ray.remote(num_cpus=0)
+    class Self:
+        def __init__(self) -> None:
+            self.me = ray.get_runtime_context().current_actor
+
+        def double(self, i: int) -> int:
+            return i * 2
+
+        def ask_myself(self) -> list[Any]:
+            return [self.me.double.remote(1), self.me.double.remote(2)]
+
+        def one(self) -> Any:
+            return self.me.double.remote(3)
+
+    @ray.remote(num_cpus=0)
+    class AsyncSelf:
+        def __init__(self) -> None:
+            self.me = ray.get_runtime_context().current_actor
+
+        async def double(self, i: int) -> int:
+            return i * 2
+
+        async def ask_myself(self) -> dict[str, Any]:
+            return {"a": self.me.double.remote(4)}
+
+    @ray.remote(num_cpus=0)
+    class CallsItselfEarly:
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+            self.first = ray.get_runtime_context().current_actor.note.remote("from __init__")
+
+        async def note(self, text: str) -> None:
+            self.seen.append(text)
+
+        async def read(self) -> list[str]:
+            await self.first
+            return self.seen
+
+    early = CallsItselfEarly.remote()
+    assert ray.get(early.read.remote(), timeout=60) == ["from __init__"]
+    ray.kill(early)
+    actor = Self.remote()
+    refs = ray.get(actor.ask_myself.remote(), timeout=60)
+    assert ray.get(refs, timeout=60) == [2, 4]
+    assert ray.get(ray.get(actor.one.remote(), timeout=60), timeout=60) == 6
+    one_slot = AsyncSelf.options(max_concurrency=1).remote()
+    assert ray.get(ray.get(one_slot.ask_myself.remote(), timeout=60)["a"], timeout=60) == 8
+    ray.kill(actor)
+    ray.kill(one_slot)
+
+
 def test_an_error_raised_through_a_chain_of_actors_reaches_the_driver(ray: Any) -> None:
     # an actor method that ray.gets a failing call of another actor and lets the error go:
     # the driver gets it (its class too), it never waits for good

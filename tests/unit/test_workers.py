@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rayless.actors.host.workers import SyncWorker
+from rayless.actors.host.workers import Later, SyncWorker
 from rayless.transport.counters import COUNTERS
 from tests.waiting import wait_until
 
@@ -75,6 +75,50 @@ async def test_concurrency_runs_calls_on_that_many_threads_at_once() -> None:
     with pytest.raises(ZeroDivisionError):  # errors reach the caller
         await worker.submit(lambda: 1 / 0)
     worker.stop()
+
+
+async def test_a_later_result_frees_the_thread_for_the_call_it_waits_for() -> None:
+    """A job returning ``Later`` is answered from the loop; its one thread runs the next
+    call meanwhile (here the call whose outcome the first one waits for)."""
+    worker = SyncWorker(asyncio.get_running_loop(), "t")
+    made: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def answer() -> str:
+        return f"made {await made}"
+
+    first = worker.submit(lambda: Later(answer()))
+    second = worker.submit(lambda: asyncio.get_running_loop)  # a def call after it
+    await asyncio.wait_for(second, 10)
+    assert not first.done()
+    made.set_result(7)
+    assert await asyncio.wait_for(first, 10) == "made 7"
+
+    async def fails() -> None:
+        raise KeyError("inside")
+
+    with pytest.raises(KeyError):
+        await asyncio.wait_for(worker.submit(lambda: Later(fails())), 10)
+    worker.stop()
+
+
+async def test_a_later_result_is_cancelled_with_its_call_and_by_stop() -> None:
+    worker = SyncWorker(asyncio.get_running_loop(), "t")
+    waiting: list[asyncio.Future[None]] = []
+
+    async def forever() -> None:
+        fut = asyncio.get_running_loop().create_future()
+        waiting.append(fut)
+        await fut
+
+    gave_up = worker.submit(lambda: Later(forever()))
+    await wait_until(lambda: len(waiting) == 1, 10, "the first wait started")
+    gave_up.cancel()  # the caller gives up: the wait ends too
+    await wait_until(lambda: waiting[0].cancelled(), 10, "the abandoned wait cancelled")
+    stopped = worker.submit(lambda: Later(forever()))
+    await wait_until(lambda: len(waiting) == 2, 10, "the second wait started")
+    worker.stop()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(stopped, 10)
 
 
 def test_concurrency_must_be_positive() -> None:
