@@ -34,6 +34,7 @@ PACKAGES = (
     "rayless.ray.util.placement_group",
     "rayless.ray.util.queue",
     "rayless.ray.util.scheduling_strategies",
+    "rayless.ray.util.serialization",
     "rayless.ray.util.state",
     "rayless.ray.util.state.api",
     "rayless.ray.util.state.common",

@@ -9,7 +9,14 @@ from rayless.transport.lazy import exports
 
 if TYPE_CHECKING:
     from rayless.transport.client import Client
-    from rayless.transport.codec import decode, encode, register_extension
+    from rayless.transport.codec import (
+        decode,
+        encode,
+        join_family,
+        leave_family,
+        register_extension,
+        register_family,
+    )
     from rayless.transport.errors import (
         AuthError,
         BrokenError,
@@ -41,8 +48,11 @@ __all__ = [
     "TransportError",
     "decode",
     "encode",
+    "join_family",
+    "leave_family",
     "new_token",
     "register_extension",
+    "register_family",
 ]
 
 __getattr__, __dir__ = exports(__name__)

@@ -168,6 +168,7 @@ LAZY_EXTENSIONS: dict[str, str] = {
     "rayless.ray.queue": "rayless.ray.util.queue",
     "rayless.ray.actor_handle": "rayless.ray.actor",
     "rayless.ray.object_ref": "rayless.ray.object_ref",
+    "rayless.ray.custom": "rayless.ray.util.serialization",
     "rayless.store.batch_meta": "rayless.store.data.meta",
     "rayless.store.kv_batch_meta": "rayless.store.data.kv_meta",
 }

@@ -36,7 +36,13 @@ from typing import Any
 
 from rayless.transport.errors import ProtocolError
 
-__all__ = ["by_name", "object_state", "rebuild", "refuse_classes_by_value"]
+__all__ = [
+    "by_name",
+    "classes_by_value_refused",
+    "object_state",
+    "rebuild",
+    "refuse_classes_by_value",
+]
 
 DATACLASS, ENUM, CLASS = "d", "e", "c"
 _CLASSES: dict[tuple[str, str], type] = {}  # (module, qualname) -> class, once found
@@ -54,6 +60,11 @@ def refuse_classes_by_value() -> None:
     process (the head and node agents: processes that run no user code)."""
     global _REFUSED
     _REFUSED = True
+
+
+def classes_by_value_refused() -> bool:
+    """Whether this process refuses code that arrives by value (:func:`refuse_classes_by_value`)."""
+    return _REFUSED
 
 
 def by_name(kind: type) -> bool:

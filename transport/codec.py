@@ -50,7 +50,12 @@ import msgpack
 from rayless.transport import shm as _shm
 from rayless.transport._decoder import Decoder
 from rayless.transport._foreign import FOREIGN, OBJECT_ARRAY, object_array
-from rayless.transport._objects import by_name, object_state, refuse_classes_by_value
+from rayless.transport._objects import (
+    by_name,
+    classes_by_value_refused,
+    object_state,
+    refuse_classes_by_value,
+)
 from rayless.transport._registry import (
     BIGINT,
     ERROR,
@@ -75,8 +80,11 @@ __all__ = [
     "Buffer",
     "decode",
     "encode",
+    "join_family",
+    "leave_family",
     "refuse_classes_by_value",
     "register_extension",
+    "register_family",
     "sweep_shm",
 ]
 
@@ -86,6 +94,7 @@ _MAX_WALK = 500  # deepest level the path finder descends to
 _MARK = MARK
 _EXT_BY_TYPE: dict[type, tuple[str, Callable[[Any], Any]]] = {}
 _EXT_BY_NAME: dict[str, tuple[type, Callable[[Any], Any]]] = {}
+_FAMILIES: set[str] = set()  # extension names of register_family
 # Top-level packages whose types ``transport._heavy`` handles.
 _HEAVY_ROOTS = frozenset(("torch", "numpy", "tensordict"))
 _SHM_LIVE = _shm.LIVE  # non-empty: encode may have segments to sweep
@@ -123,13 +132,71 @@ def register_extension(
     if cls in _ENCODERS or cls in _NATIVE or issubclass(cls, RaylessError):
         raise ValueError(f"the codec already encodes {cls.__qualname__}")
     taken = _EXT_BY_NAME.get(name)
-    if taken is not None and taken[0] is not cls:
+    if taken is not None and (taken[0] is not cls or name in _FAMILIES):
         raise ValueError(f"extension name {name!r} is taken by {taken[0].__qualname__}")
     known = _EXT_BY_TYPE.get(cls)
     if known is not None and known[0] != name:
         raise ValueError(f"{cls.__qualname__} is registered as {known[0]!r}")
     _EXT_BY_TYPE[cls] = (name, to_state)
     _EXT_BY_NAME[name] = (cls, from_state)
+
+
+def register_family(
+    name: str, from_state: Callable[[Any], Any], *, runs_code: bool = False
+) -> None:
+    """Decode extension records named ``name`` with ``from_state``, whatever class each came
+    from: a family of classes (:func:`join_family`) whose records carry what rebuilds them,
+    so that a receiver needs no registration of its own. ``runs_code``: ``from_state`` loads
+    code the record carries, refused (``ProtocolError``) in a process that loads no class by
+    value (:func:`refuse_classes_by_value`). Registering the name again replaces the function.
+
+    Raises:
+        ValueError: ``name`` is an extension of one class (:func:`register_extension`).
+    """
+    taken = _EXT_BY_NAME.get(name)
+    if taken is not None and name not in _FAMILIES:
+        raise ValueError(f"extension name {name!r} is taken by {taken[0].__qualname__}")
+    _FAMILIES.add(name)
+    _EXT_BY_NAME[name] = (object, _guarded(from_state) if runs_code else from_state)
+
+
+def join_family(cls: type, name: str, to_state: Callable[[Any], Any]) -> None:
+    """Encode instances of exactly ``cls`` as records of family ``name`` (its state
+    ``to_state(obj)``, any encodable value); joining again replaces ``to_state``.
+
+    Raises:
+        ValueError: ``name`` is no family, ``cls`` has an extension of its own, or the codec
+            encodes ``cls`` itself (a builtin, a tensor).
+    """
+    if not isinstance(cls, type) or name not in _FAMILIES:
+        raise ValueError(f"join_family needs a class and a registered family, not {name!r}")
+    if REGISTRY.heavy is None and _is_heavy(cls):
+        _load_heavy()  # so that the check below sees the tensor types
+    if cls in _ENCODERS or cls in _NATIVE or issubclass(cls, RaylessError):
+        raise ValueError(f"the codec already encodes {cls.__qualname__}")
+    known = _EXT_BY_TYPE.get(cls)
+    if known is not None and known[0] != name:
+        raise ValueError(f"{cls.__qualname__} is registered as {known[0]!r}")
+    _EXT_BY_TYPE[cls] = (name, to_state)
+
+
+def leave_family(cls: type, name: str) -> None:
+    """Stop encoding ``cls`` as family ``name`` (nothing happens if it is not a member)."""
+    known = _EXT_BY_TYPE.get(cls)
+    if known is not None and known[0] == name:
+        del _EXT_BY_TYPE[cls]
+
+
+def _guarded(from_state: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def guarded(state: Any) -> Any:
+        if classes_by_value_refused():
+            raise ProtocolError(
+                "a value arrived with the code that rebuilds it, which this process (it "
+                "runs no user code) does not load"
+            )
+        return from_state(state)
+
+    return guarded
 
 
 class _Encoder:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import importlib.util
 import os
+import threading
 import time
 from collections.abc import Iterator
 from types import ModuleType
@@ -255,6 +256,47 @@ def test_an_actor_returns_refs_of_calls_to_itself(ray: Any) -> None:
     assert ray.get(ray.get(one_slot.ask_myself.remote(), timeout=60)["a"], timeout=60) == 8
     ray.kill(actor)
     ray.kill(one_slot)
+
+
+def test_register_serializer_sends_a_class_nothing_else_sends(ray: Any) -> None:
+    # Ray's docs ("Customized Serialization"): a class holding a lock travels through the
+    # functions registered for it in the driver; the receivers register nothing
+    class Guarded:
+        def __init__(self, x: int) -> None:
+            self.x = x
+            self.lock = threading.Lock()
+
+    def rebuild(x: int) -> Guarded:
+        return Guarded(x)
+
+    ray.util.register_serializer(Guarded, serializer=lambda g: g.x, deserializer=rebuild)
+    try:
+
+        @ray.remote
+        def read(g: Guarded, more: list[Guarded]) -> list[Any]:
+            return [type(g).__name__, g.x, [m.x for m in more], type(g.lock).__name__]
+
+        @ray.remote(num_cpus=0)
+        class Keeper:
+            def __init__(self, first: Guarded) -> None:
+                self.kept = [first.x]
+
+            def keep(self, table: dict[str, Guarded]) -> list[int]:
+                self.kept.extend(g.x for g in table.values())
+                return self.kept
+
+        assert ray.get(read.remote(Guarded(1), [Guarded(2), Guarded(3)]), timeout=60) == [
+            "Guarded",
+            1,
+            [2, 3],
+            "lock",
+        ]
+        keeper = Keeper.remote(Guarded(4))
+        assert ray.get(keeper.keep.remote({"a": Guarded(5)}), timeout=60) == [4, 5]
+        assert ray.get(ray.put(Guarded(6))).x == 6
+        ray.kill(keeper)
+    finally:
+        ray.util.deregister_serializer(Guarded)
 
 
 def test_an_error_raised_through_a_chain_of_actors_reaches_the_driver(ray: Any) -> None:

@@ -18,11 +18,13 @@ from rayless.ray.util.placement_group import (
     placement_group_table,
     remove_placement_group,
 )
+from rayless.ray.util.serialization import deregister_serializer, register_serializer
 
 __all__ = [
     "ActorPool",
     "PlacementGroup",
     "as_completed",
+    "deregister_serializer",
     "get_current_placement_group",
     "get_node_ip_address",
     "get_placement_group",
@@ -30,6 +32,7 @@ __all__ = [
     "map_unordered",
     "placement_group",
     "placement_group_table",
+    "register_serializer",
     "remove_placement_group",
     "scheduling_strategies",
 ]
