@@ -6,7 +6,9 @@ settings, the typed-message decorator, the loop sync calls run on, the environme
 variables an actor process finds itself in, what a process it starts needs to join its
 cluster (the token, a private directory the host's sweep removes once its owner is gone),
 a remote error rebuilt as an instance of its original type (for an error that arrived inside
-a value), and a hook on method results before they are sent.
+a value), a hook on method results before they are sent, a handle's method by name (also one named
+as the handle's own attributes), and whether a wait for a call to
+this same actor would wait for good.
 
 Code outside ``actors/`` imports the runtime only from ``rayless.actors``,
 ``rayless.actors.errors`` and this module (``tests/unit/test_layering.py``); everything else
@@ -15,11 +17,17 @@ under ``actors/`` may change without notice.
 
 from __future__ import annotations
 
-from rayless.actors.api.actor import current_handle, dumps_by_value, loads_by_value
+from rayless.actors.api.actor import (
+    current_handle,
+    dumps_by_value,
+    loads_by_value,
+    self_call_blocks,
+)
 from rayless.actors.api.blocking import BlockingFace, call_limit
 from rayless.actors.api.child_join import ChildJoin
 from rayless.actors.api.cluster import joined_address
 from rayless.actors.api.components import cluster_info, slots_of, spawn_all
+from rayless.actors.api.handle import method_of
 from rayless.actors.api.interpreter import parse_executable
 from rayless.actors.api.lifecycle import opener
 from rayless.actors.api.packages import Package, pack_module, pack_working_dir
@@ -80,11 +88,13 @@ __all__ = [
     "loads_by_value",
     "materialize",
     "message",
+    "method_of",
     "opener",
     "owned_dir",
     "Package",
     "PackageRef",
     "ResultHook",
+    "self_call_blocks",
     "pack_module",
     "pack_working_dir",
     "pdeathsig_hook",

@@ -17,6 +17,7 @@ import contextvars
 import importlib
 import linecache
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -61,6 +62,23 @@ def current_caller() -> str | None:
 
 class _Self:
     handle: Any = None  # this actor process's own handle, once it serves
+    # (method, group) -> whether this thread waiting for that call on its own actor waits
+    # for good (set by the actor process)
+    blocks: Callable[[str, str | None], bool] | None = None
+
+
+def self_call_blocks(method: str, group: str | None = None) -> bool:
+    """Whether this thread, waiting for a call of ``method`` (in concurrency group ``group``)
+    on this same actor, would wait for good: it is the only thread that runs such calls
+    (a ``def`` method of an actor that runs one at a time, or its constructor). False outside
+    an actor process."""
+    blocks = _Self.blocks
+    return blocks is not None and blocks(method, group)
+
+
+def set_self_call_check(check: Callable[[str, str | None], bool]) -> None:
+    """Record how :func:`self_call_blocks` decides (``actors.host.process``)."""
+    _Self.blocks = check
 
 
 def current_handle() -> Any:

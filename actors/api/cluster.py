@@ -168,6 +168,7 @@ class Cluster:
         executable: str | Sequence[str] | None = None,
         detached: bool = False,
         packages: Sequence[Package | PackageRef] = (),
+        check_names: bool = True,
         **kwargs: Any,
     ) -> ActorHandle[A]:
         """Start an actor of ``cls(*args, **kwargs)`` in its own process; return its handle.
@@ -190,6 +191,9 @@ class Cluster:
         that actor); it ends when it is killed or the cluster shuts down. ``packages``
         (Ray's ``working_dir`` and ``py_modules``, packed by ``actors.api.packages``): files
         its node fetches and extracts before it starts (uploaded to the head once).
+        ``check_names=False`` lets the class have methods named as the handle's own
+        attributes (``name``, ``address``...), reached by ``actors.ext.method_of`` only
+        (rayless.ray's classes: a Ray handle reaches every method by name).
 
         Raises:
             ClosedError: this cluster handle is closed.
@@ -215,7 +219,8 @@ class Cluster:
         ref = ClassRef.of(cls)
         methods = public_methods(cls, hooks)
         shown = class_name(cls)
-        check_method_names(shown, methods)
+        if check_names:
+            check_method_names(shown, methods)
         groups = check_groups(shown, methods, concurrency_groups or {})
         if max_restarts < 0 or (max_concurrency is not None and max_concurrency < 1):
             raise ValueError("max_restarts must be >= 0 and max_concurrency >= 1")

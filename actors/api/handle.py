@@ -150,6 +150,19 @@ class ActorHandle(Generic[T]):
         return state if self.call_timeout is None else [*state, self.call_timeout]
 
 
+def method_of(handle: ActorHandle[Any], name: str) -> ActorMethod[..., Any]:
+    """``handle``'s remote method ``name``, also one named as an attribute of the handle's own
+    (``name``, ``address``...: a class spawned with ``check_names=False``).
+
+    Raises:
+        AttributeError: as attribute access does for a name that is no method.
+    """
+    if name in HANDLE_NAMES and (handle.methods is None or name in handle.methods):
+        return ActorMethod(handle, name)
+    method: ActorMethod[..., Any] = getattr(handle, name)
+    return method
+
+
 def _infos(methods: Mapping[str, MethodInfo | bool]) -> dict[str, MethodInfo]:
     return {
         name: info if isinstance(info, MethodInfo) else MethodInfo(is_async=bool(info))

@@ -117,6 +117,7 @@ class SyncCluster:
         executable: str | Sequence[str] | None = None,
         detached: bool = False,
         packages: Sequence[Package | PackageRef] = (),
+        check_names: bool = True,
         **kwargs: Any,
     ) -> ActorHandle[A]:
         """Start an actor of ``cls(*args, **kwargs)`` in its own process; return its handle.
@@ -139,6 +140,9 @@ class SyncCluster:
         that actor); it ends when it is killed or the cluster shuts down. ``packages``
         (Ray's ``working_dir`` and ``py_modules``, packed by ``actors.api.packages``): files
         its node fetches and extracts before it starts (uploaded to the head once).
+        ``check_names=False`` lets the class have methods named as the handle's own
+        attributes (``name``, ``address``...), reached by ``actors.ext.method_of`` only
+        (rayless.ray's classes: a Ray handle reaches every method by name).
 
         Raises:
             ClosedError: this cluster handle is closed.
@@ -180,6 +184,7 @@ class SyncCluster:
                 executable=executable,
                 detached=detached,
                 packages=packages,
+                check_names=check_names,
                 **kwargs,
             )
         )

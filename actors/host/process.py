@@ -43,6 +43,7 @@ from rayless.actors.api.actor import (
     dumps_by_value,
     loads_by_value,
     set_current_handle,
+    set_self_call_check,
 )
 from rayless.actors.api.binding import CALL, EXIT, READY, check_groups, public_methods
 from rayless.actors.api.handle import ActorHandle
@@ -324,6 +325,7 @@ class ActorHost:
             os.environ.get(context.ENV_NODE_ID),
         )
         set_current_handle(self.streams.handle)
+        set_self_call_check(self._self_call_blocks)
         try:
             self.instance = await self.worker.submit(functools.partial(cls, *args, **kwargs))
             if self.spec.hooks:
@@ -375,6 +377,17 @@ class ActorHost:
         STATS.call(method)
         fn = getattr(self.instance, method)
         return self._start(fn, info.is_async, args, kwargs, req, group)
+
+    def _self_call_blocks(self, method: str, group: str | None) -> bool:
+        """Whether this thread waiting for its own actor's call of ``method`` in ``group``
+        waits for good: the call is a ``def`` method that needs this very thread (its group
+        runs one call at a time, on the thread now waiting)."""
+        info = self.methods.get(method)
+        if info is None or info.is_async:
+            return False
+        group = info.group if group is None else group
+        worker = self.worker if group is None else self.groups.get(group, (None, None))[1]
+        return worker is not None and worker.concurrency == 1 and worker.on_own_thread()
 
     async def _when_built(self, req: Request) -> Any:
         """A call made before the instance was built (by its constructor, through its own

@@ -100,6 +100,10 @@ class SyncWorker:
         """Calls holding a slot now (started and not yet returned, abandoned ones too)."""
         return self._busy
 
+    def on_own_thread(self) -> bool:
+        """Whether the calling thread is one of this worker's threads."""
+        return threading.current_thread() in self._threads
+
     @property
     def threads(self) -> int:
         """Worker threads started so far."""

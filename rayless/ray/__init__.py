@@ -408,7 +408,10 @@ def kill(actor: Any, *, no_restart: bool = True) -> None:
 
 
 async def _kill(s: _worker.Session, actor: Any) -> None:
-    inner = await actor._resolved() if type(actor) is ActorHandle else actor
+    try:
+        inner = await actor._resolved() if type(actor) is ActorHandle else actor
+    except Exception:  # it never started (its constructor raised...): as Ray, nothing to do
+        return
     cluster = await s.cluster()
     await cluster.kill(inner)
     where = s.placements.pop(inner.actor_id, None)

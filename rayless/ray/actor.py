@@ -26,6 +26,7 @@ from typing import Any
 
 from rayless.actors import BUILTIN_METHODS, Cluster, RemoteStream, concurrency_group
 from rayless.actors import ActorHandle as _RaylessHandle
+from rayless.actors.ext import current_handle, method_of
 from rayless.errors import ActorDiedError as _RaylessDied
 from rayless.errors import (
     ActorNotFoundError,
@@ -320,6 +321,7 @@ async def _spawn(
             concurrency_groups=opts.get("concurrency_groups"),
             template=template_for(),
             hooks=False,  # a Ray class's setup/teardown are its own methods
+            check_names=False,  # so are its `name`, `address`...: reached by method_of
             env=env_for(s, opts, packages),
             packages=packages,
             executable=executable_for(s, opts),
@@ -543,7 +545,10 @@ class ActorMethod:
         if scope is not None:  # ended by scope: only once this call is answered
             scope.track(fut)
         if self._num_returns == 1:
-            return ObjectRef(fut, s.generation)
+            own = current_handle()  # None but in an actor process
+            if own is None or inner is None or inner.actor_id != own.actor_id:
+                return ObjectRef(fut, s.generation)
+            return ObjectRef(fut, s.generation, self_call=(name, group))
         if self._num_returns == STREAMING:
             gen = ObjectRefGenerator(s, fut, task=False)
             if scope is not None:  # and its stream ended (read out, closed or dropped)
@@ -583,7 +588,7 @@ def _send(
 
 def _method(inner: _RaylessHandle[Any], name: str, group: str | None) -> Any:
     """The rayless method ``name`` of ``inner``, its calls in concurrency group ``group``."""
-    method = getattr(inner, name)
+    method = method_of(inner, name)
     return method if group is None else method.options(concurrency_group=group)
 
 

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
-from rayless.actors.ext import ResultHook, add_result_hook, materialize
+from rayless.actors.ext import ResultHook, add_result_hook, materialize, self_call_blocks
 from rayless.errors import RaylessError, RemoteError
 from rayless.ray import _worker
 from rayless.ray.exceptions import ObjectLostError, map_error
@@ -38,7 +38,15 @@ ARRIVED = -1  # the generation of a ref that came inside a value: it holds its o
 class ObjectRef:
     """A reference to a value that a task, an actor call or ``ray.put`` produces."""
 
-    __slots__ = ("__weakref__", "_future", "_generation", "_hex", "_on_cancel", "_task")
+    __slots__ = (
+        "__weakref__",
+        "_future",
+        "_generation",
+        "_hex",
+        "_on_cancel",
+        "_self_call",
+        "_task",
+    )
 
     def __init__(
         self,
@@ -47,12 +55,16 @@ class ObjectRef:
         *,
         task: bool = False,
         on_cancel: Callable[[bool], None] | None = None,
+        self_call: tuple[str, str | None] | None = None,
     ) -> None:
         self._future = future
         self._generation = generation
         self._task = task
         self._on_cancel = on_cancel
         self._hex: str | None = None
+        # (method, group) of a call an actor made on itself: a blocking get of it may be
+        # one that never ends (``result``)
+        self._self_call = self_call
 
     def hex(self) -> str:
         """A unique id of this ref (Ray's ``ObjectRef.hex()``)."""
@@ -107,8 +119,19 @@ class ObjectRef:
 
         Raises:
             the mapped Ray error; concurrent.futures.TimeoutError past ``timeout``.
+            RuntimeError: with no timeout, a pending call this actor made on itself, which
+                needs the very thread that would wait for it.
         """
         fut = self._future
+        if self._self_call is not None and timeout is None and not fut.done():
+            method, group = self._self_call
+            if self_call_blocks(method, group):
+                raise RuntimeError(
+                    f"ray.get of this actor's own call {method!r} would wait for good: the "
+                    "actor runs that call on the thread that would wait for it, one call at "
+                    "a time. Return the ref instead, give the actor max_concurrency > 1, "
+                    "make the method async, or pass a timeout"
+                )
         if isinstance(fut, asyncio.Future):
             if not fut.done():
                 s = _worker.current()

@@ -276,3 +276,31 @@ class Streamer:
 
     def items(self, n: int) -> Any:
         yield from range(n)
+
+
+@ray.remote
+class AsksItself:
+    """Waits for calls to itself: from a def method (the one thread that would run them),
+    from an async method, and from its constructor where ``in_init``."""
+
+    def __init__(self, in_init: bool = False) -> None:
+        self.me = ray.get_runtime_context().current_actor
+        if in_init:
+            ray.get(self.me.double.remote(1))
+
+    def double(self, i: int) -> int:
+        return i * 2
+
+    def blocking(self) -> int:
+        return ray.get(self.me.double.remote(2))
+
+    def with_timeout(self) -> int:
+        return ray.get(self.me.double.remote(3), timeout=0.5)
+
+    def done_first(self) -> int:
+        ref = self.me.double.remote(4)
+        ray.wait([ref], timeout=0.5)  # cannot finish: it needs this thread
+        return len(ray.wait([ref], timeout=0)[0])
+
+    async def awaits(self) -> int:
+        return await self.me.double.remote(5)

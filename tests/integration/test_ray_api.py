@@ -33,6 +33,7 @@ from rayless.ray.util.scheduling_strategies import (
 )
 from tests.integration.ray_api_classes import (
     AppError,
+    AsksItself,
     AsyncActor,
     Counter,
     Derived,
@@ -125,6 +126,24 @@ def test_an_argument_that_cannot_travel_is_named_in_the_callers_terms() -> None:
     assert ray.get(add.remote(x, b=2)) == 3  # the pool's worker is still there
     assert ray.get(nested_refs.remote([x, add.remote(1, 1)], {"k": [x]})) == [1, 2, 1]
     assert ray.get(ray.get(returns_pending_refs.remote())) == [0.5, 7]
+
+
+def test_an_actor_waiting_for_its_own_call_on_its_only_thread_is_told_at_once() -> None:
+    # Ray waits for good here; rayless names the deadlock (with no timeout) instead
+    actor = AsksItself.remote()
+    with pytest.raises(RuntimeError, match="own call 'double' would wait for good"):
+        ray.get(actor.blocking.remote(), timeout=60)
+    with pytest.raises(GetTimeoutError):  # a timeout given: Ray's behaviour
+        ray.get(actor.with_timeout.remote(), timeout=60)
+    assert ray.get(actor.done_first.remote(), timeout=60) == 0
+    assert ray.get(actor.awaits.remote(), timeout=60) == 10  # the loop is free: it runs
+    threaded = AsksItself.options(max_concurrency=2).remote()
+    assert ray.get(threaded.blocking.remote(), timeout=60) == 4
+    in_init = AsksItself.remote(in_init=True)
+    with pytest.raises(RayActorError, match="own call 'double' would wait for good"):
+        ray.get(in_init.double.remote(1), timeout=60)
+    for a in (actor, threaded, in_init):
+        ray.kill(a)
 
 
 def test_refs_as_arguments_resolve() -> None:

@@ -258,6 +258,61 @@ def test_an_actor_returns_refs_of_calls_to_itself(ray: Any) -> None:
     ray.kill(one_slot)
 
 
+def test_kill_of_an_actor_that_failed_to_start_is_quiet(ray: Any) -> None:
+    # cleanup code kills every actor it started, also one whose constructor raised
+    @ray.remote(num_cpus=0)
+    class Broken:
+        def __init__(self) -> None:
+            raise ValueError("bad config")
+
+        def f(self) -> int:
+            return 1
+
+    broken = Broken.remote()
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(broken.f.remote(), timeout=60)
+    ray.kill(broken)
+    ray.kill(broken)
+    ray.kill(Broken.remote())  # while it starts (and fails)
+
+
+def test_methods_may_have_any_public_name(ray: Any) -> None:
+    # a rendezvous actor's `address`, a worker's `name`: a Ray handle reaches every method
+    @ray.remote(num_cpus=0)
+    class Named:
+        def name(self) -> str:
+            return "worker-0"
+
+        def address(self) -> str:
+            return "127.0.0.1:29500"
+
+        async def methods(self) -> list[str]:
+            return ["name", "address"]
+
+        def actor_id(self, x: int) -> int:
+            return x
+
+        def with_timeout(self) -> str:
+            return "mine"
+
+    actor = Named.remote()
+    assert ray.get(
+        [
+            actor.name.remote(),
+            actor.address.remote(),
+            actor.methods.remote(),
+            actor.actor_id.remote(3),
+            actor.with_timeout.remote(),
+        ],
+        timeout=60,
+    ) == ["worker-0", "127.0.0.1:29500", ["name", "address"], 3, "mine"]
+    ray.kill(actor)
+    named = Named.options(name="parity-named-methods").remote()
+    found = ray.get_actor("parity-named-methods")
+    assert ray.get(found.address.remote(), timeout=60) == "127.0.0.1:29500"
+    ray.kill(named)
+
+
 def test_register_serializer_sends_a_class_nothing_else_sends(ray: Any) -> None:
     # Ray's docs ("Customized Serialization"): a class holding a lock travels through the
     # functions registered for it in the driver; the receivers register nothing
