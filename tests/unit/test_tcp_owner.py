@@ -48,11 +48,15 @@ def test_a_loopback_peer_of_ours_is_our_uid(owners: TcpOwners, host: str, family
     os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
 )
 def test_a_peer_under_another_uid_is_that_uid(owners: TcpOwners) -> None:
+    # The child says who it is: another test's client (a ZeroMQ socket retrying a dead
+    # address whose port this server was given) may connect first, and is left alone.
+    mark = os.urandom(8).hex().encode()
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.settimeout(60)
         port = server.getsockname()[1]
         code = (
-            f"import socket,sys; s=socket.create_connection(('127.0.0.1',{port})); sys.stdin.read()"
+            f"import socket,sys; s=socket.create_connection(('127.0.0.1',{port})); "
+            f"s.sendall({mark!r}); sys.stdin.read()"
         )
         cmd = [
             "setpriv",
@@ -65,13 +69,32 @@ def test_a_peer_under_another_uid_is_that_uid(owners: TcpOwners) -> None:
         ]
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, cwd="/")
         try:
-            accepted, _ = server.accept()
-            with accepted:
-                assert owners.uid(accepted) == 65534
+            while True:  # not a wait: each accept has the server's 60 s timeout
+                accepted, _ = server.accept()
+                with accepted:
+                    accepted.settimeout(60)
+                    if _read(accepted, len(mark)) != mark:
+                        continue  # not the child
+                    assert owners.uid(accepted) == 65534
+                    break
         finally:
             assert proc.stdin is not None
             proc.stdin.close()
             proc.wait(timeout=60)
+
+
+def _read(conn: socket.socket, n: int) -> bytes:
+    """Up to ``n`` bytes, fewer where the peer closes first (or sends nothing in time)."""
+    got = b""
+    try:
+        while len(got) < n:  # not a wait: each recv has the socket's timeout
+            part = conn.recv(n - len(got))
+            if not part:
+                break
+            got += part
+    except OSError:
+        pass
+    return got
 
 
 def test_a_socket_that_is_not_connected_has_no_owner(owners: TcpOwners) -> None:
