@@ -89,6 +89,7 @@ class Decoder:
         "device",
         "extensions",
         "frames",
+        "keep_origin",
         "marks",
         "records",
         "used",
@@ -104,6 +105,7 @@ class Decoder:
         self.frames = frames
         self.allow_pickle = allow_pickle
         self.device = device
+        self.keep_origin = False  # CUDA tensors land on the device they were sent from
         self.extensions = extensions
         self.marks = 0
         self.records = 0

@@ -171,7 +171,7 @@ def _place(dec: Decoder, origin: Any, hint: torch.device | None = None) -> torch
     if origin is None:
         return None
     dev = _cuda.origin_device(origin)
-    if dev.type == "cpu":
+    if dev.type == "cpu" or dec.keep_origin:
         return dev
     if dec.device is not None:
         return dec.device
@@ -183,8 +183,8 @@ def _build_tensor(dec: Decoder, r: list[Any]) -> torch.Tensor:
     dtype, shape = T.torch_dtype(r[1]), T.check_shape(r[2])
     t = T.tensor_from(dec.buffer(r[3]), dtype, shape)
     if r[4] is not None:
-        _cuda.origin_device(r[4])
-        target = _cuda.target_for(dec.device)
+        origin = _cuda.origin_device(r[4])
+        target = origin if dec.keep_origin else _cuda.target_for(dec.device)
         if target.type == "cuda":
             t = t.to(target)
     if r[5] is True:

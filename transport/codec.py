@@ -434,11 +434,17 @@ def decode(
 
     Frames may be bytes, bytearray, memoryview, ``zmq.Frame`` or anything with the buffer
     protocol; tensors are backed by them (decode takes ownership). ``device``: where tensors
-    that were on CUDA land (see ``transport._cuda``); CPU tensors stay on the CPU. Raises
+    that were on CUDA land (see ``transport._cuda``; ``"origin"``: on the device each was
+    sent from, for a copy made in one process); CPU tensors stay on the CPU. Raises
     ProtocolError for anything malformed (LimitError for a header over ``max_header`` bytes),
     including a pickled value when ``allow_pickle`` is false; ValueError for a bad ``device``.
     """
-    target = None if device is None or device == "keep" else _load_heavy().parse_device(device)
+    keep_origin = device == "origin"
+    target = (
+        None
+        if device is None or device == "keep" or keep_origin
+        else _load_heavy().parse_device(device)
+    )
     if not frames:
         raise ProtocolError("empty message")
     header = frames[0]
@@ -449,6 +455,7 @@ def decode(
     if size > max_header:
         raise LimitError(f"header of {size} bytes is over the limit of {max_header}")
     dec = Decoder(frames, allow_pickle, target, _EXT_BY_NAME)
+    dec.keep_origin = keep_origin
     try:
         value = msgpack.unpackb(
             header, ext_hook=dec.ext_hook, list_hook=dec.list_hook, strict_map_key=False

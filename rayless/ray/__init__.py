@@ -29,7 +29,7 @@ from rayless.ray._resources import available_resources, cluster_resources, nodes
 from rayless.ray.actor import ActorClass, ActorHandle, from_rayless, method, remote_class
 from rayless.ray.exceptions import GetTimeoutError
 from rayless.ray.generator import ObjectRefGenerator
-from rayless.ray.object_ref import ObjectRef, put_ref
+from rayless.ray.object_ref import ObjectRef, put_ref, snapshot
 from rayless.ray.remote_function import RemoteFunction, task_state
 from rayless.ray.runtime_context import RuntimeContext, get_runtime_context, gpu_ids
 
@@ -337,15 +337,16 @@ def _waitable(ref: ObjectRef) -> concurrent.futures.Future[Any]:
 
 
 def put(value: Any, *, _owner: Any = None) -> ObjectRef:
-    """A ref holding ``value``. Passed as a top-level argument it travels with the call (tensors
-    and numpy arrays by rayless' zero-copy same-host path); ``ray.get`` returns it.
+    """A ref holding a copy of ``value`` made now (later changes to ``value`` are not seen, as
+    in Ray). Passed as a top-level argument it travels with the call (tensors and numpy
+    arrays by rayless' zero-copy same-host path); ``ray.get`` returns the copy.
 
     Raises:
         TypeError: ``value`` is an ObjectRef (as Ray).
     """
     if isinstance(value, ObjectRef):
         raise TypeError("Calling 'put' on an ray.ObjectRef is not allowed.")
-    return put_ref(value, _worker.session().generation)
+    return put_ref(snapshot(value), _worker.session().generation)
 
 
 def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:

@@ -27,9 +27,10 @@ from rayless.actors.ext import ResultHook, add_result_hook, materialize, self_ca
 from rayless.errors import RaylessError, RemoteError
 from rayless.ray import _worker
 from rayless.ray.exceptions import ObjectLostError, map_error
-from rayless.transport import ProtocolError, register_extension
+from rayless.transport import ProtocolError, decode, encode, register_extension
+from rayless.transport.protocol import pickle_allowed
 
-__all__ = ["ObjectRef"]
+__all__ = ["ObjectRef", "put_ref", "snapshot"]
 
 Fut = asyncio.Future[Any] | concurrent.futures.Future[Any]
 ARRIVED = -1  # the generation of a ref that came inside a value: it holds its own outcome
@@ -206,6 +207,24 @@ def _value(fut: asyncio.Future[Any], task: bool) -> Any:
     if exc is not None:
         raise map_error(exc, task=task)
     return fut.result()
+
+
+_AS_IS = frozenset({int, float, bool, str, bytes, type(None)})
+
+
+def snapshot(value: Any) -> Any:
+    """What ``ray.put`` keeps of ``value``: a copy made now, as a receiver would get it
+    (Ray serializes a put value at once, so later changes to ``value`` are not seen).
+    Tensors are copied once, and stay on their device. A value rayless cannot send (it
+    would fail when sent), or one holding a ref still pending, is kept as it is."""
+    if type(value) in _AS_IS:
+        return value
+    try:
+        frames = encode(value, allow_pickle=pickle_allowed())
+        copies = [f if type(f) is bytes else bytearray(f) for f in frames]
+        return decode(copies, allow_pickle=pickle_allowed(), device="origin")
+    except Exception:  # cannot be sent: kept by reference (the send fails, as it would)
+        return value
 
 
 def put_ref(value: Any, generation: int) -> ObjectRef:

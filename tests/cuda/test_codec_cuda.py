@@ -99,3 +99,18 @@ def test_jagged_on_cuda() -> None:
     for ipc in (False, True):
         out = decode(encode(nt, cuda_ipc=ipc))
         assert out.is_cuda and torch.equal(out.values(), nt.values())
+
+
+def test_decode_origin_keeps_each_tensor_on_its_device() -> None:
+    """``device="origin"`` (a copy within one process, ``ray.put``'s): each CUDA tensor lands
+    on the device it was sent from, not on the current one; the bytes are a copy."""
+    last = torch.device("cuda", torch.cuda.device_count() - 1)
+    value = {"a": torch.ones(4, device="cuda:0"), "b": torch.arange(3, device=last), "c": 1}
+    frames = [f if type(f) is bytes else bytearray(f) for f in encode(value)]
+    with torch.cuda.device(0):
+        out = decode(frames, device="origin")
+    assert out["a"].device == value["a"].device and out["b"].device == last
+    value["a"].add_(1)
+    assert float(out["a"].sum()) == 4.0 and out["b"].tolist() == [0, 1, 2]
+    td = TensorDict({"x": torch.zeros(2, device=last)}, batch_size=[2], device=last)
+    assert decode(list(map(bytes, encode(td))), device="origin").device == last

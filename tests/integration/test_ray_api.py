@@ -10,6 +10,7 @@ import asyncio
 import gc
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -102,7 +103,10 @@ def test_put_get_values_and_arrays() -> None:
     for value in [1, "s", [1, 2], {"a": (1, 2)}, None, b"bytes", 1.5]:
         assert ray.get(ray.put(value)) == value
     array = np.arange(1 << 16, dtype=np.float32)
-    assert ray.get(ray.put(array)) is array  # held by the driver until a call sends it
+    got = ray.get(ray.put(array))  # a copy made at the put
+    assert got is not array and np.array_equal(got, array)
+    lock = threading.Lock()  # a value rayless cannot send is kept as it is
+    assert ray.get(ray.put(lock)) is lock
     with pytest.raises(TypeError):
         ray.put(ray.put(1))
 

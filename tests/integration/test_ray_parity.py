@@ -276,6 +276,27 @@ def test_kill_of_an_actor_that_failed_to_start_is_quiet(ray: Any) -> None:
     ray.kill(Broken.remote())  # while it starts (and fails)
 
 
+def test_a_put_value_is_the_value_at_the_put(ray: Any) -> None:
+    # Ray serializes at ray.put: a driver that changes its weights after putting them
+    # (an optimizer step in place) sends the weights of the put
+    import torch
+
+    @ray.remote
+    def total(state: dict[str, Any]) -> float:
+        return float(sum(t.sum() for t in state.values()))
+
+    state = {"w": torch.zeros(4), "b": torch.zeros(2)}
+    meta = {"step": 1, "names": ["w", "b"]}
+    ref, meta_ref = ray.put(state), ray.put(meta)
+    for t in state.values():
+        t.add_(1.0)
+    meta["step"] = 2
+    meta["names"].append("c")
+    assert ray.get(total.remote(ref), timeout=60) == 0.0
+    assert float(ray.get(ref)["w"].sum()) == 0.0
+    assert ray.get(meta_ref) == {"step": 1, "names": ["w", "b"]}
+
+
 def test_methods_may_have_any_public_name(ray: Any) -> None:
     # a rendezvous actor's `address`, a worker's `name`: a Ray handle reaches every method
     @ray.remote(num_cpus=0)
