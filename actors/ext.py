@@ -7,7 +7,8 @@ variables an actor process finds itself in, what a process it starts needs to jo
 cluster (the token, a private directory the host's sweep removes once its owner is gone),
 a remote error rebuilt as an instance of its original type (for an error that arrived inside
 a value), a hook on method results before they are sent, a handle's method by name (also one named
-as the handle's own attributes), and whether a wait for a call to
+as the handle's own attributes), a call's arguments checked against a function's or a
+class's methods' parameters, and whether a wait for a call to
 this same actor would wait for good.
 
 Code outside ``actors/`` imports the runtime only from ``rayless.actors``,
@@ -23,6 +24,7 @@ from rayless.actors.api.actor import (
     loads_by_value,
     self_call_blocks,
 )
+from rayless.actors.api.binding import check_params, params_of, public_methods
 from rayless.actors.api.blocking import BlockingFace, call_limit
 from rayless.actors.api.child_join import ChildJoin
 from rayless.actors.api.cluster import joined_address
@@ -78,6 +80,7 @@ __all__ = [
     "add_result_hook",
     "apply_torch_threads",
     "call_limit",
+    "check_params",
     "cluster_token",
     "cluster_info",
     "current_handle",
@@ -96,8 +99,10 @@ __all__ = [
     "ResultHook",
     "self_call_blocks",
     "pack_module",
+    "params_of",
     "pack_working_dir",
     "pdeathsig_hook",
+    "public_methods",
     "parse_executable",
     "slots_of",
     "spawn_all",

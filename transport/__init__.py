@@ -28,7 +28,7 @@ if TYPE_CHECKING:
         Timeout,
         TransportError,
     )
-    from rayless.transport.protocol import Limits, new_token
+    from rayless.transport.protocol import Limits, new_token, pickle_allowed
     from rayless.transport.server import Peer, Request, Server
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "join_family",
     "leave_family",
     "new_token",
+    "pickle_allowed",
     "register_extension",
     "register_family",
 ]

@@ -40,9 +40,11 @@ __all__ = [
     "READY",
     "EndpointOptions",
     "check_arguments",
+    "check_params",
     "check_groups",
     "concurrency_group_marker",
     "endpoint_marker",
+    "params_of",
     "public_methods",
 ]
 
@@ -297,9 +299,33 @@ def check_arguments(
     Raises:
         TypeError: they do not, with Python's reason and the method ``describe()`` names.
     """
-    if info is None or info.params is None or _shape(info.params).fits(args, kwargs):
+    if info is not None:
+        check_params(info.params, describe, args, kwargs)
+
+
+def check_params(
+    params: str | None,
+    describe: Callable[[], str],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+) -> None:
+    """Check that ``args``/``kwargs`` fit the parameter list ``params`` (:func:`params_of`'s
+    text; nothing to check where it is None).
+
+    Raises:
+        TypeError: they do not, with Python's reason and what ``describe()`` names.
+    """
+    if params is None or _shape(params).fits(args, kwargs):
         return
     try:
-        _signature(info.params).bind(*args, **kwargs)
+        _signature(params).bind(*args, **kwargs)
     except TypeError as exc:
         raise TypeError(f"{describe()}: {exc}") from None
+
+
+def params_of(fn: Any, method: bool = False) -> str | None:
+    """A function's parameters as :func:`check_params` takes them (a ``method``'s without
+    ``self``); None where they cannot be read (a C function, a callable object)."""
+    if not inspect.isfunction(fn):
+        return None
+    return _params(fn if method else staticmethod(fn))

@@ -22,11 +22,18 @@ import asyncio
 import concurrent.futures
 import inspect
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from rayless.actors import BUILTIN_METHODS, Cluster, RemoteStream, concurrency_group
 from rayless.actors import ActorHandle as _RaylessHandle
-from rayless.actors.ext import current_handle, method_of
+from rayless.actors.ext import (
+    check_params,
+    current_handle,
+    method_of,
+    params_of,
+    public_methods,
+)
 from rayless.errors import ActorDiedError as _RaylessDied
 from rayless.errors import (
     ActorNotFoundError,
@@ -79,10 +86,6 @@ def is_generator(fn: Any) -> bool:
     return inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
 
 
-def _public(cls: type) -> set[str]:
-    return {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n, None))}
-
-
 def method(*args: Any, **kwargs: Any) -> Any:
     """``@ray.method(num_returns=k, concurrency_group=name)``: a method's default call options
     (``concurrency_group``: the actor's group its calls run in).
@@ -113,7 +116,12 @@ class ActorClass:
     def __init__(self, cls: type, options: dict[str, Any]) -> None:
         self._ray_cls = cls
         self._options = check(options, ACTOR_OPTIONS, "actor")
-        self._methods = _public(cls)
+        # name -> what a caller needs of the method (its parameters: calls are checked)
+        self._methods = public_methods(cls, hooks=False)
+        init = inspect.getattr_static(cls, "__init__", None)
+        new: object = cls.__new__
+        plain = init is object.__init__ and new is object.__new__  # takes no arguments
+        self._init_params = "" if plain else params_of(init, method=True)
         # a generator method streams (an ObjectRefGenerator) unless @ray.method says how
         # many values it returns, as in Ray
         self._num_returns = {
@@ -159,6 +167,7 @@ class ActorClass:
             ActorDiedError: (a named actor, started before this returns) its constructor
                 raised, or no node can hold it (the rayless error kept as its cause).
         """
+        check_params(self._init_params, lambda: f"{_shown(self._ray_cls)}()", args, kwargs)
         s = _worker.session()
         opts = self._options
         check_group(opts)
@@ -388,7 +397,7 @@ class ActorHandle(metaclass=_HandleType):
     def __init__(
         self,
         cls_name: str,
-        methods: set[str] | None,
+        methods: Mapping[str, Any] | None,  # name -> MethodInfo
         options: dict[str, Any],
         inner: _RaylessHandle[Any] | None = None,
     ) -> None:
@@ -529,12 +538,17 @@ class ActorMethod:
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Call the method; its ObjectRef (a list of ``num_returns`` refs when that is not 1;
         an ObjectRefGenerator for a generator method)."""
-        s = _worker.session()
         handle = self._handle
         inner = handle._inner
+        name = self._name
+        methods = handle._methods if inner is None or inner.methods is None else inner.methods
+        info = methods.get(name) if methods else None
+        if info is not None and info.params is not None:  # Ray checks them at once too
+            check_params(info.params, lambda: f"{handle._cls_name}.{name}", args, kwargs)
+        s = _worker.session()
         retries = handle._opts.get("max_task_retries") or 0
         fut: Any
-        name, group = self._name, self._group
+        group = self._group
         if retries and handle._opts.get("max_restarts"):
             fut = _worker.submit(s, _call_retrying(handle, name, args, kwargs, retries, group))
         elif inner is not None and (not (args or kwargs) or not needs_resolve(args, kwargs)):

@@ -27,8 +27,13 @@ from rayless.actors.ext import ResultHook, add_result_hook, materialize, self_ca
 from rayless.errors import RaylessError, RemoteError
 from rayless.ray import _worker
 from rayless.ray.exceptions import ObjectLostError, map_error
-from rayless.transport import ProtocolError, decode, encode, register_extension
-from rayless.transport.protocol import pickle_allowed
+from rayless.transport import (
+    ProtocolError,
+    decode,
+    encode,
+    pickle_allowed,
+    register_extension,
+)
 
 __all__ = ["ObjectRef", "put_ref", "snapshot"]
 

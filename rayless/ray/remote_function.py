@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from rayless.actors import ActorHandle as _RaylessHandle
 from rayless.actors import RemoteStream
-from rayless.actors.ext import Package, PackageRef, dumps_by_value
+from rayless.actors.ext import Package, PackageRef, check_params, dumps_by_value, params_of
 from rayless.errors import ActorDiedError, PlacementError, RemoteError
 from rayless.ray import _worker
 from rayless.ray._task_worker import TaskWorker
@@ -391,6 +391,7 @@ class RemoteFunction:
         self._generator = is_generator(fn)
         self._key = f"{getattr(fn, '__qualname__', 'fn')}-{uuid.uuid4().hex[:12]}"
         self._code: bytes | None = None
+        self._params = params_of(fn)  # what .remote() checks its arguments against
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", "remote_function")
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
@@ -419,7 +420,12 @@ class RemoteFunction:
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Run the function as a task: its ObjectRef (a list of refs for ``num_returns``
-        other than 1; None for 0)."""
+        other than 1; None for 0).
+
+        Raises:
+            TypeError: the arguments do not fit the function's parameters (at once, as Ray).
+        """
+        check_params(self._params, self._describe, args, kwargs)
         s = _worker.session()
         check_group(self._options)
         state = TaskState()
@@ -439,6 +445,9 @@ class RemoteFunction:
     def bind(self, *args: Any, **kwargs: Any) -> Any:
         """Ray's DAG API is not supported."""
         raise NotImplementedError("Ray DAGs (.bind) are not supported by rayless.ray")
+
+    def _describe(self) -> str:
+        return f"remote function {self.__qualname__}"
 
 
 _CANCEL: weakref.WeakKeyDictionary[ObjectRef, TaskState] = weakref.WeakKeyDictionary()

@@ -297,6 +297,44 @@ def test_a_put_value_is_the_value_at_the_put(ray: Any) -> None:
     assert ray.get(meta_ref) == {"step": 1, "names": ["w", "b"]}
 
 
+def test_arguments_that_do_not_fit_fail_at_remote(ray: Any) -> None:
+    # Ray binds a call's arguments to the signature at .remote(): a TypeError at the call
+    @ray.remote
+    def f(a: int, *, b: int = 2) -> int:
+        return a + b
+
+    @ray.remote(num_cpus=0)
+    class A:
+        def __init__(self, x: int) -> None:
+            self.x = x
+
+        def m(self, y: int, /, z: int = 0) -> int:
+            return self.x + y + z
+
+    @ray.remote(num_cpus=0)
+    class Plain:
+        def m(self) -> int:
+            return 1
+
+    for call in (
+        lambda: f.remote(),
+        lambda: f.remote(1, 2),
+        lambda: f.remote(1, c=3),
+        lambda: A.remote(),
+        lambda: A.remote(1, 2),
+        lambda: Plain.remote(1),
+    ):
+        with pytest.raises(TypeError):
+            call()
+    a = A.remote(1)
+    with pytest.raises(TypeError):
+        a.m.remote()
+    with pytest.raises(TypeError):
+        a.m.remote(y=1)  # positional-only
+    assert ray.get([f.remote(1), f.remote(1, b=3), a.m.remote(2, z=1)], timeout=60) == [3, 4, 4]
+    ray.kill(a)
+
+
 def test_methods_may_have_any_public_name(ray: Any) -> None:
     # a rendezvous actor's `address`, a worker's `name`: a Ray handle reaches every method
     @ray.remote(num_cpus=0)

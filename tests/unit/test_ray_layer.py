@@ -132,7 +132,7 @@ def test_setup_and_teardown_of_a_ray_class_are_its_own_methods() -> None:
             pass
 
     actor_class = ray.remote(Worker)
-    assert {"setup", "teardown"} <= actor_class._methods
+    assert {"setup", "teardown"} <= actor_class._methods.keys()
 
 
 class Outer:
