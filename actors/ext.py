@@ -6,10 +6,9 @@ settings, the typed-message decorator, the loop sync calls run on, the environme
 variables an actor process finds itself in, what a process it starts needs to join its
 cluster (the token, a private directory the host's sweep removes once its owner is gone),
 a remote error rebuilt as an instance of its original type (for an error that arrived inside
-a value), a hook on method results before they are sent, a handle's method by name (also one named
-as the handle's own attributes), a call's arguments checked against a function's or a
-class's methods' parameters, and whether a wait for a call to
-this same actor would wait for good.
+a value), a hook on method results before they are sent, a handle's method by name (also one
+named as one of the handle's own attributes), a call's arguments checked against a function's
+or a method's parameters, and whether a wait for a call to this same actor would never end.
 
 Code outside ``actors/`` imports the runtime only from ``rayless.actors``,
 ``rayless.actors.errors`` and this module (``tests/unit/test_layering.py``); everything else

@@ -59,7 +59,7 @@ def register_serializer(
         join_family(cls, FAMILY, to_state)
     except ValueError as exc:  # the codec sends it itself (a tensor, a builtin)
         warnings.warn(
-            f"register_serializer({cls.__qualname__}) is ignored: {exc}, and keeps doing so",
+            f"register_serializer({cls.__qualname__}) has no effect: {exc} itself",
             stacklevel=2,
         )
 
