@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import sys
 import uuid
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
@@ -226,10 +227,22 @@ def snapshot(value: Any) -> Any:
         return value
     try:
         frames = encode(value, allow_pickle=pickle_allowed())
-        copies = [f if type(f) is bytes else bytearray(f) for f in frames]
+        copies = [f if type(f) is bytes else _copy(f) for f in frames]
         return decode(copies, allow_pickle=pickle_allowed(), device="origin")
     except Exception:  # cannot be sent: kept by reference (the send fails, as it would)
         return value
+
+
+_BIG = 1 << 20  # bytes from which a buffer is copied by torch (about 2x bytearray's speed)
+
+
+def _copy(frame: Any) -> Any:
+    """A writable copy of an encoded buffer."""
+    view = memoryview(frame)
+    torch = sys.modules.get("torch")  # loaded where a tensor is put; not imported for this
+    if view.nbytes < _BIG or view.readonly or torch is None:
+        return bytearray(view)
+    return torch.frombuffer(view, dtype=torch.uint8).clone().numpy()
 
 
 def put_ref(value: Any, generation: int) -> ObjectRef:

@@ -84,3 +84,23 @@ def test_a_malformed_record_is_a_protocol_error(state: Any) -> None:
 
     with pytest.raises(ProtocolError):
         _ref_from_state(state)
+
+
+def test_a_put_snapshot_is_a_copy_big_or_small() -> None:
+    import threading
+
+    import numpy as np
+    import torch
+
+    from rayless.ray.object_ref import snapshot
+
+    big = np.arange(1 << 18, dtype=np.float64)  # 2 MiB: copied by torch
+    small = torch.zeros(4)
+    value = {"big": big, "small": small, "list": [1, {"k": "v"}]}
+    copy = snapshot(value)
+    big[0], value["list"][1]["k"] = -1.0, "changed"
+    small.add_(1)
+    assert copy["big"][0] == 0.0 and copy["big"].flags.writeable
+    assert copy["small"].tolist() == [0.0] * 4 and copy["list"] == [1, {"k": "v"}]
+    lock = threading.Lock()
+    assert snapshot(lock) is lock and snapshot(7) == 7  # cannot travel: kept as it is
