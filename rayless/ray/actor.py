@@ -434,6 +434,12 @@ class ActorHandle(metaclass=_HandleType):
             return _worker.run(s, self._resolved())
         return self._inner
 
+    def _method_infos(self) -> Mapping[str, Any] | None:
+        """The actor's methods (name -> MethodInfo): its records once started, else its
+        class's; None where unknown."""
+        inner = self._inner
+        return self._methods if inner is None or inner.methods is None else inner.methods
+
     def __getattr__(self, name: str) -> ActorMethod:
         # (methods are not cached on the handle: a method holds its handle, and that cycle
         # would keep the handle from being collected when its caller drops it)
@@ -441,11 +447,7 @@ class ActorHandle(metaclass=_HandleType):
             return ActorMethod(self, name)
         if name.startswith("_"):
             raise AttributeError(name)
-        methods = (
-            self._methods
-            if self._inner is None or self._inner.methods is None
-            else self._inner.methods
-        )
+        methods = self._method_infos()
         if methods is not None and name not in methods:
             raise AttributeError(
                 f"'{self._cls_name}' actor has no method {name!r}; its methods: "
@@ -453,7 +455,7 @@ class ActorHandle(metaclass=_HandleType):
             )
         num_returns = self._opts.get("__num_returns__", {}).get(name)
         if num_returns is None:  # a handle of ray.get_actor: what the actor's records say
-            info = methods.get(name) if isinstance(methods, dict) else None
+            info = methods.get(name) if methods is not None else None
             num_returns = STREAMING if getattr(info, "is_generator", False) else 1
         return ActorMethod(self, name, num_returns)
 
@@ -542,7 +544,7 @@ class ActorMethod:
         handle = self._handle
         inner = handle._inner
         name = self._name
-        methods = handle._methods if inner is None or inner.methods is None else inner.methods
+        methods = handle._method_infos()
         info = methods.get(name) if methods else None
         if info is not None and info.params is not None:  # Ray checks them at once too
             check_params(info.params, lambda: f"{handle._cls_name}.{name}", args, kwargs)
