@@ -324,8 +324,7 @@ async def _spawn(
             name=rname,
             node=where.node,
             gpus=float(opts.get("num_gpus") or 0),
-            # as Ray: an actor not given num_cpus holds none while it runs
-            cpus=float(opts["num_cpus"]) if opts.get("num_cpus") is not None else 0.0,
+            cpus=float(opts["num_cpus"]) if opts.get("num_cpus") is not None else 1.0,
             max_restarts=max(0, int(opts.get("max_restarts") or 0)),
             max_concurrency=opts.get("max_concurrency"),
             concurrency_groups=opts.get("concurrency_groups"),

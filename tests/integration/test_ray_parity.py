@@ -723,27 +723,6 @@ def _queue_module(ray: Any) -> Any:
     return import_module(ray.__name__ + ".util.queue")
 
 
-def test_an_actor_holds_the_cpus_it_asks_for_and_none_by_default(ray: Any) -> None:
-    # Ray: an actor without num_cpus holds no CPU while it runs (more of them than CPUs
-    # start, and available_resources still counts the CPUs); with num_cpus=1 it holds one
-    @ray.remote
-    class Idle:
-        def ping(self) -> int:
-            return 1
-
-    free = _settled_cpus(ray)
-    assert free == 2.0
-    idle = [Idle.remote() for _ in range(4)]
-    assert ray.get([a.ping.remote() for a in idle], timeout=60) == [1, 1, 1, 1]
-    assert _settled_cpus(ray) == 2.0
-    holder = Idle.options(num_cpus=1).remote()
-    ray.get(holder.ping.remote(), timeout=60)
-    assert _settled_cpus(ray) == 1.0
-    for a in [*idle, holder]:
-        ray.kill(a)
-    wait_until_sync(lambda: ray.available_resources().get("CPU") == free, 30, "CPUs back")
-
-
 def test_queue_put_get_and_its_errors(ray: Any) -> None:
     # test_queue.py: test_simple_usage, test_get, test_put, test_batch, test_qsize
     qm = _queue_module(ray)
